@@ -1,0 +1,279 @@
+//! Errors, rendered as Kubernetes `Status` objects.
+//!
+//! The reason strings, codes and message shapes follow kube-apiserver
+//! (k8s.io/apimachinery/pkg/api/errors), because clients branch on them:
+//! kube-rs retries on 409 `Conflict`, relists on 410, kubectl prints the message.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+
+/// A failed API request: what kube-apiserver would put in a `Status` object.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{reason} ({code}): {message}")]
+pub struct ApiError {
+    pub code: u16,
+    pub reason: &'static str,
+    pub message: String,
+    pub details: Option<Value>,
+}
+
+/// Names a resource the way kube-apiserver does in messages: `configmaps` or `clusters.cluster.x-k8s.io`.
+pub fn qualified(group: &str, plural: &str) -> String {
+    if group.is_empty() {
+        plural.to_string()
+    } else {
+        format!("{plural}.{group}")
+    }
+}
+
+fn details(group: &str, plural: &str, name: &str) -> Value {
+    let mut d = json!({ "name": name, "kind": plural });
+    if !group.is_empty() {
+        d["group"] = json!(group);
+    }
+    d
+}
+
+impl ApiError {
+    pub fn new(code: u16, reason: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            code,
+            reason,
+            message: message.into(),
+            details: None,
+        }
+    }
+
+    pub fn not_found(group: &str, plural: &str, name: &str) -> Self {
+        ApiError {
+            details: Some(details(group, plural, name)),
+            ..Self::new(
+                404,
+                "NotFound",
+                format!("{} \"{name}\" not found", qualified(group, plural)),
+            )
+        }
+    }
+
+    /// A path that names no resource this server serves.
+    pub fn unknown_resource() -> Self {
+        Self::new(
+            404,
+            "NotFound",
+            "the server could not find the requested resource",
+        )
+    }
+
+    pub fn already_exists(group: &str, plural: &str, name: &str) -> Self {
+        ApiError {
+            details: Some(details(group, plural, name)),
+            ..Self::new(
+                409,
+                "AlreadyExists",
+                format!("{} \"{name}\" already exists", qualified(group, plural)),
+            )
+        }
+    }
+
+    /// Optimistic concurrency failure: the client's resourceVersion is stale.
+    pub fn conflict(group: &str, plural: &str, name: &str) -> Self {
+        Self::conflict_because(
+            group,
+            plural,
+            name,
+            "the object has been modified; please apply your changes to the latest version and try again",
+        )
+    }
+
+    pub fn conflict_because(group: &str, plural: &str, name: &str, why: &str) -> Self {
+        ApiError {
+            details: Some(details(group, plural, name)),
+            ..Self::new(
+                409,
+                "Conflict",
+                format!(
+                    "Operation cannot be fulfilled on {} \"{name}\": {why}",
+                    qualified(group, plural)
+                ),
+            )
+        }
+    }
+
+    /// 422: the object failed validation. `causes` are (field, message) pairs.
+    pub fn invalid(group: &str, kind: &str, name: &str, causes: &[FieldError]) -> Self {
+        let summary: Vec<String> = causes.iter().map(|c| c.to_string()).collect();
+        let summary = if summary.len() == 1 {
+            summary[0].clone()
+        } else {
+            format!("[{}]", summary.join(", "))
+        };
+        let causes: Vec<Value> = causes
+            .iter()
+            .map(|c| json!({ "reason": c.kind.reason(), "message": c.message_with_kind(), "field": c.field }))
+            .collect();
+        let mut d = json!({ "name": name, "kind": kind, "causes": causes });
+        if !group.is_empty() {
+            d["group"] = json!(group);
+        }
+        let qualified_kind = if group.is_empty() {
+            kind.to_string()
+        } else {
+            format!("{kind}.{group}")
+        };
+        ApiError {
+            details: Some(d),
+            ..Self::new(
+                422,
+                "Invalid",
+                format!("{qualified_kind} \"{name}\" is invalid: {summary}"),
+            )
+        }
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(400, "BadRequest", message)
+    }
+
+    pub fn method_not_allowed() -> Self {
+        Self::new(
+            405,
+            "MethodNotAllowed",
+            "the server does not allow this method on the requested resource",
+        )
+    }
+
+    pub fn unsupported_media_type(content_type: &str) -> Self {
+        Self::new(
+            415,
+            "UnsupportedMediaType",
+            format!(
+                "the body of the request was in an unknown format - accepted media types include: application/json, application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml, application/strategic-merge-patch+json (got {content_type:?})"
+            ),
+        )
+    }
+
+    /// 410 for a resourceVersion older than the retained watch history.
+    pub fn expired(requested: u64, oldest: u64) -> Self {
+        Self::new(
+            410,
+            "Expired",
+            format!("too old resource version: {requested} ({oldest})"),
+        )
+    }
+
+    pub fn forbidden(message: impl Into<String>) -> Self {
+        Self::new(403, "Forbidden", message)
+    }
+
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(500, "InternalError", message)
+    }
+
+    pub fn timeout(message: impl Into<String>) -> Self {
+        Self::new(504, "Timeout", message)
+    }
+
+    /// The `Status` object for this error.
+    pub fn to_status(&self) -> Value {
+        let mut s = json!({
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": self.message,
+            "reason": self.reason,
+            "code": self.code,
+        });
+        if let Some(d) = &self.details {
+            s["details"] = d.clone();
+        }
+        s
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let code = StatusCode::from_u16(self.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        crate::handlers::json_response(code, &self.to_status())
+    }
+}
+
+impl From<crate::storage::StoreError> for ApiError {
+    fn from(e: crate::storage::StoreError) -> Self {
+        ApiError::internal(e.to_string())
+    }
+}
+
+/// Kinds of field validation failures, with the wording of k8s.io/apimachinery field errors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FieldErrorKind {
+    Required,
+    Invalid,
+    NotSupported,
+    TooLong,
+    TooMany,
+    TypeInvalid,
+    Forbidden,
+    Duplicate,
+}
+
+impl FieldErrorKind {
+    fn reason(self) -> &'static str {
+        match self {
+            FieldErrorKind::Required => "FieldValueRequired",
+            FieldErrorKind::Invalid => "FieldValueInvalid",
+            FieldErrorKind::NotSupported => "FieldValueNotSupported",
+            FieldErrorKind::TooLong => "FieldValueTooLong",
+            FieldErrorKind::TooMany => "FieldValueTooMany",
+            FieldErrorKind::TypeInvalid => "FieldValueTypeInvalid",
+            FieldErrorKind::Forbidden => "FieldValueForbidden",
+            FieldErrorKind::Duplicate => "FieldValueDuplicate",
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            FieldErrorKind::Required => "Required value",
+            FieldErrorKind::Invalid => "Invalid value",
+            FieldErrorKind::NotSupported => "Unsupported value",
+            FieldErrorKind::TooLong => "Too long",
+            FieldErrorKind::TooMany => "Too many",
+            FieldErrorKind::TypeInvalid => "Invalid value",
+            FieldErrorKind::Forbidden => "Forbidden",
+            FieldErrorKind::Duplicate => "Duplicate value",
+        }
+    }
+}
+
+/// One invalid field: `spec.replicas: Invalid value: -1: must be greater than or equal to 0`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FieldError {
+    pub field: String,
+    pub kind: FieldErrorKind,
+    pub message: String,
+}
+
+impl FieldError {
+    pub fn new(field: impl Into<String>, kind: FieldErrorKind, message: impl Into<String>) -> Self {
+        FieldError {
+            field: field.into(),
+            kind,
+            message: message.into(),
+        }
+    }
+
+    fn message_with_kind(&self) -> String {
+        if self.message.is_empty() {
+            self.kind.label().to_string()
+        } else {
+            format!("{}: {}", self.kind.label(), self.message)
+        }
+    }
+}
+
+impl std::fmt::Display for FieldError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.field, self.message_with_kind())
+    }
+}

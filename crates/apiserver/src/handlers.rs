@@ -1,0 +1,473 @@
+//! HTTP: parses Kubernetes API paths and query parameters, calls the verbs in `api.rs`, and
+//! renders objects, lists, Tables, watch streams and Status errors.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+
+use crate::api::{
+    ApiState, DeleteOptions, FieldValidation, ListQuery, Part, PropagationPolicy, WriteOptions,
+};
+use crate::error::ApiError;
+use crate::patch::PatchType;
+use crate::registry::{self, ResourceDef};
+use crate::selectors::{FieldSelector, LabelSelector};
+use crate::table::{self, IncludeObject};
+use crate::watch::{self, WatchParams};
+use crate::{discovery, openapi};
+
+/// Shared by every request.
+pub struct ServerState {
+    pub api: Arc<ApiState>,
+    pub bookmark_interval: Duration,
+}
+
+pub fn json_response(code: StatusCode, body: &Value) -> Response {
+    let mut resp = Response::new(Body::from(body.to_string()));
+    *resp.status_mut() = code;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+fn with_warnings(mut resp: Response, warnings: &[String]) -> Response {
+    for w in warnings {
+        // Warning header format from RFC 7234: code, agent, quoted text.
+        let text = format!("299 - \"{}\"", w.replace('\\', "\\\\").replace('"', "\\\""));
+        if let Ok(v) = HeaderValue::from_str(&text) {
+            resp.headers_mut().append(header::WARNING, v);
+        }
+    }
+    resp
+}
+
+/// Query parameters, first value wins.
+struct Params(Vec<(String, String)>);
+
+impl Params {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+
+    fn flag(&self, key: &str) -> bool {
+        matches!(self.get(key), Some("true" | "1"))
+    }
+}
+
+/// The resource path a request addresses.
+struct Target {
+    def: Arc<ResourceDef>,
+    namespace: Option<String>,
+    name: Option<String>,
+    part: Part,
+}
+
+/// Entry point for every request.
+pub async fn dispatch(
+    State(state): State<Arc<ServerState>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    match route(&state, &method, &uri, &headers, body).await {
+        Ok(resp) => resp,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn route(
+    state: &ServerState,
+    method: &Method,
+    uri: &Uri,
+    headers: &HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let params = Params(
+        Query::<Vec<(String, String)>>::try_from_uri(uri)
+            .map(|q| q.0)
+            .map_err(|e| ApiError::bad_request(format!("invalid query: {e}")))?,
+    );
+    let path = uri.path().trim_end_matches('/');
+    let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    let host = headers
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("127.0.0.1");
+    let registry = &state.api.registry;
+    let get_only = |v: Value| {
+        if method == Method::GET {
+            Ok(json_response(StatusCode::OK, &v))
+        } else {
+            Err(ApiError::method_not_allowed())
+        }
+    };
+    match segs.as_slice() {
+        ["version"] => get_only(discovery::version()),
+        ["healthz" | "livez" | "readyz", ..] => Ok((StatusCode::OK, "ok").into_response()),
+        ["api"] => get_only(discovery::api_versions(host)),
+        ["apis"] => get_only(discovery::group_list(registry)),
+        ["api", "v1"] => get_only(discovery::resource_list(registry, "", "v1")?),
+        ["apis", group] => get_only(discovery::group(registry, group)?),
+        ["apis", group, version] => get_only(discovery::resource_list(registry, group, version)?),
+        ["openapi", "v2"] => get_only(openapi::v2(registry)),
+        ["openapi", "v3"] => get_only(openapi::v3_root(registry)),
+        ["openapi", "v3", "api", "v1"] => get_only(openapi::v3_group_version(registry, "", "v1")?),
+        ["openapi", "v3", "apis", group, version] => {
+            get_only(openapi::v3_group_version(registry, group, version)?)
+        }
+        ["api", "v1", rest @ ..] => {
+            resource_request(state, "", "v1", rest, method, &params, headers, body).await
+        }
+        ["apis", group, version, rest @ ..] => {
+            resource_request(state, group, version, rest, method, &params, headers, body).await
+        }
+        _ => Err(ApiError::unknown_resource()),
+    }
+}
+
+fn resolve(
+    state: &ServerState,
+    group: &str,
+    version: &str,
+    rest: &[&str],
+) -> Result<Target, ApiError> {
+    let namespaced_path = rest.len() >= 3
+        && rest[0] == "namespaces"
+        && !(rest.len() == 3 && matches!(rest[2], "status" | "finalize"));
+    let (namespace, rest) = if namespaced_path {
+        (Some(rest[1].to_string()), &rest[2..])
+    } else {
+        (None, rest)
+    };
+    let (resource, name, sub) = match rest {
+        [r] => (*r, None, None),
+        [r, n] => (*r, Some(n.to_string()), None),
+        [r, n, s] => (*r, Some(n.to_string()), Some(*s)),
+        _ => return Err(ApiError::unknown_resource()),
+    };
+    let def = state
+        .api
+        .registry
+        .lookup(group, version, resource)
+        .ok_or_else(ApiError::unknown_resource)?;
+    if namespace.is_some() && !def.namespaced {
+        return Err(ApiError::unknown_resource());
+    }
+    if def.namespaced && name.is_some() && namespace.is_none() {
+        return Err(ApiError::unknown_resource());
+    }
+    let part = match sub {
+        None => Part::Main,
+        Some("status") if def.has_status => Part::Status,
+        Some("finalize") if def.flavor == registry::Flavor::Namespace => Part::Finalize,
+        Some(_) => return Err(ApiError::unknown_resource()),
+    };
+    Ok(Target {
+        def,
+        namespace,
+        name,
+        part,
+    })
+}
+
+fn parse_body(headers: &HeaderMap, body: &Bytes) -> Result<Value, ApiError> {
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("application/json");
+    let media = content_type.split(';').next().unwrap_or("").trim();
+    if media.contains("protobuf") || media.contains("cbor") {
+        return Err(ApiError::unsupported_media_type(content_type));
+    }
+    decode_json_or_yaml(media, body)
+}
+
+fn decode_json_or_yaml(media: &str, body: &Bytes) -> Result<Value, ApiError> {
+    match serde_json::from_slice::<Value>(body) {
+        Ok(v) => Ok(v),
+        Err(json_err) if media.contains("yaml") => {
+            let text = std::str::from_utf8(body)
+                .map_err(|_| ApiError::bad_request("body is not UTF-8"))?;
+            serde_saphyr::from_str::<Value>(text).map_err(|e| {
+                ApiError::bad_request(format!(
+                    "error decoding YAML: {e} (and as JSON: {json_err})"
+                ))
+            })
+        }
+        Err(e) => Err(ApiError::bad_request(format!(
+            "the body of the request could not be decoded as JSON: {e}"
+        ))),
+    }
+}
+
+fn write_options(params: &Params, headers: &HeaderMap) -> Result<WriteOptions, ApiError> {
+    // kube-apiserver's default manager: the User-Agent up to its first '/'.
+    let agent = headers
+        .get(header::USER_AGENT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("unknown");
+    let default_manager = agent.split('/').next().unwrap_or("unknown").to_string();
+    Ok(WriteOptions {
+        dry_run: params.get("dryRun") == Some("All"),
+        field_manager: params
+            .get("fieldManager")
+            .map(String::from)
+            .unwrap_or(default_manager),
+        field_validation: FieldValidation::parse(params.get("fieldValidation").unwrap_or(""))?,
+        force: params.flag("force"),
+    })
+}
+
+fn list_query(params: &Params) -> Result<ListQuery, ApiError> {
+    Ok(ListQuery {
+        labels: params
+            .get("labelSelector")
+            .filter(|s| !s.is_empty())
+            .map(LabelSelector::parse)
+            .transpose()?,
+        fields: params
+            .get("fieldSelector")
+            .filter(|s| !s.is_empty())
+            .map(FieldSelector::parse)
+            .transpose()?,
+        limit: params
+            .get("limit")
+            .map(|l| {
+                l.parse::<usize>()
+                    .map_err(|_| ApiError::bad_request(format!("invalid limit: {l:?}")))
+            })
+            .transpose()?,
+        continue_token: params.get("continue").map(String::from),
+    })
+}
+
+fn delete_options(
+    params: &Params,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Result<DeleteOptions, ApiError> {
+    let from_body = if body.is_empty() {
+        json!({})
+    } else {
+        parse_body(headers, body)?
+    };
+    let policy = params
+        .get("propagationPolicy")
+        .map(String::from)
+        .or_else(|| from_body["propagationPolicy"].as_str().map(String::from));
+    let orphan_dependents = params
+        .get("orphanDependents")
+        .map(|v| v == "true")
+        .or_else(|| from_body["orphanDependents"].as_bool());
+    let propagation = match (policy.as_deref(), orphan_dependents) {
+        (Some("Orphan"), _) | (None, Some(true)) => Some(PropagationPolicy::Orphan),
+        (Some("Foreground"), _) => Some(PropagationPolicy::Foreground),
+        (Some("Background"), _) | (None, _) => Some(PropagationPolicy::Background),
+        (Some(other), _) => {
+            return Err(ApiError::new(
+                422,
+                "Invalid",
+                format!(
+                    "DeleteOptions.meta.k8s.io \"\" is invalid: propagationPolicy: Unsupported value: \"{other}\": supported values: \"Foreground\", \"Background\", \"Orphan\", \"nil\""
+                ),
+            ));
+        }
+    };
+    let dry_run = params.get("dryRun") == Some("All")
+        || from_body["dryRun"]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|v| v == "All"));
+    Ok(DeleteOptions {
+        propagation,
+        precondition_uid: from_body
+            .pointer("/preconditions/uid")
+            .and_then(Value::as_str)
+            .map(String::from),
+        precondition_rv: from_body
+            .pointer("/preconditions/resourceVersion")
+            .and_then(Value::as_str)
+            .and_then(|s| s.parse().ok()),
+        dry_run,
+    })
+}
+
+fn accept_table(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(table::wants_table)
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn resource_request(
+    state: &ServerState,
+    group: &str,
+    version: &str,
+    rest: &[&str],
+    method: &Method,
+    params: &Params,
+    headers: &HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let t = resolve(state, group, version, rest)?;
+    let api = &state.api;
+    let def = &t.def;
+    let ns = t.namespace.as_deref().unwrap_or("");
+    let include = IncludeObject::parse(params.get("includeObject"));
+    match (method.clone(), t.name.as_deref()) {
+        (Method::GET, None) if params.flag("watch") => {
+            let q = list_query(params)?;
+            let timeout = params
+                .get("timeoutSeconds")
+                .and_then(|s| s.parse::<u64>().ok())
+                .unwrap_or(1800);
+            let wp = WatchParams {
+                namespace: t.namespace.clone(),
+                resource_version: params.get("resourceVersion").map(String::from),
+                send_initial_events: params.get("sendInitialEvents").map(|v| v == "true"),
+                allow_bookmarks: params.flag("allowWatchBookmarks"),
+                timeout: Duration::from_secs(timeout),
+                labels: q.labels,
+                fields: q.fields,
+                table: accept_table(headers).then_some(include),
+                bookmark_interval: state.bookmark_interval,
+            };
+            let stream = watch::start(api.clone(), def.clone(), wp);
+            let mut resp = Response::new(Body::from_stream(stream));
+            resp.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+            resp.headers_mut().insert(
+                header::CACHE_CONTROL,
+                HeaderValue::from_static("no-cache, private"),
+            );
+            Ok(resp)
+        }
+        (Method::GET, None) => {
+            let list = api.list(def, t.namespace.as_deref(), &list_query(params)?)?;
+            if accept_table(headers) {
+                let items = list["items"].as_array().cloned().unwrap_or_default();
+                return Ok(json_response(
+                    StatusCode::OK,
+                    &table::table(def, &items, list["metadata"].clone(), include),
+                ));
+            }
+            Ok(json_response(StatusCode::OK, &list))
+        }
+        (Method::GET, Some(name)) => {
+            let obj = api.get(def, ns, name)?;
+            if accept_table(headers) {
+                let meta = json!({ "resourceVersion": obj.pointer("/metadata/resourceVersion").cloned().unwrap_or(json!("")) });
+                return Ok(json_response(
+                    StatusCode::OK,
+                    &table::table(def, &[obj], meta, include),
+                ));
+            }
+            Ok(json_response(StatusCode::OK, &obj))
+        }
+        (Method::POST, None) if t.part == Part::Main => {
+            if def.namespaced && t.namespace.is_none() {
+                return Err(ApiError::method_not_allowed());
+            }
+            let w = api
+                .create(
+                    def,
+                    ns,
+                    parse_body(headers, &body)?,
+                    &write_options(params, headers)?,
+                )
+                .await?;
+            Ok(with_warnings(
+                json_response(StatusCode::CREATED, &w.object),
+                &w.warnings,
+            ))
+        }
+        (Method::PUT, Some(name)) => {
+            let w = api
+                .update(
+                    def,
+                    ns,
+                    name,
+                    parse_body(headers, &body)?,
+                    t.part,
+                    &write_options(params, headers)?,
+                )
+                .await?;
+            Ok(with_warnings(
+                json_response(StatusCode::OK, &w.object),
+                &w.warnings,
+            ))
+        }
+        (Method::PATCH, Some(name)) => {
+            let content_type = headers
+                .get(header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("");
+            let patch_type = PatchType::from_content_type(content_type)?;
+            let patch = decode_json_or_yaml(content_type, &body)?;
+            let opts = write_options(params, headers)?;
+            if patch_type == PatchType::Apply
+                && params.get("fieldManager").is_none_or(str::is_empty)
+            {
+                return Err(ApiError::new(
+                    422,
+                    "Invalid",
+                    "PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Required value: is required for apply patch",
+                ));
+            }
+            if patch_type != PatchType::Apply && params.get("force").is_some() {
+                return Err(ApiError::new(
+                    422,
+                    "Invalid",
+                    "PatchOptions.meta.k8s.io \"\" is invalid: force: Forbidden: may not be specified for non-apply patch",
+                ));
+            }
+            let w = api
+                .patch(def, ns, name, patch_type, &patch, t.part, &opts)
+                .await?;
+            let code = if w.created {
+                StatusCode::CREATED
+            } else {
+                StatusCode::OK
+            };
+            Ok(with_warnings(json_response(code, &w.object), &w.warnings))
+        }
+        (Method::DELETE, Some(name)) if t.part == Part::Main => {
+            let (obj, gone) = api
+                .delete(def, ns, name, &delete_options(params, headers, &body)?)
+                .await?;
+            Ok(json_response(
+                if gone {
+                    StatusCode::OK
+                } else {
+                    StatusCode::ACCEPTED
+                },
+                &obj,
+            ))
+        }
+        (Method::DELETE, None) if t.part == Part::Main => {
+            let list = api
+                .delete_collection(
+                    def,
+                    t.namespace.as_deref(),
+                    &list_query(params)?,
+                    &delete_options(params, headers, &body)?,
+                )
+                .await?;
+            Ok(json_response(StatusCode::OK, &list))
+        }
+        _ => Err(ApiError::method_not_allowed()),
+    }
+}

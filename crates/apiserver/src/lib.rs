@@ -1,0 +1,38 @@
+//! A Kubernetes-compatible API server on SQLite, for one machine.
+//!
+//! It serves the built-in kinds caretaker needs, any CustomResourceDefinition created at run
+//! time, watches, server-side apply, garbage collection and admission webhooks, faithfully
+//! enough for kube-rs controllers and `kubectl`. Differences from kube-apiserver are listed in
+//! the README.
+//!
+//! ```no_run
+//! # async fn demo() {
+//! let server = caretaker_apiserver::TestServer::start().await;
+//! let client: kube::Client = server.client();
+//! # }
+//! ```
+
+mod admission;
+mod api;
+mod apply;
+mod controllers;
+mod crd;
+mod discovery;
+mod error;
+mod events;
+mod handlers;
+mod meta;
+mod openapi;
+mod patch;
+mod registry;
+mod schema;
+mod selectors;
+mod server;
+mod storage;
+mod table;
+mod tls;
+mod watch;
+
+pub use error::ApiError;
+pub use server::{ApiServer, ApiServerBuilder, DATABASE_FILE, ServerError, TestServer};
+pub use tls::install_crypto_provider;

@@ -1,0 +1,158 @@
+//! Object metadata helpers: timestamps, uids, generated names and name validation.
+
+use serde_json::Value;
+
+/// Now as a Kubernetes `Time` (RFC 3339, second precision, UTC).
+pub fn now() -> String {
+    let t = time::OffsetDateTime::now_utc();
+    let t = t.replace_nanosecond(0).unwrap_or(t);
+    t.format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_default()
+}
+
+/// Seconds since the Unix epoch of a Kubernetes `Time`, if it parses.
+pub fn parse_time(s: &str) -> Option<i64> {
+    time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339)
+        .ok()
+        .map(|t| t.unix_timestamp())
+}
+
+fn random_bytes<const N: usize>() -> [u8; N] {
+    let mut b = [0u8; N];
+    // getrandom only fails if the OS has no entropy source at all; a zeroed uid is then still unique
+    // enough for one process, and failing requests over it would be worse.
+    let _ = getrandom::fill(&mut b);
+    b
+}
+
+/// A random (version 4) UUID.
+pub fn new_uid() -> String {
+    let mut b: [u8; 16] = random_bytes();
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
+}
+
+/// The 5-character suffix kube-apiserver appends to generateName (same alphabet: no vowels, no
+/// confusable characters).
+pub fn name_suffix() -> String {
+    const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+    random_bytes::<5>()
+        .iter()
+        .map(|b| ALPHABET[*b as usize % ALPHABET.len()] as char)
+        .collect()
+}
+
+/// RFC 1123 subdomain: what most kinds require of metadata.name. Returns the problem, if any.
+pub fn check_dns_subdomain(name: &str) -> Option<String> {
+    if name.len() > 253 {
+        return Some("must be no more than 253 characters".into());
+    }
+    let ok = !name.is_empty()
+        && name.split('.').all(|part| {
+            !part.is_empty()
+                && part
+                    .bytes()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-')
+                && !part.starts_with('-')
+                && !part.ends_with('-')
+        });
+    (!ok).then(|| {
+        "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')".into()
+    })
+}
+
+/// RFC 1123 label: what namespaces require of their name.
+pub fn check_dns_label(name: &str) -> Option<String> {
+    let ok = !name.is_empty()
+        && name.len() <= 63
+        && name
+            .bytes()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-')
+        && !name.starts_with('-')
+        && !name.ends_with('-');
+    (!ok).then(|| {
+        "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')".into()
+    })
+}
+
+pub fn name_of(obj: &Value) -> &str {
+    obj.pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+}
+
+pub fn namespace_of(obj: &Value) -> &str {
+    obj.pointer("/metadata/namespace")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+}
+
+pub fn uid_of(obj: &Value) -> &str {
+    obj.pointer("/metadata/uid")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+}
+
+pub fn resource_version_of(obj: &Value) -> Option<u64> {
+    obj.pointer("/metadata/resourceVersion")
+        .and_then(Value::as_str)
+        .and_then(|s| s.parse().ok())
+}
+
+pub fn finalizers_of(obj: &Value) -> Vec<String> {
+    obj.pointer("/metadata/finalizers")
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(|s| s.as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+pub fn is_deleting(obj: &Value) -> bool {
+    obj.pointer("/metadata/deletionTimestamp")
+        .is_some_and(|v| !v.is_null())
+}
+
+/// Mutable access to metadata, creating it if the object has none.
+pub fn metadata_mut(obj: &mut Value) -> &mut serde_json::Map<String, Value> {
+    if !obj.get("metadata").is_some_and(Value::is_object) {
+        obj["metadata"] = Value::Object(Default::default());
+    }
+    obj["metadata"]
+        .as_object_mut()
+        .expect("metadata was just made an object")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uids_are_v4_and_distinct() {
+        let a = new_uid();
+        assert_eq!(a.len(), 36);
+        assert_eq!(&a[14..15], "4");
+        assert_ne!(a, new_uid());
+    }
+
+    #[test]
+    fn names() {
+        assert!(check_dns_subdomain("a.b-c").is_none());
+        assert!(check_dns_subdomain("A").is_some());
+        assert!(check_dns_subdomain("-a").is_some());
+        assert!(check_dns_label("a.b").is_some());
+        assert_eq!(name_suffix().len(), 5);
+        assert!(parse_time(&now()).is_some());
+    }
+}

@@ -1,0 +1,488 @@
+//! The registry of served resources: the built-in kinds plus one entry per served version of
+//! every CustomResourceDefinition. Handlers resolve URL paths through it; discovery and OpenAPI
+//! are generated from it.
+
+use std::cmp::Ordering;
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
+
+use serde_json::{Value, json};
+
+/// Which special behaviour a resource has beyond generic storage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flavor {
+    Generic,
+    Namespace,
+    Secret,
+    /// core/v1 Event: the storage form of every Event.
+    CoreEvent,
+    /// events.k8s.io/v1 Event: converted to and from the core/v1 storage form.
+    EventsV1Event,
+    CustomResourceDefinition,
+    CustomResource,
+}
+
+/// An `additionalPrinterColumns` entry (also used for built-in kinds' table columns).
+#[derive(Debug, Clone)]
+pub struct PrinterColumn {
+    pub name: String,
+    pub type_: String,
+    pub json_path: String,
+    pub priority: i64,
+    pub description: String,
+}
+
+/// One resource as served at one group/version.
+#[derive(Debug, Clone)]
+pub struct ResourceDef {
+    pub group: String,
+    pub version: String,
+    pub plural: String,
+    pub singular: String,
+    pub kind: String,
+    pub namespaced: bool,
+    pub short_names: Vec<String>,
+    pub categories: Vec<String>,
+    pub has_status: bool,
+    /// Shared by every version of the resource: objects are stored once, whatever version wrote them.
+    pub storage_key: String,
+    pub flavor: Flavor,
+    /// The version's openAPIV3Schema (custom resources only).
+    pub schema: Option<Arc<Value>>,
+    pub printer_columns: Vec<PrinterColumn>,
+}
+
+impl ResourceDef {
+    pub fn api_version(&self) -> String {
+        if self.group.is_empty() {
+            self.version.clone()
+        } else {
+            format!("{}/{}", self.group, self.version)
+        }
+    }
+
+    pub fn list_kind(&self) -> String {
+        format!("{}List", self.kind)
+    }
+
+    /// Whether writes bump metadata.generation (kinds with a spec or CRs).
+    pub fn tracks_generation(&self) -> bool {
+        matches!(
+            self.flavor,
+            Flavor::CustomResource | Flavor::CustomResourceDefinition | Flavor::Namespace
+        ) || self.plural == "apiservices"
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn builtin(
+    group: &str,
+    version: &str,
+    plural: &str,
+    kind: &str,
+    namespaced: bool,
+    short_names: &[&str],
+    has_status: bool,
+    flavor: Flavor,
+) -> ResourceDef {
+    ResourceDef {
+        group: group.into(),
+        version: version.into(),
+        plural: plural.into(),
+        singular: kind.to_lowercase(),
+        kind: kind.into(),
+        namespaced,
+        short_names: short_names.iter().map(|s| s.to_string()).collect(),
+        categories: vec![],
+        has_status,
+        storage_key: format!("{group}/{plural}"),
+        flavor,
+        schema: None,
+        printer_columns: vec![],
+    }
+}
+
+fn column(name: &str, type_: &str, json_path: &str) -> PrinterColumn {
+    PrinterColumn {
+        name: name.into(),
+        type_: type_.into(),
+        json_path: json_path.into(),
+        priority: 0,
+        description: String::new(),
+    }
+}
+
+fn builtins() -> Vec<ResourceDef> {
+    let mut namespaces = builtin(
+        "",
+        "v1",
+        "namespaces",
+        "Namespace",
+        false,
+        &["ns"],
+        true,
+        Flavor::Namespace,
+    );
+    namespaces.printer_columns = vec![column("Status", "string", ".status.phase")];
+    let mut configmaps = builtin(
+        "",
+        "v1",
+        "configmaps",
+        "ConfigMap",
+        true,
+        &["cm"],
+        false,
+        Flavor::Generic,
+    );
+    configmaps.printer_columns = vec![column("Data", "integer", ".data")];
+    let mut secrets = builtin(
+        "",
+        "v1",
+        "secrets",
+        "Secret",
+        true,
+        &[],
+        false,
+        Flavor::Secret,
+    );
+    secrets.printer_columns = vec![
+        column("Type", "string", ".type"),
+        column("Data", "integer", ".data"),
+    ];
+    let mut core_events = builtin(
+        "",
+        "v1",
+        "events",
+        "Event",
+        true,
+        &["ev"],
+        false,
+        Flavor::CoreEvent,
+    );
+    core_events.printer_columns = vec![
+        column("Type", "string", ".type"),
+        column("Reason", "string", ".reason"),
+        column("Object", "string", ".involvedObject.name"),
+        column("Message", "string", ".message"),
+    ];
+    let mut v1_events = builtin(
+        "events.k8s.io",
+        "v1",
+        "events",
+        "Event",
+        true,
+        &["ev"],
+        false,
+        Flavor::EventsV1Event,
+    );
+    // One store for both Event APIs, as in Kubernetes.
+    v1_events.storage_key = core_events.storage_key.clone();
+    let mut leases = builtin(
+        "coordination.k8s.io",
+        "v1",
+        "leases",
+        "Lease",
+        true,
+        &[],
+        false,
+        Flavor::Generic,
+    );
+    leases.printer_columns = vec![column("Holder", "string", ".spec.holderIdentity")];
+    let mut crds = builtin(
+        "apiextensions.k8s.io",
+        "v1",
+        "customresourcedefinitions",
+        "CustomResourceDefinition",
+        false,
+        &["crd", "crds"],
+        true,
+        Flavor::CustomResourceDefinition,
+    );
+    crds.categories = vec!["api-extensions".into()];
+    let mut apiservices = builtin(
+        "apiregistration.k8s.io",
+        "v1",
+        "apiservices",
+        "APIService",
+        false,
+        &[],
+        true,
+        Flavor::Generic,
+    );
+    apiservices.categories = vec!["api-extensions".into()];
+    let mut vwc = builtin(
+        "admissionregistration.k8s.io",
+        "v1",
+        "validatingwebhookconfigurations",
+        "ValidatingWebhookConfiguration",
+        false,
+        &[],
+        false,
+        Flavor::Generic,
+    );
+    vwc.categories = vec!["api-extensions".into()];
+    let mut mwc = builtin(
+        "admissionregistration.k8s.io",
+        "v1",
+        "mutatingwebhookconfigurations",
+        "MutatingWebhookConfiguration",
+        false,
+        &[],
+        false,
+        Flavor::Generic,
+    );
+    mwc.categories = vec!["api-extensions".into()];
+    vec![
+        namespaces,
+        configmaps,
+        secrets,
+        core_events,
+        v1_events,
+        leases,
+        crds,
+        apiservices,
+        vwc,
+        mwc,
+    ]
+}
+
+/// Kubernetes version ordering: GA > beta > alpha, then by major, then by minor; others last, alphabetically.
+pub fn compare_versions(a: &str, b: &str) -> Ordering {
+    fn parse(v: &str) -> Option<(u32, u32, u32)> {
+        let rest = v.strip_prefix('v')?;
+        let digits: String = rest.chars().take_while(|c| c.is_ascii_digit()).collect();
+        let major: u32 = digits.parse().ok()?;
+        let tail = &rest[digits.len()..];
+        if tail.is_empty() {
+            return Some((3, major, 0));
+        }
+        for (prefix, rank) in [("beta", 2), ("alpha", 1)] {
+            if let Some(n) = tail.strip_prefix(prefix) {
+                return Some((rank, major, n.parse().ok()?));
+            }
+        }
+        None
+    }
+    match (parse(a), parse(b)) {
+        (Some(x), Some(y)) => y.cmp(&x),
+        (Some(_), None) => Ordering::Less,
+        (None, Some(_)) => Ordering::Greater,
+        (None, None) => a.cmp(b),
+    }
+}
+
+#[derive(Default)]
+struct Snapshot {
+    /// (group, version, plural) → definition.
+    resources: BTreeMap<(String, String, String), Arc<ResourceDef>>,
+    /// CRD name → the (group, version, plural) keys it serves.
+    crd_served: BTreeMap<String, Vec<(String, String, String)>>,
+}
+
+/// Thread-safe registry; CRD writes replace their entries atomically.
+pub struct Registry {
+    inner: RwLock<Snapshot>,
+}
+
+impl Default for Registry {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Registry {
+    pub fn new() -> Self {
+        let mut snap = Snapshot::default();
+        for def in builtins() {
+            snap.resources.insert(
+                (def.group.clone(), def.version.clone(), def.plural.clone()),
+                Arc::new(def),
+            );
+        }
+        Registry {
+            inner: RwLock::new(snap),
+        }
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Snapshot> {
+        self.inner.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn lookup(&self, group: &str, version: &str, plural: &str) -> Option<Arc<ResourceDef>> {
+        self.read()
+            .resources
+            .get(&(group.into(), version.into(), plural.into()))
+            .cloned()
+    }
+
+    /// Some served version of a storage key (used to reach objects found by key, e.g. in GC).
+    pub fn by_storage_key(&self, storage_key: &str) -> Option<Arc<ResourceDef>> {
+        let snap = self.read();
+        let mut defs: Vec<_> = snap
+            .resources
+            .values()
+            .filter(|d| d.storage_key == storage_key)
+            .cloned()
+            .collect();
+        // Prefer the core form of Events and the preferred version of CRs.
+        defs.sort_by(|a, b| {
+            a.group
+                .cmp(&b.group)
+                .then(compare_versions(&a.version, &b.version))
+        });
+        defs.into_iter().next()
+    }
+
+    /// Groups with their served versions, preferred version first. The core group is "".
+    pub fn groups(&self) -> Vec<(String, Vec<String>)> {
+        let mut groups: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for (g, v, _) in self.read().resources.keys() {
+            let vs = groups.entry(g.clone()).or_default();
+            if !vs.contains(v) {
+                vs.push(v.clone());
+            }
+        }
+        let mut out: Vec<_> = groups
+            .into_iter()
+            .map(|(g, mut vs)| {
+                vs.sort_by(|a, b| compare_versions(a, b));
+                (g, vs)
+            })
+            .collect();
+        // Built-in groups first (as kube-apiserver orders them), then custom groups by name.
+        out.sort_by_key(|(g, _)| (!is_builtin_group(g), g.clone()));
+        out
+    }
+
+    pub fn resources_in(&self, group: &str, version: &str) -> Vec<Arc<ResourceDef>> {
+        self.read()
+            .resources
+            .values()
+            .filter(|d| d.group == group && d.version == version)
+            .cloned()
+            .collect()
+    }
+
+    /// Serves (or re-serves) the resources defined by a CRD object.
+    pub fn apply_crd(&self, crd: &Value) {
+        let Some(name) = crd.pointer("/metadata/name").and_then(Value::as_str) else {
+            return;
+        };
+        let defs = crate::crd::served_resources(crd);
+        let mut snap = self.inner.write().unwrap_or_else(|p| p.into_inner());
+        if let Some(old) = snap.crd_served.remove(name) {
+            for k in old {
+                snap.resources.remove(&k);
+            }
+        }
+        let mut keys = Vec::new();
+        for def in defs {
+            let k = (def.group.clone(), def.version.clone(), def.plural.clone());
+            // Never let a CRD shadow a built-in kind.
+            if snap
+                .resources
+                .get(&k)
+                .is_some_and(|d| d.flavor != Flavor::CustomResource)
+            {
+                continue;
+            }
+            snap.resources.insert(k.clone(), Arc::new(def));
+            keys.push(k);
+        }
+        snap.crd_served.insert(name.to_string(), keys);
+    }
+
+    pub fn remove_crd(&self, name: &str) {
+        let mut snap = self.inner.write().unwrap_or_else(|p| p.into_inner());
+        if let Some(old) = snap.crd_served.remove(name) {
+            for k in old {
+                snap.resources.remove(&k);
+            }
+        }
+    }
+
+    /// Whether another CRD than `crd_name` already serves `group`/`plural`.
+    pub fn plural_taken(&self, crd_name: &str, group: &str, plural: &str) -> bool {
+        let snap = self.read();
+        snap.resources
+            .values()
+            .any(|d| d.group == group && d.plural == plural)
+            && !snap
+                .crd_served
+                .get(crd_name)
+                .is_some_and(|ks| ks.iter().any(|(g, _, p)| g == group && p == plural))
+    }
+}
+
+pub fn is_builtin_group(group: &str) -> bool {
+    group.is_empty() || group.ends_with(".k8s.io") && !group.contains(".x-k8s.io")
+}
+
+/// The discovery entry (APIResource) for a definition, plus its subresources.
+pub fn discovery_entries(def: &ResourceDef) -> Vec<Value> {
+    let verbs = json!([
+        "create",
+        "delete",
+        "deletecollection",
+        "get",
+        "list",
+        "patch",
+        "update",
+        "watch"
+    ]);
+    let mut main = json!({
+        "name": def.plural,
+        "singularName": def.singular,
+        "namespaced": def.namespaced,
+        "kind": def.kind,
+        "verbs": verbs,
+    });
+    if !def.short_names.is_empty() {
+        main["shortNames"] = json!(def.short_names);
+    }
+    if !def.categories.is_empty() {
+        main["categories"] = json!(def.categories);
+    }
+    let mut out = vec![main];
+    if def.has_status {
+        out.push(json!({
+            "name": format!("{}/status", def.plural),
+            "singularName": "",
+            "namespaced": def.namespaced,
+            "kind": def.kind,
+            "verbs": ["get", "patch", "update"],
+        }));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn version_priority_matches_kubernetes() {
+        let mut vs = vec![
+            "v1alpha1",
+            "v1beta1",
+            "foo",
+            "v2",
+            "v1",
+            "v1beta2",
+            "v10alpha3",
+        ];
+        vs.sort_by(|a, b| compare_versions(a, b));
+        assert_eq!(
+            vs,
+            vec![
+                "v2",
+                "v1",
+                "v1beta2",
+                "v1beta1",
+                "v10alpha3",
+                "v1alpha1",
+                "foo"
+            ]
+        );
+    }
+}

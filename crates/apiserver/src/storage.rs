@@ -1,0 +1,555 @@
+//! SQLite storage: current objects, the change log that watches resume from, and the
+//! single resourceVersion counter.
+//!
+//! Every write runs under one mutex: it takes the next resourceVersion, stores the object,
+//! appends to the change log and publishes the change to live watchers before the lock is
+//! released. That makes resourceVersions strictly increasing in commit order and guarantees
+//! watchers see changes in that same order, which is what the watch protocol promises.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use rusqlite::{Connection, OptionalExtension, params};
+use serde_json::Value;
+use tokio::sync::broadcast;
+
+/// How many changes are kept for watches that resume from an older resourceVersion.
+/// Older resourceVersions get `410 Expired`, exactly like a compacted etcd.
+pub const DEFAULT_HISTORY: u64 = 10_000;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("storage: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    #[error("storage: stored object is not valid JSON: {0}")]
+    Corrupt(#[from] serde_json::Error),
+}
+
+/// Why a conditional write was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    #[error("object not found")]
+    NotFound,
+    #[error("object already exists")]
+    AlreadyExists,
+    #[error("resourceVersion precondition failed")]
+    Conflict,
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl From<rusqlite::Error> for WriteError {
+    fn from(e: rusqlite::Error) -> Self {
+        WriteError::Store(e.into())
+    }
+}
+
+/// Identifies one stored object. `resource` is the storage key shared by every served
+/// version of a resource (`/events` serves both core/v1 and events.k8s.io/v1 Events).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ObjectKey {
+    pub resource: String,
+    pub namespace: String,
+    pub name: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChangeType {
+    Added,
+    Modified,
+    Deleted,
+}
+
+impl ChangeType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChangeType::Added => "ADDED",
+            ChangeType::Modified => "MODIFIED",
+            ChangeType::Deleted => "DELETED",
+        }
+    }
+
+    fn parse(s: &str) -> Self {
+        match s {
+            "ADDED" => ChangeType::Added,
+            "DELETED" => ChangeType::Deleted,
+            _ => ChangeType::Modified,
+        }
+    }
+}
+
+/// One committed write, as watchers see it.
+#[derive(Debug, Clone)]
+pub struct Change {
+    pub rv: u64,
+    pub key: ObjectKey,
+    pub kind: ChangeType,
+    /// The object after the write (for deletes: its last state, stamped with the delete's resourceVersion).
+    pub object: Arc<Value>,
+}
+
+pub struct Store {
+    conn: Mutex<Connection>,
+    changes: broadcast::Sender<Arc<Change>>,
+    history: u64,
+}
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS objects (
+    resource TEXT NOT NULL, namespace TEXT NOT NULL, name TEXT NOT NULL,
+    rv INTEGER NOT NULL, body TEXT NOT NULL,
+    PRIMARY KEY (resource, namespace, name)) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS objects_by_namespace ON objects(namespace);
+CREATE TABLE IF NOT EXISTS changes (
+    rv INTEGER PRIMARY KEY, resource TEXT NOT NULL, namespace TEXT NOT NULL, name TEXT NOT NULL,
+    type TEXT NOT NULL, body TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS changes_by_resource ON changes(resource, rv);
+CREATE TABLE IF NOT EXISTS owners (
+    owner_uid TEXT NOT NULL, resource TEXT NOT NULL, namespace TEXT NOT NULL, name TEXT NOT NULL,
+    PRIMARY KEY (owner_uid, resource, namespace, name)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
+INSERT OR IGNORE INTO meta VALUES ('rv', 0), ('compacted', 0);
+";
+
+impl Store {
+    /// Opens (or creates) the database at `path`, or an in-memory one when `path` is None.
+    pub fn open(path: Option<&Path>) -> Result<Self, StoreError> {
+        let conn = match path {
+            Some(p) => Connection::open(p)?,
+            None => Connection::open_in_memory()?,
+        };
+        // WAL + NORMAL: durable across process crashes, fast enough for thousands of writes/s.
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        conn.execute_batch(SCHEMA)?;
+        let (tx, _) = broadcast::channel(8192);
+        Ok(Store {
+            conn: Mutex::new(conn),
+            changes: tx,
+            history: DEFAULT_HISTORY,
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Connection> {
+        // A panic while holding the lock cannot leave SQLite half-written (transactions roll back), so
+        // a poisoned lock is still safe to use.
+        self.conn.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn subscribe(&self) -> broadcast::Receiver<Arc<Change>> {
+        self.changes.subscribe()
+    }
+
+    /// The newest resourceVersion handed out.
+    pub fn current_rv(&self) -> Result<u64, StoreError> {
+        Ok(meta(&self.lock(), "rv")?)
+    }
+
+    pub fn get(&self, key: &ObjectKey) -> Result<Option<Value>, StoreError> {
+        let conn = self.lock();
+        let body: Option<String> = conn
+            .query_row(
+                "SELECT body FROM objects WHERE resource=?1 AND namespace=?2 AND name=?3",
+                params![key.resource, key.namespace, key.name],
+                |r| r.get(0),
+            )
+            .optional()?;
+        Ok(body.map(|b| serde_json::from_str(&b)).transpose()?)
+    }
+
+    /// Objects of `resource` (in `namespace`, or everywhere when None) ordered by (namespace, name),
+    /// starting after `after`. Returns them with the resourceVersion the list is consistent with.
+    pub fn list(
+        &self,
+        resource: &str,
+        namespace: Option<&str>,
+        after: Option<(&str, &str)>,
+    ) -> Result<(Vec<Value>, u64), StoreError> {
+        let conn = self.lock();
+        let (after_ns, after_name) = after.unwrap_or(("", ""));
+        let has_after = after.is_some();
+        let mut stmt = conn.prepare_cached(
+            "SELECT body FROM objects WHERE resource=?1 AND (?2 IS NULL OR namespace=?2)
+             AND (NOT ?3 OR (namespace, name) > (?4, ?5)) ORDER BY namespace, name",
+        )?;
+        let rows = stmt.query_map(
+            params![resource, namespace, has_after, after_ns, after_name],
+            |r| r.get::<_, String>(0),
+        )?;
+        let mut out = Vec::new();
+        for body in rows {
+            out.push(serde_json::from_str(&body?)?);
+        }
+        let rv = meta(&conn, "rv")?;
+        Ok((out, rv))
+    }
+
+    /// Every stored key in `namespace`, of any resource (for namespace deletion).
+    pub fn keys_in_namespace(&self, namespace: &str) -> Result<Vec<ObjectKey>, StoreError> {
+        let conn = self.lock();
+        let mut stmt =
+            conn.prepare_cached("SELECT resource, name FROM objects WHERE namespace=?1")?;
+        let rows = stmt.query_map(params![namespace], |r| {
+            Ok(ObjectKey {
+                resource: r.get(0)?,
+                namespace: namespace.to_string(),
+                name: r.get(1)?,
+            })
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// Objects whose metadata.ownerReferences name `owner_uid` (for garbage collection).
+    pub fn dependents(&self, owner_uid: &str) -> Result<Vec<ObjectKey>, StoreError> {
+        let conn = self.lock();
+        let mut stmt =
+            conn.prepare_cached("SELECT resource, namespace, name FROM owners WHERE owner_uid=?1")?;
+        let rows = stmt.query_map(params![owner_uid], |r| {
+            Ok(ObjectKey {
+                resource: r.get(0)?,
+                namespace: r.get(1)?,
+                name: r.get(2)?,
+            })
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// Every owner uid referenced by some stored object (for the orphan sweep).
+    pub fn referenced_owner_uids(&self) -> Result<Vec<String>, StoreError> {
+        let conn = self.lock();
+        let mut stmt = conn.prepare_cached("SELECT DISTINCT owner_uid FROM owners")?;
+        let rows = stmt.query_map([], |r| r.get(0))?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// Whether any stored object has this uid.
+    pub fn uid_exists(&self, uid: &str) -> Result<bool, StoreError> {
+        let conn = self.lock();
+        // uids are unique; a LIKE on the body would be slow, so look in the JSON.
+        let found: Option<i64> = conn
+            .query_row(
+                "SELECT 1 FROM objects WHERE json_extract(body, '$.metadata.uid') = ?1 LIMIT 1",
+                params![uid],
+                |r| r.get(0),
+            )
+            .optional()?;
+        Ok(found.is_some())
+    }
+
+    /// The object with this uid, if any.
+    pub fn find_by_uid(&self, uid: &str) -> Result<Option<(ObjectKey, Value)>, StoreError> {
+        let conn = self.lock();
+        let row: Option<(String, String, String, String)> = conn
+            .query_row(
+                "SELECT resource, namespace, name, body FROM objects WHERE json_extract(body, '$.metadata.uid') = ?1 LIMIT 1",
+                params![uid],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+            )
+            .optional()?;
+        match row {
+            Some((resource, namespace, name, body)) => Ok(Some((
+                ObjectKey {
+                    resource,
+                    namespace,
+                    name,
+                },
+                serde_json::from_str(&body)?,
+            ))),
+            None => Ok(None),
+        }
+    }
+
+    /// Objects marked for deletion (waiting for finalizers).
+    pub fn deleting_objects(&self) -> Result<Vec<(ObjectKey, Value)>, StoreError> {
+        let conn = self.lock();
+        let mut stmt = conn.prepare_cached(
+            "SELECT resource, namespace, name, body FROM objects WHERE json_extract(body, '$.metadata.deletionTimestamp') IS NOT NULL",
+        )?;
+        let rows = stmt.query_map([], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, String>(2)?,
+                r.get::<_, String>(3)?,
+            ))
+        })?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (resource, namespace, name, body) = row?;
+            out.push((
+                ObjectKey {
+                    resource,
+                    namespace,
+                    name,
+                },
+                serde_json::from_str(&body)?,
+            ));
+        }
+        Ok(out)
+    }
+
+    /// Stores a new object. Fails with AlreadyExists if the key is taken.
+    pub fn create(&self, key: &ObjectKey, object: Value) -> Result<Arc<Value>, WriteError> {
+        self.write(key, object, |existing| match existing {
+            Some(_) => Err(WriteError::AlreadyExists),
+            None => Ok(ChangeType::Added),
+        })
+    }
+
+    /// Replaces an existing object. With `expected_rv`, fails with Conflict unless the stored
+    /// object still has that resourceVersion.
+    pub fn update(
+        &self,
+        key: &ObjectKey,
+        expected_rv: Option<u64>,
+        object: Value,
+    ) -> Result<Arc<Value>, WriteError> {
+        self.write(key, object, |existing| match existing {
+            None => Err(WriteError::NotFound),
+            Some(rv) if expected_rv.is_some_and(|e| e != rv) => Err(WriteError::Conflict),
+            Some(_) => Ok(ChangeType::Modified),
+        })
+    }
+
+    /// Removes an object for good (finalizers are the caller's business).
+    pub fn delete(
+        &self,
+        key: &ObjectKey,
+        expected_rv: Option<u64>,
+    ) -> Result<Arc<Value>, WriteError> {
+        let mut conn = self.lock();
+        let tx = conn.transaction()?;
+        let stored: Option<(i64, String)> = tx
+            .query_row(
+                "SELECT rv, body FROM objects WHERE resource=?1 AND namespace=?2 AND name=?3",
+                params![key.resource, key.namespace, key.name],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()?;
+        let Some((rv, body)) = stored else {
+            return Err(WriteError::NotFound);
+        };
+        if expected_rv.is_some_and(|e| e != rv as u64) {
+            return Err(WriteError::Conflict);
+        }
+        let mut object: Value = serde_json::from_str(&body).map_err(StoreError::from)?;
+        let new_rv = meta(&tx, "rv")? + 1;
+        set_rv(&mut object, new_rv);
+        tx.execute(
+            "DELETE FROM objects WHERE resource=?1 AND namespace=?2 AND name=?3",
+            params![key.resource, key.namespace, key.name],
+        )?;
+        tx.execute(
+            "DELETE FROM owners WHERE resource=?1 AND namespace=?2 AND name=?3",
+            params![key.resource, key.namespace, key.name],
+        )?;
+        let object = Arc::new(object);
+        self.commit(tx, new_rv, key, ChangeType::Deleted, object.clone())?;
+        Ok(object)
+    }
+
+    fn write(
+        &self,
+        key: &ObjectKey,
+        mut object: Value,
+        check: impl FnOnce(Option<u64>) -> Result<ChangeType, WriteError>,
+    ) -> Result<Arc<Value>, WriteError> {
+        let mut conn = self.lock();
+        let tx = conn.transaction()?;
+        let existing: Option<i64> = tx
+            .query_row(
+                "SELECT rv FROM objects WHERE resource=?1 AND namespace=?2 AND name=?3",
+                params![key.resource, key.namespace, key.name],
+                |r| r.get(0),
+            )
+            .optional()?;
+        let kind = check(existing.map(|rv| rv as u64))?;
+        let new_rv = meta(&tx, "rv")? + 1;
+        set_rv(&mut object, new_rv);
+        let body = object.to_string();
+        tx.execute(
+            "INSERT OR REPLACE INTO objects (resource, namespace, name, rv, body) VALUES (?1, ?2, ?3, ?4, ?5)",
+            params![key.resource, key.namespace, key.name, new_rv as i64, body],
+        )?;
+        tx.execute(
+            "DELETE FROM owners WHERE resource=?1 AND namespace=?2 AND name=?3",
+            params![key.resource, key.namespace, key.name],
+        )?;
+        if let Some(refs) = object
+            .pointer("/metadata/ownerReferences")
+            .and_then(Value::as_array)
+        {
+            for uid in refs
+                .iter()
+                .filter_map(|r| r.get("uid").and_then(Value::as_str))
+            {
+                tx.execute(
+                    "INSERT OR IGNORE INTO owners VALUES (?1, ?2, ?3, ?4)",
+                    params![uid, key.resource, key.namespace, key.name],
+                )?;
+            }
+        }
+        let object = Arc::new(object);
+        self.commit(tx, new_rv, key, kind, object.clone())?;
+        Ok(object)
+    }
+
+    /// Appends to the change log, compacts it, commits and publishes. Called with the lock held.
+    fn commit(
+        &self,
+        tx: rusqlite::Transaction<'_>,
+        rv: u64,
+        key: &ObjectKey,
+        kind: ChangeType,
+        object: Arc<Value>,
+    ) -> Result<(), WriteError> {
+        tx.execute(
+            "INSERT INTO changes (rv, resource, namespace, name, type, body) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            params![rv as i64, key.resource, key.namespace, key.name, kind.as_str(), object.to_string()],
+        )?;
+        tx.execute(
+            "UPDATE meta SET value=?1 WHERE key='rv'",
+            params![rv as i64],
+        )?;
+        // Compact in batches so that the history stays bounded without a delete per write.
+        if rv.is_multiple_of(1000) && rv > self.history {
+            let floor = rv - self.history;
+            tx.execute("DELETE FROM changes WHERE rv <= ?1", params![floor as i64])?;
+            tx.execute(
+                "UPDATE meta SET value=?1 WHERE key='compacted'",
+                params![floor as i64],
+            )?;
+        }
+        tx.commit()?;
+        // No receivers is fine: nobody is watching.
+        let _ = self.changes.send(Arc::new(Change {
+            rv,
+            key: key.clone(),
+            kind,
+            object,
+        }));
+        Ok(())
+    }
+
+    /// Changes of `resource` after `since`, or Err(oldest retained) if `since` is compacted away.
+    pub fn changes_since(
+        &self,
+        resource: &str,
+        since: u64,
+    ) -> Result<Result<Vec<Change>, u64>, StoreError> {
+        let conn = self.lock();
+        let compacted = meta(&conn, "compacted")?;
+        if since < compacted {
+            return Ok(Err(compacted + 1));
+        }
+        let mut stmt = conn.prepare_cached(
+            "SELECT rv, namespace, name, type, body FROM changes WHERE resource=?1 AND rv > ?2 ORDER BY rv",
+        )?;
+        let rows = stmt.query_map(params![resource, since as i64], |r| {
+            Ok((
+                r.get::<_, i64>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, String>(2)?,
+                r.get::<_, String>(3)?,
+                r.get::<_, String>(4)?,
+            ))
+        })?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (rv, namespace, name, kind, body) = row?;
+            out.push(Change {
+                rv: rv as u64,
+                key: ObjectKey {
+                    resource: resource.to_string(),
+                    namespace,
+                    name,
+                },
+                kind: ChangeType::parse(&kind),
+                object: Arc::new(serde_json::from_str(&body)?),
+            });
+        }
+        Ok(Ok(out))
+    }
+}
+
+fn meta(conn: &Connection, key: &str) -> Result<u64, rusqlite::Error> {
+    conn.query_row("SELECT value FROM meta WHERE key=?1", params![key], |r| {
+        r.get::<_, i64>(0)
+    })
+    .map(|v| v as u64)
+}
+
+fn set_rv(object: &mut Value, rv: u64) {
+    if let Some(meta) = object.get_mut("metadata").and_then(Value::as_object_mut) {
+        meta.insert("resourceVersion".into(), Value::String(rv.to_string()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn key(name: &str) -> ObjectKey {
+        ObjectKey {
+            resource: "/configmaps".into(),
+            namespace: "default".into(),
+            name: name.into(),
+        }
+    }
+
+    #[test]
+    fn resource_versions_increase_and_survive_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db.sqlite");
+        {
+            let store = Store::open(Some(&path)).unwrap();
+            store
+                .create(&key("a"), json!({"metadata": {"name": "a"}}))
+                .unwrap();
+            let b = store
+                .create(&key("b"), json!({"metadata": {"name": "b"}}))
+                .unwrap();
+            assert_eq!(b["metadata"]["resourceVersion"], "2");
+            assert!(matches!(
+                store.create(&key("a"), json!({"metadata": {}})),
+                Err(WriteError::AlreadyExists)
+            ));
+            assert!(matches!(
+                store.update(&key("a"), Some(7), json!({"metadata": {}})),
+                Err(WriteError::Conflict)
+            ));
+        }
+        let store = Store::open(Some(&path)).unwrap();
+        assert_eq!(store.current_rv().unwrap(), 2);
+        let c = store
+            .update(&key("a"), Some(1), json!({"metadata": {"name": "a"}}))
+            .unwrap();
+        assert_eq!(c["metadata"]["resourceVersion"], "3");
+        let changes = store.changes_since("/configmaps", 1).unwrap().unwrap();
+        assert_eq!(changes.iter().map(|c| c.rv).collect::<Vec<_>>(), vec![2, 3]);
+    }
+
+    #[test]
+    fn history_is_bounded() {
+        let mut store = Store::open(None).unwrap();
+        store.history = 10;
+        for i in 0..1000 {
+            store
+                .create(&key(&format!("o{i}")), json!({"metadata": {}}))
+                .unwrap();
+        }
+        assert_eq!(
+            store.changes_since("/configmaps", 5).unwrap().unwrap_err(),
+            991
+        );
+        assert_eq!(
+            store
+                .changes_since("/configmaps", 995)
+                .unwrap()
+                .unwrap()
+                .len(),
+            5
+        );
+    }
+}

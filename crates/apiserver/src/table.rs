@@ -1,0 +1,262 @@
+//! Server-side printing: `meta.k8s.io/v1` Tables, which `kubectl get` asks for.
+
+use serde_json::{Value, json};
+
+use crate::registry::{PrinterColumn, ResourceDef};
+
+/// Whether an Accept header asks for a Table.
+pub fn wants_table(accept: &str) -> bool {
+    accept
+        .split(',')
+        .next()
+        .is_some_and(|first| first.contains("as=Table"))
+}
+
+/// How much of each object rows carry (`includeObject`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IncludeObject {
+    None,
+    Metadata,
+    Object,
+}
+
+impl IncludeObject {
+    pub fn parse(s: Option<&str>) -> Self {
+        match s {
+            Some("None") => IncludeObject::None,
+            Some("Object") => IncludeObject::Object,
+            _ => IncludeObject::Metadata,
+        }
+    }
+}
+
+fn columns(def: &ResourceDef) -> Vec<PrinterColumn> {
+    let name = PrinterColumn {
+        name: "Name".into(),
+        type_: "string".into(),
+        json_path: ".metadata.name".into(),
+        priority: 0,
+        description: "Name must be unique within a namespace.".into(),
+    };
+    let age = PrinterColumn {
+        name: "Age".into(),
+        type_: "date".into(),
+        json_path: ".metadata.creationTimestamp".into(),
+        priority: 0,
+        description: "CreationTimestamp is a timestamp representing the server time when this object was created.".into(),
+    };
+    let mut cols = vec![name];
+    cols.extend(def.printer_columns.iter().cloned());
+    // CRDs that declare columns choose their own; otherwise an Age column ends the table.
+    if def.schema.is_none() || def.printer_columns.is_empty() {
+        cols.push(age);
+    }
+    cols
+}
+
+/// kube's duration.HumanDuration.
+pub fn human_duration(secs: i64) -> String {
+    let s = secs.max(0);
+    let (m, h, d) = (s / 60, s / 3600, s / 86400);
+    if s < 120 {
+        format!("{s}s")
+    } else if m < 10 {
+        if s % 60 == 0 {
+            format!("{m}m")
+        } else {
+            format!("{m}m{}s", s % 60)
+        }
+    } else if m < 180 {
+        format!("{m}m")
+    } else if h < 8 {
+        if m % 60 == 0 {
+            format!("{h}h")
+        } else {
+            format!("{h}h{}m", m % 60)
+        }
+    } else if h < 48 {
+        format!("{h}h")
+    } else if h < 24 * 8 {
+        if h % 24 == 0 {
+            format!("{d}d")
+        } else {
+            format!("{d}d{}h", h % 24)
+        }
+    } else if d < 365 * 2 {
+        format!("{d}d")
+    } else if d < 365 * 8 {
+        format!("{}y{}d", d / 365, d % 365)
+    } else {
+        format!("{}y", d / 365)
+    }
+}
+
+/// Evaluates the simple JSONPath subset printer columns use: `.a.b`, `.a[0]`, `.a[*].b`,
+/// `.a[?(@.type=="Ready")].status`.
+pub fn json_path<'a>(obj: &'a Value, path: &str) -> Vec<&'a Value> {
+    let path = path
+        .trim()
+        .trim_start_matches('{')
+        .trim_end_matches('}')
+        .trim_start_matches('$');
+    let mut current = vec![obj];
+    let mut rest = path;
+    while !rest.is_empty() {
+        if let Some(r) = rest.strip_prefix('.') {
+            let end = r.find(['.', '[']).unwrap_or(r.len());
+            let field = &r[..end];
+            current = current.into_iter().filter_map(|v| v.get(field)).collect();
+            rest = &r[end..];
+        } else if let Some(r) = rest.strip_prefix('[') {
+            let Some(end) = r.find(']') else {
+                return vec![];
+            };
+            let selector = &r[..end];
+            rest = &r[end + 1..];
+            let items = current.into_iter().filter_map(Value::as_array).flatten();
+            current = if selector == "*" {
+                items.collect()
+            } else if let Ok(i) = selector.parse::<usize>() {
+                items.skip(i).take(1).collect()
+            } else if let Some(filter) = selector
+                .strip_prefix("?(@.")
+                .and_then(|f| f.strip_suffix(')'))
+            {
+                let Some((field, value)) = filter.split_once("==") else {
+                    return vec![];
+                };
+                let value = value.trim().trim_matches(|c| c == '"' || c == '\'');
+                let field = field.trim();
+                items
+                    .filter(|item| {
+                        json_path(item, &format!(".{field}"))
+                            .first()
+                            .is_some_and(|v| cell_text(v) == value)
+                    })
+                    .collect()
+            } else {
+                return vec![];
+            };
+        } else {
+            return vec![];
+        }
+    }
+    current
+}
+
+fn cell_text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Null => String::new(),
+        other => other.to_string(),
+    }
+}
+
+fn cell(col: &PrinterColumn, obj: &Value, now: i64) -> Value {
+    let found = json_path(obj, &col.json_path);
+    // Built-in "Data" columns count entries, as kubectl's printers do.
+    if col.type_ == "integer"
+        && let Some(Value::Object(m)) = found.first()
+    {
+        return json!(
+            m.len()
+                + obj
+                    .get("binaryData")
+                    .and_then(Value::as_object)
+                    .map_or(0, |b| b.len())
+        );
+    }
+    match (col.type_.as_str(), found.as_slice()) {
+        (_, []) => json!("<none>"),
+        ("date", [Value::String(t), ..]) => match crate::meta::parse_time(t) {
+            Some(at) => json!(human_duration(now - at)),
+            None => json!("<invalid>"),
+        },
+        (_, [single]) => match single {
+            Value::Number(_) | Value::Bool(_) => (*single).clone(),
+            other => json!(cell_text(other)),
+        },
+        (_, many) => json!(
+            many.iter()
+                .map(|v| cell_text(v))
+                .collect::<Vec<_>>()
+                .join(",")
+        ),
+    }
+}
+
+fn row(
+    def: &ResourceDef,
+    cols: &[PrinterColumn],
+    obj: &Value,
+    include: IncludeObject,
+    now: i64,
+) -> Value {
+    let cells: Vec<Value> = cols.iter().map(|c| cell(c, obj, now)).collect();
+    let object = match include {
+        IncludeObject::None => Value::Null,
+        IncludeObject::Object => obj.clone(),
+        IncludeObject::Metadata => json!({
+            "kind": "PartialObjectMetadata",
+            "apiVersion": "meta.k8s.io/v1",
+            "metadata": obj.get("metadata").cloned().unwrap_or(json!({})),
+        }),
+    };
+    let _ = def;
+    json!({ "cells": cells, "object": object })
+}
+
+/// A Table of `objects` with the list metadata `list_meta`.
+pub fn table(
+    def: &ResourceDef,
+    objects: &[Value],
+    list_meta: Value,
+    include: IncludeObject,
+) -> Value {
+    let cols = columns(def);
+    let now = time::OffsetDateTime::now_utc().unix_timestamp();
+    let defs: Vec<Value> = cols
+        .iter()
+        .map(|c| {
+            let format = if c.json_path == ".metadata.name" { "name" } else { "" };
+            let type_ = if c.type_ == "date" { "string" } else { c.type_.as_str() };
+            json!({ "name": c.name, "type": type_, "format": format, "description": c.description, "priority": c.priority })
+        })
+        .collect();
+    json!({
+        "kind": "Table",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": list_meta,
+        "columnDefinitions": defs,
+        "rows": objects.iter().map(|o| row(def, &cols, o, include, now)).collect::<Vec<_>>(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_like_kubectl() {
+        assert_eq!(human_duration(5), "5s");
+        assert_eq!(human_duration(125), "2m5s");
+        assert_eq!(human_duration(3600 * 5 + 60), "5h1m");
+        assert_eq!(human_duration(86400 * 3), "3d");
+        assert_eq!(human_duration(86400 * 30), "30d");
+    }
+
+    #[test]
+    fn json_path_filters() {
+        let obj = json!({"status": {"conditions": [{"type": "A", "status": "False"}, {"type": "Ready", "status": "True"}]}, "spec": {"n": 3}});
+        assert_eq!(
+            json_path(&obj, ".status.conditions[?(@.type==\"Ready\")].status"),
+            vec![&json!("True")]
+        );
+        assert_eq!(json_path(&obj, ".spec.n"), vec![&json!(3)]);
+        assert_eq!(
+            json_path(&obj, ".status.conditions[0].type"),
+            vec![&json!("A")]
+        );
+        assert!(json_path(&obj, ".missing.x").is_empty());
+    }
+}

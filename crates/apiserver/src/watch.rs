@@ -1,0 +1,220 @@
+//! The watch protocol: a stream of `{"type": ..., "object": ...}` lines.
+//!
+//! A watch first subscribes to the store's live changes, then reads its starting point (the
+//! current objects, or the change log after the requested resourceVersion), then streams live
+//! changes newer than what it already sent. Subscribing first means nothing committed in
+//! between can be missed; the resourceVersion check drops what would be sent twice.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde_json::{Value, json};
+use tokio::sync::{broadcast, mpsc};
+
+use crate::api::ApiState;
+use crate::error::ApiError;
+use crate::registry::ResourceDef;
+use crate::selectors::{FieldSelector, LabelSelector};
+use crate::storage::{Change, ChangeType};
+use crate::table::{self, IncludeObject};
+
+#[derive(Debug, Clone)]
+pub struct WatchParams {
+    pub namespace: Option<String>,
+    pub resource_version: Option<String>,
+    pub send_initial_events: Option<bool>,
+    pub allow_bookmarks: bool,
+    pub timeout: Duration,
+    pub labels: Option<LabelSelector>,
+    pub fields: Option<FieldSelector>,
+    /// Set when the client asked for Table objects (`kubectl get -w`).
+    pub table: Option<IncludeObject>,
+    pub bookmark_interval: Duration,
+}
+
+struct Watcher {
+    state: Arc<ApiState>,
+    def: Arc<ResourceDef>,
+    params: WatchParams,
+    out: mpsc::Sender<Bytes>,
+    /// Newest resourceVersion this watch has accounted for (sent or filtered out).
+    seen_rv: u64,
+}
+
+impl Watcher {
+    fn matches(&self, change: &Change, served: &Value) -> bool {
+        change.key.resource == self.def.storage_key
+            && self
+                .params
+                .namespace
+                .as_deref()
+                .is_none_or(|ns| ns == change.key.namespace)
+            && self
+                .params
+                .labels
+                .as_ref()
+                .is_none_or(|s| s.matches(served))
+            && self
+                .params
+                .fields
+                .as_ref()
+                .is_none_or(|s| s.matches(served))
+    }
+
+    fn encode(&self, kind: &str, object: Value) -> Bytes {
+        let object = match self.params.table {
+            Some(include) if kind != "BOOKMARK" && kind != "ERROR" => {
+                table::table(&self.def, std::slice::from_ref(&object), json!({}), include)
+            }
+            _ => object,
+        };
+        let mut line = json!({ "type": kind, "object": object }).to_string();
+        line.push('\n');
+        Bytes::from(line)
+    }
+
+    async fn send(&self, kind: &str, object: Value) -> bool {
+        self.out.send(self.encode(kind, object)).await.is_ok()
+    }
+
+    async fn send_change(&mut self, change: &Change) -> bool {
+        if change.rv <= self.seen_rv {
+            return true;
+        }
+        self.seen_rv = change.rv;
+        let served = ApiState::served(&self.def, &change.object);
+        if !self.matches(change, &served) {
+            return true;
+        }
+        self.send(change.kind.as_str(), served).await
+    }
+
+    async fn bookmark(&self, initial_events_end: bool) -> bool {
+        let mut metadata = json!({ "resourceVersion": self.seen_rv.to_string() });
+        if initial_events_end {
+            metadata["annotations"] = json!({ "k8s.io/initial-events-end": "true" });
+        }
+        let object = json!({ "kind": self.def.kind, "apiVersion": self.def.api_version(), "metadata": metadata });
+        self.send("BOOKMARK", object).await
+    }
+
+    async fn run(mut self, mut live: broadcast::Receiver<Arc<Change>>) {
+        let deadline = tokio::time::sleep(self.params.timeout);
+        tokio::pin!(deadline);
+        if !self.start().await {
+            return;
+        }
+        let mut ticks = tokio::time::interval(self.params.bookmark_interval);
+        ticks.tick().await;
+        loop {
+            tokio::select! {
+                _ = &mut deadline => return,
+                _ = self.out.closed() => return,
+                _ = ticks.tick(), if self.params.allow_bookmarks => {
+                    if !self.bookmark(false).await { return; }
+                }
+                received = live.recv() => match received {
+                    Ok(change) => {
+                        if !self.send_change(&change).await { return; }
+                    }
+                    // Too slow to keep up: end the stream; the client resumes from the last
+                    // resourceVersion it saw, served from the change log.
+                    Err(broadcast::error::RecvError::Lagged(_)) | Err(broadcast::error::RecvError::Closed) => return,
+                },
+            }
+        }
+    }
+
+    /// Sends the starting point. Returns false if the stream is over.
+    async fn start(&mut self) -> bool {
+        let rv = self.params.resource_version.clone().unwrap_or_default();
+        let from_state =
+            rv.is_empty() || rv == "0" || self.params.send_initial_events == Some(true);
+        if from_state {
+            let listed = self.state.store.list(
+                &self.def.storage_key,
+                self.params.namespace.as_deref(),
+                None,
+            );
+            let (objects, list_rv) = match listed {
+                Ok(x) => x,
+                Err(e) => {
+                    let _ = self.send("ERROR", ApiError::from(e).to_status()).await;
+                    return false;
+                }
+            };
+            for object in objects {
+                let served = ApiState::served(&self.def, &object);
+                let fake = Change {
+                    rv: 0,
+                    key: ApiState::key(
+                        &self.def,
+                        crate::meta::namespace_of(&object),
+                        crate::meta::name_of(&object),
+                    ),
+                    kind: ChangeType::Added,
+                    object: Arc::new(object),
+                };
+                if self.matches(&fake, &served) && !self.send("ADDED", served).await {
+                    return false;
+                }
+            }
+            self.seen_rv = list_rv;
+            if self.params.send_initial_events == Some(true) && self.params.allow_bookmarks {
+                return self.bookmark(true).await;
+            }
+            return true;
+        }
+        let Ok(since) = rv.parse::<u64>() else {
+            let err = ApiError::bad_request(format!("invalid resource version: {rv:?}"));
+            let _ = self.send("ERROR", err.to_status()).await;
+            return false;
+        };
+        match self.state.store.changes_since(&self.def.storage_key, since) {
+            Ok(Ok(changes)) => {
+                self.seen_rv = since;
+                for change in changes {
+                    if !self.send_change(&change).await {
+                        return false;
+                    }
+                }
+                true
+            }
+            Ok(Err(oldest)) => {
+                let _ = self
+                    .send("ERROR", ApiError::expired(since, oldest).to_status())
+                    .await;
+                false
+            }
+            Err(e) => {
+                let _ = self.send("ERROR", ApiError::from(e).to_status()).await;
+                false
+            }
+        }
+    }
+}
+
+/// Starts a watch; the returned stream yields newline-delimited JSON events until the timeout,
+/// the client going away, or an error event.
+pub fn start(
+    state: Arc<ApiState>,
+    def: Arc<ResourceDef>,
+    params: WatchParams,
+) -> impl futures::Stream<Item = Result<Bytes, Infallible>> + Send + 'static {
+    let live = state.store.subscribe();
+    let (tx, rx) = mpsc::channel::<Bytes>(256);
+    let watcher = Watcher {
+        state,
+        def,
+        params,
+        out: tx,
+        seen_rv: 0,
+    };
+    tokio::spawn(watcher.run(live));
+    futures::stream::unfold(
+        rx,
+        |mut rx| async move { rx.recv().await.map(|b| (Ok(b), rx)) },
+    )
+}

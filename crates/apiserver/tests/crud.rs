@@ -1,0 +1,297 @@
+//! Core verbs over real HTTP with a kube client.
+
+use caretaker_apiserver::TestServer;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::core::Status;
+use serde_json::json;
+
+fn cm(name: &str, labels: serde_json::Value) -> ConfigMap {
+    serde_json::from_value(
+        json!({"metadata": {"name": name, "labels": labels}, "data": {"k": "v"}}),
+    )
+    .unwrap()
+}
+
+fn api_error(e: kube::Error) -> Status {
+    match e {
+        kube::Error::Api(s) => *s,
+        other => panic!("expected an API error, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn configmap_lifecycle_and_errors() {
+    let server = TestServer::start().await;
+    let client = server.client();
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+
+    let created = cms
+        .create(&PostParams::default(), &cm("a", json!({"app": "web"})))
+        .await
+        .unwrap();
+    let meta = &created.metadata;
+    assert!(meta.uid.as_ref().is_some_and(|u| u.len() == 36));
+    assert!(meta.creation_timestamp.is_some());
+    let rv1: u64 = meta.resource_version.as_ref().unwrap().parse().unwrap();
+
+    let err = api_error(
+        cms.create(&PostParams::default(), &cm("a", json!({})))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!((err.code, err.reason.as_str()), (409, "AlreadyExists"));
+    assert_eq!(err.message, "configmaps \"a\" already exists");
+
+    let err = api_error(cms.get("missing").await.unwrap_err());
+    assert_eq!(
+        (err.code, err.reason.as_str(), err.message.as_str()),
+        (404, "NotFound", "configmaps \"missing\" not found")
+    );
+
+    // Update with the current resourceVersion works; with the old one it is a 409 Conflict.
+    let mut changed = created.clone();
+    changed.data = Some([("k".to_string(), "v2".to_string())].into());
+    let updated = cms
+        .replace("a", &PostParams::default(), &changed)
+        .await
+        .unwrap();
+    let rv2: u64 = updated
+        .metadata
+        .resource_version
+        .as_ref()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(rv2 > rv1);
+    let err = api_error(
+        cms.replace("a", &PostParams::default(), &changed)
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!((err.code, err.reason.as_str()), (409, "Conflict"));
+
+    // generateName.
+    let generated: ConfigMap =
+        serde_json::from_value(json!({"metadata": {"generateName": "gen-"}})).unwrap();
+    let g = cms
+        .create(&PostParams::default(), &generated)
+        .await
+        .unwrap();
+    assert!(
+        g.metadata.name.as_ref().unwrap().starts_with("gen-")
+            && g.metadata.name.as_ref().unwrap().len() == 9
+    );
+
+    // Invalid name: 422 Invalid.
+    let err = api_error(
+        cms.create(&PostParams::default(), &cm("Not_Valid", json!({})))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!((err.code, err.reason.as_str()), (422, "Invalid"));
+
+    // Label selectors, limit and continue.
+    for i in 0..5 {
+        cms.create(
+            &PostParams::default(),
+            &cm(&format!("page-{i}"), json!({"app": "paged"})),
+        )
+        .await
+        .unwrap();
+    }
+    let lp = ListParams::default().labels("app=paged").limit(2);
+    let mut names = vec![];
+    let mut page = cms.list(&lp).await.unwrap();
+    loop {
+        names.extend(page.items.iter().map(|c| c.metadata.name.clone().unwrap()));
+        match page.metadata.continue_.clone().filter(|c| !c.is_empty()) {
+            Some(token) => page = cms.list(&lp.clone().continue_token(&token)).await.unwrap(),
+            None => break,
+        }
+    }
+    assert_eq!(
+        names,
+        vec!["page-0", "page-1", "page-2", "page-3", "page-4"]
+    );
+    let web = cms
+        .list(&ListParams::default().labels("app in (web)"))
+        .await
+        .unwrap();
+    assert_eq!(web.items.len(), 1);
+    let by_name = cms
+        .list(&ListParams::default().fields("metadata.name=page-3"))
+        .await
+        .unwrap();
+    assert_eq!(by_name.items.len(), 1);
+
+    // Patches: merge, JSON, strategic.
+    let p = cms
+        .patch(
+            "a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {"m": "1"}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(p.data.unwrap()["m"], "1");
+    let jp: json_patch::Patch =
+        serde_json::from_value(json!([{"op": "add", "path": "/data/j", "value": "2"}])).unwrap();
+    let p = cms
+        .patch("a", &PatchParams::default(), &Patch::<()>::Json(jp))
+        .await
+        .unwrap();
+    assert_eq!(p.data.as_ref().unwrap()["j"], "2");
+    let p = cms
+        .patch(
+            "a",
+            &PatchParams::default(),
+            &Patch::Strategic(json!({"data": {"s": "3"}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(p.data.as_ref().unwrap().len(), 4);
+
+    cms.delete("a", &DeleteParams::default()).await.unwrap();
+    assert_eq!(api_error(cms.get("a").await.unwrap_err()).code, 404);
+
+    // Namespaced create in a missing namespace: 404 for the namespace.
+    let nowhere: Api<ConfigMap> = Api::namespaced(client.clone(), "nowhere");
+    let err = api_error(
+        nowhere
+            .create(&PostParams::default(), &cm("x", json!({})))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(
+        (err.code, err.message.as_str()),
+        (404, "namespaces \"nowhere\" not found")
+    );
+
+    // Secrets: stringData becomes base64 data.
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), "default");
+    let s: Secret = serde_json::from_value(
+        json!({"metadata": {"name": "s"}, "stringData": {"password": "hunter2"}}),
+    )
+    .unwrap();
+    let s = secrets.create(&PostParams::default(), &s).await.unwrap();
+    assert_eq!(s.data.unwrap()["password"].0, b"hunter2");
+    assert_eq!(s.type_.as_deref(), Some("Opaque"));
+
+    // Default namespaces exist.
+    let namespaces: Api<Namespace> = Api::all(client);
+    let ns = namespaces.get("kube-system").await.unwrap();
+    assert_eq!(ns.status.unwrap().phase.as_deref(), Some("Active"));
+}
+
+#[tokio::test]
+async fn malformed_requests_get_status_errors() {
+    let server = TestServer::start().await;
+    let http = reqwest_like(server.url());
+    // Not JSON.
+    let (code, body) = http
+        .send(
+            "POST",
+            "/api/v1/namespaces/default/configmaps",
+            "application/json",
+            "{not json",
+        )
+        .await;
+    assert_eq!(code, 400, "{body}");
+    assert_eq!(body["reason"], "BadRequest");
+    // Unknown resource.
+    let (code, body) = http
+        .send(
+            "GET",
+            "/api/v1/namespaces/default/widgets",
+            "application/json",
+            "",
+        )
+        .await;
+    assert_eq!((code, body["reason"].as_str()), (404, Some("NotFound")));
+    let (code, _) = http
+        .send(
+            "GET",
+            "/apis/nope.example.com/v1/things",
+            "application/json",
+            "",
+        )
+        .await;
+    assert_eq!(code, 404);
+    // Unsupported patch type.
+    let (code, body) = http
+        .send(
+            "PATCH",
+            "/api/v1/namespaces/default",
+            "application/xml",
+            "<x/>",
+        )
+        .await;
+    assert_eq!(
+        (code, body["reason"].as_str()),
+        (415, Some("UnsupportedMediaType"))
+    );
+    // POST to a named object.
+    let (code, body) = http
+        .send(
+            "POST",
+            "/api/v1/namespaces/default/configmaps/x",
+            "application/json",
+            "{}",
+        )
+        .await;
+    assert_eq!(
+        (code, body["reason"].as_str()),
+        (405, Some("MethodNotAllowed"))
+    );
+    // The server still works and stored nothing.
+    let (code, body) = http
+        .send(
+            "GET",
+            "/api/v1/namespaces/default/configmaps",
+            "application/json",
+            "",
+        )
+        .await;
+    assert_eq!(code, 200);
+    assert_eq!(body["items"].as_array().unwrap().len(), 0);
+}
+
+/// A minimal HTTP/1.1 client, enough to send malformed bodies that typed clients refuse to build.
+fn reqwest_like(url: &str) -> RawHttp {
+    RawHttp {
+        addr: url.trim_start_matches("http://").to_string(),
+    }
+}
+
+struct RawHttp {
+    addr: String,
+}
+
+impl RawHttp {
+    async fn send(
+        &self,
+        method: &str,
+        path: &str,
+        content_type: &str,
+        body: &str,
+    ) -> (u16, serde_json::Value) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(&self.addr).await.unwrap();
+        let req = format!(
+            "{method} {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            self.addr,
+            body.len()
+        );
+        s.write_all(req.as_bytes()).await.unwrap();
+        let mut out = Vec::new();
+        s.read_to_end(&mut out).await.unwrap();
+        let text = String::from_utf8_lossy(&out);
+        let code: u16 = text[9..12].parse().unwrap();
+        let body = text.split("\r\n\r\n").nth(1).unwrap_or("");
+        (
+            code,
+            serde_json::from_str(body).unwrap_or(serde_json::Value::Null),
+        )
+    }
+}
