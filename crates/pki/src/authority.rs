@@ -3,6 +3,7 @@
 use std::fmt;
 use std::net::IpAddr;
 use std::str::FromStr;
+use std::sync::OnceLock;
 
 use rcgen::{
     BasicConstraints, CertificateParams, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
@@ -151,9 +152,20 @@ pub struct IssuedCertificate {
     pub certificate_der: Vec<u8>,
     /// `None` when signed from a CSR: the key stays with whoever made the CSR.
     pub key: Option<PrivateKey>,
-    pub info: CertificateInfo,
     /// The requested validity reached past the CA's notAfter and was cut to it.
     pub capped_at_issuer: bool,
+    /// Parsed on first use: bulk issuance rarely needs it.
+    info: OnceLock<CertificateInfo>,
+}
+
+impl IssuedCertificate {
+    /// What the new certificate says.
+    pub fn info(&self) -> &CertificateInfo {
+        self.info.get_or_init(|| {
+            CertificateInfo::from_der(&self.certificate_der)
+                .expect("a certificate this crate just signed parses")
+        })
+    }
 }
 
 /// A CA: its certificate and signing key.
@@ -344,13 +356,12 @@ impl CertificateAuthority {
             .signed_by(public_key, &self.issuer)
             .map_err(|e| PkiError::Signing(e.to_string()))?;
         let certificate_der = certificate.der().to_vec();
-        let info = CertificateInfo::from_der(&certificate_der)?;
         Ok(IssuedCertificate {
             certificate_pem: certificate.pem(),
             certificate_der,
             key: None,
-            info,
             capped_at_issuer,
+            info: OnceLock::new(),
         })
     }
 }

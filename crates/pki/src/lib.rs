@@ -11,8 +11,8 @@
 //! let leaf = ca
 //!     .issue(&LeafSpec::new("web", Usage::Server).with_dns_names(["web.example"]))
 //!     .unwrap();
-//! assert_eq!(leaf.info.issuer, ca.info().subject);
-//! assert!(leaf.info.not_after <= ca.info().not_after);
+//! assert_eq!(leaf.info().issuer, ca.info().subject);
+//! assert!(leaf.info().not_after <= ca.info().not_after);
 //! ```
 
 mod authority;

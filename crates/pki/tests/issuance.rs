@@ -92,7 +92,7 @@ fn inspection_reports_what_was_issued() {
         )
         .unwrap();
     let info = CertificateInfo::from_pem(&leaf.certificate_pem).unwrap();
-    assert_eq!(info, leaf.info);
+    assert_eq!(&info, leaf.info());
     assert_eq!(info.common_name.as_deref(), Some("kube-apiserver"));
     assert_eq!(info.organizations, ["system:masters"]);
     assert_eq!(info.issuer, ca.info().subject);
@@ -125,7 +125,8 @@ fn serials_are_random() {
         .issue_for_key(&LeafSpec::new("x", Usage::Client), &key)
         .unwrap();
     assert_ne!(
-        a.info.serial, b.info.serial,
+        a.info().serial,
+        b.info().serial,
         "same key, same subject, different serials"
     );
 }
@@ -137,7 +138,7 @@ fn ca_round_trips_through_pem_and_refuses_non_cas_and_foreign_keys() {
         CertificateAuthority::from_pem(&ca.certificate_pem(), &ca.private_key_pem()).unwrap();
     assert_eq!(loaded.info(), ca.info());
     let leaf = loaded.issue(&LeafSpec::new("x", Usage::Server)).unwrap();
-    assert_eq!(leaf.info.authority_key_id, ca.info().subject_key_id);
+    assert_eq!(leaf.info().authority_key_id, ca.info().subject_key_id);
 
     let leaf_key = leaf.key.as_ref().unwrap().to_pem();
     let err = CertificateAuthority::from_pem(&leaf.certificate_pem, &leaf_key).unwrap_err();
@@ -157,13 +158,13 @@ fn validity_is_capped_at_the_ca() {
     .unwrap();
     let leaf = ca.issue(&LeafSpec::new("x", Usage::Server)).unwrap();
     assert!(leaf.capped_at_issuer);
-    assert_eq!(leaf.info.not_after, ca.info().not_after);
+    assert_eq!(leaf.info().not_after, ca.info().not_after);
     let short = ca
         .issue(&LeafSpec::new("x", Usage::Server).with_validity("1d".parse().unwrap()))
         .unwrap();
     assert!(!short.capped_at_issuer);
-    assert!(short.info.not_after < ca.info().not_after);
-    assert!(short.info.not_before >= ca.info().not_before);
+    assert!(short.info().not_after < ca.info().not_after);
+    assert!(short.info().not_before >= ca.info().not_before);
 }
 
 fn node_policy() -> SigningPolicy {
@@ -207,7 +208,7 @@ fn a_csr_within_policy_is_signed_for_the_node_key() {
         .unwrap();
     assert!(signed.key.is_none(), "the key stays with the requester");
     assert!(key_matches_certificate(&key, &signed.certificate_der).unwrap());
-    assert_eq!(signed.info.dns_names, ["node-1", "KUBERNETES.default"]);
+    assert_eq!(signed.info().dns_names, ["node-1", "KUBERNETES.default"]);
     let (ok, text) = openssl_verify(
         dir.path(),
         &ca.certificate_pem(),
@@ -321,7 +322,7 @@ proptest! {
         }).unwrap();
         let leaf = ca.issue(&LeafSpec::new("x", Usage::Both)
             .with_validity(Ttl::calendar(leaf_years, 0, leaf_days).unwrap())).unwrap();
-        prop_assert!(leaf.info.not_after <= ca.info().not_after);
-        prop_assert!(leaf.info.not_before >= ca.info().not_before);
+        prop_assert!(leaf.info().not_after <= ca.info().not_after);
+        prop_assert!(leaf.info().not_before >= ca.info().not_before);
     }
 }

@@ -1,0 +1,3 @@
+pub mod apiserver;
+pub mod pki;
+pub mod planned;

@@ -1,0 +1,37 @@
+//! Subcommands that are designed but not built yet. They exist so that `caretaker --help`
+//! shows the whole tool, and they say plainly that they do nothing yet.
+
+use std::process::ExitCode;
+
+/// Accepts no options: the command is not built yet.
+#[derive(Debug, clap::Args)]
+pub struct PlannedArgs {}
+
+pub const OPERATOR: &str = "Run caretaker's controllers against a cluster: per-Machine and \
+cluster-wide certificate refresh and in-place upgrades driven by the upstream \
+v1beta2.k8sd.io annotations.\n\nNot built yet: this command exits with status 2.";
+
+pub const AGENT: &str = "Run the node agent: inventory of a kubeadm-layout node's \
+certificates, two-step refresh (keys stay on the node, CSRs go out), in-place upgrades, all \
+behind a mutual-TLS HTTPS API.\n\nNot built yet: this command exits with status 2.";
+
+pub const DEMO: &str = "Start the embedded API server, the operator and one agent per \
+Machine on this machine, and refresh every Machine's certificates.\n\nNot built yet: this \
+command exits with status 2.";
+
+pub const STATUS: &str = "Show a Cluster's rollout: request, status, progress bar and a \
+table of its Machines.\n\nNot built yet: this command exits with status 2.";
+
+pub const CERTS: &str = "Offline certificate tools for a node, like `kubeadm certs`: \
+check-expiration and renew.\n\nNot built yet: this command exits with status 2.";
+
+pub const CRDS: &str = "Print the CustomResourceDefinitions caretaker serves, generated \
+from its Rust types.\n\nNot built yet: this command exits with status 2.";
+
+pub fn not_built(name: &str) -> ExitCode {
+    eprintln!(
+        "caretaker {name}: not built yet; `caretaker {name} --help` says what it will do \
+         and the README lists what works today"
+    );
+    ExitCode::from(2)
+}

@@ -1,0 +1,60 @@
+//! The `caretaker` binary: one executable for the operator, the node agent, the embedded API
+//! server, the demo and the offline tools.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod cmd;
+
+/// caretaker keeps a Kubernetes fleet's certificates, trust bundles and node releases fresh,
+/// and rolls changes out across whole clusters safely.
+#[derive(Debug, Parser)]
+#[command(name = "caretaker", version, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+// Parsed once per process, so the size difference between variants does not matter.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the controllers against a cluster (not built yet).
+    #[command(long_about = cmd::planned::OPERATOR)]
+    Operator(cmd::planned::PlannedArgs),
+    /// Run the node agent that refreshes a node's certificates and upgrades it (not built yet).
+    #[command(long_about = cmd::planned::AGENT)]
+    Agent(cmd::planned::PlannedArgs),
+    /// Serve the embedded Kubernetes-compatible API server on loopback.
+    Apiserver(cmd::apiserver::ApiserverArgs),
+    /// Run API server, operator and agents together on this machine (not built yet).
+    #[command(long_about = cmd::planned::DEMO)]
+    Demo(cmd::planned::PlannedArgs),
+    /// Show a cluster-wide rollout's progress (not built yet).
+    #[command(long_about = cmd::planned::STATUS)]
+    Status(cmd::planned::PlannedArgs),
+    /// Check and renew a node's certificates offline, like `kubeadm certs` (not built yet).
+    #[command(long_about = cmd::planned::CERTS)]
+    Certs(cmd::planned::PlannedArgs),
+    /// Create CAs, issue certificates and inspect certificates by hand.
+    #[command(subcommand)]
+    Pki(cmd::pki::PkiCommand),
+    /// Print caretaker's CustomResourceDefinitions (not built yet).
+    #[command(long_about = cmd::planned::CRDS)]
+    Crds(cmd::planned::PlannedArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Apiserver(args) => cmd::apiserver::run(args),
+        Command::Pki(command) => cmd::pki::run(command),
+        Command::Operator(_) => cmd::planned::not_built("operator"),
+        Command::Agent(_) => cmd::planned::not_built("agent"),
+        Command::Demo(_) => cmd::planned::not_built("demo"),
+        Command::Status(_) => cmd::planned::not_built("status"),
+        Command::Certs(_) => cmd::planned::not_built("certs"),
+        Command::Crds(_) => cmd::planned::not_built("crds"),
+    }
+}

@@ -1,0 +1,400 @@
+//! `caretaker pki` as a user runs it: real files in temp directories, real openssl.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn caretaker(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_caretaker"))
+        .args(args)
+        .output()
+        .expect("run caretaker")
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn path(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+fn create_ca(dir: &Path) {
+    let out = caretaker(&["pki", "ca", "create", "--out", path(dir), "--cn", "Test CA"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+}
+
+#[test]
+fn ca_create_then_issue_gives_files_openssl_verifies() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (ca, leaf) = (tmp.path().join("ca"), tmp.path().join("leaf"));
+    create_ca(&ca);
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&ca.join("ca.key")), 0o600);
+
+    let out = caretaker(&[
+        "pki",
+        "issue",
+        "--ca",
+        path(&ca),
+        "--cn",
+        "node-1",
+        "--dns",
+        "node-1,localhost",
+        "--ip",
+        "10.0.0.1,::1",
+        "--usage",
+        "server",
+        "--validity",
+        "90d",
+        "--algorithm",
+        "rsa-2048",
+        "--out",
+        path(&leaf),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(mode(&leaf.join("tls.key")), 0o600);
+
+    let verify = Command::new("openssl")
+        .args(["verify", "-purpose", "sslserver", "-CAfile"])
+        .arg(ca.join("ca.crt"))
+        .arg(leaf.join("tls.crt"))
+        .output()
+        .unwrap();
+    assert!(
+        verify.status.success(),
+        "{}",
+        stdout(&verify) + &stderr(&verify)
+    );
+
+    // The key on disk belongs to the certificate on disk.
+    let modulus = |args: &[&str], file: &Path| {
+        let o = Command::new("openssl")
+            .args(args)
+            .arg(file)
+            .output()
+            .unwrap();
+        assert!(o.status.success());
+        o.stdout
+    };
+    assert_eq!(
+        modulus(
+            &["x509", "-noout", "-modulus", "-in"],
+            &leaf.join("tls.crt")
+        ),
+        modulus(&["rsa", "-noout", "-modulus", "-in"], &leaf.join("tls.key"))
+    );
+}
+
+/// Bad input: non-zero exit, exactly one line on stderr naming the value, nothing in --out.
+fn assert_rejected(args: &[&str], out_dir: &Path, must_name: &str) {
+    let out = caretaker(args);
+    assert!(!out.status.success(), "{args:?} should fail");
+    let err = stderr(&out);
+    assert_eq!(
+        err.trim_end().lines().count(),
+        1,
+        "one line expected, got: {err}"
+    );
+    assert!(err.contains(must_name), "{err:?} should name {must_name:?}");
+    assert!(
+        !out_dir.exists(),
+        "{} must not be created",
+        out_dir.display()
+    );
+}
+
+#[test]
+fn bad_input_is_one_clear_line_and_leaves_nothing_behind() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let o = path(&out);
+    assert_rejected(
+        &["pki", "ca", "create", "--out", o, "--algorithm", "dsa-1024"],
+        &out,
+        "dsa-1024",
+    );
+    assert_rejected(
+        &["pki", "ca", "create", "--out", o, "--validity", "-1y"],
+        &out,
+        "-1y",
+    );
+    assert_rejected(
+        &["pki", "ca", "create", "--out", o, "--validity", "10yrs"],
+        &out,
+        "10yrs",
+    );
+    assert_rejected(
+        &["pki", "ca", "create", "--out", o, "--validity", "0s"],
+        &out,
+        "0s",
+    );
+    assert_rejected(
+        &["pki", "ca", "create", "--out", o, "--validity", "300y"],
+        &out,
+        "300y",
+    );
+
+    let missing = tmp.path().join("no-such-ca");
+    assert_rejected(
+        &[
+            "pki",
+            "issue",
+            "--ca",
+            path(&missing),
+            "--cn",
+            "x",
+            "--out",
+            o,
+        ],
+        &out,
+        "no-such-ca",
+    );
+
+    let ca = tmp.path().join("ca");
+    create_ca(&ca);
+    assert_rejected(
+        &[
+            "pki",
+            "issue",
+            "--ca",
+            path(&ca),
+            "--cn",
+            "x",
+            "--ip",
+            "10.0.0.300",
+            "--out",
+            o,
+        ],
+        &out,
+        "10.0.0.300",
+    );
+    assert_rejected(
+        &[
+            "pki",
+            "issue",
+            "--ca",
+            path(&ca),
+            "--cn",
+            "x",
+            "--usage",
+            "peer",
+            "--out",
+            o,
+        ],
+        &out,
+        "peer",
+    );
+    assert_rejected(
+        &[
+            "pki",
+            "issue",
+            "--ca",
+            path(&ca),
+            "--cn",
+            "x",
+            "--validity",
+            "5x",
+            "--out",
+            o,
+        ],
+        &out,
+        "5x",
+    );
+
+    // A CA directory whose certificate is a leaf.
+    let leaf = tmp.path().join("leaf");
+    let issued = caretaker(&[
+        "pki",
+        "issue",
+        "--ca",
+        path(&ca),
+        "--cn",
+        "leaf",
+        "--out",
+        path(&leaf),
+    ]);
+    assert!(issued.status.success());
+    let fake_ca = tmp.path().join("fake-ca");
+    std::fs::create_dir(&fake_ca).unwrap();
+    std::fs::copy(leaf.join("tls.crt"), fake_ca.join("ca.crt")).unwrap();
+    std::fs::copy(leaf.join("tls.key"), fake_ca.join("ca.key")).unwrap();
+    assert_rejected(
+        &[
+            "pki",
+            "issue",
+            "--ca",
+            path(&fake_ca),
+            "--cn",
+            "x",
+            "--out",
+            o,
+        ],
+        &out,
+        "not a CA",
+    );
+}
+
+#[test]
+fn existing_files_are_never_overwritten() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ca = tmp.path().join("ca");
+    create_ca(&ca);
+    let before = std::fs::read(ca.join("ca.key")).unwrap();
+    let again = caretaker(&["pki", "ca", "create", "--out", path(&ca)]);
+    assert!(!again.status.success());
+    assert!(
+        stderr(&again).contains("already exists"),
+        "{}",
+        stderr(&again)
+    );
+    assert_eq!(std::fs::read(ca.join("ca.key")).unwrap(), before);
+}
+
+#[test]
+fn inspect_prints_tables_json_bundles_and_kubeconfigs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ca = tmp.path().join("ca");
+    let leaf = tmp.path().join("leaf");
+    create_ca(&ca);
+    let issued = caretaker(&[
+        "pki",
+        "issue",
+        "--ca",
+        path(&ca),
+        "--cn",
+        "system:admin",
+        "--org",
+        "system:masters",
+        "--usage",
+        "client",
+        "--out",
+        path(&leaf),
+    ]);
+    assert!(issued.status.success(), "{}", stderr(&issued));
+
+    let table = caretaker(&["pki", "inspect", path(&leaf.join("tls.crt"))]);
+    assert!(table.status.success());
+    let text = stdout(&table);
+    assert!(text.contains("CN=system:admin"), "{text}");
+    assert!(text.contains("clientAuth"), "{text}");
+    assert!(
+        text.contains("Issuer:") && text.contains("CN=Test CA"),
+        "{text}"
+    );
+
+    // A bundle of two certificates.
+    let bundle = tmp.path().join("bundle.pem");
+    let pem = std::fs::read_to_string(ca.join("ca.crt")).unwrap()
+        + &std::fs::read_to_string(leaf.join("tls.crt")).unwrap();
+    std::fs::write(&bundle, pem).unwrap();
+    let json = caretaker(&["pki", "inspect", "--json", path(&bundle)]);
+    assert!(json.status.success(), "{}", stderr(&json));
+    let parsed: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(parsed.as_array().unwrap().len(), 2);
+    assert_eq!(parsed[0]["certificate"]["is_ca"], true);
+    assert_eq!(
+        parsed[1]["certificate"]["organizations"][0],
+        "system:masters"
+    );
+
+    // A kubeconfig with the CA and the client certificate embedded, as kubeadm writes it.
+    let b64 = |p: &Path| {
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD.encode(std::fs::read(p).unwrap())
+    };
+    let kubeconfig = tmp.path().join("admin.conf");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nclusters:\n- cluster:\n    certificate-authority-data: {}\n    server: https://10.0.0.1:6443\n  name: kubernetes\nkind: Config\nusers:\n- name: kubernetes-admin\n  user:\n    client-certificate-data: {}\n    client-key-data: {}\n",
+            b64(&ca.join("ca.crt")),
+            b64(&leaf.join("tls.crt")),
+            b64(&leaf.join("tls.key")),
+        ),
+    )
+    .unwrap();
+    let json = caretaker(&["pki", "inspect", "--json", path(&kubeconfig)]);
+    assert!(json.status.success(), "{}", stderr(&json));
+    let parsed: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    let fields: Vec<_> = parsed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["field"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        fields,
+        ["certificate-authority-data", "client-certificate-data"]
+    );
+    assert_eq!(parsed[1]["certificate"]["common_name"], "system:admin");
+}
+
+#[test]
+fn inspect_refuses_a_private_key_without_printing_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ca = tmp.path().join("ca");
+    create_ca(&ca);
+    let key = std::fs::read_to_string(ca.join("ca.key")).unwrap();
+    let body = key.lines().nth(1).unwrap();
+
+    // A certificate file with a key appended, and the key on its own.
+    let mixed = tmp.path().join("mixed.pem");
+    std::fs::write(
+        &mixed,
+        std::fs::read_to_string(ca.join("ca.crt")).unwrap() + &key,
+    )
+    .unwrap();
+    for file in [mixed, ca.join("ca.key")] {
+        for json in [false, true] {
+            let mut args = vec!["pki", "inspect", path(&file)];
+            if json {
+                args.push("--json");
+            }
+            let out = caretaker(&args);
+            assert!(!out.status.success(), "{args:?}");
+            let all = stdout(&out) + &stderr(&out);
+            assert!(all.contains("PRIVATE KEY"), "{all}");
+            assert!(!all.contains(&body[..20]), "the key leaked: {all}");
+        }
+    }
+}
+
+#[test]
+fn every_subcommand_explains_itself() {
+    for args in [
+        vec!["--help"],
+        vec!["pki", "--help"],
+        vec!["pki", "ca", "create", "--help"],
+        vec!["pki", "issue", "--help"],
+        vec!["pki", "inspect", "--help"],
+        vec!["operator", "--help"],
+        vec!["agent", "--help"],
+        vec!["apiserver", "--help"],
+        vec!["demo", "--help"],
+        vec!["status", "--help"],
+        vec!["certs", "--help"],
+        vec!["crds", "--help"],
+    ] {
+        let out = caretaker(&args);
+        assert!(out.status.success(), "{args:?}: {}", stderr(&out));
+        assert!(stdout(&out).contains("Usage:"), "{args:?}");
+    }
+}
+
+#[test]
+fn commands_not_built_yet_say_so_and_fail() {
+    for command in ["operator", "agent", "demo", "status", "certs", "crds"] {
+        let out = caretaker(&[command]);
+        assert_eq!(out.status.code(), Some(2), "{command}");
+        assert!(
+            stderr(&out).contains("not built yet"),
+            "{command}: {}",
+            stderr(&out)
+        );
+    }
+}
