@@ -49,6 +49,7 @@ pub struct ApiServerBuilder {
     listen: SocketAddr,
     tls: bool,
     bookmark_interval: Duration,
+    history: u64,
 }
 
 impl Default for ApiServerBuilder {
@@ -58,6 +59,7 @@ impl Default for ApiServerBuilder {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             tls: false,
             bookmark_interval: Duration::from_secs(10),
+            history: crate::storage::DEFAULT_HISTORY,
         }
     }
 }
@@ -87,6 +89,13 @@ impl ApiServerBuilder {
         self
     }
 
+    /// How many changes are kept for watches resuming from an older resourceVersion; older ones
+    /// get 410 Expired. Default 10,000. Compaction runs every 1,000 writes.
+    pub fn watch_history(mut self, changes: u64) -> Self {
+        self.history = changes;
+        self
+    }
+
     pub async fn start(self) -> Result<ApiServer, ServerError> {
         crate::tls::install_crypto_provider();
         let store = match &self.data_dir {
@@ -98,7 +107,8 @@ impl ApiServerBuilder {
                 Store::open(Some(&dir.join(DATABASE_FILE)))?
             }
             None => Store::open(None)?,
-        };
+        }
+        .with_history(self.history);
         let api = Arc::new(ApiState::new(store)?);
         api.ensure_default_namespaces().await?;
         let tls = match (&self.data_dir, self.tls) {

@@ -130,6 +130,12 @@ impl Store {
         })
     }
 
+    /// Keeps `changes` changes for resuming watches (default [`DEFAULT_HISTORY`]).
+    pub fn with_history(mut self, changes: u64) -> Self {
+        self.history = changes.max(1);
+        self
+    }
+
     fn lock(&self) -> MutexGuard<'_, Connection> {
         // A panic while holding the lock cannot leave SQLite half-written (transactions roll back), so
         // a poisoned lock is still safe to use.

@@ -1,0 +1,437 @@
+//! CustomResourceDefinitions, server-side apply, finalizers, garbage collection and namespaces.
+
+use std::time::Duration;
+
+use caretaker_apiserver::TestServer;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::Client;
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch,
+    PatchParams, PostParams,
+};
+use serde_json::{Value, json};
+
+fn widget_crd(scope: &str) -> CustomResourceDefinition {
+    let schema = json!({"type": "object", "properties": {
+        "spec": {"type": "object", "required": ["size"], "properties": {
+            "size": {"type": "integer", "minimum": 1},
+            "color": {"type": "string", "enum": ["red", "blue"], "default": "red"}}},
+        "status": {"type": "object", "properties": {"ready": {"type": "boolean"}}}}});
+    serde_json::from_value(json!({
+        "metadata": {"name": "widgets.example.com"},
+        "spec": {"group": "example.com", "scope": scope,
+            "names": {"plural": "widgets", "singular": "widget", "kind": "Widget", "shortNames": ["wd"]},
+            "versions": [
+                {"name": "v1", "served": true, "storage": true, "schema": {"openAPIV3Schema": schema},
+                 "subresources": {"status": {}},
+                 "additionalPrinterColumns": [{"name": "Size", "type": "integer", "jsonPath": ".spec.size"}]},
+                {"name": "v1beta1", "served": true, "storage": false, "schema": {"openAPIV3Schema": schema}}
+            ]}
+    }))
+    .unwrap()
+}
+
+fn widgets(client: &Client, version: &str, ns: Option<&str>) -> Api<DynamicObject> {
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("example.com", version, "Widget"),
+        "widgets",
+    );
+    match ns {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
+        None => Api::all_with(client.clone(), &ar),
+    }
+}
+
+fn widget(name: &str, spec: Value) -> DynamicObject {
+    serde_json::from_value(json!({"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": name}, "spec": spec})).unwrap()
+}
+
+fn status_code(e: kube::Error) -> (u16, String, String) {
+    match e {
+        kube::Error::Api(s) => (s.code, s.reason.clone(), s.message.clone()),
+        other => panic!("expected an API error, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn crds_are_served_validated_and_removed() {
+    let server = TestServer::start().await;
+    let client = server.client();
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let crd = crds
+        .create(&PostParams::default(), &widget_crd("Namespaced"))
+        .await
+        .unwrap();
+    let conditions = crd.status.unwrap().conditions.unwrap();
+    assert!(
+        conditions
+            .iter()
+            .any(|c| c.type_ == "Established" && c.status == "True")
+    );
+    assert!(
+        conditions
+            .iter()
+            .any(|c| c.type_ == "NamesAccepted" && c.status == "True")
+    );
+
+    let w = widgets(&client, "v1", Some("default"));
+    // Unknown fields are pruned, defaults applied, status dropped on create.
+    let mut body = widget("w1", json!({"size": 2, "bogus": true}));
+    body.data["status"] = json!({"ready": true});
+    let created = w.create(&PostParams::default(), &body).await.unwrap();
+    assert_eq!(created.data["spec"], json!({"size": 2, "color": "red"}));
+    assert!(created.data.get("status").is_none());
+    assert_eq!(created.metadata.generation, Some(1));
+
+    // Strict field validation turns the unknown field into a 400.
+    let url_strict = format!(
+        "{}/apis/example.com/v1/namespaces/default/widgets?fieldValidation=Strict",
+        server.url()
+    );
+    let (code, body) = post_json(&url_strict, &json!({"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w9"}, "spec": {"size": 1, "bogus": 1}})).await;
+    assert_eq!(code, 400, "{body}");
+    assert_eq!(
+        body["message"],
+        "strict decoding error: unknown field \"spec.bogus\""
+    );
+
+    // Schema validation: 422 with kube-apiserver's wording.
+    let (code, reason, message) = status_code(
+        w.create(
+            &PostParams::default(),
+            &widget("bad", json!({"size": 0, "color": "green"})),
+        )
+        .await
+        .unwrap_err(),
+    );
+    assert_eq!((code, reason.as_str()), (422, "Invalid"));
+    assert!(
+        message.starts_with("Widget.example.com \"bad\" is invalid: ["),
+        "{message}"
+    );
+    assert!(
+        message.contains(
+            "spec.size: Invalid value: 0: spec.size in body should be greater than or equal to 1"
+        ),
+        "{message}"
+    );
+    assert!(
+        message.contains(
+            "spec.color: Unsupported value: \"green\": supported values: \"red\", \"blue\""
+        ),
+        "{message}"
+    );
+    let (code, _, message) = status_code(
+        w.create(&PostParams::default(), &widget("bad", json!({})))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(
+        (code, message.as_str()),
+        (
+            422,
+            "Widget.example.com \"bad\" is invalid: spec.size: Required value"
+        )
+    );
+
+    // Status subresource: the main resource ignores status, /status ignores everything else.
+    let patched = w
+        .patch_status(
+            "w1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"ready": true}, "spec": {"size": 9}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(patched.data["status"]["ready"], true);
+    assert_eq!(patched.data["spec"]["size"], 2);
+    let patched = w
+        .patch(
+            "w1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"ready": false}, "spec": {"size": 3}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(patched.data["status"]["ready"], true);
+    assert_eq!(patched.data["spec"]["size"], 3);
+    assert_eq!(patched.metadata.generation, Some(2));
+
+    // The same object through the other version (conversion None).
+    let beta = widgets(&client, "v1beta1", Some("default"));
+    let via_beta = beta.get("w1").await.unwrap();
+    assert_eq!(via_beta.types.unwrap().api_version, "example.com/v1beta1");
+    assert_eq!(via_beta.data["spec"]["size"], 3);
+    assert_eq!(
+        widgets(&client, "v1", None)
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .len(),
+        1
+    );
+
+    // Deleting the CRD removes its objects and stops serving it.
+    crds.delete("widgets.example.com", &DeleteParams::default())
+        .await
+        .unwrap();
+    let (code, _, _) = status_code(w.get("w1").await.unwrap_err());
+    assert_eq!(code, 404);
+    crds.create(&PostParams::default(), &widget_crd("Cluster"))
+        .await
+        .unwrap();
+    let cluster = widgets(&client, "v1", None);
+    assert!(
+        cluster
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+    cluster
+        .create(
+            &PostParams::default(),
+            &widget("global", json!({"size": 1})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        cluster.get("global").await.unwrap().metadata.namespace,
+        None
+    );
+}
+
+async fn post_json(url: &str, body: &Value) -> (u16, Value) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let rest = url.trim_start_matches("http://");
+    let (host, path) = rest.split_at(rest.find('/').unwrap());
+    let mut s = tokio::net::TcpStream::connect(host).await.unwrap();
+    let body = body.to_string();
+    let req = format!(
+        "POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).await.unwrap();
+    let text = String::from_utf8(out).unwrap();
+    let code = text[9..12].parse().unwrap();
+    (
+        code,
+        serde_json::from_str(text.split_once("\r\n\r\n").unwrap().1).unwrap_or(Value::Null),
+    )
+}
+
+#[tokio::test]
+async fn server_side_apply_ownership_conflicts_and_force() {
+    let server = TestServer::start().await;
+    let cms: Api<ConfigMap> = Api::namespaced(server.client(), "default");
+    let cfg = |data: Value| json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "ssa"}, "data": data});
+    let alice = PatchParams::apply("alice");
+    let created = cms
+        .patch(
+            "ssa",
+            &alice,
+            &Patch::Apply(cfg(json!({"a": "1", "b": "2"}))),
+        )
+        .await
+        .unwrap();
+    let mf = created.metadata.managed_fields.unwrap();
+    assert_eq!(mf.len(), 1);
+    assert_eq!(mf[0].manager.as_deref(), Some("alice"));
+    assert_eq!(mf[0].operation.as_deref(), Some("Apply"));
+
+    let bob = PatchParams::apply("bob");
+    let (code, reason, message) = status_code(
+        cms.patch("ssa", &bob, &Patch::Apply(cfg(json!({"a": "9"}))))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!((code, reason.as_str()), (409, "Conflict"));
+    assert_eq!(
+        message,
+        "Apply failed with 1 conflict: conflict with \"alice\" using v1: .data.a"
+    );
+
+    let forced = cms
+        .patch(
+            "ssa",
+            &bob.clone().force(),
+            &Patch::Apply(cfg(json!({"a": "9"}))),
+        )
+        .await
+        .unwrap();
+    assert_eq!(forced.data.as_ref().unwrap()["a"], "9");
+    let managers: Vec<_> = forced
+        .metadata
+        .managed_fields
+        .unwrap()
+        .into_iter()
+        .filter_map(|m| m.manager)
+        .collect();
+    assert_eq!(managers, vec!["alice", "bob"]);
+
+    // alice drops b from her configuration: b is removed. a now belongs to bob and stays.
+    let after = cms
+        .patch("ssa", &alice, &Patch::Apply(cfg(json!({}))))
+        .await
+        .unwrap();
+    assert_eq!(
+        after.data.unwrap(),
+        [("a".to_string(), "9".to_string())].into()
+    );
+}
+
+#[tokio::test]
+async fn finalizers_garbage_collection_and_namespace_deletion() {
+    let server = TestServer::start().await;
+    let client = server.client();
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    namespaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "gc"}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "gc");
+    let make = |name: &str, owner: Option<&ConfigMap>, finalizers: Vec<&str>| -> ConfigMap {
+        let mut meta = json!({"name": name, "finalizers": finalizers});
+        if let Some(o) = owner {
+            meta["ownerReferences"] = json!([{"apiVersion": "v1", "kind": "ConfigMap", "name": o.metadata.name, "uid": o.metadata.uid}]);
+        }
+        serde_json::from_value(json!({"metadata": meta})).unwrap()
+    };
+
+    // Finalizers hold deletion until removed.
+    cms.create(
+        &PostParams::default(),
+        &make("held", None, vec!["example.com/hold"]),
+    )
+    .await
+    .unwrap();
+    cms.delete("held", &DeleteParams::default()).await.unwrap();
+    let held = cms.get("held").await.unwrap();
+    assert!(held.metadata.deletion_timestamp.is_some());
+    cms.patch(
+        "held",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+    )
+    .await
+    .unwrap();
+    assert_eq!(status_code(cms.get("held").await.unwrap_err()).0, 404);
+
+    // Background: dependents go after the owner.
+    let owner = cms
+        .create(&PostParams::default(), &make("owner", None, vec![]))
+        .await
+        .unwrap();
+    cms.create(&PostParams::default(), &make("child", Some(&owner), vec![]))
+        .await
+        .unwrap();
+    cms.delete("owner", &DeleteParams::background())
+        .await
+        .unwrap();
+    eventually(|| async { cms.get_opt("child").await.unwrap().is_none() }).await;
+
+    // Orphan: dependents stay, without the owner reference.
+    let owner = cms
+        .create(&PostParams::default(), &make("owner2", None, vec![]))
+        .await
+        .unwrap();
+    cms.create(
+        &PostParams::default(),
+        &make("child2", Some(&owner), vec![]),
+    )
+    .await
+    .unwrap();
+    cms.delete("owner2", &DeleteParams::orphan()).await.unwrap();
+    eventually(|| async { cms.get_opt("owner2").await.unwrap().is_none() }).await;
+    let child = cms.get("child2").await.unwrap();
+    assert!(
+        child
+            .metadata
+            .owner_references
+            .unwrap_or_default()
+            .is_empty()
+    );
+
+    // Foreground: the owner waits (deletionTimestamp set) until its dependents are gone.
+    let owner = cms
+        .create(&PostParams::default(), &make("owner3", None, vec![]))
+        .await
+        .unwrap();
+    cms.create(
+        &PostParams::default(),
+        &make("child3", Some(&owner), vec!["example.com/slow"]),
+    )
+    .await
+    .unwrap();
+    cms.delete("owner3", &DeleteParams::foreground())
+        .await
+        .unwrap();
+    eventually(|| async {
+        cms.get("child3")
+            .await
+            .unwrap()
+            .metadata
+            .deletion_timestamp
+            .is_some()
+    })
+    .await;
+    let waiting = cms.get("owner3").await.unwrap();
+    assert!(
+        waiting
+            .metadata
+            .finalizers
+            .unwrap()
+            .contains(&"foregroundDeletion".to_string())
+    );
+    cms.patch(
+        "child3",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+    )
+    .await
+    .unwrap();
+    eventually(|| async { cms.get_opt("owner3").await.unwrap().is_none() }).await;
+
+    // Namespace deletion removes its contents, then the namespace.
+    cms.create(&PostParams::default(), &make("content", None, vec![]))
+        .await
+        .unwrap();
+    namespaces
+        .delete("gc", &DeleteParams::default())
+        .await
+        .unwrap();
+    let terminating = namespaces.get_opt("gc").await.unwrap();
+    if let Some(ns) = terminating {
+        assert_eq!(ns.status.unwrap().phase.as_deref(), Some("Terminating"));
+    }
+    eventually(|| async { namespaces.get_opt("gc").await.unwrap().is_none() }).await;
+    assert!(
+        cms.list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+}
+
+async fn eventually<F, Fut>(mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    for _ in 0..200 {
+        if check().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("condition not reached in 5 s");
+}

@@ -1,0 +1,327 @@
+//! Watch semantics, with kube-rs's watcher and Controller as the clients.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use caretaker_apiserver::{ApiServer, TestServer};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, DeleteParams, PostParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::watcher::{self, Event};
+use serde_json::json;
+
+fn cm(name: &str, value: &str) -> ConfigMap {
+    serde_json::from_value(json!({"metadata": {"name": name}, "data": {"v": value}})).unwrap()
+}
+
+/// Collects (type, name, data.v) from a watcher until `done` says stop.
+async fn observe(
+    stream: impl futures::Stream<Item = Result<Event<ConfigMap>, watcher::Error>>,
+    mut done: impl FnMut(&[(String, String, String)]) -> bool,
+) -> Vec<(String, String, String)> {
+    let mut seen = Vec::new();
+    let mut stream = std::pin::pin!(stream);
+    while let Some(event) = tokio::time::timeout(Duration::from_secs(20), stream.next())
+        .await
+        .expect("watch stalled")
+    {
+        let Ok(event) = event else { continue };
+        let (kind, obj) = match event {
+            Event::Apply(o) | Event::InitApply(o) => ("apply", o),
+            Event::Delete(o) => ("delete", o),
+            Event::Init | Event::InitDone => continue,
+        };
+        let v = obj
+            .data
+            .as_ref()
+            .and_then(|d| d.get("v").cloned())
+            .unwrap_or_default();
+        seen.push((kind.to_string(), obj.metadata.name.unwrap_or_default(), v));
+        if done(&seen) {
+            break;
+        }
+    }
+    seen
+}
+
+#[tokio::test]
+async fn watcher_sees_every_change_in_order() {
+    let server = TestServer::start().await;
+    let cms: Api<ConfigMap> = Api::namespaced(server.client(), "default");
+    let stream = watcher::watcher(cms.clone(), watcher::Config::default());
+    let writer = tokio::spawn({
+        let cms = cms.clone();
+        async move {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            for i in 0..20 {
+                cms.create(&PostParams::default(), &cm(&format!("c{i}"), "1"))
+                    .await
+                    .unwrap();
+            }
+            let mut c = cms.get("c3").await.unwrap();
+            c.data = Some([("v".to_string(), "2".to_string())].into());
+            cms.replace("c3", &PostParams::default(), &c).await.unwrap();
+            cms.delete("c7", &DeleteParams::default()).await.unwrap();
+        }
+    });
+    let seen = observe(stream, |s| {
+        s.iter().any(|(k, n, _)| k == "delete" && n == "c7")
+    })
+    .await;
+    writer.await.unwrap();
+    let applied: Vec<_> = seen
+        .iter()
+        .filter(|(k, _, v)| k == "apply" && v == "1")
+        .map(|(_, n, _)| n.clone())
+        .collect();
+    assert_eq!(
+        applied,
+        (0..20).map(|i| format!("c{i}")).collect::<Vec<_>>()
+    );
+    assert!(seen.contains(&("apply".into(), "c3".into(), "2".into())));
+}
+
+#[tokio::test]
+async fn watch_survives_a_server_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = ApiServer::builder()
+        .data_dir(dir.path())
+        .start()
+        .await
+        .unwrap();
+    let addr = first.addr();
+    let client = first.client();
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    cms.create(&PostParams::default(), &cm("before", "1"))
+        .await
+        .unwrap();
+    let rv_before = first.resource_version();
+
+    let stream = watcher::watcher(cms.clone(), watcher::Config::default());
+    let observer = tokio::spawn(observe(stream, |s| s.iter().any(|(_, n, _)| n == "after")));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    first.shutdown().await;
+
+    // Same data directory, same address: objects and the resourceVersion sequence carry on.
+    let second = ApiServer::builder()
+        .data_dir(dir.path())
+        .listen(addr)
+        .start()
+        .await
+        .unwrap();
+    assert_eq!(second.resource_version(), rv_before);
+    let cms2: Api<ConfigMap> = Api::namespaced(second.client(), "default");
+    assert_eq!(cms2.get("before").await.unwrap().data.unwrap()["v"], "1");
+    let after = cms2
+        .create(&PostParams::default(), &cm("after", "2"))
+        .await
+        .unwrap();
+    assert!(
+        after
+            .metadata
+            .resource_version
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+            > rv_before
+    );
+
+    let seen = tokio::time::timeout(Duration::from_secs(30), observer)
+        .await
+        .expect("watcher recovered")
+        .unwrap();
+    assert!(seen.contains(&("apply".into(), "before".into(), "1".into())));
+    assert!(seen.contains(&("apply".into(), "after".into(), "2".into())));
+}
+
+/// Raw watch requests: resume from a resourceVersion, bookmarks, timeout and 410.
+#[tokio::test]
+async fn raw_watch_protocol() {
+    let server = ApiServer::builder()
+        .watch_history(10)
+        .bookmark_interval(Duration::from_millis(200))
+        .start()
+        .await
+        .unwrap();
+    let cms: Api<ConfigMap> = Api::namespaced(server.client(), "default");
+    let first = cms
+        .create(&PostParams::default(), &cm("w0", "0"))
+        .await
+        .unwrap();
+    let rv0 = first.metadata.resource_version.unwrap();
+    cms.create(&PostParams::default(), &cm("w1", "1"))
+        .await
+        .unwrap();
+
+    // Resume after rv0: only w1, then a bookmark, then the stream ends at timeoutSeconds.
+    let url = format!(
+        "{}/api/v1/namespaces/default/configmaps?watch=1&resourceVersion={rv0}&allowWatchBookmarks=true&timeoutSeconds=1",
+        server.url()
+    );
+    let lines = get_lines(&url).await;
+    let events: Vec<serde_json::Value> = lines
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(events[0]["type"], "ADDED");
+    assert_eq!(events[0]["object"]["metadata"]["name"], "w1");
+    assert!(events.iter().any(|e| e["type"] == "BOOKMARK"), "{events:?}");
+
+    // Push the start out of the retained history: 410 Expired as a watch event.
+    for i in 0..1000 {
+        cms.create(&PostParams::default(), &cm(&format!("x{i}"), "x"))
+            .await
+            .unwrap();
+    }
+    let url = format!(
+        "{}/api/v1/namespaces/default/configmaps?watch=1&resourceVersion={rv0}",
+        server.url()
+    );
+    let lines = get_lines(&url).await;
+    let event: serde_json::Value = serde_json::from_str(&lines[0]).unwrap();
+    assert_eq!(event["type"], "ERROR");
+    assert_eq!(event["object"]["code"], 410);
+    assert_eq!(event["object"]["reason"], "Expired");
+}
+
+/// GET a streaming URL over plain HTTP/1.1 and return its body lines.
+async fn get_lines(url: &str) -> Vec<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let rest = url.trim_start_matches("http://");
+    let (host, path) = rest.split_at(rest.find('/').unwrap());
+    let mut s = tokio::net::TcpStream::connect(host).await.unwrap();
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: {host}\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out))
+        .await
+        .expect("stream ended")
+        .unwrap();
+    let text = String::from_utf8(out).unwrap();
+    let body = text.split_once("\r\n\r\n").unwrap().1;
+    body.lines()
+        .filter(|l| l.starts_with('{'))
+        .map(String::from)
+        .collect()
+}
+
+#[tokio::test]
+async fn controller_reconciles_and_recovers_from_conflicts() {
+    let server = TestServer::start().await;
+    let client = server.client();
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    struct Ctx {
+        api: Api<ConfigMap>,
+        conflicts: AtomicUsize,
+        interfered: AtomicUsize,
+    }
+    #[derive(Debug, thiserror::Error)]
+    #[error(transparent)]
+    struct ReconcileError(#[from] kube::Error);
+
+    async fn reconcile(obj: Arc<ConfigMap>, ctx: Arc<Ctx>) -> Result<Action, ReconcileError> {
+        let name = obj.metadata.name.clone().unwrap();
+        let v = obj
+            .data
+            .as_ref()
+            .and_then(|d| d.get("v").cloned())
+            .unwrap_or_default();
+        if obj
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("seen"))
+            == Some(&v)
+        {
+            return Ok(Action::await_change());
+        }
+        // The first time, someone else writes between our read and our write: a real 409.
+        if ctx.interfered.fetch_add(1, Ordering::SeqCst) == 0 {
+            let mut other = ctx.api.get(&name).await?;
+            other.metadata.labels = Some([("touched".to_string(), "yes".to_string())].into());
+            ctx.api
+                .replace(&name, &PostParams::default(), &other)
+                .await?;
+        }
+        let mut mine = (*obj).clone();
+        mine.metadata.managed_fields = None;
+        mine.metadata
+            .annotations
+            .get_or_insert_default()
+            .insert("seen".into(), v);
+        match ctx.api.replace(&name, &PostParams::default(), &mine).await {
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                ctx.conflicts.fetch_add(1, Ordering::SeqCst);
+                Err(ReconcileError(kube::Error::Api(s)))
+            }
+            other => other.map(|_| Action::await_change()).map_err(Into::into),
+        }
+    }
+    fn error_policy(_: Arc<ConfigMap>, _: &ReconcileError, _: Arc<Ctx>) -> Action {
+        Action::requeue(Duration::from_millis(50))
+    }
+
+    cms.create(&PostParams::default(), &cm("target", "1"))
+        .await
+        .unwrap();
+    let ctx = Arc::new(Ctx {
+        api: cms.clone(),
+        conflicts: AtomicUsize::new(0),
+        interfered: AtomicUsize::new(0),
+    });
+    let controller = tokio::spawn(
+        Controller::new(cms.clone(), watcher::Config::default())
+            .run(reconcile, error_policy, ctx.clone())
+            .for_each(|_| async {}),
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let c = cms.get("target").await.unwrap();
+        if c.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("seen"))
+            .map(String::as_str)
+            == Some("1")
+        {
+            assert_eq!(c.metadata.labels.unwrap()["touched"], "yes");
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "controller never converged"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // A change is seen and reconciled too.
+    let mut c = cms.get("target").await.unwrap();
+    c.data = Some([("v".to_string(), "2".to_string())].into());
+    cms.replace("target", &PostParams::default(), &c)
+        .await
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while cms
+        .get("target")
+        .await
+        .unwrap()
+        .metadata
+        .annotations
+        .and_then(|a| a.get("seen").cloned())
+        .as_deref()
+        != Some("2")
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the change was never reconciled"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        ctx.conflicts.load(Ordering::SeqCst) >= 1,
+        "the interfering write must have caused a 409"
+    );
+    controller.abort();
+}
