@@ -440,8 +440,10 @@ impl ApiState {
             match validation {
                 FieldValidation::Strict => {
                     return Err(ApiError::bad_request(format!(
-                        "strict decoding error: {}",
-                        described.join(", ")
+                        "{kind} in version \"{version}\" cannot be handled as a {kind}: strict decoding error: {}",
+                        described.join(", "),
+                        kind = def.kind,
+                        version = def.version
                     )));
                 }
                 FieldValidation::Warn => warnings = described,
@@ -527,7 +529,7 @@ impl ApiState {
                         }
                     }
                 }
-                if obj.get("type").is_none_or(Value::is_null) {
+                if obj.get("type").is_none_or(|t| t.is_null() || t == "") {
                     obj["type"] = json!("Opaque");
                 }
             }

@@ -187,6 +187,9 @@ fn parse_body(headers: &HeaderMap, body: &Bytes) -> Result<Value, ApiError> {
         .and_then(|v| v.to_str().ok())
         .unwrap_or("application/json");
     let media = content_type.split(';').next().unwrap_or("").trim();
+    if media == "application/vnd.kubernetes.protobuf" {
+        return crate::protobuf::decode(body, content_type);
+    }
     if media.contains("protobuf") || media.contains("cbor") {
         return Err(ApiError::unsupported_media_type(content_type));
     }

@@ -24,6 +24,7 @@ mod handlers;
 mod meta;
 mod openapi;
 mod patch;
+mod protobuf;
 mod registry;
 mod schema;
 mod selectors;

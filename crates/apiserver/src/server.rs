@@ -270,7 +270,7 @@ impl ApiServer {
             })
             .unwrap_or_default();
         format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: caretaker\n  cluster:\n    server: {}\n{ca}users:\n- name: caretaker\n  user: {{}}\ncontexts:\n- name: caretaker\n  context:\n    cluster: caretaker\n    user: caretaker\n    namespace: default\ncurrent-context: caretaker\n",
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: caretaker\n  cluster:\n    server: {}\n{ca}users:\n- name: caretaker\n  user:\n    # The server does not authenticate; a token keeps kubectl from prompting for a password.\n    token: caretaker-no-auth\ncontexts:\n- name: caretaker\n  context:\n    cluster: caretaker\n    user: caretaker\n    namespace: default\ncurrent-context: caretaker\n",
             self.url
         )
     }

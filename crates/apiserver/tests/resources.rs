@@ -93,7 +93,7 @@ async fn crds_are_served_validated_and_removed() {
     assert_eq!(code, 400, "{body}");
     assert_eq!(
         body["message"],
-        "strict decoding error: unknown field \"spec.bogus\""
+        "Widget in version \"v1\" cannot be handled as a Widget: strict decoding error: unknown field \"spec.bogus\""
     );
 
     // Schema validation: 422 with kube-apiserver's wording.

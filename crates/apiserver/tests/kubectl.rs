@@ -1,0 +1,634 @@
+//! The real kubectl against the server. Skipped (with a message) when kubectl is not installed,
+//! unless CARETAKER_REQUIRE_KUBECTL=1, which CI sets: then a missing kubectl fails the test.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use caretaker_apiserver::{ApiServer, TestServer};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, PostParams};
+use serde_json::{Value, json};
+
+fn find_kubectl() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("KUBECTL")
+        .map(PathBuf::from)
+        .filter(|p| p.is_file())
+    {
+        return Some(p);
+    }
+    let default = PathBuf::from("/usr/bin/kubectl");
+    if default.is_file() {
+        return Some(default);
+    }
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join("kubectl"))
+            .find(|p| p.is_file())
+    })
+}
+
+/// kubectl, or None (after saying why) when the test must be skipped.
+fn kubectl_or_skip(test: &str) -> Option<PathBuf> {
+    match find_kubectl() {
+        Some(p) => Some(p),
+        None if std::env::var("CARETAKER_REQUIRE_KUBECTL").as_deref() == Ok("1") => {
+            panic!(
+                "{test}: kubectl not found ($KUBECTL, /usr/bin/kubectl, PATH) and CARETAKER_REQUIRE_KUBECTL=1"
+            )
+        }
+        None => {
+            eprintln!(
+                "SKIPPED {test}: kubectl not found ($KUBECTL, /usr/bin/kubectl, PATH); set CARETAKER_REQUIRE_KUBECTL=1 to make this a failure"
+            );
+            None
+        }
+    }
+}
+
+struct Kubectl {
+    bin: PathBuf,
+    dir: tempfile::TempDir,
+}
+
+struct Run {
+    ok: bool,
+    stdout: String,
+    stderr: String,
+}
+
+impl Kubectl {
+    fn new(bin: PathBuf, server: &ApiServer) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        server
+            .write_kubeconfig(dir.path().join("kubeconfig"))
+            .unwrap();
+        Kubectl { bin, dir }
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(&self.bin);
+        // A private discovery cache: CRDs come and go between tests.
+        c.arg("--kubeconfig")
+            .arg(self.dir.path().join("kubeconfig"))
+            .arg("--cache-dir")
+            .arg(self.dir.path().join("cache"));
+        c.args(args);
+        c
+    }
+
+    async fn run(&self, args: &[&str], stdin: Option<&str>) -> Run {
+        let mut c = self.command(args);
+        let stdin = stdin.map(String::from);
+        tokio::task::spawn_blocking(move || {
+            c.stdin(if stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+            let mut child = c.spawn().expect("run kubectl");
+            if let Some(input) = stdin {
+                use std::io::Write;
+                child
+                    .stdin
+                    .take()
+                    .unwrap()
+                    .write_all(input.as_bytes())
+                    .unwrap();
+            }
+            let out = child.wait_with_output().unwrap();
+            Run {
+                ok: out.status.success(),
+                stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+                stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+            }
+        })
+        .await
+        .unwrap()
+    }
+
+    async fn ok(&self, args: &[&str]) -> String {
+        self.ok_with(args, None).await
+    }
+
+    async fn ok_with(&self, args: &[&str], stdin: Option<&str>) -> String {
+        let r = self.run(args, stdin).await;
+        assert!(r.ok, "kubectl {args:?} failed:\n{}\n{}", r.stdout, r.stderr);
+        r.stdout
+    }
+
+    async fn fails(&self, args: &[&str], stdin: Option<&str>) -> String {
+        let r = self.run(args, stdin).await;
+        assert!(!r.ok, "kubectl {args:?} should have failed:\n{}", r.stdout);
+        r.stderr
+    }
+
+    async fn json(&self, args: &[&str]) -> Value {
+        let mut all = args.to_vec();
+        all.extend(["-o", "json"]);
+        serde_json::from_str(&self.ok(&all).await).unwrap()
+    }
+}
+
+const CONFIGMAP: &str = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: app\n  labels: {tier: web}\ndata:\n  mode: blue\n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_on_builtin_kinds() {
+    let Some(bin) = kubectl_or_skip("kubectl_on_builtin_kinds") else {
+        return;
+    };
+    let server = TestServer::start().await;
+    let k = Kubectl::new(bin, &server);
+
+    // Typed generators send protobuf.
+    assert!(
+        k.ok(&["create", "namespace", "team"])
+            .await
+            .contains("namespace/team created")
+    );
+    k.ok(&[
+        "create",
+        "configmap",
+        "gen",
+        "-n",
+        "team",
+        "--from-literal=a=b",
+    ])
+    .await;
+    k.ok(&[
+        "create",
+        "secret",
+        "generic",
+        "pw",
+        "-n",
+        "team",
+        "--from-literal=password=s3cret",
+    ])
+    .await;
+    let secret = k.json(&["get", "secret", "pw", "-n", "team"]).await;
+    assert_eq!(secret["data"]["password"], "czNjcmV0");
+    assert_eq!(secret["type"], "Opaque");
+
+    // Client-side apply, twice.
+    assert!(
+        k.ok_with(&["apply", "-f", "-"], Some(CONFIGMAP))
+            .await
+            .contains("configmap/app created")
+    );
+    let changed = CONFIGMAP.replace("blue", "green");
+    assert!(
+        k.ok_with(&["apply", "-f", "-"], Some(&changed))
+            .await
+            .contains("configmap/app configured")
+    );
+    assert!(
+        k.ok_with(&["apply", "-f", "-"], Some(&changed))
+            .await
+            .contains("configmap/app unchanged")
+    );
+
+    let table = k.ok(&["get", "configmaps"]).await;
+    assert!(
+        table
+            .lines()
+            .next()
+            .unwrap()
+            .split_whitespace()
+            .eq(["NAME", "DATA", "AGE"]),
+        "{table}"
+    );
+    assert!(table.contains("app "), "{table}");
+
+    k.ok(&["annotate", "configmap", "app", "owner=ops"]).await;
+    k.ok(&["label", "configmap", "app", "env=prod"]).await;
+    k.ok(&[
+        "patch",
+        "configmap",
+        "app",
+        "-p",
+        r#"{"data":{"strategic":"1"}}"#,
+    ])
+    .await;
+    k.ok(&[
+        "patch",
+        "configmap",
+        "app",
+        "--type=merge",
+        "-p",
+        r#"{"data":{"merge":"2"}}"#,
+    ])
+    .await;
+    k.ok(&[
+        "patch",
+        "configmap",
+        "app",
+        "--type=json",
+        "-p",
+        r#"[{"op":"add","path":"/data/json","value":"3"}]"#,
+    ])
+    .await;
+    let cms: Api<ConfigMap> = Api::namespaced(server.client(), "default");
+    let app = cms.get("app").await.unwrap();
+    assert_eq!(app.metadata.annotations.as_ref().unwrap()["owner"], "ops");
+    assert_eq!(app.metadata.labels.as_ref().unwrap()["env"], "prod");
+    let data = app.data.unwrap();
+    assert_eq!(
+        (
+            data["mode"].as_str(),
+            data["strategic"].as_str(),
+            data["merge"].as_str(),
+            data["json"].as_str()
+        ),
+        ("green", "1", "2", "3")
+    );
+
+    let described = k.ok(&["describe", "configmap", "app"]).await;
+    assert!(
+        described.contains("Name:         app") && described.contains("env=prod"),
+        "{described}"
+    );
+
+    // Server-side apply: a second manager conflicts, then forces.
+    let ssa = CONFIGMAP.replace("blue", "red");
+    // Taking over fields that client-side apply set is a conflict, as in Kubernetes.
+    let err = k
+        .fails(
+            &["apply", "--server-side", "--field-manager=first", "-f", "-"],
+            Some(&ssa),
+        )
+        .await;
+    assert!(
+        err.contains("conflict with \"kubectl-client-side-apply\" using v1: .data.mode"),
+        "{err}"
+    );
+    k.ok_with(
+        &[
+            "apply",
+            "--server-side",
+            "--field-manager=first",
+            "--force-conflicts",
+            "-f",
+            "-",
+        ],
+        Some(&ssa),
+    )
+    .await;
+    // Applying again with the same values is no conflict.
+    k.ok_with(
+        &["apply", "--server-side", "--field-manager=first", "-f", "-"],
+        Some(&ssa),
+    )
+    .await;
+    let purple = CONFIGMAP.replace("blue", "purple");
+    let err = k
+        .fails(
+            &[
+                "apply",
+                "--server-side",
+                "--field-manager=second",
+                "-f",
+                "-",
+            ],
+            Some(&purple),
+        )
+        .await;
+    assert!(
+        err.contains("conflict") && err.contains(".data.mode"),
+        "{err}"
+    );
+    k.ok_with(
+        &[
+            "apply",
+            "--server-side",
+            "--field-manager=second",
+            "--force-conflicts",
+            "-f",
+            "-",
+        ],
+        Some(&purple),
+    )
+    .await;
+    assert_eq!(
+        cms.get("app").await.unwrap().data.unwrap()["mode"],
+        "purple"
+    );
+
+    // Events, through both APIs.
+    let event = json!({"apiVersion": "events.k8s.io/v1", "kind": "Event", "metadata": {"name": "app.1", "namespace": "default"},
+        "regarding": {"kind": "ConfigMap", "name": "app", "namespace": "default"}, "reason": "Tested", "note": "hello from a test",
+        "type": "Normal", "action": "Test", "reportingController": "tests", "reportingInstance": "tests-1",
+        "eventTime": "2024-01-01T00:00:00.000000Z"});
+    k.ok_with(&["create", "-f", "-"], Some(&event.to_string()))
+        .await;
+    let events = k.ok(&["get", "events"]).await;
+    assert!(
+        events.contains("Tested") && events.contains("hello from a test"),
+        "{events}"
+    );
+    let core = k.json(&["get", "events.v1.", "app.1"]).await;
+    assert_eq!(core["involvedObject"]["name"], "app");
+
+    let err = k.fails(&["get", "configmap", "nope"], None).await;
+    assert!(
+        err.contains("Error from server (NotFound): configmaps \"nope\" not found"),
+        "{err}"
+    );
+    k.ok(&["delete", "configmap", "app"]).await;
+    assert!(cms.get_opt("app").await.unwrap().is_none());
+    k.ok(&[
+        "delete",
+        "namespace",
+        "team",
+        "--wait=true",
+        "--timeout=20s",
+    ])
+    .await;
+}
+
+/// Minimal valid objects of every fixture CRD's kind.
+const FIXTURE_OBJECTS: &str = r#"
+apiVersion: cluster.x-k8s.io/v1beta2
+kind: Cluster
+metadata: {name: c1}
+spec:
+  controlPlaneRef: {apiGroup: controlplane.cluster.x-k8s.io, kind: CK8sControlPlane, name: c1-cp}
+---
+apiVersion: cluster.x-k8s.io/v1beta2
+kind: Machine
+metadata: {name: m1}
+spec:
+  clusterName: c1
+  bootstrap: {dataSecretName: bootstrap}
+  infrastructureRef: {apiGroup: infrastructure.cluster.x-k8s.io, kind: DockerMachine, name: m1}
+---
+apiVersion: cluster.x-k8s.io/v1beta2
+kind: MachineDeployment
+metadata: {name: md1}
+spec:
+  clusterName: c1
+  replicas: 1
+  selector: {matchLabels: {pool: a}}
+  template:
+    metadata: {labels: {pool: a}}
+    spec:
+      clusterName: c1
+      bootstrap: {dataSecretName: bootstrap}
+      infrastructureRef: {apiGroup: infrastructure.cluster.x-k8s.io, kind: DockerMachineTemplate, name: md1}
+---
+apiVersion: cluster.x-k8s.io/v1beta2
+kind: MachineSet
+metadata: {name: ms1}
+spec:
+  clusterName: c1
+  selector: {matchLabels: {pool: a}}
+  template:
+    metadata: {labels: {pool: a}}
+    spec:
+      clusterName: c1
+      bootstrap: {dataSecretName: bootstrap}
+      infrastructureRef: {apiGroup: infrastructure.cluster.x-k8s.io, kind: DockerMachineTemplate, name: ms1}
+---
+apiVersion: controlplane.cluster.x-k8s.io/v1beta2
+kind: CK8sControlPlane
+metadata: {name: cp1}
+spec:
+  version: v1.33.0
+  machineTemplate:
+    infrastructureTemplate: {apiVersion: infrastructure.cluster.x-k8s.io/v1beta1, kind: DockerMachineTemplate, name: cp1}
+---
+apiVersion: trust-manager.io/v1alpha2
+kind: ClusterBundle
+metadata: {name: cb1}
+spec:
+  sourceRefs: [{kind: ConfigMap, name: ca, key: ca.crt}]
+  target:
+    namespaceSelector: {}
+    configMap: {data: [{key: ca.crt}]}
+---
+apiVersion: trust.cert-manager.io/v1alpha1
+kind: Bundle
+metadata: {name: b1}
+spec:
+  sources: [{useDefaultCAs: true}]
+  target: {configMap: {key: ca.crt}}
+"#;
+
+fn fixtures_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures/crds")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_installs_and_uses_the_fixture_crds() {
+    let Some(bin) = kubectl_or_skip("kubectl_installs_and_uses_the_fixture_crds") else {
+        return;
+    };
+    let dir = fixtures_dir();
+    assert!(dir.is_dir(), "fixture CRDs expected at {}", dir.display());
+    let server = TestServer::start().await;
+    let k = Kubectl::new(bin, &server);
+    let fixtures = dir.to_str().unwrap();
+
+    let out = k.ok(&["apply", "-f", fixtures]).await;
+    assert_eq!(out.matches(" created").count(), 7, "{out}");
+    k.ok(&[
+        "wait",
+        "--for",
+        "condition=established",
+        "--timeout=30s",
+        "crd",
+        "--all",
+    ])
+    .await;
+    // Re-applying unchanged CRDs is a no-op, server-side too.
+    assert_eq!(
+        k.ok(&["apply", "-f", fixtures])
+            .await
+            .matches(" unchanged")
+            .count(),
+        7
+    );
+    k.ok(&[
+        "apply",
+        "--server-side",
+        "--force-conflicts",
+        "-f",
+        fixtures,
+    ])
+    .await;
+
+    let out = k
+        .ok_with(&["apply", "-f", "-"], Some(FIXTURE_OBJECTS))
+        .await;
+    assert_eq!(out.matches(" created").count(), 7, "{out}");
+    for kind in [
+        "clusters",
+        "machines",
+        "machinedeployments",
+        "machinesets",
+        "ck8scontrolplanes",
+        "clusterbundles",
+        "bundles",
+    ] {
+        let list = k.json(&["get", kind]).await;
+        assert_eq!(list["items"].as_array().unwrap().len(), 1, "{kind}: {list}");
+        k.ok(&["get", kind]).await;
+        k.ok(&["describe", kind]).await;
+    }
+    // Printer columns come from the CRD.
+    let table = k.ok(&["get", "machinedeployments"]).await;
+    assert!(
+        table.starts_with("NAME")
+            && table.contains("CLUSTER")
+            && table.contains("md1")
+            && table.contains("c1"),
+        "{table}"
+    );
+
+    k.ok(&["label", "cluster", "c1", "env=test"]).await;
+    k.ok(&[
+        "annotate",
+        "machine",
+        "m1",
+        "v1beta2.k8sd.io/refresh-certificates=1y",
+    ])
+    .await;
+    k.ok(&[
+        "patch",
+        "machinedeployment",
+        "md1",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"replicas":3}}"#,
+    ])
+    .await;
+    let md = k.json(&["get", "machinedeployment", "md1"]).await;
+    assert_eq!(md["spec"]["replicas"], 3);
+    assert_eq!(md["metadata"]["generation"], 2);
+    let m = k.json(&["get", "machine", "m1"]).await;
+    assert_eq!(
+        m["metadata"]["annotations"]["v1beta2.k8sd.io/refresh-certificates"],
+        "1y"
+    );
+    // The patch made kubectl-patch the owner of spec.replicas: server-side apply of replicas: 1 conflicts.
+    let err = k
+        .fails(
+            &["apply", "--server-side", "-f", "-"],
+            Some(FIXTURE_OBJECTS),
+        )
+        .await;
+    assert!(
+        err.contains(
+            "conflict with \"kubectl-patch\" using cluster.x-k8s.io/v1beta2: .spec.replicas"
+        ),
+        "{err}"
+    );
+    k.ok_with(
+        &["apply", "--server-side", "--force-conflicts", "-f", "-"],
+        Some(FIXTURE_OBJECTS),
+    )
+    .await;
+    assert_eq!(
+        k.json(&["get", "machinedeployment", "md1"]).await["spec"]["replicas"],
+        1
+    );
+
+    // Strict field validation (kubectl's default) and schema validation.
+    let bad = "apiVersion: cluster.x-k8s.io/v1beta2\nkind: Cluster\nmetadata: {name: c2}\nspec: {paused: false, bogusField: 1}\n";
+    let err = k.fails(&["apply", "-f", "-"], Some(bad)).await;
+    assert!(
+        err.contains("strict decoding error: unknown field \"spec.bogusField\""),
+        "{err}"
+    );
+    let warned = k
+        .run(&["apply", "--validate=warn", "-f", "-"], Some(bad))
+        .await;
+    assert!(
+        warned.ok && warned.stderr.contains("unknown field \"spec.bogusField\""),
+        "{}",
+        warned.stderr
+    );
+    let invalid = "apiVersion: controlplane.cluster.x-k8s.io/v1beta2\nkind: CK8sControlPlane\nmetadata: {name: cp2}\nspec: {}\n";
+    let err = k.fails(&["apply", "-f", "-"], Some(invalid)).await;
+    assert!(err.contains("spec.version: Required value"), "{err}");
+
+    let explained = k.ok(&["explain", "cluster.spec"]).await;
+    assert!(explained.contains("KIND:       Cluster"), "{explained}");
+
+    k.ok_with(&["delete", "-f", "-"], Some(FIXTURE_OBJECTS))
+        .await;
+    k.ok(&["delete", "cluster", "c2"]).await;
+    assert!(
+        k.json(&["get", "clusters"]).await["items"]
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
+    k.ok(&["delete", "-f", fixtures]).await;
+    let err = k.fails(&["get", "clusters.cluster.x-k8s.io"], None).await;
+    assert!(
+        err.contains("the server doesn't have a resource type"),
+        "{err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_get_watch_sees_changes() {
+    let Some(bin) = kubectl_or_skip("kubectl_get_watch_sees_changes") else {
+        return;
+    };
+    let server = TestServer::start().await;
+    let k = Kubectl::new(bin, &server);
+    let mut child = k
+        .command(&[
+            "get",
+            "configmaps",
+            "--watch",
+            "--output-watch-events",
+            "-o",
+            "custom-columns=EVENT:.type,NAME:.object.metadata.name",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let cms: Api<ConfigMap> = Api::namespaced(server.client(), "default");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for name in ["w1", "w2"] {
+        let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
+        cms.create(&PostParams::default(), &cm).await.unwrap();
+    }
+    cms.delete("w1", &Default::default()).await.unwrap();
+    let mut lines = Vec::new();
+    while !lines
+        .iter()
+        .any(|l: &String| l.starts_with("DELETED") && l.contains("w1"))
+    {
+        match tokio::time::timeout(Duration::from_secs(15), rx.recv()).await {
+            Ok(Some(line)) => lines.push(line),
+            _ => break,
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let compact: Vec<Vec<&str>> = lines
+        .iter()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert!(
+        compact.contains(&vec!["ADDED", "w1"]) && compact.contains(&vec!["ADDED", "w2"]),
+        "{lines:?}"
+    );
+    assert!(compact.contains(&vec!["DELETED", "w1"]), "{lines:?}");
+}
