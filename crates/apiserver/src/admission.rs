@@ -1,10 +1,29 @@
-//! Admission webhooks (Validating and Mutating WebhookConfigurations).
+//! Admission webhooks: MutatingWebhookConfigurations then ValidatingWebhookConfigurations,
+//! called over HTTPS with `admission.k8s.io/v1` AdmissionReviews.
+//!
+//! Honoured: `clientConfig.url`, `clientConfig.service` (resolved through the service→address map
+//! given to the server builder, since there is no cluster network), `caBundle` (the only roots
+//! trusted; the server name checked is the URL host or `<service>.<namespace>.svc`), `rules`
+//! (groups, versions, operations, resources incl. subresources, scope), `namespaceSelector`,
+//! `objectSelector`, `failurePolicy` and `timeoutSeconds`. Mutations are JSON patches.
 
-use serde_json::Value;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName};
+use serde_json::{Value, json};
 
 use crate::error::ApiError;
 use crate::registry::ResourceDef;
-use crate::storage::Store;
+use crate::selectors::LabelSelector;
+use crate::storage::{ObjectKey, Store};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Operation {
@@ -12,32 +31,483 @@ pub enum Operation {
     Update,
 }
 
-/// Calls admission webhooks. Not implemented yet: every request is admitted unchanged.
+impl Operation {
+    fn as_str(self) -> &'static str {
+        match self {
+            Operation::Create => "CREATE",
+            Operation::Update => "UPDATE",
+        }
+    }
+}
+
+/// What is being admitted.
+pub struct Request<'a> {
+    pub def: &'a ResourceDef,
+    pub operation: Operation,
+    pub subresource: Option<&'a str>,
+    pub object: &'a Value,
+    pub old: Option<&'a Value>,
+    pub dry_run: bool,
+}
+
+/// Calls the configured admission webhooks.
 #[derive(Debug, Default)]
-pub struct Admission {}
+pub struct Admission {
+    /// `<service>.<namespace>.svc` → where to connect instead.
+    services: HashMap<String, SocketAddr>,
+}
+
+const MUTATING_KEY: &str = "admissionregistration.k8s.io/mutatingwebhookconfigurations";
+const VALIDATING_KEY: &str = "admissionregistration.k8s.io/validatingwebhookconfigurations";
+
+/// Why a webhook call did not produce a usable answer.
+#[derive(Debug, thiserror::Error)]
+enum CallError {
+    #[error("{0}")]
+    Config(String),
+    #[error("{0}")]
+    Transport(String),
+    #[error("context deadline exceeded")]
+    Timeout,
+}
 
 impl Admission {
-    pub async fn mutate(
-        &self,
-        _store: &Store,
-        _def: &ResourceDef,
-        _op: Operation,
-        obj: Value,
-        _old: Option<&Value>,
-        _dry_run: bool,
-    ) -> Result<Value, ApiError> {
-        Ok(obj)
+    pub fn with_services(services: HashMap<String, SocketAddr>) -> Self {
+        Admission { services }
     }
 
-    pub async fn validate(
-        &self,
-        _store: &Store,
-        _def: &ResourceDef,
-        _op: Operation,
-        _obj: &Value,
-        _old: Option<&Value>,
-        _dry_run: bool,
-    ) -> Result<(), ApiError> {
+    /// Runs mutating webhooks in order; returns the (possibly patched) object.
+    pub async fn mutate(&self, store: &Store, req: &Request<'_>) -> Result<Value, ApiError> {
+        let mut object = req.object.clone();
+        for (config, hook) in self.matching_hooks(store, MUTATING_KEY, req)? {
+            let current = Request {
+                object: &object,
+                ..*req
+            };
+            let Some(response) = self.call(&hook, &current).await? else {
+                continue;
+            };
+            if let Some(patch) = response.get("patch").and_then(Value::as_str) {
+                let raw = base64::engine::general_purpose::STANDARD
+                    .decode(patch)
+                    .map_err(|e| {
+                        ApiError::internal(format!(
+                            "webhook {:?} (in {config}) returned a patch that is not base64: {e}",
+                            hook_name(&hook)
+                        ))
+                    })?;
+                let ops: json_patch::Patch = serde_json::from_slice(&raw).map_err(|e| {
+                    ApiError::internal(format!(
+                        "webhook {:?} returned an invalid JSON patch: {e}",
+                        hook_name(&hook)
+                    ))
+                })?;
+                json_patch::patch(&mut object, &ops).map_err(|e| {
+                    ApiError::internal(format!(
+                        "webhook {:?} returned a patch that does not apply: {e}",
+                        hook_name(&hook)
+                    ))
+                })?;
+            }
+        }
+        Ok(object)
+    }
+
+    /// Runs validating webhooks; the first denial wins.
+    pub async fn validate(&self, store: &Store, req: &Request<'_>) -> Result<(), ApiError> {
+        for (_, hook) in self.matching_hooks(store, VALIDATING_KEY, req)? {
+            self.call(&hook, req).await?;
+        }
         Ok(())
+    }
+
+    fn matching_hooks(
+        &self,
+        store: &Store,
+        storage_key: &str,
+        req: &Request<'_>,
+    ) -> Result<Vec<(String, Value)>, ApiError> {
+        // Webhook configurations are never subject to webhooks (as in Kubernetes): no lock-out.
+        if req.def.group == "admissionregistration.k8s.io" {
+            return Ok(vec![]);
+        }
+        let (configs, _) = store.list(storage_key, None, None)?;
+        let mut out = Vec::new();
+        for config in configs {
+            let name = crate::meta::name_of(&config).to_string();
+            for hook in config
+                .get("webhooks")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
+                if rules_match(hook, req) && selectors_match(store, hook, req)? {
+                    out.push((name.clone(), hook.clone()));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Calls one webhook. Ok(None) when it failed and its failurePolicy is Ignore.
+    async fn call(&self, hook: &Value, req: &Request<'_>) -> Result<Option<Value>, ApiError> {
+        let name = hook_name(hook);
+        let timeout = Duration::from_secs(
+            hook.get("timeoutSeconds")
+                .and_then(Value::as_u64)
+                .unwrap_or(10)
+                .clamp(1, 30),
+        );
+        let review = review(req);
+        let result = match tokio::time::timeout(timeout, self.post(hook, &review)).await {
+            Ok(r) => r,
+            Err(_) => Err(CallError::Timeout),
+        };
+        let response = match result {
+            Ok(body) => body,
+            Err(e) => {
+                if hook.get("failurePolicy").and_then(Value::as_str) == Some("Ignore") {
+                    tracing::warn!(webhook = name, error = %e, "webhook failed, ignored (failurePolicy Ignore)");
+                    return Ok(None);
+                }
+                return Err(ApiError::internal(format!(
+                    "Internal error occurred: failed calling webhook \"{name}\": {e}"
+                )));
+            }
+        };
+        if response.get("allowed").and_then(Value::as_bool) == Some(true) {
+            return Ok(Some(response));
+        }
+        Err(denial(name, response.get("status")))
+    }
+
+    async fn post(&self, hook: &Value, review: &Value) -> Result<Value, CallError> {
+        let cc = hook.get("clientConfig").cloned().unwrap_or(json!({}));
+        let (host, port, path) = match (cc.get("url").and_then(Value::as_str), cc.get("service")) {
+            (Some(url), _) => parse_https_url(url)
+                .ok_or_else(|| CallError::Config(format!("invalid webhook URL {url:?}")))?,
+            (None, Some(svc)) => (
+                format!(
+                    "{}.{}.svc",
+                    svc["name"].as_str().unwrap_or(""),
+                    svc["namespace"].as_str().unwrap_or("")
+                ),
+                svc.get("port").and_then(Value::as_u64).unwrap_or(443) as u16,
+                svc.get("path")
+                    .and_then(Value::as_str)
+                    .unwrap_or("/")
+                    .to_string(),
+            ),
+            (None, None) => {
+                return Err(CallError::Config(
+                    "webhook has neither clientConfig.url nor clientConfig.service".into(),
+                ));
+            }
+        };
+        let url = format!("https://{host}:{port}{path}");
+        let connect_to = match self.services.get(&host) {
+            Some(addr) => addr.to_string(),
+            None if host.ends_with(".svc") => {
+                return Err(CallError::Config(format!(
+                    "Post \"{url}\": service {host} is not in this server's service address map"
+                )));
+            }
+            None => format!("{host}:{port}"),
+        };
+        let tls =
+            tls_config(cc.get("caBundle").and_then(Value::as_str)).map_err(CallError::Config)?;
+        let server_name = ServerName::try_from(
+            host.trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_string(),
+        )
+        .map_err(|e| CallError::Config(format!("invalid webhook host {host:?}: {e}")))?;
+        let fail = |e: String| {
+            CallError::Transport(format!("failed to call webhook: Post \"{url}\": {e}"))
+        };
+        let tcp = tokio::net::TcpStream::connect(&connect_to)
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+        let stream = tokio_rustls::TlsConnector::from(tls)
+            .connect(server_name, tcp)
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+        let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+        tokio::spawn(connection);
+        let request = hyper::Request::post(format!("{path}?timeout=10s"))
+            .header(hyper::header::HOST, format!("{host}:{port}"))
+            .header(hyper::header::CONTENT_TYPE, "application/json")
+            .header(hyper::header::ACCEPT, "application/json")
+            .body(Full::new(Bytes::from(review.to_string())))
+            .map_err(|e| fail(e.to_string()))?;
+        let response = sender
+            .send_request(request)
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+        let status = response.status();
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| fail(e.to_string()))?
+            .to_bytes();
+        if !status.is_success() {
+            return Err(fail(format!(
+                "HTTP {status}: {}",
+                String::from_utf8_lossy(&body)
+            )));
+        }
+        let review: Value = serde_json::from_slice(&body)
+            .map_err(|e| fail(format!("response is not an AdmissionReview: {e}")))?;
+        review
+            .get("response")
+            .cloned()
+            .ok_or_else(|| fail("the AdmissionReview has no response".into()))
+    }
+}
+
+fn hook_name(hook: &Value) -> &str {
+    hook.get("name").and_then(Value::as_str).unwrap_or("")
+}
+
+/// kube-apiserver's ToStatusErr: the webhook's status, with the denial named in the message.
+fn denial(name: &str, status: Option<&Value>) -> ApiError {
+    let denied_by = format!("admission webhook \"{name}\" denied the request");
+    let status = status.cloned().unwrap_or(json!({}));
+    let code = status
+        .get("code")
+        .and_then(Value::as_u64)
+        .filter(|c| *c >= 400 && *c < 600)
+        .unwrap_or(400) as u16;
+    let message = status
+        .get("message")
+        .and_then(Value::as_str)
+        .filter(|m| !m.is_empty());
+    let reason = status.get("reason").and_then(Value::as_str).unwrap_or("");
+    let message = match (message, reason) {
+        (Some(m), _) => format!("{denied_by}: {m}"),
+        (None, r) if !r.is_empty() => format!("{denied_by}: {r}"),
+        _ => format!("{denied_by} without explanation"),
+    };
+    ApiError::new(code, crate::error::known_reason(reason), message)
+}
+
+fn parse_https_url(url: &str) -> Option<(String, u16, String)> {
+    let rest = url.strip_prefix("https://")?;
+    let (authority, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], rest[i..].to_string()),
+        None => (rest, "/".to_string()),
+    };
+    let (host, port) = match authority.rsplit_once(':') {
+        Some((h, p)) if !h.ends_with(']') || authority.starts_with('[') => match p.parse() {
+            Ok(port) => (h.to_string(), port),
+            Err(_) => (authority.to_string(), 443),
+        },
+        _ => (authority.to_string(), 443),
+    };
+    Some((host, port, path))
+}
+
+fn tls_config(ca_bundle: Option<&str>) -> Result<Arc<rustls::ClientConfig>, String> {
+    crate::tls::install_crypto_provider();
+    let pem = base64::engine::general_purpose::STANDARD
+        .decode(ca_bundle.unwrap_or(""))
+        .map_err(|e| format!("clientConfig.caBundle is not base64: {e}"))?;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(&pem) {
+        let cert = cert.map_err(|e| format!("clientConfig.caBundle: {e}"))?;
+        roots
+            .add(cert)
+            .map_err(|e| format!("clientConfig.caBundle: {e}"))?;
+    }
+    if roots.is_empty() {
+        return Err(
+            "clientConfig.caBundle holds no certificate (this server has no system trust store)"
+                .into(),
+        );
+    }
+    Ok(Arc::new(
+        rustls::ClientConfig::builder()
+            .with_root_certificates(roots)
+            .with_no_client_auth(),
+    ))
+}
+
+fn matches_list(list: Option<&Value>, value: &str) -> bool {
+    list.and_then(Value::as_array).is_some_and(|a| {
+        a.iter()
+            .filter_map(Value::as_str)
+            .any(|x| x == "*" || x == value)
+    })
+}
+
+fn rules_match(hook: &Value, req: &Request<'_>) -> bool {
+    let def = req.def;
+    let resource = match req.subresource {
+        Some(sub) => format!("{}/{sub}", def.plural),
+        None => def.plural.clone(),
+    };
+    hook.get("rules")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .any(|rule| {
+            let resources = rule
+                .get("resources")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str);
+            let resource_ok = resources.into_iter().any(|r| {
+                r == resource
+                    || (r == "*" && req.subresource.is_none())
+                    || r == "*/*"
+                    || req.subresource.is_some_and(|sub| {
+                        r == format!("*/{sub}") || r == format!("{}/*", def.plural)
+                    })
+            });
+            let scope_ok = match rule.get("scope").and_then(Value::as_str).unwrap_or("*") {
+                "Cluster" => !def.namespaced,
+                "Namespaced" => def.namespaced,
+                _ => true,
+            };
+            matches_list(rule.get("apiGroups"), &def.group)
+                && matches_list(rule.get("apiVersions"), &def.version)
+                && matches_list(rule.get("operations"), req.operation.as_str())
+                && resource_ok
+                && scope_ok
+        })
+}
+
+/// A metav1.LabelSelector (matchLabels, matchExpressions) in selector syntax.
+fn selector(v: Option<&Value>) -> Option<LabelSelector> {
+    let v = v?;
+    let mut parts = Vec::new();
+    for (k, val) in v
+        .get("matchLabels")
+        .and_then(Value::as_object)
+        .into_iter()
+        .flatten()
+    {
+        parts.push(format!("{k}={}", val.as_str().unwrap_or("")));
+    }
+    for e in v
+        .get("matchExpressions")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let key = e["key"].as_str().unwrap_or("");
+        let values: Vec<&str> = e["values"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
+        parts.push(match e["operator"].as_str().unwrap_or("") {
+            "In" => format!("{key} in ({})", values.join(",")),
+            "NotIn" => format!("{key} notin ({})", values.join(",")),
+            "Exists" => key.to_string(),
+            _ => format!("!{key}"),
+        });
+    }
+    LabelSelector::parse(&parts.join(",")).ok()
+}
+
+fn selectors_match(store: &Store, hook: &Value, req: &Request<'_>) -> Result<bool, ApiError> {
+    if let Some(sel) = selector(hook.get("objectSelector"))
+        && !sel.matches(req.object)
+        && !req.old.is_some_and(|o| sel.matches(o))
+    {
+        return Ok(false);
+    }
+    if let Some(sel) = selector(hook.get("namespaceSelector")) {
+        let namespace = if req.def.namespaced {
+            crate::meta::namespace_of(req.object).to_string()
+        } else if req.def.plural == "namespaces" {
+            crate::meta::name_of(req.object).to_string()
+        } else {
+            return Ok(true);
+        };
+        let key = ObjectKey {
+            resource: "/namespaces".into(),
+            namespace: String::new(),
+            name: namespace,
+        };
+        let ns = store.get(&key)?.unwrap_or_else(|| req.object.clone());
+        return Ok(sel.matches(&ns));
+    }
+    Ok(true)
+}
+
+fn review(req: &Request<'_>) -> Value {
+    let def = req.def;
+    let gvk = json!({ "group": def.group, "version": def.version, "kind": def.kind });
+    let gvr = json!({ "group": def.group, "version": def.version, "resource": def.plural });
+    let mut request = json!({
+        "uid": crate::meta::new_uid(),
+        "kind": gvk,
+        "resource": gvr,
+        "requestKind": gvk,
+        "requestResource": gvr,
+        "name": crate::meta::name_of(req.object),
+        "operation": req.operation.as_str(),
+        "userInfo": { "username": "system:anonymous", "groups": ["system:unauthenticated"] },
+        "object": crate::api::ApiState::served(def, req.object),
+        "oldObject": req.old.map(|o| crate::api::ApiState::served(def, o)),
+        "dryRun": req.dry_run,
+        "options": { "kind": if req.operation == Operation::Create { "CreateOptions" } else { "UpdateOptions" }, "apiVersion": "meta.k8s.io/v1" },
+    });
+    if def.namespaced {
+        request["namespace"] = json!(crate::meta::namespace_of(req.object));
+    }
+    if let Some(sub) = req.subresource {
+        request["subResource"] = json!(sub);
+        request["requestSubResource"] = json!(sub);
+    }
+    json!({ "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls() {
+        assert_eq!(
+            parse_https_url("https://127.0.0.1:8443/validate"),
+            Some(("127.0.0.1".into(), 8443, "/validate".into()))
+        );
+        assert_eq!(
+            parse_https_url("https://hook.example.com"),
+            Some(("hook.example.com".into(), 443, "/".into()))
+        );
+        assert_eq!(parse_https_url("http://plain"), None);
+    }
+
+    #[test]
+    fn denials_read_like_kube_apiserver() {
+        let e = denial(
+            "v.example.com",
+            Some(&json!({"code": 403, "reason": "Forbidden", "message": "no"})),
+        );
+        assert_eq!(
+            (e.code, e.reason, e.message.as_str()),
+            (
+                403,
+                "Forbidden",
+                "admission webhook \"v.example.com\" denied the request: no"
+            )
+        );
+        let e = denial("v.example.com", None);
+        assert_eq!(
+            (e.code, e.message.as_str()),
+            (
+                400,
+                "admission webhook \"v.example.com\" denied the request without explanation"
+            )
+        );
     }
 }

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use base64::Engine;
 use serde_json::{Value, json};
 
-use crate::admission::{Admission, Operation};
+use crate::admission::{Admission, Operation, Request as AdmissionRequest};
 use crate::apply::{self, Writer};
 use crate::error::{ApiError, FieldError, FieldErrorKind};
 use crate::meta::{
@@ -693,7 +693,17 @@ impl ApiState {
         self.prepare_kind(def, &mut obj, None)?;
         let obj = self
             .admission
-            .mutate(&self.store, def, Operation::Create, obj, None, opts.dry_run)
+            .mutate(
+                &self.store,
+                &AdmissionRequest {
+                    def,
+                    operation: Operation::Create,
+                    subresource: None,
+                    object: &obj,
+                    old: None,
+                    dry_run: opts.dry_run,
+                },
+            )
             .await?;
         let mut obj = obj;
         Self::stamp_metadata(def, &mut obj, None);
@@ -708,11 +718,14 @@ impl ApiState {
         self.admission
             .validate(
                 &self.store,
-                def,
-                Operation::Create,
-                &obj,
-                None,
-                opts.dry_run,
+                &AdmissionRequest {
+                    def,
+                    operation: Operation::Create,
+                    subresource: None,
+                    object: &obj,
+                    old: None,
+                    dry_run: opts.dry_run,
+                },
             )
             .await?;
         self.commit_create(def, obj, opts.dry_run, warnings)
@@ -829,15 +842,23 @@ impl ApiState {
             }
         };
         self.prepare_kind(def, &mut obj, Some(old))?;
+        let subresource = match part {
+            Part::Main => None,
+            Part::Status => Some("status"),
+            Part::Finalize => Some("finalize"),
+        };
         let mut obj = self
             .admission
             .mutate(
                 &self.store,
-                def,
-                Operation::Update,
-                obj,
-                Some(old),
-                opts.dry_run,
+                &AdmissionRequest {
+                    def,
+                    operation: Operation::Update,
+                    subresource,
+                    object: &obj,
+                    old: Some(old),
+                    dry_run: opts.dry_run,
+                },
             )
             .await?;
         Self::stamp_metadata(def, &mut obj, Some(old));
@@ -858,11 +879,14 @@ impl ApiState {
         self.admission
             .validate(
                 &self.store,
-                def,
-                Operation::Update,
-                &obj,
-                Some(old),
-                opts.dry_run,
+                &AdmissionRequest {
+                    def,
+                    operation: Operation::Update,
+                    subresource,
+                    object: &obj,
+                    old: Some(old),
+                    dry_run: opts.dry_run,
+                },
             )
             .await?;
         let key = Self::key(def, meta::namespace_of(old), &name);
@@ -1029,7 +1053,17 @@ impl ApiState {
         self.prepare_kind(def, &mut obj, None)?;
         let mut obj = self
             .admission
-            .mutate(&self.store, def, Operation::Create, obj, None, opts.dry_run)
+            .mutate(
+                &self.store,
+                &AdmissionRequest {
+                    def,
+                    operation: Operation::Create,
+                    subresource: None,
+                    object: &obj,
+                    old: None,
+                    dry_run: opts.dry_run,
+                },
+            )
             .await?;
         Self::stamp_metadata(def, &mut obj, None);
         if let Some(mf) = mf {
@@ -1039,11 +1073,14 @@ impl ApiState {
         self.admission
             .validate(
                 &self.store,
-                def,
-                Operation::Create,
-                &obj,
-                None,
-                opts.dry_run,
+                &AdmissionRequest {
+                    def,
+                    operation: Operation::Create,
+                    subresource: None,
+                    object: &obj,
+                    old: None,
+                    dry_run: opts.dry_run,
+                },
             )
             .await?;
         self.commit_create(def, obj, opts.dry_run, warnings)

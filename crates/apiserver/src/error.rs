@@ -18,6 +18,31 @@ pub struct ApiError {
     pub details: Option<Value>,
 }
 
+/// The static form of a Status reason a webhook returned ("" when it is not a known reason).
+pub fn known_reason(reason: &str) -> &'static str {
+    const KNOWN: &[&str] = &[
+        "Unauthorized",
+        "Forbidden",
+        "NotFound",
+        "AlreadyExists",
+        "Conflict",
+        "Gone",
+        "Invalid",
+        "ServerTimeout",
+        "Timeout",
+        "TooManyRequests",
+        "BadRequest",
+        "MethodNotAllowed",
+        "NotAcceptable",
+        "RequestEntityTooLarge",
+        "UnsupportedMediaType",
+        "InternalError",
+        "Expired",
+        "ServiceUnavailable",
+    ];
+    KNOWN.iter().find(|k| **k == reason).copied().unwrap_or("")
+}
+
 /// Names a resource the way kube-apiserver does in messages: `configmaps` or `clusters.cluster.x-k8s.io`.
 pub fn qualified(group: &str, plural: &str) -> String {
     if group.is_empty() {

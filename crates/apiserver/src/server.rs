@@ -50,6 +50,7 @@ pub struct ApiServerBuilder {
     tls: bool,
     bookmark_interval: Duration,
     history: u64,
+    webhook_services: std::collections::HashMap<String, SocketAddr>,
 }
 
 impl Default for ApiServerBuilder {
@@ -60,6 +61,7 @@ impl Default for ApiServerBuilder {
             tls: false,
             bookmark_interval: Duration::from_secs(10),
             history: crate::storage::DEFAULT_HISTORY,
+            webhook_services: Default::default(),
         }
     }
 }
@@ -96,6 +98,14 @@ impl ApiServerBuilder {
         self
     }
 
+    /// Where admission webhooks given as `clientConfig.service` {namespace, name} are reached
+    /// (there is no cluster network). Their certificates must be valid for `<name>.<namespace>.svc`.
+    pub fn webhook_service(mut self, namespace: &str, name: &str, addr: SocketAddr) -> Self {
+        self.webhook_services
+            .insert(format!("{name}.{namespace}.svc"), addr);
+        self
+    }
+
     pub async fn start(self) -> Result<ApiServer, ServerError> {
         crate::tls::install_crypto_provider();
         let store = match &self.data_dir {
@@ -109,7 +119,9 @@ impl ApiServerBuilder {
             None => Store::open(None)?,
         }
         .with_history(self.history);
-        let api = Arc::new(ApiState::new(store)?);
+        let mut api = ApiState::new(store)?;
+        api.admission = crate::admission::Admission::with_services(self.webhook_services.clone());
+        let api = Arc::new(api);
         api.ensure_default_namespaces().await?;
         let tls = match (&self.data_dir, self.tls) {
             (_, false) => None,
