@@ -9,7 +9,8 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use base64::Engine;
@@ -55,6 +56,10 @@ pub struct Request<'a> {
 pub struct Admission {
     /// `<service>.<namespace>.svc` → where to connect instead.
     services: HashMap<String, SocketAddr>,
+    /// Webhook configurations by storage key, so that writes do not read them from storage every
+    /// time. `generation` moves on every change, so a load racing with a change is not cached.
+    cache: Mutex<HashMap<&'static str, Arc<Vec<Value>>>>,
+    generation: AtomicU64,
 }
 
 const MUTATING_KEY: &str = "admissionregistration.k8s.io/mutatingwebhookconfigurations";
@@ -73,7 +78,39 @@ enum CallError {
 
 impl Admission {
     pub fn with_services(services: HashMap<String, SocketAddr>) -> Self {
-        Admission { services }
+        Admission {
+            services,
+            ..Default::default()
+        }
+    }
+
+    /// Must be called after every write of a webhook configuration.
+    pub fn invalidate(&self) {
+        self.generation.fetch_add(1, AtomicOrdering::SeqCst);
+        self.cache.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    }
+
+    fn configurations(
+        &self,
+        store: &Store,
+        storage_key: &'static str,
+    ) -> Result<Arc<Vec<Value>>, ApiError> {
+        if let Some(c) = self
+            .cache
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(storage_key)
+        {
+            return Ok(c.clone());
+        }
+        let generation = self.generation.load(AtomicOrdering::SeqCst);
+        let (configs, _) = store.list(storage_key, None, None)?;
+        let configs = Arc::new(configs);
+        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        if self.generation.load(AtomicOrdering::SeqCst) == generation {
+            cache.insert(storage_key, configs.clone());
+        }
+        Ok(configs)
     }
 
     /// Runs mutating webhooks in order; returns the (possibly patched) object.
@@ -124,17 +161,17 @@ impl Admission {
     fn matching_hooks(
         &self,
         store: &Store,
-        storage_key: &str,
+        storage_key: &'static str,
         req: &Request<'_>,
     ) -> Result<Vec<(String, Value)>, ApiError> {
         // Webhook configurations are never subject to webhooks (as in Kubernetes): no lock-out.
         if req.def.group == "admissionregistration.k8s.io" {
             return Ok(vec![]);
         }
-        let (configs, _) = store.list(storage_key, None, None)?;
+        let configs = self.configurations(store, storage_key)?;
         let mut out = Vec::new();
-        for config in configs {
-            let name = crate::meta::name_of(&config).to_string();
+        for config in configs.iter() {
+            let name = crate::meta::name_of(config).to_string();
             for hook in config
                 .get("webhooks")
                 .and_then(Value::as_array)

@@ -754,9 +754,7 @@ impl ApiState {
             .store
             .create(&key, obj)
             .map_err(|e| Self::write_error(def, &name, e))?;
-        if def.flavor == Flavor::CustomResourceDefinition {
-            self.registry.apply_crd(&stored);
-        }
+        self.after_write(def, &stored);
         Ok(Written {
             object: Self::served(def, &stored),
             warnings,
@@ -919,9 +917,7 @@ impl ApiState {
             .store
             .update(&key, resource_version_of(old), obj)
             .map_err(|e| Self::write_error(def, &name, e))?;
-        if def.flavor == Flavor::CustomResourceDefinition {
-            self.registry.apply_crd(&stored);
-        }
+        self.after_write(def, &stored);
         Ok(Written {
             object: Self::served(def, &stored),
             warnings: vec![],
@@ -1182,8 +1178,21 @@ impl ApiState {
         Err(ApiError::conflict(&def.group, &def.plural, name))
     }
 
+    /// Caches that follow some kinds: served CRDs, webhook configurations.
+    fn after_write(&self, def: &ResourceDef, stored: &Value) {
+        if def.flavor == Flavor::CustomResourceDefinition {
+            self.registry.apply_crd(stored);
+        }
+        if def.group == "admissionregistration.k8s.io" {
+            self.admission.invalidate();
+        }
+    }
+
     /// Cleanup that must follow the removal of some kinds.
     fn after_delete(&self, def: &ResourceDef, gone: &Value) -> Result<(), ApiError> {
+        if def.group == "admissionregistration.k8s.io" {
+            self.admission.invalidate();
+        }
         if def.flavor == Flavor::CustomResourceDefinition {
             let storage_key = format!(
                 "{}/{}",

@@ -326,11 +326,12 @@ impl Store {
         let mut conn = self.lock();
         let tx = conn.transaction()?;
         let stored: Option<(i64, String)> = tx
-            .query_row(
+            .prepare_cached(
                 "SELECT rv, body FROM objects WHERE resource=?1 AND namespace=?2 AND name=?3",
-                params![key.resource, key.namespace, key.name],
-                |r| Ok((r.get(0)?, r.get(1)?)),
-            )
+            )?
+            .query_row(params![key.resource, key.namespace, key.name], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
             .optional()?;
         let Some((rv, body)) = stored else {
             return Err(WriteError::NotFound);
@@ -341,14 +342,10 @@ impl Store {
         let mut object: Value = serde_json::from_str(&body).map_err(StoreError::from)?;
         let new_rv = meta(&tx, "rv")? + 1;
         set_rv(&mut object, new_rv);
-        tx.execute(
-            "DELETE FROM objects WHERE resource=?1 AND namespace=?2 AND name=?3",
-            params![key.resource, key.namespace, key.name],
-        )?;
-        tx.execute(
-            "DELETE FROM owners WHERE resource=?1 AND namespace=?2 AND name=?3",
-            params![key.resource, key.namespace, key.name],
-        )?;
+        tx.prepare_cached("DELETE FROM objects WHERE resource=?1 AND namespace=?2 AND name=?3")?
+            .execute(params![key.resource, key.namespace, key.name])?;
+        tx.prepare_cached("DELETE FROM owners WHERE resource=?1 AND namespace=?2 AND name=?3")?
+            .execute(params![key.resource, key.namespace, key.name])?;
         let object = Arc::new(object);
         self.commit(tx, new_rv, key, ChangeType::Deleted, object.clone())?;
         Ok(object)
@@ -363,24 +360,19 @@ impl Store {
         let mut conn = self.lock();
         let tx = conn.transaction()?;
         let existing: Option<i64> = tx
-            .query_row(
+            .prepare_cached(
                 "SELECT rv FROM objects WHERE resource=?1 AND namespace=?2 AND name=?3",
-                params![key.resource, key.namespace, key.name],
-                |r| r.get(0),
-            )
+            )?
+            .query_row(params![key.resource, key.namespace, key.name], |r| r.get(0))
             .optional()?;
         let kind = check(existing.map(|rv| rv as u64))?;
         let new_rv = meta(&tx, "rv")? + 1;
         set_rv(&mut object, new_rv);
         let body = object.to_string();
-        tx.execute(
-            "INSERT OR REPLACE INTO objects (resource, namespace, name, rv, body) VALUES (?1, ?2, ?3, ?4, ?5)",
-            params![key.resource, key.namespace, key.name, new_rv as i64, body],
+        tx.prepare_cached("INSERT OR REPLACE INTO objects (resource, namespace, name, rv, body) VALUES (?1, ?2, ?3, ?4, ?5)")?.execute(params![key.resource, key.namespace, key.name, new_rv as i64, body],
         )?;
-        tx.execute(
-            "DELETE FROM owners WHERE resource=?1 AND namespace=?2 AND name=?3",
-            params![key.resource, key.namespace, key.name],
-        )?;
+        tx.prepare_cached("DELETE FROM owners WHERE resource=?1 AND namespace=?2 AND name=?3")?
+            .execute(params![key.resource, key.namespace, key.name])?;
         if let Some(refs) = object
             .pointer("/metadata/ownerReferences")
             .and_then(Value::as_array)
@@ -389,10 +381,8 @@ impl Store {
                 .iter()
                 .filter_map(|r| r.get("uid").and_then(Value::as_str))
             {
-                tx.execute(
-                    "INSERT OR IGNORE INTO owners VALUES (?1, ?2, ?3, ?4)",
-                    params![uid, key.resource, key.namespace, key.name],
-                )?;
+                tx.prepare_cached("INSERT OR IGNORE INTO owners VALUES (?1, ?2, ?3, ?4)")?
+                    .execute(params![uid, key.resource, key.namespace, key.name])?;
             }
         }
         let object = Arc::new(object);
@@ -409,22 +399,17 @@ impl Store {
         kind: ChangeType,
         object: Arc<Value>,
     ) -> Result<(), WriteError> {
-        tx.execute(
-            "INSERT INTO changes (rv, resource, namespace, name, type, body) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-            params![rv as i64, key.resource, key.namespace, key.name, kind.as_str(), object.to_string()],
+        tx.prepare_cached("INSERT INTO changes (rv, resource, namespace, name, type, body) VALUES (?1, ?2, ?3, ?4, ?5, ?6)")?.execute(params![rv as i64, key.resource, key.namespace, key.name, kind.as_str(), object.to_string()],
         )?;
-        tx.execute(
-            "UPDATE meta SET value=?1 WHERE key='rv'",
-            params![rv as i64],
-        )?;
+        tx.prepare_cached("UPDATE meta SET value=?1 WHERE key='rv'")?
+            .execute(params![rv as i64])?;
         // Compact in batches so that the history stays bounded without a delete per write.
         if rv.is_multiple_of(1000) && rv > self.history {
             let floor = rv - self.history;
-            tx.execute("DELETE FROM changes WHERE rv <= ?1", params![floor as i64])?;
-            tx.execute(
-                "UPDATE meta SET value=?1 WHERE key='compacted'",
-                params![floor as i64],
-            )?;
+            tx.prepare_cached("DELETE FROM changes WHERE rv <= ?1")?
+                .execute(params![floor as i64])?;
+            tx.prepare_cached("UPDATE meta SET value=?1 WHERE key='compacted'")?
+                .execute(params![floor as i64])?;
         }
         tx.commit()?;
         // No receivers is fine: nobody is watching.
@@ -479,10 +464,9 @@ impl Store {
 }
 
 fn meta(conn: &Connection, key: &str) -> Result<u64, rusqlite::Error> {
-    conn.query_row("SELECT value FROM meta WHERE key=?1", params![key], |r| {
-        r.get::<_, i64>(0)
-    })
-    .map(|v| v as u64)
+    conn.prepare_cached("SELECT value FROM meta WHERE key=?1")?
+        .query_row(params![key], |r| r.get::<_, i64>(0))
+        .map(|v| v as u64)
 }
 
 fn set_rv(object: &mut Value, rv: u64) {
