@@ -465,6 +465,24 @@ impl ApiState {
             }
             _ => meta::check_dns_subdomain(name),
         };
+        // kube-apiserver's limit on the total size of annotations (keys and values).
+        const ANNOTATIONS_LIMIT: usize = 256 * 1024;
+        let annotations_size: usize = obj
+            .pointer("/metadata/annotations")
+            .and_then(Value::as_object)
+            .map(|a| {
+                a.iter()
+                    .map(|(k, v)| k.len() + v.as_str().map_or(0, str::len))
+                    .sum()
+            })
+            .unwrap_or(0);
+        if annotations_size > ANNOTATIONS_LIMIT {
+            errs.push(FieldError::new(
+                "metadata.annotations",
+                FieldErrorKind::TooLong,
+                format!("must have at most {ANNOTATIONS_LIMIT} bytes"),
+            ));
+        }
         if creating && let Some(p) = name_problem {
             errs.push(FieldError::new(
                 "metadata.name",

@@ -419,6 +419,15 @@ async fn resource_request(
                 .and_then(|v| v.to_str().ok())
                 .unwrap_or("");
             let patch_type = PatchType::from_content_type(content_type)?;
+            // As in kube-apiserver: custom resources have no patch strategies to merge with.
+            if patch_type == PatchType::Strategic && def.flavor == registry::Flavor::CustomResource
+            {
+                return Err(ApiError::new(
+                    415,
+                    "UnsupportedMediaType",
+                    "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml",
+                ));
+            }
             let patch = decode_json_or_yaml(content_type, &body)?;
             let opts = write_options(params, headers)?;
             if patch_type == PatchType::Apply

@@ -86,6 +86,9 @@ pub struct Change {
     pub kind: ChangeType,
     /// The object after the write (for deletes: its last state, stamped with the delete's resourceVersion).
     pub object: Arc<Value>,
+    /// The object before a modification (live changes only; the change log does not keep it).
+    /// Watches with selectors use it to turn "stopped matching" into DELETED, as kube-apiserver does.
+    pub previous: Option<Arc<Value>>,
 }
 
 pub struct Store {
@@ -347,7 +350,7 @@ impl Store {
         tx.prepare_cached("DELETE FROM owners WHERE resource=?1 AND namespace=?2 AND name=?3")?
             .execute(params![key.resource, key.namespace, key.name])?;
         let object = Arc::new(object);
-        self.commit(tx, new_rv, key, ChangeType::Deleted, object.clone())?;
+        self.commit(tx, new_rv, key, ChangeType::Deleted, object.clone(), None)?;
         Ok(object)
     }
 
@@ -359,13 +362,21 @@ impl Store {
     ) -> Result<Arc<Value>, WriteError> {
         let mut conn = self.lock();
         let tx = conn.transaction()?;
-        let existing: Option<i64> = tx
+        let existing: Option<(i64, String)> = tx
             .prepare_cached(
-                "SELECT rv FROM objects WHERE resource=?1 AND namespace=?2 AND name=?3",
+                "SELECT rv, body FROM objects WHERE resource=?1 AND namespace=?2 AND name=?3",
             )?
-            .query_row(params![key.resource, key.namespace, key.name], |r| r.get(0))
+            .query_row(params![key.resource, key.namespace, key.name], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
             .optional()?;
-        let kind = check(existing.map(|rv| rv as u64))?;
+        let kind = check(existing.as_ref().map(|(rv, _)| *rv as u64))?;
+        let previous = match existing {
+            Some((_, body)) => Some(Arc::new(
+                serde_json::from_str(&body).map_err(StoreError::from)?,
+            )),
+            None => None,
+        };
         let new_rv = meta(&tx, "rv")? + 1;
         set_rv(&mut object, new_rv);
         let body = object.to_string();
@@ -386,7 +397,7 @@ impl Store {
             }
         }
         let object = Arc::new(object);
-        self.commit(tx, new_rv, key, kind, object.clone())?;
+        self.commit(tx, new_rv, key, kind, object.clone(), previous)?;
         Ok(object)
     }
 
@@ -398,6 +409,7 @@ impl Store {
         key: &ObjectKey,
         kind: ChangeType,
         object: Arc<Value>,
+        previous: Option<Arc<Value>>,
     ) -> Result<(), WriteError> {
         tx.prepare_cached("INSERT INTO changes (rv, resource, namespace, name, type, body) VALUES (?1, ?2, ?3, ?4, ?5, ?6)")?.execute(params![rv as i64, key.resource, key.namespace, key.name, kind.as_str(), object.to_string()],
         )?;
@@ -418,6 +430,7 @@ impl Store {
             key: key.clone(),
             kind,
             object,
+            previous,
         }));
         Ok(())
     }
@@ -457,6 +470,7 @@ impl Store {
                 },
                 kind: ChangeType::parse(&kind),
                 object: Arc::new(serde_json::from_str(&body)?),
+                previous: None,
             });
         }
         Ok(Ok(out))

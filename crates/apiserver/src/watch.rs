@@ -84,11 +84,24 @@ impl Watcher {
             return true;
         }
         self.seen_rv = change.rv;
-        let served = ApiState::served(&self.def, &change.object);
-        if !self.matches(change, &served) {
+        if change.key.resource != self.def.storage_key {
             return true;
         }
-        self.send(change.kind.as_str(), served).await
+        let served = ApiState::served(&self.def, &change.object);
+        let now_matches = self.matches(change, &served);
+        // With a selector, an object that starts or stops matching is ADDED or DELETED for this
+        // watch, as kube-apiserver's watch cache reports it.
+        let was_matching = change
+            .previous
+            .as_ref()
+            .map(|p| self.matches(change, &ApiState::served(&self.def, p)));
+        let kind = match (change.kind, was_matching, now_matches) {
+            (ChangeType::Modified, Some(true), false) => "DELETED",
+            (ChangeType::Modified, Some(false), true) => "ADDED",
+            (_, _, false) => return true,
+            (kind, _, true) => kind.as_str(),
+        };
+        self.send(kind, served).await
     }
 
     async fn bookmark(&self, initial_events_end: bool) -> bool {
@@ -156,6 +169,7 @@ impl Watcher {
                     ),
                     kind: ChangeType::Added,
                     object: Arc::new(object),
+                    previous: None,
                 };
                 if self.matches(&fake, &served) && !self.send("ADDED", served).await {
                     return false;

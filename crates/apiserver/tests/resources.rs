@@ -158,6 +158,30 @@ async fn crds_are_served_validated_and_removed() {
     assert_eq!(patched.data["spec"]["size"], 3);
     assert_eq!(patched.metadata.generation, Some(2));
 
+    // Strategic merge patch is for built-in kinds only, as in kube-apiserver.
+    let (code, reason, _) = status_code(
+        w.patch(
+            "w1",
+            &PatchParams::default(),
+            &Patch::Strategic(json!({"spec": {"size": 4}})),
+        )
+        .await
+        .unwrap_err(),
+    );
+    assert_eq!((code, reason.as_str()), (415, "UnsupportedMediaType"));
+    // Annotations are limited to 256 KiB in total.
+    let big = json!({"metadata": {"annotations": {"big": "x".repeat(300 * 1024)}}});
+    let (code, _, message) = status_code(
+        w.patch("w1", &PatchParams::default(), &Patch::Merge(big))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(code, 422);
+    assert!(
+        message.contains("metadata.annotations: Too long: must have at most 262144 bytes"),
+        "{message}"
+    );
+
     // The same object through the other version (conversion None).
     let beta = widgets(&client, "v1beta1", Some("default"));
     let via_beta = beta.get("w1").await.unwrap();

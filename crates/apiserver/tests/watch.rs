@@ -325,3 +325,81 @@ async fn controller_reconciles_and_recovers_from_conflicts() {
     );
     controller.abort();
 }
+
+#[tokio::test]
+async fn label_selected_watch_sees_objects_enter_and_leave() {
+    let server = TestServer::start().await;
+    let cms: Api<ConfigMap> = Api::namespaced(server.client(), "default");
+    let stream = watcher::watcher(cms.clone(), watcher::Config::default().labels("team=a"));
+    let writer = tokio::spawn({
+        let cms = cms.clone();
+        async move {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let mut c = cms
+                .create(&PostParams::default(), &cm("moving", "1"))
+                .await
+                .unwrap();
+            c.metadata.labels = Some([("team".to_string(), "a".to_string())].into());
+            let mut c = cms
+                .replace("moving", &PostParams::default(), &c)
+                .await
+                .unwrap();
+            c.metadata.labels = Some([("team".to_string(), "b".to_string())].into());
+            cms.replace("moving", &PostParams::default(), &c)
+                .await
+                .unwrap();
+        }
+    });
+    let seen = observe(stream, |s| s.iter().any(|(k, _, _)| k == "delete")).await;
+    writer.await.unwrap();
+    assert_eq!(
+        seen,
+        vec![
+            ("apply".to_string(), "moving".to_string(), "1".to_string()),
+            ("delete".to_string(), "moving".to_string(), "1".to_string())
+        ]
+    );
+}
+
+#[tokio::test]
+async fn streaming_list_watch() {
+    let server = TestServer::start().await;
+    let cms: Api<ConfigMap> = Api::namespaced(server.client(), "default");
+    for i in 0..3 {
+        cms.create(&PostParams::default(), &cm(&format!("s{i}"), "1"))
+            .await
+            .unwrap();
+    }
+    // sendInitialEvents=true: initial objects as ADDED, then a bookmark marking their end.
+    let stream = watcher::watcher(cms.clone(), watcher::Config::default().streaming_lists());
+    let mut stream = std::pin::pin!(stream);
+    let mut initial = Vec::new();
+    loop {
+        match tokio::time::timeout(Duration::from_secs(10), stream.next())
+            .await
+            .expect("stalled")
+            .unwrap()
+            .unwrap()
+        {
+            Event::InitApply(o) => initial.push(o.metadata.name.unwrap()),
+            Event::InitDone => break,
+            _ => {}
+        }
+    }
+    initial.sort();
+    assert_eq!(initial, vec!["s0", "s1", "s2"]);
+    cms.create(&PostParams::default(), &cm("later", "2"))
+        .await
+        .unwrap();
+    loop {
+        if let Event::Apply(o) = tokio::time::timeout(Duration::from_secs(10), stream.next())
+            .await
+            .expect("stalled")
+            .unwrap()
+            .unwrap()
+        {
+            assert_eq!(o.metadata.name.as_deref(), Some("later"));
+            break;
+        }
+    }
+}
