@@ -22,7 +22,8 @@ use crate::{
 const CLOCK_SKEW_ALLOWANCE: time::Duration = time::Duration::minutes(5);
 
 /// What a leaf certificate is for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Usage {
     Server,
     Client,

@@ -2,7 +2,7 @@
 
 use std::net::IpAddr;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use time::OffsetDateTime;
 use x509_parser::certificate::X509Certificate;
@@ -14,7 +14,7 @@ use x509_parser::x509::SubjectPublicKeyInfo;
 use crate::{KeyAlgorithm, PkiError, PrivateKey};
 
 /// What a certificate says, in the terms people look for.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CertificateInfo {
     /// The subject as `CN=…, O=…`.
     pub subject: String,
@@ -205,6 +205,19 @@ pub(crate) fn key_algorithm_of_spki(spki_der: &[u8]) -> Option<KeyAlgorithm> {
 pub fn key_matches_certificate(key: &PrivateKey, certificate_der: &[u8]) -> Result<bool, PkiError> {
     let cert = parse_der(certificate_der)?;
     Ok(cert.public_key().raw == key.public_key_der().as_slice())
+}
+
+/// Whether `certificate_der` was signed by the CA `issuer_der`: the issuer name matches the
+/// CA's subject and the signature verifies with the CA's public key.
+pub fn is_issued_by(certificate_der: &[u8], issuer_der: &[u8]) -> Result<bool, PkiError> {
+    let certificate = parse_der(certificate_der)?;
+    let issuer = parse_der(issuer_der)?;
+    if certificate.issuer().as_raw() != issuer.subject().as_raw() {
+        return Ok(false);
+    }
+    Ok(certificate
+        .verify_signature(Some(issuer.public_key()))
+        .is_ok())
 }
 
 pub(crate) fn hex(bytes: &[u8]) -> String {

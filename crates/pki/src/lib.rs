@@ -27,7 +27,7 @@ pub mod ttl;
 pub use authority::{CaSpec, CertificateAuthority, IssuedCertificate, LeafSpec, Usage};
 pub use bundle::{BundleError, TrustBundle};
 pub use csr::{CertificateRequest, CsrSubject, Refusal, SigningPolicy};
-pub use inspect::{CertificateInfo, key_matches_certificate};
+pub use inspect::{CertificateInfo, is_issued_by, key_matches_certificate};
 pub use key::{KeyAlgorithm, PrivateKey};
 pub use rotation::RotationPolicy;
 pub use ttl::{Ttl, TtlError};

@@ -326,3 +326,16 @@ proptest! {
         prop_assert!(leaf.info().not_before >= ca.info().not_before);
     }
 }
+
+#[test]
+fn issued_by_checks_name_and_signature() {
+    let ca = CertificateAuthority::create(&CaSpec::new("same-name")).unwrap();
+    let impostor = CertificateAuthority::create(&CaSpec::new("same-name")).unwrap();
+    let leaf = ca.issue(&LeafSpec::new("x", Usage::Server)).unwrap();
+    assert!(caretaker_pki::is_issued_by(&leaf.certificate_der, ca.certificate_der()).unwrap());
+    assert!(
+        !caretaker_pki::is_issued_by(&leaf.certificate_der, impostor.certificate_der()).unwrap()
+    );
+    let other = CertificateAuthority::create(&CaSpec::new("other-name")).unwrap();
+    assert!(!caretaker_pki::is_issued_by(&leaf.certificate_der, other.certificate_der()).unwrap());
+}

@@ -1,0 +1,231 @@
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::{Method, Request, Uri};
+use hyper_util::rt::TokioIo;
+use rustls::pki_types::ServerName;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
+
+use super::{ErrorBody, Health};
+use crate::inventory::Inventory;
+use crate::refresh::{ApplyOutcome, ApplyRequest, PlanRequest, RefreshPlan};
+use crate::upgrade::{Operation, UpgradeRequest};
+
+/// Why a call to an agent failed.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("invalid agent URL {0:?}: expected https://HOST:PORT")]
+    BadUrl(String),
+    #[error("cannot connect to the agent at {url}: {source}")]
+    Connect { url: String, source: std::io::Error },
+    #[error("TLS handshake with the agent at {url} failed: {source}")]
+    Tls { url: String, source: std::io::Error },
+    #[error("the agent at {url} did not answer within {}s", timeout.as_secs())]
+    Timeout { url: String, timeout: Duration },
+    #[error("the agent at {url} answered {status} {reason}: {message}")]
+    Status {
+        url: String,
+        status: u16,
+        reason: String,
+        message: String,
+    },
+    #[error("talking to the agent at {url}: {message}")]
+    Protocol { url: String, message: String },
+}
+
+impl AgentError {
+    /// Whether trying again later may help: the agent was unreachable, slow, or failed
+    /// internally; not when it refused the request itself.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            AgentError::Connect { .. } | AgentError::Tls { .. } | AgentError::Timeout { .. } => {
+                true
+            }
+            AgentError::Protocol { .. } => true,
+            AgentError::Status { status, .. } => *status >= 500,
+            AgentError::BadUrl(_) => false,
+        }
+    }
+}
+
+/// A mutual-TLS client for the agents' API.
+#[derive(Clone)]
+pub struct AgentClient {
+    connector: TlsConnector,
+    timeout: Duration,
+}
+
+impl std::fmt::Debug for AgentClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentClient")
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl AgentClient {
+    /// `tls` comes from [`crate::tls::client_config`]. Every call gives up after `timeout`.
+    pub fn new(tls: rustls::ClientConfig, timeout: Duration) -> Self {
+        Self {
+            connector: TlsConnector::from(Arc::new(tls)),
+            timeout,
+        }
+    }
+
+    pub async fn health(&self, url: &str) -> Result<Health, AgentError> {
+        self.call(url, Method::GET, "/v1/health", None::<&()>).await
+    }
+
+    pub async fn certificates(&self, url: &str) -> Result<Inventory, AgentError> {
+        self.call(url, Method::GET, "/v1/certificates", None::<&()>)
+            .await
+    }
+
+    pub async fn plan(&self, url: &str, request: &PlanRequest) -> Result<RefreshPlan, AgentError> {
+        self.call(url, Method::POST, "/v1/certificates/plan", Some(request))
+            .await
+    }
+
+    pub async fn apply(
+        &self,
+        url: &str,
+        request: &ApplyRequest,
+    ) -> Result<ApplyOutcome, AgentError> {
+        self.call(url, Method::POST, "/v1/certificates/apply", Some(request))
+            .await
+    }
+
+    pub async fn start_upgrade(
+        &self,
+        url: &str,
+        request: &UpgradeRequest,
+    ) -> Result<Operation, AgentError> {
+        self.call(url, Method::POST, "/v1/upgrades", Some(request))
+            .await
+    }
+
+    pub async fn operation(&self, url: &str, id: &str) -> Result<Operation, AgentError> {
+        let path = format!("/v1/operations/{}", encode_segment(id));
+        self.call(url, Method::GET, &path, None::<&()>).await
+    }
+
+    pub async fn cancel(&self, url: &str, id: &str) -> Result<Operation, AgentError> {
+        let path = format!("/v1/operations/{}/cancel", encode_segment(id));
+        self.call(url, Method::POST, &path, None::<&()>).await
+    }
+
+    async fn call<B: Serialize, T: DeserializeOwned>(
+        &self,
+        url: &str,
+        method: Method,
+        path: &str,
+        body: Option<&B>,
+    ) -> Result<T, AgentError> {
+        let base = url.trim_end_matches('/');
+        match tokio::time::timeout(self.timeout, self.exchange(base, method, path, body)).await {
+            Ok(result) => result,
+            Err(_) => Err(AgentError::Timeout {
+                url: base.to_string(),
+                timeout: self.timeout,
+            }),
+        }
+    }
+
+    async fn exchange<B: Serialize, T: DeserializeOwned>(
+        &self,
+        base: &str,
+        method: Method,
+        path: &str,
+        body: Option<&B>,
+    ) -> Result<T, AgentError> {
+        let protocol = |message: String| AgentError::Protocol {
+            url: base.to_string(),
+            message,
+        };
+        let uri: Uri = base.parse().map_err(|_| AgentError::BadUrl(base.into()))?;
+        if uri.scheme_str() != Some("https") {
+            return Err(AgentError::BadUrl(base.into()));
+        }
+        let host = uri.host().ok_or_else(|| AgentError::BadUrl(base.into()))?;
+        let port = uri.port_u16().unwrap_or(443);
+        let bare_host = host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_string();
+        let server_name =
+            ServerName::try_from(bare_host.clone()).map_err(|_| AgentError::BadUrl(base.into()))?;
+
+        let tcp = TcpStream::connect((bare_host.as_str(), port))
+            .await
+            .map_err(|source| AgentError::Connect {
+                url: base.into(),
+                source,
+            })?;
+        let tls = self
+            .connector
+            .connect(server_name, tcp)
+            .await
+            .map_err(|source| AgentError::Tls {
+                url: base.into(),
+                source,
+            })?;
+        let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+            .await
+            .map_err(|e| protocol(e.to_string()))?;
+        tokio::spawn(connection);
+
+        let payload = match body {
+            Some(body) => {
+                Bytes::from(serde_json::to_vec(body).map_err(|e| protocol(e.to_string()))?)
+            }
+            None => Bytes::new(),
+        };
+        let request = Request::builder()
+            .method(method)
+            .uri(path)
+            .header("host", host)
+            .header("content-type", "application/json")
+            .body(Full::new(payload))
+            .map_err(|e| protocol(e.to_string()))?;
+        let response = sender
+            .send_request(request)
+            .await
+            .map_err(|e| protocol(e.to_string()))?;
+        let status = response.status();
+        let bytes = response
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| protocol(e.to_string()))?
+            .to_bytes();
+        if !status.is_success() {
+            let (reason, message) = match serde_json::from_slice::<ErrorBody>(&bytes) {
+                Ok(e) => (e.reason, e.message),
+                Err(_) => (String::new(), String::from_utf8_lossy(&bytes).into_owned()),
+            };
+            return Err(AgentError::Status {
+                url: base.into(),
+                status: status.as_u16(),
+                reason,
+                message,
+            });
+        }
+        serde_json::from_slice(&bytes).map_err(|e| protocol(format!("unexpected answer: {e}")))
+    }
+}
+
+/// Operation ids are hex; anything else is percent-encoded so it stays one path segment.
+fn encode_segment(segment: &str) -> String {
+    segment
+        .bytes()
+        .map(|b| match b {
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-' | b'.' | b'_' => (b as char).to_string(),
+            other => format!("%{other:02X}"),
+        })
+        .collect()
+}

@@ -1,0 +1,38 @@
+//! The agent's HTTPS API (mutual TLS only) and the client the operator uses.
+//!
+//! | method | path | body | answer |
+//! |---|---|---|---|
+//! | GET | `/v1/health` | | [`Health`] |
+//! | GET | `/v1/certificates` | | [`crate::inventory::Inventory`] |
+//! | POST | `/v1/certificates/plan` | [`crate::refresh::PlanRequest`] | [`crate::refresh::RefreshPlan`] |
+//! | POST | `/v1/certificates/apply` | [`crate::refresh::ApplyRequest`] | [`crate::refresh::ApplyOutcome`] |
+//! | POST | `/v1/upgrades` | [`crate::upgrade::UpgradeRequest`] | 202 [`crate::upgrade::Operation`] |
+//! | GET | `/v1/operations/{id}` | | [`crate::upgrade::Operation`] |
+//! | POST | `/v1/operations/{id}/cancel` | | [`crate::upgrade::Operation`] |
+//!
+//! Errors are `{"reason": "...", "message": "..."}` with a 4xx or 5xx status.
+
+mod client;
+mod server;
+
+pub use client::{AgentClient, AgentError};
+pub use server::{AgentService, serve};
+
+use serde::{Deserialize, Serialize};
+
+/// Body of `GET /v1/health`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Health {
+    pub status: String,
+    /// The release the last successful in-place upgrade installed.
+    pub release: Option<String>,
+    pub version: String,
+}
+
+/// Body of every error answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    /// `BadRequest`, `NotFound`, `Conflict`, `Rejected` or `Internal`.
+    pub reason: String,
+    pub message: String,
+}

@@ -1,0 +1,846 @@
+//! The agent over its real mutual-TLS API, with real kubeadm-layout nodes in temp directories.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use caretaker_agent::api::{AgentClient, AgentError, AgentService, serve};
+use caretaker_agent::command::CommandTemplate;
+use caretaker_agent::layout::{NodeLayout, SigningCa};
+use caretaker_agent::provision::{ClusterCas, NodeRole, NodeSpec, provision_node};
+use caretaker_agent::refresh::{ApplyRequest, PlanRequest, RefreshPlan, Refresher};
+use caretaker_agent::tls;
+use caretaker_agent::upgrade::{OperationState, UpgradeRequest, Upgrader};
+use caretaker_agent::{inventory, kubeconfig};
+use caretaker_pki::{CaSpec, CertificateAuthority, LeafSpec, SigningPolicy, Ttl, Usage};
+
+struct Node {
+    dir: tempfile::TempDir,
+    layout: NodeLayout,
+    url: String,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+impl Node {
+    fn state_dir(&self) -> PathBuf {
+        self.dir.path().join("state")
+    }
+}
+
+fn leaf_pair(ca: &CertificateAuthority, spec: LeafSpec) -> (String, String) {
+    let issued = ca.issue(&spec).unwrap();
+    (issued.certificate_pem.clone(), issued.key.unwrap().to_pem())
+}
+
+struct Hooks {
+    restart: Option<String>,
+    upgrade: Option<String>,
+}
+
+async fn start_node(cas: &ClusterCas, role: NodeRole, hooks: Hooks) -> Node {
+    let dir = tempfile::tempdir().unwrap();
+    let layout = NodeLayout::new(dir.path().join("pki"), dir.path().join("kubeconfigs"));
+    provision_node(
+        &layout,
+        cas,
+        &NodeSpec {
+            node_name: "node-1".into(),
+            addresses: vec!["127.0.0.1".parse().unwrap()],
+            role,
+            control_plane_host: "cp.example".into(),
+            server_url: "https://cp.example:6443".into(),
+            validity: "30d".parse().unwrap(),
+        },
+    )
+    .unwrap();
+    let state = dir.path().join("state");
+    let refresher = Refresher::new(layout.clone(), &state)
+        .with_restart_command(hooks.restart.map(|c| CommandTemplate::parse(&c).unwrap()));
+    let upgrader = Upgrader::new(
+        &state,
+        hooks.upgrade.map(|c| CommandTemplate::parse(&c).unwrap()),
+    );
+    let (cert, key) = leaf_pair(
+        &cas.cluster,
+        LeafSpec::new("caretaker-agent", Usage::Server)
+            .with_dns_names(["localhost"])
+            .with_ip_addresses(["127.0.0.1".parse().unwrap()]),
+    );
+    let config = tls::server_config(
+        &cert,
+        &key,
+        &cas.cluster.certificate_pem(),
+        tls::DEFAULT_ALLOWED_CLIENT,
+    )
+    .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!(
+        "https://127.0.0.1:{}",
+        listener.local_addr().unwrap().port()
+    );
+    let router = AgentService::new(refresher, upgrader).router();
+    let server = tokio::spawn(async move {
+        let _ = serve(listener, config, router).await;
+    });
+    Node {
+        dir,
+        layout,
+        url,
+        server,
+    }
+}
+
+fn client_for(
+    trust: &CertificateAuthority,
+    signer: &CertificateAuthority,
+    cn: &str,
+) -> AgentClient {
+    let (cert, key) = leaf_pair(signer, LeafSpec::new(cn, Usage::Client));
+    let config = tls::client_config(&trust.certificate_pem(), &cert, &key).unwrap();
+    AgentClient::new(config, Duration::from_secs(20))
+}
+
+fn operator(cas: &ClusterCas) -> AgentClient {
+    client_for(&cas.cluster, &cas.cluster, "caretaker-operator")
+}
+
+/// Signs every CSR of a plan with the right CA, allowing exactly what the plan asks.
+fn sign_all(cas: &ClusterCas, plan: &RefreshPlan, ttl: &str) -> BTreeMap<String, String> {
+    let ttl: Ttl = ttl.parse().unwrap();
+    plan.requests
+        .iter()
+        .map(|r| {
+            let policy = SigningPolicy {
+                common_names: vec![r.common_name.clone()],
+                organizations: r.organizations.clone(),
+                dns_names: r.dns_names.clone(),
+                ip_addresses: r.ip_addresses.clone(),
+                usage: Some(r.usage),
+            };
+            let signed = cas
+                .get(r.ca)
+                .sign_request(&r.csr_pem, &policy, &ttl)
+                .unwrap();
+            (r.name.clone(), signed.certificate_pem)
+        })
+        .collect()
+}
+
+/// Every file under `dir` with its contents, for "nothing changed" checks.
+fn snapshot(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
+    let mut files = BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).unwrap().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else {
+                files.insert(path.clone(), std::fs::read(&path).unwrap());
+            }
+        }
+    }
+    files
+}
+
+fn openssl_verifies(ca: &CertificateAuthority, cert_pem: &str, dir: &Path) -> bool {
+    std::fs::write(dir.join("verify-ca.crt"), ca.certificate_pem()).unwrap();
+    std::fs::write(dir.join("verify-leaf.crt"), cert_pem).unwrap();
+    Command::new("openssl")
+        .args(["verify", "-CAfile"])
+        .arg(dir.join("verify-ca.crt"))
+        .arg(dir.join("verify-leaf.crt"))
+        .output()
+        .unwrap()
+        .status
+        .success()
+}
+
+#[tokio::test]
+async fn inventory_lists_control_plane_and_worker_certificates() {
+    let cas = ClusterCas::create().unwrap();
+    let cp = start_node(
+        &cas,
+        NodeRole::ControlPlane,
+        Hooks {
+            restart: None,
+            upgrade: None,
+        },
+    )
+    .await;
+    let worker = start_node(
+        &cas,
+        NodeRole::Worker,
+        Hooks {
+            restart: None,
+            upgrade: None,
+        },
+    )
+    .await;
+    let client = operator(&cas);
+
+    let health = client.health(&cp.url).await.unwrap();
+    assert_eq!(health.status, "ok");
+    assert_eq!(health.release, None);
+
+    let inventory = client.certificates(&cp.url).await.unwrap();
+    let names: Vec<_> = inventory
+        .certificates
+        .iter()
+        .map(|e| e.name.as_str())
+        .collect();
+    assert_eq!(names.len(), 13, "{names:?}");
+    let by_name = |n: &str| inventory.entry(n).unwrap();
+    assert_eq!(by_name("apiserver-etcd-client").ca, SigningCa::Etcd);
+    assert_eq!(by_name("front-proxy-client").ca, SigningCa::FrontProxy);
+    assert_eq!(by_name("etcd/peer").usage, Usage::Both);
+    assert_eq!(
+        by_name("admin.conf").certificate.common_name.as_deref(),
+        Some("kubernetes-admin")
+    );
+    assert!(
+        by_name("apiserver")
+            .certificate
+            .dns_names
+            .contains(&"cp.example".to_string())
+    );
+    assert!(inventory.problems.is_empty(), "{:?}", inventory.problems);
+    assert_eq!(inventory.authorities.len(), 3);
+
+    let worker_inventory = client.certificates(&worker.url).await.unwrap();
+    let names: Vec<_> = worker_inventory
+        .certificates
+        .iter()
+        .map(|e| e.name.as_str())
+        .collect();
+    assert_eq!(names, ["kubelet.conf", "kubelet"]);
+}
+
+#[tokio::test]
+async fn plan_then_apply_refreshes_every_certificate_in_place() {
+    let cas = ClusterCas::create().unwrap();
+    let node = start_node(
+        &cas,
+        NodeRole::ControlPlane,
+        Hooks {
+            restart: Some("true".into()),
+            upgrade: None,
+        },
+    )
+    .await;
+    let client = operator(&cas);
+    let before = inventory::discover(&node.layout);
+
+    let plan = client
+        .plan(&node.url, &PlanRequest::default())
+        .await
+        .unwrap();
+    assert_eq!(plan.requests.len(), 13);
+    // The new keys are staged on the node, 0600, and never sent.
+    let staged = node.state_dir().join("staged").join(&plan.plan_id);
+    for entry in std::fs::read_dir(&staged).unwrap().flatten() {
+        assert_eq!(
+            entry.metadata().unwrap().permissions().mode() & 0o777,
+            0o600,
+            "{:?}",
+            entry.path()
+        );
+    }
+    let plan_json = serde_json::to_string(&plan).unwrap();
+    assert!(!plan_json.contains("PRIVATE KEY"));
+
+    let certificates = sign_all(&cas, &plan, "1y");
+    let outcome = client
+        .apply(
+            &node.url,
+            &ApplyRequest {
+                plan_id: plan.plan_id.clone(),
+                certificates,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(outcome.applied.len(), 13);
+    assert!(outcome.restart.as_ref().unwrap().success);
+    assert!(outcome.backup_dir.join("pki/apiserver.key").exists());
+    assert!(!staged.exists(), "the staged plan is consumed");
+
+    let after = inventory::discover(&node.layout);
+    for (old, new) in before.certificates.iter().zip(&after.certificates) {
+        assert_eq!(old.name, new.name);
+        assert_eq!(
+            old.certificate.subject, new.certificate.subject,
+            "{}",
+            old.name
+        );
+        assert_eq!(
+            old.certificate.dns_names, new.certificate.dns_names,
+            "{}",
+            old.name
+        );
+        assert_eq!(
+            old.certificate.ip_addresses, new.certificate.ip_addresses,
+            "{}",
+            old.name
+        );
+        assert_ne!(
+            old.certificate.serial, new.certificate.serial,
+            "{}",
+            old.name
+        );
+        assert!(new.certificate.not_after > old.certificate.not_after + time::Duration::days(300));
+    }
+    assert_eq!(Some(outcome.earliest_not_after), after.earliest_expiry());
+
+    // New files chain to the right CA and the keys on disk belong to them.
+    let apiserver = std::fs::read_to_string(node.layout.pki_dir.join("etcd/peer.crt")).unwrap();
+    assert!(openssl_verifies(&cas.etcd, &apiserver, node.dir.path()));
+    assert!(!openssl_verifies(&cas.cluster, &apiserver, node.dir.path()));
+    let key = caretaker_pki::PrivateKey::from_pem(
+        &std::fs::read_to_string(node.layout.pki_dir.join("etcd/peer.key")).unwrap(),
+    )
+    .unwrap();
+    let der = caretaker_pki::bundle::parse(&apiserver)
+        .unwrap()
+        .swap_remove(0);
+    assert!(caretaker_pki::key_matches_certificate(&key, der.der()).unwrap());
+    let mode = std::fs::metadata(node.layout.pki_dir.join("etcd/peer.key"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+
+    // Kubeconfigs carry the new client certificate and its key.
+    let admin = std::fs::read_to_string(node.layout.kubeconfig_dir.join("admin.conf")).unwrap();
+    let admin_cert = kubeconfig::client_certificate_pem(&admin).unwrap();
+    let admin_key =
+        caretaker_pki::PrivateKey::from_pem(&kubeconfig::client_key_pem(&admin).unwrap()).unwrap();
+    let admin_der = caretaker_pki::bundle::parse(&admin_cert)
+        .unwrap()
+        .swap_remove(0);
+    assert!(caretaker_pki::key_matches_certificate(&admin_key, admin_der.der()).unwrap());
+    assert!(admin.contains("server: https://cp.example:6443"));
+    assert!(openssl_verifies(&cas.cluster, &admin_cert, node.dir.path()));
+
+    // A plan can be applied once.
+    let again = client
+        .apply(
+            &node.url,
+            &ApplyRequest {
+                plan_id: plan.plan_id.clone(),
+                certificates: sign_all(&cas, &plan, "1y"),
+            },
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(again, AgentError::Status { status: 404, .. }),
+        "{again}"
+    );
+}
+
+#[tokio::test]
+async fn a_bad_certificate_in_apply_changes_nothing_on_disk() {
+    let cas = ClusterCas::create().unwrap();
+    let node = start_node(
+        &cas,
+        NodeRole::Worker,
+        Hooks {
+            restart: None,
+            upgrade: None,
+        },
+    )
+    .await;
+    let client = operator(&cas);
+    let before = snapshot(&node.layout.pki_dir)
+        .into_iter()
+        .chain(snapshot(&node.layout.kubeconfig_dir))
+        .collect::<BTreeMap<_, _>>();
+
+    let plan = client
+        .plan(&node.url, &PlanRequest::default())
+        .await
+        .unwrap();
+    let good = sign_all(&cas, &plan, "1y");
+
+    // 1. A certificate for some other key (same subject, signed by the right CA).
+    let mut foreign = good.clone();
+    let (other, _) = leaf_pair(
+        &cas.cluster,
+        LeafSpec::new("system:node:node-1", Usage::Client).with_organizations(["system:nodes"]),
+    );
+    foreign.insert("kubelet.conf".into(), other);
+    // 2. The right key but signed by another CA.
+    let impostor = CertificateAuthority::create(&CaSpec::new("kubernetes")).unwrap();
+    let wrong_ca = ClusterCas {
+        cluster: impostor,
+        etcd: CertificateAuthority::create(&CaSpec::new("e")).unwrap(),
+        front_proxy: CertificateAuthority::create(&CaSpec::new("f")).unwrap(),
+    };
+    let mut wrong_signer = good.clone();
+    wrong_signer.insert(
+        "kubelet".into(),
+        sign_all(&wrong_ca, &plan, "1y")["kubelet"].clone(),
+    );
+    // 3. A private key where a certificate belongs.
+    let mut key_instead = good.clone();
+    key_instead.insert("kubelet".into(), cas.cluster.private_key_pem());
+
+    for (what, certificates) in [
+        ("foreign key", foreign),
+        ("wrong CA", wrong_signer),
+        ("a key", key_instead),
+    ] {
+        let err = client
+            .apply(
+                &node.url,
+                &ApplyRequest {
+                    plan_id: plan.plan_id.clone(),
+                    certificates,
+                },
+            )
+            .await
+            .unwrap_err();
+        match &err {
+            AgentError::Status {
+                status: 422,
+                message,
+                ..
+            } => {
+                assert!(message.contains("nothing was changed"), "{what}: {message}");
+                assert!(
+                    !message.contains("BEGIN"),
+                    "{what}: no PEM echoed: {message}"
+                );
+            }
+            other => panic!("{what}: expected 422, got {other}"),
+        }
+        let now = snapshot(&node.layout.pki_dir)
+            .into_iter()
+            .chain(snapshot(&node.layout.kubeconfig_dir))
+            .collect::<BTreeMap<_, _>>();
+        assert_eq!(before, now, "{what}: files changed");
+    }
+
+    // The plan is still there: the right certificates apply afterwards.
+    client
+        .apply(
+            &node.url,
+            &ApplyRequest {
+                plan_id: plan.plan_id.clone(),
+                certificates: good,
+            },
+        )
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn requests_never_become_paths() {
+    let cas = ClusterCas::create().unwrap();
+    let node = start_node(
+        &cas,
+        NodeRole::Worker,
+        Hooks {
+            restart: None,
+            upgrade: None,
+        },
+    )
+    .await;
+    let client = operator(&cas);
+    let err = client
+        .plan(
+            &node.url,
+            &PlanRequest {
+                names: vec!["../../../etc/passwd".into()],
+            },
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, AgentError::Status { status: 400, message, .. } if message.contains("unknown certificate name")),
+        "{err}"
+    );
+    let err = client
+        .plan(
+            &node.url,
+            &PlanRequest {
+                names: vec!["apiserver".into()],
+            },
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, AgentError::Status { status: 400, message, .. } if message.contains("no apiserver")),
+        "{err}"
+    );
+    let err = client
+        .apply(
+            &node.url,
+            &ApplyRequest {
+                plan_id: "../../pki".into(),
+                certificates: BTreeMap::new(),
+            },
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, AgentError::Status { status: 400, .. }),
+        "{err}"
+    );
+    let err = client.operation(&node.url, "../../etc").await.unwrap_err();
+    assert!(
+        matches!(&err, AgentError::Status { status: 404, .. }),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn a_failed_restart_hook_is_reported_and_the_new_certificates_stay() {
+    let cas = ClusterCas::create().unwrap();
+    let node = start_node(
+        &cas,
+        NodeRole::Worker,
+        Hooks {
+            restart: Some("sh -c {release}".into()),
+            upgrade: None,
+        },
+    )
+    .await;
+    // `{release}` is not substituted for restarts: the hook runs as `sh -c {release}`, which
+    // fails with sh's own error. What matters is the report.
+    let client = operator(&cas);
+    let plan = client
+        .plan(&node.url, &PlanRequest::default())
+        .await
+        .unwrap();
+    let outcome = client
+        .apply(
+            &node.url,
+            &ApplyRequest {
+                plan_id: plan.plan_id.clone(),
+                certificates: sign_all(&cas, &plan, "90d"),
+            },
+        )
+        .await
+        .unwrap();
+    let restart = outcome.restart.unwrap();
+    assert!(!restart.success);
+    assert_eq!(restart.exit_code, Some(127));
+    assert!(
+        restart.output_tail.contains("release"),
+        "{}",
+        restart.output_tail
+    );
+    assert!(outcome.backup_dir.join("kubeconfigs/kubelet.conf").exists());
+    let now = inventory::discover(&node.layout);
+    assert_eq!(now.earliest_expiry(), Some(outcome.earliest_not_after));
+}
+
+#[tokio::test]
+async fn clients_without_the_operators_certificate_get_no_answer() {
+    let cas = ClusterCas::create().unwrap();
+    let node = start_node(
+        &cas,
+        NodeRole::Worker,
+        Hooks {
+            restart: None,
+            upgrade: None,
+        },
+    )
+    .await;
+
+    // Another CA's client certificate with the right name.
+    let other = CertificateAuthority::create(&CaSpec::new("kubernetes")).unwrap();
+    let err = client_for(&cas.cluster, &other, "caretaker-operator")
+        .health(&node.url)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, AgentError::Tls { .. } | AgentError::Protocol { .. }),
+        "{err}"
+    );
+
+    // The right CA but another identity.
+    let err = client_for(&cas.cluster, &cas.cluster, "system:node:node-1")
+        .health(&node.url)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, AgentError::Tls { .. } | AgentError::Protocol { .. }),
+        "{err}"
+    );
+
+    // No client certificate at all, through curl: the TLS handshake fails, no HTTP status.
+    let dir = node.dir.path();
+    std::fs::write(dir.join("ca.crt"), cas.cluster.certificate_pem()).unwrap();
+    // tokio's Command: the agent runs on this test's single-threaded runtime.
+    let curl = tokio::process::Command::new("curl")
+        .args([
+            "-sS",
+            "--max-time",
+            "5",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "--cacert",
+        ])
+        .arg(dir.join("ca.crt"))
+        .arg(format!("{}/v1/health", node.url))
+        .output()
+        .await;
+    if let Ok(curl) = curl {
+        assert!(!curl.status.success());
+        let stderr = String::from_utf8_lossy(&curl.stderr);
+        assert!(
+            !stderr.contains("timed out"),
+            "the handshake must fail, not hang: {stderr}"
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&curl.stdout),
+            "000",
+            "no HTTP answer"
+        );
+    }
+
+    // Plain HTTP gets nothing either.
+    let plain = tokio::process::Command::new("curl")
+        .args([
+            "-sS",
+            "--max-time",
+            "5",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+        ])
+        .arg(node.url.replace("https", "http") + "/v1/health")
+        .output()
+        .await;
+    if let Ok(plain) = plain {
+        assert_eq!(String::from_utf8_lossy(&plain.stdout), "000");
+    }
+
+    // And the operator's certificate works.
+    operator(&cas).health(&node.url).await.unwrap();
+}
+
+fn upgrade_script(dir: &Path) -> String {
+    let script = dir.join("upgrade.sh");
+    std::fs::write(
+        &script,
+        "#!/bin/sh\nset -e\nif [ -e \"$(dirname \"$0\")/fail-upgrade\" ]; then echo \"upgrade to $1 failed: fail-upgrade exists\" >&2; exit 4; fi\necho \"upgrading to $1\"\nsleep \"${UPGRADE_SECONDS:-0.3}\"\necho \"$1\" > \"$(dirname \"$0\")/release\"\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    script.display().to_string()
+}
+
+async fn wait_finished(
+    client: &AgentClient,
+    url: &str,
+    id: &str,
+) -> caretaker_agent::upgrade::Operation {
+    for _ in 0..200 {
+        let op = client.operation(url, id).await.unwrap();
+        if op.state.is_finished() {
+            return op;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("operation {id} did not finish");
+}
+
+#[tokio::test]
+async fn upgrades_succeed_fail_and_cancel() {
+    let cas = ClusterCas::create().unwrap();
+    let hooks_dir = tempfile::tempdir().unwrap();
+    let script = upgrade_script(hooks_dir.path());
+    let node = start_node(
+        &cas,
+        NodeRole::Worker,
+        Hooks {
+            restart: None,
+            upgrade: Some(script),
+        },
+    )
+    .await;
+    let client = operator(&cas);
+
+    // An option of an unknown form is refused, listing the accepted ones.
+    let err = client
+        .start_upgrade(
+            &node.url,
+            &UpgradeRequest {
+                release: "1.33".into(),
+                request_id: None,
+            },
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, AgentError::Status { status: 400, message, .. } if message.contains("channel=<channel>")),
+        "{err}"
+    );
+
+    // Success: the release is recorded and reported by health.
+    let request = UpgradeRequest {
+        release: "channel=1.33/stable".into(),
+        request_id: Some("req-1".into()),
+    };
+    let op = client.start_upgrade(&node.url, &request).await.unwrap();
+    assert_eq!(op.state, OperationState::Running);
+    // Starting again with the same request id is the same operation, not a second run.
+    let same = client.start_upgrade(&node.url, &request).await.unwrap();
+    assert_eq!(same.id, op.id);
+    let busy = client
+        .start_upgrade(
+            &node.url,
+            &UpgradeRequest {
+                release: "revision=2".into(),
+                request_id: None,
+            },
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(busy, AgentError::Status { status: 409, .. }),
+        "{busy}"
+    );
+    let done = wait_finished(&client, &node.url, &op.id).await;
+    assert_eq!(done.state, OperationState::Succeeded, "{done:?}");
+    assert!(
+        done.output_tail
+            .contains("upgrading to channel=1.33/stable")
+    );
+    assert!(done.finished_at.is_some());
+    assert_eq!(
+        std::fs::read_to_string(hooks_dir.path().join("release"))
+            .unwrap()
+            .trim(),
+        "channel=1.33/stable"
+    );
+    assert_eq!(
+        client.health(&node.url).await.unwrap().release.as_deref(),
+        Some("channel=1.33/stable")
+    );
+
+    // Failure: exit code and output are reported; the release stays.
+    std::fs::write(hooks_dir.path().join("fail-upgrade"), "").unwrap();
+    let op = client
+        .start_upgrade(
+            &node.url,
+            &UpgradeRequest {
+                release: "revision=99".into(),
+                request_id: None,
+            },
+        )
+        .await
+        .unwrap();
+    let failed = wait_finished(&client, &node.url, &op.id).await;
+    assert_eq!(failed.state, OperationState::Failed);
+    assert_eq!(failed.exit_code, Some(4));
+    assert!(
+        failed.output_tail.contains("fail-upgrade exists"),
+        "{}",
+        failed.output_tail
+    );
+    assert_eq!(
+        client.health(&node.url).await.unwrap().release.as_deref(),
+        Some("channel=1.33/stable")
+    );
+    std::fs::remove_file(hooks_dir.path().join("fail-upgrade")).unwrap();
+
+    // Cancel: the process group is killed and nothing is recorded.
+    let slow_dir = tempfile::tempdir().unwrap();
+    let slow = slow_dir.path().join("slow.sh");
+    std::fs::write(
+        &slow,
+        "#!/bin/sh\necho started\nsleep 30\necho \"$1\" > \"$(dirname \"$0\")/release\"\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&slow, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let slow_node = start_node(
+        &cas,
+        NodeRole::Worker,
+        Hooks {
+            restart: None,
+            upgrade: Some(slow.display().to_string()),
+        },
+    )
+    .await;
+    let op = client
+        .start_upgrade(
+            &slow_node.url,
+            &UpgradeRequest {
+                release: "channel=1.34/stable".into(),
+                request_id: None,
+            },
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let cancelling = client.cancel(&slow_node.url, &op.id).await.unwrap();
+    assert_eq!(cancelling.message.as_deref(), Some("cancel requested"));
+    let finished = wait_finished(&client, &slow_node.url, &op.id).await;
+    assert_eq!(finished.state, OperationState::Cancelled);
+    assert!(finished.output_tail.contains("started"));
+    assert!(!slow_dir.path().join("release").exists());
+    assert_eq!(client.health(&slow_node.url).await.unwrap().release, None);
+}
+
+#[tokio::test]
+async fn an_agent_restart_remembers_operations() {
+    let cas = ClusterCas::create().unwrap();
+    let hooks_dir = tempfile::tempdir().unwrap();
+    let script = upgrade_script(hooks_dir.path());
+    let node = start_node(
+        &cas,
+        NodeRole::Worker,
+        Hooks {
+            restart: None,
+            upgrade: Some(script.clone()),
+        },
+    )
+    .await;
+    let client = operator(&cas);
+    let op = client
+        .start_upgrade(
+            &node.url,
+            &UpgradeRequest {
+                release: "revision=7".into(),
+                request_id: Some("r7".into()),
+            },
+        )
+        .await
+        .unwrap();
+    wait_finished(&client, &node.url, &op.id).await;
+
+    let reloaded = Upgrader::new(
+        node.state_dir(),
+        Some(CommandTemplate::parse(&script).unwrap()),
+    );
+    assert_eq!(
+        reloaded.get(&op.id).unwrap().state,
+        OperationState::Succeeded
+    );
+    assert_eq!(reloaded.current_release().as_deref(), Some("revision=7"));
+    let again = reloaded.start(&UpgradeRequest {
+        release: "revision=7".into(),
+        request_id: Some("r7".into()),
+    });
+    assert_eq!(
+        again.unwrap().id,
+        op.id,
+        "the same request is not run twice"
+    );
+}
