@@ -459,3 +459,42 @@ where
     }
     panic!("condition not reached in 5 s");
 }
+
+#[tokio::test]
+async fn crds_and_their_objects_survive_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = caretaker_apiserver::ApiServer::builder()
+        .data_dir(dir.path())
+        .start()
+        .await
+        .unwrap();
+    Api::<CustomResourceDefinition>::all(first.client())
+        .create(&PostParams::default(), &widget_crd("Namespaced"))
+        .await
+        .unwrap();
+    widgets(&first.client(), "v1", Some("default"))
+        .create(&PostParams::default(), &widget("kept", json!({"size": 5})))
+        .await
+        .unwrap();
+    let rv = first.resource_version();
+    first.shutdown().await;
+
+    let second = caretaker_apiserver::ApiServer::builder()
+        .data_dir(dir.path())
+        .start()
+        .await
+        .unwrap();
+    assert_eq!(second.resource_version(), rv);
+    let w = widgets(&second.client(), "v1", Some("default"));
+    assert_eq!(w.get("kept").await.unwrap().data["spec"]["size"], 5);
+    // Validation still applies: the schema came back with the CRD.
+    assert_eq!(
+        status_code(
+            w.create(&PostParams::default(), &widget("bad", json!({"size": 0})))
+                .await
+                .unwrap_err()
+        )
+        .0,
+        422
+    );
+}
