@@ -23,9 +23,8 @@ enum Command {
     /// Run the controllers against a cluster (not built yet).
     #[command(long_about = cmd::planned::OPERATOR)]
     Operator(cmd::planned::PlannedArgs),
-    /// Run the node agent that refreshes a node's certificates and upgrades it (not built yet).
-    #[command(long_about = cmd::planned::AGENT)]
-    Agent(cmd::planned::PlannedArgs),
+    /// Run the node agent that refreshes a node's certificates and upgrades it.
+    Agent(cmd::agent::AgentArgs),
     /// Serve the embedded Kubernetes-compatible API server on loopback.
     Apiserver(cmd::apiserver::ApiserverArgs),
     /// Run API server, operator and agents together on this machine (not built yet).
@@ -34,9 +33,9 @@ enum Command {
     /// Show a cluster-wide rollout's progress (not built yet).
     #[command(long_about = cmd::planned::STATUS)]
     Status(cmd::planned::PlannedArgs),
-    /// Check and renew a node's certificates offline, like `kubeadm certs` (not built yet).
-    #[command(long_about = cmd::planned::CERTS)]
-    Certs(cmd::planned::PlannedArgs),
+    /// Check and renew a node's certificates offline, like `kubeadm certs`.
+    #[command(subcommand)]
+    Certs(cmd::certs::CertsCommand),
     /// Create CAs, issue certificates and inspect certificates by hand.
     #[command(subcommand)]
     Pki(cmd::pki::PkiCommand),
@@ -51,10 +50,10 @@ fn main() -> ExitCode {
         Command::Apiserver(args) => cmd::apiserver::run(args),
         Command::Pki(command) => cmd::pki::run(command),
         Command::Operator(_) => cmd::planned::not_built("operator"),
-        Command::Agent(_) => cmd::planned::not_built("agent"),
+        Command::Agent(args) => cmd::agent::run(args),
         Command::Demo(_) => cmd::planned::not_built("demo"),
         Command::Status(_) => cmd::planned::not_built("status"),
-        Command::Certs(_) => cmd::planned::not_built("certs"),
+        Command::Certs(command) => cmd::certs::run(command),
         Command::Crds(_) => cmd::planned::not_built("crds"),
     }
 }

@@ -116,3 +116,44 @@ async fn wait_for_stop() {
         let _ = tokio::signal::ctrl_c().await;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(listen: &str, allow_remote: bool) -> ApiserverArgs {
+        ApiserverArgs {
+            data_dir: std::env::temp_dir().join("caretaker-apiserver-never-created"),
+            listen: listen.parse().unwrap(),
+            tls: false,
+            allow_remote,
+        }
+    }
+
+    #[test]
+    fn refuses_non_loopback_without_allow_remote() {
+        assert_eq!(run(args("0.0.0.0:6443", false)), ExitCode::from(2));
+        assert_eq!(run(args("192.0.2.1:6443", false)), ExitCode::from(2));
+        assert!(!args("0.0.0.0:6443", false).data_dir.exists());
+    }
+
+    #[test]
+    fn help_explains_the_flags() {
+        use clap::CommandFactory;
+        #[derive(clap::Parser)]
+        struct Wrapper {
+            #[command(flatten)]
+            args: ApiserverArgs,
+        }
+        let help = Wrapper::command().render_long_help().to_string();
+        for flag in [
+            "--data-dir",
+            "--listen",
+            "--tls",
+            "--allow-remote",
+            "no authentication",
+        ] {
+            assert!(help.contains(flag), "{flag} missing from:\n{help}");
+        }
+    }
+}

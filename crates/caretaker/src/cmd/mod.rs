@@ -1,3 +1,6 @@
+pub mod agent;
 pub mod apiserver;
+pub mod certs;
+pub mod logging;
 pub mod pki;
 pub mod planned;

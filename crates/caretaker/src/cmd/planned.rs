@@ -11,19 +11,12 @@ pub const OPERATOR: &str = "Run caretaker's controllers against a cluster: per-M
 cluster-wide certificate refresh and in-place upgrades driven by the upstream \
 v1beta2.k8sd.io annotations.\n\nNot built yet: this command exits with status 2.";
 
-pub const AGENT: &str = "Run the node agent: inventory of a kubeadm-layout node's \
-certificates, two-step refresh (keys stay on the node, CSRs go out), in-place upgrades, all \
-behind a mutual-TLS HTTPS API.\n\nNot built yet: this command exits with status 2.";
-
 pub const DEMO: &str = "Start the embedded API server, the operator and one agent per \
 Machine on this machine, and refresh every Machine's certificates.\n\nNot built yet: this \
 command exits with status 2.";
 
 pub const STATUS: &str = "Show a Cluster's rollout: request, status, progress bar and a \
 table of its Machines.\n\nNot built yet: this command exits with status 2.";
-
-pub const CERTS: &str = "Offline certificate tools for a node, like `kubeadm certs`: \
-check-expiration and renew.\n\nNot built yet: this command exits with status 2.";
 
 pub const CRDS: &str = "Print the CustomResourceDefinitions caretaker serves, generated \
 from its Rust types.\n\nNot built yet: this command exits with status 2.";

@@ -1,0 +1,118 @@
+//! `caretaker agent`: the node agent.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use caretaker_agent::api::{AgentService, serve};
+use caretaker_agent::command::CommandTemplate;
+use caretaker_agent::refresh::Refresher;
+use caretaker_agent::upgrade::Upgrader;
+use caretaker_agent::{NodeLayout, tls};
+
+use super::logging::{self, LogFormat};
+
+/// Run the node agent: serves the node's certificate inventory, two-step certificate refresh
+/// and in-place upgrades over HTTPS with mutual TLS only.
+///
+/// The serving certificate (--tls-cert/--tls-key) and the operator's client certificate must
+/// chain to --client-ca (the cluster CA); only a client certificate whose common name is
+/// --allowed-client is accepted, anything else fails the TLS handshake. Private keys made
+/// for a refresh never leave the node; CA keys are never needed on it.
+#[derive(Debug, clap::Args)]
+pub struct AgentArgs {
+    /// kubeadm's PKI directory.
+    #[arg(long, value_name = "DIR", default_value = "/etc/kubernetes/pki")]
+    pki_dir: PathBuf,
+    /// Directory of the kubeconfigs (admin.conf, kubelet.conf, …).
+    #[arg(long, value_name = "DIR", default_value = "/etc/kubernetes")]
+    kubeconfig_dir: PathBuf,
+    /// Address and port to serve on.
+    #[arg(long, value_name = "ADDR:PORT", default_value = "0.0.0.0:9443")]
+    listen: SocketAddr,
+    /// The agent's serving certificate (PEM).
+    #[arg(long, value_name = "FILE")]
+    tls_cert: PathBuf,
+    /// The agent's serving key (PEM).
+    #[arg(long, value_name = "FILE")]
+    tls_key: PathBuf,
+    /// CA bundle that client certificates must chain to.
+    #[arg(long, value_name = "FILE")]
+    client_ca: PathBuf,
+    /// The client certificate common name accepted.
+    #[arg(long, value_name = "CN", default_value = tls::DEFAULT_ALLOWED_CLIENT)]
+    allowed_client: String,
+    /// Command run after new certificates are written (split on spaces, no shell).
+    #[arg(long, value_name = "COMMAND")]
+    restart_command: Option<String>,
+    /// In-place upgrade command (split on spaces, no shell). The release option
+    /// (channel=…, revision=… or localPath=…) replaces `{release}` in an argument, or is
+    /// appended as the last argument.
+    #[arg(long, value_name = "COMMAND")]
+    upgrade_command: Option<String>,
+    /// Where staged keys, backups and upgrade operations are kept.
+    #[arg(long, value_name = "DIR", default_value = "/var/lib/caretaker-agent")]
+    state_dir: PathBuf,
+    /// Log format.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+}
+
+pub fn run(args: AgentArgs) -> ExitCode {
+    logging::init(args.log_format);
+    match serve_agent(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("caretaker agent: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn read(flag: &str, path: &Path) -> Result<String, String> {
+    std::fs::read_to_string(path).map_err(|e| format!("cannot read {flag} {}: {e}", path.display()))
+}
+
+fn command(flag: &str, value: Option<&str>) -> Result<Option<CommandTemplate>, String> {
+    value
+        .map(|v| CommandTemplate::parse(v).map_err(|e| format!("invalid {flag}: {e}")))
+        .transpose()
+}
+
+fn serve_agent(args: AgentArgs) -> Result<(), String> {
+    let config = tls::server_config(
+        &read("--tls-cert", &args.tls_cert)?,
+        &read("--tls-key", &args.tls_key)?,
+        &read("--client-ca", &args.client_ca)?,
+        &args.allowed_client,
+    )
+    .map_err(|e| e.to_string())?;
+    std::fs::create_dir_all(&args.state_dir).map_err(|e| {
+        format!(
+            "cannot create --state-dir {}: {e}",
+            args.state_dir.display()
+        )
+    })?;
+    let layout = NodeLayout::new(&args.pki_dir, &args.kubeconfig_dir);
+    let refresher = Refresher::new(layout, &args.state_dir).with_restart_command(command(
+        "--restart-command",
+        args.restart_command.as_deref(),
+    )?);
+    let runtime = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;
+    runtime.block_on(async move {
+        let upgrader = Upgrader::new(&args.state_dir, command("--upgrade-command", args.upgrade_command.as_deref())?);
+        let listener = tokio::net::TcpListener::bind(args.listen)
+            .await
+            .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
+        let address = listener.local_addr().map_err(|e| e.to_string())?;
+        tracing::info!(%address, allowed_client = %args.allowed_client, "agent serving with mutual TLS");
+        let router = AgentService::new(refresher, upgrader).router();
+        tokio::select! {
+            result = serve(listener, config, router) => result.map_err(|e| format!("serving failed: {e}")),
+            _ = tokio::signal::ctrl_c() => {
+                tracing::info!("stopping");
+                Ok(())
+            }
+        }
+    })
+}
