@@ -730,6 +730,7 @@ impl ApiState {
             api_version: &def.api_version(),
             subresource: None,
             now: &meta::now(),
+            schema: def.schema.as_deref(),
         };
         apply::record_update(None, &mut obj, &writer);
         self.validate(def, &obj, true)?;
@@ -885,6 +886,7 @@ impl ApiState {
             api_version: &api_version,
             subresource: (part == Part::Status).then_some("status"),
             now: &now,
+            schema: def.schema.as_deref(),
         };
         match applied {
             // Server-side apply computed managedFields already.
@@ -982,6 +984,7 @@ impl ApiState {
                     api_version: &api_version,
                     subresource: (part == Part::Status).then_some("status"),
                     now: &now,
+                    schema: def.schema.as_deref(),
                 };
                 if let Some(m) = cfg.get_mut("metadata").and_then(Value::as_object_mut) {
                     m.remove("namespace");
@@ -1055,6 +1058,7 @@ impl ApiState {
             api_version: &api_version,
             subresource: None,
             now: &now,
+            schema: def.schema.as_deref(),
         };
         let mut obj = apply::apply(None, &cfg, &writer, opts.force, &def.group, &def.plural)?;
         let mf = obj.pointer("/metadata/managedFields").cloned();

@@ -1,7 +1,12 @@
 //! Server-side apply and field ownership (`metadata.managedFields`).
 //!
-//! Field sets are sets of paths to leaves. Maps are recursed into; lists and scalars are leaves
-//! (every list is atomic here, see the README). Applying as manager M:
+//! Field sets are sets of paths to leaves, in the `fieldsV1` vocabulary: `f:<field>` for map
+//! fields, `k:{"<key>":<value>}` for items of lists the schema declares
+//! `x-kubernetes-list-type: map`, `v:<value>` for items of `set` lists. Every other list is
+//! atomic: one leaf, owned and replaced as a whole. Built-in kinds have no schemas here, except
+//! for metadata (`finalizers` is a set, `ownerReferences` a map keyed by uid).
+//!
+//! Applying as manager M:
 //! - a field M sets to a value that differs from the live one and that another manager owns is a
 //!   conflict, unless `force` is given, which moves the ownership to M;
 //! - fields M owned before and no longer sets are removed, unless another manager also owns them;
@@ -11,19 +16,85 @@
 //! fields it changed, and those fields leave every other manager's set.
 
 use std::collections::BTreeSet;
+use std::sync::OnceLock;
 
 use serde_json::{Map, Value, json};
 
 use crate::error::ApiError;
 
+/// Path segments, each prefixed `f:`, `k:` or `v:` as in fieldsV1.
 type Path = Vec<String>;
 type FieldSet = BTreeSet<Path>;
 
 /// Metadata fields that belong to field management (the rest of metadata is server-owned).
 const MANAGED_METADATA: &[&str] = &["labels", "annotations", "finalizers", "ownerReferences"];
 
+fn metadata_schema() -> &'static Value {
+    static SCHEMA: OnceLock<Value> = OnceLock::new();
+    SCHEMA.get_or_init(|| {
+        json!({"properties": {
+            "finalizers": {"type": "array", "x-kubernetes-list-type": "set"},
+            "ownerReferences": {"type": "array", "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["uid"]},
+        }})
+    })
+}
+
+fn sub_schema<'a>(schema: Option<&'a Value>, field: &str) -> Option<&'a Value> {
+    let s = schema?;
+    s.get("properties")
+        .and_then(|p| p.get(field))
+        .or_else(|| s.get("additionalProperties").filter(|a| a.is_object()))
+}
+
+enum ListKind {
+    Atomic,
+    Set,
+    Map(Vec<String>),
+}
+
+fn list_kind(schema: Option<&Value>) -> ListKind {
+    let Some(s) = schema else {
+        return ListKind::Atomic;
+    };
+    match s.get("x-kubernetes-list-type").and_then(Value::as_str) {
+        Some("set") => ListKind::Set,
+        Some("map") => {
+            let mut keys: Vec<String> = s
+                .get("x-kubernetes-list-map-keys")
+                .and_then(Value::as_array)
+                .map(|k| {
+                    k.iter()
+                        .filter_map(|k| k.as_str().map(String::from))
+                        .collect()
+                })
+                .unwrap_or_default();
+            keys.sort();
+            if keys.is_empty() {
+                ListKind::Atomic
+            } else {
+                ListKind::Map(keys)
+            }
+        }
+        _ => ListKind::Atomic,
+    }
+}
+
+/// The `k:` segment of a map-list item, or None if it lacks a key field.
+fn item_key(item: &Value, keys: &[String]) -> Option<String> {
+    let mut m = Map::new();
+    for k in keys {
+        m.insert(k.clone(), item.get(k)?.clone());
+    }
+    Some(format!("k:{}", Value::Object(m)))
+}
+
+/// A path naming a map-list item itself (its key fields are separate leaves).
+fn is_item(path: &Path) -> bool {
+    path.last().is_some_and(|s| s.starts_with("k:"))
+}
+
 /// Leaf paths of an object, ignoring type metadata and server-owned metadata.
-fn leaves(obj: &Value) -> FieldSet {
+fn leaves(obj: &Value, schema: Option<&Value>) -> FieldSet {
     let mut out = FieldSet::new();
     let Some(map) = obj.as_object() else {
         return out;
@@ -34,34 +105,93 @@ fn leaves(obj: &Value) -> FieldSet {
             "metadata" => {
                 for field in MANAGED_METADATA {
                     if let Some(v) = v.get(*field) {
-                        collect(v, vec!["metadata".into(), (*field).into()], &mut out);
+                        let path = vec!["f:metadata".to_string(), format!("f:{field}")];
+                        collect(
+                            v,
+                            sub_schema(Some(metadata_schema()), field),
+                            path,
+                            &mut out,
+                        );
                     }
                 }
             }
-            _ => collect(v, vec![k.clone()], &mut out),
+            _ => collect(v, sub_schema(schema, k), vec![format!("f:{k}")], &mut out),
         }
     }
     out
 }
 
-fn collect(v: &Value, path: Path, out: &mut FieldSet) {
+fn child(path: &Path, segment: String) -> Path {
+    let mut p = path.clone();
+    p.push(segment);
+    p
+}
+
+fn collect(v: &Value, schema: Option<&Value>, path: Path, out: &mut FieldSet) {
     match v {
         // An empty map owns nothing (as in kube's field sets, it does not claim the children).
         Value::Object(m) => {
-            for (k, child) in m {
-                let mut p = path.clone();
-                p.push(k.clone());
-                collect(child, p, out);
+            for (k, c) in m {
+                collect(
+                    c,
+                    sub_schema(schema, k),
+                    child(&path, format!("f:{k}")),
+                    out,
+                );
             }
         }
+        Value::Array(items) => match list_kind(schema) {
+            ListKind::Set => {
+                for item in items {
+                    out.insert(child(&path, format!("v:{item}")));
+                }
+            }
+            ListKind::Map(keys) => {
+                let item_schema = schema.and_then(|s| s.get("items"));
+                for item in items {
+                    match item_key(item, &keys) {
+                        Some(key) => {
+                            let p = child(&path, key);
+                            out.insert(p.clone());
+                            collect(item, item_schema, p, out);
+                        }
+                        // Not addressable by key: the list is owned as a whole.
+                        None => {
+                            out.insert(path.clone());
+                        }
+                    }
+                }
+            }
+            ListKind::Atomic => {
+                out.insert(path);
+            }
+        },
         _ => {
             out.insert(path);
         }
     }
 }
 
+fn item_matches(item: &Value, segment: &str) -> bool {
+    if let Some(k) = segment.strip_prefix("k:") {
+        serde_json::from_str::<Map<String, Value>>(k)
+            .is_ok_and(|key| key.iter().all(|(kk, kv)| item.get(kk) == Some(kv)))
+    } else if let Some(v) = segment.strip_prefix("v:") {
+        serde_json::from_str::<Value>(v).is_ok_and(|v| *item == v)
+    } else {
+        false
+    }
+}
+
+fn step<'a>(cur: &'a Value, segment: &str) -> Option<&'a Value> {
+    match segment.strip_prefix("f:") {
+        Some(f) => cur.get(f),
+        None => cur.as_array()?.iter().find(|i| item_matches(i, segment)),
+    }
+}
+
 fn value_at<'a>(obj: &'a Value, path: &Path) -> Option<&'a Value> {
-    path.iter().try_fold(obj, |cur, seg| cur.get(seg))
+    path.iter().try_fold(obj, |cur, seg| step(cur, seg))
 }
 
 fn remove_at(obj: &mut Value, path: &Path) {
@@ -70,18 +200,57 @@ fn remove_at(obj: &mut Value, path: &Path) {
     };
     let mut cur = obj;
     for seg in parents {
-        match cur.get_mut(seg) {
-            Some(next) => cur = next,
+        let next = match seg.strip_prefix("f:") {
+            Some(f) => cur.get_mut(f),
+            None => cur
+                .as_array_mut()
+                .and_then(|a| a.iter_mut().find(|i| item_matches(i, seg))),
+        };
+        match next {
+            Some(n) => cur = n,
             None => return,
         }
     }
-    if let Some(m) = cur.as_object_mut() {
-        m.remove(last);
+    match last.strip_prefix("f:") {
+        Some(f) => {
+            if let Some(m) = cur.as_object_mut() {
+                m.remove(f);
+            }
+        }
+        None => {
+            if let Some(a) = cur.as_array_mut() {
+                a.retain(|i| !item_matches(i, last));
+            }
+        }
     }
 }
 
 fn overlaps(a: &Path, b: &Path) -> bool {
     a.starts_with(b) || b.starts_with(a)
+}
+
+/// Whether changing `changed` takes `owned` away from its owner: it does for the field itself,
+/// its children and its atomic parents, not for the map-list item that contains it.
+fn takes_over(changed: &Path, owned: &Path) -> bool {
+    owned.starts_with(changed) || (changed.starts_with(owned) && !is_item(owned))
+}
+
+/// A path as kubectl users read it: `.status.conditions[type="Ready"].status`.
+fn display(path: &Path) -> String {
+    let mut out = String::new();
+    for seg in path {
+        if let Some(f) = seg.strip_prefix("f:") {
+            out.push('.');
+            out.push_str(f);
+        } else if let Some(k) = seg.strip_prefix("k:") {
+            let key: Map<String, Value> = serde_json::from_str(k).unwrap_or_default();
+            let parts: Vec<String> = key.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            out.push_str(&format!("[{}]", parts.join(",")));
+        } else if let Some(v) = seg.strip_prefix("v:") {
+            out.push_str(&format!("[{v}]"));
+        }
+    }
+    out
 }
 
 /// `fieldsV1` encoding: `{"f:data": {"f:key": {}}}`.
@@ -91,7 +260,7 @@ fn encode(set: &FieldSet) -> Value {
         let mut cur = &mut root;
         for seg in path {
             let entry = cur
-                .entry(format!("f:{seg}"))
+                .entry(seg.clone())
                 .or_insert_with(|| Value::Object(Map::new()));
             cur = entry.as_object_mut().expect("fieldsV1 nodes are objects");
         }
@@ -105,20 +274,17 @@ fn decode(v: &Value) -> FieldSet {
             .as_object()
             .map(|m| {
                 m.iter()
-                    .filter_map(|(k, c)| k.strip_prefix("f:").map(|k| (k.to_string(), c)))
+                    .filter(|(k, _)| {
+                        k.starts_with("f:") || k.starts_with("k:") || k.starts_with("v:")
+                    })
                     .collect()
             })
             .unwrap_or_default();
-        if children.is_empty() {
-            if !path.is_empty() {
-                out.insert(path);
-            }
-            return;
+        if (children.is_empty() || is_item(&path)) && !path.is_empty() {
+            out.insert(path.clone());
         }
         for (k, c) in children {
-            let mut p = path.clone();
-            p.push(k);
-            walk(c, p, out);
+            walk(c, child(&path, k.clone()), out);
         }
     }
     let mut out = FieldSet::new();
@@ -181,21 +347,65 @@ fn write_entries(obj: &mut Value, entries: &[Entry]) {
     }
 }
 
-fn deep_merge(target: &mut Value, applied: &Value) {
+fn deep_merge(target: &mut Value, applied: &Value, schema: Option<&Value>) {
     match (target, applied) {
         (Value::Object(t), Value::Object(a)) => {
             for (k, v) in a {
+                let s = sub_schema(schema, k);
                 match t.get_mut(k) {
-                    Some(existing) if existing.is_object() && v.is_object() => {
-                        deep_merge(existing, v)
-                    }
-                    _ => {
+                    Some(existing) => deep_merge(existing, v, s),
+                    None => {
                         t.insert(k.clone(), v.clone());
                     }
                 }
             }
         }
+        (Value::Array(t), Value::Array(a)) => match list_kind(schema) {
+            ListKind::Set => {
+                for item in a {
+                    if !t.contains(item) {
+                        t.push(item.clone());
+                    }
+                }
+            }
+            ListKind::Map(keys) => {
+                let item_schema = schema.and_then(|s| s.get("items"));
+                for item in a {
+                    let key = item_key(item, &keys);
+                    match key
+                        .as_ref()
+                        .and_then(|k| t.iter().position(|x| item_matches(x, k)))
+                    {
+                        Some(i) => deep_merge(&mut t[i], item, item_schema),
+                        None => t.push(item.clone()),
+                    }
+                }
+            }
+            ListKind::Atomic => *t = a.clone(),
+        },
         (t, a) => *t = a.clone(),
+    }
+}
+
+/// Merges an applied configuration into the live object: metadata with its built-in list
+/// types, everything else with the kind's schema.
+fn merge_root(target: &mut Value, applied: &Value, schema: Option<&Value>) {
+    let (Value::Object(t), Value::Object(a)) = (&mut *target, applied) else {
+        *target = applied.clone();
+        return;
+    };
+    for (k, v) in a {
+        let s = if k == "metadata" {
+            Some(metadata_schema())
+        } else {
+            sub_schema(schema, k)
+        };
+        match t.get_mut(k) {
+            Some(existing) => deep_merge(existing, v, s),
+            None => {
+                t.insert(k.clone(), v.clone());
+            }
+        }
     }
 }
 
@@ -205,6 +415,8 @@ pub struct Writer<'a> {
     pub api_version: &'a str,
     pub subresource: Option<&'a str>,
     pub now: &'a str,
+    /// The kind's openAPIV3Schema, for list types (None: every list is atomic).
+    pub schema: Option<&'a Value>,
 }
 
 /// Server-side apply of `applied` onto `live` (None: the object does not exist yet).
@@ -217,7 +429,7 @@ pub fn apply(
     group: &str,
     plural: &str,
 ) -> Result<Value, ApiError> {
-    let new_fields = leaves(applied);
+    let new_fields = leaves(applied, writer.schema);
     let Some(live) = live else {
         let mut obj = applied.clone();
         write_entries(&mut obj, &[entry(writer, "Apply", new_fields)]);
@@ -237,11 +449,12 @@ pub fn apply(
 
     let mut conflicts = Vec::new();
     for path in &new_fields {
-        if value_at(live, path) == value_at(applied, path) {
+        // Naming a map-list item is no conflict; its fields are checked one by one.
+        if is_item(path) || value_at(live, path) == value_at(applied, path) {
             continue;
         }
         for e in entries.iter().filter(|e| !is_mine(e)) {
-            if let Some(owned) = e.fields.iter().find(|p| overlaps(p, path)) {
+            if let Some(owned) = e.fields.iter().find(|p| !is_item(p) && overlaps(p, path)) {
                 conflicts.push((e.manager.clone(), e.api_version.clone(), owned.clone()));
             }
         }
@@ -265,7 +478,7 @@ pub fn apply(
     }
 
     let mut obj = live.clone();
-    deep_merge(&mut obj, applied);
+    merge_root(&mut obj, applied, writer.schema);
     for path in previously_owned.difference(&new_fields) {
         let shared = entries
             .iter()
@@ -298,10 +511,7 @@ fn conflict_error(
     conflicts: &[(String, String, Path)],
 ) -> ApiError {
     let describe = |(m, v, p): &(String, String, Path)| {
-        (
-            format!("conflict with \"{m}\" using {v}"),
-            format!(".{}", p.join(".")),
-        )
+        (format!("conflict with \"{m}\" using {v}"), display(p))
     };
     let lines: Vec<String> = conflicts
         .iter()
@@ -345,14 +555,21 @@ pub fn record_update(old: Option<&Value>, new: &mut Value, writer: &Writer) {
         return;
     }
     let mut entries = old.map(read_entries).unwrap_or_default();
-    let new_leaves = leaves(new);
+    let new_leaves = leaves(new, writer.schema);
     let changed: FieldSet = match old {
         None => new_leaves.clone(),
         Some(old) => {
-            let old_leaves = leaves(old);
+            let old_leaves = leaves(old, writer.schema);
             old_leaves
                 .union(&new_leaves)
-                .filter(|p| value_at(old, p) != value_at(new, p))
+                .filter(|p| {
+                    if is_item(p) {
+                        // An item is changed only by appearing or disappearing.
+                        value_at(old, p).is_none() != value_at(new, p).is_none()
+                    } else {
+                        value_at(old, p) != value_at(new, p)
+                    }
+                })
                 .cloned()
                 .collect()
         }
@@ -362,7 +579,8 @@ pub fn record_update(old: Option<&Value>, new: &mut Value, writer: &Writer) {
         return;
     }
     for e in entries.iter_mut() {
-        e.fields.retain(|p| !changed.iter().any(|c| overlaps(c, p)));
+        e.fields
+            .retain(|p| !changed.iter().any(|c| takes_over(c, p)));
     }
     let owned_now: FieldSet = changed
         .into_iter()
@@ -394,6 +612,7 @@ mod tests {
             api_version: "v1",
             subresource: None,
             now: "2024-01-01T00:00:00Z",
+            schema: None,
         }
     }
 
@@ -441,5 +660,81 @@ mod tests {
         assert_eq!(entries[0].manager, "kubectl-edit");
         // alice re-applying x=1 now conflicts with the updater.
         assert!(apply(Some(&updated), &a, &w("alice"), false, "", "configmaps").is_err());
+    }
+
+    #[test]
+    fn map_lists_merge_by_key_and_sets_by_value() {
+        let schema = json!({"properties": {"status": {"properties": {
+            "conditions": {"type": "array", "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"],
+                "items": {"type": "object", "properties": {"type": {"type": "string"}, "status": {"type": "string"}}}},
+            "tags": {"type": "array", "x-kubernetes-list-type": "set", "items": {"type": "string"}}}}}});
+        let writer = |manager| Writer {
+            schema: Some(&schema),
+            ..w(manager)
+        };
+        let cond = |t: &str, st: &str| json!({"type": t, "status": st});
+        let a = json!({"status": {"conditions": [cond("A", "True")], "tags": ["x"]}});
+        let live = apply(None, &a, &writer("alice"), false, "g", "things").unwrap();
+        let fields = &live["metadata"]["managedFields"][0]["fieldsV1"];
+        assert_eq!(fields["f:status"]["f:tags"], json!({"v:\"x\"": {}}));
+        assert!(
+            fields["f:status"]["f:conditions"]
+                .get("k:{\"type\":\"A\"}")
+                .is_some(),
+            "{fields}"
+        );
+
+        // bob adds his own condition and tag: both managers' items coexist.
+        let b = json!({"status": {"conditions": [cond("B", "False")], "tags": ["y"]}});
+        let both = apply(Some(&live), &b, &writer("bob"), false, "g", "things").unwrap();
+        assert_eq!(
+            both["status"]["conditions"],
+            json!([cond("A", "True"), cond("B", "False")])
+        );
+        assert_eq!(both["status"]["tags"], json!(["x", "y"]));
+
+        // bob changing alice's condition conflicts, naming the item by its key.
+        let steal = json!({"status": {"conditions": [cond("A", "False")]}});
+        let err = apply(Some(&both), &steal, &writer("bob"), false, "g", "things").unwrap_err();
+        assert_eq!(
+            err.message,
+            "Apply failed with 1 conflict: conflict with \"alice\" using v1: .status.conditions[type=\"A\"].status"
+        );
+
+        // alice stops applying her condition: it goes, bob's stays.
+        let gone = apply(
+            Some(&both),
+            &json!({"status": {"tags": ["x"]}}),
+            &writer("alice"),
+            false,
+            "g",
+            "things",
+        )
+        .unwrap();
+        assert_eq!(gone["status"]["conditions"], json!([cond("B", "False")]));
+
+        // An update that changes bob's condition takes only that field, not alice's item.
+        let mut updated = both.clone();
+        updated["status"]["conditions"][1]["status"] = json!("True");
+        record_update(Some(&both), &mut updated, &writer("controller"));
+        let entries = read_entries(&updated);
+        let alice = entries.iter().find(|e| e.manager == "alice").unwrap();
+        assert!(
+            alice
+                .fields
+                .iter()
+                .any(|p| display(p) == ".status.conditions[type=\"A\"].status")
+        );
+        let bob = entries.iter().find(|e| e.manager == "bob").unwrap();
+        assert!(
+            !bob.fields
+                .iter()
+                .any(|p| display(p) == ".status.conditions[type=\"B\"].status")
+        );
+        assert!(
+            bob.fields
+                .iter()
+                .any(|p| display(p) == ".status.conditions[type=\"B\"]")
+        );
     }
 }
