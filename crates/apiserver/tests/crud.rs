@@ -295,3 +295,58 @@ impl RawHttp {
         )
     }
 }
+
+#[tokio::test]
+async fn kube_event_recorder_events_are_served_by_both_event_apis() {
+    use k8s_openapi::api::core::v1::Event as CoreEvent;
+    use k8s_openapi::api::events::v1::Event;
+    use kube::Resource;
+    use kube::runtime::events::{Event as NewEvent, EventType, Recorder, Reporter};
+
+    let server = TestServer::start().await;
+    let client = server.client();
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    let target = cms
+        .create(&PostParams::default(), &cm("watched", json!({})))
+        .await
+        .unwrap();
+    let reporter = Reporter {
+        controller: "caretaker-test".into(),
+        instance: Some("test-0".into()),
+    };
+    let recorder = Recorder::new(client.clone(), reporter);
+    let event = NewEvent {
+        type_: EventType::Normal,
+        reason: "CertificatesRefreshDone".into(),
+        note: Some("refreshed".into()),
+        action: "Refresh".into(),
+        secondary: None,
+    };
+    let reference = target.object_ref(&());
+    recorder.publish(&event, &reference).await.unwrap();
+    // The same event again becomes a series (a merge patch of the first).
+    recorder.publish(&event, &reference).await.unwrap();
+
+    let v1: Api<Event> = Api::namespaced(client.clone(), "default");
+    let events = v1.list(&ListParams::default()).await.unwrap().items;
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].reason.as_deref(), Some("CertificatesRefreshDone"));
+    assert_eq!(events[0].series.as_ref().map(|s| s.count), Some(2));
+
+    // kubectl describe finds events through core/v1 and involvedObject field selectors.
+    let core: Api<CoreEvent> = Api::namespaced(client, "default");
+    let selected = core
+        .list(&ListParams::default().fields(&format!(
+            "involvedObject.name=watched,involvedObject.uid={}",
+            target.metadata.uid.unwrap()
+        )))
+        .await
+        .unwrap()
+        .items;
+    assert_eq!(selected.len(), 1);
+    assert_eq!(selected[0].message.as_deref(), Some("refreshed"));
+    assert_eq!(
+        selected[0].reporting_component.as_deref(),
+        Some("caretaker-test")
+    );
+}

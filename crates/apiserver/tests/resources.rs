@@ -17,7 +17,10 @@ fn widget_crd(scope: &str) -> CustomResourceDefinition {
         "spec": {"type": "object", "required": ["size"], "properties": {
             "size": {"type": "integer", "minimum": 1},
             "color": {"type": "string", "enum": ["red", "blue"], "default": "red"}}},
-        "status": {"type": "object", "properties": {"ready": {"type": "boolean"}}}}});
+        "status": {"type": "object", "properties": {"ready": {"type": "boolean"},
+            "conditions": {"type": "array", "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"],
+                "items": {"type": "object", "required": ["type", "status"],
+                    "properties": {"type": {"type": "string"}, "status": {"type": "string"}}}}}}}});
     serde_json::from_value(json!({
         "metadata": {"name": "widgets.example.com"},
         "spec": {"group": "example.com", "scope": scope,
@@ -497,4 +500,67 @@ async fn crds_and_their_objects_survive_a_restart() {
         .0,
         422
     );
+}
+
+#[tokio::test]
+async fn server_side_apply_of_status_conditions_merges_by_key() {
+    let server = TestServer::start().await;
+    let client = server.client();
+    Api::<CustomResourceDefinition>::all(client.clone())
+        .create(&PostParams::default(), &widget_crd("Namespaced"))
+        .await
+        .unwrap();
+    let w = widgets(&client, "v1", Some("default"));
+    w.create(&PostParams::default(), &widget("w", json!({"size": 1})))
+        .await
+        .unwrap();
+    let status = |conditions: Value| json!({"apiVersion": "example.com/v1", "kind": "Widget", "status": {"conditions": conditions}});
+    w.patch_status(
+        "w",
+        &PatchParams::apply("controller-a"),
+        &Patch::Apply(status(json!([{"type": "A", "status": "True"}]))),
+    )
+    .await
+    .unwrap();
+    let after = w
+        .patch_status(
+            "w",
+            &PatchParams::apply("controller-b"),
+            &Patch::Apply(status(json!([{"type": "B", "status": "False"}]))),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        after.data["status"]["conditions"],
+        json!([{"type": "A", "status": "True"}, {"type": "B", "status": "False"}])
+    );
+    let (code, _, message) = status_code(
+        w.patch_status(
+            "w",
+            &PatchParams::apply("controller-b"),
+            &Patch::Apply(status(json!([{"type": "A", "status": "False"}]))),
+        )
+        .await
+        .unwrap_err(),
+    );
+    assert_eq!(code, 409);
+    assert!(
+        message.contains("conflict with \"controller-a\"")
+            && message.contains(".status.conditions[type=\"A\"].status"),
+        "{message}"
+    );
+    // controller-a drops its condition; controller-b's stays.
+    let after = w
+        .patch_status(
+            "w",
+            &PatchParams::apply("controller-a"),
+            &Patch::Apply(status(json!([]))),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        after.data["status"]["conditions"],
+        json!([{"type": "B", "status": "False"}])
+    );
+    assert_eq!(after.data["spec"]["size"], 1);
 }
