@@ -30,6 +30,7 @@ use crate::storage::{ObjectKey, Store};
 pub enum Operation {
     Create,
     Update,
+    Delete,
 }
 
 impl Operation {
@@ -37,11 +38,13 @@ impl Operation {
         match self {
             Operation::Create => "CREATE",
             Operation::Update => "UPDATE",
+            Operation::Delete => "DELETE",
         }
     }
 }
 
-/// What is being admitted.
+/// What is being admitted. For DELETE, `object` is the object being deleted (used for its name
+/// and for objectSelector) and is sent as `oldObject`, as Kubernetes does.
 pub struct Request<'a> {
     pub def: &'a ResourceDef,
     pub operation: Operation,
@@ -492,10 +495,14 @@ fn review(req: &Request<'_>) -> Value {
         "name": crate::meta::name_of(req.object),
         "operation": req.operation.as_str(),
         "userInfo": { "username": "system:anonymous", "groups": ["system:unauthenticated"] },
-        "object": crate::api::ApiState::served(def, req.object),
+        "object": if req.operation == Operation::Delete { Value::Null } else { crate::api::ApiState::served(def, req.object) },
         "oldObject": req.old.map(|o| crate::api::ApiState::served(def, o)),
         "dryRun": req.dry_run,
-        "options": { "kind": if req.operation == Operation::Create { "CreateOptions" } else { "UpdateOptions" }, "apiVersion": "meta.k8s.io/v1" },
+        "options": { "kind": match req.operation {
+            Operation::Create => "CreateOptions",
+            Operation::Update => "UpdateOptions",
+            Operation::Delete => "DeleteOptions",
+        }, "apiVersion": "meta.k8s.io/v1" },
     });
     if def.namespaced {
         request["namespace"] = json!(crate::meta::namespace_of(req.object));

@@ -1153,6 +1153,20 @@ impl ApiState {
                 }
                 _ => {}
             }
+            // Webhooks see the first DELETE of an object, not the finalizer bookkeeping after it.
+            if !is_deleting(&old) {
+                let request = AdmissionRequest {
+                    def,
+                    operation: Operation::Delete,
+                    subresource: None,
+                    object: &old,
+                    old: Some(&old),
+                    dry_run: opts.dry_run,
+                };
+                // Mutations of a deletion have nothing to apply to; mutating webhooks may still deny.
+                self.admission.mutate(&self.store, &request).await?;
+                self.admission.validate(&self.store, &request).await?;
+            }
             let namespace_pending = def.flavor == Flavor::Namespace
                 && old
                     .pointer("/spec/finalizers")

@@ -201,6 +201,17 @@ async fn webhooks_allow_deny_mutate_and_fail() {
     assert!(cms.get_opt("denied").await.unwrap().is_none());
     validating.delete("test-hooks", &dp).await.unwrap();
 
+    // The denying webhook also sees deletions once DELETE is in its rules.
+    let mut deny_deletes =
+        webhook_config("ValidatingWebhookConfiguration", url("/deny"), "Fail", 5);
+    deny_deletes.data["webhooks"][0]["rules"][0]["operations"] = json!(["DELETE"]);
+    validating.create(&pp, &deny_deletes).await.unwrap();
+    let (code, _, message) = status(cms.delete("allowed", &dp).await.unwrap_err());
+    assert_eq!(code, 403);
+    assert!(message.contains("no configmaps today"), "{message}");
+    assert!(cms.get_opt("allowed").await.unwrap().is_some());
+    validating.delete("test-hooks", &dp).await.unwrap();
+
     // Mutated, through a service reference resolved by the service map.
     let service = json!({"service": {"namespace": "webhooks", "name": "hooks", "path": "/mutate", "port": 443}, "caBundle": ca_bundle});
     mutating
