@@ -581,6 +581,13 @@ async fn kubectl_get_watch_sees_changes() {
     };
     let server = TestServer::start().await;
     let k = Kubectl::new(bin, &server);
+    let cms: Api<ConfigMap> = Api::namespaced(server.client(), "default");
+    let create = |name: &str| {
+        let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
+        let cms = cms.clone();
+        async move { cms.create(&PostParams::default(), &cm).await.unwrap() }
+    };
+    create("w0").await;
     let mut child = k
         .command(&[
             "get",
@@ -603,32 +610,23 @@ async fn kubectl_get_watch_sees_changes() {
             }
         }
     });
-    let cms: Api<ConfigMap> = Api::namespaced(server.client(), "default");
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    for name in ["w1", "w2"] {
-        let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
-        cms.create(&PostParams::default(), &cm).await.unwrap();
-    }
-    cms.delete("w1", &Default::default()).await.unwrap();
-    let mut lines = Vec::new();
-    while !lines
-        .iter()
-        .any(|l: &String| l.starts_with("DELETED") && l.contains("w1"))
-    {
-        match tokio::time::timeout(Duration::from_secs(15), rx.recv()).await {
-            Ok(Some(line)) => lines.push(line),
-            _ => break,
+    let mut lines: Vec<String> = Vec::new();
+    let mut wait_for = async |lines: &mut Vec<String>, event: &str, name: &str| {
+        while !lines.iter().any(|l| l.split_whitespace().eq([event, name])) {
+            match tokio::time::timeout(Duration::from_secs(20), rx.recv()).await {
+                Ok(Some(line)) => lines.push(line),
+                _ => panic!("no {event} {name} from kubectl get -w; saw {lines:?}"),
+            }
         }
-    }
+    };
+    // The initial list arrives as ADDED: the watch is established after that.
+    wait_for(&mut lines, "ADDED", "w0").await;
+    create("w1").await;
+    create("w2").await;
+    cms.delete("w1", &Default::default()).await.unwrap();
+    wait_for(&mut lines, "ADDED", "w1").await;
+    wait_for(&mut lines, "ADDED", "w2").await;
+    wait_for(&mut lines, "DELETED", "w1").await;
     let _ = child.kill();
     let _ = child.wait();
-    let compact: Vec<Vec<&str>> = lines
-        .iter()
-        .map(|l| l.split_whitespace().collect())
-        .collect();
-    assert!(
-        compact.contains(&vec!["ADDED", "w1"]) && compact.contains(&vec!["ADDED", "w2"]),
-        "{lines:?}"
-    );
-    assert!(compact.contains(&vec!["DELETED", "w1"]), "{lines:?}");
 }
