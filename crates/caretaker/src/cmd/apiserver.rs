@@ -59,10 +59,11 @@ pub fn run(args: ApiserverArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    runtime.block_on(serve(args))
+    runtime.block_on(serve(args, wait_for_stop()))
 }
 
-async fn serve(args: ApiserverArgs) -> ExitCode {
+/// Serves until `stop` completes.
+async fn serve(args: ApiserverArgs, stop: impl std::future::Future<Output = ()>) -> ExitCode {
     let server = match ApiServer::builder()
         .data_dir(&args.data_dir)
         .listen(args.listen)
@@ -88,7 +89,7 @@ async fn serve(args: ApiserverArgs) -> ExitCode {
         server.resource_version(),
         kubeconfig.display()
     );
-    wait_for_stop().await;
+    stop.await;
     eprintln!("caretaker apiserver: stopping");
     server.shutdown().await;
     ExitCode::SUCCESS
@@ -155,5 +156,107 @@ mod tests {
         ] {
             assert!(help.contains(flag), "{flag} missing from:\n{help}");
         }
+    }
+
+    /// One plain HTTP/1.1 request; returns the status code and body.
+    async fn http(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let req = format!(
+            "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        s.write_all(req.as_bytes()).await.unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.unwrap();
+        (
+            out[9..12].parse().unwrap(),
+            out.split_once("\r\n\r\n").unwrap().1.to_string(),
+        )
+    }
+
+    /// Runs `serve` until the returned sender fires; gives the address from DIR/kubeconfig.
+    async fn start(
+        dir: &std::path::Path,
+    ) -> (
+        tokio::sync::oneshot::Sender<()>,
+        tokio::task::JoinHandle<ExitCode>,
+        String,
+    ) {
+        let _ = std::fs::remove_file(dir.join("kubeconfig"));
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let args = ApiserverArgs {
+            data_dir: dir.to_path_buf(),
+            listen: "127.0.0.1:0".parse().unwrap(),
+            tls: false,
+            allow_remote: false,
+        };
+        let task = tokio::spawn(serve(args, async move {
+            let _ = rx.await;
+        }));
+        for _ in 0..200 {
+            if let Ok(text) = std::fs::read_to_string(dir.join("kubeconfig"))
+                && let Some(line) = text
+                    .lines()
+                    .find(|l| l.trim_start().starts_with("server: http://"))
+            {
+                return (
+                    tx,
+                    task,
+                    line.trim()
+                        .trim_start_matches("server: http://")
+                        .to_string(),
+                );
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        panic!("DIR/kubeconfig never appeared");
+    }
+
+    #[tokio::test]
+    async fn serves_writes_a_kubeconfig_and_reopens_its_data() {
+        let dir = tempfile::tempdir().unwrap();
+        let (stop, task, addr) = start(dir.path()).await;
+        let cm =
+            r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"kept"},"data":{"k":"v"}}"#;
+        let (code, body) = http(&addr, "POST", "/api/v1/namespaces/default/configmaps", cm).await;
+        assert_eq!(code, 201, "{body}");
+        let rv: u64 = serde_json::from_str::<serde_json::Value>(&body).unwrap()["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        stop.send(()).unwrap();
+        assert_eq!(task.await.unwrap(), ExitCode::SUCCESS);
+
+        let (stop, task, addr) = start(dir.path()).await;
+        let (code, body) = http(
+            &addr,
+            "GET",
+            "/api/v1/namespaces/default/configmaps/kept",
+            "",
+        )
+        .await;
+        assert_eq!(code, 200, "{body}");
+        let (code, body) = http(
+            &addr,
+            "POST",
+            "/api/v1/namespaces/default/configmaps",
+            &cm.replace("kept", "next"),
+        )
+        .await;
+        assert_eq!(code, 201, "{body}");
+        let next: u64 = serde_json::from_str::<serde_json::Value>(&body).unwrap()["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert_eq!(
+            next,
+            rv + 1,
+            "the resourceVersion sequence continues across restarts"
+        );
+        stop.send(()).unwrap();
+        assert_eq!(task.await.unwrap(), ExitCode::SUCCESS);
     }
 }
