@@ -9,6 +9,7 @@ pub mod command;
 pub mod inventory;
 pub mod kubeconfig;
 pub mod layout;
+pub mod local;
 pub mod offline;
 pub mod provision;
 pub mod refresh;

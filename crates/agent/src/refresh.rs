@@ -70,6 +70,16 @@ pub struct ApplyOutcome {
     pub restart: Option<HookOutcome>,
 }
 
+/// Where a plan stands, for a caller that lost track of it (a restarted operator).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "lowercase")]
+pub enum PlanStatus {
+    /// Keys are staged; these CSRs await signed certificates.
+    Staged { requests: Vec<PlannedCertificate> },
+    /// The plan was applied; applying it again is not possible and not needed.
+    Applied { outcome: ApplyOutcome },
+}
+
 /// Why a refresh step failed. The category decides the HTTP status.
 #[derive(Debug, thiserror::Error)]
 pub enum RefreshError {
@@ -223,15 +233,9 @@ impl Refresher {
             )));
         }
         let dir = self.staged_dir().join(&request.plan_id);
-        let staged: StagedPlan = match fs::read(dir.join("plan.json")) {
-            Ok(bytes) => serde_json::from_slice(&bytes)
-                .map_err(|e| RefreshError::Node(format!("staged plan is corrupt: {e}")))?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(RefreshError::UnknownPlan(request.plan_id.clone()));
-            }
-            Err(e) => return Err(io("cannot read the staged plan")(e)),
-        };
+        let staged = self.read_staged(&request.plan_id)?;
         let planned: Vec<&str> = staged.requests.iter().map(|r| r.name.as_str()).collect();
+
         let given: Vec<&str> = request.certificates.keys().map(String::as_str).collect();
         if let Some(extra) = given.iter().find(|n| !planned.contains(n)) {
             return Err(RefreshError::BadRequest(format!(
@@ -267,8 +271,6 @@ impl Refresher {
         for (slot, certificate_pem, key_pem, _) in &verified {
             self.write(slot, certificate_pem, key_pem)?;
         }
-        let _ = fs::remove_dir_all(&dir);
-
         let restart = self
             .restart
             .as_ref()
@@ -278,12 +280,57 @@ impl Refresher {
             .map(|(.., info)| info.not_after)
             .min()
             .expect("a plan has at least one certificate");
-        Ok(ApplyOutcome {
+        let outcome = ApplyOutcome {
             applied: verified.iter().map(|(s, ..)| s.name.to_string()).collect(),
             earliest_not_after,
             backup_dir,
             restart,
+        };
+        // Remember the outcome before dropping the staged plan, so a caller that lost track
+        // learns it was applied instead of refreshing again.
+        let record = serde_json::to_vec_pretty(&outcome).expect("outcomes serialize");
+        let applied_dir = self.state_dir.join("applied");
+        fs::create_dir_all(&applied_dir).map_err(io("cannot record the applied plan"))?;
+        files::write_atomic(
+            &applied_dir.join(format!("{}.json", request.plan_id)),
+            &record,
+            0o644,
+        )
+        .map_err(io("cannot record the applied plan"))?;
+        let _ = fs::remove_dir_all(&dir);
+        Ok(outcome)
+    }
+
+    /// Whether `plan_id` is staged or applied.
+    pub fn plan_status(&self, plan_id: &str) -> Result<PlanStatus, RefreshError> {
+        if !is_plan_id(plan_id) {
+            return Err(RefreshError::BadRequest(format!(
+                "invalid plan id {plan_id:?}: expected 32 lowercase hex digits"
+            )));
+        }
+        let applied = self
+            .state_dir
+            .join("applied")
+            .join(format!("{plan_id}.json"));
+        if let Ok(bytes) = fs::read(&applied) {
+            let outcome = serde_json::from_slice(&bytes)
+                .map_err(|e| RefreshError::Node(format!("applied plan record is corrupt: {e}")))?;
+            return Ok(PlanStatus::Applied { outcome });
+        }
+        Ok(PlanStatus::Staged {
+            requests: self.read_staged(plan_id)?.requests,
         })
+    }
+
+    fn read_staged(&self, plan_id: &str) -> Result<StagedPlan, RefreshError> {
+        match fs::read(self.staged_dir().join(plan_id).join("plan.json")) {
+            Ok(bytes) => serde_json::from_slice(&bytes)
+                .map_err(|e| RefreshError::Node(format!("staged plan is corrupt: {e}"))),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                Err(RefreshError::UnknownPlan(plan_id.to_string()))
+            }
+            Err(e) => Err(io("cannot read the staged plan")(e)),
+        }
     }
 
     /// The checks `apply` makes on one certificate.

@@ -330,6 +330,14 @@ async fn plan_then_apply_refreshes_every_certificate_in_place() {
     assert!(admin.contains("server: https://cp.example:6443"));
     assert!(openssl_verifies(&cas.cluster, &admin_cert, node.dir.path()));
 
+    // The plan is known as applied, with its outcome.
+    match client.plan_status(&node.url, &plan.plan_id).await.unwrap() {
+        caretaker_agent::refresh::PlanStatus::Applied { outcome: recorded } => {
+            assert_eq!(recorded, outcome)
+        }
+        other => panic!("expected applied, got {other:?}"),
+    }
+
     // A plan can be applied once.
     let again = client
         .apply(
@@ -430,7 +438,11 @@ async fn a_bad_certificate_in_apply_changes_nothing_on_disk() {
         assert_eq!(before, now, "{what}: files changed");
     }
 
-    // The plan is still there: the right certificates apply afterwards.
+    // The plan is still there, staged: the right certificates apply afterwards.
+    assert!(matches!(
+        client.plan_status(&node.url, &plan.plan_id).await.unwrap(),
+        caretaker_agent::refresh::PlanStatus::Staged { .. }
+    ));
     client
         .apply(
             &node.url,

@@ -1,1 +1,15 @@
+//! caretaker's controllers. Decisions are pure functions from observed state to the next step
+//! ([`machine::refresh`], [`signing`]); the kube-rs glue that observes and carries them out lives
+//! in [`controllers`], one module per controller, with shared plumbing in [`context`] and
+//! [`credentials`].
 
+pub mod context;
+pub mod controllers;
+pub mod credentials;
+mod error;
+pub mod machine;
+pub mod names;
+pub mod signing;
+
+pub use context::{Context, Settings};
+pub use error::Error;

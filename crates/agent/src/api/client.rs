@@ -13,7 +13,7 @@ use tokio_rustls::TlsConnector;
 
 use super::{ErrorBody, Health};
 use crate::inventory::Inventory;
-use crate::refresh::{ApplyOutcome, ApplyRequest, PlanRequest, RefreshPlan};
+use crate::refresh::{ApplyOutcome, ApplyRequest, PlanRequest, PlanStatus, RefreshPlan};
 use crate::upgrade::{Operation, UpgradeRequest};
 
 /// Why a call to an agent failed.
@@ -98,6 +98,12 @@ impl AgentClient {
     ) -> Result<ApplyOutcome, AgentError> {
         self.call(url, Method::POST, "/v1/certificates/apply", Some(request))
             .await
+    }
+
+    /// Whether a plan is still staged or was applied.
+    pub async fn plan_status(&self, url: &str, plan_id: &str) -> Result<PlanStatus, AgentError> {
+        let path = format!("/v1/certificates/plans/{}", encode_segment(plan_id));
+        self.call(url, Method::GET, &path, None::<&()>).await
     }
 
     pub async fn start_upgrade(

@@ -6,6 +6,7 @@
 //! | GET | `/v1/certificates` | | [`crate::inventory::Inventory`] |
 //! | POST | `/v1/certificates/plan` | [`crate::refresh::PlanRequest`] | [`crate::refresh::RefreshPlan`] |
 //! | POST | `/v1/certificates/apply` | [`crate::refresh::ApplyRequest`] | [`crate::refresh::ApplyOutcome`] |
+//! | GET | `/v1/certificates/plans/{id}` | | [`crate::refresh::PlanStatus`] |
 //! | POST | `/v1/upgrades` | [`crate::upgrade::UpgradeRequest`] | 202 [`crate::upgrade::Operation`] |
 //! | GET | `/v1/operations/{id}` | | [`crate::upgrade::Operation`] |
 //! | POST | `/v1/operations/{id}/cancel` | | [`crate::upgrade::Operation`] |

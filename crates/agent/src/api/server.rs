@@ -45,6 +45,7 @@ impl AgentService {
             .route("/v1/certificates", get(certificates))
             .route("/v1/certificates/plan", post(plan))
             .route("/v1/certificates/apply", post(apply))
+            .route("/v1/certificates/plans/{id}", get(plan_status))
             .route("/v1/upgrades", post(start_upgrade))
             .route("/v1/operations/{id}", get(operation))
             .route("/v1/operations/{id}/cancel", post(cancel))
@@ -140,6 +141,17 @@ async fn apply(
         .await
         .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, "Internal", e.to_string()))??;
     Ok(Json(outcome).into_response())
+}
+
+async fn plan_status(
+    State(s): State<AgentService>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let refresher = s.refresher.clone();
+    let status = tokio::task::spawn_blocking(move || refresher.plan_status(&id))
+        .await
+        .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, "Internal", e.to_string()))??;
+    Ok(Json(status).into_response())
 }
 
 async fn start_upgrade(

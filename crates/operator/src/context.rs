@@ -1,0 +1,130 @@
+//! Shared plumbing of the controllers: the Kubernetes client, the event recorder, settings and
+//! the cluster credentials.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use kube::Client;
+use kube::api::{Api, PostParams};
+
+use crate::credentials::CredentialStore;
+
+/// Operator settings from the command line.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Port of the agents when a Machine has no `caretaker.dev/agent-endpoint`.
+    pub agent_port: u16,
+    /// Attempts per request before it ends `failed`.
+    pub max_attempts: u32,
+    /// The first retry delay; it doubles per failed attempt.
+    pub retry_base: Duration,
+    /// How long one call to an agent may take.
+    pub agent_timeout: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            agent_port: 9443,
+            max_attempts: 3,
+            retry_base: Duration::from_secs(10),
+            agent_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Severity of an event, as `kubectl describe` shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventType {
+    Normal,
+    Warning,
+}
+
+fn time_now() -> time::OffsetDateTime {
+    time::OffsetDateTime::now_utc()
+}
+
+pub struct Context {
+    pub client: Client,
+    reporting_instance: String,
+    pub settings: Settings,
+    pub credentials: CredentialStore,
+    /// Machines (namespace/name) with work running in this process, so a reconcile never
+    /// starts the same work twice and never waits for it.
+    running: Mutex<HashSet<String>>,
+}
+
+impl Context {
+    pub fn new(client: Client, settings: Settings) -> Arc<Self> {
+        Arc::new(Self {
+            reporting_instance: std::env::var("HOSTNAME").unwrap_or_else(|_| "caretaker".into()),
+            client,
+            settings,
+            credentials: CredentialStore::default(),
+            running: Mutex::default(),
+        })
+    }
+
+    /// Marks `key` busy; false if it already was.
+    pub fn try_begin(&self, key: &str) -> bool {
+        self.running
+            .lock()
+            .expect("running lock")
+            .insert(key.to_string())
+    }
+
+    pub fn end(&self, key: &str) {
+        self.running.lock().expect("running lock").remove(key);
+    }
+
+    /// Publishes an events.k8s.io/v1 Event; a failure to publish is logged, never fatal.
+    ///
+    /// Every call creates a new Event. kube-rs's `Recorder` folds events with the same reason
+    /// into one series that keeps the first note, which would hide, say, the second bad
+    /// trigger value; each of these notes matters.
+    pub async fn event(
+        &self,
+        regarding: &ObjectReference,
+        type_: EventType,
+        reason: &str,
+        note: String,
+    ) {
+        let namespace = regarding
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".into());
+        let now = time_now();
+        let event = Event {
+            metadata: ObjectMeta {
+                name: Some(format!(
+                    "{}.{:x}",
+                    regarding.name.as_deref().unwrap_or("object"),
+                    now.unix_timestamp_nanos()
+                )),
+                namespace: Some(namespace.clone()),
+                ..Default::default()
+            },
+            event_time: Some(MicroTime(k8s_openapi::jiff::Timestamp::now())),
+            action: Some(reason.into()),
+            reason: Some(reason.into()),
+            // The API server caps notes at 1 KiB.
+            note: Some(note.chars().take(1000).collect()),
+            type_: Some(match type_ {
+                EventType::Normal => "Normal".into(),
+                EventType::Warning => "Warning".into(),
+            }),
+            regarding: Some(regarding.clone()),
+            reporting_controller: Some("caretaker.dev/operator".into()),
+            reporting_instance: Some(self.reporting_instance.clone()),
+            ..Default::default()
+        };
+        let events: Api<Event> = Api::namespaced(self.client.clone(), &namespace);
+        if let Err(e) = events.create(&PostParams::default(), &event).await {
+            tracing::warn!(reason, error = %e, "cannot publish an event");
+        }
+    }
+}

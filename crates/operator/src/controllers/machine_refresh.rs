@@ -1,0 +1,451 @@
+//! Per-Machine certificate refresh: the kube-rs glue that observes Machines, asks
+//! [`crate::machine::refresh::decide`] what to do, and carries it out. Long work (talking to an
+//! agent) runs in a spawned task; its result is written to the Machine's annotations, whose
+//! change wakes the controller again through its watch.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use caretaker_agent::api::AgentError;
+use caretaker_agent::refresh::{ApplyRequest, PlanRequest, PlanStatus};
+use caretaker_pki::{CertificateRequest, Ttl};
+use futures::StreamExt;
+use kube::Resource;
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::watcher;
+use serde_json::{Value, json};
+use time::OffsetDateTime;
+
+use crate::Error;
+use crate::context::{Context, EventType};
+use crate::machine::refresh::{RefreshStep, decide, format_time, retry_at};
+use crate::machine::{self, MachineView};
+use crate::names::{self, refresh_state};
+use crate::signing::machine_policy;
+
+/// Runs the controller until the stream ends.
+pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
+    let resource = machine::api_resource();
+    let api: Api<DynamicObject> = match &namespace {
+        Some(ns) => Api::namespaced_with(ctx.client.clone(), ns, &resource),
+        None => Api::all_with(ctx.client.clone(), &resource),
+    };
+    Controller::new_with(api, watcher::Config::default(), resource)
+        .run(reconcile, error_policy, ctx)
+        .for_each(|result| async move {
+            if let Err(e) = result {
+                tracing::debug!(error = %e, "reconcile failed");
+            }
+        })
+        .await;
+}
+
+fn error_policy(_machine: Arc<DynamicObject>, error: &Error, ctx: Arc<Context>) -> Action {
+    tracing::warn!(error = %error, category = error.metric_label(), "machine refresh reconcile failed");
+    Action::requeue(ctx.settings.retry_base)
+}
+
+fn key(view: &MachineView) -> String {
+    format!("{}/{}", view.namespace, view.name)
+}
+
+async fn reconcile(object: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let view = MachineView::from_object(&object);
+    let now = OffsetDateTime::now_utc();
+    match decide(&view, now) {
+        RefreshStep::Idle | RefreshStep::WaitForNode => Ok(Action::await_change()),
+        RefreshStep::Backoff { until } => {
+            let wait = (until - now).try_into().unwrap_or(Duration::ZERO);
+            Ok(Action::requeue(wait + Duration::from_millis(50)))
+        }
+        RefreshStep::Reject { trigger, reason } => {
+            patch(&ctx, &view, annotations_failed(&trigger, &reason)).await?;
+            event(
+                &ctx,
+                &object,
+                EventType::Warning,
+                names::EVENT_REFRESH_FAILED,
+                reason,
+            )
+            .await;
+            Ok(Action::await_change())
+        }
+        RefreshStep::Start { trigger } => {
+            let mut changes = clear_bookkeeping();
+            changes.insert(
+                names::REFRESH_CERTIFICATES_STATUS.into(),
+                json!(names::STATUS_IN_PROGRESS),
+            );
+            changes.insert(refresh_state::TRIGGER.into(), json!(trigger));
+            changes.insert(refresh_state::STARTED_AT.into(), json!(format_time(now)));
+            changes.insert(refresh_state::ATTEMPTS.into(), json!("0"));
+            patch(&ctx, &view, changes).await?;
+            let note = format!(
+                "refreshing certificates of Machine {} with TTL {trigger}",
+                view.name
+            );
+            event(
+                &ctx,
+                &object,
+                EventType::Normal,
+                names::EVENT_REFRESH_IN_PROGRESS,
+                note,
+            )
+            .await;
+            Ok(Action::await_change())
+        }
+        RefreshStep::ObserveExpiry => {
+            spawn(&ctx, &view, {
+                let (ctx, view) = (ctx.clone(), view.clone());
+                async move { observe_expiry(&ctx, &view).await }
+            });
+            Ok(Action::await_change())
+        }
+        RefreshStep::Attempt { ttl, attempt, .. } => {
+            spawn(&ctx, &view, {
+                let (ctx, view, object) = (ctx.clone(), view.clone(), object.clone());
+                async move { attempt_refresh(&ctx, &object, &view, ttl, attempt).await }
+            });
+            Ok(Action::await_change())
+        }
+    }
+}
+
+/// Runs `work` for a Machine unless work for it is already running here.
+fn spawn(ctx: &Arc<Context>, view: &MachineView, work: impl Future<Output = ()> + Send + 'static) {
+    let key = key(view);
+    if !ctx.try_begin(&key) {
+        return;
+    }
+    let ctx = ctx.clone();
+    tokio::spawn(async move {
+        work.await;
+        ctx.end(&key);
+    });
+}
+
+async fn observe_expiry(ctx: &Context, view: &MachineView) {
+    let result = async {
+        let credentials = ctx
+            .credentials
+            .get(
+                &ctx.client,
+                &view.namespace,
+                &view.cluster_name,
+                ctx.settings.agent_timeout,
+            )
+            .await?;
+        let url = view
+            .agent_url(ctx.settings.agent_port)
+            .ok_or_else(|| Error::NoAgentEndpoint(view.name.clone()))?;
+        let inventory = credentials.agent_client.certificates(&url).await?;
+        if let Some(expiry) = inventory.earliest_expiry() {
+            let mut changes = BTreeMap::new();
+            changes.insert(
+                names::CERTIFICATES_EXPIRY.to_string(),
+                json!(format_time(expiry)),
+            );
+            patch(ctx, view, changes).await?;
+        }
+        Ok::<_, Error>(())
+    }
+    .await;
+    if let Err(e) = result {
+        // The next resync or Machine change tries again; a missing expiry is not an error state.
+        tracing::info!(machine = %view.name, error = %e, "cannot read the Machine's certificate expiry yet");
+    }
+}
+
+async fn attempt_refresh(
+    ctx: &Context,
+    object: &DynamicObject,
+    view: &MachineView,
+    ttl: Ttl,
+    attempt: u32,
+) {
+    tracing::info!(machine = %view.name, attempt, "refreshing certificates");
+    let outcome = refresh(ctx, view, &ttl).await;
+    let result = match outcome {
+        Ok((expiry, note)) => {
+            let mut changes = clear_bookkeeping();
+            changes.insert(names::REFRESH_CERTIFICATES.into(), Value::Null);
+            changes.insert(
+                names::REFRESH_CERTIFICATES_STATUS.into(),
+                json!(names::STATUS_DONE),
+            );
+            changes.insert(
+                names::CERTIFICATES_EXPIRY.into(),
+                json!(format_time(expiry)),
+            );
+            let patched = patch(ctx, view, changes).await;
+            if patched.is_ok() {
+                event(
+                    ctx,
+                    object,
+                    EventType::Normal,
+                    names::EVENT_REFRESH_DONE,
+                    note,
+                )
+                .await;
+            }
+            patched
+        }
+        Err(e) if e.is_transient() && attempt < ctx.settings.max_attempts => {
+            let mut changes = BTreeMap::new();
+            let now = OffsetDateTime::now_utc();
+            changes.insert(
+                refresh_state::ATTEMPTS.to_string(),
+                json!(attempt.to_string()),
+            );
+            changes.insert(
+                refresh_state::RETRY_AT.to_string(),
+                json!(format_time(retry_at(now, ctx.settings.retry_base, attempt))),
+            );
+            changes.insert(refresh_state::LAST_ERROR.to_string(), json!(e.to_string()));
+            tracing::warn!(machine = %view.name, attempt, error = %e, "refresh attempt failed; will retry");
+            patch(ctx, view, changes).await
+        }
+        Err(e) => {
+            let trigger = view
+                .annotation(names::REFRESH_CERTIFICATES)
+                .unwrap_or_default()
+                .to_string();
+            let reason = if e.is_transient() {
+                format!(
+                    "Machine {}: gave up after {attempt} attempts: {e}",
+                    view.name
+                )
+            } else {
+                format!("Machine {}: {e}", view.name)
+            };
+            let patched = patch(ctx, view, annotations_failed(&trigger, &reason)).await;
+            if patched.is_ok() {
+                event(
+                    ctx,
+                    object,
+                    EventType::Warning,
+                    names::EVENT_REFRESH_FAILED,
+                    reason,
+                )
+                .await;
+            }
+            patched
+        }
+    };
+    if let Err(e) = result {
+        tracing::warn!(machine = %view.name, error = %e, "cannot record the refresh result; it is resumed on the next reconcile");
+    }
+}
+
+/// One attempt: plan on the node, check and sign every CSR, apply. Returns the new expiry and a
+/// note for the event.
+async fn refresh(
+    ctx: &Context,
+    view: &MachineView,
+    ttl: &Ttl,
+) -> Result<(OffsetDateTime, String), Error> {
+    let credentials = ctx
+        .credentials
+        .get(
+            &ctx.client,
+            &view.namespace,
+            &view.cluster_name,
+            ctx.settings.agent_timeout,
+        )
+        .await?;
+    let cluster_ca = credentials.authority(
+        caretaker_agent::SigningCa::Cluster,
+        &view.namespace,
+        &view.cluster_name,
+    )?;
+    let now = OffsetDateTime::now_utc();
+    let wanted = ttl
+        .expires_at(now)
+        .ok_or_else(|| Error::Invalid(format!("TTL {ttl} reaches past the year 9999")))?;
+    if wanted > cluster_ca.info().not_after {
+        return Err(Error::Invalid(format!(
+            "TTL {ttl} reaches past the cluster CA's own expiry ({}); nothing was sent to the node",
+            format_time(cluster_ca.info().not_after)
+        )));
+    }
+    let url = view
+        .agent_url(ctx.settings.agent_port)
+        .ok_or_else(|| Error::NoAgentEndpoint(view.name.clone()))?;
+    let agent = &credentials.agent_client;
+
+    // Resuming: an earlier attempt of this request made a plan. Continue it, or learn that it
+    // was applied and only its recording was lost; never refresh the node twice.
+    let resumed = match view.annotation(refresh_state::PLAN) {
+        Some(plan_id) => match agent.plan_status(&url, plan_id).await {
+            Ok(PlanStatus::Applied { outcome }) => {
+                let note = format!(
+                    "certificates of Machine {} were refreshed by an earlier attempt; they expire at {}",
+                    view.name,
+                    format_time(outcome.earliest_not_after)
+                );
+                return Ok((outcome.earliest_not_after, note));
+            }
+            Ok(PlanStatus::Staged { requests }) => Some((plan_id.to_string(), requests)),
+            Err(AgentError::Status { status: 404, .. }) => None,
+            Err(e) => return Err(e.into()),
+        },
+        None => None,
+    };
+
+    let (endpoint_host, extra_sans) = cluster_names(ctx, view).await?;
+    let policy = machine_policy(view, endpoint_host.as_deref(), &extra_sans);
+    let (plan_id, requests) = match resumed {
+        Some(resumed) => resumed,
+        None => {
+            let plan = agent.plan(&url, &PlanRequest::default()).await?;
+            let mut changes = BTreeMap::new();
+            changes.insert(refresh_state::PLAN.to_string(), json!(plan.plan_id));
+            patch(ctx, view, changes).await?;
+            (plan.plan_id, plan.requests)
+        }
+    };
+    let mut certificates = BTreeMap::new();
+    for request in &requests {
+        let csr = CertificateRequest::from_pem(&request.csr_pem)
+            .map_err(|e| Error::Refused(format!("the CSR for {} is invalid: {e}", request.name)))?;
+        policy.check(&csr).map_err(|refusal| {
+            Error::Refused(format!(
+                "refused to sign {} ({}): {refusal}",
+                request.name,
+                csr.describe()
+            ))
+        })?;
+        let ca = credentials.authority(request.ca, &view.namespace, &view.cluster_name)?;
+        let signed = ca
+            .sign_request(&request.csr_pem, &policy, ttl)
+            .map_err(|e| Error::Refused(format!("refused to sign {}: {e}", request.name)))?;
+        certificates.insert(request.name.clone(), signed.certificate_pem);
+    }
+    let outcome = agent
+        .apply(
+            &url,
+            &ApplyRequest {
+                plan_id,
+                certificates,
+            },
+        )
+        .await?;
+    let restart = match &outcome.restart {
+        None => String::new(),
+        Some(hook) if hook.success => "; restart hook succeeded".into(),
+        Some(hook) => format!(
+            "; the restart hook FAILED (exit code {}, output: {}); the new certificates stay, old ones are backed up in {}",
+            hook.exit_code.map_or("none".into(), |c| c.to_string()),
+            hook.output_tail,
+            outcome.backup_dir.display()
+        ),
+    };
+    let note = format!(
+        "refreshed {} certificates of Machine {}; they expire at {}{restart}",
+        outcome.applied.len(),
+        view.name,
+        format_time(outcome.earliest_not_after)
+    );
+    Ok((outcome.earliest_not_after, note))
+}
+
+/// The control-plane endpoint host of the Machine's Cluster and the extra SANs of its
+/// CK8sControlPlane (any `extraSANs` list in its spec).
+async fn cluster_names(
+    ctx: &Context,
+    view: &MachineView,
+) -> Result<(Option<String>, Vec<String>), Error> {
+    let clusters: Api<DynamicObject> = Api::namespaced_with(
+        ctx.client.clone(),
+        &view.namespace,
+        &machine::cluster_api_resource(),
+    );
+    let Some(cluster) = clusters.get_opt(&view.cluster_name).await? else {
+        return Ok((None, Vec::new()));
+    };
+    let host = cluster.data["spec"]["controlPlaneEndpoint"]["host"]
+        .as_str()
+        .filter(|h| !h.is_empty())
+        .map(str::to_string);
+    let mut extra = Vec::new();
+    if let Some(name) = cluster.data["spec"]["controlPlaneRef"]["name"].as_str() {
+        let planes: Api<DynamicObject> = Api::namespaced_with(
+            ctx.client.clone(),
+            &view.namespace,
+            &machine::control_plane_api_resource(),
+        );
+        if let Ok(Some(plane)) = planes.get_opt(name).await {
+            collect_extra_sans(&plane.data["spec"], &mut extra);
+        }
+    }
+    Ok((host, extra))
+}
+
+fn collect_extra_sans(value: &Value, out: &mut Vec<String>) {
+    match value {
+        Value::Object(map) => {
+            for (key, child) in map {
+                if key == "extraSANs" {
+                    out.extend(
+                        child
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .filter_map(|s| s.as_str().map(str::to_string)),
+                    );
+                } else {
+                    collect_extra_sans(child, out);
+                }
+            }
+        }
+        Value::Array(items) => items.iter().for_each(|i| collect_extra_sans(i, out)),
+        _ => {}
+    }
+}
+
+fn clear_bookkeeping() -> BTreeMap<String, Value> {
+    refresh_state::ALL
+        .iter()
+        .map(|k| (k.to_string(), Value::Null))
+        .collect()
+}
+
+fn annotations_failed(trigger: &str, reason: &str) -> BTreeMap<String, Value> {
+    let mut changes = clear_bookkeeping();
+    changes.insert(
+        names::REFRESH_CERTIFICATES_STATUS.into(),
+        json!(names::STATUS_FAILED),
+    );
+    changes.insert(refresh_state::TRIGGER.into(), json!(trigger));
+    changes.insert(refresh_state::LAST_ERROR.into(), json!(reason));
+    changes
+}
+
+async fn patch(
+    ctx: &Context,
+    view: &MachineView,
+    annotations: BTreeMap<String, Value>,
+) -> Result<(), Error> {
+    let api: Api<DynamicObject> = Api::namespaced_with(
+        ctx.client.clone(),
+        &view.namespace,
+        &machine::api_resource(),
+    );
+    let body = json!({ "metadata": { "annotations": annotations } });
+    api.patch(&view.name, &PatchParams::default(), &Patch::Merge(&body))
+        .await?;
+    Ok(())
+}
+
+async fn event(
+    ctx: &Context,
+    object: &DynamicObject,
+    type_: EventType,
+    reason: &str,
+    note: String,
+) {
+    let reference = object.object_ref(&machine::api_resource());
+    ctx.event(&reference, type_, reason, note).await;
+}

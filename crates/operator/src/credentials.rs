@@ -1,0 +1,159 @@
+//! A cluster's CAs (the Cluster API Secrets `<cluster>-ca`, `-etcd`, `-proxy`) and the
+//! operator's client certificate for that cluster's agents, minted from the cluster CA and
+//! renewed before it expires.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use caretaker_agent::SigningCa;
+use caretaker_agent::api::AgentClient;
+use caretaker_pki::{CertificateAuthority, LeafSpec, RotationPolicy, Ttl, Usage};
+use k8s_openapi::api::core::v1::Secret;
+use kube::Api;
+use time::OffsetDateTime;
+use tokio::sync::Mutex;
+
+use crate::Error;
+
+/// The client identity agents accept by default.
+pub const OPERATOR_CLIENT_NAME: &str = "caretaker-operator";
+/// The operator's client certificates live this long and are replaced after two thirds.
+const CLIENT_CERTIFICATE_LIFETIME: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// Everything needed to refresh one cluster's Machines.
+pub struct ClusterCredentials {
+    authorities: HashMap<SigningCa, CertificateAuthority>,
+    pub agent_client: AgentClient,
+    client_not_before: OffsetDateTime,
+    client_not_after: OffsetDateTime,
+}
+
+impl ClusterCredentials {
+    pub fn authority(
+        &self,
+        ca: SigningCa,
+        namespace: &str,
+        cluster: &str,
+    ) -> Result<&CertificateAuthority, Error> {
+        self.authorities.get(&ca).ok_or_else(|| Error::ClusterCa {
+            namespace: namespace.into(),
+            name: secret_name(cluster, ca),
+            reason: "not found".into(),
+        })
+    }
+
+    fn needs_renewal(&self, now: OffsetDateTime) -> bool {
+        RotationPolicy::Fraction(2.0 / 3.0).is_due(
+            self.client_not_before,
+            self.client_not_after,
+            now,
+        )
+    }
+}
+
+pub fn secret_name(cluster: &str, ca: SigningCa) -> String {
+    let suffix = match ca {
+        SigningCa::Cluster => "ca",
+        SigningCa::Etcd => "etcd",
+        SigningCa::FrontProxy => "proxy",
+    };
+    format!("{cluster}-{suffix}")
+}
+
+/// Credentials per cluster, loaded on first use and reloaded when the client certificate is
+/// due or when asked to (a CA rotated).
+#[derive(Default)]
+pub struct CredentialStore {
+    cache: Mutex<HashMap<(String, String), Arc<ClusterCredentials>>>,
+}
+
+impl CredentialStore {
+    pub async fn get(
+        &self,
+        client: &kube::Client,
+        namespace: &str,
+        cluster: &str,
+        agent_timeout: Duration,
+    ) -> Result<Arc<ClusterCredentials>, Error> {
+        let key = (namespace.to_string(), cluster.to_string());
+        let mut cache = self.cache.lock().await;
+        if let Some(found) = cache
+            .get(&key)
+            .filter(|c| !c.needs_renewal(OffsetDateTime::now_utc()))
+        {
+            return Ok(found.clone());
+        }
+        let loaded = Arc::new(load(client, namespace, cluster, agent_timeout).await?);
+        cache.insert(key, loaded.clone());
+        Ok(loaded)
+    }
+
+    /// Forgets a cluster's credentials, so the next use reloads the Secrets.
+    pub async fn forget(&self, namespace: &str, cluster: &str) {
+        self.cache
+            .lock()
+            .await
+            .remove(&(namespace.to_string(), cluster.to_string()));
+    }
+}
+
+async fn load(
+    client: &kube::Client,
+    namespace: &str,
+    cluster: &str,
+    agent_timeout: Duration,
+) -> Result<ClusterCredentials, Error> {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    let mut authorities = HashMap::new();
+    for ca in SigningCa::ALL {
+        let name = secret_name(cluster, ca);
+        let error = |reason: String| Error::ClusterCa {
+            namespace: namespace.into(),
+            name: name.clone(),
+            reason,
+        };
+        let Some(secret) = secrets.get_opt(&name).await? else {
+            // Only the cluster CA is required; a cluster without etcd or front-proxy CAs
+            // fails only if a node asks for a certificate signed by them.
+            if ca == SigningCa::Cluster {
+                return Err(error("not found".into()));
+            }
+            continue;
+        };
+        let field = |key: &str| {
+            secret
+                .data
+                .as_ref()
+                .and_then(|d| d.get(key))
+                .and_then(|b| String::from_utf8(b.0.clone()).ok())
+                .ok_or_else(|| error(format!("has no {key}")))
+        };
+        let authority = CertificateAuthority::from_pem(&field("tls.crt")?, &field("tls.key")?)
+            .map_err(|e| error(e.to_string()))?;
+        authorities.insert(ca, authority);
+    }
+    let cluster_ca = &authorities[&SigningCa::Cluster];
+    let lifetime = Ttl::from_duration(CLIENT_CERTIFICATE_LIFETIME).expect("a valid lifetime");
+    let issued = cluster_ca
+        .issue(&LeafSpec::new(OPERATOR_CLIENT_NAME, Usage::Client).with_validity(lifetime))
+        .map_err(|e| {
+            Error::Internal(format!(
+                "cannot mint the operator's client certificate: {e}"
+            ))
+        })?;
+    let key = issued.key.as_ref().expect("issue() returns a key").to_pem();
+    let tls = caretaker_agent::tls::client_config(
+        &cluster_ca.certificate_pem(),
+        &issued.certificate_pem,
+        &key,
+    )
+    .map_err(|e| Error::Internal(e.to_string()))?;
+    let info = issued.info();
+    Ok(ClusterCredentials {
+        client_not_before: info.not_before,
+        client_not_after: info.not_after,
+        authorities,
+        agent_client: AgentClient::new(tls, agent_timeout),
+    })
+}

@@ -1,0 +1,89 @@
+//! What the controllers need to know about a Cluster API Machine, read from the object as the
+//! real CRD serves it (cluster.x-k8s.io/v1beta2).
+
+pub mod refresh;
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use kube::api::{ApiResource, DynamicObject};
+use kube::core::GroupVersionKind;
+use serde_json::Value;
+
+/// The Machine kind as served by Cluster API.
+pub fn api_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("cluster.x-k8s.io", "v1beta2", "Machine"),
+        "machines",
+    )
+}
+
+/// The Cluster kind.
+pub fn cluster_api_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("cluster.x-k8s.io", "v1beta2", "Cluster"),
+        "clusters",
+    )
+}
+
+/// The CK8sControlPlane kind.
+pub fn control_plane_api_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(
+            "controlplane.cluster.x-k8s.io",
+            "v1beta2",
+            "CK8sControlPlane",
+        ),
+        "ck8scontrolplanes",
+    )
+}
+
+/// A Machine, reduced to what matters here.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MachineView {
+    pub name: String,
+    pub namespace: String,
+    pub cluster_name: String,
+    pub node_name: Option<String>,
+    pub addresses: Vec<String>,
+    pub control_plane: bool,
+    pub being_deleted: bool,
+    pub annotations: BTreeMap<String, String>,
+}
+
+impl MachineView {
+    pub fn from_object(machine: &DynamicObject) -> Self {
+        let data = &machine.data;
+        let text = |v: &Value| v.as_str().map(str::to_string);
+        let labels = machine.metadata.labels.clone().unwrap_or_default();
+        Self {
+            name: machine.metadata.name.clone().unwrap_or_default(),
+            namespace: machine.metadata.namespace.clone().unwrap_or_default(),
+            cluster_name: text(&data["spec"]["clusterName"]).unwrap_or_default(),
+            node_name: text(&data["status"]["nodeRef"]["name"]).filter(|n| !n.is_empty()),
+            addresses: data["status"]["addresses"]
+                .as_array()
+                .map(|a| a.iter().filter_map(|e| text(&e["address"])).collect())
+                .unwrap_or_default(),
+            control_plane: labels.contains_key(crate::names::CONTROL_PLANE_LABEL),
+            being_deleted: machine.metadata.deletion_timestamp.is_some(),
+            annotations: machine.metadata.annotations.clone().unwrap_or_default(),
+        }
+    }
+
+    pub fn annotation(&self, key: &str) -> Option<&str> {
+        self.annotations.get(key).map(String::as_str)
+    }
+
+    /// The agent's URL: the `caretaker.dev/agent-endpoint` annotation, or the first address.
+    pub fn agent_url(&self, agent_port: u16) -> Option<String> {
+        if let Some(url) = self.annotation(crate::names::AGENT_ENDPOINT) {
+            return Some(url.to_string());
+        }
+        let address = self.addresses.first()?;
+        Some(match address.parse::<IpAddr>() {
+            Ok(IpAddr::V6(ip)) => format!("https://[{ip}]:{agent_port}"),
+            _ => format!("https://{address}:{agent_port}"),
+        })
+    }
+}

@@ -1,0 +1,42 @@
+//! User-facing names. Those under `v1beta2.k8sd.io` and `machine.cluster.x-k8s.io` come from
+//! the Cluster API providers for Canonical Kubernetes and must match them exactly.
+
+/// Trigger: the TTL of the new certificates.
+pub const REFRESH_CERTIFICATES: &str = "v1beta2.k8sd.io/refresh-certificates";
+/// `in-progress`, `done` or `failed`.
+pub const REFRESH_CERTIFICATES_STATUS: &str = "v1beta2.k8sd.io/refresh-certificates-status";
+/// The earliest notAfter of the Machine's certificates, RFC 3339.
+pub const CERTIFICATES_EXPIRY: &str = "machine.cluster.x-k8s.io/certificates-expiry";
+
+pub const STATUS_IN_PROGRESS: &str = "in-progress";
+pub const STATUS_DONE: &str = "done";
+pub const STATUS_FAILED: &str = "failed";
+
+pub const EVENT_REFRESH_IN_PROGRESS: &str = "CertificatesRefreshInProgress";
+pub const EVENT_REFRESH_DONE: &str = "CertificatesRefreshDone";
+pub const EVENT_REFRESH_FAILED: &str = "CertificatesRefreshFailed";
+
+/// caretaker's own: the agent URL, overriding `https://<address>:<agent-port>`.
+pub const AGENT_ENDPOINT: &str = "caretaker.dev/agent-endpoint";
+
+/// Bookkeeping of a refresh in progress, so a restarted operator resumes it.
+pub mod refresh_state {
+    /// The trigger value this request is for.
+    pub const TRIGGER: &str = "caretaker.dev/refresh-trigger";
+    /// When the request started (RFC 3339): certificates issued after it are this request's.
+    pub const STARTED_AT: &str = "caretaker.dev/refresh-started-at";
+    /// Failed attempts so far.
+    pub const ATTEMPTS: &str = "caretaker.dev/refresh-attempts";
+    /// Not before this time (RFC 3339) is the next attempt made.
+    pub const RETRY_AT: &str = "caretaker.dev/refresh-retry-at";
+    /// The last error, for people reading the Machine.
+    pub const LAST_ERROR: &str = "caretaker.dev/refresh-last-error";
+    /// The agent's plan for this request: a resumed attempt continues it (or learns it was
+    /// applied) instead of refreshing the node a second time.
+    pub const PLAN: &str = "caretaker.dev/refresh-plan";
+
+    pub const ALL: [&str; 6] = [TRIGGER, STARTED_AT, ATTEMPTS, RETRY_AT, LAST_ERROR, PLAN];
+}
+
+/// The label Cluster API puts on control-plane Machines.
+pub const CONTROL_PLANE_LABEL: &str = "cluster.x-k8s.io/control-plane";
