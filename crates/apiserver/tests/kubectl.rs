@@ -630,3 +630,21 @@ async fn kubectl_get_watch_sees_changes() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_over_https_trusts_the_kubeconfig_ca() {
+    let Some(bin) = kubectl_or_skip("kubectl_over_https_trusts_the_kubeconfig_ca") else {
+        return;
+    };
+    let server = ApiServer::builder().tls(true).start().await.unwrap();
+    assert!(server.url().starts_with("https://"));
+    let k = Kubectl::new(bin, &server);
+    let namespaces = k.ok(&["get", "namespaces", "-o", "name"]).await;
+    assert!(namespaces.contains("namespace/kube-system"), "{namespaces}");
+    k.ok_with(&["apply", "--server-side", "-f", "-"], Some(CONFIGMAP))
+        .await;
+    assert_eq!(
+        k.json(&["get", "configmap", "app"]).await["data"]["mode"],
+        "blue"
+    );
+}
