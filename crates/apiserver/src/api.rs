@@ -454,7 +454,13 @@ impl ApiState {
     }
 
     /// Kind-specific rules and schema validation of the object about to be stored.
-    fn validate(&self, def: &ResourceDef, obj: &Value, creating: bool) -> Result<(), ApiError> {
+    fn validate(
+        &self,
+        def: &ResourceDef,
+        obj: &Value,
+        old: Option<&Value>,
+    ) -> Result<(), ApiError> {
+        let creating = old.is_none();
         let name = name_of(obj);
         let mut errs: Vec<FieldError> = Vec::new();
         let name_problem = match def.flavor {
@@ -465,6 +471,22 @@ impl ApiState {
             }
             _ => meta::check_dns_subdomain(name),
         };
+        errs.extend(metadata_errors(obj));
+        // Immutable ConfigMaps and Secrets keep their data (and stay immutable).
+        if matches!(def.plural.as_str(), "configmaps" | "secrets")
+            && let Some(old) = old
+            && old.get("immutable") == Some(&Value::Bool(true))
+        {
+            for field in ["data", "binaryData", "immutable"] {
+                if old.get(field) != obj.get(field) {
+                    errs.push(FieldError::new(
+                        field,
+                        FieldErrorKind::Forbidden,
+                        "field is immutable when `immutable` is set",
+                    ));
+                }
+            }
+        }
         // kube-apiserver's limit on the total size of annotations (keys and values).
         const ANNOTATIONS_LIMIT: usize = 256 * 1024;
         let annotations_size: usize = obj
@@ -733,7 +755,7 @@ impl ApiState {
             schema: def.schema.as_deref(),
         };
         apply::record_update(None, &mut obj, &writer);
-        self.validate(def, &obj, true)?;
+        self.validate(def, &obj, None)?;
         self.admission
             .validate(
                 &self.store,
@@ -893,7 +915,7 @@ impl ApiState {
             Some(_) => {}
             None => apply::record_update(Some(old), &mut obj, &writer),
         }
-        self.validate(def, &obj, false)?;
+        self.validate(def, &obj, Some(old))?;
         self.admission
             .validate(
                 &self.store,
@@ -1087,7 +1109,7 @@ impl ApiState {
         if let Some(mf) = mf {
             metadata_mut(&mut obj).insert("managedFields".into(), mf);
         }
-        self.validate(def, &obj, true)?;
+        self.validate(def, &obj, None)?;
         self.admission
             .validate(
                 &self.store,
@@ -1294,6 +1316,57 @@ impl ApiState {
     pub fn storage_def(&self, storage_key: &str) -> Option<Arc<ResourceDef>> {
         self.registry.by_storage_key(storage_key)
     }
+}
+
+/// ObjectMeta rules every kind shares: label and annotation keys, label values, owner references.
+fn metadata_errors(obj: &Value) -> Vec<FieldError> {
+    let mut errs = Vec::new();
+    for field in ["labels", "annotations"] {
+        for (k, v) in obj
+            .pointer(&format!("/metadata/{field}"))
+            .and_then(Value::as_object)
+            .into_iter()
+            .flatten()
+        {
+            if let Some(p) = meta::check_qualified_name(k) {
+                errs.push(FieldError::new(
+                    format!("metadata.{field}"),
+                    FieldErrorKind::Invalid,
+                    format!("{k:?}: {p}"),
+                ));
+            }
+            if field == "labels"
+                && let Some(p) = meta::check_label_value(v.as_str().unwrap_or(""))
+            {
+                errs.push(FieldError::new(
+                    format!("metadata.labels"),
+                    FieldErrorKind::Invalid,
+                    format!("{v}: {p}"),
+                ));
+            }
+        }
+    }
+    for (i, r) in obj
+        .pointer("/metadata/ownerReferences")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        for field in ["apiVersion", "kind", "name", "uid"] {
+            if r.get(field)
+                .and_then(Value::as_str)
+                .is_none_or(str::is_empty)
+            {
+                errs.push(FieldError::new(
+                    format!("metadata.ownerReferences[{i}].{field}"),
+                    FieldErrorKind::Invalid,
+                    format!("\"\": {field} must not be empty"),
+                ));
+            }
+        }
+    }
+    errs
 }
 
 fn encode_continue(rv: u64, namespace: &str, name: &str) -> String {

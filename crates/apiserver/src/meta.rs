@@ -84,6 +84,38 @@ pub fn check_dns_label(name: &str) -> Option<String> {
     })
 }
 
+fn is_label_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|c| c.is_ascii_alphanumeric() || c == b'-' || c == b'_' || c == b'.')
+        && s.as_bytes()[0].is_ascii_alphanumeric()
+        && s.as_bytes()[s.len() - 1].is_ascii_alphanumeric()
+}
+
+/// A label or annotation key: `[prefix/]name`. Returns the problem, if any.
+pub fn check_qualified_name(key: &str) -> Option<String> {
+    let (prefix, name) = match key.rsplit_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, key),
+    };
+    if let Some(p) = prefix
+        && (p.is_empty() || check_dns_subdomain(p).is_some())
+    {
+        return Some("prefix part a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character".into());
+    }
+    (!is_label_name(name)).then(|| {
+        "name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')".into()
+    })
+}
+
+/// A label value: empty, or up to 63 characters of `[-A-Za-z0-9_.]` starting and ending alphanumeric.
+pub fn check_label_value(value: &str) -> Option<String> {
+    (!value.is_empty() && !is_label_name(value)).then(|| {
+        "a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyValue',  or 'my_value',  or '12345', regex used for validation is '(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?')".into()
+    })
+}
+
 pub fn name_of(obj: &Value) -> &str {
     obj.pointer("/metadata/name")
         .and_then(Value::as_str)
@@ -154,5 +186,13 @@ mod tests {
         assert!(check_dns_label("a.b").is_some());
         assert_eq!(name_suffix().len(), 5);
         assert!(parse_time(&now()).is_some());
+        assert!(check_qualified_name("app.kubernetes.io/name").is_none());
+        assert!(check_qualified_name("v1beta2.k8sd.io/refresh-certificates").is_none());
+        assert!(check_qualified_name("bad key").is_some());
+        assert!(check_qualified_name("/x").is_some());
+        assert!(check_label_value("").is_none());
+        assert!(check_label_value("v1.2_3").is_none());
+        assert!(check_label_value("no spaces").is_some());
+        assert!(check_label_value(&"x".repeat(64)).is_some());
     }
 }

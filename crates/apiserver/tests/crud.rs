@@ -350,3 +350,68 @@ async fn kube_event_recorder_events_are_served_by_both_event_apis() {
         Some("caretaker-test")
     );
 }
+
+#[tokio::test]
+async fn metadata_and_immutability_rules() {
+    let server = TestServer::start().await;
+    let cms: Api<ConfigMap> = Api::namespaced(server.client(), "default");
+    let pp = PostParams::default();
+
+    let err = api_error(
+        cms.create(&pp, &cm("bad-label", json!({"app": "no spaces"})))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!((err.code, err.reason.as_str()), (422, "Invalid"));
+    assert!(
+        err.message.starts_with(
+            "ConfigMap \"bad-label\" is invalid: metadata.labels: Invalid value: \"no spaces\""
+        ),
+        "{}",
+        err.message
+    );
+    let err = api_error(
+        cms.create(&pp, &cm("bad-key", json!({"bad key": "x"})))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(err.code, 422);
+
+    let orphan: ConfigMap =
+        serde_json::from_value(json!({"metadata": {"name": "o", "ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap", "name": "x", "uid": ""}]}})).unwrap();
+    let err = api_error(cms.create(&pp, &orphan).await.unwrap_err());
+    assert_eq!(err.code, 422);
+    assert!(
+        err.message.contains("metadata.ownerReferences[0].uid"),
+        "{}",
+        err.message
+    );
+
+    let frozen: ConfigMap = serde_json::from_value(
+        json!({"metadata": {"name": "frozen"}, "data": {"k": "v"}, "immutable": true}),
+    )
+    .unwrap();
+    cms.create(&pp, &frozen).await.unwrap();
+    let err = api_error(
+        cms.patch(
+            "frozen",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {"k": "w"}})),
+        )
+        .await
+        .unwrap_err(),
+    );
+    assert_eq!(err.code, 422);
+    assert_eq!(
+        err.message,
+        "ConfigMap \"frozen\" is invalid: data: Forbidden: field is immutable when `immutable` is set"
+    );
+    // Metadata may still change.
+    cms.patch(
+        "frozen",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"ok": "yes"}}})),
+    )
+    .await
+    .unwrap();
+}
