@@ -1339,7 +1339,7 @@ fn metadata_errors(obj: &Value) -> Vec<FieldError> {
                 && let Some(p) = meta::check_label_value(v.as_str().unwrap_or(""))
             {
                 errs.push(FieldError::new(
-                    format!("metadata.labels"),
+                    "metadata.labels",
                     FieldErrorKind::Invalid,
                     format!("{v}: {p}"),
                 ));
