@@ -20,16 +20,15 @@ struct Cli {
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Run the controllers against a cluster (not built yet).
-    #[command(long_about = cmd::planned::OPERATOR)]
-    Operator(cmd::planned::PlannedArgs),
+    /// Run the controllers against a cluster.
+    Operator(cmd::operator::OperatorArgs),
     /// Run the node agent that refreshes a node's certificates and upgrades it.
     Agent(cmd::agent::AgentArgs),
     /// Serve the embedded Kubernetes-compatible API server on loopback.
     Apiserver(cmd::apiserver::ApiserverArgs),
-    /// Run API server, operator and agents together on this machine (not built yet).
-    #[command(long_about = cmd::planned::DEMO)]
-    Demo(cmd::planned::PlannedArgs),
+    /// Run API server, operator and agents together on this machine, and refresh every
+    /// Machine's certificates.
+    Demo(cmd::demo::DemoArgs),
     /// Show a cluster-wide rollout's progress (not built yet).
     #[command(long_about = cmd::planned::STATUS)]
     Status(cmd::planned::PlannedArgs),
@@ -49,9 +48,9 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Apiserver(args) => cmd::apiserver::run(args),
         Command::Pki(command) => cmd::pki::run(command),
-        Command::Operator(_) => cmd::planned::not_built("operator"),
+        Command::Operator(args) => cmd::operator::run(args),
         Command::Agent(args) => cmd::agent::run(args),
-        Command::Demo(_) => cmd::planned::not_built("demo"),
+        Command::Demo(args) => cmd::demo::run(args),
         Command::Status(_) => cmd::planned::not_built("status"),
         Command::Certs(command) => cmd::certs::run(command),
         Command::Crds(_) => cmd::planned::not_built("crds"),

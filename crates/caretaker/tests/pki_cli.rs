@@ -390,7 +390,7 @@ fn every_subcommand_explains_itself() {
 
 #[test]
 fn commands_not_built_yet_say_so_and_fail() {
-    for command in ["operator", "demo", "status", "crds"] {
+    for command in ["status", "crds"] {
         let out = caretaker(&[command]);
         assert_eq!(out.status.code(), Some(2), "{command}");
         assert!(

@@ -7,14 +7,6 @@ use std::process::ExitCode;
 #[derive(Debug, clap::Args)]
 pub struct PlannedArgs {}
 
-pub const OPERATOR: &str = "Run caretaker's controllers against a cluster: per-Machine and \
-cluster-wide certificate refresh and in-place upgrades driven by the upstream \
-v1beta2.k8sd.io annotations.\n\nNot built yet: this command exits with status 2.";
-
-pub const DEMO: &str = "Start the embedded API server, the operator and one agent per \
-Machine on this machine, and refresh every Machine's certificates.\n\nNot built yet: this \
-command exits with status 2.";
-
 pub const STATUS: &str = "Show a Cluster's rollout: request, status, progress bar and a \
 table of its Machines.\n\nNot built yet: this command exits with status 2.";
 

@@ -1,0 +1,610 @@
+//! `caretaker demo`: the embedded API server, the real Cluster API CRDs, a Cluster with its CA
+//! Secrets, a CK8sControlPlane, a MachineDeployment with its MachineSet, one real agent
+//! process per Machine with a kubeadm-layout node on disk, and the operator as its own
+//! process; then a certificate refresh of every Machine, shown before and after.
+
+use std::collections::BTreeMap;
+use std::io::Write as _;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use caretaker_agent::NodeLayout;
+use caretaker_agent::provision::{ClusterCas, NodeRole, NodeSpec, provision_node};
+use caretaker_apiserver::ApiServer;
+use caretaker_operator::machine;
+use caretaker_operator::machine::refresh::format_time;
+use caretaker_operator::names;
+use caretaker_pki::files;
+use caretaker_pki::{LeafSpec, Ttl, Usage};
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DynamicObject, ObjectMeta, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+
+const NAMESPACE: &str = "default";
+const CLUSTER: &str = "demo";
+
+const UPSTREAM_CRDS: [&str; 5] = [
+    include_str!("../../../../deploy/upstream-crds/cluster.x-k8s.io_clusters.yaml"),
+    include_str!("../../../../deploy/upstream-crds/cluster.x-k8s.io_machines.yaml"),
+    include_str!("../../../../deploy/upstream-crds/cluster.x-k8s.io_machinedeployments.yaml"),
+    include_str!("../../../../deploy/upstream-crds/cluster.x-k8s.io_machinesets.yaml"),
+    include_str!(
+        "../../../../deploy/upstream-crds/controlplane.cluster.x-k8s.io_ck8scontrolplanes.yaml"
+    ),
+];
+
+/// Run API server, operator and one agent per Machine on this machine, and refresh every
+/// Machine's certificates.
+///
+/// Everything lives under --state-dir: the API server's data and DIR/kubeconfig, one directory
+/// per Machine under DIR/nodes/MACHINE (pki/, kubeconfigs/ with certificates that expire in 30
+/// days, the agent's state, agent.pid, and the demo hooks upgrade.sh and restart.sh, which
+/// fail when a file named fail-upgrade or fail-restart exists beside them), and the operator's
+/// log and pid. Without --no-trigger the certificates of every Machine are refreshed, Machine by
+/// Machine, and a before/after expiry table is printed.
+#[derive(Debug, clap::Args)]
+pub struct DemoArgs {
+    /// Where to keep everything (default: a new directory under the system temp dir).
+    #[arg(long, value_name = "DIR")]
+    state_dir: Option<PathBuf>,
+    /// Control-plane Machines.
+    #[arg(long, value_name = "N", default_value_t = 3)]
+    control_planes: u32,
+    /// Worker Machines (one MachineDeployment).
+    #[arg(long, value_name = "N", default_value_t = 3)]
+    workers: u32,
+    /// TTL of the refreshed certificates.
+    #[arg(
+        long,
+        value_name = "TTL",
+        default_value = "1y",
+        allow_hyphen_values = true
+    )]
+    refresh: String,
+    /// Stay up until Ctrl-C, and print how to use kubectl against the demo.
+    #[arg(long)]
+    keep_running: bool,
+    /// Set everything up but refresh nothing.
+    #[arg(long)]
+    no_trigger: bool,
+    /// Start everything but the operator (run `caretaker operator --kubeconfig DIR/kubeconfig`
+    /// yourself).
+    #[arg(long)]
+    no_operator: bool,
+}
+
+pub fn run(args: DemoArgs) -> ExitCode {
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(e) => return fail(e.to_string()),
+    };
+    match runtime.block_on(demo(args)) {
+        Ok(code) => code,
+        Err(message) => fail(message),
+    }
+}
+
+fn fail(message: String) -> ExitCode {
+    eprintln!("caretaker demo: {message}");
+    ExitCode::FAILURE
+}
+
+/// Child processes, stopped when the demo ends (or fails half-way).
+#[derive(Default)]
+struct Processes(Vec<(String, Child)>);
+
+impl Drop for Processes {
+    fn drop(&mut self) {
+        for (_, child) in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+struct DemoMachine {
+    name: String,
+    role: NodeRole,
+    layout: NodeLayout,
+}
+
+async fn demo(args: DemoArgs) -> Result<ExitCode, String> {
+    caretaker_agent::tls::install_crypto_provider();
+    let ttl: Ttl = args.refresh.parse().map_err(|e: caretaker_pki::TtlError| {
+        format!("invalid --refresh {:?}: {}", args.refresh, e.problem)
+    })?;
+    if args.control_planes == 0 {
+        return Err("--control-planes must be at least 1".into());
+    }
+    let dir = match &args.state_dir {
+        Some(dir) => dir.clone(),
+        None => std::env::temp_dir().join(format!("caretaker-demo-{}", std::process::id())),
+    };
+    if dir.exists()
+        && std::fs::read_dir(&dir)
+            .map(|mut d| d.next().is_some())
+            .unwrap_or(false)
+    {
+        return Err(format!(
+            "--state-dir {} is not empty; choose a new directory",
+            dir.display()
+        ));
+    }
+    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let started = Instant::now();
+    step(&format!("state in {}", dir.display()));
+
+    let server = ApiServer::builder()
+        .data_dir(dir.join("apiserver"))
+        .start()
+        .await
+        .map_err(|e| format!("cannot start the API server: {e}"))?;
+    server
+        .write_kubeconfig(dir.join("kubeconfig"))
+        .map_err(|e| e.to_string())?;
+    let client = server.client();
+    step(&format!(
+        "embedded API server at {} (kubeconfig: {})",
+        server.url(),
+        dir.join("kubeconfig").display()
+    ));
+
+    install_crds(&client).await?;
+    step("installed the Cluster API and CK8sControlPlane CRDs");
+
+    let cas = ClusterCas::create().map_err(|e| e.to_string())?;
+    create_cluster(&client, &cas).await?;
+    step(&format!(
+        "Cluster {CLUSTER} with CA Secrets {CLUSTER}-ca, {CLUSTER}-etcd, {CLUSTER}-proxy; CK8sControlPlane, MachineDeployment and MachineSet"
+    ));
+
+    let mut processes = Processes::default();
+    let mut machines = Vec::new();
+    let names = (0..args.control_planes)
+        .map(|i| (format!("{CLUSTER}-cp-{i}"), NodeRole::ControlPlane))
+        .chain((0..args.workers).map(|i| (format!("{CLUSTER}-md-0-{i}"), NodeRole::Worker)));
+    for (name, role) in names {
+        let (machine, child) = start_machine(&client, &cas, &dir, &exe, &name, role).await?;
+        processes.0.push((name.clone(), child));
+        machines.push(machine);
+    }
+    step(&format!(
+        "{} Machines, each with a node on disk and an agent process",
+        machines.len()
+    ));
+
+    if !args.no_operator {
+        let log = std::fs::File::create(dir.join("operator.log")).map_err(|e| e.to_string())?;
+        let child = Command::new(&exe)
+            .args(["operator", "--kubeconfig"])
+            .arg(dir.join("kubeconfig"))
+            .args(["--retry-base", "2s"])
+            .stdout(log.try_clone().map_err(|e| e.to_string())?)
+            .stderr(log)
+            .spawn()
+            .map_err(|e| format!("cannot start the operator: {e}"))?;
+        std::fs::write(dir.join("operator.pid"), child.id().to_string())
+            .map_err(|e| e.to_string())?;
+        processes.0.push(("operator".into(), child));
+        step(&format!(
+            "operator running (log: {})",
+            dir.join("operator.log").display()
+        ));
+    }
+
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), NAMESPACE, &machine::api_resource());
+    let mut failed = false;
+    if !args.no_trigger && !args.no_operator {
+        let before = expiries(&machines);
+        let total = machines.len();
+        for (index, m) in machines.iter().enumerate() {
+            let body = json!({ "metadata": { "annotations": { names::REFRESH_CERTIFICATES: ttl.to_string() } } });
+            api.patch(&m.name, &PatchParams::default(), &Patch::Merge(&body))
+                .await
+                .map_err(|e| e.to_string())?;
+            let status = wait_for_end(&api, &m.name, Duration::from_secs(120)).await?;
+            println!(
+                "  [{}/{}] {} {}: {}",
+                index + 1,
+                total,
+                role_name(m.role),
+                m.name,
+                status
+            );
+            failed |= status != names::STATUS_DONE;
+        }
+        let after = expiries(&machines);
+        println!();
+        println!(
+            "{:<16} {:<14} {:<22} {:<22}",
+            "MACHINE", "ROLE", "EARLIEST EXPIRY BEFORE", "EARLIEST EXPIRY AFTER"
+        );
+        for m in &machines {
+            println!(
+                "{:<16} {:<14} {:<22} {:<22}",
+                m.name,
+                role_name(m.role),
+                before[&m.name],
+                after[&m.name]
+            );
+        }
+        println!();
+        step(&format!("done in {:.1}s", started.elapsed().as_secs_f64()));
+    }
+
+    if args.keep_running {
+        println!();
+        println!("The demo is running. Try:");
+        println!("  export KUBECONFIG={}", dir.join("kubeconfig").display());
+        println!("  kubectl get machines");
+        println!(
+            "  kubectl annotate machine {}-cp-0 {}=90d --overwrite",
+            CLUSTER,
+            names::REFRESH_CERTIFICATES
+        );
+        println!("  kubectl describe machine {CLUSTER}-cp-0");
+        println!(
+            "  caretaker certs check-expiration --pki-dir {0}/nodes/{CLUSTER}-cp-0/pki --kubeconfig-dir {0}/nodes/{CLUSTER}-cp-0/kubeconfigs",
+            dir.display()
+        );
+        println!("Press Ctrl-C to stop.");
+        let _ = tokio::signal::ctrl_c().await;
+    }
+    drop(processes);
+    server.shutdown().await;
+    Ok(if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+fn step(message: &str) {
+    println!("==> {message}");
+    let _ = std::io::stdout().flush();
+}
+
+fn role_name(role: NodeRole) -> &'static str {
+    match role {
+        NodeRole::ControlPlane => "control-plane",
+        NodeRole::Worker => "worker",
+    }
+}
+
+fn expiries(machines: &[DemoMachine]) -> BTreeMap<String, String> {
+    machines
+        .iter()
+        .map(|m| {
+            let expiry = caretaker_agent::inventory::discover(&m.layout)
+                .earliest_expiry()
+                .map(format_time)
+                .unwrap_or_else(|| "-".into());
+            (m.name.clone(), expiry)
+        })
+        .collect()
+}
+
+async fn wait_for_end(
+    api: &Api<DynamicObject>,
+    name: &str,
+    limit: Duration,
+) -> Result<String, String> {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        let object = api.get(name).await.map_err(|e| e.to_string())?;
+        let annotations = object.metadata.annotations.unwrap_or_default();
+        let status = annotations
+            .get(names::REFRESH_CERTIFICATES_STATUS)
+            .map(String::as_str);
+        let pending = annotations.contains_key(names::REFRESH_CERTIFICATES);
+        match status {
+            Some(names::STATUS_DONE) if !pending => return Ok(names::STATUS_DONE.into()),
+            Some(names::STATUS_FAILED) => {
+                let why = annotations
+                    .get(names::refresh_state::LAST_ERROR)
+                    .cloned()
+                    .unwrap_or_default();
+                return Ok(format!("{} ({why})", names::STATUS_FAILED));
+            }
+            _ => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+    Err(format!(
+        "Machine {name} did not finish its refresh within {}s",
+        limit.as_secs()
+    ))
+}
+
+async fn install_crds(client: &kube::Client) -> Result<(), String> {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for text in UPSTREAM_CRDS {
+        let value: Value =
+            serde_saphyr::from_str(text).map_err(|e| format!("embedded CRD: {e}"))?;
+        let crd: CustomResourceDefinition =
+            serde_json::from_value(value).map_err(|e| format!("embedded CRD: {e}"))?;
+        crds.create(&PostParams::default(), &crd)
+            .await
+            .map_err(|e| format!("installing CRD: {e}"))?;
+    }
+    Ok(())
+}
+
+async fn create(
+    client: &kube::Client,
+    resource: &kube::api::ApiResource,
+    object: Value,
+) -> Result<(), String> {
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), NAMESPACE, resource);
+    let object: DynamicObject = serde_json::from_value(object).map_err(|e| e.to_string())?;
+    let name = object.metadata.name.clone().unwrap_or_default();
+    api.create(&PostParams::default(), &object)
+        .await
+        .map_err(|e| format!("creating {} {name}: {e}", resource.kind))?;
+    Ok(())
+}
+
+fn resource(group: &str, kind: &str, plural: &str) -> kube::api::ApiResource {
+    kube::api::ApiResource::from_gvk_with_plural(
+        &kube::core::GroupVersionKind::gvk(group, "v1beta2", kind),
+        plural,
+    )
+}
+
+fn infrastructure_ref(kind: &str, name: &str) -> Value {
+    json!({ "apiGroup": "infrastructure.cluster.x-k8s.io", "kind": kind, "name": name })
+}
+
+async fn create_cluster(client: &kube::Client, cas: &ClusterCas) -> Result<(), String> {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), NAMESPACE);
+    for (suffix, ca) in [
+        ("ca", &cas.cluster),
+        ("etcd", &cas.etcd),
+        ("proxy", &cas.front_proxy),
+    ] {
+        let data = BTreeMap::from([
+            (
+                "tls.crt".to_string(),
+                ByteString(ca.certificate_pem().into_bytes()),
+            ),
+            (
+                "tls.key".to_string(),
+                ByteString(ca.private_key_pem().into_bytes()),
+            ),
+        ]);
+        let secret = Secret {
+            metadata: ObjectMeta {
+                name: Some(format!("{CLUSTER}-{suffix}")),
+                labels: Some(BTreeMap::from([(
+                    "cluster.x-k8s.io/cluster-name".to_string(),
+                    CLUSTER.to_string(),
+                )])),
+                ..Default::default()
+            },
+            data: Some(data),
+            type_: Some("cluster.x-k8s.io/secret".into()),
+            ..Default::default()
+        };
+        secrets
+            .create(&PostParams::default(), &secret)
+            .await
+            .map_err(|e| format!("creating Secret: {e}"))?;
+    }
+    create(client, &machine::cluster_api_resource(), json!({
+        "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
+        "metadata": { "name": CLUSTER },
+        "spec": {
+            "controlPlaneEndpoint": { "host": "demo.caretaker.local", "port": 6443 },
+            "controlPlaneRef": { "apiGroup": "controlplane.cluster.x-k8s.io", "kind": "CK8sControlPlane", "name": format!("{CLUSTER}-control-plane") },
+            "infrastructureRef": infrastructure_ref("DockerCluster", CLUSTER)
+        }
+    })).await?;
+    create(client, &machine::control_plane_api_resource(), json!({
+        "apiVersion": "controlplane.cluster.x-k8s.io/v1beta2", "kind": "CK8sControlPlane",
+        "metadata": { "name": format!("{CLUSTER}-control-plane") },
+        "spec": {
+            "version": "v1.33.0",
+            "machineTemplate": { "infrastructureTemplate": { "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1", "kind": "DockerMachineTemplate", "name": format!("{CLUSTER}-control-plane") } }
+        }
+    })).await?;
+    let selector =
+        json!({ "matchLabels": { "cluster.x-k8s.io/deployment-name": format!("{CLUSTER}-md-0") } });
+    let template = json!({
+        "metadata": { "labels": { "cluster.x-k8s.io/deployment-name": format!("{CLUSTER}-md-0") } },
+        "spec": {
+            "clusterName": CLUSTER,
+            "bootstrap": { "dataSecretName": format!("{CLUSTER}-md-0-bootstrap") },
+            "infrastructureRef": infrastructure_ref("DockerMachine", &format!("{CLUSTER}-md-0"))
+        }
+    });
+    create(
+        client,
+        &resource(
+            "cluster.x-k8s.io",
+            "MachineDeployment",
+            "machinedeployments",
+        ),
+        json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachineDeployment",
+            "metadata": { "name": format!("{CLUSTER}-md-0") },
+            "spec": { "clusterName": CLUSTER, "selector": selector, "template": template }
+        }),
+    )
+    .await?;
+    create(client, &resource("cluster.x-k8s.io", "MachineSet", "machinesets"), json!({
+        "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachineSet",
+        "metadata": { "name": format!("{CLUSTER}-md-0-demo"), "labels": { "cluster.x-k8s.io/deployment-name": format!("{CLUSTER}-md-0") } },
+        "spec": { "clusterName": CLUSTER, "selector": selector, "template": template }
+    })).await?;
+    Ok(())
+}
+
+const RESTART_SCRIPT: &str = r#"#!/bin/sh
+# caretaker demo restart hook: succeeds after about a second unless fail-restart exists beside it.
+here=$(dirname "$0")
+if [ -e "$here/fail-restart" ]; then
+  echo "restart failed: $here/fail-restart exists" >&2
+  exit 1
+fi
+sleep 1
+echo "restarted the control-plane components of $(basename "$here")"
+"#;
+
+const UPGRADE_SCRIPT: &str = r#"#!/bin/sh
+# caretaker demo upgrade command: records the release after about a second, unless
+# fail-upgrade exists beside it.
+here=$(dirname "$0")
+if [ -e "$here/fail-upgrade" ]; then
+  echo "upgrade to $1 failed: $here/fail-upgrade exists" >&2
+  exit 1
+fi
+echo "upgrading $(basename "$here") to $1"
+sleep 1
+echo "$1" > "$here/release"
+echo "now at $1"
+"#;
+
+async fn start_machine(
+    client: &kube::Client,
+    cas: &ClusterCas,
+    dir: &Path,
+    exe: &Path,
+    name: &str,
+    role: NodeRole,
+) -> Result<(DemoMachine, Child), String> {
+    let node_dir = dir.join("nodes").join(name);
+    let layout = NodeLayout::new(node_dir.join("pki"), node_dir.join("kubeconfigs"));
+    provision_node(
+        &layout,
+        cas,
+        &NodeSpec {
+            node_name: name.to_string(),
+            addresses: vec!["127.0.0.1".parse().expect("valid")],
+            role,
+            control_plane_host: "demo.caretaker.local".into(),
+            server_url: "https://demo.caretaker.local:6443".into(),
+            validity: "30d".parse().expect("valid"),
+        },
+    )
+    .map_err(|e| format!("provisioning {name}: {e}"))?;
+    for (script, text) in [
+        ("restart.sh", RESTART_SCRIPT),
+        ("upgrade.sh", UPGRADE_SCRIPT),
+    ] {
+        let path = node_dir.join(script);
+        std::fs::write(&path, text).map_err(|e| e.to_string())?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))
+            .map_err(|e| e.to_string())?;
+    }
+    // The agent's serving pair and the CA its clients must chain to.
+    let agent_dir = node_dir.join("agent");
+    std::fs::create_dir_all(&agent_dir).map_err(|e| e.to_string())?;
+    let serving = cas
+        .cluster
+        .issue(
+            &LeafSpec::new(format!("{name}-agent"), Usage::Server)
+                .with_dns_names(["localhost"])
+                .with_ip_addresses(["127.0.0.1".parse().expect("valid")]),
+        )
+        .map_err(|e| e.to_string())?;
+    let key = serving
+        .key
+        .as_ref()
+        .expect("issue() returns a key")
+        .to_pem();
+    files::write_all(
+        &agent_dir,
+        &[
+            files::FileToWrite {
+                name: "tls.crt",
+                contents: serving.certificate_pem.as_bytes(),
+                mode: files::CERTIFICATE_MODE,
+            },
+            files::FileToWrite {
+                name: "tls.key",
+                contents: key.as_bytes(),
+                mode: files::PRIVATE_KEY_MODE,
+            },
+            files::FileToWrite {
+                name: "client-ca.crt",
+                contents: cas.cluster.certificate_pem().as_bytes(),
+                mode: files::CERTIFICATE_MODE,
+            },
+        ],
+    )
+    .map_err(|e| e.to_string())?;
+
+    let port = free_port()?;
+    let log = std::fs::File::create(node_dir.join("agent.log")).map_err(|e| e.to_string())?;
+    let child = Command::new(exe)
+        .arg("agent")
+        .arg("--listen")
+        .arg(format!("127.0.0.1:{port}"))
+        .arg("--pki-dir")
+        .arg(&layout.pki_dir)
+        .arg("--kubeconfig-dir")
+        .arg(&layout.kubeconfig_dir)
+        .arg("--tls-cert")
+        .arg(agent_dir.join("tls.crt"))
+        .arg("--tls-key")
+        .arg(agent_dir.join("tls.key"))
+        .arg("--client-ca")
+        .arg(agent_dir.join("client-ca.crt"))
+        .arg("--state-dir")
+        .arg(node_dir.join("state"))
+        .arg("--restart-command")
+        .arg(node_dir.join("restart.sh"))
+        .arg("--upgrade-command")
+        .arg(node_dir.join("upgrade.sh"))
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().map_err(|e| e.to_string())?)
+        .stderr(log)
+        .spawn()
+        .map_err(|e| format!("cannot start the agent of {name}: {e}"))?;
+    std::fs::write(node_dir.join("agent.pid"), child.id().to_string())
+        .map_err(|e| e.to_string())?;
+
+    let mut labels = json!({ "cluster.x-k8s.io/cluster-name": CLUSTER });
+    match role {
+        NodeRole::ControlPlane => labels[names::CONTROL_PLANE_LABEL] = json!(""),
+        NodeRole::Worker => {
+            labels["cluster.x-k8s.io/deployment-name"] = json!(format!("{CLUSTER}-md-0"))
+        }
+    }
+    create(client, &machine::api_resource(), json!({
+        "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
+        "metadata": { "name": name, "labels": labels, "annotations": { names::AGENT_ENDPOINT: format!("https://127.0.0.1:{port}") } },
+        "spec": {
+            "clusterName": CLUSTER,
+            "bootstrap": { "dataSecretName": format!("{name}-bootstrap") },
+            "infrastructureRef": infrastructure_ref("DockerMachine", name)
+        }
+    })).await?;
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), NAMESPACE, &machine::api_resource());
+    let status = json!({ "status": {
+        "nodeRef": { "name": name },
+        "addresses": [{ "type": "InternalIP", "address": "127.0.0.1" }, { "type": "Hostname", "address": name }]
+    }});
+    api.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .map_err(|e| format!("Machine {name} status: {e}"))?;
+    Ok((
+        DemoMachine {
+            name: name.to_string(),
+            role,
+            layout,
+        },
+        child,
+    ))
+}
+
+fn free_port() -> Result<u16, String> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+    Ok(listener.local_addr().map_err(|e| e.to_string())?.port())
+}

@@ -1,0 +1,121 @@
+//! `caretaker demo` as a user runs it: real processes, real files.
+
+use std::process::Command;
+
+use caretaker_agent::NodeLayout;
+
+#[test]
+fn the_demo_refreshes_every_machine_and_shows_before_and_after() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("demo");
+    let out = Command::new(env!("CARGO_BIN_EXE_caretaker"))
+        .args([
+            "demo",
+            "--control-planes",
+            "1",
+            "--workers",
+            "1",
+            "--refresh",
+            "2y",
+            "--state-dir",
+        ])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("[1/2] control-plane demo-cp-0: done"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("[2/2] worker demo-md-0-0: done"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("EARLIEST EXPIRY BEFORE"), "{stdout}");
+
+    assert!(dir.join("kubeconfig").exists());
+    assert!(dir.join("operator.pid").exists());
+    for machine in ["demo-cp-0", "demo-md-0-0"] {
+        let node = dir.join("nodes").join(machine);
+        for file in ["agent.pid", "upgrade.sh", "restart.sh"] {
+            assert!(node.join(file).exists(), "{machine}/{file}");
+        }
+        let inventory = caretaker_agent::inventory::discover(&NodeLayout::new(
+            node.join("pki"),
+            node.join("kubeconfigs"),
+        ));
+        let days =
+            (inventory.earliest_expiry().unwrap() - time::OffsetDateTime::now_utc()).whole_days();
+        assert!(days > 700, "{machine}: {days} days left");
+    }
+    // The agents and the operator are gone.
+    for pid_file in [
+        dir.join("operator.pid"),
+        dir.join("nodes/demo-cp-0/agent.pid"),
+    ] {
+        let pid = std::fs::read_to_string(&pid_file).unwrap();
+        assert!(
+            !std::path::Path::new(&format!("/proc/{}", pid.trim())).exists()
+                || is_zombie(pid.trim()),
+            "{} still runs",
+            pid_file.display()
+        );
+    }
+}
+
+fn is_zombie(pid: &str) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| s.contains(") Z "))
+        .unwrap_or(true)
+}
+
+#[test]
+fn the_demo_refuses_a_used_state_dir_and_bad_values() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("something"), "x").unwrap();
+    for (args, named) in [
+        (
+            vec!["demo", "--state-dir", tmp.path().to_str().unwrap()],
+            "not empty",
+        ),
+        (
+            vec![
+                "demo",
+                "--refresh",
+                "1 year",
+                "--state-dir",
+                "/nonexistent-demo",
+            ],
+            "\"1 year\"",
+        ),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_caretaker"))
+            .args(&args)
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(named), "{err}");
+    }
+}
+
+#[test]
+fn the_operator_names_a_bad_kubeconfig() {
+    let out = Command::new(env!("CARGO_BIN_EXE_caretaker"))
+        .args(["operator", "--kubeconfig", "/nonexistent/kubeconfig"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/kubeconfig"));
+    let out = Command::new(env!("CARGO_BIN_EXE_caretaker"))
+        .args(["operator", "--retry-base", "soon"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("\"soon\""));
+}
