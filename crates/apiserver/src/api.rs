@@ -267,10 +267,18 @@ impl ApiState {
             _ => (None, None),
         };
         let namespace = namespace.filter(|_| def.namespaced);
-        let (items, rv) = self.store.list(
+        // Without selectors, storage can stop after one more object than the page needs (enough
+        // to know whether to hand out a continue token). With them, every object is looked at.
+        let selective = q.labels.is_some() || q.fields.is_some();
+        let fetch = q
+            .limit
+            .filter(|l| *l > 0 && !selective)
+            .map(|l| l.saturating_add(1));
+        let (items, rv) = self.store.list_page(
             &def.storage_key,
             namespace,
             after.as_ref().map(|(a, b)| (a.as_str(), b.as_str())),
+            fetch,
         )?;
         let mut matching = items.into_iter().filter(|o| {
             q.labels.as_ref().is_none_or(|s| s.matches(o))
@@ -297,7 +305,7 @@ impl ApiState {
                 meta::namespace_of(last),
                 name_of(last)
             ));
-            if q.labels.is_none() && q.fields.is_none() {
+            if !selective && fetch.is_none() {
                 metadata["remainingItemCount"] = json!(remaining);
             }
         }

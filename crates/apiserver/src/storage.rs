@@ -174,21 +174,48 @@ impl Store {
         namespace: Option<&str>,
         after: Option<(&str, &str)>,
     ) -> Result<(Vec<Value>, u64), StoreError> {
+        self.list_page(resource, namespace, after, None)
+    }
+
+    /// Like [`Self::list`], with at most `max` objects.
+    pub fn list_page(
+        &self,
+        resource: &str,
+        namespace: Option<&str>,
+        after: Option<(&str, &str)>,
+        max: Option<usize>,
+    ) -> Result<(Vec<Value>, u64), StoreError> {
         let conn = self.lock();
-        let (after_ns, after_name) = after.unwrap_or(("", ""));
-        let has_after = after.is_some();
-        let mut stmt = conn.prepare_cached(
-            "SELECT body FROM objects WHERE resource=?1 AND (?2 IS NULL OR namespace=?2)
-             AND (NOT ?3 OR (namespace, name) > (?4, ?5)) ORDER BY namespace, name",
-        )?;
-        let rows = stmt.query_map(
-            params![resource, namespace, has_after, after_ns, after_name],
-            |r| r.get::<_, String>(0),
-        )?;
-        let mut out = Vec::new();
-        for body in rows {
-            out.push(serde_json::from_str(&body?)?);
+        // Separate statements per shape, so that SQLite can range-scan the primary key.
+        let mut sql = String::from("SELECT body FROM objects WHERE resource=?1");
+        if namespace.is_some() {
+            sql.push_str(" AND namespace=?2");
         }
+        if after.is_some() {
+            sql.push_str(" AND (namespace, name) > (?3, ?4)");
+        }
+        sql.push_str(" ORDER BY namespace, name LIMIT ?5");
+        let mut stmt = conn.prepare_cached(&sql)?;
+        let (after_ns, after_name) = after.unwrap_or(("", ""));
+        let limit = max.map_or(-1, |m| i64::try_from(m).unwrap_or(i64::MAX));
+        let mut out = Vec::new();
+        let mut bind = |stmt: &mut rusqlite::CachedStatement<'_>| -> Result<(), StoreError> {
+            stmt.raw_bind_parameter(1, resource)?;
+            if let Some(ns) = namespace {
+                stmt.raw_bind_parameter(2, ns)?;
+            }
+            if after.is_some() {
+                stmt.raw_bind_parameter(3, after_ns)?;
+                stmt.raw_bind_parameter(4, after_name)?;
+            }
+            stmt.raw_bind_parameter(5, limit)?;
+            let mut rows = stmt.raw_query();
+            while let Some(row) = rows.next()? {
+                out.push(serde_json::from_str(&row.get::<_, String>(0)?)?);
+            }
+            Ok(())
+        };
+        bind(&mut stmt)?;
         let rv = meta(&conn, "rv")?;
         Ok((out, rv))
     }
@@ -532,6 +559,43 @@ mod tests {
         assert_eq!(c["metadata"]["resourceVersion"], "3");
         let changes = store.changes_since("/configmaps", 1).unwrap().unwrap();
         assert_eq!(changes.iter().map(|c| c.rv).collect::<Vec<_>>(), vec![2, 3]);
+    }
+
+    #[test]
+    fn pages_follow_namespace_and_name_order() {
+        let store = Store::open(None).unwrap();
+        for (ns, name) in [("b", "1"), ("a", "2"), ("a", "1"), ("c", "0")] {
+            let key = ObjectKey {
+                resource: "/configmaps".into(),
+                namespace: ns.into(),
+                name: name.into(),
+            };
+            store
+                .create(&key, json!({"metadata": {"namespace": ns, "name": name}}))
+                .unwrap();
+        }
+        let names = |objs: Vec<Value>| -> Vec<String> {
+            objs.iter()
+                .map(|o| {
+                    format!(
+                        "{}/{}",
+                        o["metadata"]["namespace"].as_str().unwrap(),
+                        o["metadata"]["name"].as_str().unwrap()
+                    )
+                })
+                .collect()
+        };
+        let (page, _) = store.list_page("/configmaps", None, None, Some(2)).unwrap();
+        assert_eq!(names(page), vec!["a/1", "a/2"]);
+        let (page, _) = store
+            .list_page("/configmaps", None, Some(("a", "2")), Some(2))
+            .unwrap();
+        assert_eq!(names(page), vec!["b/1", "c/0"]);
+        let (page, _) = store
+            .list_page("/configmaps", Some("a"), Some(("a", "1")), None)
+            .unwrap();
+        assert_eq!(names(page), vec!["a/2"]);
+        assert!(store.list("/secrets", None, None).unwrap().0.is_empty());
     }
 
     #[test]
