@@ -1,7 +1,7 @@
 //! Shared plumbing of the controllers: the Kubernetes client, the event recorder, settings and
 //! the cluster credentials.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -9,7 +9,12 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::Client;
-use kube::api::{Api, PostParams};
+use kube::Resource;
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+
+use crate::Error;
+use crate::machine::MachineView;
 
 use crate::credentials::CredentialStore;
 
@@ -24,6 +29,8 @@ pub struct Settings {
     pub retry_base: Duration,
     /// How long one call to an agent may take.
     pub agent_timeout: Duration,
+    /// How often a running upgrade's operation is read from its agent (agents cannot notify).
+    pub upgrade_poll: Duration,
 }
 
 impl Default for Settings {
@@ -33,6 +40,7 @@ impl Default for Settings {
             max_attempts: 3,
             retry_base: Duration::from_secs(10),
             agent_timeout: Duration::from_secs(30),
+            upgrade_poll: Duration::from_secs(2),
         }
     }
 }
@@ -79,6 +87,52 @@ impl Context {
 
     pub fn end(&self, key: &str) {
         self.running.lock().expect("running lock").remove(key);
+    }
+
+    /// Runs `work` for a Machine unless work for it is already running in this process.
+    pub fn spawn_for(
+        self: &Arc<Self>,
+        machine: &MachineView,
+        work: impl Future<Output = ()> + Send + 'static,
+    ) {
+        let key = format!("{}/{}", machine.namespace, machine.name);
+        if !self.try_begin(&key) {
+            return;
+        }
+        let ctx = self.clone();
+        tokio::spawn(async move {
+            work.await;
+            ctx.end(&key);
+        });
+    }
+
+    /// Merge-patches a Machine's annotations (`null` removes one).
+    pub async fn patch_annotations(
+        &self,
+        machine: &MachineView,
+        annotations: BTreeMap<String, Value>,
+    ) -> Result<(), Error> {
+        let api: Api<DynamicObject> = Api::namespaced_with(
+            self.client.clone(),
+            &machine.namespace,
+            &crate::machine::api_resource(),
+        );
+        let body = json!({ "metadata": { "annotations": annotations } });
+        api.patch(&machine.name, &PatchParams::default(), &Patch::Merge(&body))
+            .await?;
+        Ok(())
+    }
+
+    /// Publishes an event about a Machine.
+    pub async fn machine_event(
+        &self,
+        machine: &DynamicObject,
+        type_: EventType,
+        reason: &str,
+        note: String,
+    ) {
+        let reference = machine.object_ref(&crate::machine::api_resource());
+        self.event(&reference, type_, reason, note).await;
     }
 
     /// Publishes an events.k8s.io/v1 Event; a failure to publish is logged, never fatal.

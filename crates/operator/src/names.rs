@@ -40,3 +40,38 @@ pub mod refresh_state {
 
 /// The label Cluster API puts on control-plane Machines.
 pub const CONTROL_PLANE_LABEL: &str = "cluster.x-k8s.io/control-plane";
+
+/// Trigger: the release option (`channel=…`, `revision=…`, `localPath=…`).
+pub const IN_PLACE_UPGRADE_TO: &str = "v1beta2.k8sd.io/in-place-upgrade-to";
+/// `in-progress`, `done`, `failed`, or `cancelled` when the trigger was removed while it ran.
+pub const IN_PLACE_UPGRADE_STATUS: &str = "v1beta2.k8sd.io/in-place-upgrade-status";
+/// The release the Machine runs after its last successful upgrade.
+pub const IN_PLACE_UPGRADE_RELEASE: &str = "v1beta2.k8sd.io/in-place-upgrade-release";
+/// The agent's operation id of the upgrade in progress.
+pub const IN_PLACE_UPGRADE_CHANGE_ID: &str = "v1beta2.k8sd.io/in-place-upgrade-change-id";
+/// When the last attempt failed, RFC 3339.
+pub const IN_PLACE_UPGRADE_LAST_FAILED_ATTEMPT_AT: &str =
+    "v1beta2.k8sd.io/in-place-upgrade-last-failed-attempt-at";
+
+pub const STATUS_CANCELLED: &str = "cancelled";
+
+pub const EVENT_UPGRADE_IN_PROGRESS: &str = "InPlaceUpgradeInProgress";
+pub const EVENT_UPGRADE_DONE: &str = "InPlaceUpgradeDone";
+pub const EVENT_UPGRADE_FAILED: &str = "InPlaceUpgradeFailed";
+pub const EVENT_UPGRADE_CANCELLED: &str = "InPlaceUpgradeCancelled";
+
+/// Bookkeeping of an upgrade in progress.
+pub mod upgrade_state {
+    /// The trigger value this request is for.
+    pub const TRIGGER: &str = "caretaker.dev/upgrade-trigger";
+    /// The idempotency key sent to the agent: starting twice returns the same operation.
+    pub const REQUEST_ID: &str = "caretaker.dev/upgrade-request-id";
+    /// Failed attempts to reach the agent so far.
+    pub const ATTEMPTS: &str = "caretaker.dev/upgrade-attempts";
+    /// Not before this time (RFC 3339) is the next attempt made.
+    pub const RETRY_AT: &str = "caretaker.dev/upgrade-retry-at";
+    /// The last error, in words.
+    pub const LAST_ERROR: &str = "caretaker.dev/upgrade-last-error";
+
+    pub const ALL: [&str; 5] = [TRIGGER, REQUEST_ID, ATTEMPTS, RETRY_AT, LAST_ERROR];
+}

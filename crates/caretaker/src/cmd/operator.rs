@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use caretaker_operator::controllers::machine_refresh;
+use caretaker_operator::controllers::machines;
 use caretaker_operator::{Context, Settings};
 use caretaker_pki::Ttl;
 
@@ -12,12 +12,17 @@ use super::logging::{self, LogFormat};
 
 /// Run caretaker's controllers against a cluster.
 ///
-/// Today: per-Machine certificate refresh. Set `v1beta2.k8sd.io/refresh-certificates: <ttl>`
+/// Per-Machine certificate refresh: set `v1beta2.k8sd.io/refresh-certificates: <ttl>`
 /// on a Cluster API Machine; the operator asks the Machine's agent for CSRs, checks each
 /// against what the Machine may hold, signs them with the Cluster API CA Secrets
 /// (`<cluster>-ca`, `-etcd`, `-proxy`), has the agent install them, and reports through the
 /// `v1beta2.k8sd.io/refresh-certificates-status` annotation and Events. Every Machine with a
 /// node also gets `machine.cluster.x-k8s.io/certificates-expiry`.
+///
+/// Per-Machine in-place upgrade: set `v1beta2.k8sd.io/in-place-upgrade-to: <option>`
+/// (channel=…, revision=… or localPath=…); the agent runs its upgrade command as an operation
+/// whose id lands in `v1beta2.k8sd.io/in-place-upgrade-change-id`; removing the trigger while it
+/// runs cancels it.
 #[derive(Debug, clap::Args)]
 pub struct OperatorArgs {
     /// Kubeconfig to use; default: in-cluster configuration, then $KUBECONFIG or ~/.kube/config.
@@ -38,6 +43,9 @@ pub struct OperatorArgs {
     /// How long one call to an agent may take.
     #[arg(long, value_name = "DURATION", default_value = "30s")]
     agent_timeout: String,
+    /// How often a running in-place upgrade is read from its agent.
+    #[arg(long, value_name = "DURATION", default_value = "2s")]
+    upgrade_poll: String,
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
@@ -58,6 +66,7 @@ pub fn run(args: OperatorArgs) -> ExitCode {
             max_attempts: args.max_attempts,
             retry_base: duration("--retry-base", &args.retry_base)?,
             agent_timeout: duration("--agent-timeout", &args.agent_timeout)?,
+            upgrade_poll: duration("--upgrade-poll", &args.upgrade_poll)?,
         };
         let runtime = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;
         runtime.block_on(async move {
@@ -78,7 +87,7 @@ pub fn run(args: OperatorArgs) -> ExitCode {
             tracing::info!(namespace = ?args.namespace, "operator starting");
             let ctx = Context::new(client, settings);
             tokio::select! {
-                _ = machine_refresh::run(ctx, args.namespace.clone()) => Ok(()),
+                _ = machines::run(ctx, args.namespace.clone()) => Ok(()),
                 _ = tokio::signal::ctrl_c() => {
                     tracing::info!("stopping");
                     Ok(())

@@ -10,14 +10,11 @@ use std::time::Duration;
 use caretaker_agent::api::AgentError;
 use caretaker_agent::refresh::{ApplyRequest, PlanRequest, PlanStatus};
 use caretaker_pki::{CertificateRequest, Ttl};
-use futures::StreamExt;
-use kube::Resource;
-use kube::api::{Api, DynamicObject, Patch, PatchParams};
-use kube::runtime::controller::{Action, Controller};
-use kube::runtime::watcher;
+use kube::api::{Api, DynamicObject};
 use serde_json::{Value, json};
 use time::OffsetDateTime;
 
+use super::Next;
 use crate::Error;
 use crate::context::{Context, EventType};
 use crate::machine::refresh::{RefreshStep, decide, format_time, retry_at};
@@ -25,52 +22,31 @@ use crate::machine::{self, MachineView};
 use crate::names::{self, refresh_state};
 use crate::signing::machine_policy;
 
-/// Runs the controller until the stream ends.
-pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
-    let resource = machine::api_resource();
-    let api: Api<DynamicObject> = match &namespace {
-        Some(ns) => Api::namespaced_with(ctx.client.clone(), ns, &resource),
-        None => Api::all_with(ctx.client.clone(), &resource),
-    };
-    Controller::new_with(api, watcher::Config::default(), resource)
-        .run(reconcile, error_policy, ctx)
-        .for_each(|result| async move {
-            if let Err(e) = result {
-                tracing::debug!(error = %e, "reconcile failed");
-            }
-        })
-        .await;
-}
-
-fn error_policy(_machine: Arc<DynamicObject>, error: &Error, ctx: Arc<Context>) -> Action {
-    tracing::warn!(error = %error, category = error.metric_label(), "machine refresh reconcile failed");
-    Action::requeue(ctx.settings.retry_base)
-}
-
-fn key(view: &MachineView) -> String {
-    format!("{}/{}", view.namespace, view.name)
-}
-
-async fn reconcile(object: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let view = MachineView::from_object(&object);
+/// The refresh part of a Machine reconcile.
+pub async fn reconcile(
+    object: &Arc<DynamicObject>,
+    view: &MachineView,
+    ctx: &Arc<Context>,
+) -> Result<Next, Error> {
+    let (object, view, ctx) = (object.clone(), view.clone(), ctx.clone());
     let now = OffsetDateTime::now_utc();
     match decide(&view, now) {
-        RefreshStep::Idle | RefreshStep::WaitForNode => Ok(Action::await_change()),
+        RefreshStep::Idle | RefreshStep::WaitForNode => Ok(Next::AwaitChange),
         RefreshStep::Backoff { until } => {
             let wait = (until - now).try_into().unwrap_or(Duration::ZERO);
-            Ok(Action::requeue(wait + Duration::from_millis(50)))
+            Ok(Next::After(wait + Duration::from_millis(50)))
         }
         RefreshStep::Reject { trigger, reason } => {
-            patch(&ctx, &view, annotations_failed(&trigger, &reason)).await?;
-            event(
-                &ctx,
+            ctx.patch_annotations(&view, annotations_failed(&trigger, &reason))
+                .await?;
+            ctx.machine_event(
                 &object,
                 EventType::Warning,
                 names::EVENT_REFRESH_FAILED,
                 reason,
             )
             .await;
-            Ok(Action::await_change())
+            Ok(Next::AwaitChange)
         }
         RefreshStep::Start { trigger } => {
             let mut changes = clear_bookkeeping();
@@ -81,49 +57,35 @@ async fn reconcile(object: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Acti
             changes.insert(refresh_state::TRIGGER.into(), json!(trigger));
             changes.insert(refresh_state::STARTED_AT.into(), json!(format_time(now)));
             changes.insert(refresh_state::ATTEMPTS.into(), json!("0"));
-            patch(&ctx, &view, changes).await?;
+            ctx.patch_annotations(&view, changes).await?;
             let note = format!(
                 "refreshing certificates of Machine {} with TTL {trigger}",
                 view.name
             );
-            event(
-                &ctx,
+            ctx.machine_event(
                 &object,
                 EventType::Normal,
                 names::EVENT_REFRESH_IN_PROGRESS,
                 note,
             )
             .await;
-            Ok(Action::await_change())
+            Ok(Next::AwaitChange)
         }
         RefreshStep::ObserveExpiry => {
-            spawn(&ctx, &view, {
+            ctx.spawn_for(&view, {
                 let (ctx, view) = (ctx.clone(), view.clone());
                 async move { observe_expiry(&ctx, &view).await }
             });
-            Ok(Action::await_change())
+            Ok(Next::AwaitChange)
         }
         RefreshStep::Attempt { ttl, attempt, .. } => {
-            spawn(&ctx, &view, {
+            ctx.spawn_for(&view, {
                 let (ctx, view, object) = (ctx.clone(), view.clone(), object.clone());
                 async move { attempt_refresh(&ctx, &object, &view, ttl, attempt).await }
             });
-            Ok(Action::await_change())
+            Ok(Next::AwaitChange)
         }
     }
-}
-
-/// Runs `work` for a Machine unless work for it is already running here.
-fn spawn(ctx: &Arc<Context>, view: &MachineView, work: impl Future<Output = ()> + Send + 'static) {
-    let key = key(view);
-    if !ctx.try_begin(&key) {
-        return;
-    }
-    let ctx = ctx.clone();
-    tokio::spawn(async move {
-        work.await;
-        ctx.end(&key);
-    });
 }
 
 async fn observe_expiry(ctx: &Context, view: &MachineView) {
@@ -147,7 +109,7 @@ async fn observe_expiry(ctx: &Context, view: &MachineView) {
                 names::CERTIFICATES_EXPIRY.to_string(),
                 json!(format_time(expiry)),
             );
-            patch(ctx, view, changes).await?;
+            ctx.patch_annotations(view, changes).await?;
         }
         Ok::<_, Error>(())
     }
@@ -179,16 +141,10 @@ async fn attempt_refresh(
                 names::CERTIFICATES_EXPIRY.into(),
                 json!(format_time(expiry)),
             );
-            let patched = patch(ctx, view, changes).await;
+            let patched = ctx.patch_annotations(view, changes).await;
             if patched.is_ok() {
-                event(
-                    ctx,
-                    object,
-                    EventType::Normal,
-                    names::EVENT_REFRESH_DONE,
-                    note,
-                )
-                .await;
+                ctx.machine_event(object, EventType::Normal, names::EVENT_REFRESH_DONE, note)
+                    .await;
             }
             patched
         }
@@ -205,7 +161,7 @@ async fn attempt_refresh(
             );
             changes.insert(refresh_state::LAST_ERROR.to_string(), json!(e.to_string()));
             tracing::warn!(machine = %view.name, attempt, error = %e, "refresh attempt failed; will retry");
-            patch(ctx, view, changes).await
+            ctx.patch_annotations(view, changes).await
         }
         Err(e) => {
             let trigger = view
@@ -220,10 +176,11 @@ async fn attempt_refresh(
             } else {
                 format!("Machine {}: {e}", view.name)
             };
-            let patched = patch(ctx, view, annotations_failed(&trigger, &reason)).await;
+            let patched = ctx
+                .patch_annotations(view, annotations_failed(&trigger, &reason))
+                .await;
             if patched.is_ok() {
-                event(
-                    ctx,
+                ctx.machine_event(
                     object,
                     EventType::Warning,
                     names::EVENT_REFRESH_FAILED,
@@ -302,7 +259,7 @@ async fn refresh(
             let plan = agent.plan(&url, &PlanRequest::default()).await?;
             let mut changes = BTreeMap::new();
             changes.insert(refresh_state::PLAN.to_string(), json!(plan.plan_id));
-            patch(ctx, view, changes).await?;
+            ctx.patch_annotations(view, changes).await?;
             (plan.plan_id, plan.requests)
         }
     };
@@ -421,31 +378,4 @@ fn annotations_failed(trigger: &str, reason: &str) -> BTreeMap<String, Value> {
     changes.insert(refresh_state::TRIGGER.into(), json!(trigger));
     changes.insert(refresh_state::LAST_ERROR.into(), json!(reason));
     changes
-}
-
-async fn patch(
-    ctx: &Context,
-    view: &MachineView,
-    annotations: BTreeMap<String, Value>,
-) -> Result<(), Error> {
-    let api: Api<DynamicObject> = Api::namespaced_with(
-        ctx.client.clone(),
-        &view.namespace,
-        &machine::api_resource(),
-    );
-    let body = json!({ "metadata": { "annotations": annotations } });
-    api.patch(&view.name, &PatchParams::default(), &Patch::Merge(&body))
-        .await?;
-    Ok(())
-}
-
-async fn event(
-    ctx: &Context,
-    object: &DynamicObject,
-    type_: EventType,
-    reason: &str,
-    note: String,
-) {
-    let reference = object.object_ref(&machine::api_resource());
-    ctx.event(&reference, type_, reason, note).await;
 }

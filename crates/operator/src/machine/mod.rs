@@ -2,6 +2,7 @@
 //! real CRD serves it (cluster.x-k8s.io/v1beta2).
 
 pub mod refresh;
+pub mod upgrade;
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;

@@ -1,0 +1,221 @@
+//! The per-Machine in-place upgrade, as a pure decision from a Machine's annotations to the next
+//! step.
+
+use caretaker_agent::upgrade::ReleaseOption;
+use time::OffsetDateTime;
+
+use super::MachineView;
+use super::refresh::parse_time;
+use crate::names::{self, upgrade_state};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UpgradeStep {
+    Idle,
+    WaitForNode,
+    /// The option is not one of the upstream forms: fail at once.
+    Reject {
+        trigger: String,
+        reason: String,
+    },
+    /// A new request: mark it in progress.
+    Start {
+        trigger: String,
+    },
+    /// Ask the agent to start the upgrade (idempotent by `request_id`).
+    Launch {
+        release: String,
+        request_id: String,
+        attempt: u32,
+    },
+    /// The upgrade runs on the node as operation `change_id`: read its state.
+    Poll {
+        change_id: String,
+        attempt: u32,
+    },
+    /// The trigger was removed while the upgrade ran: cancel it.
+    Cancel {
+        change_id: Option<String>,
+    },
+    /// The last agent call failed; try again at `until`.
+    Backoff {
+        until: OffsetDateTime,
+    },
+}
+
+pub fn decide(machine: &MachineView, now: OffsetDateTime) -> UpgradeStep {
+    let status = machine.annotation(names::IN_PLACE_UPGRADE_STATUS);
+    let change_id = machine
+        .annotation(names::IN_PLACE_UPGRADE_CHANGE_ID)
+        .map(str::to_string);
+    let Some(trigger) = machine.annotation(names::IN_PLACE_UPGRADE_TO) else {
+        return if status == Some(names::STATUS_IN_PROGRESS) {
+            UpgradeStep::Cancel { change_id }
+        } else {
+            UpgradeStep::Idle
+        };
+    };
+    if machine.being_deleted {
+        return UpgradeStep::Idle;
+    }
+    let same_request = machine.annotation(upgrade_state::TRIGGER) == Some(trigger);
+    if let Err(e) = ReleaseOption::parse(trigger) {
+        return if same_request && status == Some(names::STATUS_FAILED) {
+            UpgradeStep::Idle
+        } else {
+            UpgradeStep::Reject {
+                trigger: trigger.to_string(),
+                reason: e.to_string(),
+            }
+        };
+    }
+    match status {
+        Some(names::STATUS_IN_PROGRESS) if same_request => {
+            if let Some(until) =
+                parse_time(machine.annotation(upgrade_state::RETRY_AT)).filter(|t| *t > now)
+            {
+                return UpgradeStep::Backoff { until };
+            }
+            let failed: u32 = machine
+                .annotation(upgrade_state::ATTEMPTS)
+                .and_then(|a| a.parse().ok())
+                .unwrap_or(0);
+            match (change_id, machine.annotation(upgrade_state::REQUEST_ID)) {
+                (Some(change_id), _) => UpgradeStep::Poll {
+                    change_id,
+                    attempt: failed + 1,
+                },
+                (None, Some(request_id)) => UpgradeStep::Launch {
+                    release: trigger.to_string(),
+                    request_id: request_id.to_string(),
+                    attempt: failed + 1,
+                },
+                (None, None) => UpgradeStep::Start {
+                    trigger: trigger.to_string(),
+                },
+            }
+        }
+        Some(names::STATUS_FAILED) | Some(names::STATUS_CANCELLED) if same_request => {
+            UpgradeStep::Idle
+        }
+        _ if machine.node_name.is_none() => UpgradeStep::WaitForNode,
+        _ => UpgradeStep::Start {
+            trigger: trigger.to_string(),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use time::macros::datetime;
+
+    const NOW: OffsetDateTime = datetime!(2026-01-01 12:00 UTC);
+
+    fn machine(annotations: &[(&str, &str)]) -> MachineView {
+        MachineView {
+            name: "m".into(),
+            namespace: "default".into(),
+            cluster_name: "c1".into(),
+            node_name: Some("node-m".into()),
+            addresses: vec![],
+            control_plane: false,
+            being_deleted: false,
+            annotations: annotations
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        }
+    }
+
+    const TO: &str = names::IN_PLACE_UPGRADE_TO;
+    const STATUS: &str = names::IN_PLACE_UPGRADE_STATUS;
+
+    #[test]
+    fn a_trigger_starts_and_bad_options_are_rejected() {
+        assert_eq!(decide(&machine(&[]), NOW), UpgradeStep::Idle);
+        assert_eq!(
+            decide(&machine(&[(TO, "channel=1.33/stable")]), NOW),
+            UpgradeStep::Start {
+                trigger: "channel=1.33/stable".into()
+            }
+        );
+        match decide(&machine(&[(TO, "1.33")]), NOW) {
+            UpgradeStep::Reject { reason, .. } => {
+                assert!(reason.contains("channel=<channel>"), "{reason}")
+            }
+            other => panic!("{other:?}"),
+        }
+        let rejected = [
+            (TO, "1.33"),
+            (STATUS, names::STATUS_FAILED),
+            (upgrade_state::TRIGGER, "1.33"),
+        ];
+        assert_eq!(decide(&machine(&rejected), NOW), UpgradeStep::Idle);
+    }
+
+    #[test]
+    fn in_progress_launches_then_polls_and_removal_cancels() {
+        let mut a = vec![
+            (TO, "revision=5"),
+            (STATUS, names::STATUS_IN_PROGRESS),
+            (upgrade_state::TRIGGER, "revision=5"),
+            (upgrade_state::REQUEST_ID, "req-1"),
+        ];
+        assert_eq!(
+            decide(&machine(&a), NOW),
+            UpgradeStep::Launch {
+                release: "revision=5".into(),
+                request_id: "req-1".into(),
+                attempt: 1
+            }
+        );
+        a.push((names::IN_PLACE_UPGRADE_CHANGE_ID, "op-1"));
+        assert_eq!(
+            decide(&machine(&a), NOW),
+            UpgradeStep::Poll {
+                change_id: "op-1".into(),
+                attempt: 1
+            }
+        );
+        let without_trigger: Vec<_> = a.iter().copied().filter(|(k, _)| *k != TO).collect();
+        assert_eq!(
+            decide(&machine(&without_trigger), NOW),
+            UpgradeStep::Cancel {
+                change_id: Some("op-1".into())
+            }
+        );
+        a.push((upgrade_state::RETRY_AT, "2026-01-01T12:00:30Z"));
+        assert_eq!(
+            decide(&machine(&a), NOW),
+            UpgradeStep::Backoff {
+                until: datetime!(2026-01-01 12:00:30 UTC)
+            }
+        );
+    }
+
+    #[test]
+    fn ended_requests_stay_ended_until_the_trigger_changes() {
+        for status in [names::STATUS_FAILED, names::STATUS_CANCELLED] {
+            let ended = [
+                (TO, "revision=5"),
+                (STATUS, status),
+                (upgrade_state::TRIGGER, "revision=5"),
+            ];
+            assert_eq!(decide(&machine(&ended), NOW), UpgradeStep::Idle);
+            let changed = [
+                (TO, "revision=6"),
+                (STATUS, status),
+                (upgrade_state::TRIGGER, "revision=5"),
+            ];
+            assert_eq!(
+                decide(&machine(&changed), NOW),
+                UpgradeStep::Start {
+                    trigger: "revision=6".into()
+                }
+            );
+        }
+        let mut nodeless = machine(&[(TO, "revision=5")]);
+        nodeless.node_name = None;
+        assert_eq!(decide(&nodeless, NOW), UpgradeStep::WaitForNode);
+    }
+}

@@ -1,0 +1,185 @@
+//! Per-Machine in-place upgrades end to end, with real agents running real upgrade scripts.
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use caretaker_agent::command::CommandTemplate;
+use caretaker_agent::provision::NodeRole;
+use caretaker_operator::controllers::machines;
+use caretaker_operator::{Context, names};
+use common::{World, fast, world};
+
+const TO: &str = names::IN_PLACE_UPGRADE_TO;
+const STATUS: &str = names::IN_PLACE_UPGRADE_STATUS;
+
+/// An upgrade script: appends the release to `release` beside it after `seconds`, unless
+/// `fail-upgrade` exists beside it.
+fn script(dir: &Path, seconds: &str) -> PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
+    let path = dir.join("upgrade.sh");
+    std::fs::write(
+        &path,
+        format!(
+            "#!/bin/sh\nhere=$(dirname \"$0\")\nif [ -e \"$here/fail-upgrade\" ]; then echo \"upgrade to $1 failed: fail-upgrade exists\" >&2; exit 3; fi\necho \"upgrading to $1\"\nsleep {seconds}\necho \"$1\" >> \"$here/release\"\n"
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
+
+async fn machine_with_script(world: &mut World, name: &str, seconds: &str) -> PathBuf {
+    let hooks = world.dir.path().join(format!("{name}-hooks"));
+    let path = script(&hooks, seconds);
+    let command = CommandTemplate::parse(path.to_str().unwrap()).unwrap();
+    world
+        .add_machine_with(name, NodeRole::Worker, "cp.example", None, Some(command))
+        .await;
+    hooks
+}
+
+async fn warning_containing(world: &World, name: &str, reason: &str, needle: &str) -> String {
+    for _ in 0..100 {
+        for event in world.events(name).await {
+            let message = event.message.clone().unwrap_or_default();
+            if event.reason.as_deref() == Some(reason) && message.contains(needle) {
+                assert_eq!(event.type_.as_deref(), Some("Warning"));
+                return message;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!(
+        "no {reason} event containing {needle:?}: {:?}",
+        world.events(name).await
+    );
+}
+
+async fn wait_for_change_id(world: &World, name: &str) -> String {
+    for _ in 0..200 {
+        if let Some(id) = world
+            .annotations(name)
+            .await
+            .get(names::IN_PLACE_UPGRADE_CHANGE_ID)
+        {
+            return id.clone();
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{name} never got a change id");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgrade_succeeds_and_records_the_release() {
+    let mut world = world(fast()).await;
+    let hooks = machine_with_script(&mut world, "m-0", "0.2").await;
+    world.annotate("m-0", TO, "channel=1.33/stable").await;
+    let annotations = world.wait_for("m-0", STATUS, names::STATUS_DONE).await;
+    assert_eq!(
+        annotations[names::IN_PLACE_UPGRADE_RELEASE],
+        "channel=1.33/stable"
+    );
+    assert!(!annotations.contains_key(TO), "the trigger is removed");
+    assert!(annotations.contains_key(names::IN_PLACE_UPGRADE_CHANGE_ID));
+    for key in names::upgrade_state::ALL {
+        assert!(!annotations.contains_key(key), "{key} left behind");
+    }
+    assert_eq!(
+        std::fs::read_to_string(hooks.join("release")).unwrap(),
+        "channel=1.33/stable\n",
+        "ran exactly once"
+    );
+    world
+        .event_with("m-0", names::EVENT_UPGRADE_IN_PROGRESS)
+        .await;
+    let done = world.event_with("m-0", names::EVENT_UPGRADE_DONE).await;
+    assert!(done.message.unwrap().contains("channel=1.33/stable"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_upgrade_ends_failed_with_the_reason() {
+    let mut world = world(fast()).await;
+    let hooks = machine_with_script(&mut world, "m-0", "0").await;
+    std::fs::write(hooks.join("fail-upgrade"), "").unwrap();
+    world.annotate("m-0", TO, "revision=42").await;
+    let annotations = world.wait_for("m-0", STATUS, names::STATUS_FAILED).await;
+    assert!(annotations.contains_key(names::IN_PLACE_UPGRADE_LAST_FAILED_ATTEMPT_AT));
+    assert!(!annotations.contains_key(names::IN_PLACE_UPGRADE_RELEASE));
+    warning_containing(
+        &world,
+        "m-0",
+        names::EVENT_UPGRADE_FAILED,
+        "fail-upgrade exists",
+    )
+    .await;
+    assert!(!hooks.join("release").exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_option_fails_at_once_listing_the_forms() {
+    let mut world = world(fast()).await;
+    let hooks = machine_with_script(&mut world, "m-0", "0").await;
+    world.annotate("m-0", TO, "1.33").await;
+    world.wait_for("m-0", STATUS, names::STATUS_FAILED).await;
+    let message = warning_containing(&world, "m-0", names::EVENT_UPGRADE_FAILED, "\"1.33\"").await;
+    assert!(
+        message.contains("channel=<channel>") && message.contains("localPath="),
+        "{message}"
+    );
+    assert!(
+        !world.dir.path().join("m-0/state/operations").exists(),
+        "nothing was sent to the node"
+    );
+    assert!(!hooks.join("release").exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removing_the_trigger_cancels_a_running_upgrade() {
+    let mut world = world(fast()).await;
+    let hooks = machine_with_script(&mut world, "m-0", "30").await;
+    world.annotate("m-0", TO, "channel=1.34/stable").await;
+    wait_for_change_id(&world, "m-0").await;
+    let body = serde_json::json!({ "metadata": { "annotations": { TO: null } } });
+    world
+        .machines()
+        .patch("m-0", &Default::default(), &kube::api::Patch::Merge(&body))
+        .await
+        .unwrap();
+    world.wait_for("m-0", STATUS, names::STATUS_CANCELLED).await;
+    world
+        .event_with("m-0", names::EVENT_UPGRADE_CANCELLED)
+        .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !hooks.join("release").exists(),
+        "the upgrade process was stopped"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_operator_follows_the_same_operation() {
+    let mut world = world(fast()).await;
+    let hooks = machine_with_script(&mut world, "m-0", "1.5").await;
+    world.annotate("m-0", TO, "revision=7").await;
+    let change_id = wait_for_change_id(&world, "m-0").await;
+    world.controller.abort();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let ctx = Context::new(world.client.clone(), fast());
+    world.controller = tokio::spawn(machines::run(ctx, None));
+    let annotations = world.wait_for("m-0", STATUS, names::STATUS_DONE).await;
+    assert_eq!(annotations[names::IN_PLACE_UPGRADE_CHANGE_ID], change_id);
+    assert_eq!(annotations[names::IN_PLACE_UPGRADE_RELEASE], "revision=7");
+    assert_eq!(
+        std::fs::read_to_string(hooks.join("release")).unwrap(),
+        "revision=7\n",
+        "ran exactly once"
+    );
+    let operations = std::fs::read_dir(world.dir.path().join("m-0/state/operations"))
+        .unwrap()
+        .count();
+    assert_eq!(operations, 1);
+}
