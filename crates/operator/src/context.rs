@@ -89,21 +89,27 @@ impl Context {
         self.running.lock().expect("running lock").remove(key);
     }
 
-    /// Runs `work` for a Machine unless work for it is already running in this process.
+    /// Runs `work` of one capability (`refresh`, `upgrade`) for a Machine unless such work is
+    /// already running in this process. Returns whether it started; when it did not, the
+    /// caller must look again later, since the running work may end without changing the
+    /// Machine.
+    #[must_use]
     pub fn spawn_for(
         self: &Arc<Self>,
+        capability: &str,
         machine: &MachineView,
         work: impl Future<Output = ()> + Send + 'static,
-    ) {
-        let key = format!("{}/{}", machine.namespace, machine.name);
+    ) -> bool {
+        let key = format!("{capability}:{}/{}", machine.namespace, machine.name);
         if !self.try_begin(&key) {
-            return;
+            return false;
         }
         let ctx = self.clone();
         tokio::spawn(async move {
             work.await;
             ctx.end(&key);
         });
+        true
     }
 
     /// Merge-patches a Machine's annotations (`null` removes one).

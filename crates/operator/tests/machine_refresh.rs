@@ -302,3 +302,49 @@ async fn a_restarted_operator_resumes_without_refreshing_twice() {
         .count();
     assert_eq!(applied_plans, 1, "and no second plan");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_agent_times_out_and_a_failing_one_is_retried_then_the_refresh_fails() {
+    let settings = caretaker_operator::Settings {
+        agent_timeout: Duration::from_millis(500),
+        ..fast()
+    };
+    let mut world = world(settings).await;
+
+    // Slow: accepts connections and never answers.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let silent_url = format!("https://127.0.0.1:{}", silent.local_addr().unwrap().port());
+    let _hold = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((stream, _)) = silent.accept().await {
+            held.push(stream);
+        }
+    });
+    world
+        .add_machine("slow", NodeRole::Worker, "cp.example", Some(&silent_url))
+        .await;
+
+    // Failing: a real agent whose state directory cannot be written answers 500.
+    world
+        .add_machine("failing", NodeRole::Worker, "cp.example", None)
+        .await;
+    let state = world.dir.path().join("failing/state");
+    let _ = std::fs::remove_dir_all(&state);
+    std::fs::write(&state, "not a directory").unwrap();
+
+    world
+        .annotate("slow", names::REFRESH_CERTIFICATES, "1y")
+        .await;
+    world
+        .annotate("failing", names::REFRESH_CERTIFICATES, "1y")
+        .await;
+    for (name, needle) in [("slow", "did not answer within"), ("failing", "500")] {
+        world.wait_status(name, names::STATUS_FAILED).await;
+        let event = world.event_with(name, names::EVENT_REFRESH_FAILED).await;
+        let message = event.message.unwrap_or_default();
+        assert!(
+            message.contains("gave up after 2 attempts") && message.contains(needle),
+            "{name}: {message}"
+        );
+    }
+}

@@ -22,6 +22,11 @@ use crate::machine::{self, MachineView};
 use crate::names::{self, refresh_state};
 use crate::signing::machine_policy;
 
+/// How soon to look again when earlier work for the Machine is still running.
+pub(crate) const BUSY_RETRY: Duration = Duration::from_millis(200);
+/// How often an unreadable expiry is tried again.
+const OBSERVE_RETRY: Duration = Duration::from_secs(60);
+
 /// The refresh part of a Machine reconcile.
 pub async fn reconcile(
     object: &Arc<DynamicObject>,
@@ -72,18 +77,27 @@ pub async fn reconcile(
             Ok(Next::AwaitChange)
         }
         RefreshStep::ObserveExpiry => {
-            ctx.spawn_for(&view, {
+            let started = ctx.spawn_for("refresh", &view, {
                 let (ctx, view) = (ctx.clone(), view.clone());
                 async move { observe_expiry(&ctx, &view).await }
             });
-            Ok(Next::AwaitChange)
+            // A success patches the Machine (and so wakes us); a failure does not: look again.
+            Ok(if started {
+                Next::After(ctx.settings.retry_base.max(OBSERVE_RETRY))
+            } else {
+                Next::After(BUSY_RETRY)
+            })
         }
         RefreshStep::Attempt { ttl, attempt, .. } => {
-            ctx.spawn_for(&view, {
+            let started = ctx.spawn_for("refresh", &view, {
                 let (ctx, view, object) = (ctx.clone(), view.clone(), object.clone());
                 async move { attempt_refresh(&ctx, &object, &view, ttl, attempt).await }
             });
-            Ok(Next::AwaitChange)
+            Ok(if started {
+                Next::AwaitChange
+            } else {
+                Next::After(BUSY_RETRY)
+            })
         }
     }
 }

@@ -14,6 +14,7 @@ use serde_json::{Value, json};
 use time::OffsetDateTime;
 
 use super::Next;
+use super::machine_refresh::BUSY_RETRY;
 use crate::Error;
 use crate::context::{Context, EventType};
 use crate::machine::MachineView;
@@ -76,15 +77,20 @@ pub async fn reconcile(
             attempt,
         } => {
             let (ctx2, view2, object2) = (ctx.clone(), view.clone(), object.clone());
-            ctx.spawn_for(view, async move {
+            let started = ctx.spawn_for("upgrade", view, async move {
                 let result = launch(&ctx2, &view2, &release, &request_id).await;
                 record(&ctx2, &object2, &view2, attempt, result).await;
             });
-            Ok(Next::AwaitChange)
+            Ok(if started {
+                Next::AwaitChange
+            } else {
+                Next::After(BUSY_RETRY)
+            })
         }
         UpgradeStep::Poll { change_id, attempt } => {
             let (ctx2, view2, object2) = (ctx.clone(), view.clone(), object.clone());
-            ctx.spawn_for(view, async move {
+            // Busy or not, the next poll comes after the interval.
+            let _ = ctx.spawn_for("upgrade", view, async move {
                 let result = poll(&ctx2, &view2, &change_id).await;
                 record(&ctx2, &object2, &view2, attempt, result).await;
             });
@@ -92,7 +98,7 @@ pub async fn reconcile(
         }
         UpgradeStep::Cancel { change_id } => {
             let (ctx2, view2, object2) = (ctx.clone(), view.clone(), object.clone());
-            ctx.spawn_for(view, async move {
+            let _ = ctx.spawn_for("upgrade", view, async move {
                 if let Err(e) = cancel(&ctx2, &object2, &view2, change_id.as_deref()).await {
                     tracing::warn!(machine = %view2.name, error = %e, "cannot cancel the upgrade yet; will try again");
                 }
