@@ -9,6 +9,7 @@ pub mod credentials;
 mod error;
 pub mod machine;
 pub mod names;
+pub mod rollout;
 pub mod signing;
 
 pub use context::{Context, Settings};

@@ -1,0 +1,483 @@
+//! Cluster-wide rollouts as a pure decision: given a parent's request and the observed state of
+//! the Machines it covers, what starts next and how the rollout stands. One plan serves both
+//! operations (certificate refresh and in-place upgrade); they differ only in the annotations
+//! the controller reads and writes.
+//!
+//! Rules (DESIGN section 6): control-plane Machines strictly one at a time, and only while every
+//! control-plane Machine has a node and a healthy agent; then workers, `max_parallel` at a time;
+//! the first failure stops the rollout; a cancelled request starts nothing new and ends once
+//! running work has finished; Machines being deleted are skipped; Machines without a node wait.
+
+/// The role of a Machine in a rollout, in rollout order.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Role {
+    ControlPlane,
+    /// A worker of the named MachineDeployment.
+    Worker {
+        deployment: String,
+    },
+}
+
+/// Where a Machine stands with respect to *this* request (earlier requests do not count).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MachineProgress {
+    /// Not started by this request.
+    Untouched,
+    /// Started by this request and not finished.
+    Running,
+    Done,
+    Failed,
+}
+
+/// What the controller observed about one Machine.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MachineObservation {
+    pub name: String,
+    pub role: Role,
+    pub has_node: bool,
+    /// The agent answered its last health check.
+    pub agent_healthy: bool,
+    pub being_deleted: bool,
+    pub progress: MachineProgress,
+    /// Why it failed, when it did.
+    pub failure: Option<String>,
+}
+
+/// A parent's request and its Machines, in any order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RolloutInput {
+    /// The trigger was removed from the parent.
+    pub cancelled: bool,
+    /// Workers allowed in progress at once (at least 1).
+    pub max_parallel: usize,
+    pub machines: Vec<MachineObservation>,
+}
+
+/// Counts for `caretaker.dev/progress` and the status view.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Progress {
+    pub done: usize,
+    /// Machines the rollout covers (skipped ones excluded).
+    pub total: usize,
+    pub skipped: usize,
+    pub running: usize,
+}
+
+/// Why nothing (more) can start right now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Waiting {
+    /// These Machines have no node yet.
+    ForNodes(Vec<String>),
+    /// Control-plane Machines without a node or a healthy agent block the control plane.
+    ForControlPlaneHealth(Vec<String>),
+}
+
+/// The decision for one pass.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RolloutPlan {
+    /// Start these Machines now (possibly none, while others run or wait).
+    Continue {
+        start: Vec<String>,
+        waiting: Option<Waiting>,
+        progress: Progress,
+    },
+    /// Every covered Machine is done.
+    Done { progress: Progress },
+    /// A Machine failed: nothing new starts; the parent ends `failed` once nothing runs.
+    Failed {
+        machine: String,
+        reason: String,
+        still_running: usize,
+        progress: Progress,
+    },
+    /// The request was cancelled and nothing runs any more.
+    Cancelled { progress: Progress },
+}
+
+impl RolloutPlan {
+    /// Decides the next step of a rollout.
+    pub fn decide(input: &RolloutInput) -> RolloutPlan {
+        let mut machines: Vec<&MachineObservation> = input.machines.iter().collect();
+        machines.sort_by(|a, b| (&a.role, &a.name).cmp(&(&b.role, &b.name)));
+        let covered: Vec<&MachineObservation> = machines
+            .iter()
+            .copied()
+            .filter(|m| !m.being_deleted || m.progress != MachineProgress::Untouched)
+            .collect();
+        let count = |p: MachineProgress| covered.iter().filter(|m| m.progress == p).count();
+        let progress = Progress {
+            done: count(MachineProgress::Done),
+            total: covered.len(),
+            skipped: machines.len() - covered.len(),
+            running: count(MachineProgress::Running),
+        };
+
+        if let Some(failed) = covered
+            .iter()
+            .find(|m| m.progress == MachineProgress::Failed)
+        {
+            return RolloutPlan::Failed {
+                machine: failed.name.clone(),
+                reason: failed.failure.clone().unwrap_or_else(|| "unknown".into()),
+                still_running: progress.running,
+                progress,
+            };
+        }
+        if input.cancelled {
+            return if progress.running == 0 {
+                RolloutPlan::Cancelled { progress }
+            } else {
+                RolloutPlan::Continue {
+                    start: Vec::new(),
+                    waiting: None,
+                    progress,
+                }
+            };
+        }
+        if progress.done == progress.total {
+            return RolloutPlan::Done { progress };
+        }
+
+        let control_plane: Vec<&MachineObservation> = covered
+            .iter()
+            .copied()
+            .filter(|m| m.role == Role::ControlPlane)
+            .collect();
+        if control_plane
+            .iter()
+            .any(|m| m.progress != MachineProgress::Done)
+        {
+            if control_plane
+                .iter()
+                .any(|m| m.progress == MachineProgress::Running)
+            {
+                return RolloutPlan::Continue {
+                    start: Vec::new(),
+                    waiting: None,
+                    progress,
+                };
+            }
+            // Every control-plane Machine, not only the next one, must be sound: a refresh
+            // restarts components, and etcd needs its quorum while one member does.
+            let unhealthy: Vec<String> = machines
+                .iter()
+                .filter(|m| {
+                    m.role == Role::ControlPlane
+                        && !m.being_deleted
+                        && !(m.has_node && m.agent_healthy)
+                })
+                .map(|m| m.name.clone())
+                .collect();
+            if !unhealthy.is_empty() {
+                return RolloutPlan::Continue {
+                    start: Vec::new(),
+                    waiting: Some(Waiting::ForControlPlaneHealth(unhealthy)),
+                    progress,
+                };
+            }
+            let next = control_plane
+                .iter()
+                .find(|m| m.progress == MachineProgress::Untouched)
+                .expect("an unfinished, not running control-plane Machine is untouched");
+            return RolloutPlan::Continue {
+                start: vec![next.name.clone()],
+                waiting: None,
+                progress,
+            };
+        }
+
+        let workers: Vec<&MachineObservation> = covered
+            .iter()
+            .copied()
+            .filter(|m| m.role != Role::ControlPlane)
+            .collect();
+        let running = workers
+            .iter()
+            .filter(|m| m.progress == MachineProgress::Running)
+            .count();
+        let slots = input.max_parallel.max(1).saturating_sub(running);
+        let untouched = workers
+            .iter()
+            .filter(|m| m.progress == MachineProgress::Untouched);
+        let (ready, nodeless): (Vec<&MachineObservation>, Vec<&MachineObservation>) =
+            untouched.copied().partition(|m| m.has_node);
+        let start: Vec<String> = ready.iter().take(slots).map(|m| m.name.clone()).collect();
+        let waiting = (!nodeless.is_empty())
+            .then(|| Waiting::ForNodes(nodeless.iter().map(|m| m.name.clone()).collect()));
+        RolloutPlan::Continue {
+            start,
+            waiting,
+            progress,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn cp(name: &str, progress: MachineProgress) -> MachineObservation {
+        MachineObservation {
+            name: name.into(),
+            role: Role::ControlPlane,
+            has_node: true,
+            agent_healthy: true,
+            being_deleted: false,
+            progress,
+            failure: None,
+        }
+    }
+
+    fn worker(name: &str, deployment: &str, progress: MachineProgress) -> MachineObservation {
+        MachineObservation {
+            role: Role::Worker {
+                deployment: deployment.into(),
+            },
+            ..cp(name, progress)
+        }
+    }
+
+    fn input(machines: Vec<MachineObservation>) -> RolloutInput {
+        RolloutInput {
+            cancelled: false,
+            max_parallel: 1,
+            machines,
+        }
+    }
+
+    fn started(plan: &RolloutPlan) -> Vec<String> {
+        match plan {
+            RolloutPlan::Continue { start, .. } => start.clone(),
+            _ => Vec::new(),
+        }
+    }
+
+    use MachineProgress::*;
+
+    #[test]
+    fn control_planes_go_first_and_one_at_a_time() {
+        let plan = RolloutPlan::decide(&input(vec![
+            worker("w-0", "md", Untouched),
+            cp("cp-1", Untouched),
+            cp("cp-0", Untouched),
+        ]));
+        assert_eq!(started(&plan), ["cp-0"]);
+        let plan = RolloutPlan::decide(&input(vec![
+            worker("w-0", "md", Untouched),
+            cp("cp-1", Untouched),
+            cp("cp-0", Running),
+        ]));
+        assert_eq!(started(&plan), Vec::<String>::new());
+        let plan = RolloutPlan::decide(&input(vec![
+            worker("w-0", "md", Untouched),
+            cp("cp-1", Untouched),
+            cp("cp-0", Done),
+        ]));
+        assert_eq!(started(&plan), ["cp-1"]);
+        let plan = RolloutPlan::decide(&input(vec![
+            worker("w-0", "md", Untouched),
+            cp("cp-1", Done),
+            cp("cp-0", Done),
+        ]));
+        assert_eq!(started(&plan), ["w-0"]);
+    }
+
+    #[test]
+    fn an_unhealthy_control_plane_machine_blocks_the_control_plane() {
+        let mut sick = cp("cp-2", Done);
+        sick.agent_healthy = false;
+        let plan = RolloutPlan::decide(&input(vec![cp("cp-0", Done), cp("cp-1", Untouched), sick]));
+        assert_eq!(
+            plan,
+            RolloutPlan::Continue {
+                start: vec![],
+                waiting: Some(Waiting::ForControlPlaneHealth(vec!["cp-2".into()])),
+                progress: Progress {
+                    done: 2,
+                    total: 3,
+                    skipped: 0,
+                    running: 0
+                },
+            }
+        );
+    }
+
+    #[test]
+    fn workers_respect_max_parallel_and_wait_for_nodes() {
+        let mut nodeless = worker("w-3", "md", Untouched);
+        nodeless.has_node = false;
+        let machines = vec![
+            cp("cp-0", Done),
+            worker("w-0", "md", Running),
+            worker("w-1", "md", Untouched),
+            worker("w-2", "md", Untouched),
+            nodeless,
+        ];
+        let plan = RolloutPlan::decide(&RolloutInput {
+            cancelled: false,
+            max_parallel: 2,
+            machines,
+        });
+        match plan {
+            RolloutPlan::Continue { start, waiting, .. } => {
+                assert_eq!(start, ["w-1"]);
+                assert_eq!(waiting, Some(Waiting::ForNodes(vec!["w-3".into()])));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_first_failure_stops_everything() {
+        let mut failed = worker("w-0", "md", Failed);
+        failed.failure = Some("agent unreachable".into());
+        let plan = RolloutPlan::decide(&input(vec![
+            cp("cp-0", Done),
+            failed,
+            worker("w-1", "md", Running),
+            worker("w-2", "md", Untouched),
+        ]));
+        assert_eq!(
+            plan,
+            RolloutPlan::Failed {
+                machine: "w-0".into(),
+                reason: "agent unreachable".into(),
+                still_running: 1,
+                progress: Progress {
+                    done: 1,
+                    total: 4,
+                    skipped: 0,
+                    running: 1
+                },
+            }
+        );
+    }
+
+    #[test]
+    fn cancel_lets_running_work_finish_then_ends() {
+        let running = RolloutInput {
+            cancelled: true,
+            max_parallel: 3,
+            machines: vec![
+                cp("cp-0", Done),
+                worker("w-0", "md", Running),
+                worker("w-1", "md", Untouched),
+            ],
+        };
+        assert_eq!(
+            started(&RolloutPlan::decide(&running)),
+            Vec::<String>::new()
+        );
+        assert!(matches!(
+            RolloutPlan::decide(&running),
+            RolloutPlan::Continue { .. }
+        ));
+        let finished = RolloutInput {
+            machines: vec![
+                cp("cp-0", Done),
+                worker("w-0", "md", Done),
+                worker("w-1", "md", Untouched),
+            ],
+            ..running
+        };
+        assert!(matches!(
+            RolloutPlan::decide(&finished),
+            RolloutPlan::Cancelled { .. }
+        ));
+    }
+
+    #[test]
+    fn machines_being_deleted_are_skipped() {
+        let mut leaving = worker("w-1", "md", Untouched);
+        leaving.being_deleted = true;
+        let plan = RolloutPlan::decide(&input(vec![
+            cp("cp-0", Done),
+            worker("w-0", "md", Done),
+            leaving,
+        ]));
+        assert_eq!(
+            plan,
+            RolloutPlan::Done {
+                progress: Progress {
+                    done: 2,
+                    total: 2,
+                    skipped: 1,
+                    running: 0
+                }
+            }
+        );
+    }
+
+    fn arbitrary_machine() -> impl Strategy<Value = MachineObservation> {
+        (
+            0u8..6,
+            prop::bool::ANY,
+            prop::bool::weighted(0.9),
+            prop::bool::weighted(0.9),
+            prop::bool::weighted(0.1),
+            prop_oneof![Just(Untouched), Just(Running), Just(Done), Just(Failed)],
+        )
+            .prop_map(|(n, is_cp, has_node, healthy, deleting, progress)| {
+                MachineObservation {
+                    name: format!("m-{n}"),
+                    role: if is_cp {
+                        Role::ControlPlane
+                    } else {
+                        Role::Worker {
+                            deployment: format!("md-{}", n % 2),
+                        }
+                    },
+                    has_node,
+                    agent_healthy: healthy,
+                    being_deleted: deleting,
+                    progress,
+                    failure: None,
+                }
+            })
+    }
+
+    proptest! {
+        #[test]
+        fn plans_never_break_the_rules(
+            machines in prop::collection::btree_map(0u8..12, arbitrary_machine(), 0..10),
+            max_parallel in 1usize..4,
+            cancelled in prop::bool::ANY,
+        ) {
+            let machines: Vec<MachineObservation> = machines
+                .into_iter()
+                .map(|(i, m)| MachineObservation { name: format!("m-{i}"), ..m })
+                .collect();
+            let input = RolloutInput { cancelled, max_parallel, machines: machines.clone() };
+            let plan = RolloutPlan::decide(&input);
+            let by_name = |n: &str| machines.iter().find(|m| m.name == n).unwrap();
+            let running = |cp: bool| machines.iter().filter(|m| (m.role == Role::ControlPlane) == cp && m.progress == Running && !(m.being_deleted && m.progress == Untouched)).count();
+            if let RolloutPlan::Continue { start, .. } = &plan {
+                prop_assert!(!cancelled || start.is_empty(), "nothing starts after cancel");
+                for name in start {
+                    let m = by_name(name);
+                    prop_assert_eq!(m.progress, Untouched, "only untouched Machines start");
+                    prop_assert!(m.has_node && !m.being_deleted);
+                }
+                let cps: Vec<_> = start.iter().filter(|n| by_name(n).role == Role::ControlPlane).collect();
+                prop_assert!(cps.len() <= 1, "one control-plane Machine at a time");
+                if !cps.is_empty() {
+                    prop_assert_eq!(running(true), 0);
+                    prop_assert_eq!(start.len(), 1, "no workers alongside the control plane");
+                    let all_sound = machines.iter().filter(|m| m.role == Role::ControlPlane && !m.being_deleted).all(|m| m.has_node && m.agent_healthy);
+                    prop_assert!(all_sound, "control plane only while all its Machines are healthy");
+                }
+                let workers = start.len() - cps.len();
+                if workers > 0 {
+                    prop_assert!(workers + running(false) <= max_parallel, "max-parallel respected");
+                    let cp_unfinished = machines.iter().any(|m| m.role == Role::ControlPlane && m.progress != Done && !(m.being_deleted && m.progress == Untouched));
+                    prop_assert!(!cp_unfinished, "workers only after the control plane");
+                }
+            }
+            if machines.iter().any(|m| m.progress == Failed) {
+                let failed = matches!(plan, RolloutPlan::Failed { .. });
+                prop_assert!(failed, "a failure stops the rollout");
+            }
+        }
+    }
+}
