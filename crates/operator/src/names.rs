@@ -75,3 +75,27 @@ pub mod upgrade_state {
 
     pub const ALL: [&str; 5] = [TRIGGER, REQUEST_ID, ATTEMPTS, RETRY_AT, LAST_ERROR];
 }
+
+/// Cluster-wide rollouts: events on the parent (proposal 004 names for certificates).
+pub const EVENT_REFRESH_CERTS_IN_PROGRESS: &str = "RefreshCertsInProgress";
+pub const EVENT_REFRESH_CERTS_DONE: &str = "RefreshCertsDone";
+pub const EVENT_REFRESH_CERTS_FAILED: &str = "RefreshCertsFailed";
+pub const EVENT_REFRESH_CERTS_CANCELLED: &str = "RefreshCertsCancelled";
+
+/// `DONE/TOTAL` on the parent of a rollout.
+pub const PROGRESS: &str = "caretaker.dev/progress";
+/// Workers allowed in progress at once, on a MachineDeployment or Cluster.
+pub const MAX_PARALLEL: &str = "caretaker.dev/max-parallel";
+
+/// Bookkeeping of a rollout, on the parent and (the request tag) on every Machine it touched.
+pub mod rollout_state {
+    /// The request id of the certificate rollout in progress (parent) / that touched it (Machine).
+    pub const REFRESH_REQUEST: &str = "caretaker.dev/refresh-request";
+    /// The request id of the upgrade rollout.
+    pub const UPGRADE_REQUEST: &str = "caretaker.dev/upgrade-request";
+    /// The trigger value the parent's request is for.
+    pub const REFRESH_TRIGGER: &str = "caretaker.dev/refresh-rollout-trigger";
+    pub const UPGRADE_TRIGGER: &str = "caretaker.dev/upgrade-rollout-trigger";
+    /// What the rollout waits for, so the same wait is reported once.
+    pub const WAITING: &str = "caretaker.dev/rollout-waiting";
+}

@@ -86,6 +86,7 @@ mod tests {
             addresses: vec!["10.0.0.5".into(), "node-0.internal".into()],
             control_plane,
             being_deleted: false,
+            labels: Default::default(),
             annotations: Default::default(),
         }
     }

@@ -8,7 +8,6 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use caretaker_agent::provision::NodeRole;
-use caretaker_operator::controllers::machines;
 use caretaker_operator::{Context, names};
 use common::{World, fast, world};
 
@@ -274,7 +273,7 @@ async fn a_restarted_operator_resumes_without_refreshing_twice() {
     }
 
     let ctx = Context::new(world.client.clone(), fast());
-    world.controller = tokio::spawn(machines::run(ctx, None));
+    world.controller = tokio::spawn(common::run_controllers(ctx));
     let applied = world.wait_status("applied", names::STATUS_DONE).await;
     assert_eq!(
         caretaker_agent::inventory::discover(&applied_layout),

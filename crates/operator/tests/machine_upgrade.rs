@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use caretaker_agent::command::CommandTemplate;
 use caretaker_agent::provision::NodeRole;
-use caretaker_operator::controllers::machines;
 use caretaker_operator::{Context, names};
 use common::{World, fast, world};
 
@@ -169,7 +168,7 @@ async fn a_restarted_operator_follows_the_same_operation() {
     tokio::time::sleep(Duration::from_millis(200)).await;
 
     let ctx = Context::new(world.client.clone(), fast());
-    world.controller = tokio::spawn(machines::run(ctx, None));
+    world.controller = tokio::spawn(common::run_controllers(ctx));
     let annotations = world.wait_for("m-0", STATUS, names::STATUS_DONE).await;
     assert_eq!(annotations[names::IN_PLACE_UPGRADE_CHANGE_ID], change_id);
     assert_eq!(annotations[names::IN_PLACE_UPGRADE_RELEASE], "revision=7");

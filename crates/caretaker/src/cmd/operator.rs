@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use caretaker_operator::controllers::machines;
+use caretaker_operator::controllers::{machines, rollout};
 use caretaker_operator::{Context, Settings};
 use caretaker_pki::Ttl;
 
@@ -23,6 +23,12 @@ use super::logging::{self, LogFormat};
 /// (channel=…, revision=… or localPath=…); the agent runs its upgrade command as an operation
 /// whose id lands in `v1beta2.k8sd.io/in-place-upgrade-change-id`; removing the trigger while it
 /// runs cancels it.
+///
+/// Cluster-wide: the same trigger annotations on a Cluster, a CK8sControlPlane or a
+/// MachineDeployment roll the operation out over their Machines: control plane first, one at a
+/// time and only while all control-plane agents are healthy, then workers
+/// (`caretaker.dev/max-parallel` at once); the first failure stops the rollout; removing the
+/// trigger cancels it; `caretaker.dev/progress` shows DONE/TOTAL.
 #[derive(Debug, clap::Args)]
 pub struct OperatorArgs {
     /// Kubeconfig to use; default: in-cluster configuration, then $KUBECONFIG or ~/.kube/config.
@@ -87,7 +93,10 @@ pub fn run(args: OperatorArgs) -> ExitCode {
             tracing::info!(namespace = ?args.namespace, "operator starting");
             let ctx = Context::new(client, settings);
             tokio::select! {
-                _ = machines::run(ctx, args.namespace.clone()) => Ok(()),
+                _ = futures::future::join(
+                    machines::run(ctx.clone(), args.namespace.clone()),
+                    rollout::run(ctx, args.namespace.clone()),
+                ) => Ok(()),
                 _ = tokio::signal::ctrl_c() => {
                     tracing::info!("stopping");
                     Ok(())

@@ -5,6 +5,7 @@
 pub mod machine_refresh;
 pub mod machine_upgrade;
 pub mod machines;
+pub mod rollout;
 
 use std::time::Duration;
 

@@ -27,6 +27,14 @@ pub fn cluster_api_resource() -> ApiResource {
     )
 }
 
+/// The MachineDeployment kind.
+pub fn machine_deployment_api_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("cluster.x-k8s.io", "v1beta2", "MachineDeployment"),
+        "machinedeployments",
+    )
+}
+
 /// The CK8sControlPlane kind.
 pub fn control_plane_api_resource() -> ApiResource {
     ApiResource::from_gvk_with_plural(
@@ -49,6 +57,7 @@ pub struct MachineView {
     pub addresses: Vec<String>,
     pub control_plane: bool,
     pub being_deleted: bool,
+    pub labels: BTreeMap<String, String>,
     pub annotations: BTreeMap<String, String>,
 }
 
@@ -68,6 +77,7 @@ impl MachineView {
                 .unwrap_or_default(),
             control_plane: labels.contains_key(crate::names::CONTROL_PLANE_LABEL),
             being_deleted: machine.metadata.deletion_timestamp.is_some(),
+            labels: labels.clone(),
             annotations: machine.metadata.annotations.clone().unwrap_or_default(),
         }
     }

@@ -121,6 +121,7 @@ mod tests {
             addresses: vec!["10.0.0.1".into()],
             control_plane: false,
             being_deleted: false,
+            labels: Default::default(),
             annotations: annotations
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))

@@ -120,6 +120,7 @@ mod tests {
             addresses: vec![],
             control_plane: false,
             being_deleted: false,
+            labels: Default::default(),
             annotations: annotations
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))

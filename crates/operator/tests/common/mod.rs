@@ -52,6 +52,7 @@ pub async fn world(settings: Settings) -> World {
     for file in [
         "cluster.x-k8s.io_clusters.yaml",
         "cluster.x-k8s.io_machines.yaml",
+        "cluster.x-k8s.io_machinedeployments.yaml",
         "controlplane.cluster.x-k8s.io_ck8scontrolplanes.yaml",
     ] {
         crds.create(&PostParams::default(), &fixture(file))
@@ -102,7 +103,7 @@ pub async fn world(settings: Settings) -> World {
         .unwrap();
 
     let ctx = Context::new(client.clone(), settings);
-    let controller = tokio::spawn(machines::run(ctx, None));
+    let controller = tokio::spawn(run_controllers(ctx));
     World {
         server,
         client,
@@ -170,6 +171,9 @@ impl World {
         let mut labels = json!({ "cluster.x-k8s.io/cluster-name": "c1" });
         if role == NodeRole::ControlPlane {
             labels[names::CONTROL_PLANE_LABEL] = json!("");
+            labels["cluster.x-k8s.io/control-plane-name"] = json!("c1-control-plane");
+        } else {
+            labels["cluster.x-k8s.io/deployment-name"] = json!("c1-md-0");
         }
         let object: DynamicObject = serde_json::from_value(json!({
             "apiVersion": "cluster.x-k8s.io/v1beta2",
@@ -262,6 +266,14 @@ impl World {
             self.events(name).await
         );
     }
+}
+
+/// The Machine controller and the rollout controllers, as `caretaker operator` runs them.
+pub async fn run_controllers(ctx: std::sync::Arc<Context>) {
+    futures::join!(
+        machines::run(ctx.clone(), None),
+        caretaker_operator::controllers::rollout::run(ctx, None)
+    );
 }
 
 pub fn fast() -> Settings {

@@ -1,0 +1,497 @@
+//! Cluster-wide rollouts: the same trigger annotations on a Cluster, a CK8sControlPlane or a
+//! MachineDeployment roll the operation out over the Machines the parent covers, as
+//! [`crate::rollout::RolloutPlan`] decides. The parent's controller only sets the trigger on
+//! Machines (tagged with the request id); the Machine controller does the work. Machine changes
+//! wake the parent through a watch.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use caretaker_agent::upgrade::ReleaseOption;
+use caretaker_pki::Ttl;
+use futures::StreamExt;
+use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+use kube::{Resource, ResourceExt};
+use serde_json::{Value, json};
+
+use crate::Error;
+use crate::context::{Context, EventType};
+use crate::machine::{self, MachineView};
+use crate::names::{self, rollout_state};
+use crate::rollout::{
+    MachineObservation, MachineProgress, Role, RolloutInput, RolloutPlan, Waiting,
+};
+
+/// The kinds a rollout can be asked on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ParentKind {
+    Cluster,
+    ControlPlane,
+    MachineDeployment,
+}
+
+impl ParentKind {
+    pub fn api_resource(self) -> ApiResource {
+        match self {
+            ParentKind::Cluster => machine::cluster_api_resource(),
+            ParentKind::ControlPlane => machine::control_plane_api_resource(),
+            ParentKind::MachineDeployment => machine::machine_deployment_api_resource(),
+        }
+    }
+}
+
+/// The two operations, by the annotations and events that tell them apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operation {
+    RefreshCertificates,
+    InPlaceUpgrade,
+}
+
+impl Operation {
+    const ALL: [Operation; 2] = [Operation::RefreshCertificates, Operation::InPlaceUpgrade];
+
+    fn trigger(self) -> &'static str {
+        match self {
+            Operation::RefreshCertificates => names::REFRESH_CERTIFICATES,
+            Operation::InPlaceUpgrade => names::IN_PLACE_UPGRADE_TO,
+        }
+    }
+    fn status(self) -> &'static str {
+        match self {
+            Operation::RefreshCertificates => names::REFRESH_CERTIFICATES_STATUS,
+            Operation::InPlaceUpgrade => names::IN_PLACE_UPGRADE_STATUS,
+        }
+    }
+    fn request(self) -> &'static str {
+        match self {
+            Operation::RefreshCertificates => rollout_state::REFRESH_REQUEST,
+            Operation::InPlaceUpgrade => rollout_state::UPGRADE_REQUEST,
+        }
+    }
+    fn request_trigger(self) -> &'static str {
+        match self {
+            Operation::RefreshCertificates => rollout_state::REFRESH_TRIGGER,
+            Operation::InPlaceUpgrade => rollout_state::UPGRADE_TRIGGER,
+        }
+    }
+    fn last_error(self) -> &'static str {
+        match self {
+            Operation::RefreshCertificates => names::refresh_state::LAST_ERROR,
+            Operation::InPlaceUpgrade => names::upgrade_state::LAST_ERROR,
+        }
+    }
+    /// (in progress, done, failed, cancelled)
+    fn events(self) -> [&'static str; 4] {
+        match self {
+            Operation::RefreshCertificates => [
+                names::EVENT_REFRESH_CERTS_IN_PROGRESS,
+                names::EVENT_REFRESH_CERTS_DONE,
+                names::EVENT_REFRESH_CERTS_FAILED,
+                names::EVENT_REFRESH_CERTS_CANCELLED,
+            ],
+            Operation::InPlaceUpgrade => [
+                names::EVENT_UPGRADE_IN_PROGRESS,
+                names::EVENT_UPGRADE_DONE,
+                names::EVENT_UPGRADE_FAILED,
+                names::EVENT_UPGRADE_CANCELLED,
+            ],
+        }
+    }
+    fn validate(self, value: &str) -> Result<(), String> {
+        match self {
+            Operation::RefreshCertificates => {
+                value.parse::<Ttl>().map(|_| ()).map_err(|e| e.to_string())
+            }
+            Operation::InPlaceUpgrade => ReleaseOption::parse(value)
+                .map(|_| ())
+                .map_err(|e| e.to_string()),
+        }
+    }
+}
+
+/// Runs the rollout controllers of all three parent kinds until their streams end.
+pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
+    let kinds = [
+        ParentKind::Cluster,
+        ParentKind::ControlPlane,
+        ParentKind::MachineDeployment,
+    ];
+    futures::future::join_all(kinds.map(|kind| run_kind(ctx.clone(), namespace.clone(), kind)))
+        .await;
+}
+
+async fn run_kind(ctx: Arc<Context>, namespace: Option<String>, kind: ParentKind) {
+    let resource = kind.api_resource();
+    let machine_resource = machine::api_resource();
+    let (parents, machines): (Api<DynamicObject>, Api<DynamicObject>) = match &namespace {
+        Some(ns) => (
+            Api::namespaced_with(ctx.client.clone(), ns, &resource),
+            Api::namespaced_with(ctx.client.clone(), ns, &machine_resource),
+        ),
+        None => (
+            Api::all_with(ctx.client.clone(), &resource),
+            Api::all_with(ctx.client.clone(), &machine_resource),
+        ),
+    };
+    let mapper_resource = resource.clone();
+    Controller::new_with(parents, watcher::Config::default(), resource.clone())
+        .watches_with(
+            machines,
+            machine_resource,
+            watcher::Config::default(),
+            move |m| parents_of(kind, &MachineView::from_object(&m), &mapper_resource),
+        )
+        .run(
+            move |parent, ctx| reconcile(parent, ctx, kind),
+            error_policy,
+            ctx,
+        )
+        .for_each(|result| async move {
+            if let Err(e) = result {
+                tracing::debug!(error = %e, "rollout reconcile failed");
+            }
+        })
+        .await;
+}
+
+/// The parents of `kind` a Machine's change may matter to.
+fn parents_of(
+    kind: ParentKind,
+    m: &MachineView,
+    resource: &ApiResource,
+) -> Vec<ObjectRef<DynamicObject>> {
+    let name = match kind {
+        ParentKind::Cluster => Some(m.cluster_name.clone()),
+        ParentKind::MachineDeployment => m.labels.get(DEPLOYMENT_LABEL).cloned(),
+        ParentKind::ControlPlane => m.labels.get(CONTROL_PLANE_NAME_LABEL).cloned(),
+    };
+    name.filter(|n| !n.is_empty())
+        .map(|n| ObjectRef::new_with(&n, resource.clone()).within(&m.namespace))
+        .into_iter()
+        .collect()
+}
+
+const DEPLOYMENT_LABEL: &str = "cluster.x-k8s.io/deployment-name";
+const CONTROL_PLANE_NAME_LABEL: &str = "cluster.x-k8s.io/control-plane-name";
+/// Health checks of control-plane agents give up after this long.
+const HEALTH_TIMEOUT: Duration = Duration::from_secs(5);
+
+fn error_policy(_parent: Arc<DynamicObject>, error: &Error, ctx: Arc<Context>) -> Action {
+    tracing::warn!(error = %error, category = error.metric_label(), "rollout reconcile failed");
+    Action::requeue(ctx.settings.retry_base)
+}
+
+/// Whether the parent covers the Machine.
+fn covers(kind: ParentKind, parent: &DynamicObject, m: &MachineView) -> bool {
+    let name = parent.name_any();
+    match kind {
+        ParentKind::Cluster => m.cluster_name == name,
+        ParentKind::MachineDeployment => m.labels.get(DEPLOYMENT_LABEL) == Some(&name),
+        ParentKind::ControlPlane => {
+            m.control_plane && m.labels.get(CONTROL_PLANE_NAME_LABEL) == Some(&name)
+        }
+    }
+}
+
+async fn reconcile(
+    parent: Arc<DynamicObject>,
+    ctx: Arc<Context>,
+    kind: ParentKind,
+) -> Result<Action, Error> {
+    let mut next = Action::await_change();
+    for operation in Operation::ALL {
+        if let Some(action) = reconcile_operation(&parent, &ctx, kind, operation).await? {
+            next = action;
+        }
+    }
+    Ok(next)
+}
+
+async fn reconcile_operation(
+    parent: &DynamicObject,
+    ctx: &Arc<Context>,
+    kind: ParentKind,
+    operation: Operation,
+) -> Result<Option<Action>, Error> {
+    let annotations = parent.annotations();
+    let trigger = annotations.get(operation.trigger()).cloned();
+    let status = annotations.get(operation.status()).map(String::as_str);
+    let in_progress = status == Some(names::STATUS_IN_PROGRESS);
+    let namespace = parent.namespace().unwrap_or_default();
+    let resource = kind.api_resource();
+    let reference = parent.object_ref(&resource);
+    let [ev_progress, ev_done, ev_failed, ev_cancelled] = operation.events();
+
+    let same_request =
+        trigger.is_some() && annotations.get(operation.request_trigger()) == trigger.as_ref();
+    match (&trigger, in_progress) {
+        (None, false) => return Ok(None),
+        (Some(value), _)
+            if !same_request
+                || !matches!(
+                    status,
+                    Some(names::STATUS_IN_PROGRESS)
+                        | Some(names::STATUS_FAILED)
+                        | Some(names::STATUS_CANCELLED)
+                ) =>
+        {
+            // A new request: the first, or the trigger set again after an end (a finished
+            // request removes its trigger, so a trigger beside `done` is new too).
+            let mut changes = BTreeMap::new();
+            if let Err(reason) = operation.validate(value) {
+                changes.insert(operation.status().to_string(), json!(names::STATUS_FAILED));
+                changes.insert(operation.request_trigger().to_string(), json!(value));
+                patch_parent(ctx, &resource, parent, changes).await?;
+                ctx.event(&reference, EventType::Warning, ev_failed, reason)
+                    .await;
+                return Ok(None);
+            }
+            let id = format!(
+                "{:x}",
+                time::OffsetDateTime::now_utc().unix_timestamp_nanos()
+            );
+            changes.insert(
+                operation.status().to_string(),
+                json!(names::STATUS_IN_PROGRESS),
+            );
+            changes.insert(operation.request().to_string(), json!(id));
+            changes.insert(operation.request_trigger().to_string(), json!(value));
+            changes.insert(rollout_state::WAITING.to_string(), Value::Null);
+            patch_parent(ctx, &resource, parent, changes).await?;
+            let note = format!(
+                "rolling {} = {value} out over the Machines of {} {}",
+                operation.trigger(),
+                resource.kind,
+                parent.name_any()
+            );
+            ctx.event(&reference, EventType::Normal, ev_progress, note)
+                .await;
+            return Ok(None);
+        }
+        (Some(_), false) => return Ok(None), // this request already ended (failed or cancelled)
+        _ => {}
+    }
+
+    // In progress (or cancelled: trigger removed while in progress).
+    let request_id = annotations
+        .get(operation.request())
+        .cloned()
+        .unwrap_or_default();
+    let machines_api: Api<DynamicObject> =
+        Api::namespaced_with(ctx.client.clone(), &namespace, &machine::api_resource());
+    let all = machines_api.list(&ListParams::default()).await?;
+    let views: Vec<MachineView> = all
+        .items
+        .iter()
+        .map(MachineView::from_object)
+        .filter(|m| covers(kind, parent, m))
+        .collect();
+    let observations = observe(ctx, operation, &request_id, &views).await;
+    let max_parallel = annotations
+        .get(names::MAX_PARALLEL)
+        .and_then(|v| v.parse().ok())
+        .filter(|n| *n >= 1)
+        .unwrap_or(1);
+    let plan = RolloutPlan::decide(&RolloutInput {
+        cancelled: trigger.is_none(),
+        max_parallel,
+        machines: observations,
+    });
+
+    let mut changes = BTreeMap::new();
+    let progress = match &plan {
+        RolloutPlan::Continue { progress, .. }
+        | RolloutPlan::Done { progress }
+        | RolloutPlan::Failed { progress, .. }
+        | RolloutPlan::Cancelled { progress } => *progress,
+    };
+    let progress_text = format!("{}/{}", progress.done, progress.total);
+    if annotations.get(names::PROGRESS) != Some(&progress_text) {
+        changes.insert(names::PROGRESS.to_string(), json!(progress_text));
+    }
+    let mut requeue = None;
+    match plan {
+        RolloutPlan::Continue { start, waiting, .. } => {
+            for name in &start {
+                let body = json!({ "metadata": { "annotations": {
+                    operation.trigger(): trigger.clone().unwrap_or_default(),
+                    operation.request(): request_id,
+                } } });
+                machines_api
+                    .patch(name, &PatchParams::default(), &Patch::Merge(&body))
+                    .await?;
+            }
+            let waiting_text = waiting.as_ref().map(|w| match w {
+                Waiting::ForNodes(names) => {
+                    format!("waiting for {} to get a node", names.join(", "))
+                }
+                Waiting::ForControlPlaneHealth(names) => format!(
+                    "waiting: control-plane Machines {} have no node or no healthy agent",
+                    names.join(", ")
+                ),
+            });
+            if let Some(text) = &waiting_text {
+                if annotations.get(rollout_state::WAITING) != Some(text) {
+                    changes.insert(rollout_state::WAITING.to_string(), json!(text));
+                    ctx.event(&reference, EventType::Normal, ev_progress, text.clone())
+                        .await;
+                }
+                // Agent health and node assignment are not all watched: look again.
+                requeue = Some(Action::requeue(
+                    ctx.settings.retry_base.max(Duration::from_secs(1)),
+                ));
+            }
+        }
+        RolloutPlan::Done { .. } => {
+            changes.insert(operation.status().to_string(), json!(names::STATUS_DONE));
+            changes.insert(operation.trigger().to_string(), Value::Null);
+            changes.insert(rollout_state::WAITING.to_string(), Value::Null);
+            if operation == Operation::InPlaceUpgrade {
+                changes.insert(
+                    names::IN_PLACE_UPGRADE_RELEASE.to_string(),
+                    json!(trigger.clone().unwrap_or_default()),
+                );
+            }
+            let note = format!(
+                "all {} Machines of {} {} are done ({} skipped)",
+                progress.total,
+                resource.kind,
+                parent.name_any(),
+                progress.skipped
+            );
+            patch_parent(ctx, &resource, parent, changes).await?;
+            ctx.event(&reference, EventType::Normal, ev_done, note)
+                .await;
+            return Ok(None);
+        }
+        RolloutPlan::Failed {
+            machine, reason, ..
+        } => {
+            changes.insert(operation.status().to_string(), json!(names::STATUS_FAILED));
+            changes.insert(rollout_state::WAITING.to_string(), Value::Null);
+            patch_parent(ctx, &resource, parent, changes).await?;
+            let note = format!("Machine {machine} failed, the rollout stopped: {reason}");
+            ctx.event(&reference, EventType::Warning, ev_failed, note)
+                .await;
+            return Ok(None);
+        }
+        RolloutPlan::Cancelled { .. } => {
+            changes.insert(
+                operation.status().to_string(),
+                json!(names::STATUS_CANCELLED),
+            );
+            changes.insert(rollout_state::WAITING.to_string(), Value::Null);
+            patch_parent(ctx, &resource, parent, changes).await?;
+            let note = format!("cancelled after {progress_text} Machines: the trigger was removed");
+            ctx.event(&reference, EventType::Normal, ev_cancelled, note)
+                .await;
+            return Ok(None);
+        }
+    }
+    if !changes.is_empty() {
+        patch_parent(ctx, &resource, parent, changes).await?;
+    }
+    Ok(requeue)
+}
+
+/// What the plan needs to know about each Machine.
+async fn observe(
+    ctx: &Context,
+    operation: Operation,
+    request_id: &str,
+    views: &[MachineView],
+) -> Vec<MachineObservation> {
+    let mut observations = Vec::with_capacity(views.len());
+    for m in views {
+        let touched = m.annotation(operation.request()) == Some(request_id);
+        let progress = if !touched {
+            MachineProgress::Untouched
+        } else if m.annotation(operation.trigger()).is_some() {
+            match m.annotation(operation.status()) {
+                Some(names::STATUS_FAILED) | Some(names::STATUS_CANCELLED) => {
+                    MachineProgress::Failed
+                }
+                _ => MachineProgress::Running,
+            }
+        } else {
+            match m.annotation(operation.status()) {
+                Some(names::STATUS_DONE) => MachineProgress::Done,
+                Some(names::STATUS_IN_PROGRESS) => MachineProgress::Running,
+                _ => MachineProgress::Failed,
+            }
+        };
+        let agent_healthy = if m.control_plane {
+            agent_healthy(ctx, m).await
+        } else {
+            true
+        };
+        observations.push(MachineObservation {
+            name: m.name.clone(),
+            role: if m.control_plane {
+                Role::ControlPlane
+            } else {
+                Role::Worker {
+                    deployment: m.labels.get(DEPLOYMENT_LABEL).cloned().unwrap_or_default(),
+                }
+            },
+            has_node: m.node_name.is_some(),
+            agent_healthy,
+            being_deleted: m.being_deleted,
+            progress,
+            failure: m
+                .annotation(operation.last_error())
+                .map(str::to_string)
+                .or_else(|| {
+                    (progress == MachineProgress::Failed).then(|| {
+                        format!(
+                            "status {}",
+                            m.annotation(operation.status()).unwrap_or("unknown")
+                        )
+                    })
+                }),
+        });
+    }
+    observations
+}
+
+async fn agent_healthy(ctx: &Context, m: &MachineView) -> bool {
+    let Some(url) = m.agent_url(ctx.settings.agent_port) else {
+        return false;
+    };
+    let Ok(credentials) = ctx
+        .credentials
+        .get(&ctx.client, &m.namespace, &m.cluster_name, HEALTH_TIMEOUT)
+        .await
+    else {
+        return false;
+    };
+    matches!(
+        tokio::time::timeout(HEALTH_TIMEOUT, credentials.agent_client.health(&url)).await,
+        Ok(Ok(_))
+    )
+}
+
+async fn patch_parent(
+    ctx: &Context,
+    resource: &ApiResource,
+    parent: &DynamicObject,
+    changes: BTreeMap<String, Value>,
+) -> Result<(), Error> {
+    let api: Api<DynamicObject> = Api::namespaced_with(
+        ctx.client.clone(),
+        &parent.namespace().unwrap_or_default(),
+        resource,
+    );
+    let body = json!({ "metadata": { "annotations": changes } });
+    api.patch(
+        &parent.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(&body),
+    )
+    .await?;
+    Ok(())
+}
