@@ -29,9 +29,9 @@ enum Command {
     /// Run API server, operator and agents together on this machine, and refresh every
     /// Machine's certificates.
     Demo(cmd::demo::DemoArgs),
-    /// Show a cluster-wide rollout's progress (not built yet).
-    #[command(long_about = cmd::planned::STATUS)]
-    Status(cmd::planned::PlannedArgs),
+    /// Show a cluster-wide rollout's progress.
+    #[command(subcommand)]
+    Status(cmd::status::StatusCommand),
     /// Check and renew a node's certificates offline, like `kubeadm certs`.
     #[command(subcommand)]
     Certs(cmd::certs::CertsCommand),
@@ -51,7 +51,7 @@ fn main() -> ExitCode {
         Command::Operator(args) => cmd::operator::run(args),
         Command::Agent(args) => cmd::agent::run(args),
         Command::Demo(args) => cmd::demo::run(args),
-        Command::Status(_) => cmd::planned::not_built("status"),
+        Command::Status(command) => cmd::status::run(command),
         Command::Certs(command) => cmd::certs::run(command),
         Command::Crds(_) => cmd::planned::not_built("crds"),
     }

@@ -29,13 +29,11 @@ fn the_demo_refreshes_every_machine_and_shows_before_and_after() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(
-        stdout.contains("[1/2] control-plane demo-cp-0: done"),
+        stdout.contains("cluster-wide certificate refresh"),
         "{stdout}"
     );
-    assert!(
-        stdout.contains("[2/2] worker demo-md-0-0: done"),
-        "{stdout}"
-    );
+    assert!(stdout.contains("status   done"), "{stdout}");
+    assert!(stdout.contains("] 2/2"), "{stdout}");
     assert!(stdout.contains("EARLIEST EXPIRY BEFORE"), "{stdout}");
 
     assert!(dir.join("kubeconfig").exists());
@@ -66,6 +64,48 @@ fn the_demo_refreshes_every_machine_and_shows_before_and_after() {
             pid_file.display()
         );
     }
+}
+
+#[test]
+fn the_demo_upgrades_every_machine_in_place() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("demo");
+    let out = Command::new(env!("CARGO_BIN_EXE_caretaker"))
+        .args([
+            "demo",
+            "--control-planes",
+            "1",
+            "--workers",
+            "1",
+            "--upgrade-to",
+            "channel=1.34/stable",
+            "--state-dir",
+        ])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("in-place upgrade channel=1.34/stable"),
+        "{stdout}"
+    );
+    for machine in ["demo-cp-0", "demo-md-0-0"] {
+        let release =
+            std::fs::read_to_string(dir.join("nodes").join(machine).join("release")).unwrap();
+        assert_eq!(release.trim(), "channel=1.34/stable");
+    }
+    let bad = Command::new(env!("CARGO_BIN_EXE_caretaker"))
+        .args(["demo", "--upgrade-to", "1.34", "--state-dir"])
+        .arg(tmp.path().join("other"))
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("channel=<channel>"));
 }
 
 fn is_zombie(pid: &str) -> bool {

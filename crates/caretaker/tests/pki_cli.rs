@@ -379,6 +379,7 @@ fn every_subcommand_explains_itself() {
         vec!["apiserver", "--help"],
         vec!["demo", "--help"],
         vec!["status", "--help"],
+        vec!["status", "cluster", "--help"],
         vec!["certs", "--help"],
         vec!["crds", "--help"],
     ] {
@@ -389,14 +390,9 @@ fn every_subcommand_explains_itself() {
 }
 
 #[test]
-fn commands_not_built_yet_say_so_and_fail() {
-    for command in ["status", "crds"] {
-        let out = caretaker(&[command]);
-        assert_eq!(out.status.code(), Some(2), "{command}");
-        assert!(
-            stderr(&out).contains("not built yet"),
-            "{command}: {}",
-            stderr(&out)
-        );
-    }
+fn the_command_not_built_yet_says_so_and_fails() {
+    // caretaker has no CRDs of its own yet (CertificateAuthority and friends come later).
+    let out = caretaker(&["crds"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("not built yet"), "{}", stderr(&out));
 }

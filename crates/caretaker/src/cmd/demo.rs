@@ -44,8 +44,10 @@ const UPSTREAM_CRDS: [&str; 5] = [
 /// per Machine under DIR/nodes/MACHINE (pki/, kubeconfigs/ with certificates that expire in 30
 /// days, the agent's state, agent.pid, and the demo hooks upgrade.sh and restart.sh, which
 /// fail when a file named fail-upgrade or fail-restart exists beside them), and the operator's
-/// log and pid. Without --no-trigger the certificates of every Machine are refreshed, Machine by
-/// Machine, and a before/after expiry table is printed.
+/// log and pid. Without --no-trigger the certificates of every Machine are refreshed through one
+/// cluster-wide request on the Cluster (control plane first, then workers), with its progress
+/// and a before/after expiry table; with --upgrade-to the Machines are upgraded in place
+/// instead.
 #[derive(Debug, clap::Args)]
 pub struct DemoArgs {
     /// Where to keep everything (default: a new directory under the system temp dir).
@@ -65,6 +67,10 @@ pub struct DemoArgs {
         allow_hyphen_values = true
     )]
     refresh: String,
+    /// Run a cluster-wide in-place upgrade to this release option (channel=…, revision=…,
+    /// localPath=…) instead of the certificate refresh.
+    #[arg(long, value_name = "OPTION")]
+    upgrade_to: Option<String>,
     /// Stay up until Ctrl-C, and print how to use kubectl against the demo.
     #[arg(long)]
     keep_running: bool,
@@ -117,6 +123,10 @@ async fn demo(args: DemoArgs) -> Result<ExitCode, String> {
     let ttl: Ttl = args.refresh.parse().map_err(|e: caretaker_pki::TtlError| {
         format!("invalid --refresh {:?}: {}", args.refresh, e.problem)
     })?;
+    if let Some(option) = &args.upgrade_to {
+        caretaker_agent::upgrade::ReleaseOption::parse(option)
+            .map_err(|e| format!("invalid --upgrade-to: {e}"))?;
+    }
     if args.control_planes == 0 {
         return Err("--control-planes must be at least 1".into());
     }
@@ -197,45 +207,58 @@ async fn demo(args: DemoArgs) -> Result<ExitCode, String> {
         ));
     }
 
-    let api: Api<DynamicObject> =
-        Api::namespaced_with(client.clone(), NAMESPACE, &machine::api_resource());
     let mut failed = false;
     if !args.no_trigger && !args.no_operator {
         let before = expiries(&machines);
-        let total = machines.len();
-        for (index, m) in machines.iter().enumerate() {
-            let body = json!({ "metadata": { "annotations": { names::REFRESH_CERTIFICATES: ttl.to_string() } } });
-            api.patch(&m.name, &PatchParams::default(), &Patch::Merge(&body))
-                .await
-                .map_err(|e| e.to_string())?;
-            let status = wait_for_end(&api, &m.name, Duration::from_secs(120)).await?;
-            println!(
-                "  [{}/{}] {} {}: {}",
-                index + 1,
-                total,
-                role_name(m.role),
-                m.name,
-                status
-            );
-            failed |= status != names::STATUS_DONE;
-        }
-        let after = expiries(&machines);
+        let (key, value, what) = match &args.upgrade_to {
+            Some(option) => (
+                names::IN_PLACE_UPGRADE_TO,
+                option.clone(),
+                "in-place upgrade",
+            ),
+            None => (
+                names::REFRESH_CERTIFICATES,
+                ttl.to_string(),
+                "certificate refresh",
+            ),
+        };
+        let clusters: Api<DynamicObject> =
+            Api::namespaced_with(client.clone(), NAMESPACE, &machine::cluster_api_resource());
+        let body = json!({ "metadata": { "annotations": { key: value } } });
+        clusters
+            .patch(CLUSTER, &PatchParams::default(), &Patch::Merge(&body))
+            .await
+            .map_err(|e| e.to_string())?;
+        step(&format!(
+            "cluster-wide {what} ({key}={value} on Cluster {CLUSTER}); follow it with `caretaker status cluster {CLUSTER} --watch`"
+        ));
+        let (view, outcome) = follow(&client).await?;
         println!();
-        println!(
-            "{:<16} {:<14} {:<22} {:<22}",
-            "MACHINE", "ROLE", "EARLIEST EXPIRY BEFORE", "EARLIEST EXPIRY AFTER"
-        );
-        for m in &machines {
+        print!("{view}");
+        failed = outcome != super::status::Outcome::Done;
+        if args.upgrade_to.is_none() {
+            let after = expiries(&machines);
+            println!();
             println!(
                 "{:<16} {:<14} {:<22} {:<22}",
-                m.name,
-                role_name(m.role),
-                before[&m.name],
-                after[&m.name]
+                "MACHINE", "ROLE", "EARLIEST EXPIRY BEFORE", "EARLIEST EXPIRY AFTER"
             );
+            for m in &machines {
+                println!(
+                    "{:<16} {:<14} {:<22} {:<22}",
+                    m.name,
+                    role_name(m.role),
+                    before[&m.name],
+                    after[&m.name]
+                );
+            }
         }
         println!();
-        step(&format!("done in {:.1}s", started.elapsed().as_secs_f64()));
+        step(&format!(
+            "{} in {:.1}s",
+            if failed { "FAILED" } else { "done" },
+            started.elapsed().as_secs_f64()
+        ));
     }
 
     if args.keep_running {
@@ -290,35 +313,31 @@ fn expiries(machines: &[DemoMachine]) -> BTreeMap<String, String> {
         .collect()
 }
 
-async fn wait_for_end(
-    api: &Api<DynamicObject>,
-    name: &str,
-    limit: Duration,
-) -> Result<String, String> {
-    let deadline = Instant::now() + limit;
+/// Prints the rollout's progress as it changes, until it ends; returns the final view.
+async fn follow(client: &kube::Client) -> Result<(String, super::status::Outcome), String> {
+    let deadline = Instant::now() + Duration::from_secs(600);
+    let mut last = String::new();
     while Instant::now() < deadline {
-        let object = api.get(name).await.map_err(|e| e.to_string())?;
-        let annotations = object.metadata.annotations.unwrap_or_default();
-        let status = annotations
-            .get(names::REFRESH_CERTIFICATES_STATUS)
-            .map(String::as_str);
-        let pending = annotations.contains_key(names::REFRESH_CERTIFICATES);
-        match status {
-            Some(names::STATUS_DONE) if !pending => return Ok(names::STATUS_DONE.into()),
-            Some(names::STATUS_FAILED) => {
-                let why = annotations
-                    .get(names::refresh_state::LAST_ERROR)
-                    .cloned()
-                    .unwrap_or_default();
-                return Ok(format!("{} ({why})", names::STATUS_FAILED));
-            }
-            _ => tokio::time::sleep(Duration::from_millis(100)).await,
+        let (view, outcome) = super::status::render(client, NAMESPACE, CLUSTER).await?;
+        let progress: String = view
+            .lines()
+            .filter(|l| l.starts_with("status") || l.starts_with("progress"))
+            .collect::<Vec<_>>()
+            .join("  ");
+        if progress != last && !progress.is_empty() {
+            println!("  {progress}");
+            last = progress;
         }
+        // `None` until the operator has taken the request up.
+        if !matches!(
+            outcome,
+            super::status::Outcome::InProgress | super::status::Outcome::None
+        ) {
+            return Ok((view, outcome));
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
     }
-    Err(format!(
-        "Machine {name} did not finish its refresh within {}s",
-        limit.as_secs()
-    ))
+    Err("the rollout did not end within 10 minutes".into())
 }
 
 async fn install_crds(client: &kube::Client) -> Result<(), String> {
@@ -571,7 +590,11 @@ async fn start_machine(
 
     let mut labels = json!({ "cluster.x-k8s.io/cluster-name": CLUSTER });
     match role {
-        NodeRole::ControlPlane => labels[names::CONTROL_PLANE_LABEL] = json!(""),
+        NodeRole::ControlPlane => {
+            labels[names::CONTROL_PLANE_LABEL] = json!("");
+            labels["cluster.x-k8s.io/control-plane-name"] =
+                json!(format!("{CLUSTER}-control-plane"));
+        }
         NodeRole::Worker => {
             labels["cluster.x-k8s.io/deployment-name"] = json!(format!("{CLUSTER}-md-0"))
         }

@@ -6,3 +6,4 @@ pub mod logging;
 pub mod operator;
 pub mod pki;
 pub mod planned;
+pub mod status;

@@ -77,19 +77,7 @@ pub fn run(args: OperatorArgs) -> ExitCode {
         let runtime = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;
         runtime.block_on(async move {
             caretaker_agent::tls::install_crypto_provider();
-            let config = match &args.kubeconfig {
-                Some(path) => {
-                    let kubeconfig = kube::config::Kubeconfig::read_from(path)
-                        .map_err(|e| format!("cannot read --kubeconfig {}: {e}", path.display()))?;
-                    kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
-                        .await
-                        .map_err(|e| format!("unusable --kubeconfig {}: {e}", path.display()))?
-                }
-                None => kube::Config::infer()
-                    .await
-                    .map_err(|e| format!("no Kubernetes configuration found: {e}"))?,
-            };
-            let client = kube::Client::try_from(config).map_err(|e| e.to_string())?;
+            let client = client(args.kubeconfig.as_deref()).await?;
             tracing::info!(namespace = ?args.namespace, "operator starting");
             let ctx = Context::new(client, settings);
             tokio::select! {
@@ -111,4 +99,21 @@ pub fn run(args: OperatorArgs) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// A client from `--kubeconfig`, or the in-cluster configuration, then $KUBECONFIG.
+pub async fn client(kubeconfig: Option<&std::path::Path>) -> Result<kube::Client, String> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let kubeconfig = kube::config::Kubeconfig::read_from(path)
+                .map_err(|e| format!("cannot read --kubeconfig {}: {e}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+                .await
+                .map_err(|e| format!("unusable --kubeconfig {}: {e}", path.display()))?
+        }
+        None => kube::Config::infer()
+            .await
+            .map_err(|e| format!("no Kubernetes configuration found: {e}"))?,
+    };
+    kube::Client::try_from(config).map_err(|e| e.to_string())
 }

@@ -7,9 +7,6 @@ use std::process::ExitCode;
 #[derive(Debug, clap::Args)]
 pub struct PlannedArgs {}
 
-pub const STATUS: &str = "Show a Cluster's rollout: request, status, progress bar and a \
-table of its Machines.\n\nNot built yet: this command exits with status 2.";
-
 pub const CRDS: &str = "Print the CustomResourceDefinitions caretaker serves, generated \
 from its Rust types.\n\nNot built yet: this command exits with status 2.";
 

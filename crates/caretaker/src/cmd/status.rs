@@ -1,0 +1,255 @@
+//! `caretaker status cluster NAME`: a Cluster's rollout at a glance.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use caretaker_operator::machine::{self, MachineView};
+use caretaker_operator::names::{self, rollout_state};
+use k8s_openapi::api::core::v1::Event;
+use kube::ResourceExt;
+use kube::api::{Api, DynamicObject, ListParams};
+
+#[derive(Debug, clap::Subcommand)]
+pub enum StatusCommand {
+    /// Show a Cluster's rollout: request, status, a progress bar and a table of its Machines
+    /// (role, status, certificate expiry, release, last event).
+    ///
+    /// Exit status: 0 when the rollout is done (or none was asked for), 1 when it failed or
+    /// was cancelled, 2 while it is in progress (without --watch).
+    Cluster(ClusterArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ClusterArgs {
+    /// The Cluster's name.
+    name: String,
+    /// Its namespace.
+    #[arg(short = 'n', long, default_value = "default")]
+    namespace: String,
+    /// Follow the rollout until it ends.
+    #[arg(long)]
+    watch: bool,
+    /// Kubeconfig to use; default: in-cluster configuration, then $KUBECONFIG or ~/.kube/config.
+    #[arg(long, value_name = "FILE")]
+    kubeconfig: Option<PathBuf>,
+}
+
+/// How a rollout stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    None,
+    InProgress,
+    Done,
+    Failed,
+}
+
+impl Outcome {
+    pub fn exit_code(self) -> ExitCode {
+        match self {
+            Outcome::None | Outcome::Done => ExitCode::SUCCESS,
+            Outcome::Failed => ExitCode::from(1),
+            Outcome::InProgress => ExitCode::from(2),
+        }
+    }
+}
+
+pub fn run(command: StatusCommand) -> ExitCode {
+    let StatusCommand::Cluster(args) = command;
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(e) => return fail(e.to_string()),
+    };
+    runtime.block_on(async move {
+        caretaker_agent::tls::install_crypto_provider();
+        let client = match super::operator::client(args.kubeconfig.as_deref()).await {
+            Ok(c) => c,
+            Err(e) => return fail(e),
+        };
+        loop {
+            match render(&client, &args.namespace, &args.name).await {
+                Ok((text, outcome)) => {
+                    if args.watch && outcome == Outcome::InProgress {
+                        // Clear the screen and redraw, like `watch`.
+                        print!("\x1b[2J\x1b[H{text}");
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                        continue;
+                    }
+                    print!("{text}");
+                    return outcome.exit_code();
+                }
+                Err(e) => return fail(e),
+            }
+        }
+    })
+}
+
+fn fail(message: String) -> ExitCode {
+    eprintln!("caretaker status: {message}");
+    ExitCode::FAILURE
+}
+
+/// The status view of Cluster `name` and how its rollout stands.
+pub async fn render(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+) -> Result<(String, Outcome), String> {
+    let clusters: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), namespace, &machine::cluster_api_resource());
+    let cluster = clusters
+        .get_opt(name)
+        .await
+        .map_err(|e| e.to_string())?
+        .ok_or_else(|| format!("Cluster {namespace}/{name} not found"))?;
+    let annotations = cluster.annotations();
+    let operations = [
+        (
+            "certificate refresh",
+            names::REFRESH_CERTIFICATES,
+            names::REFRESH_CERTIFICATES_STATUS,
+            rollout_state::REFRESH_REQUEST,
+        ),
+        (
+            "in-place upgrade",
+            names::IN_PLACE_UPGRADE_TO,
+            names::IN_PLACE_UPGRADE_STATUS,
+            rollout_state::UPGRADE_REQUEST,
+        ),
+    ];
+    // The operation in progress, else the one with the newest request.
+    let current = operations
+        .iter()
+        .filter(|(_, _, status, _)| annotations.contains_key(*status))
+        .max_by_key(|(_, _, status, request)| {
+            (
+                annotations.get(*status).map(String::as_str) == Some(names::STATUS_IN_PROGRESS),
+                annotations.get(*request).cloned(),
+            )
+        });
+    let mut out = String::new();
+    let outcome = match current {
+        None => {
+            let _ = writeln!(out, "Cluster {namespace}/{name}: no rollout requested");
+            Outcome::None
+        }
+        Some((what, trigger, status_key, request)) => {
+            let status = annotations
+                .get(*status_key)
+                .map(String::as_str)
+                .unwrap_or("-");
+            let progress = annotations
+                .get(names::PROGRESS)
+                .cloned()
+                .unwrap_or_else(|| "0/0".into());
+            let value = annotations
+                .get(*trigger)
+                .or_else(|| {
+                    annotations.get(if *trigger == names::REFRESH_CERTIFICATES {
+                        rollout_state::REFRESH_TRIGGER
+                    } else {
+                        rollout_state::UPGRADE_TRIGGER
+                    })
+                })
+                .cloned()
+                .unwrap_or_default();
+            let _ = writeln!(out, "Cluster {namespace}/{name}: {what} {value}");
+            let _ = writeln!(
+                out,
+                "request  {}",
+                annotations.get(*request).map(String::as_str).unwrap_or("-")
+            );
+            let _ = writeln!(out, "status   {status}");
+            let _ = writeln!(out, "progress {} {progress}", bar(&progress));
+            if let Some(waiting) = annotations.get(rollout_state::WAITING) {
+                let _ = writeln!(out, "         {waiting}");
+            }
+            match status {
+                names::STATUS_IN_PROGRESS => Outcome::InProgress,
+                names::STATUS_DONE => Outcome::Done,
+                _ => Outcome::Failed,
+            }
+        }
+    };
+
+    let machines: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), namespace, &machine::api_resource());
+    let list = machines
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut views: Vec<MachineView> = list
+        .items
+        .iter()
+        .map(MachineView::from_object)
+        .filter(|m| m.cluster_name == name)
+        .collect();
+    views.sort_by_key(|m| (!m.control_plane, m.name.clone()));
+    let events: Api<Event> = Api::namespaced(client.clone(), namespace);
+    let events = events
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| e.to_string())?
+        .items;
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "{:<18} {:<14} {:<12} {:<12} {:<22} {:<22} LAST EVENT",
+        "MACHINE", "ROLE", "REFRESH", "UPGRADE", "CERTIFICATES EXPIRY", "RELEASE"
+    );
+    for m in &views {
+        let last = events
+            .iter()
+            .filter(|e| e.involved_object.name.as_deref() == Some(m.name.as_str()))
+            .max_by_key(|e| {
+                e.event_time
+                    .as_ref()
+                    .map(|t| t.0.to_string())
+                    .or_else(|| e.last_timestamp.as_ref().map(|t| t.0.to_string()))
+            })
+            .and_then(|e| e.reason.clone())
+            .unwrap_or_else(|| "-".into());
+        let get = |k: &str| m.annotation(k).unwrap_or("-").to_string();
+        let _ = writeln!(
+            out,
+            "{:<18} {:<14} {:<12} {:<12} {:<22} {:<22} {last}",
+            m.name,
+            if m.control_plane {
+                "control-plane"
+            } else {
+                "worker"
+            },
+            get(names::REFRESH_CERTIFICATES_STATUS),
+            get(names::IN_PLACE_UPGRADE_STATUS),
+            get(names::CERTIFICATES_EXPIRY),
+            get(names::IN_PLACE_UPGRADE_RELEASE),
+        );
+    }
+    Ok((out, outcome))
+}
+
+/// `[########------------]` for `DONE/TOTAL`.
+fn bar(progress: &str) -> String {
+    const WIDTH: usize = 30;
+    let (done, total) = progress
+        .split_once('/')
+        .and_then(|(d, t)| Some((d.parse::<usize>().ok()?, t.parse::<usize>().ok()?)))
+        .unwrap_or((0, 0));
+    let filled = (done * WIDTH).checked_div(total).unwrap_or(0).min(WIDTH);
+    format!("[{}{}]", "#".repeat(filled), "-".repeat(WIDTH - filled))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_bar_fills_with_progress() {
+        assert_eq!(super::bar("0/4"), format!("[{}]", "-".repeat(30)));
+        assert_eq!(
+            super::bar("2/4"),
+            format!("[{}{}]", "#".repeat(15), "-".repeat(15))
+        );
+        assert_eq!(super::bar("4/4"), format!("[{}]", "#".repeat(30)));
+        assert_eq!(super::bar("bogus"), format!("[{}]", "-".repeat(30)));
+    }
+}
