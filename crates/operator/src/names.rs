@@ -87,6 +87,9 @@ pub const PROGRESS: &str = "caretaker.dev/progress";
 /// Workers allowed in progress at once, on a MachineDeployment or Cluster.
 pub const MAX_PARALLEL: &str = "caretaker.dev/max-parallel";
 
+/// Opt-in automatic refresh on a Cluster: `"ttl=1y,before=30d"`.
+pub const AUTO_REFRESH_CERTIFICATES: &str = "caretaker.dev/auto-refresh-certificates";
+
 /// Bookkeeping of a rollout, on the parent and (the request tag) on every Machine it touched.
 pub mod rollout_state {
     /// The request id of the certificate rollout in progress (parent) / that touched it (Machine).
@@ -98,4 +101,6 @@ pub mod rollout_state {
     pub const UPGRADE_TRIGGER: &str = "caretaker.dev/upgrade-rollout-trigger";
     /// What the rollout waits for, so the same wait is reported once.
     pub const WAITING: &str = "caretaker.dev/rollout-waiting";
+    /// A malformed auto-refresh value already reported, so it is reported once.
+    pub const AUTO_REFRESH_REPORTED: &str = "caretaker.dev/auto-refresh-reported";
 }

@@ -481,3 +481,82 @@ mod tests {
         }
     }
 }
+
+/// Opt-in automatic refresh of a Cluster:
+/// `caretaker.dev/auto-refresh-certificates: "ttl=1y,before=30d"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AutoRefresh {
+    /// The TTL of the refreshed certificates.
+    pub ttl: caretaker_pki::Ttl,
+    /// Refresh when the earliest Machine expiry is this close.
+    pub before: caretaker_pki::Ttl,
+}
+
+impl AutoRefresh {
+    pub fn parse(value: &str) -> Result<Self, String> {
+        let (mut ttl, mut before) = (None, None);
+        for part in value.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (key, v) = part.split_once('=').ok_or_else(|| {
+                format!(
+                    "invalid {:?}: {part:?} is not key=value; expected \"ttl=1y,before=30d\"",
+                    value
+                )
+            })?;
+            let parsed = v
+                .trim()
+                .parse::<caretaker_pki::Ttl>()
+                .map_err(|e| format!("invalid {value:?}: {key}: {e}"))?;
+            match key.trim() {
+                "ttl" => ttl = Some(parsed),
+                "before" => before = Some(parsed),
+                other => {
+                    return Err(format!(
+                        "invalid {value:?}: unknown key {other:?}; expected ttl and before"
+                    ));
+                }
+            }
+        }
+        match (ttl, before) {
+            (Some(ttl), Some(before)) => Ok(Self { ttl, before }),
+            _ => Err(format!(
+                "invalid {value:?}: both ttl and before are required, as in \"ttl=1y,before=30d\""
+            )),
+        }
+    }
+
+    /// When a refresh is due, given the earliest expiry of the Cluster's Machines.
+    pub fn due_at(&self, earliest_expiry: time::OffsetDateTime) -> time::OffsetDateTime {
+        let before =
+            time::Duration::try_from(self.before.approximate()).unwrap_or(time::Duration::MAX);
+        earliest_expiry
+            .checked_sub(before)
+            .unwrap_or(time::OffsetDateTime::UNIX_EPOCH)
+    }
+}
+
+#[cfg(test)]
+mod auto_refresh_tests {
+    use super::AutoRefresh;
+    use time::macros::datetime;
+
+    #[test]
+    fn parses_and_rejects_naming_the_value() {
+        let auto = AutoRefresh::parse("ttl=1y, before=30d").unwrap();
+        assert_eq!(auto.ttl.to_string(), "1y");
+        assert_eq!(
+            auto.due_at(datetime!(2026-02-01 0:00 UTC)),
+            datetime!(2026-01-02 0:00 UTC)
+        );
+        for bad in [
+            "ttl=1y",
+            "before=30d",
+            "ttl=1y,before=soon",
+            "ttl=1y;before=30d",
+            "ttl=1y,after=3d",
+            "",
+        ] {
+            let err = AutoRefresh::parse(bad).unwrap_err();
+            assert!(err.contains(&format!("{bad:?}")), "{err}");
+        }
+    }
+}

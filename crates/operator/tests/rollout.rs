@@ -285,3 +285,268 @@ async fn removing_the_trigger_cancels_an_upgrade_rollout_after_running_work_fini
             .contains_key(names::IN_PLACE_UPGRADE_STATUS)
     );
 }
+
+/// Per-Machine upgrade scripts that log `start NAME T` and `end NAME T` to one shared file.
+fn logging_scripts(
+    root: std::path::PathBuf,
+    seconds: &str,
+) -> (std::path::PathBuf, impl Fn(&str) -> CommandTemplate + use<>) {
+    std::fs::create_dir_all(&root).unwrap();
+    let log = root.join("log");
+    let root2 = root.clone();
+    let seconds = seconds.to_string();
+    let make = move |name: &str| {
+        let dir = root2.join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        let script = dir.join("upgrade.sh");
+        std::fs::write(
+            &script,
+            format!("#!/bin/sh\necho \"start {name} $(date +%s.%N)\" >> {log}\nsleep {seconds}\necho \"end {name} $(date +%s.%N)\" >> {log}\n", log = root2.join("log").display()),
+        )
+        .unwrap();
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        CommandTemplate::parse(script.to_str().unwrap()).unwrap()
+    };
+    (log, make)
+}
+
+/// The most upgrades that ran at once, and how often each Machine ran, from the shared log.
+fn concurrency(log: &std::path::Path) -> (usize, std::collections::BTreeMap<String, usize>) {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let mut events: Vec<(f64, i32)> = Vec::new();
+    let mut runs = std::collections::BTreeMap::new();
+    for line in text.lines() {
+        let parts: Vec<&str> = line.split_whitespace().collect();
+        let t: f64 = parts[2].parse().unwrap();
+        if parts[0] == "start" {
+            events.push((t, 1));
+            *runs.entry(parts[1].to_string()).or_insert(0) += 1;
+        } else {
+            events.push((t, -1));
+        }
+    }
+    events.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let (mut now, mut max) = (0i32, 0i32);
+    for (_, delta) in events {
+        now += delta;
+        max = max.max(now);
+    }
+    (max as usize, runs)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_parallel_is_respected_as_the_agents_see_it() {
+    let mut world = world(fast()).await;
+    create_parents(&world).await;
+    let (log, make) = logging_scripts(world.dir.path().join("hooks"), "0.6");
+    for i in 0..5 {
+        let name = format!("w-{i}");
+        world
+            .add_machine_with(
+                &name,
+                NodeRole::Worker,
+                "cp.example",
+                None,
+                Some(make(&name)),
+            )
+            .await;
+    }
+    let md = machine::machine_deployment_api_resource();
+    annotate_parent(
+        &world,
+        &md,
+        "c1-md-0",
+        json!({ names::IN_PLACE_UPGRADE_TO: "revision=9", names::MAX_PARALLEL: "2" }),
+    )
+    .await;
+    let annotations = wait_parent(
+        &world,
+        &md,
+        "c1-md-0",
+        names::IN_PLACE_UPGRADE_STATUS,
+        names::STATUS_DONE,
+    )
+    .await;
+    assert_eq!(annotations[names::IN_PLACE_UPGRADE_RELEASE], "revision=9");
+    assert_eq!(annotations[names::PROGRESS], "5/5");
+    let (max, runs) = concurrency(&log);
+    assert_eq!(
+        max, 2,
+        "never more than max-parallel at once, and the parallelism is used"
+    );
+    assert!(
+        runs.values().all(|n| *n == 1) && runs.len() == 5,
+        "{runs:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_operator_resumes_a_rollout_without_repeating_machines() {
+    let mut world = world(fast()).await;
+    create_parents(&world).await;
+    let (log, make) = logging_scripts(world.dir.path().join("hooks"), "0.5");
+    for i in 0..3 {
+        let name = format!("w-{i}");
+        world
+            .add_machine_with(
+                &name,
+                NodeRole::Worker,
+                "cp.example",
+                None,
+                Some(make(&name)),
+            )
+            .await;
+    }
+    let md = machine::machine_deployment_api_resource();
+    annotate_parent(
+        &world,
+        &md,
+        "c1-md-0",
+        json!({ names::IN_PLACE_UPGRADE_TO: "revision=10" }),
+    )
+    .await;
+    wait_parent(&world, &md, "c1-md-0", names::PROGRESS, "1/3").await;
+    world.controller.abort();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let ctx = caretaker_operator::Context::new(world.client.clone(), fast());
+    world.controller = tokio::spawn(common::run_controllers(ctx));
+    wait_parent(
+        &world,
+        &md,
+        "c1-md-0",
+        names::IN_PLACE_UPGRADE_STATUS,
+        names::STATUS_DONE,
+    )
+    .await;
+    let (max, runs) = concurrency(&log);
+    assert_eq!(max, 1);
+    assert_eq!(
+        runs.values().copied().collect::<Vec<_>>(),
+        [1, 1, 1],
+        "no Machine done twice: {runs:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_control_plane_refresh_goes_one_machine_at_a_time() {
+    let mut world = world(fast()).await;
+    create_parents(&world).await;
+    for i in 0..3 {
+        world
+            .add_machine(
+                &format!("cp-{i}"),
+                NodeRole::ControlPlane,
+                "cp.example",
+                None,
+            )
+            .await;
+    }
+    world
+        .add_machine("w-0", NodeRole::Worker, "cp.example", None)
+        .await;
+    let cp = machine::control_plane_api_resource();
+    annotate_parent(
+        &world,
+        &cp,
+        "c1-control-plane",
+        json!({ names::REFRESH_CERTIFICATES: "1y" }),
+    )
+    .await;
+    let annotations = wait_parent(
+        &world,
+        &cp,
+        "c1-control-plane",
+        names::REFRESH_CERTIFICATES_STATUS,
+        names::STATUS_DONE,
+    )
+    .await;
+    assert_eq!(
+        annotations[names::PROGRESS],
+        "3/3",
+        "the worker is not covered"
+    );
+    assert!(
+        !world
+            .annotations("w-0")
+            .await
+            .contains_key(names::rollout_state::REFRESH_REQUEST)
+    );
+    // One at a time: each control-plane Machine's refresh started after the previous one's ended.
+    let mut spans = Vec::new();
+    for name in ["cp-0", "cp-1", "cp-2"] {
+        let events = world.events(name).await;
+        let at = |reason: &str| {
+            events
+                .iter()
+                .find(|e| e.reason.as_deref() == Some(reason))
+                .and_then(|e| e.event_time.clone())
+                .unwrap()
+                .0
+        };
+        spans.push((
+            at(names::EVENT_REFRESH_IN_PROGRESS),
+            at(names::EVENT_REFRESH_DONE),
+        ));
+    }
+    spans.sort();
+    for pair in spans.windows(2) {
+        assert!(
+            pair[1].0 >= pair[0].1,
+            "overlapping control-plane refreshes: {spans:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn automatic_refresh_starts_when_expiry_is_near_and_bad_values_are_reported() {
+    let mut world = world(fast()).await;
+    create_parents(&world).await;
+    world
+        .add_machine("w-0", NodeRole::Worker, "cp.example", None)
+        .await;
+    // The node's certificates expire in 30 days; wait until the operator has recorded it.
+    for _ in 0..200 {
+        if world
+            .annotations("w-0")
+            .await
+            .contains_key(names::CERTIFICATES_EXPIRY)
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let clusters = machine::cluster_api_resource();
+    annotate_parent(
+        &world,
+        &clusters,
+        "c1",
+        json!({ names::AUTO_REFRESH_CERTIFICATES: "ttl=1y,before=later" }),
+    )
+    .await;
+    let event = world
+        .event_with("c1", names::EVENT_REFRESH_CERTS_FAILED)
+        .await;
+    assert_eq!(event.type_.as_deref(), Some("Warning"));
+    assert!(event.message.unwrap().contains("ttl=1y,before=later"));
+
+    annotate_parent(
+        &world,
+        &clusters,
+        "c1",
+        json!({ names::AUTO_REFRESH_CERTIFICATES: "ttl=1y,before=60d" }),
+    )
+    .await;
+    wait_parent(
+        &world,
+        &clusters,
+        "c1",
+        names::REFRESH_CERTIFICATES_STATUS,
+        names::STATUS_DONE,
+    )
+    .await;
+    let expiry = world.annotations("w-0").await[names::CERTIFICATES_EXPIRY].clone();
+    assert!(
+        expiry.starts_with(&(time::OffsetDateTime::now_utc().year() + 1).to_string()),
+        "{expiry}"
+    );
+}

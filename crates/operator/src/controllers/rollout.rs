@@ -229,6 +229,11 @@ async fn reconcile_operation(
     let same_request =
         trigger.is_some() && annotations.get(operation.request_trigger()) == trigger.as_ref();
     match (&trigger, in_progress) {
+        (None, false)
+            if kind == ParentKind::Cluster && operation == Operation::RefreshCertificates =>
+        {
+            return auto_refresh(parent, ctx).await;
+        }
         (None, false) => return Ok(None),
         (Some(value), _)
             if !same_request
@@ -494,4 +499,75 @@ async fn patch_parent(
     )
     .await?;
     Ok(())
+}
+
+/// The opt-in automatic refresh of a Cluster: sets the trigger when the earliest expiry of its
+/// Machines is within `before`, and otherwise comes back when it will be.
+async fn auto_refresh(
+    cluster: &DynamicObject,
+    ctx: &Arc<Context>,
+) -> Result<Option<Action>, Error> {
+    let annotations = cluster.annotations();
+    let Some(value) = annotations.get(names::AUTO_REFRESH_CERTIFICATES) else {
+        return Ok(None);
+    };
+    let resource = ParentKind::Cluster.api_resource();
+    let auto = match crate::rollout::AutoRefresh::parse(value) {
+        Ok(auto) => auto,
+        Err(reason) => {
+            if annotations.get(rollout_state::AUTO_REFRESH_REPORTED) != Some(value) {
+                let reference = cluster.object_ref(&resource);
+                let note = format!(
+                    "{}: {reason}; automatic refresh is off until it is fixed",
+                    names::AUTO_REFRESH_CERTIFICATES
+                );
+                ctx.event(
+                    &reference,
+                    EventType::Warning,
+                    names::EVENT_REFRESH_CERTS_FAILED,
+                    note,
+                )
+                .await;
+                let changes = BTreeMap::from([(
+                    rollout_state::AUTO_REFRESH_REPORTED.to_string(),
+                    json!(value),
+                )]);
+                patch_parent(ctx, &resource, cluster, changes).await?;
+            }
+            return Ok(None);
+        }
+    };
+    let namespace = cluster.namespace().unwrap_or_default();
+    let machines: Api<DynamicObject> =
+        Api::namespaced_with(ctx.client.clone(), &namespace, &machine::api_resource());
+    let earliest = machines
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .map(MachineView::from_object)
+        .filter(|m| covers(ParentKind::Cluster, cluster, m) && !m.being_deleted)
+        .filter_map(|m| {
+            crate::machine::refresh::parse_time(m.annotation(names::CERTIFICATES_EXPIRY))
+        })
+        .min();
+    let Some(earliest) = earliest else {
+        return Ok(None);
+    };
+    let now = time::OffsetDateTime::now_utc();
+    let due = auto.due_at(earliest);
+    if due > now {
+        // Nothing changes on its own as time passes: come back when it is due (at most hourly).
+        let wait = Duration::try_from(due - now)
+            .unwrap_or(Duration::ZERO)
+            .min(Duration::from_secs(3600));
+        return Ok(Some(Action::requeue(wait)));
+    }
+    let changes = BTreeMap::from([(
+        names::REFRESH_CERTIFICATES.to_string(),
+        json!(auto.ttl.to_string()),
+    )]);
+    patch_parent(ctx, &resource, cluster, changes).await?;
+    tracing::info!(cluster = %cluster.name_any(), expiry = %earliest, "automatic certificate refresh started");
+    Ok(None)
 }
