@@ -32,7 +32,9 @@ async fn main() {
     let args: Vec<String> = std::env::args().collect();
     let hook_ms: u64 = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(100);
     let workers: usize = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(100);
-    println!("rollout benchmark: {CONTROL_PLANES} control planes + {workers} workers, restart hook {hook_ms} ms");
+    println!(
+        "rollout benchmark: {CONTROL_PLANES} control planes + {workers} workers, restart hook {hook_ms} ms"
+    );
     for max_parallel in [1usize, 10] {
         run(hook_ms, workers, max_parallel).await;
     }
@@ -47,12 +49,21 @@ async fn run(hook_ms: u64, workers: usize, max_parallel: usize) {
     create_cluster(&client, &cas).await;
 
     let hook = dir.path().join("hook.sh");
-    std::fs::write(&hook, format!("#!/bin/sh\nsleep {}\n", hook_ms as f64 / 1000.0)).unwrap();
+    std::fs::write(
+        &hook,
+        format!("#!/bin/sh\nsleep {}\n", hook_ms as f64 / 1000.0),
+    )
+    .unwrap();
     std::fs::set_permissions(&hook, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let mut agents = Vec::new();
-    let machines_api: Api<DynamicObject> = Api::namespaced_with(client.clone(), "default", &machine::api_resource());
+    let machines_api: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), "default", &machine::api_resource());
     for i in 0..CONTROL_PLANES + workers {
-        let (name, role) = if i < CONTROL_PLANES { (format!("cp-{i}"), NodeRole::ControlPlane) } else { (format!("w-{i}"), NodeRole::Worker) };
+        let (name, role) = if i < CONTROL_PLANES {
+            (format!("cp-{i}"), NodeRole::ControlPlane)
+        } else {
+            (format!("w-{i}"), NodeRole::Worker)
+        };
         agents.push(add_machine(&machines_api, &cas, dir.path(), &name, role, &hook).await);
     }
 
@@ -66,26 +77,45 @@ async fn run(hook_ms: u64, workers: usize, max_parallel: usize) {
             request
         }))
         .build();
-    let settings = Settings { retry_base: Duration::from_secs(1), ..Settings::default() };
+    let settings = Settings {
+        retry_base: Duration::from_secs(1),
+        ..Settings::default()
+    };
     let ctx = Context::new(operator_client, settings);
     let controllers = tokio::spawn(async move {
         futures::join!(machines::run(ctx.clone(), None), rollout::run(ctx, None));
     });
     // Let the operator fill in every expiry first, so the measurement covers the rollout only.
-    wait_until(&machines_api, |ms| ms.iter().all(|m| m.annotations().contains_key(names::CERTIFICATES_EXPIRY))).await;
+    wait_until(&machines_api, |ms| {
+        ms.iter()
+            .all(|m| m.annotations().contains_key(names::CERTIFICATES_EXPIRY))
+    })
+    .await;
     let before = requests.load(Ordering::Relaxed);
 
-    let clusters: Api<DynamicObject> = Api::namespaced_with(client.clone(), "default", &machine::cluster_api_resource());
+    let clusters: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), "default", &machine::cluster_api_resource());
     let started = Instant::now();
     let body = json!({ "metadata": { "annotations": { names::REFRESH_CERTIFICATES: "1y", names::MAX_PARALLEL: max_parallel.to_string() } } });
-    clusters.patch("c1", &PatchParams::default(), &Patch::Merge(&body)).await.unwrap();
+    clusters
+        .patch("c1", &PatchParams::default(), &Patch::Merge(&body))
+        .await
+        .unwrap();
     loop {
         let cluster = clusters.get("c1").await.unwrap();
-        let status = cluster.annotations().get(names::REFRESH_CERTIFICATES_STATUS).cloned();
+        let status = cluster
+            .annotations()
+            .get(names::REFRESH_CERTIFICATES_STATUS)
+            .cloned();
         if status.as_deref() == Some(names::STATUS_DONE) {
             break;
         }
-        assert_ne!(status.as_deref(), Some(names::STATUS_FAILED), "the rollout failed: {:?}", cluster.annotations());
+        assert_ne!(
+            status.as_deref(),
+            Some(names::STATUS_FAILED),
+            "the rollout failed: {:?}",
+            cluster.annotations()
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let wall = started.elapsed();
@@ -129,33 +159,74 @@ async fn wait_until(api: &Api<DynamicObject>, done: impl Fn(&[DynamicObject]) ->
 async fn install(client: &kube::Client) {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/upstream-crds");
-    for file in ["cluster.x-k8s.io_clusters.yaml", "cluster.x-k8s.io_machines.yaml", "cluster.x-k8s.io_machinedeployments.yaml", "controlplane.cluster.x-k8s.io_ck8scontrolplanes.yaml"] {
+    for file in [
+        "cluster.x-k8s.io_clusters.yaml",
+        "cluster.x-k8s.io_machines.yaml",
+        "cluster.x-k8s.io_machinedeployments.yaml",
+        "controlplane.cluster.x-k8s.io_ck8scontrolplanes.yaml",
+    ] {
         let text = std::fs::read_to_string(dir.join(file)).unwrap();
         let value: serde_json::Value = serde_saphyr::from_str(&text).unwrap();
-        crds.create(&PostParams::default(), &serde_json::from_value(value).unwrap()).await.unwrap();
+        crds.create(
+            &PostParams::default(),
+            &serde_json::from_value(value).unwrap(),
+        )
+        .await
+        .unwrap();
     }
 }
 
 async fn create_cluster(client: &kube::Client, cas: &ClusterCas) {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), "default");
-    for (suffix, ca) in [("ca", &cas.cluster), ("etcd", &cas.etcd), ("proxy", &cas.front_proxy)] {
+    for (suffix, ca) in [
+        ("ca", &cas.cluster),
+        ("etcd", &cas.etcd),
+        ("proxy", &cas.front_proxy),
+    ] {
         let data = BTreeMap::from([
-            ("tls.crt".to_string(), ByteString(ca.certificate_pem().into_bytes())),
-            ("tls.key".to_string(), ByteString(ca.private_key_pem().into_bytes())),
+            (
+                "tls.crt".to_string(),
+                ByteString(ca.certificate_pem().into_bytes()),
+            ),
+            (
+                "tls.key".to_string(),
+                ByteString(ca.private_key_pem().into_bytes()),
+            ),
         ]);
-        let secret = Secret { metadata: kube::api::ObjectMeta { name: Some(format!("c1-{suffix}")), ..Default::default() }, data: Some(data), ..Default::default() };
-        secrets.create(&PostParams::default(), &secret).await.unwrap();
+        let secret = Secret {
+            metadata: kube::api::ObjectMeta {
+                name: Some(format!("c1-{suffix}")),
+                ..Default::default()
+            },
+            data: Some(data),
+            ..Default::default()
+        };
+        secrets
+            .create(&PostParams::default(), &secret)
+            .await
+            .unwrap();
     }
-    let clusters: Api<DynamicObject> = Api::namespaced_with(client.clone(), "default", &machine::cluster_api_resource());
+    let clusters: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), "default", &machine::cluster_api_resource());
     let cluster: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster", "metadata": { "name": "c1" },
         "spec": { "controlPlaneEndpoint": { "host": "cp.example", "port": 6443 } }
     }))
     .unwrap();
-    clusters.create(&PostParams::default(), &cluster).await.unwrap();
+    clusters
+        .create(&PostParams::default(), &cluster)
+        .await
+        .unwrap();
 }
 
-async fn add_machine(api: &Api<DynamicObject>, cas: &ClusterCas, root: &Path, name: &str, role: NodeRole, hook: &Path) -> LocalAgent {
+async fn add_machine(
+    api: &Api<DynamicObject>,
+    cas: &ClusterCas,
+    root: &Path,
+    name: &str,
+    role: NodeRole,
+    hook: &Path,
+) -> LocalAgent {
     let node = root.join(name);
     let layout = NodeLayout::new(node.join("pki"), node.join("kubeconfigs"));
     let spec = NodeSpec {
@@ -168,7 +239,15 @@ async fn add_machine(api: &Api<DynamicObject>, cas: &ClusterCas, root: &Path, na
     };
     provision_node(&layout, cas, &spec).unwrap();
     let restart = CommandTemplate::parse(hook.to_str().unwrap()).unwrap();
-    let agent = LocalAgent::start(layout, &node.join("state"), &cas.cluster, Some(restart), None).await.unwrap();
+    let agent = LocalAgent::start(
+        layout,
+        &node.join("state"),
+        &cas.cluster,
+        Some(restart),
+        None,
+    )
+    .await
+    .unwrap();
     let mut labels = json!({ "cluster.x-k8s.io/cluster-name": "c1" });
     if role == NodeRole::ControlPlane {
         labels[names::CONTROL_PLANE_LABEL] = json!("");
@@ -184,6 +263,8 @@ async fn add_machine(api: &Api<DynamicObject>, cas: &ClusterCas, root: &Path, na
     .unwrap();
     api.create(&PostParams::default(), &object).await.unwrap();
     let status = json!({ "status": { "nodeRef": { "name": name }, "addresses": [{ "type": "InternalIP", "address": "127.0.0.1" }] } });
-    api.patch_status(name, &PatchParams::default(), &Patch::Merge(&status)).await.unwrap();
+    api.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .unwrap();
     agent
 }

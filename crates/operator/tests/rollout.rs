@@ -550,3 +550,176 @@ async fn automatic_refresh_starts_when_expiry_is_near_and_bad_values_are_reporte
         "{expiry}"
     );
 }
+
+async fn create_second_deployment(world: &World) {
+    let deployments: Api<DynamicObject> = Api::namespaced_with(
+        world.client.clone(),
+        NS,
+        &machine::machine_deployment_api_resource(),
+    );
+    let template = json!({
+        "metadata": { "labels": { "cluster.x-k8s.io/deployment-name": "c1-md-1" } },
+        "spec": { "clusterName": "c1", "bootstrap": { "dataSecretName": "b" },
+                  "infrastructureRef": { "apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "DockerMachine", "name": "t" } }
+    });
+    let deployment: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachineDeployment",
+        "metadata": { "name": "c1-md-1" },
+        "spec": { "clusterName": "c1", "selector": { "matchLabels": { "cluster.x-k8s.io/deployment-name": "c1-md-1" } }, "template": template }
+    })).unwrap();
+    deployments
+        .create(&PostParams::default(), &deployment)
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_upgrade_covers_three_control_planes_and_two_machine_deployments() {
+    let mut world = world(fast()).await;
+    create_parents(&world).await;
+    create_second_deployment(&world).await;
+    let (log, make) = logging_scripts(world.dir.path().join("hooks"), "0.1");
+    for i in 0..3 {
+        let name = format!("cp-{i}");
+        world
+            .add_machine_with(
+                &name,
+                NodeRole::ControlPlane,
+                "cp.example",
+                None,
+                Some(make(&name)),
+            )
+            .await;
+    }
+    for i in 0..5 {
+        let name = format!("w-{i}");
+        world.deployment = if i < 3 {
+            "c1-md-0".into()
+        } else {
+            "c1-md-1".into()
+        };
+        world
+            .add_machine_with(
+                &name,
+                NodeRole::Worker,
+                "cp.example",
+                None,
+                Some(make(&name)),
+            )
+            .await;
+    }
+    let clusters = machine::cluster_api_resource();
+    annotate_parent(
+        &world,
+        &clusters,
+        "c1",
+        json!({ names::IN_PLACE_UPGRADE_TO: "channel=1.34/stable", names::MAX_PARALLEL: "3" }),
+    )
+    .await;
+    let annotations = wait_parent(
+        &world,
+        &clusters,
+        "c1",
+        names::IN_PLACE_UPGRADE_STATUS,
+        names::STATUS_DONE,
+    )
+    .await;
+    assert_eq!(annotations[names::PROGRESS], "8/8");
+    assert_eq!(
+        annotations[names::IN_PLACE_UPGRADE_RELEASE],
+        "channel=1.34/stable"
+    );
+    let (max, runs) = concurrency(&log);
+    assert!(max <= 3, "{max}");
+    assert_eq!(runs.len(), 8);
+    assert!(runs.values().all(|n| *n == 1));
+    // The control plane finished before any worker started.
+    let text = std::fs::read_to_string(&log).unwrap();
+    let last_cp_end = text.lines().filter(|l| l.starts_with("end cp-")).count();
+    let first_worker = text
+        .lines()
+        .position(|l| l.starts_with("start w-"))
+        .unwrap();
+    let cp_ends_before: usize = text
+        .lines()
+        .take(first_worker)
+        .filter(|l| l.starts_with("end cp-"))
+        .count();
+    assert_eq!(
+        cp_ends_before, last_cp_end,
+        "all control-plane upgrades ended before the first worker started:\n{text}"
+    );
+    world.event_with("c1", names::EVENT_UPGRADE_DONE).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_control_plane_machine_stops_the_cluster_rollout() {
+    let mut world = world(fast()).await;
+    create_parents(&world).await;
+    let (log, make) = logging_scripts(world.dir.path().join("hooks"), "0.1");
+    for i in 0..3 {
+        let name = format!("cp-{i}");
+        world
+            .add_machine_with(
+                &name,
+                NodeRole::ControlPlane,
+                "cp.example",
+                None,
+                Some(make(&name)),
+            )
+            .await;
+    }
+    world
+        .add_machine_with(
+            "w-0",
+            NodeRole::Worker,
+            "cp.example",
+            None,
+            Some(make("w-0")),
+        )
+        .await;
+    // cp-1's upgrade command fails.
+    std::fs::write(
+        world.dir.path().join("hooks/cp-1/upgrade.sh"),
+        "#!/bin/sh\necho \"no space left on device\" >&2\nexit 1\n",
+    )
+    .unwrap();
+    let clusters = machine::cluster_api_resource();
+    annotate_parent(
+        &world,
+        &clusters,
+        "c1",
+        json!({ names::IN_PLACE_UPGRADE_TO: "revision=3" }),
+    )
+    .await;
+    wait_parent(
+        &world,
+        &clusters,
+        "c1",
+        names::IN_PLACE_UPGRADE_STATUS,
+        names::STATUS_FAILED,
+    )
+    .await;
+    let event = world.event_with("c1", names::EVENT_UPGRADE_FAILED).await;
+    let message = event.message.unwrap_or_default();
+    assert!(
+        message.contains("cp-1") && message.contains("no space left on device"),
+        "{message}"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (_, runs) = concurrency(&log);
+    assert_eq!(
+        runs.keys().collect::<Vec<_>>(),
+        ["cp-0"],
+        "nothing after cp-1 started: {runs:?}"
+    );
+    for name in ["cp-2", "w-0"] {
+        assert!(
+            !world
+                .annotations(name)
+                .await
+                .contains_key(names::IN_PLACE_UPGRADE_TO),
+            "{name}"
+        );
+    }
+}

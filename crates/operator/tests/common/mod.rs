@@ -37,6 +37,8 @@ pub struct World {
     pub dir: tempfile::TempDir,
     pub agents: Vec<LocalAgent>,
     pub controller: tokio::task::JoinHandle<()>,
+    /// The MachineDeployment new workers join.
+    pub deployment: String,
 }
 
 impl Drop for World {
@@ -111,6 +113,7 @@ pub async fn world(settings: Settings) -> World {
         dir: tempfile::tempdir().unwrap(),
         agents: Vec::new(),
         controller,
+        deployment: "c1-md-0".into(),
     }
 }
 
@@ -173,7 +176,7 @@ impl World {
             labels[names::CONTROL_PLANE_LABEL] = json!("");
             labels["cluster.x-k8s.io/control-plane-name"] = json!("c1-control-plane");
         } else {
-            labels["cluster.x-k8s.io/deployment-name"] = json!("c1-md-0");
+            labels["cluster.x-k8s.io/deployment-name"] = json!(self.deployment.clone());
         }
         let object: DynamicObject = serde_json::from_value(json!({
             "apiVersion": "cluster.x-k8s.io/v1beta2",
