@@ -26,25 +26,7 @@ async fn create_parents(world: &World) {
             "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1", "kind": "DockerMachineTemplate", "name": "t" } } }
     })).unwrap();
     planes.create(&PostParams::default(), &plane).await.unwrap();
-    let deployments: Api<DynamicObject> = Api::namespaced_with(
-        world.client.clone(),
-        NS,
-        &machine::machine_deployment_api_resource(),
-    );
-    let template = json!({
-        "metadata": { "labels": { "cluster.x-k8s.io/deployment-name": "c1-md-0" } },
-        "spec": { "clusterName": "c1", "bootstrap": { "dataSecretName": "b" },
-                  "infrastructureRef": { "apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "DockerMachine", "name": "t" } }
-    });
-    let deployment: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachineDeployment",
-        "metadata": { "name": "c1-md-0" },
-        "spec": { "clusterName": "c1", "selector": { "matchLabels": { "cluster.x-k8s.io/deployment-name": "c1-md-0" } }, "template": template }
-    })).unwrap();
-    deployments
-        .create(&PostParams::default(), &deployment)
-        .await
-        .unwrap();
+    create_deployment(world, "c1-md-0").await;
 }
 
 async fn annotate_parent(
@@ -551,21 +533,26 @@ async fn automatic_refresh_starts_when_expiry_is_near_and_bad_values_are_reporte
     );
 }
 
-async fn create_second_deployment(world: &World) {
+/// A MachineDeployment of Cluster c1 selecting workers labelled with its name.
+async fn create_deployment(world: &World, name: &str) {
     let deployments: Api<DynamicObject> = Api::namespaced_with(
         world.client.clone(),
         NS,
         &machine::machine_deployment_api_resource(),
     );
-    let template = json!({
-        "metadata": { "labels": { "cluster.x-k8s.io/deployment-name": "c1-md-1" } },
-        "spec": { "clusterName": "c1", "bootstrap": { "dataSecretName": "b" },
-                  "infrastructureRef": { "apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "DockerMachine", "name": "t" } }
-    });
+    let labels = json!({ "cluster.x-k8s.io/deployment-name": name });
     let deployment: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachineDeployment",
-        "metadata": { "name": "c1-md-1" },
-        "spec": { "clusterName": "c1", "selector": { "matchLabels": { "cluster.x-k8s.io/deployment-name": "c1-md-1" } }, "template": template }
+        "metadata": { "name": name },
+        "spec": {
+            "clusterName": "c1",
+            "selector": { "matchLabels": labels },
+            "template": {
+                "metadata": { "labels": labels },
+                "spec": { "clusterName": "c1", "bootstrap": { "dataSecretName": "b" },
+                          "infrastructureRef": { "apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "DockerMachine", "name": "t" } }
+            }
+        }
     })).unwrap();
     deployments
         .create(&PostParams::default(), &deployment)
@@ -577,7 +564,7 @@ async fn create_second_deployment(world: &World) {
 async fn a_cluster_upgrade_covers_three_control_planes_and_two_machine_deployments() {
     let mut world = world(fast()).await;
     create_parents(&world).await;
-    create_second_deployment(&world).await;
+    create_deployment(&world, "c1-md-1").await;
     let (log, make) = logging_scripts(world.dir.path().join("hooks"), "0.1");
     for i in 0..3 {
         let name = format!("cp-{i}");
