@@ -95,6 +95,8 @@ pub fn run_blocking(
             .map(|mut s| std::thread::spawn(move || read_all(&mut s))),
     ];
     let started = Instant::now();
+    // Poll quickly at first (most hooks are short), then back off to 20 ms.
+    let mut pause = Duration::from_millis(1);
     let status = loop {
         match child.try_wait() {
             Ok(Some(status)) => break Some(status),
@@ -103,7 +105,10 @@ pub fn run_blocking(
                 let _ = child.wait();
                 break None;
             }
-            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+            Ok(None) => {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(20));
+            }
             Err(_) => break None,
         }
     };

@@ -29,6 +29,10 @@ const CONTROL_PLANES: usize = 3;
 
 #[tokio::main]
 async fn main() {
+    // RUST_LOG=info shows the operator's progress with timestamps.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .try_init();
     let args: Vec<String> = std::env::args().collect();
     let hook_ms: u64 = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(100);
     let workers: usize = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(100);

@@ -62,7 +62,7 @@ pub async fn reconcile(
             changes.insert(refresh_state::TRIGGER.into(), json!(trigger));
             changes.insert(refresh_state::STARTED_AT.into(), json!(format_time(now)));
             changes.insert(refresh_state::ATTEMPTS.into(), json!("0"));
-            ctx.patch_annotations(&view, changes).await?;
+            ctx.patch_annotations(&view, changes.clone()).await?;
             let note = format!(
                 "refreshing certificates of Machine {} with TTL {trigger}",
                 view.name
@@ -74,7 +74,24 @@ pub async fn reconcile(
                 note,
             )
             .await;
-            Ok(Next::AwaitChange)
+            // Start the first attempt now rather than one watch round trip later.
+            let mut started = view.clone();
+            for (key, value) in changes {
+                match value.as_str() {
+                    Some(text) => started.annotations.insert(key, text.to_string()),
+                    None => started.annotations.remove(&key),
+                };
+            }
+            let ttl: Ttl = trigger.parse().expect("Start follows a TTL that parses");
+            let spawned = ctx.spawn_for("refresh", &started, {
+                let (ctx, object, view) = (ctx.clone(), object.clone(), started.clone());
+                async move { attempt_refresh(&ctx, &object, &view, ttl, 1).await }
+            });
+            Ok(if spawned {
+                Next::AwaitChange
+            } else {
+                Next::After(BUSY_RETRY)
+            })
         }
         RefreshStep::ObserveExpiry => {
             let started = ctx.spawn_for("refresh", &view, {
@@ -141,6 +158,30 @@ async fn attempt_refresh(
     ttl: Ttl,
     attempt: u32,
 ) {
+    // The reconcile saw the controller's cache, which may lag behind an attempt that just
+    // finished. Decide again on the Machine as the API server has it, so no request is worked
+    // on twice.
+    let api: Api<DynamicObject> = Api::namespaced_with(
+        ctx.client.clone(),
+        &view.namespace,
+        &machine::api_resource(),
+    );
+    let fresh = match api.get_opt(&view.name).await {
+        Ok(Some(object)) => MachineView::from_object(&object),
+        Ok(None) => return,
+        Err(e) => {
+            // The API server is unreachable; its watch will relist, and so reconcile, once back.
+            tracing::warn!(machine = %view.name, error = %e, "cannot read the Machine; the refresh is tried again later");
+            return;
+        }
+    };
+    if !matches!(
+        decide(&fresh, OffsetDateTime::now_utc()),
+        RefreshStep::Attempt { .. }
+    ) {
+        return;
+    }
+    let view = &fresh;
     tracing::info!(machine = %view.name, attempt, "refreshing certificates");
     let outcome = refresh(ctx, view, &ttl).await;
     let result = match outcome {

@@ -295,17 +295,31 @@ async fn reconcile_operation(
         .map(MachineView::from_object)
         .filter(|m| covers(kind, parent, m))
         .collect();
-    let observations = observe(ctx, operation, &request_id, &views).await;
+    let mut observations = observe(operation, &request_id, &views);
     let max_parallel = annotations
         .get(names::MAX_PARALLEL)
         .and_then(|v| v.parse().ok())
         .filter(|n| *n >= 1)
         .unwrap_or(1);
-    let plan = RolloutPlan::decide(&RolloutInput {
+    let mut input = RolloutInput {
         cancelled: trigger.is_none(),
         max_parallel,
-        machines: observations,
-    });
+        machines: observations.clone(),
+    };
+    let mut plan = RolloutPlan::decide(&input);
+    // Agents are asked for their health only when a control-plane Machine would start: the
+    // checks cost a TLS handshake each, and only that step is gated on them.
+    let starts_control_plane = matches!(&plan, RolloutPlan::Continue { start, .. }
+        if start.iter().any(|n| views.iter().any(|m| &m.name == n && m.control_plane)));
+    if starts_control_plane {
+        for (observation, m) in observations.iter_mut().zip(&views) {
+            if m.control_plane && !m.being_deleted {
+                observation.agent_healthy = agent_healthy(ctx, m).await;
+            }
+        }
+        input.machines = observations;
+        plan = RolloutPlan::decide(&input);
+    }
 
     let mut changes = BTreeMap::new();
     let progress = match &plan {
@@ -403,9 +417,9 @@ async fn reconcile_operation(
     Ok(requeue)
 }
 
-/// What the plan needs to know about each Machine.
-async fn observe(
-    ctx: &Context,
+/// What the plan needs to know about each Machine, in the order of `views`; agent health is
+/// assumed good here and checked by the caller when it matters.
+fn observe(
     operation: Operation,
     request_id: &str,
     views: &[MachineView],
@@ -429,11 +443,8 @@ async fn observe(
                 _ => MachineProgress::Failed,
             }
         };
-        let agent_healthy = if m.control_plane {
-            agent_healthy(ctx, m).await
-        } else {
-            true
-        };
+        // Filled in by the caller when it matters.
+        let agent_healthy = true;
         observations.push(MachineObservation {
             name: m.name.clone(),
             role: if m.control_plane {
