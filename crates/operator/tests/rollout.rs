@@ -710,3 +710,195 @@ async fn a_failing_control_plane_machine_stops_the_cluster_rollout() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_control_plane_upgrade_and_a_two_deployment_cluster_refresh() {
+    let mut world = world(fast()).await;
+    create_parents(&world).await;
+    create_deployment(&world, "c1-md-1").await;
+    let (log, make) = logging_scripts(world.dir.path().join("hooks"), "0.1");
+    for i in 0..3 {
+        let name = format!("cp-{i}");
+        world
+            .add_machine_with(
+                &name,
+                NodeRole::ControlPlane,
+                "cp.example",
+                None,
+                Some(make(&name)),
+            )
+            .await;
+    }
+    let mut layouts = Vec::new();
+    for i in 0..5 {
+        let name = format!("w-{i}");
+        world.deployment = if i < 3 {
+            "c1-md-0".into()
+        } else {
+            "c1-md-1".into()
+        };
+        layouts.push(
+            world
+                .add_machine_with(
+                    &name,
+                    NodeRole::Worker,
+                    "cp.example",
+                    None,
+                    Some(make(&name)),
+                )
+                .await,
+        );
+    }
+
+    // The control plane alone: only its three Machines, one at a time.
+    let cp = machine::control_plane_api_resource();
+    annotate_parent(
+        &world,
+        &cp,
+        "c1-control-plane",
+        json!({ names::IN_PLACE_UPGRADE_TO: "revision=21" }),
+    )
+    .await;
+    let annotations = wait_parent(
+        &world,
+        &cp,
+        "c1-control-plane",
+        names::IN_PLACE_UPGRADE_STATUS,
+        names::STATUS_DONE,
+    )
+    .await;
+    assert_eq!(annotations[names::PROGRESS], "3/3");
+    assert_eq!(annotations[names::IN_PLACE_UPGRADE_RELEASE], "revision=21");
+    let (max, runs) = concurrency(&log);
+    assert_eq!(max, 1);
+    assert_eq!(runs.keys().collect::<Vec<_>>(), ["cp-0", "cp-1", "cp-2"]);
+    world
+        .event_with("c1-control-plane", names::EVENT_UPGRADE_DONE)
+        .await;
+
+    // Then a certificate refresh of the whole Cluster: 3 control planes + 5 workers in two
+    // MachineDeployments.
+    let clusters = machine::cluster_api_resource();
+    annotate_parent(
+        &world,
+        &clusters,
+        "c1",
+        json!({ names::REFRESH_CERTIFICATES: "2y", names::MAX_PARALLEL: "2" }),
+    )
+    .await;
+    let annotations = wait_parent(
+        &world,
+        &clusters,
+        "c1",
+        names::REFRESH_CERTIFICATES_STATUS,
+        names::STATUS_DONE,
+    )
+    .await;
+    assert_eq!(annotations[names::PROGRESS], "8/8");
+    for layout in &layouts {
+        let days = (caretaker_agent::inventory::discover(layout)
+            .earliest_expiry()
+            .unwrap()
+            - time::OffsetDateTime::now_utc())
+        .whole_days();
+        assert!(days > 700, "{days}");
+    }
+    for name in ["cp-0", "cp-1", "cp-2", "w-0", "w-4"] {
+        assert_eq!(
+            world.annotations(name).await[names::REFRESH_CERTIFICATES_STATUS],
+            names::STATUS_DONE,
+            "{name}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn machines_without_a_node_wait_and_deleted_ones_are_skipped() {
+    let mut world = world(fast()).await;
+    create_parents(&world).await;
+    world
+        .add_machine("w-0", NodeRole::Worker, "cp.example", None)
+        .await;
+    world
+        .add_machine("w-1", NodeRole::Worker, "cp.example", None)
+        .await;
+    world
+        .add_machine("w-2", NodeRole::Worker, "cp.example", None)
+        .await;
+    // w-1 loses its node; w-2 is being deleted (a finalizer keeps it around).
+    let no_node = json!({ "status": { "nodeRef": null } });
+    world
+        .machines()
+        .patch_status("w-1", &PatchParams::default(), &Patch::Merge(&no_node))
+        .await
+        .unwrap();
+    let finalizer = json!({ "metadata": { "finalizers": ["test.caretaker.dev/hold"] } });
+    world
+        .machines()
+        .patch("w-2", &PatchParams::default(), &Patch::Merge(&finalizer))
+        .await
+        .unwrap();
+    world
+        .machines()
+        .delete("w-2", &Default::default())
+        .await
+        .unwrap();
+
+    let md = machine::machine_deployment_api_resource();
+    annotate_parent(
+        &world,
+        &md,
+        "c1-md-0",
+        json!({ names::REFRESH_CERTIFICATES: "1y" }),
+    )
+    .await;
+    wait_parent(&world, &md, "c1-md-0", names::PROGRESS, "1/2").await;
+    world
+        .event_with("c1-md-0", names::EVENT_REFRESH_CERTS_IN_PROGRESS)
+        .await;
+    let mut saw_wait = false;
+    for _ in 0..100 {
+        if world.events("c1-md-0").await.iter().any(|e| {
+            e.message
+                .as_deref()
+                .unwrap_or_default()
+                .contains("waiting for w-1 to get a node")
+        }) {
+            saw_wait = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        saw_wait,
+        "an event says the rollout waits for w-1: {:?}",
+        world.events("c1-md-0").await
+    );
+
+    let node = json!({ "status": { "nodeRef": { "name": "node-w-1" } } });
+    world
+        .machines()
+        .patch_status("w-1", &PatchParams::default(), &Patch::Merge(&node))
+        .await
+        .unwrap();
+    let annotations = wait_parent(
+        &world,
+        &md,
+        "c1-md-0",
+        names::REFRESH_CERTIFICATES_STATUS,
+        names::STATUS_DONE,
+    )
+    .await;
+    assert_eq!(
+        annotations[names::PROGRESS],
+        "2/2",
+        "the Machine being deleted is not counted"
+    );
+    assert!(
+        !world
+            .annotations("w-2")
+            .await
+            .contains_key(names::REFRESH_CERTIFICATES),
+        "w-2 was skipped"
+    );
+}
