@@ -3,7 +3,7 @@
 use std::io::Read;
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
@@ -94,24 +94,20 @@ pub fn run_blocking(
             .take()
             .map(|mut s| std::thread::spawn(move || read_all(&mut s))),
     ];
-    let started = Instant::now();
-    // Poll quickly at first (most hooks are short), then back off to 20 ms.
-    let mut pause = Duration::from_millis(1);
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(status)) => break Some(status),
-            Ok(None) if started.elapsed() >= timeout => {
-                kill_group(child.id());
-                let _ = child.wait();
-                break None;
-            }
-            Ok(None) => {
-                std::thread::sleep(pause);
-                pause = (pause * 2).min(Duration::from_millis(20));
-            }
-            Err(_) => break None,
-        }
-    };
+    // Wait in a helper thread so the hook's end is seen at once, and kill its process group if
+    // it outlives the timeout.
+    let pid = child.id();
+    let (done, finished) = std::sync::mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        let status = child.wait().ok();
+        let _ = done.send(());
+        status
+    });
+    let timed_out = finished.recv_timeout(timeout).is_err();
+    if timed_out {
+        kill_group(pid);
+    }
+    let status = waiter.join().ok().flatten().filter(|_| !timed_out);
     let mut output = Vec::new();
     for reader in readers.into_iter().flatten() {
         output.extend(reader.join().unwrap_or_default());

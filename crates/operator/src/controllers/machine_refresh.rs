@@ -63,17 +63,6 @@ pub async fn reconcile(
             changes.insert(refresh_state::STARTED_AT.into(), json!(format_time(now)));
             changes.insert(refresh_state::ATTEMPTS.into(), json!("0"));
             ctx.patch_annotations(&view, changes.clone()).await?;
-            let note = format!(
-                "refreshing certificates of Machine {} with TTL {trigger}",
-                view.name
-            );
-            ctx.machine_event(
-                &object,
-                EventType::Normal,
-                names::EVENT_REFRESH_IN_PROGRESS,
-                note,
-            )
-            .await;
             // Start the first attempt now rather than one watch round trip later.
             let mut started = view.clone();
             for (key, value) in changes {
@@ -87,6 +76,17 @@ pub async fn reconcile(
                 let (ctx, object, view) = (ctx.clone(), object.clone(), started.clone());
                 async move { attempt_refresh(&ctx, &object, &view, ttl, 1).await }
             });
+            let note = format!(
+                "refreshing certificates of Machine {} with TTL {trigger}",
+                view.name
+            );
+            ctx.machine_event(
+                &object,
+                EventType::Normal,
+                names::EVENT_REFRESH_IN_PROGRESS,
+                note,
+            )
+            .await;
             Ok(if spawned {
                 Next::AwaitChange
             } else {
