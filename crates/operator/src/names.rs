@@ -19,6 +19,14 @@ pub const EVENT_REFRESH_FAILED: &str = "CertificatesRefreshFailed";
 /// caretaker's own: the agent URL, overriding `https://<address>:<agent-port>`.
 pub const AGENT_ENDPOINT: &str = "caretaker.dev/agent-endpoint";
 
+/// The annotations a capability keeps its retry state in.
+#[derive(Debug, Clone, Copy)]
+pub struct RetryKeys {
+    pub attempts: &'static str,
+    pub retry_at: &'static str,
+    pub last_error: &'static str,
+}
+
 /// Bookkeeping of a refresh in progress, so a restarted operator resumes it.
 pub mod refresh_state {
     /// The trigger value this request is for.
@@ -36,6 +44,12 @@ pub mod refresh_state {
     pub const PLAN: &str = "caretaker.dev/refresh-plan";
 
     pub const ALL: [&str; 6] = [TRIGGER, STARTED_AT, ATTEMPTS, RETRY_AT, LAST_ERROR, PLAN];
+
+    pub const RETRY: super::RetryKeys = super::RetryKeys {
+        attempts: ATTEMPTS,
+        retry_at: RETRY_AT,
+        last_error: LAST_ERROR,
+    };
 }
 
 /// The label Cluster API puts on control-plane Machines.
@@ -74,6 +88,12 @@ pub mod upgrade_state {
     pub const LAST_ERROR: &str = "caretaker.dev/upgrade-last-error";
 
     pub const ALL: [&str; 5] = [TRIGGER, REQUEST_ID, ATTEMPTS, RETRY_AT, LAST_ERROR];
+
+    pub const RETRY: super::RetryKeys = super::RetryKeys {
+        attempts: ATTEMPTS,
+        retry_at: RETRY_AT,
+        last_error: LAST_ERROR,
+    };
 }
 
 /// Cluster-wide rollouts: events on the parent (proposal 004 names for certificates).

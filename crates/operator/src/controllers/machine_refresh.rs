@@ -14,10 +14,10 @@ use kube::api::{Api, DynamicObject};
 use serde_json::{Value, json};
 use time::OffsetDateTime;
 
-use super::Next;
+use super::{Next, failure_reason, retry_changes};
 use crate::Error;
 use crate::context::{Context, EventType};
-use crate::machine::refresh::{RefreshStep, decide, format_time, retry_at};
+use crate::machine::refresh::{RefreshStep, decide, format_time};
 use crate::machine::{self, MachineView};
 use crate::names::{self, refresh_state};
 use crate::signing::machine_policy;
@@ -37,10 +37,7 @@ pub async fn reconcile(
     let now = OffsetDateTime::now_utc();
     match decide(&view, now) {
         RefreshStep::Idle | RefreshStep::WaitForNode => Ok(Next::AwaitChange),
-        RefreshStep::Backoff { until } => {
-            let wait = (until - now).try_into().unwrap_or(Duration::ZERO);
-            Ok(Next::After(wait + Duration::from_millis(50)))
-        }
+        RefreshStep::Backoff { until } => Ok(Next::at(until, now)),
         RefreshStep::Reject { trigger, reason } => {
             ctx.patch_annotations(&view, annotations_failed(&trigger, &reason))
                 .await?;
@@ -204,18 +201,8 @@ async fn attempt_refresh(
             patched
         }
         Err(e) if e.is_transient() && attempt < ctx.settings.max_attempts => {
-            let mut changes = BTreeMap::new();
-            let now = OffsetDateTime::now_utc();
-            changes.insert(
-                refresh_state::ATTEMPTS.to_string(),
-                json!(attempt.to_string()),
-            );
-            changes.insert(
-                refresh_state::RETRY_AT.to_string(),
-                json!(format_time(retry_at(now, ctx.settings.retry_base, attempt))),
-            );
-            changes.insert(refresh_state::LAST_ERROR.to_string(), json!(e.to_string()));
             tracing::warn!(machine = %view.name, attempt, error = %e, "refresh attempt failed; will retry");
+            let changes = retry_changes(refresh_state::RETRY, attempt, ctx.settings.retry_base, &e);
             ctx.patch_annotations(view, changes).await
         }
         Err(e) => {
@@ -223,14 +210,7 @@ async fn attempt_refresh(
                 .annotation(names::REFRESH_CERTIFICATES)
                 .unwrap_or_default()
                 .to_string();
-            let reason = if e.is_transient() {
-                format!(
-                    "Machine {}: gave up after {attempt} attempts: {e}",
-                    view.name
-                )
-            } else {
-                format!("Machine {}: {e}", view.name)
-            };
+            let reason = failure_reason(&view.name, attempt, &e);
             let patched = ctx
                 .patch_annotations(view, annotations_failed(&trigger, &reason))
                 .await;

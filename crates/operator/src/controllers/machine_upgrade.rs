@@ -5,7 +5,6 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use caretaker_agent::api::AgentError;
 use caretaker_agent::upgrade::{Operation, OperationState, UpgradeRequest};
@@ -13,12 +12,12 @@ use kube::api::DynamicObject;
 use serde_json::{Value, json};
 use time::OffsetDateTime;
 
-use super::Next;
 use super::machine_refresh::BUSY_RETRY;
+use super::{Next, failure_reason, retry_changes};
 use crate::Error;
 use crate::context::{Context, EventType};
 use crate::machine::MachineView;
-use crate::machine::refresh::{format_time, retry_at};
+use crate::machine::refresh::format_time;
 use crate::machine::upgrade::{UpgradeStep, decide};
 use crate::names::{self, upgrade_state};
 
@@ -31,10 +30,7 @@ pub async fn reconcile(
     let now = OffsetDateTime::now_utc();
     match decide(view, now) {
         UpgradeStep::Idle | UpgradeStep::WaitForNode => Ok(Next::AwaitChange),
-        UpgradeStep::Backoff { until } => {
-            let wait: Duration = (until - now).try_into().unwrap_or(Duration::ZERO);
-            Ok(Next::After(wait + Duration::from_millis(50)))
-        }
+        UpgradeStep::Backoff { until } => Ok(Next::at(until, now)),
         UpgradeStep::Reject { trigger, reason } => {
             ctx.patch_annotations(view, failed(&trigger, &reason, now))
                 .await?;
@@ -306,27 +302,11 @@ async fn record(
         },
         Err(e) if e.is_transient() && attempt < ctx.settings.max_attempts => {
             tracing::warn!(machine = %view.name, attempt, error = %e, "upgrade step failed; will retry");
-            let mut changes = BTreeMap::new();
-            changes.insert(
-                upgrade_state::ATTEMPTS.to_string(),
-                json!(attempt.to_string()),
-            );
-            changes.insert(
-                upgrade_state::RETRY_AT.to_string(),
-                json!(format_time(retry_at(now, ctx.settings.retry_base, attempt))),
-            );
-            changes.insert(upgrade_state::LAST_ERROR.to_string(), json!(e.to_string()));
+            let changes = retry_changes(upgrade_state::RETRY, attempt, ctx.settings.retry_base, &e);
             ctx.patch_annotations(view, changes).await
         }
         Err(e) => {
-            let reason = if e.is_transient() {
-                format!(
-                    "Machine {}: gave up after {attempt} attempts: {e}",
-                    view.name
-                )
-            } else {
-                format!("Machine {}: {e}", view.name)
-            };
+            let reason = failure_reason(&view.name, attempt, &e);
             fail(ctx, object, view, &trigger, &reason, now).await
         }
     };

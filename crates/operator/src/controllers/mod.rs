@@ -7,7 +7,15 @@ pub mod machine_upgrade;
 pub mod machines;
 pub mod rollout;
 
+use std::collections::BTreeMap;
 use std::time::Duration;
+
+use serde_json::{Value, json};
+use time::OffsetDateTime;
+
+use crate::Error;
+use crate::machine::refresh::{format_time, retry_at};
+use crate::names::RetryKeys;
 
 /// When a capability wants to look at a Machine again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,5 +36,41 @@ impl Next {
             }
             (Next::AwaitChange, Next::AwaitChange) => Next::AwaitChange,
         }
+    }
+}
+
+impl Next {
+    /// Come back once `until` has passed (a little after, so the backoff has surely ended).
+    pub fn at(until: OffsetDateTime, now: OffsetDateTime) -> Next {
+        let wait = Duration::try_from(until - now).unwrap_or(Duration::ZERO);
+        Next::After(wait + Duration::from_millis(50))
+    }
+}
+
+/// The annotation changes that schedule the attempt after failed attempt number `attempt`,
+/// with exponential backoff from `base`.
+pub fn retry_changes(
+    keys: RetryKeys,
+    attempt: u32,
+    base: Duration,
+    error: &Error,
+) -> BTreeMap<String, Value> {
+    let now = OffsetDateTime::now_utc();
+    BTreeMap::from([
+        (keys.attempts.to_string(), json!(attempt.to_string())),
+        (
+            keys.retry_at.to_string(),
+            json!(format_time(retry_at(now, base, attempt))),
+        ),
+        (keys.last_error.to_string(), json!(error.to_string())),
+    ])
+}
+
+/// Why a Machine's request ended after `attempt` attempts, for its event and annotations.
+pub fn failure_reason(machine: &str, attempt: u32, error: &Error) -> String {
+    if error.is_transient() {
+        format!("Machine {machine}: gave up after {attempt} attempts: {error}")
+    } else {
+        format!("Machine {machine}: {error}")
     }
 }
