@@ -88,6 +88,7 @@ mod tests {
             being_deleted: false,
             labels: Default::default(),
             annotations: Default::default(),
+            resource_version: None,
         }
     }
 

@@ -11,10 +11,10 @@ use std::time::Duration;
 use caretaker_agent::upgrade::ReleaseOption;
 use caretaker_pki::Ttl;
 use futures::StreamExt;
-use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams};
+use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Resource, ResourceExt};
 use serde_json::{Value, json};
 
@@ -127,7 +127,7 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
 async fn run_kind(ctx: Arc<Context>, namespace: Option<String>, kind: ParentKind) {
     let resource = kind.api_resource();
     let machine_resource = machine::api_resource();
-    let (parents, machines): (Api<DynamicObject>, Api<DynamicObject>) = match &namespace {
+    let (parents, machines_api): (Api<DynamicObject>, Api<DynamicObject>) = match &namespace {
         Some(ns) => (
             Api::namespaced_with(ctx.client.clone(), ns, &resource),
             Api::namespaced_with(ctx.client.clone(), ns, &machine_resource),
@@ -137,16 +137,23 @@ async fn run_kind(ctx: Arc<Context>, namespace: Option<String>, kind: ParentKind
             Api::all_with(ctx.client.clone(), &machine_resource),
         ),
     };
+    // Reconciles read the Machines from this cache instead of listing them each time. The same
+    // watch triggers the parents, after the cache has taken in the change, so a reconcile always
+    // sees at least the Machine change that woke it.
+    let writer = reflector::store::Writer::new(machine_resource.clone());
+    let machines = writer.as_reader();
+    let machine_changes = reflector(writer, watcher(machines_api, watcher::Config::default()))
+        .default_backoff()
+        .touched_objects();
     let mapper_resource = resource.clone();
     Controller::new_with(parents, watcher::Config::default(), resource.clone())
-        .watches_with(
-            machines,
-            machine_resource,
-            watcher::Config::default(),
+        .watches_stream_with(
+            machine_changes,
             move |m| parents_of(kind, &MachineView::from_object(&m), &mapper_resource),
+            machine_resource,
         )
         .run(
-            move |parent, ctx| reconcile(parent, ctx, kind),
+            move |parent, ctx| reconcile(parent, ctx, kind, machines.clone()),
             error_policy,
             ctx,
         )
@@ -185,6 +192,22 @@ fn error_policy(_parent: Arc<DynamicObject>, error: &Error, ctx: Arc<Context>) -
     Action::requeue(ctx.settings.retry_base)
 }
 
+/// The cached Machines the parent covers.
+fn covered_machines(
+    kind: ParentKind,
+    parent: &DynamicObject,
+    machines: &Store<DynamicObject>,
+) -> Vec<MachineView> {
+    let namespace = parent.namespace();
+    machines
+        .state()
+        .iter()
+        .filter(|m| m.metadata.namespace == namespace)
+        .map(|m| MachineView::from_object(m))
+        .filter(|m| covers(kind, parent, m))
+        .collect()
+}
+
 /// Whether the parent covers the Machine.
 fn covers(kind: ParentKind, parent: &DynamicObject, m: &MachineView) -> bool {
     let name = parent.name_any();
@@ -201,10 +224,17 @@ async fn reconcile(
     parent: Arc<DynamicObject>,
     ctx: Arc<Context>,
     kind: ParentKind,
+    machines: Store<DynamicObject>,
 ) -> Result<Action, Error> {
+    // An empty cache would read as a rollout with no Machines, and so as done.
+    machines
+        .wait_until_ready()
+        .await
+        .map_err(|_| Error::Internal("the Machine cache stopped".into()))?;
     let mut next = Action::await_change();
     for operation in Operation::ALL {
-        if let Some(action) = reconcile_operation(&parent, &ctx, kind, operation).await? {
+        if let Some(action) = reconcile_operation(&parent, &ctx, kind, operation, &machines).await?
+        {
             next = action;
         }
     }
@@ -216,6 +246,7 @@ async fn reconcile_operation(
     ctx: &Arc<Context>,
     kind: ParentKind,
     operation: Operation,
+    machines: &Store<DynamicObject>,
 ) -> Result<Option<Action>, Error> {
     let annotations = parent.annotations();
     let trigger = annotations.get(operation.trigger()).cloned();
@@ -232,7 +263,7 @@ async fn reconcile_operation(
         (None, false)
             if kind == ParentKind::Cluster && operation == Operation::RefreshCertificates =>
         {
-            return auto_refresh(parent, ctx).await;
+            return auto_refresh(parent, ctx, machines).await;
         }
         (None, false) => return Ok(None),
         (Some(value), _)
@@ -286,15 +317,7 @@ async fn reconcile_operation(
         .get(operation.request())
         .cloned()
         .unwrap_or_default();
-    let machines_api: Api<DynamicObject> =
-        Api::namespaced_with(ctx.client.clone(), &namespace, &machine::api_resource());
-    let all = machines_api.list(&ListParams::default()).await?;
-    let views: Vec<MachineView> = all
-        .items
-        .iter()
-        .map(MachineView::from_object)
-        .filter(|m| covers(kind, parent, m))
-        .collect();
+    let views = covered_machines(kind, parent, machines);
     let mut observations = observe(operation, &request_id, &views);
     let max_parallel = annotations
         .get(names::MAX_PARALLEL)
@@ -335,14 +358,31 @@ async fn reconcile_operation(
     let mut requeue = None;
     match plan {
         RolloutPlan::Continue { start, waiting, .. } => {
+            let machines_api: Api<DynamicObject> =
+                Api::namespaced_with(ctx.client.clone(), &namespace, &machine::api_resource());
             for name in &start {
-                let body = json!({ "metadata": { "annotations": {
-                    operation.trigger(): trigger.clone().unwrap_or_default(),
-                    operation.request(): request_id,
-                } } });
-                machines_api
+                // Only on the version the plan saw: a cache that lags behind could otherwise
+                // start a Machine this request has already finished.
+                let version = views
+                    .iter()
+                    .find(|m| &m.name == name)
+                    .and_then(|m| m.resource_version.clone());
+                let body = json!({ "metadata": {
+                    "resourceVersion": version,
+                    "annotations": {
+                        operation.trigger(): trigger.clone().unwrap_or_default(),
+                        operation.request(): request_id,
+                    },
+                } });
+                match machines_api
                     .patch(name, &PatchParams::default(), &Patch::Merge(&body))
-                    .await?;
+                    .await
+                {
+                    Ok(_) => {}
+                    // The Machine changed since the cache saw it; its watch event wakes us.
+                    Err(kube::Error::Api(e)) if e.code == 409 => return Ok(None),
+                    Err(e) => return Err(e.into()),
+                }
             }
             let waiting_text = waiting.as_ref().map(|w| match w {
                 Waiting::ForNodes(names) => {
@@ -517,6 +557,7 @@ async fn patch_parent(
 async fn auto_refresh(
     cluster: &DynamicObject,
     ctx: &Arc<Context>,
+    machines: &Store<DynamicObject>,
 ) -> Result<Option<Action>, Error> {
     let annotations = cluster.annotations();
     let Some(value) = annotations.get(names::AUTO_REFRESH_CERTIFICATES) else {
@@ -548,16 +589,9 @@ async fn auto_refresh(
             return Ok(None);
         }
     };
-    let namespace = cluster.namespace().unwrap_or_default();
-    let machines: Api<DynamicObject> =
-        Api::namespaced_with(ctx.client.clone(), &namespace, &machine::api_resource());
-    let earliest = machines
-        .list(&ListParams::default())
-        .await?
-        .items
+    let earliest = covered_machines(ParentKind::Cluster, cluster, machines)
         .iter()
-        .map(MachineView::from_object)
-        .filter(|m| covers(ParentKind::Cluster, cluster, m) && !m.being_deleted)
+        .filter(|m| !m.being_deleted)
         .filter_map(|m| {
             crate::machine::refresh::parse_time(m.annotation(names::CERTIFICATES_EXPIRY))
         })

@@ -59,6 +59,8 @@ pub struct MachineView {
     pub being_deleted: bool,
     pub labels: BTreeMap<String, String>,
     pub annotations: BTreeMap<String, String>,
+    /// The version this view was read at, for writes that must not act on a stale view.
+    pub resource_version: Option<String>,
 }
 
 impl MachineView {
@@ -79,6 +81,7 @@ impl MachineView {
             being_deleted: machine.metadata.deletion_timestamp.is_some(),
             labels: labels.clone(),
             annotations: machine.metadata.annotations.clone().unwrap_or_default(),
+            resource_version: machine.metadata.resource_version.clone(),
         }
     }
 

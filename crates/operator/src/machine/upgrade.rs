@@ -125,6 +125,7 @@ mod tests {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
+            resource_version: None,
         }
     }
 
