@@ -17,6 +17,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Resource, ResourceExt};
 use serde_json::{Value, json};
+use tokio::sync::mpsc;
 
 use crate::Error;
 use crate::context::{Context, EventType};
@@ -115,42 +116,79 @@ impl Operation {
 
 /// Runs the rollout controllers of all three parent kinds until their streams end.
 pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
+    let machine_resource = machine::api_resource();
+    let machines_api: Api<DynamicObject> = match &namespace {
+        Some(ns) => Api::namespaced_with(ctx.client.clone(), ns, &machine_resource),
+        None => Api::all_with(ctx.client.clone(), &machine_resource),
+    };
+    // Reconciles read the Machines from one cache instead of listing them each time. Its watch
+    // also wakes the parents, and only after the cache has taken the change in, so a reconcile
+    // always sees at least the Machine change that woke it.
+    let writer = reflector::store::Writer::new(machine_resource);
+    let machines = writer.as_reader();
     let kinds = [
         ParentKind::Cluster,
         ParentKind::ControlPlane,
         ParentKind::MachineDeployment,
     ];
-    futures::future::join_all(kinds.map(|kind| run_kind(ctx.clone(), namespace.clone(), kind)))
-        .await;
+    let (senders, receivers): (Vec<_>, Vec<_>) = kinds
+        .iter()
+        .map(|_| mpsc::channel(MACHINE_CHANGES_BUFFER))
+        .unzip();
+    let fan_out = reflector(writer, watcher(machines_api, watcher::Config::default()))
+        .default_backoff()
+        .touched_objects()
+        .for_each(|change| {
+            let senders = senders.clone();
+            async move {
+                match change {
+                    Ok(m) => {
+                        for sender in senders.iter() {
+                            let _ = sender.send(m.clone()).await;
+                        }
+                    }
+                    Err(e) => tracing::warn!(error = %e, "watching Machines failed; retrying"),
+                }
+            }
+        });
+    let controllers =
+        futures::future::join_all(kinds.into_iter().zip(receivers).map(|(kind, changes)| {
+            run_kind(
+                ctx.clone(),
+                namespace.clone(),
+                kind,
+                machines.clone(),
+                changes,
+            )
+        }));
+    futures::join!(fan_out, controllers);
 }
 
-async fn run_kind(ctx: Arc<Context>, namespace: Option<String>, kind: ParentKind) {
+/// Machine changes waiting for a parent controller to take them.
+const MACHINE_CHANGES_BUFFER: usize = 1024;
+
+async fn run_kind(
+    ctx: Arc<Context>,
+    namespace: Option<String>,
+    kind: ParentKind,
+    machines: Store<DynamicObject>,
+    machine_changes: mpsc::Receiver<DynamicObject>,
+) {
     let resource = kind.api_resource();
-    let machine_resource = machine::api_resource();
-    let (parents, machines_api): (Api<DynamicObject>, Api<DynamicObject>) = match &namespace {
-        Some(ns) => (
-            Api::namespaced_with(ctx.client.clone(), ns, &resource),
-            Api::namespaced_with(ctx.client.clone(), ns, &machine_resource),
-        ),
-        None => (
-            Api::all_with(ctx.client.clone(), &resource),
-            Api::all_with(ctx.client.clone(), &machine_resource),
-        ),
+    let parents: Api<DynamicObject> = match &namespace {
+        Some(ns) => Api::namespaced_with(ctx.client.clone(), ns, &resource),
+        None => Api::all_with(ctx.client.clone(), &resource),
     };
-    // Reconciles read the Machines from this cache instead of listing them each time. The same
-    // watch triggers the parents, after the cache has taken in the change, so a reconcile always
-    // sees at least the Machine change that woke it.
-    let writer = reflector::store::Writer::new(machine_resource.clone());
-    let machines = writer.as_reader();
-    let machine_changes = reflector(writer, watcher(machines_api, watcher::Config::default()))
-        .default_backoff()
-        .touched_objects();
+    let machine_changes = futures::stream::unfold(machine_changes, |mut changes| async move {
+        let change = changes.recv().await?;
+        Some((Ok(change), changes))
+    });
     let mapper_resource = resource.clone();
     Controller::new_with(parents, watcher::Config::default(), resource.clone())
         .watches_stream_with(
             machine_changes,
             move |m| parents_of(kind, &MachineView::from_object(&m), &mapper_resource),
-            machine_resource,
+            machine::api_resource(),
         )
         .run(
             move |parent, ctx| reconcile(parent, ctx, kind, machines.clone()),
