@@ -4,9 +4,12 @@
 //! the controller reads and writes.
 //!
 //! Rules (DESIGN section 6): control-plane Machines strictly one at a time, and only while every
-//! control-plane Machine has a node and a healthy agent; then workers, `max_parallel` at a time;
+//! control-plane Machine has a node and a healthy agent; then workers, `max_parallel` at a time
+//! and no more of one MachineDeployment than its own limit;
 //! the first failure stops the rollout; a cancelled request starts nothing new and ends once
 //! running work has finished; Machines being deleted are skipped; Machines without a node wait.
+
+use std::collections::BTreeMap;
 
 /// The role of a Machine in a rollout, in rollout order.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -43,6 +46,16 @@ pub struct MachineObservation {
     pub failure: Option<String>,
 }
 
+impl MachineObservation {
+    /// The worker's MachineDeployment (empty for control-plane Machines).
+    fn deployment(&self) -> &str {
+        match &self.role {
+            Role::Worker { deployment } => deployment,
+            Role::ControlPlane => "",
+        }
+    }
+}
+
 /// A parent's request and its Machines, in any order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RolloutInput {
@@ -50,6 +63,9 @@ pub struct RolloutInput {
     pub cancelled: bool,
     /// Workers allowed in progress at once (at least 1).
     pub max_parallel: usize,
+    /// Limits set on MachineDeployments themselves, by name: at most this many of the
+    /// deployment's workers in progress at once, whatever `max_parallel` allows.
+    pub deployment_limits: BTreeMap<String, usize>,
     pub machines: Vec<MachineObservation>,
 }
 
@@ -195,13 +211,35 @@ impl RolloutPlan {
             .iter()
             .filter(|m| m.progress == MachineProgress::Running)
             .count();
-        let slots = input.max_parallel.max(1).saturating_sub(running);
+        let mut running_per_deployment: BTreeMap<&str, usize> = BTreeMap::new();
+        for m in workers
+            .iter()
+            .filter(|m| m.progress == MachineProgress::Running)
+        {
+            *running_per_deployment.entry(m.deployment()).or_default() += 1;
+        }
+        let mut slots = input.max_parallel.max(1).saturating_sub(running);
         let untouched = workers
             .iter()
             .filter(|m| m.progress == MachineProgress::Untouched);
         let (ready, nodeless): (Vec<&MachineObservation>, Vec<&MachineObservation>) =
             untouched.copied().partition(|m| m.has_node);
-        let start: Vec<String> = ready.iter().take(slots).map(|m| m.name.clone()).collect();
+        let mut start = Vec::new();
+        for m in ready {
+            if slots == 0 {
+                break;
+            }
+            let limit = input
+                .deployment_limits
+                .get(m.deployment())
+                .map_or(usize::MAX, |limit| (*limit).max(1));
+            let in_progress = running_per_deployment.entry(m.deployment()).or_default();
+            if *in_progress < limit {
+                *in_progress += 1;
+                slots -= 1;
+                start.push(m.name.clone());
+            }
+        }
         let waiting = (!nodeless.is_empty())
             .then(|| Waiting::ForNodes(nodeless.iter().map(|m| m.name.clone()).collect()));
         RolloutPlan::Continue {
@@ -242,6 +280,7 @@ mod tests {
         RolloutInput {
             cancelled: false,
             max_parallel: 1,
+            deployment_limits: BTreeMap::new(),
             machines,
         }
     }
@@ -315,9 +354,8 @@ mod tests {
             nodeless,
         ];
         let plan = RolloutPlan::decide(&RolloutInput {
-            cancelled: false,
             max_parallel: 2,
-            machines,
+            ..input(machines)
         });
         match plan {
             RolloutPlan::Continue { start, waiting, .. } => {
@@ -326,6 +364,33 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn a_machine_deployment_limit_holds_within_a_wider_cluster_limit() {
+        let machines = vec![
+            cp("cp-0", Done),
+            worker("a-0", "md-a", Running),
+            worker("a-1", "md-a", Untouched),
+            worker("a-2", "md-a", Untouched),
+            worker("b-0", "md-b", Untouched),
+            worker("b-1", "md-b", Untouched),
+        ];
+        let limited = RolloutInput {
+            max_parallel: 3,
+            deployment_limits: BTreeMap::from([("md-a".to_string(), 1)]),
+            ..input(machines.clone())
+        };
+        // md-a is at its limit of 1; the Cluster's other two slots go to md-b.
+        assert_eq!(started(&RolloutPlan::decide(&limited)), ["b-0", "b-1"]);
+        // Without md-a's own limit, its Machines come first.
+        assert_eq!(
+            started(&RolloutPlan::decide(&RolloutInput {
+                max_parallel: 3,
+                ..input(machines)
+            })),
+            ["a-1", "a-2"]
+        );
     }
 
     #[test]
@@ -359,11 +424,11 @@ mod tests {
         let running = RolloutInput {
             cancelled: true,
             max_parallel: 3,
-            machines: vec![
+            ..input(vec![
                 cp("cp-0", Done),
                 worker("w-0", "md", Running),
                 worker("w-1", "md", Untouched),
-            ],
+            ])
         };
         assert_eq!(
             started(&RolloutPlan::decide(&running)),
@@ -442,13 +507,16 @@ mod tests {
         fn plans_never_break_the_rules(
             machines in prop::collection::btree_map(0u8..12, arbitrary_machine(), 0..10),
             max_parallel in 1usize..4,
+            md0_limit in prop::option::of(1usize..3),
             cancelled in prop::bool::ANY,
         ) {
             let machines: Vec<MachineObservation> = machines
                 .into_iter()
                 .map(|(i, m)| MachineObservation { name: format!("m-{i}"), ..m })
                 .collect();
-            let input = RolloutInput { cancelled, max_parallel, machines: machines.clone() };
+            let deployment_limits: BTreeMap<String, usize> =
+                md0_limit.map(|limit| ("md-0".to_string(), limit)).into_iter().collect();
+            let input = RolloutInput { cancelled, max_parallel, deployment_limits, machines: machines.clone() };
             let plan = RolloutPlan::decide(&input);
             let by_name = |n: &str| machines.iter().find(|m| m.name == n).unwrap();
             let running = |cp: bool| machines.iter().filter(|m| (m.role == Role::ControlPlane) == cp && m.progress == Running && !(m.being_deleted && m.progress == Untouched)).count();
@@ -470,6 +538,12 @@ mod tests {
                 let workers = start.len() - cps.len();
                 if workers > 0 {
                     prop_assert!(workers + running(false) <= max_parallel, "max-parallel respected");
+                    if let Some(limit) = md0_limit {
+                        let in_md0 = |m: &MachineObservation| m.role == Role::Worker { deployment: "md-0".into() };
+                        let md0_running = machines.iter().filter(|m| in_md0(m) && m.progress == Running).count();
+                        let md0_started = start.iter().filter(|n| in_md0(by_name(n))).count();
+                        prop_assert!(md0_started == 0 || md0_running + md0_started <= limit, "a MachineDeployment's own limit respected");
+                    }
                     let cp_unfinished = machines.iter().any(|m| m.role == Role::ControlPlane && m.progress != Done && !(m.being_deleted && m.progress == Untouched));
                     prop_assert!(!cp_unfinished, "workers only after the control plane");
                 }

@@ -294,11 +294,22 @@ fn logging_scripts(
 
 /// The most upgrades that ran at once, and how often each Machine ran, from the shared log.
 fn concurrency(log: &std::path::Path) -> (usize, std::collections::BTreeMap<String, usize>) {
+    concurrency_of(log, |_| true)
+}
+
+/// Like [`concurrency`], counting only the Machines `only` accepts.
+fn concurrency_of(
+    log: &std::path::Path,
+    only: impl Fn(&str) -> bool,
+) -> (usize, std::collections::BTreeMap<String, usize>) {
     let text = std::fs::read_to_string(log).unwrap_or_default();
     let mut events: Vec<(f64, i32)> = Vec::new();
     let mut runs = std::collections::BTreeMap::new();
     for line in text.lines() {
         let parts: Vec<&str> = line.split_whitespace().collect();
+        if !only(parts[1]) {
+            continue;
+        }
         let t: f64 = parts[2].parse().unwrap();
         if parts[0] == "start" {
             events.push((t, 1));
@@ -359,6 +370,88 @@ async fn max_parallel_is_respected_as_the_agents_see_it() {
     assert!(
         runs.values().all(|n| *n == 1) && runs.len() == 5,
         "{runs:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_machine_deployment_limit_holds_within_a_cluster_rollout() {
+    let mut world = world(fast()).await;
+    create_parents(&world).await;
+    create_deployment(&world, "c1-md-1").await;
+    let (log, make) = logging_scripts(world.dir.path().join("hooks"), "0.6");
+    world
+        .add_machine_with(
+            "cp-0",
+            NodeRole::ControlPlane,
+            "cp.example",
+            None,
+            Some(make("cp-0")),
+        )
+        .await;
+    for (deployment, prefix) in [("c1-md-0", "a"), ("c1-md-1", "b")] {
+        world.deployment = deployment.into();
+        for i in 0..3 {
+            let name = format!("{prefix}-{i}");
+            world
+                .add_machine_with(
+                    &name,
+                    NodeRole::Worker,
+                    "cp.example",
+                    None,
+                    Some(make(&name)),
+                )
+                .await;
+        }
+    }
+    let md = machine::machine_deployment_api_resource();
+    annotate_parent(&world, &md, "c1-md-0", json!({ names::MAX_PARALLEL: "1" })).await;
+    annotate_parent(
+        &world,
+        &md,
+        "c1-md-1",
+        json!({ names::MAX_PARALLEL: "many" }),
+    )
+    .await;
+    let clusters = machine::cluster_api_resource();
+    annotate_parent(
+        &world,
+        &clusters,
+        "c1",
+        json!({ names::IN_PLACE_UPGRADE_TO: "revision=11", names::MAX_PARALLEL: "3" }),
+    )
+    .await;
+    wait_parent(
+        &world,
+        &clusters,
+        "c1",
+        names::IN_PLACE_UPGRADE_STATUS,
+        names::STATUS_DONE,
+    )
+    .await;
+
+    let (in_a, _) = concurrency_of(&log, |m| m.starts_with("a-"));
+    let (in_b, _) = concurrency_of(&log, |m| m.starts_with("b-"));
+    let (overall, runs) = concurrency(&log);
+    assert_eq!(
+        in_a, 1,
+        "c1-md-0's own limit of 1 holds under the Cluster's 3"
+    );
+    assert_eq!(in_b, 1, "a malformed limit counts as 1");
+    assert_eq!(
+        overall, 2,
+        "the two deployments still ran beside each other"
+    );
+    assert_eq!(runs.len(), 7);
+    let warning = world
+        .events("c1")
+        .await
+        .into_iter()
+        .find(|e| e.type_.as_deref() == Some("Warning"))
+        .expect("a Warning event about the malformed limit");
+    let note = warning.message.unwrap_or_default();
+    assert!(
+        note.contains("\"many\"") && note.contains("MachineDeployment c1-md-1"),
+        "{note}"
     );
 }
 

@@ -125,7 +125,34 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
     // also wakes the parents, and only after the cache has taken the change in, so a reconcile
     // always sees at least the Machine change that woke it.
     let writer = reflector::store::Writer::new(machine_resource);
-    let machines = writer.as_reader();
+    let deployments_writer =
+        reflector::store::Writer::new(ParentKind::MachineDeployment.api_resource());
+    let caches = Caches {
+        machines: writer.as_reader(),
+        deployments: deployments_writer.as_reader(),
+    };
+    let deployments_api: Api<DynamicObject> = match &namespace {
+        Some(ns) => Api::namespaced_with(
+            ctx.client.clone(),
+            ns,
+            &ParentKind::MachineDeployment.api_resource(),
+        ),
+        None => Api::all_with(
+            ctx.client.clone(),
+            &ParentKind::MachineDeployment.api_resource(),
+        ),
+    };
+    // MachineDeployments' own limits, read by Cluster rollouts.
+    let deployments = reflector(
+        deployments_writer,
+        watcher(deployments_api, watcher::Config::default()),
+    )
+    .default_backoff()
+    .for_each(|event| async move {
+        if let Err(e) = event {
+            tracing::warn!(error = %e, "watching MachineDeployments failed; retrying");
+        }
+    });
     let kinds = [
         ParentKind::Cluster,
         ParentKind::ControlPlane,
@@ -157,11 +184,11 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
                 ctx.clone(),
                 namespace.clone(),
                 kind,
-                machines.clone(),
+                caches.clone(),
                 changes,
             )
         }));
-    futures::join!(fan_out, controllers);
+    futures::join!(fan_out, deployments, controllers);
 }
 
 /// Machine changes waiting for a parent controller to take them.
@@ -171,7 +198,7 @@ async fn run_kind(
     ctx: Arc<Context>,
     namespace: Option<String>,
     kind: ParentKind,
-    machines: Store<DynamicObject>,
+    caches: Caches,
     machine_changes: mpsc::Receiver<DynamicObject>,
 ) {
     let resource = kind.api_resource();
@@ -191,7 +218,7 @@ async fn run_kind(
             machine::api_resource(),
         )
         .run(
-            move |parent, ctx| reconcile(parent, ctx, kind, machines.clone()),
+            move |parent, ctx| reconcile(parent, ctx, kind, caches.clone()),
             error_policy,
             ctx,
         )
@@ -230,6 +257,81 @@ fn error_policy(_parent: Arc<DynamicObject>, error: &Error, ctx: Arc<Context>) -
     Action::requeue(ctx.settings.retry_base)
 }
 
+/// What the parent controllers read from watches instead of asking the API server on every
+/// reconcile.
+#[derive(Clone)]
+struct Caches {
+    machines: Store<DynamicObject>,
+    deployments: Store<DynamicObject>,
+}
+
+impl Caches {
+    async fn wait_until_ready(&self) -> Result<(), Error> {
+        let stopped =
+            |_| Error::Internal("a watch cache of the rollout controllers stopped".into());
+        self.machines.wait_until_ready().await.map_err(stopped)?;
+        self.deployments.wait_until_ready().await.map_err(stopped)
+    }
+
+    /// The Cluster's MachineDeployments.
+    fn deployments_of(&self, cluster: &DynamicObject) -> Vec<Arc<DynamicObject>> {
+        self.deployments
+            .state()
+            .into_iter()
+            .filter(|d| {
+                d.metadata.namespace == cluster.metadata.namespace
+                    && d.data["spec"]["clusterName"].as_str() == cluster.metadata.name.as_deref()
+            })
+            .collect()
+    }
+
+    /// The `caretaker.dev/max-parallel` limits set on the Cluster's MachineDeployments (a
+    /// malformed one counts as 1).
+    fn deployment_limits(&self, cluster: &DynamicObject) -> BTreeMap<String, usize> {
+        self.deployments_of(cluster)
+            .iter()
+            .filter(|d| d.annotations().contains_key(names::MAX_PARALLEL))
+            .map(|d| (d.name_any(), max_parallel(d).unwrap_or(1)))
+            .collect()
+    }
+}
+
+/// The object's `caretaker.dev/max-parallel`, when it is a whole number of at least 1.
+fn max_parallel(object: &DynamicObject) -> Option<usize> {
+    object
+        .annotations()
+        .get(names::MAX_PARALLEL)?
+        .parse()
+        .ok()
+        .filter(|n| *n >= 1)
+}
+
+/// A note for each `caretaker.dev/max-parallel` this rollout reads that is not a whole number of
+/// at least 1 (such a limit counts as 1).
+fn malformed_limits(kind: ParentKind, parent: &DynamicObject, caches: &Caches) -> Vec<String> {
+    if kind == ParentKind::ControlPlane {
+        return Vec::new(); // control-plane Machines always go one at a time
+    }
+    let mut objects = vec![(kind.api_resource().kind, Arc::new(parent.clone()))];
+    if kind == ParentKind::Cluster {
+        let deployments = caches.deployments_of(parent).into_iter();
+        objects.extend(deployments.map(|d| ("MachineDeployment".to_string(), d)));
+    }
+    objects
+        .iter()
+        .filter_map(|(kind, object)| {
+            let value = object.annotations().get(names::MAX_PARALLEL)?;
+            max_parallel(object).is_none().then(|| {
+                format!(
+                    "{} {value:?} on {kind} {} is not a whole number of at least 1; its workers go one at a time",
+                    names::MAX_PARALLEL,
+                    object.name_any()
+                )
+            })
+        })
+        .collect()
+}
+
 /// The cached Machines the parent covers.
 fn covered_machines(
     kind: ParentKind,
@@ -262,17 +364,13 @@ async fn reconcile(
     parent: Arc<DynamicObject>,
     ctx: Arc<Context>,
     kind: ParentKind,
-    machines: Store<DynamicObject>,
+    caches: Caches,
 ) -> Result<Action, Error> {
     // An empty cache would read as a rollout with no Machines, and so as done.
-    machines
-        .wait_until_ready()
-        .await
-        .map_err(|_| Error::Internal("the Machine cache stopped".into()))?;
+    caches.wait_until_ready().await?;
     let mut next = Action::await_change();
     for operation in Operation::ALL {
-        if let Some(action) = reconcile_operation(&parent, &ctx, kind, operation, &machines).await?
-        {
+        if let Some(action) = reconcile_operation(&parent, &ctx, kind, operation, &caches).await? {
             next = action;
         }
     }
@@ -284,7 +382,7 @@ async fn reconcile_operation(
     ctx: &Arc<Context>,
     kind: ParentKind,
     operation: Operation,
-    machines: &Store<DynamicObject>,
+    caches: &Caches,
 ) -> Result<Option<Action>, Error> {
     let annotations = parent.annotations();
     let trigger = annotations.get(operation.trigger()).cloned();
@@ -301,7 +399,7 @@ async fn reconcile_operation(
         (None, false)
             if kind == ParentKind::Cluster && operation == Operation::RefreshCertificates =>
         {
-            return auto_refresh(parent, ctx, machines).await;
+            return auto_refresh(parent, ctx, &caches.machines).await;
         }
         (None, false) => return Ok(None),
         (Some(value), _)
@@ -344,6 +442,10 @@ async fn reconcile_operation(
             );
             ctx.event(&reference, EventType::Normal, ev_progress, note)
                 .await;
+            for problem in malformed_limits(kind, parent, caches) {
+                ctx.event(&reference, EventType::Warning, ev_progress, problem)
+                    .await;
+            }
             return Ok(None);
         }
         (Some(_), false) => return Ok(None), // this request already ended (failed or cancelled)
@@ -355,16 +457,16 @@ async fn reconcile_operation(
         .get(operation.request())
         .cloned()
         .unwrap_or_default();
-    let views = covered_machines(kind, parent, machines);
+    let views = covered_machines(kind, parent, &caches.machines);
     let mut observations = observe(operation, &request_id, &views);
-    let max_parallel = annotations
-        .get(names::MAX_PARALLEL)
-        .and_then(|v| v.parse().ok())
-        .filter(|n| *n >= 1)
-        .unwrap_or(1);
     let mut input = RolloutInput {
         cancelled: trigger.is_none(),
-        max_parallel,
+        max_parallel: max_parallel(parent).unwrap_or(1),
+        deployment_limits: match kind {
+            ParentKind::Cluster => caches.deployment_limits(parent),
+            // A MachineDeployment's own limit is the parent's; a control plane has no workers.
+            ParentKind::MachineDeployment | ParentKind::ControlPlane => BTreeMap::new(),
+        },
         machines: observations.clone(),
     };
     let mut plan = RolloutPlan::decide(&input);
