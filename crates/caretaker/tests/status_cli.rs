@@ -1,11 +1,11 @@
 //! `caretaker status cluster` against the embedded API server.
 
-use std::path::Path;
 use std::process::Command;
 
+use caretaker_agent::provision::ClusterCas;
 use caretaker_apiserver::TestServer;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use caretaker_operator::capi_objects::{self, ClusterObjects};
+use kube::api::{Patch, PatchParams};
 use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -15,39 +15,18 @@ async fn status_shows_progress_and_exits_by_outcome() {
     let kubeconfig = tmp.path().join("kubeconfig");
     server.write_kubeconfig(&kubeconfig).unwrap();
     let client = server.client();
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for file in [
-        "cluster.x-k8s.io_clusters.yaml",
-        "cluster.x-k8s.io_machines.yaml",
-    ] {
-        let text = std::fs::read_to_string(
-            Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../../deploy/upstream-crds")
-                .join(file),
-        )
-        .unwrap();
-        let value: serde_json::Value = serde_saphyr::from_str(&text).unwrap();
-        crds.create(
-            &PostParams::default(),
-            &serde_json::from_value(value).unwrap(),
-        )
+    capi_objects::install_upstream_crds(&client).await.unwrap();
+    let cluster = ClusterObjects {
+        client: client.clone(),
+        namespace: "default".into(),
+        name: "c1".into(),
+        endpoint_host: "cp.example".into(),
+    };
+    cluster
+        .create(&ClusterCas::create().unwrap())
         .await
         .unwrap();
-    }
-    let clusters: Api<DynamicObject> = Api::namespaced_with(
-        client.clone(),
-        "default",
-        &caretaker_operator::machine::cluster_api_resource(),
-    );
-    let cluster: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster", "metadata": { "name": "c1" },
-        "spec": { "controlPlaneEndpoint": { "host": "cp.example", "port": 6443 } }
-    }))
-    .unwrap();
-    clusters
-        .create(&PostParams::default(), &cluster)
-        .await
-        .unwrap();
+    let clusters = cluster.api(&caretaker_operator::machine::cluster_api_resource());
 
     let status = |args: &[&str]| {
         let mut command = Command::new(env!("CARGO_BIN_EXE_caretaker"));

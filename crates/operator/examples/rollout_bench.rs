@@ -22,13 +22,11 @@ use caretaker_agent::local::LocalAgent;
 use caretaker_agent::provision::{ClusterCas, NodeRole, NodeSpec, provision_node};
 use caretaker_agent::refresh::{ApplyRequest, PlanRequest, Refresher};
 use caretaker_apiserver::TestServer;
+use caretaker_operator::capi_objects::{self, ClusterObjects, MachineObject, MachineRole};
 use caretaker_operator::controllers::{machines, rollout};
 use caretaker_operator::{Context, Settings, machine, names};
 use caretaker_pki::{SigningPolicy, Ttl};
-use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use serde_json::json;
 
 const CONTROL_PLANES: usize = 3;
@@ -107,9 +105,16 @@ async fn run(hook_ms: u64, workers: usize, max_parallel: usize, agent: Duration)
     let server = TestServer::start().await;
     let client = server.client();
     let dir = tempfile::tempdir().unwrap();
-    install(&client).await;
+    capi_objects::install_upstream_crds(&client).await.unwrap();
     let cas = ClusterCas::create().unwrap();
-    create_cluster(&client, &cas).await;
+    let cluster = ClusterObjects {
+        client: client.clone(),
+        namespace: "default".into(),
+        name: "c1".into(),
+        endpoint_host: "cp.example".into(),
+    };
+    cluster.create(&cas).await.unwrap();
+    cluster.create_machine_deployment("c1-md-0").await.unwrap();
 
     let hook = write_hook(dir.path(), hook_ms);
     let mut agents = Vec::new();
@@ -121,7 +126,7 @@ async fn run(hook_ms: u64, workers: usize, max_parallel: usize, agent: Duration)
         } else {
             (format!("w-{i}"), NodeRole::Worker)
         };
-        agents.push(add_machine(&machines_api, &cas, dir.path(), &name, role, &hook).await);
+        agents.push(add_machine(&cluster, &cas, dir.path(), &name, role, &hook).await);
     }
 
     // The operator's client counts its requests.
@@ -244,71 +249,8 @@ async fn wait_until(api: &Api<DynamicObject>, done: impl Fn(&[DynamicObject]) ->
     }
 }
 
-async fn install(client: &kube::Client) {
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/upstream-crds");
-    for file in [
-        "cluster.x-k8s.io_clusters.yaml",
-        "cluster.x-k8s.io_machines.yaml",
-        "cluster.x-k8s.io_machinedeployments.yaml",
-        "controlplane.cluster.x-k8s.io_ck8scontrolplanes.yaml",
-    ] {
-        let text = std::fs::read_to_string(dir.join(file)).unwrap();
-        let value: serde_json::Value = serde_saphyr::from_str(&text).unwrap();
-        crds.create(
-            &PostParams::default(),
-            &serde_json::from_value(value).unwrap(),
-        )
-        .await
-        .unwrap();
-    }
-}
-
-async fn create_cluster(client: &kube::Client, cas: &ClusterCas) {
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), "default");
-    for (suffix, ca) in [
-        ("ca", &cas.cluster),
-        ("etcd", &cas.etcd),
-        ("proxy", &cas.front_proxy),
-    ] {
-        let data = BTreeMap::from([
-            (
-                "tls.crt".to_string(),
-                ByteString(ca.certificate_pem().into_bytes()),
-            ),
-            (
-                "tls.key".to_string(),
-                ByteString(ca.private_key_pem().into_bytes()),
-            ),
-        ]);
-        let secret = Secret {
-            metadata: kube::api::ObjectMeta {
-                name: Some(format!("c1-{suffix}")),
-                ..Default::default()
-            },
-            data: Some(data),
-            ..Default::default()
-        };
-        secrets
-            .create(&PostParams::default(), &secret)
-            .await
-            .unwrap();
-    }
-    let clusters: Api<DynamicObject> =
-        Api::namespaced_with(client.clone(), "default", &machine::cluster_api_resource());
-    let cluster: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster", "metadata": { "name": "c1" },
-        "spec": { "controlPlaneEndpoint": { "host": "cp.example", "port": 6443 } }
-    }))
-    .unwrap();
-    clusters
-        .create(&PostParams::default(), &cluster)
-        .await
-        .unwrap();
-}
-
 async fn add_machine(
-    api: &Api<DynamicObject>,
+    cluster: &ClusterObjects,
     cas: &ClusterCas,
     root: &Path,
     name: &str,
@@ -327,22 +269,19 @@ async fn add_machine(
     )
     .await
     .unwrap();
-    let mut labels = json!({ "cluster.x-k8s.io/cluster-name": "c1" });
-    if role == NodeRole::ControlPlane {
-        labels[names::CONTROL_PLANE_LABEL] = json!("");
-    } else {
-        labels["cluster.x-k8s.io/deployment-name"] = json!("c1-md-0");
-    }
-    let object: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
-        "metadata": { "name": name, "labels": labels, "annotations": { names::AGENT_ENDPOINT: agent.url } },
-        "spec": { "clusterName": "c1", "bootstrap": { "dataSecretName": "b" },
-                  "infrastructureRef": { "apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "DockerMachine", "name": name } }
-    }))
-    .unwrap();
-    api.create(&PostParams::default(), &object).await.unwrap();
-    let status = json!({ "status": { "nodeRef": { "name": name }, "addresses": [{ "type": "InternalIP", "address": "127.0.0.1" }] } });
-    api.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+    cluster
+        .create_machine(&MachineObject {
+            name,
+            role: match role {
+                NodeRole::ControlPlane => MachineRole::ControlPlane,
+                NodeRole::Worker => MachineRole::Worker {
+                    deployment: "c1-md-0",
+                },
+            },
+            node_name: name,
+            address: "127.0.0.1",
+            agent_url: &agent.url,
+        })
         .await
         .unwrap();
     agent

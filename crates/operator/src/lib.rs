@@ -1,8 +1,10 @@
 //! caretaker's controllers. Decisions are pure functions from observed state to the next step
 //! ([`machine::refresh`], [`signing`]); the kube-rs glue that observes and carries them out lives
 //! in [`controllers`], one module per controller, with shared plumbing in [`context`] and
-//! [`credentials`].
+//! [`credentials`]. [`capi_objects`] writes the Cluster API objects that the demo, tests and
+//! benchmarks need where no Cluster API controllers run.
 
+pub mod capi_objects;
 pub mod context;
 pub mod controllers;
 pub mod credentials;

@@ -10,24 +10,8 @@ use caretaker_agent::command::CommandTemplate;
 use caretaker_agent::provision::NodeRole;
 use caretaker_operator::{machine, names};
 use common::{NS, World, fast, world};
-use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use serde_json::json;
-
-async fn create_parents(world: &World) {
-    let planes: Api<DynamicObject> = Api::namespaced_with(
-        world.client.clone(),
-        NS,
-        &machine::control_plane_api_resource(),
-    );
-    let plane: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "controlplane.cluster.x-k8s.io/v1beta2", "kind": "CK8sControlPlane",
-        "metadata": { "name": "c1-control-plane" },
-        "spec": { "version": "v1.33.0", "machineTemplate": { "infrastructureTemplate": {
-            "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1", "kind": "DockerMachineTemplate", "name": "t" } } }
-    })).unwrap();
-    planes.create(&PostParams::default(), &plane).await.unwrap();
-    create_deployment(world, "c1-md-0").await;
-}
 
 async fn annotate_parent(
     world: &World,
@@ -72,7 +56,6 @@ async fn wait_parent(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_refresh_covers_the_control_plane_then_every_worker() {
     let mut world = world(fast()).await;
-    create_parents(&world).await;
     let mut layouts = vec![
         world
             .add_machine("cp-0", NodeRole::ControlPlane, "cp.example", None)
@@ -134,7 +117,6 @@ async fn a_cluster_refresh_covers_the_control_plane_then_every_worker() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_first_failed_machine_stops_a_machine_deployment_rollout() {
     let mut world = world(fast()).await;
-    create_parents(&world).await;
     let closed = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -191,7 +173,6 @@ async fn the_first_failed_machine_stops_a_machine_deployment_rollout() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn removing_the_trigger_cancels_an_upgrade_rollout_after_running_work_finishes() {
     let mut world = world(fast()).await;
-    create_parents(&world).await;
     let hooks = world.dir.path().join("hooks");
     std::fs::create_dir_all(&hooks).unwrap();
     let script = hooks.join("upgrade.sh");
@@ -330,7 +311,6 @@ fn concurrency_of(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn max_parallel_is_respected_as_the_agents_see_it() {
     let mut world = world(fast()).await;
-    create_parents(&world).await;
     let (log, make) = logging_scripts(world.dir.path().join("hooks"), "0.6");
     for i in 0..5 {
         let name = format!("w-{i}");
@@ -376,8 +356,11 @@ async fn max_parallel_is_respected_as_the_agents_see_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_machine_deployment_limit_holds_within_a_cluster_rollout() {
     let mut world = world(fast()).await;
-    create_parents(&world).await;
-    create_deployment(&world, "c1-md-1").await;
+    world
+        .cluster
+        .create_machine_deployment("c1-md-1")
+        .await
+        .unwrap();
     let (log, make) = logging_scripts(world.dir.path().join("hooks"), "0.6");
     world
         .add_machine_with(
@@ -458,7 +441,6 @@ async fn a_machine_deployment_limit_holds_within_a_cluster_rollout() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_operator_resumes_a_rollout_without_repeating_machines() {
     let mut world = world(fast()).await;
-    create_parents(&world).await;
     let (log, make) = logging_scripts(world.dir.path().join("hooks"), "0.5");
     for i in 0..3 {
         let name = format!("w-{i}");
@@ -505,7 +487,6 @@ async fn a_restarted_operator_resumes_a_rollout_without_repeating_machines() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_control_plane_refresh_goes_one_machine_at_a_time() {
     let mut world = world(fast()).await;
-    create_parents(&world).await;
     for i in 0..3 {
         world
             .add_machine(
@@ -575,7 +556,6 @@ async fn a_control_plane_refresh_goes_one_machine_at_a_time() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn automatic_refresh_starts_when_expiry_is_near_and_bad_values_are_reported() {
     let mut world = world(fast()).await;
-    create_parents(&world).await;
     world
         .add_machine("w-0", NodeRole::Worker, "cp.example", None)
         .await;
@@ -627,37 +607,14 @@ async fn automatic_refresh_starts_when_expiry_is_near_and_bad_values_are_reporte
 }
 
 /// A MachineDeployment of Cluster c1 selecting workers labelled with its name.
-async fn create_deployment(world: &World, name: &str) {
-    let deployments: Api<DynamicObject> = Api::namespaced_with(
-        world.client.clone(),
-        NS,
-        &machine::machine_deployment_api_resource(),
-    );
-    let labels = json!({ "cluster.x-k8s.io/deployment-name": name });
-    let deployment: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachineDeployment",
-        "metadata": { "name": name },
-        "spec": {
-            "clusterName": "c1",
-            "selector": { "matchLabels": labels },
-            "template": {
-                "metadata": { "labels": labels },
-                "spec": { "clusterName": "c1", "bootstrap": { "dataSecretName": "b" },
-                          "infrastructureRef": { "apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "DockerMachine", "name": "t" } }
-            }
-        }
-    })).unwrap();
-    deployments
-        .create(&PostParams::default(), &deployment)
-        .await
-        .unwrap();
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_upgrade_covers_three_control_planes_and_two_machine_deployments() {
     let mut world = world(fast()).await;
-    create_parents(&world).await;
-    create_deployment(&world, "c1-md-1").await;
+    world
+        .cluster
+        .create_machine_deployment("c1-md-1")
+        .await
+        .unwrap();
     let (log, make) = logging_scripts(world.dir.path().join("hooks"), "0.1");
     for i in 0..3 {
         let name = format!("cp-{i}");
@@ -735,7 +692,6 @@ async fn a_cluster_upgrade_covers_three_control_planes_and_two_machine_deploymen
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_control_plane_machine_stops_the_cluster_rollout() {
     let mut world = world(fast()).await;
-    create_parents(&world).await;
     let (log, make) = logging_scripts(world.dir.path().join("hooks"), "0.1");
     for i in 0..3 {
         let name = format!("cp-{i}");
@@ -807,8 +763,11 @@ async fn a_failing_control_plane_machine_stops_the_cluster_rollout() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_control_plane_upgrade_and_a_two_deployment_cluster_refresh() {
     let mut world = world(fast()).await;
-    create_parents(&world).await;
-    create_deployment(&world, "c1-md-1").await;
+    world
+        .cluster
+        .create_machine_deployment("c1-md-1")
+        .await
+        .unwrap();
     let (log, make) = logging_scripts(world.dir.path().join("hooks"), "0.1");
     for i in 0..3 {
         let name = format!("cp-{i}");
@@ -908,7 +867,6 @@ async fn a_control_plane_upgrade_and_a_two_deployment_cluster_refresh() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn machines_without_a_node_wait_and_deleted_ones_are_skipped() {
     let mut world = world(fast()).await;
-    create_parents(&world).await;
     world
         .add_machine("w-0", NodeRole::Worker, "cp.example", None)
         .await;

@@ -13,29 +13,20 @@ use std::time::{Duration, Instant};
 use caretaker_agent::NodeLayout;
 use caretaker_agent::provision::{ClusterCas, NodeRole, NodeSpec, provision_node};
 use caretaker_apiserver::ApiServer;
+use caretaker_operator::capi_objects::{self, ClusterObjects, MachineObject, MachineRole};
 use caretaker_operator::machine;
 use caretaker_operator::machine::refresh::format_time;
 use caretaker_operator::names;
 use caretaker_pki::files;
 use caretaker_pki::{LeafSpec, Ttl, Usage};
-use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, DynamicObject, ObjectMeta, Patch, PatchParams, PostParams};
-use serde_json::{Value, json};
+use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
+use kube::core::GroupVersionKind;
+use serde_json::json;
 
 const NAMESPACE: &str = "default";
 const CLUSTER: &str = "demo";
-
-const UPSTREAM_CRDS: [&str; 5] = [
-    include_str!("../../../../deploy/upstream-crds/cluster.x-k8s.io_clusters.yaml"),
-    include_str!("../../../../deploy/upstream-crds/cluster.x-k8s.io_machines.yaml"),
-    include_str!("../../../../deploy/upstream-crds/cluster.x-k8s.io_machinedeployments.yaml"),
-    include_str!("../../../../deploy/upstream-crds/cluster.x-k8s.io_machinesets.yaml"),
-    include_str!(
-        "../../../../deploy/upstream-crds/controlplane.cluster.x-k8s.io_ck8scontrolplanes.yaml"
-    ),
-];
+const DEPLOYMENT: &str = "demo-md-0";
+const ENDPOINT_HOST: &str = "demo.caretaker.local";
 
 /// Run API server, operator and one agent per Machine on this machine, and refresh every
 /// Machine's certificates.
@@ -164,11 +155,19 @@ async fn demo(args: DemoArgs) -> Result<ExitCode, String> {
         dir.join("kubeconfig").display()
     ));
 
-    install_crds(&client).await?;
+    capi_objects::install_upstream_crds(&client)
+        .await
+        .map_err(|e| format!("installing the Cluster API CRDs: {e}"))?;
     step("installed the Cluster API and CK8sControlPlane CRDs");
 
     let cas = ClusterCas::create().map_err(|e| e.to_string())?;
-    create_cluster(&client, &cas).await?;
+    let cluster = ClusterObjects {
+        client: client.clone(),
+        namespace: NAMESPACE.into(),
+        name: CLUSTER.into(),
+        endpoint_host: ENDPOINT_HOST.into(),
+    };
+    create_cluster(&cluster, &cas).await?;
     step(&format!(
         "Cluster {CLUSTER} with CA Secrets {CLUSTER}-ca, {CLUSTER}-etcd, {CLUSTER}-proxy; CK8sControlPlane, MachineDeployment and MachineSet"
     ));
@@ -177,9 +176,9 @@ async fn demo(args: DemoArgs) -> Result<ExitCode, String> {
     let mut machines = Vec::new();
     let names = (0..args.control_planes)
         .map(|i| (format!("{CLUSTER}-cp-{i}"), NodeRole::ControlPlane))
-        .chain((0..args.workers).map(|i| (format!("{CLUSTER}-md-0-{i}"), NodeRole::Worker)));
+        .chain((0..args.workers).map(|i| (format!("{DEPLOYMENT}-{i}"), NodeRole::Worker)));
     for (name, role) in names {
-        let (machine, child) = start_machine(&client, &cas, &dir, &exe, &name, role).await?;
+        let (machine, child) = start_machine(&cluster, &cas, &dir, &exe, &name, role).await?;
         processes.0.push((name.clone(), child));
         machines.push(machine);
     }
@@ -340,126 +339,35 @@ async fn follow(client: &kube::Client) -> Result<(String, super::status::Outcome
     Err("the rollout did not end within 10 minutes".into())
 }
 
-async fn install_crds(client: &kube::Client) -> Result<(), String> {
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for text in UPSTREAM_CRDS {
-        let value: Value =
-            serde_saphyr::from_str(text).map_err(|e| format!("embedded CRD: {e}"))?;
-        let crd: CustomResourceDefinition =
-            serde_json::from_value(value).map_err(|e| format!("embedded CRD: {e}"))?;
-        crds.create(&PostParams::default(), &crd)
-            .await
-            .map_err(|e| format!("installing CRD: {e}"))?;
-    }
-    Ok(())
-}
-
-async fn create(
-    client: &kube::Client,
-    resource: &kube::api::ApiResource,
-    object: Value,
-) -> Result<(), String> {
-    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), NAMESPACE, resource);
-    let object: DynamicObject = serde_json::from_value(object).map_err(|e| e.to_string())?;
-    let name = object.metadata.name.clone().unwrap_or_default();
-    api.create(&PostParams::default(), &object)
+async fn create_cluster(cluster: &ClusterObjects, cas: &ClusterCas) -> Result<(), String> {
+    cluster
+        .create(cas)
         .await
-        .map_err(|e| format!("creating {} {name}: {e}", resource.kind))?;
-    Ok(())
-}
-
-fn resource(group: &str, kind: &str, plural: &str) -> kube::api::ApiResource {
-    kube::api::ApiResource::from_gvk_with_plural(
-        &kube::core::GroupVersionKind::gvk(group, "v1beta2", kind),
-        plural,
-    )
-}
-
-fn infrastructure_ref(kind: &str, name: &str) -> Value {
-    json!({ "apiGroup": "infrastructure.cluster.x-k8s.io", "kind": kind, "name": name })
-}
-
-async fn create_cluster(client: &kube::Client, cas: &ClusterCas) -> Result<(), String> {
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), NAMESPACE);
-    for (suffix, ca) in [
-        ("ca", &cas.cluster),
-        ("etcd", &cas.etcd),
-        ("proxy", &cas.front_proxy),
-    ] {
-        let data = BTreeMap::from([
-            (
-                "tls.crt".to_string(),
-                ByteString(ca.certificate_pem().into_bytes()),
-            ),
-            (
-                "tls.key".to_string(),
-                ByteString(ca.private_key_pem().into_bytes()),
-            ),
-        ]);
-        let secret = Secret {
-            metadata: ObjectMeta {
-                name: Some(format!("{CLUSTER}-{suffix}")),
-                labels: Some(BTreeMap::from([(
-                    "cluster.x-k8s.io/cluster-name".to_string(),
-                    CLUSTER.to_string(),
-                )])),
-                ..Default::default()
-            },
-            data: Some(data),
-            type_: Some("cluster.x-k8s.io/secret".into()),
-            ..Default::default()
-        };
-        secrets
-            .create(&PostParams::default(), &secret)
-            .await
-            .map_err(|e| format!("creating Secret: {e}"))?;
-    }
-    create(client, &machine::cluster_api_resource(), json!({
-        "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
-        "metadata": { "name": CLUSTER },
-        "spec": {
-            "controlPlaneEndpoint": { "host": "demo.caretaker.local", "port": 6443 },
-            "controlPlaneRef": { "apiGroup": "controlplane.cluster.x-k8s.io", "kind": "CK8sControlPlane", "name": format!("{CLUSTER}-control-plane") },
-            "infrastructureRef": infrastructure_ref("DockerCluster", CLUSTER)
-        }
-    })).await?;
-    create(client, &machine::control_plane_api_resource(), json!({
-        "apiVersion": "controlplane.cluster.x-k8s.io/v1beta2", "kind": "CK8sControlPlane",
-        "metadata": { "name": format!("{CLUSTER}-control-plane") },
-        "spec": {
-            "version": "v1.33.0",
-            "machineTemplate": { "infrastructureTemplate": { "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1", "kind": "DockerMachineTemplate", "name": format!("{CLUSTER}-control-plane") } }
-        }
-    })).await?;
-    let selector =
-        json!({ "matchLabels": { "cluster.x-k8s.io/deployment-name": format!("{CLUSTER}-md-0") } });
-    let template = json!({
-        "metadata": { "labels": { "cluster.x-k8s.io/deployment-name": format!("{CLUSTER}-md-0") } },
+        .map_err(|e| format!("creating Cluster {CLUSTER}: {e}"))?;
+    cluster
+        .create_machine_deployment(DEPLOYMENT)
+        .await
+        .map_err(|e| format!("creating MachineDeployment {DEPLOYMENT}: {e}"))?;
+    // The MachineSet Cluster API would make for the MachineDeployment, for `kubectl get`.
+    let machine_sets = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("cluster.x-k8s.io", "v1beta2", "MachineSet"),
+        "machinesets",
+    );
+    let machine_set: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachineSet",
+        "metadata": { "name": format!("{DEPLOYMENT}-demo"), "labels": { "cluster.x-k8s.io/deployment-name": DEPLOYMENT } },
         "spec": {
             "clusterName": CLUSTER,
-            "bootstrap": { "dataSecretName": format!("{CLUSTER}-md-0-bootstrap") },
-            "infrastructureRef": infrastructure_ref("DockerMachine", &format!("{CLUSTER}-md-0"))
+            "selector": { "matchLabels": { "cluster.x-k8s.io/deployment-name": DEPLOYMENT } },
+            "template": cluster.machine_template(DEPLOYMENT)
         }
-    });
-    create(
-        client,
-        &resource(
-            "cluster.x-k8s.io",
-            "MachineDeployment",
-            "machinedeployments",
-        ),
-        json!({
-            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachineDeployment",
-            "metadata": { "name": format!("{CLUSTER}-md-0") },
-            "spec": { "clusterName": CLUSTER, "selector": selector, "template": template }
-        }),
-    )
-    .await?;
-    create(client, &resource("cluster.x-k8s.io", "MachineSet", "machinesets"), json!({
-        "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachineSet",
-        "metadata": { "name": format!("{CLUSTER}-md-0-demo"), "labels": { "cluster.x-k8s.io/deployment-name": format!("{CLUSTER}-md-0") } },
-        "spec": { "clusterName": CLUSTER, "selector": selector, "template": template }
-    })).await?;
+    }))
+    .map_err(|e| e.to_string())?;
+    cluster
+        .api(&machine_sets)
+        .create(&PostParams::default(), &machine_set)
+        .await
+        .map_err(|e| format!("creating MachineSet {DEPLOYMENT}-demo: {e}"))?;
     Ok(())
 }
 
@@ -489,7 +397,7 @@ echo "now at $1"
 "#;
 
 async fn start_machine(
-    client: &kube::Client,
+    cluster: &ClusterObjects,
     cas: &ClusterCas,
     dir: &Path,
     exe: &Path,
@@ -505,8 +413,8 @@ async fn start_machine(
             node_name: name.to_string(),
             addresses: vec!["127.0.0.1".parse().expect("valid")],
             role,
-            control_plane_host: "demo.caretaker.local".into(),
-            server_url: "https://demo.caretaker.local:6443".into(),
+            control_plane_host: ENDPOINT_HOST.into(),
+            server_url: format!("https://{ENDPOINT_HOST}:6443"),
             validity: "30d".parse().expect("valid"),
         },
     )
@@ -588,35 +496,21 @@ async fn start_machine(
     std::fs::write(node_dir.join("agent.pid"), child.id().to_string())
         .map_err(|e| e.to_string())?;
 
-    let mut labels = json!({ "cluster.x-k8s.io/cluster-name": CLUSTER });
-    match role {
-        NodeRole::ControlPlane => {
-            labels[names::CONTROL_PLANE_LABEL] = json!("");
-            labels["cluster.x-k8s.io/control-plane-name"] =
-                json!(format!("{CLUSTER}-control-plane"));
-        }
-        NodeRole::Worker => {
-            labels["cluster.x-k8s.io/deployment-name"] = json!(format!("{CLUSTER}-md-0"))
-        }
-    }
-    create(client, &machine::api_resource(), json!({
-        "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
-        "metadata": { "name": name, "labels": labels, "annotations": { names::AGENT_ENDPOINT: format!("https://127.0.0.1:{port}") } },
-        "spec": {
-            "clusterName": CLUSTER,
-            "bootstrap": { "dataSecretName": format!("{name}-bootstrap") },
-            "infrastructureRef": infrastructure_ref("DockerMachine", name)
-        }
-    })).await?;
-    let api: Api<DynamicObject> =
-        Api::namespaced_with(client.clone(), NAMESPACE, &machine::api_resource());
-    let status = json!({ "status": {
-        "nodeRef": { "name": name },
-        "addresses": [{ "type": "InternalIP", "address": "127.0.0.1" }, { "type": "Hostname", "address": name }]
-    }});
-    api.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+    cluster
+        .create_machine(&MachineObject {
+            name,
+            role: match role {
+                NodeRole::ControlPlane => MachineRole::ControlPlane,
+                NodeRole::Worker => MachineRole::Worker {
+                    deployment: DEPLOYMENT,
+                },
+            },
+            node_name: name,
+            address: "127.0.0.1",
+            agent_url: &format!("https://127.0.0.1:{port}"),
+        })
         .await
-        .map_err(|e| format!("Machine {name} status: {e}"))?;
+        .map_err(|e| format!("creating Machine {name}: {e}"))?;
     Ok((
         DemoMachine {
             name: name.to_string(),

@@ -4,35 +4,26 @@
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::time::Duration;
 
 use caretaker_agent::NodeLayout;
 use caretaker_agent::local::LocalAgent;
 use caretaker_agent::provision::{ClusterCas, NodeRole, NodeSpec, provision_node};
 use caretaker_apiserver::TestServer;
+use caretaker_operator::capi_objects::{self, ClusterObjects, MachineObject, MachineRole};
 use caretaker_operator::controllers::machines;
 use caretaker_operator::{Context, Settings, machine, names};
-use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::{Event, Secret};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::Event;
+use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
 use serde_json::json;
 
 pub const NS: &str = "default";
 
-fn fixture(name: &str) -> CustomResourceDefinition {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/fixtures/crds")
-        .join(name);
-    let text = std::fs::read_to_string(&path).unwrap();
-    let value: serde_json::Value = serde_saphyr::from_str(&text).unwrap();
-    serde_json::from_value(value).unwrap()
-}
-
 pub struct World {
     pub server: caretaker_apiserver::ApiServer,
     pub client: kube::Client,
+    /// Writes the Cluster API objects of Cluster `c1`.
+    pub cluster: ClusterObjects,
     pub cas: ClusterCas,
     pub dir: tempfile::TempDir,
     pub agents: Vec<LocalAgent>,
@@ -50,65 +41,24 @@ impl Drop for World {
 pub async fn world(settings: Settings) -> World {
     let server = TestServer::start().await;
     let client = server.client();
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for file in [
-        "cluster.x-k8s.io_clusters.yaml",
-        "cluster.x-k8s.io_machines.yaml",
-        "cluster.x-k8s.io_machinedeployments.yaml",
-        "controlplane.cluster.x-k8s.io_ck8scontrolplanes.yaml",
-    ] {
-        crds.create(&PostParams::default(), &fixture(file))
-            .await
-            .unwrap();
-    }
+    // The fixtures' CRDs, embedded (a unit test checks they are the same files).
+    capi_objects::install_upstream_crds(&client).await.unwrap();
     let cas = ClusterCas::create().unwrap();
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), NS);
-    for (suffix, ca) in [
-        ("ca", &cas.cluster),
-        ("etcd", &cas.etcd),
-        ("proxy", &cas.front_proxy),
-    ] {
-        let mut data = BTreeMap::new();
-        data.insert(
-            "tls.crt".to_string(),
-            ByteString(ca.certificate_pem().into_bytes()),
-        );
-        data.insert(
-            "tls.key".to_string(),
-            ByteString(ca.private_key_pem().into_bytes()),
-        );
-        let secret = Secret {
-            metadata: kube::api::ObjectMeta {
-                name: Some(format!("c1-{suffix}")),
-                ..Default::default()
-            },
-            data: Some(data),
-            ..Default::default()
-        };
-        secrets
-            .create(&PostParams::default(), &secret)
-            .await
-            .unwrap();
-    }
-    let clusters: Api<DynamicObject> =
-        Api::namespaced_with(client.clone(), NS, &machine::cluster_api_resource());
-    let cluster: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "cluster.x-k8s.io/v1beta2",
-        "kind": "Cluster",
-        "metadata": { "name": "c1" },
-        "spec": { "controlPlaneEndpoint": { "host": "cp.example", "port": 6443 } }
-    }))
-    .unwrap();
-    clusters
-        .create(&PostParams::default(), &cluster)
-        .await
-        .unwrap();
+    let cluster = ClusterObjects {
+        client: client.clone(),
+        namespace: NS.into(),
+        name: "c1".into(),
+        endpoint_host: "cp.example".into(),
+    };
+    cluster.create(&cas).await.unwrap();
+    cluster.create_machine_deployment("c1-md-0").await.unwrap();
 
     let ctx = Context::new(client.clone(), settings);
     let controller = tokio::spawn(run_controllers(ctx));
     World {
         server,
         client,
+        cluster,
         cas,
         dir: tempfile::tempdir().unwrap(),
         agents: Vec::new(),
@@ -171,34 +121,21 @@ impl World {
         let url = agent_url.map_or(agent.url.clone(), str::to_string);
         self.agents.push(agent);
 
-        let mut labels = json!({ "cluster.x-k8s.io/cluster-name": "c1" });
-        if role == NodeRole::ControlPlane {
-            labels[names::CONTROL_PLANE_LABEL] = json!("");
-            labels["cluster.x-k8s.io/control-plane-name"] = json!("c1-control-plane");
-        } else {
-            labels["cluster.x-k8s.io/deployment-name"] = json!(self.deployment.clone());
-        }
-        let object: DynamicObject = serde_json::from_value(json!({
-            "apiVersion": "cluster.x-k8s.io/v1beta2",
-            "kind": "Machine",
-            "metadata": { "name": name, "labels": labels, "annotations": { names::AGENT_ENDPOINT: url } },
-            "spec": {
-                "clusterName": "c1",
-                "bootstrap": { "dataSecretName": format!("{name}-bootstrap") },
-                "infrastructureRef": { "apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "DockerMachine", "name": name }
-            }
-        }))
-        .unwrap();
-        self.machines()
-            .create(&PostParams::default(), &object)
-            .await
-            .unwrap();
-        let status = json!({ "status": {
-            "nodeRef": { "name": format!("node-{name}") },
-            "addresses": [{ "type": "InternalIP", "address": "127.0.0.1" }]
-        }});
-        self.machines()
-            .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+        let node_name = format!("node-{name}");
+        let role = match role {
+            NodeRole::ControlPlane => MachineRole::ControlPlane,
+            NodeRole::Worker => MachineRole::Worker {
+                deployment: &self.deployment,
+            },
+        };
+        self.cluster
+            .create_machine(&MachineObject {
+                name,
+                role,
+                node_name: &node_name,
+                address: "127.0.0.1",
+                agent_url: &url,
+            })
             .await
             .unwrap();
         layout

@@ -1,0 +1,244 @@
+//! Cluster API objects written the way Cluster API and the CK8s providers would write them, for
+//! places that run caretaker without those controllers: `caretaker demo`, the integration tests
+//! and the benchmarks. The objects follow the real CRDs (cluster.x-k8s.io/v1beta2 and
+//! controlplane.cluster.x-k8s.io/v1beta2), so the API server validates them as it would in a
+//! management cluster.
+
+use std::collections::BTreeMap;
+
+use caretaker_agent::provision::ClusterCas;
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, ApiResource, DynamicObject, ObjectMeta, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+
+use crate::{machine, names};
+
+macro_rules! upstream_crd {
+    ($file:literal) => {
+        (
+            $file,
+            include_str!(concat!("../../../deploy/upstream-crds/", $file)),
+        )
+    };
+}
+
+/// The CRDs of the Cluster API kinds caretaker reads, as upstream publishes them (copies in
+/// deploy/upstream-crds; a test checks they equal the fixtures).
+pub const UPSTREAM_CRDS: [(&str, &str); 5] = [
+    upstream_crd!("cluster.x-k8s.io_clusters.yaml"),
+    upstream_crd!("cluster.x-k8s.io_machines.yaml"),
+    upstream_crd!("cluster.x-k8s.io_machinedeployments.yaml"),
+    upstream_crd!("cluster.x-k8s.io_machinesets.yaml"),
+    upstream_crd!("controlplane.cluster.x-k8s.io_ck8scontrolplanes.yaml"),
+];
+
+/// Installs [`UPSTREAM_CRDS`].
+pub async fn install_upstream_crds(client: &kube::Client) -> Result<(), kube::Error> {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for (file, text) in UPSTREAM_CRDS {
+        let value: Value = serde_saphyr::from_str(text)
+            .unwrap_or_else(|e| panic!("the embedded {file} is not YAML: {e}"));
+        let crd: CustomResourceDefinition = serde_json::from_value(value)
+            .unwrap_or_else(|e| panic!("the embedded {file} is not a CRD: {e}"));
+        crds.create(&PostParams::default(), &crd).await?;
+    }
+    Ok(())
+}
+
+const CLUSTER_NAME_LABEL: &str = "cluster.x-k8s.io/cluster-name";
+const DEPLOYMENT_LABEL: &str = "cluster.x-k8s.io/deployment-name";
+const CONTROL_PLANE_NAME_LABEL: &str = "cluster.x-k8s.io/control-plane-name";
+
+/// Writes one workload cluster's objects: its Cluster, CA Secrets, CK8sControlPlane,
+/// MachineDeployments and Machines, all in one namespace.
+#[derive(Clone)]
+pub struct ClusterObjects {
+    pub client: kube::Client,
+    pub namespace: String,
+    pub name: String,
+    /// The control-plane endpoint host (`spec.controlPlaneEndpoint.host`), which the
+    /// apiserver certificates name.
+    pub endpoint_host: String,
+}
+
+/// Where a Machine belongs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MachineRole<'a> {
+    ControlPlane,
+    Worker { deployment: &'a str },
+}
+
+/// A Machine whose node has joined: its agent's URL and the node's name and address.
+#[derive(Debug, Clone, Copy)]
+pub struct MachineObject<'a> {
+    pub name: &'a str,
+    pub role: MachineRole<'a>,
+    pub node_name: &'a str,
+    pub address: &'a str,
+    pub agent_url: &'a str,
+}
+
+impl ClusterObjects {
+    /// The name of the Cluster's CK8sControlPlane.
+    pub fn control_plane_name(&self) -> String {
+        format!("{}-control-plane", self.name)
+    }
+
+    /// The CA Secrets `<cluster>-ca`, `-etcd` and `-proxy` (as Cluster API names them), the
+    /// Cluster and its CK8sControlPlane.
+    pub async fn create(&self, cas: &ClusterCas) -> Result<(), kube::Error> {
+        let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &self.namespace);
+        for (suffix, ca) in [
+            ("ca", &cas.cluster),
+            ("etcd", &cas.etcd),
+            ("proxy", &cas.front_proxy),
+        ] {
+            let secret = Secret {
+                metadata: ObjectMeta {
+                    name: Some(format!("{}-{suffix}", self.name)),
+                    labels: Some(BTreeMap::from([(
+                        CLUSTER_NAME_LABEL.to_string(),
+                        self.name.to_string(),
+                    )])),
+                    ..Default::default()
+                },
+                data: Some(BTreeMap::from([
+                    (
+                        "tls.crt".to_string(),
+                        ByteString(ca.certificate_pem().into_bytes()),
+                    ),
+                    (
+                        "tls.key".to_string(),
+                        ByteString(ca.private_key_pem().into_bytes()),
+                    ),
+                ])),
+                type_: Some("cluster.x-k8s.io/secret".into()),
+                ..Default::default()
+            };
+            secrets.create(&PostParams::default(), &secret).await?;
+        }
+        self.create_object(&machine::cluster_api_resource(), json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
+            "metadata": { "name": &self.name },
+            "spec": {
+                "controlPlaneEndpoint": { "host": self.endpoint_host, "port": 6443 },
+                "controlPlaneRef": { "apiGroup": "controlplane.cluster.x-k8s.io", "kind": "CK8sControlPlane", "name": self.control_plane_name() },
+                "infrastructureRef": infrastructure_ref("DockerCluster", &self.name)
+            }
+        }))
+        .await?;
+        self.create_object(&machine::control_plane_api_resource(), json!({
+            "apiVersion": "controlplane.cluster.x-k8s.io/v1beta2", "kind": "CK8sControlPlane",
+            "metadata": { "name": self.control_plane_name() },
+            "spec": {
+                "version": "v1.33.0",
+                "machineTemplate": { "infrastructureTemplate": { "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1", "kind": "DockerMachineTemplate", "name": self.control_plane_name() } }
+            }
+        }))
+        .await
+    }
+
+    /// A MachineDeployment of the Cluster, selecting its Machines by
+    /// `cluster.x-k8s.io/deployment-name`.
+    pub async fn create_machine_deployment(&self, name: &str) -> Result<(), kube::Error> {
+        self.create_object(
+            &machine::machine_deployment_api_resource(),
+            json!({
+                "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachineDeployment",
+                "metadata": { "name": name },
+                "spec": {
+                    "clusterName": self.name,
+                    "selector": { "matchLabels": { DEPLOYMENT_LABEL: name } },
+                    "template": self.machine_template(name)
+                }
+            }),
+        )
+        .await
+    }
+
+    /// The Machine template of a MachineDeployment (or MachineSet) named `deployment`.
+    pub fn machine_template(&self, deployment: &str) -> Value {
+        json!({
+            "metadata": { "labels": { DEPLOYMENT_LABEL: deployment } },
+            "spec": {
+                "clusterName": self.name,
+                "bootstrap": { "dataSecretName": format!("{deployment}-bootstrap") },
+                "infrastructureRef": infrastructure_ref("DockerMachine", deployment)
+            }
+        })
+    }
+
+    /// A Machine of the Cluster, with its node assigned in its status.
+    pub async fn create_machine(&self, m: &MachineObject<'_>) -> Result<(), kube::Error> {
+        let mut labels = json!({ CLUSTER_NAME_LABEL: self.name });
+        match m.role {
+            MachineRole::ControlPlane => {
+                labels[names::CONTROL_PLANE_LABEL] = json!("");
+                labels[CONTROL_PLANE_NAME_LABEL] = json!(self.control_plane_name());
+            }
+            MachineRole::Worker { deployment } => labels[DEPLOYMENT_LABEL] = json!(deployment),
+        }
+        let machines = machine::api_resource();
+        self.create_object(&machines, json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
+            "metadata": { "name": m.name, "labels": labels, "annotations": { names::AGENT_ENDPOINT: m.agent_url } },
+            "spec": {
+                "clusterName": self.name,
+                "bootstrap": { "dataSecretName": format!("{}-bootstrap", m.name) },
+                "infrastructureRef": infrastructure_ref("DockerMachine", m.name)
+            }
+        }))
+        .await?;
+        let status = json!({ "status": {
+            "nodeRef": { "name": m.node_name },
+            "addresses": [
+                { "type": "InternalIP", "address": m.address },
+                { "type": "Hostname", "address": m.node_name }
+            ]
+        }});
+        self.api(&machines)
+            .patch_status(m.name, &PatchParams::default(), &Patch::Merge(&status))
+            .await?;
+        Ok(())
+    }
+
+    /// An API for `resource` in the Cluster's namespace.
+    pub fn api(&self, resource: &ApiResource) -> Api<DynamicObject> {
+        Api::namespaced_with(self.client.clone(), &self.namespace, resource)
+    }
+
+    async fn create_object(
+        &self,
+        resource: &ApiResource,
+        object: Value,
+    ) -> Result<(), kube::Error> {
+        let object: DynamicObject =
+            serde_json::from_value(object).expect("objects written here deserialize");
+        self.api(resource)
+            .create(&PostParams::default(), &object)
+            .await?;
+        Ok(())
+    }
+}
+
+fn infrastructure_ref(kind: &str, name: &str) -> Value {
+    json!({ "apiGroup": "infrastructure.cluster.x-k8s.io", "kind": kind, "name": name })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_embedded_crds_are_the_upstream_fixtures() {
+        let fixtures =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures/crds");
+        for (file, text) in super::UPSTREAM_CRDS {
+            let fixture = std::fs::read_to_string(fixtures.join(file)).unwrap();
+            assert!(
+                fixture == text,
+                "deploy/upstream-crds/{file} differs from the fixture"
+            );
+        }
+    }
+}
