@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use caretaker_pki::{CertificateAuthority, SigningPolicy, Ttl};
+use caretaker_pki::{CertificateAuthority, Ttl};
 use time::OffsetDateTime;
 
 use crate::inventory::{self, Inventory};
@@ -130,13 +130,7 @@ pub fn renew(
         };
         // Offline, the node's own admin is the requester: sign exactly what the current
         // certificate has, which the CSR repeats.
-        let policy = SigningPolicy {
-            common_names: vec![request.common_name.clone()],
-            organizations: request.organizations.clone(),
-            dns_names: request.dns_names.clone(),
-            ip_addresses: request.ip_addresses.clone(),
-            usage: Some(request.usage),
-        };
+        let policy = request.exact_policy();
         let signed = ca
             .sign_request(&request.csr_pem, &policy, expires_in)
             .map_err(|e| RenewError::Signing {

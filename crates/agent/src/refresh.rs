@@ -10,7 +10,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use caretaker_pki::files::{self, FileToWrite};
-use caretaker_pki::{CertificateInfo, CertificateRequest, CsrSubject, PrivateKey, Usage};
+use caretaker_pki::{
+    CertificateInfo, CertificateRequest, CsrSubject, PrivateKey, SigningPolicy, Usage,
+};
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
@@ -48,6 +50,21 @@ pub struct PlannedCertificate {
     pub dns_names: Vec<String>,
     pub ip_addresses: Vec<std::net::IpAddr>,
     pub usage: Usage,
+}
+
+impl PlannedCertificate {
+    /// A policy that allows exactly what this request spells out, so its CSR is still checked
+    /// against it. For signers whose requester is trusted to ask for what the node already has
+    /// (offline renewal by the node's admin, benchmarks); the operator has its own policy.
+    pub fn exact_policy(&self) -> SigningPolicy {
+        SigningPolicy {
+            common_names: vec![self.common_name.clone()],
+            organizations: self.organizations.clone(),
+            dns_names: self.dns_names.clone(),
+            ip_addresses: self.ip_addresses.clone(),
+            usage: Some(self.usage),
+        }
+    }
 }
 
 /// Signed certificates for a plan, by name.

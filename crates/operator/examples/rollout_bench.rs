@@ -25,7 +25,7 @@ use caretaker_apiserver::TestServer;
 use caretaker_operator::capi_objects::{self, ClusterObjects, MachineObject, MachineRole};
 use caretaker_operator::controllers::{machines, rollout};
 use caretaker_operator::{Context, Settings, machine, names};
-use caretaker_pki::{SigningPolicy, Ttl};
+use caretaker_pki::Ttl;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use serde_json::json;
 
@@ -74,17 +74,10 @@ fn agent_time(hook_ms: u64) -> Duration {
             .requests
             .iter()
             .map(|request| {
-                // Exactly what the request asks for: the policy checks are the operator's part.
-                let policy = SigningPolicy {
-                    common_names: vec![request.common_name.clone()],
-                    organizations: request.organizations.clone(),
-                    dns_names: request.dns_names.clone(),
-                    ip_addresses: request.ip_addresses.clone(),
-                    usage: Some(request.usage),
-                };
+                // Exactly what the request asks for: the operator's own checks are its part.
                 let signed = cas
                     .get(request.ca)
-                    .sign_request(&request.csr_pem, &policy, &ttl)
+                    .sign_request(&request.csr_pem, &request.exact_policy(), &ttl)
                     .unwrap();
                 (request.name.clone(), signed.certificate_pem)
             })
@@ -272,12 +265,7 @@ async fn add_machine(
     cluster
         .create_machine(&MachineObject {
             name,
-            role: match role {
-                NodeRole::ControlPlane => MachineRole::ControlPlane,
-                NodeRole::Worker => MachineRole::Worker {
-                    deployment: "c1-md-0",
-                },
-            },
+            role: MachineRole::of(role, "c1-md-0"),
             node_name: name,
             address: "127.0.0.1",
             agent_url: &agent.url,

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use caretaker_agent::provision::ClusterCas;
+use caretaker_agent::provision::{ClusterCas, NodeRole};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -68,6 +68,16 @@ pub struct ClusterObjects {
 pub enum MachineRole<'a> {
     ControlPlane,
     Worker { deployment: &'a str },
+}
+
+impl<'a> MachineRole<'a> {
+    /// The role of a node provisioned as `role`; a worker joins `deployment`.
+    pub fn of(role: NodeRole, deployment: &'a str) -> Self {
+        match role {
+            NodeRole::ControlPlane => MachineRole::ControlPlane,
+            NodeRole::Worker => MachineRole::Worker { deployment },
+        }
+    }
 }
 
 /// A Machine whose node has joined: its agent's URL and the node's name and address.

@@ -34,9 +34,7 @@ async fn machine_with_script(world: &mut World, name: &str, seconds: &str) -> Pa
     let hooks = world.dir.path().join(format!("{name}-hooks"));
     let path = script(&hooks, seconds);
     let command = CommandTemplate::parse(path.to_str().unwrap()).unwrap();
-    world
-        .add_machine_with(name, NodeRole::Worker, "cp.example", None, Some(command))
-        .await;
+    world.add_upgradable(name, NodeRole::Worker, command).await;
     hooks
 }
 

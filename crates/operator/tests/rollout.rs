@@ -185,13 +185,7 @@ async fn removing_the_trigger_cancels_an_upgrade_rollout_after_running_work_fini
     for i in 0..3 {
         let command = CommandTemplate::parse(script.to_str().unwrap()).unwrap();
         world
-            .add_machine_with(
-                &format!("w-{i}"),
-                NodeRole::Worker,
-                "cp.example",
-                None,
-                Some(command),
-            )
+            .add_upgradable(&format!("w-{i}"), NodeRole::Worker, command)
             .await;
     }
     let md = machine::machine_deployment_api_resource();
@@ -315,13 +309,7 @@ async fn max_parallel_is_respected_as_the_agents_see_it() {
     for i in 0..5 {
         let name = format!("w-{i}");
         world
-            .add_machine_with(
-                &name,
-                NodeRole::Worker,
-                "cp.example",
-                None,
-                Some(make(&name)),
-            )
+            .add_upgradable(&name, NodeRole::Worker, make(&name))
             .await;
     }
     let md = machine::machine_deployment_api_resource();
@@ -363,26 +351,14 @@ async fn a_machine_deployment_limit_holds_within_a_cluster_rollout() {
         .unwrap();
     let (log, make) = logging_scripts(world.dir.path().join("hooks"), "0.6");
     world
-        .add_machine_with(
-            "cp-0",
-            NodeRole::ControlPlane,
-            "cp.example",
-            None,
-            Some(make("cp-0")),
-        )
+        .add_upgradable("cp-0", NodeRole::ControlPlane, make("cp-0"))
         .await;
     for (deployment, prefix) in [("c1-md-0", "a"), ("c1-md-1", "b")] {
         world.deployment = deployment.into();
         for i in 0..3 {
             let name = format!("{prefix}-{i}");
             world
-                .add_machine_with(
-                    &name,
-                    NodeRole::Worker,
-                    "cp.example",
-                    None,
-                    Some(make(&name)),
-                )
+                .add_upgradable(&name, NodeRole::Worker, make(&name))
                 .await;
         }
     }
@@ -445,13 +421,7 @@ async fn a_restarted_operator_resumes_a_rollout_without_repeating_machines() {
     for i in 0..3 {
         let name = format!("w-{i}");
         world
-            .add_machine_with(
-                &name,
-                NodeRole::Worker,
-                "cp.example",
-                None,
-                Some(make(&name)),
-            )
+            .add_upgradable(&name, NodeRole::Worker, make(&name))
             .await;
     }
     let md = machine::machine_deployment_api_resource();
@@ -619,13 +589,7 @@ async fn a_cluster_upgrade_covers_three_control_planes_and_two_machine_deploymen
     for i in 0..3 {
         let name = format!("cp-{i}");
         world
-            .add_machine_with(
-                &name,
-                NodeRole::ControlPlane,
-                "cp.example",
-                None,
-                Some(make(&name)),
-            )
+            .add_upgradable(&name, NodeRole::ControlPlane, make(&name))
             .await;
     }
     for i in 0..5 {
@@ -636,13 +600,7 @@ async fn a_cluster_upgrade_covers_three_control_planes_and_two_machine_deploymen
             "c1-md-1".into()
         };
         world
-            .add_machine_with(
-                &name,
-                NodeRole::Worker,
-                "cp.example",
-                None,
-                Some(make(&name)),
-            )
+            .add_upgradable(&name, NodeRole::Worker, make(&name))
             .await;
     }
     let clusters = machine::cluster_api_resource();
@@ -696,23 +654,11 @@ async fn a_failing_control_plane_machine_stops_the_cluster_rollout() {
     for i in 0..3 {
         let name = format!("cp-{i}");
         world
-            .add_machine_with(
-                &name,
-                NodeRole::ControlPlane,
-                "cp.example",
-                None,
-                Some(make(&name)),
-            )
+            .add_upgradable(&name, NodeRole::ControlPlane, make(&name))
             .await;
     }
     world
-        .add_machine_with(
-            "w-0",
-            NodeRole::Worker,
-            "cp.example",
-            None,
-            Some(make("w-0")),
-        )
+        .add_upgradable("w-0", NodeRole::Worker, make("w-0"))
         .await;
     // cp-1's upgrade command fails.
     std::fs::write(
@@ -772,13 +718,7 @@ async fn a_control_plane_upgrade_and_a_two_deployment_cluster_refresh() {
     for i in 0..3 {
         let name = format!("cp-{i}");
         world
-            .add_machine_with(
-                &name,
-                NodeRole::ControlPlane,
-                "cp.example",
-                None,
-                Some(make(&name)),
-            )
+            .add_upgradable(&name, NodeRole::ControlPlane, make(&name))
             .await;
     }
     let mut layouts = Vec::new();
@@ -791,13 +731,7 @@ async fn a_control_plane_upgrade_and_a_two_deployment_cluster_refresh() {
         };
         layouts.push(
             world
-                .add_machine_with(
-                    &name,
-                    NodeRole::Worker,
-                    "cp.example",
-                    None,
-                    Some(make(&name)),
-                )
+                .add_upgradable(&name, NodeRole::Worker, make(&name))
                 .await,
         );
     }

@@ -499,12 +499,7 @@ async fn start_machine(
     cluster
         .create_machine(&MachineObject {
             name,
-            role: match role {
-                NodeRole::ControlPlane => MachineRole::ControlPlane,
-                NodeRole::Worker => MachineRole::Worker {
-                    deployment: DEPLOYMENT,
-                },
-            },
+            role: MachineRole::of(role, DEPLOYMENT),
             node_name: name,
             address: "127.0.0.1",
             agent_url: &format!("https://127.0.0.1:{port}"),

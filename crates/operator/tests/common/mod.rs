@@ -85,6 +85,17 @@ impl World {
             .await
     }
 
+    /// Like [`Self::add_machine`] (endpoint `cp.example`), with an upgrade command for the agent.
+    pub async fn add_upgradable(
+        &mut self,
+        name: &str,
+        role: NodeRole,
+        upgrade: caretaker_agent::command::CommandTemplate,
+    ) -> NodeLayout {
+        self.add_machine_with(name, role, "cp.example", None, Some(upgrade))
+            .await
+    }
+
     /// Like [`Self::add_machine`], with an upgrade command for the agent.
     pub async fn add_machine_with(
         &mut self,
@@ -122,12 +133,7 @@ impl World {
         self.agents.push(agent);
 
         let node_name = format!("node-{name}");
-        let role = match role {
-            NodeRole::ControlPlane => MachineRole::ControlPlane,
-            NodeRole::Worker => MachineRole::Worker {
-                deployment: &self.deployment,
-            },
-        };
+        let role = MachineRole::of(role, &self.deployment);
         self.cluster
             .create_machine(&MachineObject {
                 name,
