@@ -26,6 +26,19 @@ async fn annotate_parent(
         .unwrap();
 }
 
+/// Sets `annotations` (a trigger) on the parent and waits until its `status` annotation is
+/// `done`; returns the parent's annotations then.
+async fn roll_out(
+    world: &World,
+    resource: &kube::api::ApiResource,
+    name: &str,
+    annotations: serde_json::Value,
+    status: &str,
+) -> std::collections::BTreeMap<String, String> {
+    annotate_parent(world, resource, name, annotations).await;
+    wait_parent(world, resource, name, status, names::STATUS_DONE).await
+}
+
 async fn wait_parent(
     world: &World,
     resource: &kube::api::ApiResource,
@@ -313,19 +326,12 @@ async fn max_parallel_is_respected_as_the_agents_see_it() {
             .await;
     }
     let md = machine::machine_deployment_api_resource();
-    annotate_parent(
+    let annotations = roll_out(
         &world,
         &md,
         "c1-md-0",
         json!({ names::IN_PLACE_UPGRADE_TO: "revision=9", names::MAX_PARALLEL: "2" }),
-    )
-    .await;
-    let annotations = wait_parent(
-        &world,
-        &md,
-        "c1-md-0",
         names::IN_PLACE_UPGRADE_STATUS,
-        names::STATUS_DONE,
     )
     .await;
     assert_eq!(annotations[names::IN_PLACE_UPGRADE_RELEASE], "revision=9");
@@ -372,19 +378,12 @@ async fn a_machine_deployment_limit_holds_within_a_cluster_rollout() {
     )
     .await;
     let clusters = machine::cluster_api_resource();
-    annotate_parent(
+    roll_out(
         &world,
         &clusters,
         "c1",
         json!({ names::IN_PLACE_UPGRADE_TO: "revision=11", names::MAX_PARALLEL: "3" }),
-    )
-    .await;
-    wait_parent(
-        &world,
-        &clusters,
-        "c1",
         names::IN_PLACE_UPGRADE_STATUS,
-        names::STATUS_DONE,
     )
     .await;
 
@@ -471,19 +470,12 @@ async fn a_control_plane_refresh_goes_one_machine_at_a_time() {
         .add_machine("w-0", NodeRole::Worker, "cp.example", None)
         .await;
     let cp = machine::control_plane_api_resource();
-    annotate_parent(
+    let annotations = roll_out(
         &world,
         &cp,
         "c1-control-plane",
         json!({ names::REFRESH_CERTIFICATES: "1y" }),
-    )
-    .await;
-    let annotations = wait_parent(
-        &world,
-        &cp,
-        "c1-control-plane",
         names::REFRESH_CERTIFICATES_STATUS,
-        names::STATUS_DONE,
     )
     .await;
     assert_eq!(
@@ -554,19 +546,12 @@ async fn automatic_refresh_starts_when_expiry_is_near_and_bad_values_are_reporte
     assert_eq!(event.type_.as_deref(), Some("Warning"));
     assert!(event.message.unwrap().contains("ttl=1y,before=later"));
 
-    annotate_parent(
+    roll_out(
         &world,
         &clusters,
         "c1",
         json!({ names::AUTO_REFRESH_CERTIFICATES: "ttl=1y,before=60d" }),
-    )
-    .await;
-    wait_parent(
-        &world,
-        &clusters,
-        "c1",
         names::REFRESH_CERTIFICATES_STATUS,
-        names::STATUS_DONE,
     )
     .await;
     let expiry = world.annotations("w-0").await[names::CERTIFICATES_EXPIRY].clone();
@@ -576,7 +561,6 @@ async fn automatic_refresh_starts_when_expiry_is_near_and_bad_values_are_reporte
     );
 }
 
-/// A MachineDeployment of Cluster c1 selecting workers labelled with its name.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_upgrade_covers_three_control_planes_and_two_machine_deployments() {
     let mut world = world(fast()).await;
@@ -604,19 +588,12 @@ async fn a_cluster_upgrade_covers_three_control_planes_and_two_machine_deploymen
             .await;
     }
     let clusters = machine::cluster_api_resource();
-    annotate_parent(
+    let annotations = roll_out(
         &world,
         &clusters,
         "c1",
         json!({ names::IN_PLACE_UPGRADE_TO: "channel=1.34/stable", names::MAX_PARALLEL: "3" }),
-    )
-    .await;
-    let annotations = wait_parent(
-        &world,
-        &clusters,
-        "c1",
         names::IN_PLACE_UPGRADE_STATUS,
-        names::STATUS_DONE,
     )
     .await;
     assert_eq!(annotations[names::PROGRESS], "8/8");
@@ -738,19 +715,12 @@ async fn a_control_plane_upgrade_and_a_two_deployment_cluster_refresh() {
 
     // The control plane alone: only its three Machines, one at a time.
     let cp = machine::control_plane_api_resource();
-    annotate_parent(
+    let annotations = roll_out(
         &world,
         &cp,
         "c1-control-plane",
         json!({ names::IN_PLACE_UPGRADE_TO: "revision=21" }),
-    )
-    .await;
-    let annotations = wait_parent(
-        &world,
-        &cp,
-        "c1-control-plane",
         names::IN_PLACE_UPGRADE_STATUS,
-        names::STATUS_DONE,
     )
     .await;
     assert_eq!(annotations[names::PROGRESS], "3/3");
@@ -765,19 +735,12 @@ async fn a_control_plane_upgrade_and_a_two_deployment_cluster_refresh() {
     // Then a certificate refresh of the whole Cluster: 3 control planes + 5 workers in two
     // MachineDeployments.
     let clusters = machine::cluster_api_resource();
-    annotate_parent(
+    let annotations = roll_out(
         &world,
         &clusters,
         "c1",
         json!({ names::REFRESH_CERTIFICATES: "2y", names::MAX_PARALLEL: "2" }),
-    )
-    .await;
-    let annotations = wait_parent(
-        &world,
-        &clusters,
-        "c1",
         names::REFRESH_CERTIFICATES_STATUS,
-        names::STATUS_DONE,
     )
     .await;
     assert_eq!(annotations[names::PROGRESS], "8/8");
