@@ -17,7 +17,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Resource, ResourceExt};
 use serde_json::{Value, json};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 use crate::Error;
 use crate::context::{Context, EventType};
@@ -116,43 +116,25 @@ impl Operation {
 
 /// Runs the rollout controllers of all three parent kinds until their streams end.
 pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
-    let machine_resource = machine::api_resource();
-    let machines_api: Api<DynamicObject> = match &namespace {
-        Some(ns) => Api::namespaced_with(ctx.client.clone(), ns, &machine_resource),
-        None => Api::all_with(ctx.client.clone(), &machine_resource),
-    };
-    // Reconciles read the Machines from one cache instead of listing them each time. Its watch
-    // also wakes the parents, and only after the cache has taken the change in, so a reconcile
-    // always sees at least the Machine change that woke it.
-    let writer = reflector::store::Writer::new(machine_resource);
-    let deployments_writer =
-        reflector::store::Writer::new(ParentKind::MachineDeployment.api_resource());
-    let caches = Caches {
-        machines: writer.as_reader(),
-        deployments: deployments_writer.as_reader(),
-    };
-    let deployments_api: Api<DynamicObject> = match &namespace {
-        Some(ns) => Api::namespaced_with(
-            ctx.client.clone(),
-            ns,
-            &ParentKind::MachineDeployment.api_resource(),
-        ),
-        None => Api::all_with(
-            ctx.client.clone(),
-            &ParentKind::MachineDeployment.api_resource(),
-        ),
-    };
-    // MachineDeployments' own limits, read by Cluster rollouts.
-    let deployments = reflector(
-        deployments_writer,
-        watcher(deployments_api, watcher::Config::default()),
-    )
-    .default_backoff()
-    .for_each(|event| async move {
-        if let Err(e) = event {
-            tracing::warn!(error = %e, "watching MachineDeployments failed; retrying");
+    let api = |resource: &ApiResource| -> Api<DynamicObject> {
+        match &namespace {
+            Some(ns) => Api::namespaced_with(ctx.client.clone(), ns, resource),
+            None => Api::all_with(ctx.client.clone(), resource),
         }
-    });
+    };
+    let machine_resource = machine::api_resource();
+    let deployment_resource = ParentKind::MachineDeployment.api_resource();
+    let machines_writer = reflector::store::Writer::new(machine_resource.clone());
+    let deployments_writer = reflector::store::Writer::new(deployment_resource.clone());
+    // kube's own `Store::wait_until_ready` wakes only one waiting task; every reconcile waits on
+    // these instead.
+    let (machines_ready, machines_ready_rx) = watch::channel(false);
+    let (deployments_ready, deployments_ready_rx) = watch::channel(false);
+    let caches = Caches {
+        machines: machines_writer.as_reader(),
+        deployments: deployments_writer.as_reader(),
+        ready: [machines_ready_rx, deployments_ready_rx],
+    };
     let kinds = [
         ParentKind::Cluster,
         ParentKind::ControlPlane,
@@ -162,22 +144,65 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
         .iter()
         .map(|_| mpsc::channel(MACHINE_CHANGES_BUFFER))
         .unzip();
-    let fan_out = reflector(writer, watcher(machines_api, watcher::Config::default()))
-        .default_backoff()
-        .touched_objects()
-        .for_each(|change| {
-            let senders = senders.clone();
-            async move {
-                match change {
-                    Ok(m) => {
-                        for sender in senders.iter() {
-                            let _ = sender.send(m.clone()).await;
-                        }
-                    }
-                    Err(e) => tracing::warn!(error = %e, "watching Machines failed; retrying"),
+
+    // One Machine watch fills the cache, then wakes every parent controller. A change reaches
+    // the controllers only after the cache has it, so a reconcile always sees at least the
+    // change that woke it. After a (re)list every cached Machine is passed on, once the new
+    // state is complete.
+    let (senders, machines_ready) = (Arc::new(senders), Arc::new(machines_ready));
+    let machines_store = caches.machines.clone();
+    let machines = reflector(
+        machines_writer,
+        watcher(api(&machine_resource), watcher::Config::default()),
+    )
+    .default_backoff()
+    .for_each(|event| {
+        let (senders, ready, store) = (
+            senders.clone(),
+            machines_ready.clone(),
+            machines_store.clone(),
+        );
+        async move {
+            let changed = match event {
+                Ok(watcher::Event::Apply(m) | watcher::Event::Delete(m)) => vec![Arc::new(m)],
+                Ok(watcher::Event::InitDone) => {
+                    ready.send_replace(true);
+                    store.state()
+                }
+                Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => Vec::new(),
+                Err(e) => {
+                    tracing::warn!(error = %e, "watching Machines failed; retrying");
+                    Vec::new()
+                }
+            };
+            for m in changed {
+                for sender in senders.iter() {
+                    let _ = sender.send(m.clone()).await;
                 }
             }
-        });
+        }
+    });
+    // MachineDeployments' own limits, read by Cluster rollouts.
+    let deployments_ready = Arc::new(deployments_ready);
+    let deployments = reflector(
+        deployments_writer,
+        watcher(api(&deployment_resource), watcher::Config::default()),
+    )
+    .default_backoff()
+    .for_each(|event| {
+        let ready = deployments_ready.clone();
+        async move {
+            match event {
+                Ok(watcher::Event::InitDone) => {
+                    ready.send_replace(true);
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "watching MachineDeployments failed; retrying")
+                }
+            }
+        }
+    });
     let controllers =
         futures::future::join_all(kinds.into_iter().zip(receivers).map(|(kind, changes)| {
             run_kind(
@@ -188,7 +213,7 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
                 changes,
             )
         }));
-    futures::join!(fan_out, deployments, controllers);
+    futures::join!(machines, deployments, controllers);
 }
 
 /// Machine changes waiting for a parent controller to take them.
@@ -199,7 +224,7 @@ async fn run_kind(
     namespace: Option<String>,
     kind: ParentKind,
     caches: Caches,
-    machine_changes: mpsc::Receiver<DynamicObject>,
+    machine_changes: mpsc::Receiver<Arc<DynamicObject>>,
 ) {
     let resource = kind.api_resource();
     let parents: Api<DynamicObject> = match &namespace {
@@ -208,7 +233,7 @@ async fn run_kind(
     };
     let machine_changes = futures::stream::unfold(machine_changes, |mut changes| async move {
         let change = changes.recv().await?;
-        Some((Ok(change), changes))
+        Some((Ok(DynamicObject::clone(&change)), changes))
     });
     let mapper_resource = resource.clone();
     Controller::new_with(parents, watcher::Config::default(), resource.clone())
@@ -263,14 +288,18 @@ fn error_policy(_parent: Arc<DynamicObject>, error: &Error, ctx: Arc<Context>) -
 struct Caches {
     machines: Store<DynamicObject>,
     deployments: Store<DynamicObject>,
+    /// Whether each cache has had its first complete list.
+    ready: [watch::Receiver<bool>; 2],
 }
 
 impl Caches {
     async fn wait_until_ready(&self) -> Result<(), Error> {
-        let stopped =
-            |_| Error::Internal("a watch cache of the rollout controllers stopped".into());
-        self.machines.wait_until_ready().await.map_err(stopped)?;
-        self.deployments.wait_until_ready().await.map_err(stopped)
+        for ready in &self.ready {
+            ready.clone().wait_for(|ready| *ready).await.map_err(|_| {
+                Error::Internal("a watch cache of the rollout controllers stopped".into())
+            })?;
+        }
+        Ok(())
     }
 
     /// The Cluster's MachineDeployments.
@@ -755,4 +784,46 @@ async fn auto_refresh(
     patch_parent(ctx, &resource, cluster, changes).await?;
     tracing::info!(cluster = %cluster.name_any(), expiry = %earliest, "automatic certificate refresh started");
     Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use kube::runtime::reflector::store::Writer;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn every_waiting_reconcile_wakes_when_the_caches_are_ready() {
+        let (machines_ready, machines_rx) = watch::channel(false);
+        let (deployments_ready, deployments_rx) = watch::channel(false);
+        let caches = Caches {
+            machines: Writer::new(machine::api_resource()).as_reader(),
+            deployments: Writer::new(ParentKind::MachineDeployment.api_resource()).as_reader(),
+            ready: [machines_rx, deployments_rx],
+        };
+        // One waiter per parent kind, as when all three reconcile before the first list ends.
+        let waiters: Vec<_> = (0..3)
+            .map(|_| {
+                let caches = caches.clone();
+                tokio::spawn(async move { caches.wait_until_ready().await })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        machines_ready.send_replace(true);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(
+            waiters.iter().all(|w| !w.is_finished()),
+            "nobody reads a half-ready set of caches"
+        );
+        deployments_ready.send_replace(true);
+        for waiter in waiters {
+            tokio::time::timeout(Duration::from_secs(5), waiter)
+                .await
+                .expect("every waiter wakes")
+                .unwrap()
+                .unwrap();
+        }
+    }
 }
