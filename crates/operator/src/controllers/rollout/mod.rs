@@ -2,7 +2,9 @@
 //! MachineDeployment roll the operation out over the Machines the parent covers, as
 //! [`crate::rollout::RolloutPlan`] decides. The parent's controller only sets the trigger on
 //! Machines (tagged with the request id); the Machine controller does the work. Machine changes
-//! wake the parent through a watch.
+//! wake the parent through a watch; [`cache`] keeps what the reconciles read.
+
+mod cache;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -13,11 +15,12 @@ use caretaker_pki::Ttl;
 use futures::StreamExt;
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, reflector, watcher};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use serde_json::{Value, json};
-use tokio::sync::{mpsc, watch};
+
+use self::cache::{Caches, MachineChanges};
 
 use crate::Error;
 use crate::context::{Context, EventType};
@@ -122,121 +125,41 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
             None => Api::all_with(ctx.client.clone(), resource),
         }
     };
-    let machine_resource = machine::api_resource();
-    let deployment_resource = ParentKind::MachineDeployment.api_resource();
-    let machines_writer = reflector::store::Writer::new(machine_resource.clone());
-    let deployments_writer = reflector::store::Writer::new(deployment_resource.clone());
-    // kube's own `Store::wait_until_ready` wakes only one waiting task; every reconcile waits on
-    // these instead.
-    let (machines_ready, machines_ready_rx) = watch::channel(false);
-    let (deployments_ready, deployments_ready_rx) = watch::channel(false);
-    let caches = Caches {
-        machines: machines_writer.as_reader(),
-        deployments: deployments_writer.as_reader(),
-        ready: [machines_ready_rx, deployments_ready_rx],
-    };
     let kinds = [
         ParentKind::Cluster,
         ParentKind::ControlPlane,
         ParentKind::MachineDeployment,
     ];
-    let (senders, receivers): (Vec<_>, Vec<_>) = kinds
-        .iter()
-        .map(|_| mpsc::channel(MACHINE_CHANGES_BUFFER))
-        .unzip();
-
-    // One Machine watch fills the cache, then wakes every parent controller. A change reaches
-    // the controllers only after the cache has it, so a reconcile always sees at least the
-    // change that woke it. After a (re)list every cached Machine is passed on, once the new
-    // state is complete.
-    let (senders, machines_ready) = (Arc::new(senders), Arc::new(machines_ready));
-    let machines_store = caches.machines.clone();
-    let machines = reflector(
-        machines_writer,
-        watcher(api(&machine_resource), watcher::Config::default()),
-    )
-    .default_backoff()
-    .for_each(|event| {
-        let (senders, ready, store) = (
-            senders.clone(),
-            machines_ready.clone(),
-            machines_store.clone(),
-        );
-        async move {
-            let changed = match event {
-                Ok(watcher::Event::Apply(m) | watcher::Event::Delete(m)) => vec![Arc::new(m)],
-                Ok(watcher::Event::InitDone) => {
-                    ready.send_replace(true);
-                    store.state()
-                }
-                Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => Vec::new(),
-                Err(e) => {
-                    tracing::warn!(error = %e, "watching Machines failed; retrying");
-                    Vec::new()
-                }
-            };
-            for m in changed {
-                for sender in senders.iter() {
-                    let _ = sender.send(m.clone()).await;
-                }
-            }
-        }
-    });
-    // MachineDeployments' own limits, read by Cluster rollouts.
-    let deployments_ready = Arc::new(deployments_ready);
-    let deployments = reflector(
-        deployments_writer,
-        watcher(api(&deployment_resource), watcher::Config::default()),
-    )
-    .default_backoff()
-    .for_each(|event| {
-        let ready = deployments_ready.clone();
-        async move {
-            match event {
-                Ok(watcher::Event::InitDone) => {
-                    ready.send_replace(true);
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    tracing::warn!(error = %e, "watching MachineDeployments failed; retrying")
-                }
-            }
-        }
-    });
-    let controllers =
-        futures::future::join_all(kinds.into_iter().zip(receivers).map(|(kind, changes)| {
-            run_kind(
-                ctx.clone(),
-                namespace.clone(),
-                kind,
-                caches.clone(),
-                changes,
-            )
-        }));
-    futures::join!(machines, deployments, controllers);
+    let (machine_resource, deployment_resource) = (
+        machine::api_resource(),
+        ParentKind::MachineDeployment.api_resource(),
+    );
+    let (caches, keep_caches, changes) = Caches::new(
+        api(&machine_resource),
+        machine_resource,
+        api(&deployment_resource),
+        deployment_resource,
+        kinds.len(),
+    );
+    let controllers = futures::future::join_all(kinds.into_iter().zip(changes).map(
+        |(kind, machine_changes)| {
+            let parents = api(&kind.api_resource());
+            run_kind(ctx.clone(), parents, kind, caches.clone(), machine_changes)
+        },
+    ));
+    futures::join!(keep_caches, controllers);
 }
-
-/// Machine changes waiting for a parent controller to take them.
-const MACHINE_CHANGES_BUFFER: usize = 1024;
 
 async fn run_kind(
     ctx: Arc<Context>,
-    namespace: Option<String>,
+    parents: Api<DynamicObject>,
     kind: ParentKind,
     caches: Caches,
-    machine_changes: mpsc::Receiver<Arc<DynamicObject>>,
+    machine_changes: MachineChanges,
 ) {
     let resource = kind.api_resource();
-    let parents: Api<DynamicObject> = match &namespace {
-        Some(ns) => Api::namespaced_with(ctx.client.clone(), ns, &resource),
-        None => Api::all_with(ctx.client.clone(), &resource),
-    };
-    let machine_changes = futures::stream::unfold(machine_changes, |mut changes| async move {
-        let change = changes.recv().await?;
-        Some((Ok(DynamicObject::clone(&change)), changes))
-    });
     let mapper_resource = resource.clone();
-    Controller::new_with(parents, watcher::Config::default(), resource.clone())
+    Controller::new_with(parents, watcher::Config::default(), resource)
         .watches_stream_with(
             machine_changes,
             move |m| parents_of(kind, &MachineView::from_object(&m), &mapper_resource),
@@ -282,47 +205,15 @@ fn error_policy(_parent: Arc<DynamicObject>, error: &Error, ctx: Arc<Context>) -
     Action::requeue(ctx.settings.retry_base)
 }
 
-/// What the parent controllers read from watches instead of asking the API server on every
-/// reconcile.
-#[derive(Clone)]
-struct Caches {
-    machines: Store<DynamicObject>,
-    deployments: Store<DynamicObject>,
-    /// Whether each cache has had its first complete list.
-    ready: [watch::Receiver<bool>; 2],
-}
-
-impl Caches {
-    async fn wait_until_ready(&self) -> Result<(), Error> {
-        for ready in &self.ready {
-            ready.clone().wait_for(|ready| *ready).await.map_err(|_| {
-                Error::Internal("a watch cache of the rollout controllers stopped".into())
-            })?;
-        }
-        Ok(())
-    }
-
-    /// The Cluster's MachineDeployments.
-    fn deployments_of(&self, cluster: &DynamicObject) -> Vec<Arc<DynamicObject>> {
-        self.deployments
-            .state()
-            .into_iter()
-            .filter(|d| {
-                d.metadata.namespace == cluster.metadata.namespace
-                    && d.data["spec"]["clusterName"].as_str() == cluster.metadata.name.as_deref()
-            })
-            .collect()
-    }
-
-    /// The `caretaker.dev/max-parallel` limits set on the Cluster's MachineDeployments (a
-    /// malformed one counts as 1).
-    fn deployment_limits(&self, cluster: &DynamicObject) -> BTreeMap<String, usize> {
-        self.deployments_of(cluster)
-            .iter()
-            .filter(|d| d.annotations().contains_key(names::MAX_PARALLEL))
-            .map(|d| (d.name_any(), max_parallel(d).unwrap_or(1)))
-            .collect()
-    }
+/// The `caretaker.dev/max-parallel` limits set on the Cluster's MachineDeployments (a malformed
+/// one counts as 1).
+fn deployment_limits(caches: &Caches, cluster: &DynamicObject) -> BTreeMap<String, usize> {
+    caches
+        .deployments_of(cluster)
+        .iter()
+        .filter(|d| d.annotations().contains_key(names::MAX_PARALLEL))
+        .map(|d| (d.name_any(), max_parallel(d).unwrap_or(1)))
+        .collect()
 }
 
 /// The object's `caretaker.dev/max-parallel`, when it is a whole number of at least 1.
@@ -362,16 +253,10 @@ fn malformed_limits(kind: ParentKind, parent: &DynamicObject, caches: &Caches) -
 }
 
 /// The cached Machines the parent covers.
-fn covered_machines(
-    kind: ParentKind,
-    parent: &DynamicObject,
-    machines: &Store<DynamicObject>,
-) -> Vec<MachineView> {
-    let namespace = parent.namespace();
-    machines
-        .state()
+fn covered_machines(kind: ParentKind, parent: &DynamicObject, caches: &Caches) -> Vec<MachineView> {
+    caches
+        .machines_in(parent.metadata.namespace.as_deref())
         .iter()
-        .filter(|m| m.metadata.namespace == namespace)
         .map(|m| MachineView::from_object(m))
         .filter(|m| covers(kind, parent, m))
         .collect()
@@ -428,7 +313,7 @@ async fn reconcile_operation(
         (None, false)
             if kind == ParentKind::Cluster && operation == Operation::RefreshCertificates =>
         {
-            return auto_refresh(parent, ctx, &caches.machines).await;
+            return auto_refresh(parent, ctx, caches).await;
         }
         (None, false) => return Ok(None),
         (Some(value), _)
@@ -486,13 +371,13 @@ async fn reconcile_operation(
         .get(operation.request())
         .cloned()
         .unwrap_or_default();
-    let views = covered_machines(kind, parent, &caches.machines);
+    let views = covered_machines(kind, parent, caches);
     let mut observations = observe(operation, &request_id, &views);
     let mut input = RolloutInput {
         cancelled: trigger.is_none(),
         max_parallel: max_parallel(parent).unwrap_or(1),
         deployment_limits: match kind {
-            ParentKind::Cluster => caches.deployment_limits(parent),
+            ParentKind::Cluster => deployment_limits(caches, parent),
             // A MachineDeployment's own limit is the parent's; a control plane has no workers.
             ParentKind::MachineDeployment | ParentKind::ControlPlane => BTreeMap::new(),
         },
@@ -726,7 +611,7 @@ async fn patch_parent(
 async fn auto_refresh(
     cluster: &DynamicObject,
     ctx: &Arc<Context>,
-    machines: &Store<DynamicObject>,
+    caches: &Caches,
 ) -> Result<Option<Action>, Error> {
     let annotations = cluster.annotations();
     let Some(value) = annotations.get(names::AUTO_REFRESH_CERTIFICATES) else {
@@ -758,7 +643,7 @@ async fn auto_refresh(
             return Ok(None);
         }
     };
-    let earliest = covered_machines(ParentKind::Cluster, cluster, machines)
+    let earliest = covered_machines(ParentKind::Cluster, cluster, caches)
         .iter()
         .filter(|m| !m.being_deleted)
         .filter_map(|m| {
@@ -784,46 +669,4 @@ async fn auto_refresh(
     patch_parent(ctx, &resource, cluster, changes).await?;
     tracing::info!(cluster = %cluster.name_any(), expiry = %earliest, "automatic certificate refresh started");
     Ok(None)
-}
-
-#[cfg(test)]
-mod tests {
-    use std::time::Duration;
-
-    use kube::runtime::reflector::store::Writer;
-
-    use super::*;
-
-    #[tokio::test]
-    async fn every_waiting_reconcile_wakes_when_the_caches_are_ready() {
-        let (machines_ready, machines_rx) = watch::channel(false);
-        let (deployments_ready, deployments_rx) = watch::channel(false);
-        let caches = Caches {
-            machines: Writer::new(machine::api_resource()).as_reader(),
-            deployments: Writer::new(ParentKind::MachineDeployment.api_resource()).as_reader(),
-            ready: [machines_rx, deployments_rx],
-        };
-        // One waiter per parent kind, as when all three reconcile before the first list ends.
-        let waiters: Vec<_> = (0..3)
-            .map(|_| {
-                let caches = caches.clone();
-                tokio::spawn(async move { caches.wait_until_ready().await })
-            })
-            .collect();
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        machines_ready.send_replace(true);
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        assert!(
-            waiters.iter().all(|w| !w.is_finished()),
-            "nobody reads a half-ready set of caches"
-        );
-        deployments_ready.send_replace(true);
-        for waiter in waiters {
-            tokio::time::timeout(Duration::from_secs(5), waiter)
-                .await
-                .expect("every waiter wakes")
-                .unwrap()
-                .unwrap();
-        }
-    }
 }
