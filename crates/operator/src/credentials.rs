@@ -76,12 +76,23 @@ impl CredentialStore {
         cluster: &str,
         agent_timeout: Duration,
     ) -> Result<Arc<ClusterCredentials>, Error> {
+        let now = OffsetDateTime::now_utc();
+        self.get_at(client, namespace, cluster, agent_timeout, now)
+            .await
+    }
+
+    /// [`Self::get`] as of `now`.
+    async fn get_at(
+        &self,
+        client: &kube::Client,
+        namespace: &str,
+        cluster: &str,
+        agent_timeout: Duration,
+        now: OffsetDateTime,
+    ) -> Result<Arc<ClusterCredentials>, Error> {
         let key = (namespace.to_string(), cluster.to_string());
         let mut cache = self.cache.lock().await;
-        if let Some(found) = cache
-            .get(&key)
-            .filter(|c| !c.needs_renewal(OffsetDateTime::now_utc()))
-        {
+        if let Some(found) = cache.get(&key).filter(|c| !c.needs_renewal(now)) {
             return Ok(found.clone());
         }
         let loaded = Arc::new(load(client, namespace, cluster, agent_timeout).await?);
@@ -156,4 +167,50 @@ async fn load(
         authorities,
         agent_client: AgentClient::new(tls, agent_timeout),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use caretaker_agent::provision::ClusterCas;
+
+    use super::*;
+    use crate::capi_objects::{self, ClusterObjects};
+
+    #[tokio::test]
+    async fn the_client_certificate_is_replaced_after_two_thirds_of_its_life() {
+        caretaker_agent::tls::install_crypto_provider();
+        let server = caretaker_apiserver::TestServer::start().await;
+        let client = server.client();
+        capi_objects::install_upstream_crds(&client).await.unwrap();
+        let cluster = ClusterObjects {
+            client: client.clone(),
+            namespace: "default".into(),
+            name: "c1".into(),
+            endpoint_host: "cp.example".into(),
+        };
+        cluster
+            .create(&ClusterCas::create().unwrap())
+            .await
+            .unwrap();
+        let store = CredentialStore::default();
+        let timeout = Duration::from_secs(5);
+        let get = |now| store.get_at(&client, "default", "c1", timeout, now);
+
+        let start = OffsetDateTime::now_utc();
+        let first = get(start).await.unwrap();
+        let lifetime = first.client_not_after - first.client_not_before;
+        assert_eq!(lifetime.whole_days(), 7);
+        let day = time::Duration::days(1);
+        let kept = get(start + 4 * day).await.unwrap();
+        assert!(
+            Arc::ptr_eq(&first, &kept),
+            "before two thirds the same client is used"
+        );
+        let renewed = get(start + 5 * day).await.unwrap();
+        assert!(
+            !Arc::ptr_eq(&first, &renewed),
+            "after two thirds a new one is minted"
+        );
+        assert!(renewed.client_not_after >= first.client_not_after);
+    }
 }
