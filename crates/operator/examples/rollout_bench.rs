@@ -23,7 +23,7 @@ use caretaker_agent::provision::{ClusterCas, NodeRole, NodeSpec, provision_node}
 use caretaker_agent::refresh::{ApplyRequest, PlanRequest, Refresher};
 use caretaker_apiserver::TestServer;
 use caretaker_operator::capi_objects::{self, ClusterObjects, MachineObject, MachineRole};
-use caretaker_operator::controllers::{machines, rollout};
+use caretaker_operator::controllers;
 use caretaker_operator::{Context, Settings, machine, names};
 use caretaker_pki::Ttl;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
@@ -138,7 +138,7 @@ async fn run(hook_ms: u64, workers: usize, max_parallel: usize, agent: Duration)
     };
     let ctx = Context::new(operator_client, settings);
     let controllers = tokio::spawn(async move {
-        futures::join!(machines::run(ctx.clone(), None), rollout::run(ctx, None));
+        controllers::run(ctx, None).await;
     });
     // Let the operator fill in every expiry first, so the measurement covers the rollout only.
     wait_until(&machines_api, |ms| {

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use caretaker_operator::controllers::{machines, rollout};
+use caretaker_operator::controllers;
 use caretaker_operator::{Context, Settings};
 use caretaker_pki::Ttl;
 
@@ -81,10 +81,7 @@ pub fn run(args: OperatorArgs) -> ExitCode {
             tracing::info!(namespace = ?args.namespace, "operator starting");
             let ctx = Context::new(client, settings);
             tokio::select! {
-                _ = futures::future::join(
-                    machines::run(ctx.clone(), args.namespace.clone()),
-                    rollout::run(ctx, args.namespace.clone()),
-                ) => Ok(()),
+                _ = controllers::run(ctx, args.namespace.clone()) => Ok(()),
                 _ = tokio::signal::ctrl_c() => {
                     tracing::info!("stopping");
                     Ok(())

@@ -4,23 +4,19 @@
 use std::sync::Arc;
 
 use futures::StreamExt;
-use kube::api::{Api, DynamicObject};
+use kube::api::DynamicObject;
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::watcher;
+use kube::runtime::reflector::Store;
 
+use super::cache::MachineChanges;
 use super::{Next, machine_refresh, machine_upgrade};
 use crate::Error;
 use crate::context::Context;
 use crate::machine::{self, MachineView};
 
-/// Runs the controller until the stream ends.
-pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
-    let resource = machine::api_resource();
-    let api: Api<DynamicObject> = match &namespace {
-        Some(ns) => Api::namespaced_with(ctx.client.clone(), ns, &resource),
-        None => Api::all_with(ctx.client.clone(), &resource),
-    };
-    Controller::new_with(api, watcher::Config::default(), resource)
+/// Runs the controller over the shared Machine cache until its stream of changes ends.
+pub async fn run(ctx: Arc<Context>, machines: Store<DynamicObject>, changes: MachineChanges) {
+    Controller::for_stream_with(changes, machines, machine::api_resource())
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {
             if let Err(e) = result {

@@ -1,21 +1,57 @@
 //! The kube-rs glue. [`machines`] runs one Controller over Cluster API Machines whose reconcile
 //! carries out each per-Machine capability in turn: [`machine_refresh`] and
-//! [`machine_upgrade`].
+//! [`machine_upgrade`]. [`rollout`] runs one Controller per parent kind (Cluster,
+//! CK8sControlPlane, MachineDeployment). All of them read Machines from one watch-fed
+//! [`cache`]; [`run`] starts everything.
 
+pub mod cache;
 pub mod machine_refresh;
 pub mod machine_upgrade;
 pub mod machines;
 pub mod rollout;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
+
+use kube::api::{Api, ApiResource, DynamicObject};
 
 use serde_json::{Value, json};
 use time::OffsetDateTime;
 
 use crate::Error;
+use crate::context::Context;
+use crate::machine;
 use crate::machine::refresh::{format_time, retry_at};
 use crate::names::RetryKeys;
+
+/// Runs every controller of the operator, over the Machines of `namespace` (all namespaces
+/// when `None`), until their streams end.
+pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
+    let api = |resource: &ApiResource| -> Api<DynamicObject> {
+        match &namespace {
+            Some(ns) => Api::namespaced_with(ctx.client.clone(), ns, resource),
+            None => Api::all_with(ctx.client.clone(), resource),
+        }
+    };
+    let (machine_resource, deployment_resource) = (
+        machine::api_resource(),
+        machine::machine_deployment_api_resource(),
+    );
+    let (caches, keep_caches, mut changes) = cache::Caches::new(
+        api(&machine_resource),
+        machine_resource,
+        api(&deployment_resource),
+        deployment_resource,
+        1 + rollout::PARENT_KINDS.len(),
+    );
+    let machine_changes = changes.remove(0);
+    futures::join!(
+        keep_caches,
+        machines::run(ctx.clone(), caches.machines(), machine_changes),
+        rollout::run(ctx.clone(), api, caches, changes),
+    );
+}
 
 /// When a capability wants to look at a Machine again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -11,7 +11,7 @@ use caretaker_agent::local::LocalAgent;
 use caretaker_agent::provision::{ClusterCas, NodeRole, NodeSpec, provision_node};
 use caretaker_apiserver::TestServer;
 use caretaker_operator::capi_objects::{self, ClusterObjects, MachineObject, MachineRole};
-use caretaker_operator::controllers::machines;
+use caretaker_operator::controllers;
 use caretaker_operator::{Context, Settings, machine, names};
 use k8s_openapi::api::core::v1::Event;
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
@@ -216,10 +216,7 @@ impl World {
 
 /// The Machine controller and the rollout controllers, as `caretaker operator` runs them.
 pub async fn run_controllers(ctx: std::sync::Arc<Context>) {
-    futures::join!(
-        machines::run(ctx.clone(), None),
-        caretaker_operator::controllers::rollout::run(ctx, None)
-    );
+    controllers::run(ctx, None).await;
 }
 
 pub fn fast() -> Settings {

@@ -2,9 +2,7 @@
 //! MachineDeployment roll the operation out over the Machines the parent covers, as
 //! [`crate::rollout::RolloutPlan`] decides. The parent's controller only sets the trigger on
 //! Machines (tagged with the request id); the Machine controller does the work. Machine changes
-//! wake the parent through a watch; [`cache`] keeps what the reconciles read.
-
-mod cache;
+//! wake the parent through the shared Machine cache ([`super::cache`]).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -20,7 +18,7 @@ use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use serde_json::{Value, json};
 
-use self::cache::{Caches, MachineChanges};
+use super::cache::{Caches, MachineChanges};
 
 use crate::Error;
 use crate::context::{Context, EventType};
@@ -117,37 +115,29 @@ impl Operation {
     }
 }
 
-/// Runs the rollout controllers of all three parent kinds until their streams end.
-pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
-    let api = |resource: &ApiResource| -> Api<DynamicObject> {
-        match &namespace {
-            Some(ns) => Api::namespaced_with(ctx.client.clone(), ns, resource),
-            None => Api::all_with(ctx.client.clone(), resource),
-        }
-    };
-    let kinds = [
-        ParentKind::Cluster,
-        ParentKind::ControlPlane,
-        ParentKind::MachineDeployment,
-    ];
-    let (machine_resource, deployment_resource) = (
-        machine::api_resource(),
-        ParentKind::MachineDeployment.api_resource(),
-    );
-    let (caches, keep_caches, changes) = Caches::new(
-        api(&machine_resource),
-        machine_resource,
-        api(&deployment_resource),
-        deployment_resource,
-        kinds.len(),
-    );
-    let controllers = futures::future::join_all(kinds.into_iter().zip(changes).map(
-        |(kind, machine_changes)| {
+/// The parent kinds, each with its own controller.
+pub const PARENT_KINDS: [ParentKind; 3] = [
+    ParentKind::Cluster,
+    ParentKind::ControlPlane,
+    ParentKind::MachineDeployment,
+];
+
+/// Runs the rollout controllers of all three parent kinds until their streams end; one stream
+/// of Machine changes per kind, in the order of [`PARENT_KINDS`].
+pub async fn run(
+    ctx: Arc<Context>,
+    api: impl Fn(&ApiResource) -> Api<DynamicObject>,
+    caches: Caches,
+    machine_changes: Vec<MachineChanges>,
+) {
+    let controllers = PARENT_KINDS
+        .into_iter()
+        .zip(machine_changes)
+        .map(|(kind, changes)| {
             let parents = api(&kind.api_resource());
-            run_kind(ctx.clone(), parents, kind, caches.clone(), machine_changes)
-        },
-    ));
-    futures::join!(keep_caches, controllers);
+            run_kind(ctx.clone(), parents, kind, caches.clone(), changes)
+        });
+    futures::future::join_all(controllers).await;
 }
 
 async fn run_kind(

@@ -1,8 +1,9 @@
-//! The Machines and MachineDeployments the parent controllers read, kept in memory by watches
-//! instead of listed on every reconcile.
+//! The Machines and MachineDeployments the controllers read, kept in memory by watches instead
+//! of listed on every reconcile.
 //!
-//! One Machine watch fills the cache and then passes each change on to every parent
-//! controller, so a reconcile always sees at least the change that woke it. After a (re)list
+//! One Machine watch fills the cache and then passes each change on to every controller (the
+//! Machine controller and the three parent kinds), so a reconcile always sees at least the
+//! change that woke it. After a (re)list
 //! every cached Machine is passed on once the new state is complete, so nothing a reconcile
 //! decided on the old state is left waiting for an event that already went by.
 
@@ -17,7 +18,7 @@ use tokio::sync::{mpsc, watch};
 
 use crate::Error;
 
-/// Machine changes waiting for a parent controller to take them.
+/// Machine changes waiting for a controller to take them.
 const CHANGES_BUFFER: usize = 1024;
 
 /// The caches; cheap to clone.
@@ -120,6 +121,11 @@ impl Caches {
             })
             .collect();
         (caches, keep, changes)
+    }
+
+    /// The Machine cache.
+    pub fn machines(&self) -> Store<DynamicObject> {
+        self.machines.clone()
     }
 
     /// Waits until both caches have had their first complete list: before, an empty cache
