@@ -15,7 +15,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kube::api::{Api, ApiResource, DynamicObject};
-
 use serde_json::{Value, json};
 use time::OffsetDateTime;
 
