@@ -3,9 +3,9 @@
 //!
 //! One Machine watch fills the cache and then passes each change on to every controller (the
 //! Machine controller and the three parent kinds), so a reconcile always sees at least the
-//! change that woke it. After a (re)list
-//! every cached Machine is passed on once the new state is complete, so nothing a reconcile
-//! decided on the old state is left waiting for an event that already went by.
+//! change that woke it. After a (re)list every cached Machine is passed on once the new state
+//! is complete, so nothing a reconcile decided on the old state is left waiting for an event
+//! that already went by.
 
 use std::sync::Arc;
 
@@ -27,11 +27,12 @@ pub struct Caches {
     machines: Store<DynamicObject>,
     deployments: Store<DynamicObject>,
     /// Whether each cache has had its first complete list. (kube's own
-    /// `Store::wait_until_ready` wakes only one waiting task, and every parent kind waits.)
+    /// `Store::wait_until_ready` wakes only one of several waiting tasks.)
     ready: [watch::Receiver<bool>; 2],
 }
 
-/// A stream of Machine changes for one controller, as `Controller::watches_stream` takes it.
+/// A stream of Machine changes for one controller, as `Controller::for_stream` and
+/// `Controller::watches_stream` take it.
 pub type MachineChanges =
     std::pin::Pin<Box<dyn Stream<Item = Result<DynamicObject, watcher::Error>> + Send + 'static>>;
 
