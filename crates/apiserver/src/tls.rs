@@ -2,13 +2,11 @@
 //! kept in the data directory so that a restarted server keeps the same CA (and its
 //! kubeconfig stays valid).
 
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::Path;
 use std::sync::Arc;
 
-use rcgen::{
-    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-    KeyUsagePurpose,
-};
+use caretaker_pki::{CaSpec, CertificateAuthority, LeafSpec, PkiError, Ttl, Usage};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
@@ -23,7 +21,7 @@ pub struct TlsMaterial {
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
     #[error("generating certificates: {0}")]
-    Generate(#[from] rcgen::Error),
+    Generate(#[from] PkiError),
     #[error("reading or writing certificates in {path}: {source}")]
     Io {
         path: String,
@@ -41,39 +39,21 @@ pub fn install_crypto_provider() {
 impl TlsMaterial {
     /// A new CA and a server certificate for localhost, 127.0.0.1 and ::1.
     pub fn generate() -> Result<Self, TlsError> {
-        let ca_key = KeyPair::generate()?;
-        let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
-        ca_params
-            .distinguished_name
-            .push(DnType::CommonName, "caretaker-apiserver-ca");
-        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        ca_params.key_usages = vec![
-            KeyUsagePurpose::KeyCertSign,
-            KeyUsagePurpose::CrlSign,
-            KeyUsagePurpose::DigitalSignature,
-        ];
-        let ca_cert = ca_params.self_signed(&ca_key)?;
-        let issuer = Issuer::new(ca_params, &ca_key);
-
-        let key = KeyPair::generate()?;
-        let mut params = CertificateParams::new(vec![
-            "localhost".to_string(),
-            "127.0.0.1".to_string(),
-            "::1".to_string(),
-        ])?;
-        params
-            .distinguished_name
-            .push(DnType::CommonName, "caretaker-apiserver");
-        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-        params.key_usages = vec![
-            KeyUsagePurpose::DigitalSignature,
-            KeyUsagePurpose::KeyEncipherment,
-        ];
-        let cert = params.signed_by(&key, &issuer)?;
+        let ca = CertificateAuthority::create(&CaSpec::new("caretaker-apiserver-ca"))?;
+        // As long-lived as its CA: the data directory keeps both across restarts, and clients
+        // trust the CA through their kubeconfig.
+        let lifetime = Ttl::calendar(10, 0, 0).expect("10y is a valid TTL");
+        let server = ca.issue(
+            &LeafSpec::new("caretaker-apiserver", Usage::Server)
+                .with_dns_names(["localhost"])
+                .with_ip_addresses([Ipv4Addr::LOCALHOST.into(), Ipv6Addr::LOCALHOST.into()])
+                .with_validity(lifetime),
+        )?;
+        let key = server.key.as_ref().expect("issue() returns the new key");
         Ok(TlsMaterial {
-            ca_pem: ca_cert.pem(),
-            cert_pem: cert.pem(),
-            key_pem: key.serialize_pem(),
+            ca_pem: ca.certificate_pem(),
+            cert_pem: server.certificate_pem.clone(),
+            key_pem: key.to_pem(),
         })
     }
 

@@ -10,45 +10,35 @@ use axum::extract::State;
 use axum::routing::post;
 use base64::Engine;
 use caretaker_apiserver::ApiServer;
+use caretaker_pki::{CaSpec, CertificateAuthority, LeafSpec, Usage};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::service::TowerToHyperService;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DeleteParams, DynamicObject, PostParams};
 use kube::discovery::ApiResource;
-use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+use rustls::pki_types::pem::PemObject;
 use serde_json::{Value, json};
 
-struct Ca {
-    pem: String,
-    issuer: Issuer<'static, KeyPair>,
-}
-
-fn new_ca() -> Ca {
-    let key = KeyPair::generate().unwrap();
-    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    let cert = params.self_signed(&key).unwrap();
-    Ca {
-        pem: cert.pem(),
-        issuer: Issuer::new(params, key),
-    }
+fn new_ca() -> CertificateAuthority {
+    CertificateAuthority::create(&CaSpec::new("webhooks-ca")).unwrap()
 }
 
 /// An HTTPS admission webhook server: /allow, /deny, /mutate, /slow.
-async fn start_webhook_server(ca: &Ca, calls: Arc<AtomicUsize>) -> SocketAddr {
+async fn start_webhook_server(ca: &CertificateAuthority, calls: Arc<AtomicUsize>) -> SocketAddr {
     caretaker_apiserver::install_crypto_provider();
-    let key = KeyPair::generate().unwrap();
-    let params = CertificateParams::new(vec![
-        "127.0.0.1".to_string(),
-        "hooks.webhooks.svc".to_string(),
-    ])
-    .unwrap();
-    let cert = params.signed_by(&key, &ca.issuer).unwrap();
+    let serving = ca
+        .issue(
+            &LeafSpec::new("hooks.webhooks.svc", Usage::Server)
+                .with_dns_names(["hooks.webhooks.svc"])
+                .with_ip_addresses(["127.0.0.1".parse().unwrap()]),
+        )
+        .unwrap();
+    let key_pem = serving.key.as_ref().unwrap().to_pem();
     let config = rustls::ServerConfig::builder()
         .with_no_client_auth()
         .with_single_cert(
-            vec![cert.der().clone()],
-            rustls::pki_types::PrivateKeyDer::try_from(key.serialize_der()).unwrap(),
+            vec![serving.certificate_der.clone().into()],
+            rustls::pki_types::PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).unwrap(),
         )
         .unwrap();
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
@@ -164,7 +154,7 @@ async fn webhooks_allow_deny_mutate_and_fail() {
         ),
     );
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
-    let ca_bundle = base64::engine::general_purpose::STANDARD.encode(&ca.pem);
+    let ca_bundle = base64::engine::general_purpose::STANDARD.encode(ca.certificate_pem());
     let url = |path: &str| json!({"url": format!("https://127.0.0.1:{}{path}", hook_addr.port()), "caBundle": ca_bundle});
     let cm = |name: &str| -> ConfigMap {
         serde_json::from_value(json!({"metadata": {"name": name}, "data": {"k": "v"}})).unwrap()
@@ -249,7 +239,7 @@ async fn webhooks_allow_deny_mutate_and_fail() {
     validating.delete("test-hooks", &dp).await.unwrap();
 
     // A caBundle that did not sign the webhook's certificate: the TLS handshake fails.
-    let other = base64::engine::general_purpose::STANDARD.encode(new_ca().pem);
+    let other = base64::engine::general_purpose::STANDARD.encode(new_ca().certificate_pem());
     let wrong_ca =
         json!({"url": format!("https://127.0.0.1:{}/allow", hook_addr.port()), "caBundle": other});
     validating
