@@ -16,12 +16,7 @@ async fn status_shows_progress_and_exits_by_outcome() {
     server.write_kubeconfig(&kubeconfig).unwrap();
     let client = server.client();
     capi_objects::install_upstream_crds(&client).await.unwrap();
-    let cluster = ClusterObjects {
-        client: client.clone(),
-        namespace: "default".into(),
-        name: "c1".into(),
-        endpoint_host: "cp.example".into(),
-    };
+    let cluster = ClusterObjects::new(&client, "default", "c1", "cp.example");
     cluster
         .create(&ClusterCas::create().unwrap())
         .await

@@ -100,12 +100,7 @@ async fn run(hook_ms: u64, workers: usize, max_parallel: usize, agent: Duration)
     let dir = tempfile::tempdir().unwrap();
     capi_objects::install_upstream_crds(&client).await.unwrap();
     let cas = ClusterCas::create().unwrap();
-    let cluster = ClusterObjects {
-        client: client.clone(),
-        namespace: "default".into(),
-        name: "c1".into(),
-        endpoint_host: "cp.example".into(),
-    };
+    let cluster = ClusterObjects::new(&client, "default", "c1", "cp.example");
     cluster.create(&cas).await.unwrap();
     cluster.create_machine_deployment("c1-md-0").await.unwrap();
 

@@ -91,6 +91,15 @@ pub struct MachineObject<'a> {
 }
 
 impl ClusterObjects {
+    pub fn new(client: &kube::Client, namespace: &str, name: &str, endpoint_host: &str) -> Self {
+        Self {
+            client: client.clone(),
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+            endpoint_host: endpoint_host.to_string(),
+        }
+    }
+
     /// The name of the Cluster's CK8sControlPlane.
     pub fn control_plane_name(&self) -> String {
         format!("{}-control-plane", self.name)

@@ -182,12 +182,7 @@ mod tests {
         let server = caretaker_apiserver::TestServer::start().await;
         let client = server.client();
         capi_objects::install_upstream_crds(&client).await.unwrap();
-        let cluster = ClusterObjects {
-            client: client.clone(),
-            namespace: "default".into(),
-            name: "c1".into(),
-            endpoint_host: "cp.example".into(),
-        };
+        let cluster = ClusterObjects::new(&client, "default", "c1", "cp.example");
         cluster
             .create(&ClusterCas::create().unwrap())
             .await

@@ -161,12 +161,7 @@ async fn demo(args: DemoArgs) -> Result<ExitCode, String> {
     step("installed the Cluster API and CK8sControlPlane CRDs");
 
     let cas = ClusterCas::create().map_err(|e| e.to_string())?;
-    let cluster = ClusterObjects {
-        client: client.clone(),
-        namespace: NAMESPACE.into(),
-        name: CLUSTER.into(),
-        endpoint_host: ENDPOINT_HOST.into(),
-    };
+    let cluster = ClusterObjects::new(&client, NAMESPACE, CLUSTER, ENDPOINT_HOST);
     create_cluster(&cluster, &cas).await?;
     step(&format!(
         "Cluster {CLUSTER} with CA Secrets {CLUSTER}-ca, {CLUSTER}-etcd, {CLUSTER}-proxy; CK8sControlPlane, MachineDeployment and MachineSet"

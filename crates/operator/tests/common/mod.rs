@@ -44,12 +44,7 @@ pub async fn world(settings: Settings) -> World {
     // The fixtures' CRDs, embedded (a unit test checks they are the same files).
     capi_objects::install_upstream_crds(&client).await.unwrap();
     let cas = ClusterCas::create().unwrap();
-    let cluster = ClusterObjects {
-        client: client.clone(),
-        namespace: NS.into(),
-        name: "c1".into(),
-        endpoint_host: "cp.example".into(),
-    };
+    let cluster = ClusterObjects::new(&client, NS, "c1", "cp.example");
     cluster.create(&cas).await.unwrap();
     cluster.create_machine_deployment("c1-md-0").await.unwrap();
 
