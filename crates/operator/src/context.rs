@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 use crate::Error;
 use crate::machine::MachineView;
 
-use crate::credentials::CredentialStore;
+use crate::credentials::{ClusterCredentials, CredentialStore};
 
 /// Operator settings from the command line.
 #[derive(Debug, Clone)]
@@ -110,6 +110,28 @@ impl Context {
             ctx.end(&key);
         });
         true
+    }
+
+    /// The credentials of the Machine's cluster: its CAs and a client for its agents.
+    pub async fn credentials_for(
+        &self,
+        machine: &MachineView,
+    ) -> Result<Arc<ClusterCredentials>, Error> {
+        self.credentials
+            .get(
+                &self.client,
+                &machine.namespace,
+                &machine.cluster_name,
+                self.settings.agent_timeout,
+            )
+            .await
+    }
+
+    /// The URL of the Machine's agent.
+    pub fn agent_url(&self, machine: &MachineView) -> Result<String, Error> {
+        machine
+            .agent_url(self.settings.agent_port)
+            .ok_or_else(|| Error::NoAgentEndpoint(machine.name.clone()))
     }
 
     /// Merge-patches a Machine's annotations (`null` removes one).

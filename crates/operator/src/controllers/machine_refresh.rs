@@ -39,15 +39,7 @@ pub async fn reconcile(
         RefreshStep::Idle | RefreshStep::WaitForNode => Ok(Next::AwaitChange),
         RefreshStep::Backoff { until } => Ok(Next::at(until, now)),
         RefreshStep::Reject { trigger, reason } => {
-            ctx.patch_annotations(&view, annotations_failed(&trigger, &reason))
-                .await?;
-            ctx.machine_event(
-                &object,
-                EventType::Warning,
-                names::EVENT_REFRESH_FAILED,
-                reason,
-            )
-            .await;
+            fail(&ctx, &object, &view, &trigger, &reason).await?;
             Ok(Next::AwaitChange)
         }
         RefreshStep::Start { trigger } => {
@@ -118,18 +110,8 @@ pub async fn reconcile(
 
 async fn observe_expiry(ctx: &Context, view: &MachineView) {
     let result = async {
-        let credentials = ctx
-            .credentials
-            .get(
-                &ctx.client,
-                &view.namespace,
-                &view.cluster_name,
-                ctx.settings.agent_timeout,
-            )
-            .await?;
-        let url = view
-            .agent_url(ctx.settings.agent_port)
-            .ok_or_else(|| Error::NoAgentEndpoint(view.name.clone()))?;
+        let credentials = ctx.credentials_for(view).await?;
+        let url = ctx.agent_url(view)?;
         let inventory = credentials.agent_client.certificates(&url).await?;
         if let Some(expiry) = inventory.earliest_expiry() {
             let mut changes = BTreeMap::new();
@@ -211,24 +193,33 @@ async fn attempt_refresh(
                 .unwrap_or_default()
                 .to_string();
             let reason = failure_reason(&view.name, attempt, &e);
-            let patched = ctx
-                .patch_annotations(view, annotations_failed(&trigger, &reason))
-                .await;
-            if patched.is_ok() {
-                ctx.machine_event(
-                    object,
-                    EventType::Warning,
-                    names::EVENT_REFRESH_FAILED,
-                    reason,
-                )
-                .await;
-            }
-            patched
+            fail(ctx, object, view, &trigger, &reason).await
         }
     };
     if let Err(e) = result {
         tracing::warn!(machine = %view.name, error = %e, "cannot record the refresh result; it is resumed on the next reconcile");
     }
+}
+
+/// Ends the Machine's request `failed` with `reason`, and says so in a Warning event once that
+/// is recorded.
+async fn fail(
+    ctx: &Context,
+    object: &DynamicObject,
+    view: &MachineView,
+    trigger: &str,
+    reason: &str,
+) -> Result<(), Error> {
+    ctx.patch_annotations(view, annotations_failed(trigger, reason))
+        .await?;
+    ctx.machine_event(
+        object,
+        EventType::Warning,
+        names::EVENT_REFRESH_FAILED,
+        reason.to_string(),
+    )
+    .await;
+    Ok(())
 }
 
 /// One attempt: plan on the node, check and sign every CSR, apply. Returns the new expiry and a
@@ -238,15 +229,7 @@ async fn refresh(
     view: &MachineView,
     ttl: &Ttl,
 ) -> Result<(OffsetDateTime, String), Error> {
-    let credentials = ctx
-        .credentials
-        .get(
-            &ctx.client,
-            &view.namespace,
-            &view.cluster_name,
-            ctx.settings.agent_timeout,
-        )
-        .await?;
+    let credentials = ctx.credentials_for(view).await?;
     let cluster_ca = credentials.authority(
         caretaker_agent::SigningCa::Cluster,
         &view.namespace,
@@ -262,9 +245,7 @@ async fn refresh(
             format_time(cluster_ca.info().not_after)
         )));
     }
-    let url = view
-        .agent_url(ctx.settings.agent_port)
-        .ok_or_else(|| Error::NoAgentEndpoint(view.name.clone()))?;
+    let url = ctx.agent_url(view)?;
     let agent = &credentials.agent_client;
 
     // Resuming: an earlier attempt of this request made a plan. Continue it, or learn that it

@@ -113,16 +113,8 @@ async fn cancel(
     change_id: Option<&str>,
 ) -> Result<(), Error> {
     if let Some(change_id) = change_id {
-        let url = agent_url(ctx, view)?;
-        let credentials = ctx
-            .credentials
-            .get(
-                &ctx.client,
-                &view.namespace,
-                &view.cluster_name,
-                ctx.settings.agent_timeout,
-            )
-            .await?;
+        let url = ctx.agent_url(view)?;
+        let credentials = ctx.credentials_for(view).await?;
         match credentials.agent_client.cancel(&url, change_id).await {
             Ok(_) | Err(AgentError::Status { status: 404, .. }) => {}
             Err(e) => return Err(e.into()),
@@ -158,50 +150,29 @@ enum Progress {
     Ended(Operation),
 }
 
-fn agent_url(ctx: &Context, view: &MachineView) -> Result<String, Error> {
-    view.agent_url(ctx.settings.agent_port)
-        .ok_or_else(|| Error::NoAgentEndpoint(view.name.clone()))
-}
-
 async fn launch(
     ctx: &Context,
     view: &MachineView,
     release: &str,
     request_id: &str,
 ) -> Result<Progress, Error> {
-    let credentials = ctx
-        .credentials
-        .get(
-            &ctx.client,
-            &view.namespace,
-            &view.cluster_name,
-            ctx.settings.agent_timeout,
-        )
-        .await?;
+    let credentials = ctx.credentials_for(view).await?;
     let request = UpgradeRequest {
         release: release.to_string(),
         request_id: Some(request_id.to_string()),
     };
     let operation = credentials
         .agent_client
-        .start_upgrade(&agent_url(ctx, view)?, &request)
+        .start_upgrade(&ctx.agent_url(view)?, &request)
         .await?;
     Ok(Progress::Launched(operation))
 }
 
 async fn poll(ctx: &Context, view: &MachineView, change_id: &str) -> Result<Progress, Error> {
-    let credentials = ctx
-        .credentials
-        .get(
-            &ctx.client,
-            &view.namespace,
-            &view.cluster_name,
-            ctx.settings.agent_timeout,
-        )
-        .await?;
+    let credentials = ctx.credentials_for(view).await?;
     match credentials
         .agent_client
-        .operation(&agent_url(ctx, view)?, change_id)
+        .operation(&ctx.agent_url(view)?, change_id)
         .await
     {
         Ok(operation) if operation.state == OperationState::Running => Ok(Progress::Running),

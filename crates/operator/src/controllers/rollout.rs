@@ -559,7 +559,7 @@ fn observe(
 }
 
 async fn agent_healthy(ctx: &Context, m: &MachineView) -> bool {
-    let Some(url) = m.agent_url(ctx.settings.agent_port) else {
+    let Ok(url) = ctx.agent_url(m) else {
         return false;
     };
     let Ok(credentials) = ctx

@@ -101,3 +101,24 @@ impl MachineView {
         })
     }
 }
+
+/// A worker Machine `m` of Cluster `c1` with a node and these annotations, for the decision
+/// tests.
+#[cfg(test)]
+pub(crate) fn test_machine(annotations: &[(&str, &str)]) -> MachineView {
+    MachineView {
+        name: "m".into(),
+        namespace: "default".into(),
+        cluster_name: "c1".into(),
+        node_name: Some("node-m".into()),
+        addresses: vec!["10.0.0.1".into()],
+        control_plane: false,
+        being_deleted: false,
+        labels: Default::default(),
+        annotations: annotations
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        resource_version: None,
+    }
+}

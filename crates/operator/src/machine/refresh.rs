@@ -107,28 +107,10 @@ pub fn retry_at(now: OffsetDateTime, base: std::time::Duration, failed: u32) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::BTreeMap;
+    use crate::machine::test_machine as machine;
     use time::macros::datetime;
 
     const NOW: OffsetDateTime = datetime!(2026-01-01 12:00 UTC);
-
-    fn machine(annotations: &[(&str, &str)]) -> MachineView {
-        MachineView {
-            name: "m".into(),
-            namespace: "default".into(),
-            cluster_name: "c1".into(),
-            node_name: Some("node-m".into()),
-            addresses: vec!["10.0.0.1".into()],
-            control_plane: false,
-            being_deleted: false,
-            labels: Default::default(),
-            annotations: annotations
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect::<BTreeMap<_, _>>(),
-            resource_version: None,
-        }
-    }
 
     #[test]
     fn without_a_trigger_only_the_expiry_is_filled_in() {

@@ -107,27 +107,10 @@ pub fn decide(machine: &MachineView, now: OffsetDateTime) -> UpgradeStep {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::machine::test_machine as machine;
     use time::macros::datetime;
 
     const NOW: OffsetDateTime = datetime!(2026-01-01 12:00 UTC);
-
-    fn machine(annotations: &[(&str, &str)]) -> MachineView {
-        MachineView {
-            name: "m".into(),
-            namespace: "default".into(),
-            cluster_name: "c1".into(),
-            node_name: Some("node-m".into()),
-            addresses: vec![],
-            control_plane: false,
-            being_deleted: false,
-            labels: Default::default(),
-            annotations: annotations
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-            resource_version: None,
-        }
-    }
 
     const TO: &str = names::IN_PLACE_UPGRADE_TO;
     const STATUS: &str = names::IN_PLACE_UPGRADE_STATUS;
