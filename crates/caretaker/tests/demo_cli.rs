@@ -8,26 +8,7 @@ use caretaker_agent::NodeLayout;
 fn the_demo_refreshes_every_machine_and_shows_before_and_after() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("demo");
-    let out = Command::new(env!("CARGO_BIN_EXE_caretaker"))
-        .args([
-            "demo",
-            "--control-planes",
-            "1",
-            "--workers",
-            "1",
-            "--refresh",
-            "2y",
-            "--state-dir",
-        ])
-        .arg(&dir)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = run_small_demo(&dir, &["--refresh", "2y"]);
     assert!(
         stdout.contains("cluster-wide certificate refresh"),
         "{stdout}"
@@ -70,26 +51,7 @@ fn the_demo_refreshes_every_machine_and_shows_before_and_after() {
 fn the_demo_upgrades_every_machine_in_place() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("demo");
-    let out = Command::new(env!("CARGO_BIN_EXE_caretaker"))
-        .args([
-            "demo",
-            "--control-planes",
-            "1",
-            "--workers",
-            "1",
-            "--upgrade-to",
-            "channel=1.34/stable",
-            "--state-dir",
-        ])
-        .arg(&dir)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = run_small_demo(&dir, &["--upgrade-to", "channel=1.34/stable"]);
     assert!(
         stdout.contains("in-place upgrade channel=1.34/stable"),
         "{stdout}"
@@ -106,6 +68,25 @@ fn the_demo_upgrades_every_machine_in_place() {
         .unwrap();
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("channel=<channel>"));
+}
+
+/// Runs a demo of one control plane and one worker in `dir` with `extra` arguments; it must
+/// succeed. Returns its output.
+fn run_small_demo(dir: &std::path::Path, extra: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_caretaker"))
+        .args(["demo", "--control-planes", "1", "--workers", "1"])
+        .args(extra)
+        .arg("--state-dir")
+        .arg(dir)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
 }
 
 fn is_zombie(pid: &str) -> bool {
