@@ -2,10 +2,11 @@
 //! certificate from the cluster CA. For tests and tools that need a real agent without a
 //! separate process.
 
-use caretaker_pki::{CertificateAuthority, LeafSpec, Usage};
+use caretaker_pki::{CertificateAuthority, LeafSpec};
 
 use crate::api::{AgentService, serve};
 use crate::command::CommandTemplate;
+use crate::provision::agent_serving_leaf;
 use crate::refresh::Refresher;
 use crate::upgrade::Upgrader;
 use crate::{NodeLayout, tls};
@@ -17,7 +18,7 @@ pub struct LocalAgent {
 }
 
 impl LocalAgent {
-    /// Starts serving `layout` on 127.0.0.1 with an ephemeral port.
+    /// Starts serving `layout` on 127.0.0.1 with an ephemeral port, as node `localhost`.
     pub async fn start(
         layout: NodeLayout,
         state_dir: &std::path::Path,
@@ -25,13 +26,21 @@ impl LocalAgent {
         restart: Option<CommandTemplate>,
         upgrade: Option<CommandTemplate>,
     ) -> std::io::Result<Self> {
-        let serving = cluster_ca
-            .issue(
-                &LeafSpec::new("caretaker-agent", Usage::Server)
-                    .with_dns_names(["localhost"])
-                    .with_ip_addresses(["127.0.0.1".parse().expect("valid")]),
-            )
-            .map_err(std::io::Error::other)?;
+        let localhost = agent_serving_leaf("localhost", &["127.0.0.1".parse().expect("valid")]);
+        Self::start_as(&localhost, layout, state_dir, cluster_ca, restart, upgrade).await
+    }
+
+    /// Like [`Self::start`], serving a certificate for `serving` (see
+    /// [`agent_serving_leaf`]) signed by `cluster_ca`.
+    pub async fn start_as(
+        serving: &LeafSpec,
+        layout: NodeLayout,
+        state_dir: &std::path::Path,
+        cluster_ca: &CertificateAuthority,
+        restart: Option<CommandTemplate>,
+        upgrade: Option<CommandTemplate>,
+    ) -> std::io::Result<Self> {
+        let serving = cluster_ca.issue(serving).map_err(std::io::Error::other)?;
         let key = serving
             .key
             .as_ref()

@@ -69,6 +69,14 @@ pub const APISERVER_DNS_NAMES: [&str; 4] = [
 /// The first address of kubeadm's default service CIDR.
 pub const APISERVER_SERVICE_IP: &str = "10.96.0.1";
 
+/// The agent's serving certificate for a node, from the cluster CA: it names the node and its
+/// addresses, which is how the operator knows it reached that node's agent and no other.
+pub fn agent_serving_leaf(node_name: &str, addresses: &[IpAddr]) -> LeafSpec {
+    LeafSpec::new(node_name, Usage::Server)
+        .with_dns_names([node_name])
+        .with_ip_addresses(addresses.iter().copied())
+}
+
 /// Writes the node's CA certificates (no CA keys), leaf pairs and kubeconfigs.
 pub fn provision_node(
     layout: &NodeLayout,

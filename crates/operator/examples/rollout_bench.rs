@@ -19,7 +19,9 @@ use std::time::{Duration, Instant};
 use caretaker_agent::NodeLayout;
 use caretaker_agent::command::CommandTemplate;
 use caretaker_agent::local::LocalAgent;
-use caretaker_agent::provision::{ClusterCas, NodeRole, NodeSpec, provision_node};
+use caretaker_agent::provision::{
+    ClusterCas, NodeRole, NodeSpec, agent_serving_leaf, provision_node,
+};
 use caretaker_agent::refresh::{ApplyRequest, PlanRequest, Refresher};
 use caretaker_apiserver::TestServer;
 use caretaker_operator::capi_objects::{self, ClusterObjects, MachineObject, MachineRole};
@@ -248,7 +250,8 @@ async fn add_machine(
     let layout = provision(cas, root, name, role);
     let node = root.join(name);
     let restart = CommandTemplate::parse(hook.to_str().unwrap()).unwrap();
-    let agent = LocalAgent::start(
+    let agent = LocalAgent::start_as(
+        &agent_serving_leaf(name, &["127.0.0.1".parse().unwrap()]),
         layout,
         &node.join("state"),
         &cas.cluster,

@@ -192,23 +192,40 @@ impl ClusterObjects {
     /// A Machine of the Cluster, with its node assigned in its status.
     pub async fn create_machine(&self, m: &MachineObject<'_>) -> Result<(), kube::Error> {
         let mut labels = json!({ CLUSTER_NAME_LABEL: self.name });
+        let mut owners = json!([]);
         match m.role {
             MachineRole::ControlPlane => {
                 labels[names::CONTROL_PLANE_LABEL] = json!("");
                 labels[CONTROL_PLANE_NAME_LABEL] = json!(self.control_plane_name());
+                // As the control-plane provider creates them: controlled by the control plane.
+                let plane = self
+                    .api(&machine::control_plane_api_resource())
+                    .get(&self.control_plane_name())
+                    .await?;
+                owners = json!([{
+                    "apiVersion": "controlplane.cluster.x-k8s.io/v1beta2", "kind": "CK8sControlPlane",
+                    "name": self.control_plane_name(), "uid": plane.metadata.uid,
+                    "controller": true, "blockOwnerDeletion": true
+                }]);
             }
             MachineRole::Worker { deployment } => labels[DEPLOYMENT_LABEL] = json!(deployment),
         }
         let machines = machine::api_resource();
-        self.create_object(&machines, json!({
-            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
-            "metadata": { "name": m.name, "labels": labels, "annotations": { names::AGENT_ENDPOINT: m.agent_url } },
-            "spec": {
-                "clusterName": self.name,
-                "bootstrap": { "dataSecretName": format!("{}-bootstrap", m.name) },
-                "infrastructureRef": infrastructure_ref("DockerMachine", m.name)
-            }
-        }))
+        self.create_object(
+            &machines,
+            json!({
+                "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
+                "metadata": {
+                    "name": m.name, "labels": labels, "ownerReferences": owners,
+                    "annotations": { names::AGENT_ENDPOINT: m.agent_url }
+                },
+                "spec": {
+                    "clusterName": self.name,
+                    "bootstrap": { "dataSecretName": format!("{}-bootstrap", m.name) },
+                    "infrastructureRef": infrastructure_ref("DockerMachine", m.name)
+                }
+            }),
+        )
         .await?;
         let status = json!({ "status": {
             "nodeRef": { "name": m.node_name },

@@ -13,6 +13,8 @@ use kube::Resource;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
+use caretaker_agent::api::AgentClient;
+
 use crate::Error;
 use crate::machine::MachineView;
 
@@ -54,6 +56,12 @@ pub enum EventType {
 
 fn time_now() -> time::OffsetDateTime {
     time::OffsetDateTime::now_utc()
+}
+
+/// A Machine's agent, reachable only if it is the agent of that Machine's node.
+pub struct MachineAgent {
+    pub url: String,
+    pub client: AgentClient,
 }
 
 pub struct Context {
@@ -127,11 +135,23 @@ impl Context {
             .await
     }
 
-    /// The URL of the Machine's agent.
-    pub fn agent_url(&self, machine: &MachineView) -> Result<String, Error> {
-        machine
+    /// The Machine's agent: its URL, and a client that accepts only an agent whose serving
+    /// certificate names the Machine's node (its node name or one of its addresses).
+    pub async fn agent_of(&self, machine: &MachineView) -> Result<MachineAgent, Error> {
+        let url = machine
             .agent_url(self.settings.agent_port)
-            .ok_or_else(|| Error::NoAgentEndpoint(machine.name.clone()))
+            .ok_or_else(|| Error::NoAgentEndpoint(machine.name.clone()))?;
+        let names: Vec<String> = machine
+            .node_name
+            .iter()
+            .chain(&machine.addresses)
+            .cloned()
+            .collect();
+        if names.is_empty() {
+            return Err(Error::NoAgentEndpoint(machine.name.clone()));
+        }
+        let client = self.credentials_for(machine).await?.agent_for(&names)?;
+        Ok(MachineAgent { url, client })
     }
 
     /// Merge-patches a Machine's annotations (`null` removes one).

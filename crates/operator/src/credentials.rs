@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use caretaker_agent::SigningCa;
 use caretaker_agent::api::AgentClient;
+use caretaker_agent::tls::ClientIdentity;
 use caretaker_pki::{CertificateAuthority, LeafSpec, RotationPolicy, Ttl, Usage};
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
@@ -24,7 +25,9 @@ const CLIENT_CERTIFICATE_LIFETIME: Duration = Duration::from_secs(7 * 24 * 3600)
 /// Everything needed to refresh one cluster's Machines.
 pub struct ClusterCredentials {
     authorities: HashMap<SigningCa, CertificateAuthority>,
-    pub agent_client: AgentClient,
+    /// The operator's client certificate for this cluster's agents.
+    client: ClientIdentity,
+    agent_timeout: Duration,
     client_not_before: OffsetDateTime,
     client_not_after: OffsetDateTime,
 }
@@ -43,6 +46,13 @@ impl ClusterCredentials {
         })
     }
 
+    /// A client for the agent of the node named `names` (its node name and addresses): it
+    /// refuses, in the TLS handshake, an agent whose serving certificate names none of them.
+    pub fn agent_for(&self, names: &[String]) -> Result<AgentClient, Error> {
+        AgentClient::for_node(&self.client, names, self.agent_timeout)
+            .map_err(|e| Error::Internal(format!("cannot make the agent client: {e}")))
+    }
+
     fn needs_renewal(&self, now: OffsetDateTime) -> bool {
         RotationPolicy::Fraction(2.0 / 3.0).is_due(
             self.client_not_before,
@@ -52,13 +62,27 @@ impl ClusterCredentials {
     }
 }
 
-pub fn secret_name(cluster: &str, ca: SigningCa) -> String {
-    let suffix = match ca {
+/// The suffix of a CA's Secret name, as Cluster API names them.
+fn secret_suffix(ca: SigningCa) -> &'static str {
+    match ca {
         SigningCa::Cluster => "ca",
         SigningCa::Etcd => "etcd",
         SigningCa::FrontProxy => "proxy",
-    };
-    format!("{cluster}-{suffix}")
+    }
+}
+
+pub fn secret_name(cluster: &str, ca: SigningCa) -> String {
+    format!("{cluster}-{}", secret_suffix(ca))
+}
+
+/// The cluster whose CA Secret this could be (`c1` for `c1-ca`, `c1-etcd`, `c1-proxy`).
+pub fn cluster_of_ca_secret(secret: &str) -> Option<&str> {
+    SigningCa::ALL.iter().find_map(|ca| {
+        secret
+            .strip_suffix(secret_suffix(*ca))?
+            .strip_suffix('-')
+            .filter(|cluster| !cluster.is_empty())
+    })
 }
 
 /// Credentials per cluster, loaded on first use and reloaded when the client certificate is
@@ -100,12 +124,25 @@ impl CredentialStore {
         Ok(loaded)
     }
 
-    /// Forgets a cluster's credentials, so the next use reloads the Secrets.
-    pub async fn forget(&self, namespace: &str, cluster: &str) {
+    /// Forgets a cluster's credentials, so the next use reloads the Secrets. Returns whether
+    /// they were loaded.
+    ///
+    /// A load in progress holds the cache's lock until it has stored its result, so a change
+    /// seen here after the load read the old Secret still removes what that load stored.
+    pub async fn forget(&self, namespace: &str, cluster: &str) -> bool {
         self.cache
             .lock()
             .await
-            .remove(&(namespace.to_string(), cluster.to_string()));
+            .remove(&(namespace.to_string(), cluster.to_string()))
+            .is_some()
+    }
+
+    /// Whether a cluster's credentials are loaded.
+    pub async fn is_loaded(&self, namespace: &str, cluster: &str) -> bool {
+        self.cache
+            .lock()
+            .await
+            .contains_key(&(namespace.to_string(), cluster.to_string()))
     }
 }
 
@@ -154,18 +191,16 @@ async fn load(
             ))
         })?;
     let key = issued.key.as_ref().expect("issue() returns a key").to_pem();
-    let tls = caretaker_agent::tls::client_config(
-        &cluster_ca.certificate_pem(),
-        &issued.certificate_pem,
-        &key,
-    )
-    .map_err(|e| Error::Internal(e.to_string()))?;
+    let client =
+        ClientIdentity::from_pem(&cluster_ca.certificate_pem(), &issued.certificate_pem, &key)
+            .map_err(|e| Error::Internal(e.to_string()))?;
     let info = issued.info();
     Ok(ClusterCredentials {
         client_not_before: info.not_before,
         client_not_after: info.not_after,
         authorities,
-        agent_client: AgentClient::new(tls, agent_timeout),
+        client,
+        agent_timeout,
     })
 }
 
@@ -175,6 +210,20 @@ mod tests {
 
     use super::*;
     use crate::capi_objects::{self, ClusterObjects};
+
+    #[test]
+    fn ca_secret_names_map_back_to_their_cluster() {
+        for ca in SigningCa::ALL {
+            assert_eq!(cluster_of_ca_secret(&secret_name("c1", ca)), Some("c1"));
+            assert_eq!(
+                cluster_of_ca_secret(&secret_name("my-ca", ca)),
+                Some("my-ca")
+            );
+        }
+        for other in ["c1-kubeconfig", "ca", "-ca", "c1ca", "c1-proxy-x", "etcd"] {
+            assert_eq!(cluster_of_ca_secret(other), None, "{other}");
+        }
+    }
 
     #[tokio::test]
     async fn the_client_certificate_is_replaced_after_two_thirds_of_its_life() {

@@ -185,9 +185,14 @@ async fn an_unreachable_agent_is_retried_then_the_refresh_fails() {
     );
 }
 
-/// Plans and (optionally) applies a refresh of `url`'s node directly, as an operator that died
-/// right afterwards would have.
-async fn refresh_behind_the_operators_back(world: &World, url: &str, apply: bool) -> String {
+/// Plans and (optionally) applies a refresh of `node`'s agent at `url` directly, as an operator
+/// that died right afterwards would have.
+async fn refresh_behind_the_operators_back(
+    world: &World,
+    node: &str,
+    url: &str,
+    apply: bool,
+) -> String {
     use caretaker_agent::refresh::{ApplyRequest, PlanRequest};
     let pair = world
         .cas
@@ -197,28 +202,26 @@ async fn refresh_behind_the_operators_back(world: &World, url: &str, apply: bool
             caretaker_pki::Usage::Client,
         ))
         .unwrap();
-    let tls = caretaker_agent::tls::client_config(
+    let identity = caretaker_agent::tls::ClientIdentity::from_pem(
         &world.cas.cluster.certificate_pem(),
         &pair.certificate_pem,
         &pair.key.unwrap().to_pem(),
     )
     .unwrap();
-    let agent = caretaker_agent::api::AgentClient::new(tls, Duration::from_secs(10));
+    let agent = caretaker_agent::api::AgentClient::for_node(
+        &identity,
+        &[node.to_string()],
+        Duration::from_secs(10),
+    )
+    .unwrap();
     let plan = agent.plan(url, &PlanRequest::default()).await.unwrap();
     if apply {
         let mut certificates = BTreeMap::new();
         for r in &plan.requests {
-            let policy = caretaker_pki::SigningPolicy {
-                common_names: vec![r.common_name.clone()],
-                organizations: r.organizations.clone(),
-                dns_names: r.dns_names.clone(),
-                ip_addresses: r.ip_addresses.clone(),
-                usage: Some(r.usage),
-            };
             let signed = world
                 .cas
                 .get(r.ca)
-                .sign_request(&r.csr_pem, &policy, &"1y".parse().unwrap())
+                .sign_request(&r.csr_pem, &r.exact_policy(), &"1y".parse().unwrap())
                 .unwrap();
             certificates.insert(r.name.clone(), signed.certificate_pem);
         }
@@ -251,8 +254,10 @@ async fn a_restarted_operator_resumes_without_refreshing_twice() {
     // One Machine's plan was applied, the other's only made, when the operator died.
     let applied_url = world.agents[0].url.clone();
     let staged_url = world.agents[1].url.clone();
-    let applied_plan = refresh_behind_the_operators_back(&world, &applied_url, true).await;
-    let staged_plan = refresh_behind_the_operators_back(&world, &staged_url, false).await;
+    let applied_plan =
+        refresh_behind_the_operators_back(&world, "node-applied", &applied_url, true).await;
+    let staged_plan =
+        refresh_behind_the_operators_back(&world, "node-staged", &staged_url, false).await;
     let after_apply = caretaker_agent::inventory::discover(&applied_layout);
     let started =
         caretaker_operator::machine::refresh::format_time(time::OffsetDateTime::now_utc());

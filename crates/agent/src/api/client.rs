@@ -2,7 +2,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::{Method, Request, Uri};
 use hyper_util::rt::TokioIo;
 use rustls::pki_types::ServerName;
@@ -25,6 +25,13 @@ pub enum AgentError {
     Connect { url: String, source: std::io::Error },
     #[error("TLS handshake with the agent at {url} failed: {source}")]
     Tls { url: String, source: std::io::Error },
+    #[error("the agent at {url} is not this Machine's node's agent: {mismatch}")]
+    NotTheNode {
+        url: String,
+        mismatch: crate::tls::NotTheNode,
+    },
+    #[error("the agent at {url} sent a reply larger than {limit} bytes; it was not read")]
+    ReplyTooLarge { url: String, limit: usize },
     #[error("the agent at {url} did not answer within {}s", timeout.as_secs())]
     Timeout { url: String, timeout: Duration },
     #[error("the agent at {url} answered {status} {reason}: {message}")]
@@ -48,7 +55,10 @@ impl AgentError {
             }
             AgentError::Protocol { .. } => true,
             AgentError::Status { status, .. } => *status >= 500,
-            AgentError::BadUrl(_) => false,
+            // Another node's agent, or one that floods: asking again will not change that.
+            AgentError::BadUrl(_)
+            | AgentError::NotTheNode { .. }
+            | AgentError::ReplyTooLarge { .. } => false,
         }
     }
 }
@@ -68,6 +78,10 @@ impl std::fmt::Debug for AgentClient {
     }
 }
 
+/// The most an agent's reply may hold. Real replies are a few KiB (an inventory, a plan of
+/// CSRs, an output tail); a larger one is a broken or hostile agent, and is not read into memory.
+pub const MAX_REPLY_BYTES: usize = 1024 * 1024;
+
 impl AgentClient {
     /// `tls` comes from [`crate::tls::client_config`]. Every call gives up after `timeout`.
     pub fn new(tls: rustls::ClientConfig, timeout: Duration) -> Self {
@@ -75,6 +89,16 @@ impl AgentClient {
             connector: TlsConnector::from(Arc::new(tls)),
             timeout,
         }
+    }
+
+    /// A client that talks only to an agent whose serving certificate names one of `names` (a
+    /// node's name and addresses), wherever its URL points.
+    pub fn for_node(
+        identity: &crate::tls::ClientIdentity,
+        names: &[String],
+        timeout: Duration,
+    ) -> Result<Self, crate::tls::TlsError> {
+        Ok(Self::new(identity.config_for_node(names)?, timeout))
     }
 
     pub async fn health(&self, url: &str) -> Result<Health, AgentError> {
@@ -176,9 +200,15 @@ impl AgentClient {
             .connector
             .connect(server_name, tcp)
             .await
-            .map_err(|source| AgentError::Tls {
-                url: base.into(),
-                source,
+            .map_err(|source| match crate::tls::not_the_node(&source) {
+                Some(mismatch) => AgentError::NotTheNode {
+                    url: base.into(),
+                    mismatch: mismatch.clone(),
+                },
+                None => AgentError::Tls {
+                    url: base.into(),
+                    source,
+                },
             })?;
         let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
             .await
@@ -203,11 +233,19 @@ impl AgentClient {
             .await
             .map_err(|e| protocol(e.to_string()))?;
         let status = response.status();
-        let bytes = response
-            .into_body()
+        let bytes = Limited::new(response.into_body(), MAX_REPLY_BYTES)
             .collect()
             .await
-            .map_err(|e| protocol(e.to_string()))?
+            .map_err(|e| {
+                if e.is::<LengthLimitError>() {
+                    AgentError::ReplyTooLarge {
+                        url: base.into(),
+                        limit: MAX_REPLY_BYTES,
+                    }
+                } else {
+                    protocol(e.to_string())
+                }
+            })?
             .to_bytes();
         if !status.is_success() {
             let (reason, message) = match serde_json::from_slice::<ErrorBody>(&bytes) {

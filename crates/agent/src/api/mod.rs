@@ -16,7 +16,7 @@
 mod client;
 mod server;
 
-pub use client::{AgentClient, AgentError};
+pub use client::{AgentClient, AgentError, MAX_REPLY_BYTES};
 pub use server::{AgentService, serve};
 
 use serde::{Deserialize, Serialize};

@@ -11,14 +11,16 @@ use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use caretaker_agent::NodeLayout;
-use caretaker_agent::provision::{ClusterCas, NodeRole, NodeSpec, provision_node};
+use caretaker_agent::provision::{
+    ClusterCas, NodeRole, NodeSpec, agent_serving_leaf, provision_node,
+};
 use caretaker_apiserver::ApiServer;
 use caretaker_operator::capi_objects::{self, ClusterObjects, MachineObject, MachineRole};
 use caretaker_operator::machine;
 use caretaker_operator::machine::refresh::format_time;
 use caretaker_operator::names;
+use caretaker_pki::Ttl;
 use caretaker_pki::files;
-use caretaker_pki::{LeafSpec, Ttl, Usage};
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::GroupVersionKind;
 use serde_json::json;
@@ -428,11 +430,10 @@ async fn start_machine(
     std::fs::create_dir_all(&agent_dir).map_err(|e| e.to_string())?;
     let serving = cas
         .cluster
-        .issue(
-            &LeafSpec::new(format!("{name}-agent"), Usage::Server)
-                .with_dns_names(["localhost"])
-                .with_ip_addresses(["127.0.0.1".parse().expect("valid")]),
-        )
+        .issue(&agent_serving_leaf(
+            name,
+            &["127.0.0.1".parse().expect("valid")],
+        ))
         .map_err(|e| e.to_string())?;
     let key = serving
         .key

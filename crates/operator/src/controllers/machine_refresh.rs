@@ -8,19 +8,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use caretaker_agent::api::AgentError;
+use caretaker_agent::provision::NodeRole;
 use caretaker_agent::refresh::{ApplyRequest, PlanRequest, PlanStatus};
-use caretaker_pki::{CertificateRequest, Ttl};
+use caretaker_pki::Ttl;
 use kube::api::{Api, DynamicObject};
 use serde_json::{Value, json};
 use time::OffsetDateTime;
 
 use super::{Next, failure_reason, retry_changes};
 use crate::Error;
-use crate::context::{Context, EventType};
+use crate::context::{Context, EventType, MachineAgent};
 use crate::machine::refresh::{RefreshStep, decide, format_time};
-use crate::machine::{self, MachineView};
+use crate::machine::{self, MachineView, ObjectRef};
 use crate::names::{self, refresh_state};
-use crate::signing::machine_policy;
+use crate::signing::{MachineIdentity, verified_role};
 
 /// How soon to look again when earlier work for the Machine is still running.
 pub(crate) const BUSY_RETRY: Duration = Duration::from_millis(200);
@@ -110,9 +111,8 @@ pub async fn reconcile(
 
 async fn observe_expiry(ctx: &Context, view: &MachineView) {
     let result = async {
-        let credentials = ctx.credentials_for(view).await?;
-        let url = ctx.agent_url(view)?;
-        let inventory = credentials.agent_client.certificates(&url).await?;
+        let agent = ctx.agent_of(view).await?;
+        let inventory = agent.client.certificates(&agent.url).await?;
         if let Some(expiry) = inventory.earliest_expiry() {
             let mut changes = BTreeMap::new();
             changes.insert(
@@ -222,13 +222,16 @@ async fn fail(
     Ok(())
 }
 
-/// One attempt: plan on the node, check and sign every CSR, apply. Returns the new expiry and a
-/// note for the event.
+/// One attempt: verify the Machine's role, plan on the node, decide how to sign every CSR from
+/// the operator's own table (refusing the whole plan if any asks for more), sign, apply.
+/// Returns the new expiry and a note for the event.
 async fn refresh(
     ctx: &Context,
     view: &MachineView,
     ttl: &Ttl,
 ) -> Result<(OffsetDateTime, String), Error> {
+    // Before anything is sent to the node: who the Machine is, as the Cluster API objects say.
+    let identity = machine_identity(ctx, view).await?;
     let credentials = ctx.credentials_for(view).await?;
     let cluster_ca = credentials.authority(
         caretaker_agent::SigningCa::Cluster,
@@ -245,8 +248,7 @@ async fn refresh(
             format_time(cluster_ca.info().not_after)
         )));
     }
-    let url = ctx.agent_url(view)?;
-    let agent = &credentials.agent_client;
+    let MachineAgent { url, client: agent } = ctx.agent_of(view).await?;
 
     // Resuming: an earlier attempt of this request made a plan. Continue it, or learn that it
     // was applied and only its recording was lost; never refresh the node twice.
@@ -267,8 +269,6 @@ async fn refresh(
         None => None,
     };
 
-    let (endpoint_host, extra_sans) = cluster_names(ctx, view).await?;
-    let policy = machine_policy(view, endpoint_host.as_deref(), &extra_sans);
     let (plan_id, requests) = match resumed {
         Some(resumed) => resumed,
         None => {
@@ -279,22 +279,19 @@ async fn refresh(
             (plan.plan_id, plan.requests)
         }
     };
+    let decisions = identity.signing_plan(&requests).map_err(|refusal| {
+        Error::Refused(format!(
+            "refused to sign {refusal}; nothing was signed for Machine {}",
+            view.name
+        ))
+    })?;
     let mut certificates = BTreeMap::new();
-    for request in &requests {
-        let csr = CertificateRequest::from_pem(&request.csr_pem)
-            .map_err(|e| Error::Refused(format!("the CSR for {} is invalid: {e}", request.name)))?;
-        policy.check(&csr).map_err(|refusal| {
-            Error::Refused(format!(
-                "refused to sign {} ({}): {refusal}",
-                request.name,
-                csr.describe()
-            ))
-        })?;
-        let ca = credentials.authority(request.ca, &view.namespace, &view.cluster_name)?;
+    for (decision, request) in decisions.iter().zip(&requests) {
+        let ca = credentials.authority(decision.ca, &view.namespace, &view.cluster_name)?;
         let signed = ca
-            .sign_request(&request.csr_pem, &policy, ttl)
-            .map_err(|e| Error::Refused(format!("refused to sign {}: {e}", request.name)))?;
-        certificates.insert(request.name.clone(), signed.certificate_pem);
+            .sign_request(&request.csr_pem, &decision.policy, ttl)
+            .map_err(|e| Error::Refused(format!("refused to sign {}: {e}", decision.name)))?;
+        certificates.insert(decision.name.clone(), signed.certificate_pem);
     }
     let outcome = agent
         .apply(
@@ -324,36 +321,48 @@ async fn refresh(
     Ok((outcome.earliest_not_after, note))
 }
 
-/// The control-plane endpoint host of the Machine's Cluster and the extra SANs of its
+/// Who the Machine is for signing, from the Cluster API objects alone: its node and addresses,
+/// its verified role, the Cluster's control-plane endpoint host and the extra SANs of its
 /// CK8sControlPlane (any `extraSANs` list in its spec).
-async fn cluster_names(
-    ctx: &Context,
-    view: &MachineView,
-) -> Result<(Option<String>, Vec<String>), Error> {
+async fn machine_identity(ctx: &Context, view: &MachineView) -> Result<MachineIdentity, Error> {
+    let node_name = view
+        .node_name
+        .clone()
+        .ok_or_else(|| Error::Invalid(format!("Machine {} has no node", view.name)))?;
     let clusters: Api<DynamicObject> = Api::namespaced_with(
         ctx.client.clone(),
         &view.namespace,
         &machine::cluster_api_resource(),
     );
-    let Some(cluster) = clusters.get_opt(&view.cluster_name).await? else {
-        return Ok((None, Vec::new()));
-    };
-    let host = cluster.data["spec"]["controlPlaneEndpoint"]["host"]
-        .as_str()
-        .filter(|h| !h.is_empty())
-        .map(str::to_string);
-    let mut extra = Vec::new();
-    if let Some(name) = cluster.data["spec"]["controlPlaneRef"]["name"].as_str() {
+    let cluster = clusters.get_opt(&view.cluster_name).await?;
+    let control_plane = cluster.as_ref().and_then(ObjectRef::control_plane_of);
+    let role = verified_role(view, control_plane.as_ref())
+        .map_err(|e| Error::Refused(format!("refused to refresh: {e}")))?;
+    let endpoint_host = cluster.as_ref().and_then(|c| {
+        c.data["spec"]["controlPlaneEndpoint"]["host"]
+            .as_str()
+            .filter(|h| !h.is_empty())
+            .map(str::to_string)
+    });
+    let mut extra_sans = Vec::new();
+    if let Some(reference) = control_plane.filter(|_| role == NodeRole::ControlPlane) {
         let planes: Api<DynamicObject> = Api::namespaced_with(
             ctx.client.clone(),
             &view.namespace,
             &machine::control_plane_api_resource(),
         );
-        if let Ok(Some(plane)) = planes.get_opt(name).await {
-            collect_extra_sans(&plane.data["spec"], &mut extra);
+        if let Some(plane) = planes.get_opt(&reference.name).await? {
+            collect_extra_sans(&plane.data["spec"], &mut extra_sans);
         }
     }
-    Ok((host, extra))
+    Ok(MachineIdentity {
+        machine: view.name.clone(),
+        node_name,
+        addresses: view.addresses.clone(),
+        role,
+        endpoint_host,
+        extra_sans,
+    })
 }
 
 fn collect_extra_sans(value: &Value, out: &mut Vec<String>) {

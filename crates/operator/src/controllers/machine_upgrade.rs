@@ -113,9 +113,8 @@ async fn cancel(
     change_id: Option<&str>,
 ) -> Result<(), Error> {
     if let Some(change_id) = change_id {
-        let url = ctx.agent_url(view)?;
-        let credentials = ctx.credentials_for(view).await?;
-        match credentials.agent_client.cancel(&url, change_id).await {
+        let agent = ctx.agent_of(view).await?;
+        match agent.client.cancel(&agent.url, change_id).await {
             Ok(_) | Err(AgentError::Status { status: 404, .. }) => {}
             Err(e) => return Err(e.into()),
         }
@@ -156,25 +155,18 @@ async fn launch(
     release: &str,
     request_id: &str,
 ) -> Result<Progress, Error> {
-    let credentials = ctx.credentials_for(view).await?;
+    let agent = ctx.agent_of(view).await?;
     let request = UpgradeRequest {
         release: release.to_string(),
         request_id: Some(request_id.to_string()),
     };
-    let operation = credentials
-        .agent_client
-        .start_upgrade(&ctx.agent_url(view)?, &request)
-        .await?;
+    let operation = agent.client.start_upgrade(&agent.url, &request).await?;
     Ok(Progress::Launched(operation))
 }
 
 async fn poll(ctx: &Context, view: &MachineView, change_id: &str) -> Result<Progress, Error> {
-    let credentials = ctx.credentials_for(view).await?;
-    match credentials
-        .agent_client
-        .operation(&ctx.agent_url(view)?, change_id)
-        .await
-    {
+    let agent = ctx.agent_of(view).await?;
+    match agent.client.operation(&agent.url, change_id).await {
         Ok(operation) if operation.state == OperationState::Running => Ok(Progress::Running),
         Ok(operation) => Ok(Progress::Ended(operation)),
         Err(AgentError::Status { status: 404, .. }) => Err(Error::Invalid(format!(

@@ -2,8 +2,10 @@
 //! carries out each per-Machine capability in turn: [`machine_refresh`] and
 //! [`machine_upgrade`]. [`rollout`] runs one Controller per parent kind (Cluster,
 //! CK8sControlPlane, MachineDeployment). All of them read Machines from one watch-fed
-//! [`cache`]; [`run`] starts everything.
+//! [`cache`]. [`ca_secrets`] drops cached CAs when their Secrets change. [`run`] starts
+//! everything.
 
+pub mod ca_secrets;
 pub mod cache;
 pub mod machine_refresh;
 pub mod machine_upgrade;
@@ -45,7 +47,12 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
         1 + rollout::PARENT_KINDS.len(),
     );
     let machine_changes = changes.remove(0);
+    let secrets = match &namespace {
+        Some(ns) => Api::namespaced(ctx.client.clone(), ns),
+        None => Api::all(ctx.client.clone()),
+    };
     futures::join!(
+        ca_secrets::run(ctx.clone(), secrets),
         keep_caches,
         machines::run(ctx.clone(), caches.machines(), machine_changes),
         rollout::run(ctx.clone(), api, caches, changes),

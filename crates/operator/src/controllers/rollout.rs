@@ -559,18 +559,11 @@ fn observe(
 }
 
 async fn agent_healthy(ctx: &Context, m: &MachineView) -> bool {
-    let Ok(url) = ctx.agent_url(m) else {
-        return false;
-    };
-    let Ok(credentials) = ctx
-        .credentials
-        .get(&ctx.client, &m.namespace, &m.cluster_name, HEALTH_TIMEOUT)
-        .await
-    else {
+    let Ok(agent) = ctx.agent_of(m).await else {
         return false;
     };
     matches!(
-        tokio::time::timeout(HEALTH_TIMEOUT, credentials.agent_client.health(&url)).await,
+        tokio::time::timeout(HEALTH_TIMEOUT, agent.client.health(&agent.url)).await,
         Ok(Ok(_))
     )
 }

@@ -55,7 +55,12 @@ pub struct MachineView {
     pub cluster_name: String,
     pub node_name: Option<String>,
     pub addresses: Vec<String>,
+    /// Whether it carries the `cluster.x-k8s.io/control-plane` label. Enough to group Machines
+    /// for a rollout; never enough to sign control-plane certificates (see
+    /// [`crate::signing::verified_role`]).
     pub control_plane: bool,
+    /// The owner reference with `controller: true`, if any.
+    pub controller: Option<ObjectRef>,
     pub being_deleted: bool,
     pub labels: BTreeMap<String, String>,
     pub annotations: BTreeMap<String, String>,
@@ -78,6 +83,17 @@ impl MachineView {
                 .map(|a| a.iter().filter_map(|e| text(&e["address"])).collect())
                 .unwrap_or_default(),
             control_plane: labels.contains_key(crate::names::CONTROL_PLANE_LABEL),
+            controller: machine
+                .metadata
+                .owner_references
+                .iter()
+                .flatten()
+                .find(|o| o.controller == Some(true))
+                .map(|o| ObjectRef {
+                    group: group_of(&o.api_version).to_string(),
+                    kind: o.kind.clone(),
+                    name: o.name.clone(),
+                }),
             being_deleted: machine.metadata.deletion_timestamp.is_some(),
             labels: labels.clone(),
             annotations: machine.metadata.annotations.clone().unwrap_or_default(),
@@ -102,6 +118,42 @@ impl MachineView {
     }
 }
 
+/// A reference to an object by group, kind and name (a Cluster's `spec.controlPlaneRef`, a
+/// Machine's controller).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectRef {
+    pub group: String,
+    pub kind: String,
+    pub name: String,
+}
+
+impl ObjectRef {
+    /// A Cluster's `spec.controlPlaneRef`: `apiGroup` in v1beta2, `apiVersion` before it.
+    pub fn control_plane_of(cluster: &DynamicObject) -> Option<Self> {
+        let reference = &cluster.data["spec"]["controlPlaneRef"];
+        let text = |key: &str| reference[key].as_str().filter(|s| !s.is_empty());
+        let group = match text("apiGroup") {
+            Some(group) => group,
+            None => group_of(text("apiVersion")?),
+        };
+        Some(Self {
+            group: group.to_string(),
+            kind: text("kind")?.to_string(),
+            name: text("name")?.to_string(),
+        })
+    }
+
+    /// `kind/name (group)`, for messages.
+    pub fn describe(&self) -> String {
+        format!("{}/{} ({})", self.kind, self.name, self.group)
+    }
+}
+
+/// The group of an `apiVersion` (`""` for the core group's `v1`).
+fn group_of(api_version: &str) -> &str {
+    api_version.rsplit_once('/').map_or("", |(group, _)| group)
+}
+
 /// A worker Machine `m` of Cluster `c1` with a node and these annotations, for the decision
 /// tests.
 #[cfg(test)]
@@ -113,6 +165,7 @@ pub(crate) fn test_machine(annotations: &[(&str, &str)]) -> MachineView {
         node_name: Some("node-m".into()),
         addresses: vec!["10.0.0.1".into()],
         control_plane: false,
+        controller: None,
         being_deleted: false,
         labels: Default::default(),
         annotations: annotations

@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use caretaker_agent::NodeLayout;
 use caretaker_agent::local::LocalAgent;
-use caretaker_agent::provision::{ClusterCas, NodeRole, NodeSpec, provision_node};
+use caretaker_agent::provision::{
+    ClusterCas, NodeRole, NodeSpec, agent_serving_leaf, provision_node,
+};
 use caretaker_apiserver::TestServer;
 use caretaker_operator::capi_objects::{self, ClusterObjects, MachineObject, MachineRole};
 use caretaker_operator::controllers;
@@ -27,6 +29,8 @@ pub struct World {
     pub cas: ClusterCas,
     pub dir: tempfile::TempDir,
     pub agents: Vec<LocalAgent>,
+    /// The running controllers' context.
+    pub ctx: std::sync::Arc<Context>,
     pub controller: tokio::task::JoinHandle<()>,
     /// The MachineDeployment new workers join.
     pub deployment: String,
@@ -49,7 +53,7 @@ pub async fn world(settings: Settings) -> World {
     cluster.create_machine_deployment("c1-md-0").await.unwrap();
 
     let ctx = Context::new(client.clone(), settings);
-    let controller = tokio::spawn(run_controllers(ctx));
+    let controller = tokio::spawn(run_controllers(ctx.clone()));
     World {
         server,
         client,
@@ -57,6 +61,7 @@ pub async fn world(settings: Settings) -> World {
         cas,
         dir: tempfile::tempdir().unwrap(),
         agents: Vec::new(),
+        ctx,
         controller,
         deployment: "c1-md-0".into(),
     }
@@ -102,12 +107,17 @@ impl World {
     ) -> NodeLayout {
         let node_dir = self.dir.path().join(name);
         let layout = NodeLayout::new(node_dir.join("pki"), node_dir.join("kubeconfigs"));
+        let node_name = format!("node-{name}");
+        // Each node has its own loopback address, so that its agent's serving certificate
+        // names it and no other node.
+        let address = format!("127.0.0.{}", 10 + self.agents.len());
+        let ip = address.parse().unwrap();
         provision_node(
             &layout,
             &self.cas,
             &NodeSpec {
-                node_name: format!("node-{name}"),
-                addresses: vec!["127.0.0.1".parse().unwrap()],
+                node_name: node_name.clone(),
+                addresses: vec![ip],
                 role,
                 control_plane_host: endpoint_host.into(),
                 server_url: format!("https://{endpoint_host}:6443"),
@@ -115,7 +125,8 @@ impl World {
             },
         )
         .unwrap();
-        let agent = LocalAgent::start(
+        let agent = LocalAgent::start_as(
+            &agent_serving_leaf(&node_name, &[ip]),
             layout.clone(),
             &node_dir.join("state"),
             &self.cas.cluster,
@@ -127,14 +138,13 @@ impl World {
         let url = agent_url.map_or(agent.url.clone(), str::to_string);
         self.agents.push(agent);
 
-        let node_name = format!("node-{name}");
         let role = MachineRole::of(role, &self.deployment);
         self.cluster
             .create_machine(&MachineObject {
                 name,
                 role,
                 node_name: &node_name,
-                address: "127.0.0.1",
+                address: &address,
                 agent_url: &url,
             })
             .await

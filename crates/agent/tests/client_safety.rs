@@ -1,0 +1,148 @@
+//! The operator's side of the agent API facing a hostile or wrong agent: an agent of another
+//! node (its serving certificate does not name the node the operator meant), one whose
+//! certificate chains to another CA, and one that answers with an endless body.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::routing::get;
+use caretaker_agent::api::{AgentClient, AgentError, MAX_REPLY_BYTES, serve};
+use caretaker_agent::provision::agent_serving_leaf;
+use caretaker_agent::tls::{self, ClientIdentity};
+use caretaker_pki::{CaSpec, CertificateAuthority, LeafSpec, Usage};
+
+/// Serves `router` with mutual TLS as node `node` (address 127.0.0.1) under `ca`.
+async fn start(ca: &CertificateAuthority, node: &str, router: Router) -> String {
+    let serving = ca
+        .issue(&agent_serving_leaf(node, &["127.0.0.1".parse().unwrap()]))
+        .unwrap();
+    let config = tls::server_config(
+        &serving.certificate_pem,
+        &serving.key.unwrap().to_pem(),
+        &ca.certificate_pem(),
+        tls::DEFAULT_ALLOWED_CLIENT,
+    )
+    .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!(
+        "https://127.0.0.1:{}",
+        listener.local_addr().unwrap().port()
+    );
+    tokio::spawn(async move {
+        let _ = serve(listener, config, router).await;
+    });
+    url
+}
+
+fn operator_identity(ca: &CertificateAuthority) -> ClientIdentity {
+    let pair = ca
+        .issue(&LeafSpec::new(tls::DEFAULT_ALLOWED_CLIENT, Usage::Client))
+        .unwrap();
+    ClientIdentity::from_pem(
+        &ca.certificate_pem(),
+        &pair.certificate_pem,
+        &pair.key.unwrap().to_pem(),
+    )
+    .unwrap()
+}
+
+fn client_for(identity: &ClientIdentity, names: &[&str]) -> AgentClient {
+    let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+    AgentClient::for_node(identity, &names, Duration::from_secs(10)).unwrap()
+}
+
+fn health_router() -> Router {
+    Router::new().route(
+        "/v1/health",
+        get(|| async { axum::Json(serde_json::json!({ "status": "ok", "version": "test" })) }),
+    )
+}
+
+#[tokio::test]
+async fn only_the_named_nodes_agent_is_accepted() {
+    let ca = CertificateAuthority::create(&CaSpec::new("kubernetes")).unwrap();
+    let identity = operator_identity(&ca);
+    let url = start(&ca, "node-b", health_router()).await;
+
+    // By the node's name, or by an address in its certificate, whatever the URL says.
+    for names in [&["node-b"][..], &["node-a", "127.0.0.1"]] {
+        client_for(&identity, names).health(&url).await.unwrap();
+    }
+    // Another node's names: refused in the handshake, before any request is sent.
+    let err = client_for(&identity, &["node-a", "10.0.0.7"])
+        .health(&url)
+        .await
+        .unwrap_err();
+    match &err {
+        AgentError::NotTheNode { mismatch, .. } => {
+            assert_eq!(mismatch.expected, ["node-a", "10.0.0.7"]);
+        }
+        other => panic!("expected NotTheNode, got {other:?}"),
+    }
+    assert!(!err.is_transient(), "asking again cannot help");
+    assert!(err.to_string().contains("node-a, 10.0.0.7"), "{err}");
+
+    // A certificate naming the node but from another CA is a plain TLS failure, not a match.
+    let other_ca = CertificateAuthority::create(&CaSpec::new("kubernetes")).unwrap();
+    let impostor = start(&other_ca, "node-a", health_router()).await;
+    let err = client_for(&identity, &["node-a"])
+        .health(&impostor)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, AgentError::Tls { .. }), "{err:?}");
+}
+
+#[tokio::test]
+async fn an_endless_reply_is_cut_off_at_the_limit() {
+    let ca = CertificateAuthority::create(&CaSpec::new("kubernetes")).unwrap();
+    // A fake agent that would send 3 GiB; it counts what it managed to hand over.
+    let sent = Arc::new(AtomicUsize::new(0));
+    let counter = sent.clone();
+    let router = Router::new().route(
+        "/v1/health",
+        get(move || {
+            let counter = counter.clone();
+            async move {
+                const CHUNK: usize = 64 * 1024;
+                let chunks = (3usize << 30) / CHUNK;
+                let stream = counted_zeros(chunks, CHUNK, counter);
+                Body::from_stream(stream)
+            }
+        }),
+    );
+    let url = start(&ca, "node-a", router).await;
+    let identity = operator_identity(&ca);
+    let err = client_for(&identity, &["node-a"])
+        .health(&url)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, AgentError::ReplyTooLarge { limit, .. } if limit == MAX_REPLY_BYTES),
+        "{err:?}"
+    );
+    assert!(!err.is_transient());
+    // The client stopped reading: the server could hand over little beyond the limit (what the
+    // socket buffers hold), nowhere near the 3 GiB it offered.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let handed_over = sent.load(Ordering::SeqCst);
+    assert!(
+        handed_over < 64 * MAX_REPLY_BYTES,
+        "{handed_over} bytes were produced"
+    );
+}
+
+/// A stream of `chunks` chunks of `size` zero bytes that counts what is taken from it.
+fn counted_zeros(
+    chunks: usize,
+    size: usize,
+    counter: Arc<AtomicUsize>,
+) -> impl futures::Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static {
+    let chunk = Bytes::from(vec![0u8; size]);
+    futures::stream::iter((0..chunks).map(move |_| {
+        counter.fetch_add(size, Ordering::SeqCst);
+        Ok(chunk.clone())
+    }))
+}
