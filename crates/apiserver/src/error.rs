@@ -168,12 +168,15 @@ impl ApiError {
         )
     }
 
-    pub fn unsupported_media_type(content_type: &str) -> Self {
+    /// 415: a request body in a format that cannot be decoded here; `accepted` lists the media
+    /// types that can, in kube-apiserver's message.
+    pub fn unsupported_media_type(content_type: &str, accepted: &[&str]) -> Self {
         Self::new(
             415,
             "UnsupportedMediaType",
             format!(
-                "the body of the request was in an unknown format - accepted media types include: application/json, application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml, application/strategic-merge-patch+json (got {content_type:?})"
+                "the body of the request was in an unknown format - accepted media types include: {} (got {content_type:?})",
+                accepted.join(", ")
             ),
         )
     }

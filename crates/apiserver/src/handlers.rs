@@ -181,19 +181,48 @@ fn resolve(
     })
 }
 
-fn parse_body(headers: &HeaderMap, body: &Bytes) -> Result<Value, ApiError> {
+/// The media types kube-apiserver decodes request bodies from (CBOR only behind a feature
+/// gate). Anything else is refused, in particular the `text/plain`, form and multipart types a
+/// web page may post cross-origin without asking.
+const BODY_MEDIA_TYPES: &[&str] = &["application/json", "application/yaml", PROTOBUF];
+/// What custom resources take: they have no protobuf form.
+pub const JSON_OR_YAML: &[&str] = &["application/json", "application/yaml"];
+const PROTOBUF: &str = "application/vnd.kubernetes.protobuf";
+
+/// Decodes a create, update or delete body. `accepted` are the media types allowed for it.
+fn parse_body(headers: &HeaderMap, body: &Bytes, accepted: &[&str]) -> Result<Value, ApiError> {
     let content_type = headers
         .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("application/json");
-    let media = content_type.split(';').next().unwrap_or("").trim();
-    if media == "application/vnd.kubernetes.protobuf" {
-        return crate::protobuf::decode(body, content_type);
+        .map(|v| String::from_utf8_lossy(v.as_bytes()))
+        .unwrap_or_default();
+    // As in kube-apiserver: parameters (charset) do not matter, and no Content-Type means JSON.
+    let media = content_type
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    let media = if media.is_empty() {
+        "application/json"
+    } else {
+        media.as_str()
+    };
+    if !accepted.contains(&media) {
+        return Err(ApiError::unsupported_media_type(&content_type, accepted));
     }
-    if media.contains("protobuf") || media.contains("cbor") {
-        return Err(ApiError::unsupported_media_type(content_type));
+    if media == PROTOBUF {
+        return crate::protobuf::decode(body, &content_type);
     }
     decode_json_or_yaml(media, body)
+}
+
+/// The media types an object's create and update bodies may have.
+fn object_media_types(def: &ResourceDef) -> &'static [&'static str] {
+    if def.flavor == registry::Flavor::CustomResource {
+        JSON_OR_YAML
+    } else {
+        BODY_MEDIA_TYPES
+    }
 }
 
 fn decode_json_or_yaml(media: &str, body: &Bytes) -> Result<Value, ApiError> {
@@ -263,7 +292,7 @@ fn delete_options(
     let from_body = if body.is_empty() {
         json!({})
     } else {
-        parse_body(headers, body)?
+        parse_body(headers, body, BODY_MEDIA_TYPES)?
     };
     let policy = params
         .get("propagationPolicy")
@@ -388,7 +417,7 @@ async fn resource_request(
                 .create(
                     def,
                     ns,
-                    parse_body(headers, &body)?,
+                    parse_body(headers, &body, object_media_types(def))?,
                     &write_options(params, headers)?,
                 )
                 .await?;
@@ -403,7 +432,7 @@ async fn resource_request(
                     def,
                     ns,
                     name,
-                    parse_body(headers, &body)?,
+                    parse_body(headers, &body, object_media_types(def))?,
                     t.part,
                     &write_options(params, headers)?,
                 )
@@ -418,16 +447,16 @@ async fn resource_request(
                 .get(header::CONTENT_TYPE)
                 .and_then(|v| v.to_str().ok())
                 .unwrap_or("");
-            let patch_type = PatchType::from_content_type(content_type)?;
+            let custom_resource = def.flavor == registry::Flavor::CustomResource;
             // As in kube-apiserver: custom resources have no patch strategies to merge with.
-            if patch_type == PatchType::Strategic && def.flavor == registry::Flavor::CustomResource
-            {
-                return Err(ApiError::new(
-                    415,
-                    "UnsupportedMediaType",
-                    "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml",
-                ));
-            }
+            let patch_type = PatchType::from_content_type(content_type)
+                .filter(|t| !(custom_resource && *t == PatchType::Strategic))
+                .ok_or_else(|| {
+                    ApiError::unsupported_media_type(
+                        content_type,
+                        PatchType::media_types(custom_resource),
+                    )
+                })?;
             let patch = decode_json_or_yaml(content_type, &body)?;
             let opts = write_options(params, headers)?;
             if patch_type == PatchType::Apply

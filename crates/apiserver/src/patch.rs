@@ -19,14 +19,34 @@ pub enum PatchType {
 }
 
 impl PatchType {
-    pub fn from_content_type(content_type: &str) -> Result<Self, ApiError> {
+    /// The patch type a PATCH request's Content-Type names, if any.
+    pub fn from_content_type(content_type: &str) -> Option<Self> {
         let media = content_type.split(';').next().unwrap_or("").trim();
         match media {
-            "application/json-patch+json" => Ok(PatchType::Json),
-            "application/merge-patch+json" => Ok(PatchType::Merge),
-            "application/strategic-merge-patch+json" => Ok(PatchType::Strategic),
-            "application/apply-patch+yaml" | "application/apply-patch+json" => Ok(PatchType::Apply),
-            _ => Err(ApiError::unsupported_media_type(content_type)),
+            "application/json-patch+json" => Some(PatchType::Json),
+            "application/merge-patch+json" => Some(PatchType::Merge),
+            "application/strategic-merge-patch+json" => Some(PatchType::Strategic),
+            "application/apply-patch+yaml" => Some(PatchType::Apply),
+            _ => None,
+        }
+    }
+
+    /// The patch media types kube-apiserver accepts, in the order its 415 message lists them.
+    /// Custom resources have no strategic merge patch.
+    pub fn media_types(custom_resource: bool) -> &'static [&'static str] {
+        if custom_resource {
+            &[
+                "application/json-patch+json",
+                "application/merge-patch+json",
+                "application/apply-patch+yaml",
+            ]
+        } else {
+            &[
+                "application/json-patch+json",
+                "application/merge-patch+json",
+                "application/strategic-merge-patch+json",
+                "application/apply-patch+yaml",
+            ]
         }
     }
 }
@@ -214,6 +234,10 @@ mod tests {
         )
         .unwrap();
         assert_eq!(out, json!({"a": 1, "b": {"d": 3}}));
-        assert!(PatchType::from_content_type("application/xml").is_err());
+        assert_eq!(PatchType::from_content_type("application/xml"), None);
+        assert_eq!(
+            PatchType::from_content_type("application/merge-patch+json; charset=utf-8"),
+            Some(PatchType::Merge)
+        );
     }
 }

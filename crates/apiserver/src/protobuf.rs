@@ -200,7 +200,10 @@ pub fn decode(body: &[u8], content_type: &str) -> Result<Value, ApiError> {
         }
     }
     if api_version != "v1" || !matches!(kind.as_str(), "ConfigMap" | "Secret" | "Namespace") {
-        return Err(ApiError::unsupported_media_type(content_type));
+        return Err(ApiError::unsupported_media_type(
+            content_type,
+            crate::handlers::JSON_OR_YAML,
+        ));
     }
     let mut obj = decode_kind(&kind, raw).ok_or_else(bad)?;
     obj["apiVersion"] = json!(api_version);

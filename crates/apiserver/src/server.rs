@@ -13,6 +13,7 @@ use tokio::net::TcpListener;
 use tokio::task::{JoinHandle, JoinSet};
 
 use crate::api::ApiState;
+use crate::guard::RequestGuard;
 use crate::handlers::{self, ServerState};
 use crate::storage::{Store, StoreError};
 use crate::tls::{TlsError, TlsMaterial};
@@ -110,7 +111,7 @@ impl ApiServerBuilder {
         crate::tls::install_crypto_provider();
         let store = match &self.data_dir {
             Some(dir) => {
-                std::fs::create_dir_all(dir).map_err(|source| ServerError::DataDir {
+                crate::private_files::create_dir(dir).map_err(|source| ServerError::DataDir {
                     path: dir.clone(),
                     source,
                 })?;
@@ -145,9 +146,14 @@ impl ApiServerBuilder {
             api: api.clone(),
             bookmark_interval: self.bookmark_interval,
         });
+        let guard = Arc::new(RequestGuard::new(addr, tls.is_some()));
         let router = Router::new()
             .fallback(handlers::dispatch)
             .layer(DefaultBodyLimit::max(64 * 1024 * 1024))
+            .layer(axum::middleware::from_fn_with_state(
+                guard,
+                crate::guard::guard,
+            ))
             .with_state(state);
         let acceptor = tls
             .as_ref()
@@ -289,7 +295,7 @@ impl ApiServer {
 
     /// Writes [`Self::kubeconfig`] to `path` (mode 0600).
     pub fn write_kubeconfig(&self, path: impl AsRef<Path>) -> std::io::Result<()> {
-        crate::tls::write_private(path.as_ref(), &self.kubeconfig())
+        crate::private_files::write(path.as_ref(), &self.kubeconfig())
     }
 
     /// Stops serving: closes the listener and every connection (watches end) and stops the controllers.

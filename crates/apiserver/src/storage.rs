@@ -23,6 +23,11 @@ pub enum StoreError {
     Sqlite(#[from] rusqlite::Error),
     #[error("storage: stored object is not valid JSON: {0}")]
     Corrupt(#[from] serde_json::Error),
+    #[error("storage: making {path} owner-only: {source}")]
+    Private {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
 }
 
 /// Why a conditional write was refused.
@@ -114,11 +119,32 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
 INSERT OR IGNORE INTO meta VALUES ('rv', 0), ('compacted', 0);
 ";
 
+/// Makes the database at `path` and the files SQLite keeps beside it owner-only. The database
+/// file is created 0600 before SQLite opens it, because SQLite gives the WAL, shared-memory and
+/// journal files it creates later the database file's mode.
+fn make_private(path: &Path) -> Result<(), StoreError> {
+    let failed = |p: &Path| {
+        let path = p.to_path_buf();
+        move |source| StoreError::Private { path, source }
+    };
+    crate::private_files::create_file(path).map_err(failed(path))?;
+    for suffix in ["-wal", "-shm", "-journal"] {
+        let mut companion = path.as_os_str().to_owned();
+        companion.push(suffix);
+        let companion = Path::new(&companion);
+        crate::private_files::restrict(companion).map_err(failed(companion))?;
+    }
+    Ok(())
+}
+
 impl Store {
     /// Opens (or creates) the database at `path`, or an in-memory one when `path` is None.
     pub fn open(path: Option<&Path>) -> Result<Self, StoreError> {
         let conn = match path {
-            Some(p) => Connection::open(p)?,
+            Some(p) => {
+                make_private(p)?;
+                Connection::open(p)?
+            }
             None => Connection::open_in_memory()?,
         };
         // WAL + NORMAL: durable across process crashes, fast enough for thousands of writes/s.

@@ -57,7 +57,8 @@ impl TlsMaterial {
         })
     }
 
-    /// Loads the material from `dir`, or generates and stores it there (keys mode 0600).
+    /// Loads the material from `dir`, or generates and stores it there (owner-only, see
+    /// [`crate::private_files`]).
     pub fn load_or_generate(dir: &Path) -> Result<Self, TlsError> {
         let io = |path: &Path| {
             let path = path.display().to_string();
@@ -68,8 +69,12 @@ impl TlsMaterial {
             dir.join("server.crt"),
             dir.join("server.key"),
         ];
+        crate::private_files::create_dir(dir).map_err(io(dir))?;
         if files.iter().all(|f| f.exists()) {
-            let read = |p: &Path| std::fs::read_to_string(p).map_err(io(p));
+            let read = |p: &Path| {
+                crate::private_files::restrict(p).map_err(io(p))?;
+                std::fs::read_to_string(p).map_err(io(p))
+            };
             return Ok(TlsMaterial {
                 ca_pem: read(&files[0])?,
                 cert_pem: read(&files[1])?,
@@ -77,9 +82,8 @@ impl TlsMaterial {
             });
         }
         let m = Self::generate()?;
-        std::fs::create_dir_all(dir).map_err(io(dir))?;
         for (path, content) in files.iter().zip([&m.ca_pem, &m.cert_pem, &m.key_pem]) {
-            write_private(path, content).map_err(io(path))?;
+            crate::private_files::write(path, content).map_err(io(path))?;
         }
         Ok(m)
     }
@@ -105,19 +109,4 @@ impl TlsMaterial {
         config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
         Ok(Arc::new(config))
     }
-}
-
-/// Writes a file readable by its owner only (it may hold a private key).
-pub fn write_private(path: &Path, content: &str) -> std::io::Result<()> {
-    use std::io::Write;
-    let mut options = std::fs::OpenOptions::new();
-    options.write(true).create(true).truncate(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        options.mode(0o600);
-    }
-    let mut f = options.open(path)?;
-    f.write_all(content.as_bytes())?;
-    f.sync_all()
 }

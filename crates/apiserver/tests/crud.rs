@@ -6,6 +6,9 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::core::Status;
 use serde_json::json;
 
+mod common;
+use common::RawHttp;
+
 fn cm(name: &str, labels: serde_json::Value) -> ConfigMap {
     serde_json::from_value(
         json!({"metadata": {"name": name, "labels": labels}, "data": {"k": "v"}}),
@@ -187,7 +190,7 @@ async fn configmap_lifecycle_and_errors() {
 #[tokio::test]
 async fn malformed_requests_get_status_errors() {
     let server = TestServer::start().await;
-    let http = reqwest_like(server.url());
+    let http = RawHttp::new(server.url());
     // Not JSON.
     let (code, body) = http
         .send(
@@ -255,45 +258,6 @@ async fn malformed_requests_get_status_errors() {
         .await;
     assert_eq!(code, 200);
     assert_eq!(body["items"].as_array().unwrap().len(), 0);
-}
-
-/// A minimal HTTP/1.1 client, enough to send malformed bodies that typed clients refuse to build.
-fn reqwest_like(url: &str) -> RawHttp {
-    RawHttp {
-        addr: url.trim_start_matches("http://").to_string(),
-    }
-}
-
-struct RawHttp {
-    addr: String,
-}
-
-impl RawHttp {
-    async fn send(
-        &self,
-        method: &str,
-        path: &str,
-        content_type: &str,
-        body: &str,
-    ) -> (u16, serde_json::Value) {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let mut s = tokio::net::TcpStream::connect(&self.addr).await.unwrap();
-        let req = format!(
-            "{method} {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-            self.addr,
-            body.len()
-        );
-        s.write_all(req.as_bytes()).await.unwrap();
-        let mut out = Vec::new();
-        s.read_to_end(&mut out).await.unwrap();
-        let text = String::from_utf8_lossy(&out);
-        let code: u16 = text[9..12].parse().unwrap();
-        let body = text.split("\r\n\r\n").nth(1).unwrap_or("");
-        (
-            code,
-            serde_json::from_str(body).unwrap_or(serde_json::Value::Null),
-        )
-    }
 }
 
 #[tokio::test]

@@ -1,0 +1,64 @@
+//! A minimal HTTP/1.1 client for the integration tests: enough to send what typed clients refuse
+//! to build (malformed bodies, foreign Host and Origin headers, odd content types).
+
+#![allow(dead_code)] // each test binary uses a different part
+
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+pub struct RawHttp {
+    /// `host:port` of the server, also the default Host header.
+    pub addr: String,
+}
+
+impl RawHttp {
+    /// For a plain-HTTP server URL (`http://127.0.0.1:PORT`).
+    pub fn new(url: &str) -> Self {
+        RawHttp {
+            addr: url.trim_start_matches("http://").to_string(),
+        }
+    }
+
+    /// One request with a Content-Type; returns the status code and the JSON body (null if none).
+    pub async fn send(
+        &self,
+        method: &str,
+        path: &str,
+        content_type: &str,
+        body: &str,
+    ) -> (u16, Value) {
+        self.request(method, path, &[("Content-Type", content_type)], body)
+            .await
+    }
+
+    /// One request with exactly `headers`, plus Host (unless given), Content-Length and
+    /// Connection: close.
+    pub async fn request(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &str,
+    ) -> (u16, Value) {
+        let mut head = format!("{method} {path} HTTP/1.1\r\n");
+        if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+            head.push_str(&format!("Host: {}\r\n", self.addr));
+        }
+        for (k, v) in headers {
+            head.push_str(&format!("{k}: {v}\r\n"));
+        }
+        head.push_str(&format!(
+            "Content-Length: {}\r\nConnection: close\r\n\r\n",
+            body.len()
+        ));
+        let mut s = tokio::net::TcpStream::connect(&self.addr).await.unwrap();
+        s.write_all(head.as_bytes()).await.unwrap();
+        s.write_all(body.as_bytes()).await.unwrap();
+        let mut out = Vec::new();
+        s.read_to_end(&mut out).await.unwrap();
+        let text = String::from_utf8_lossy(&out);
+        let code: u16 = text[9..12].parse().unwrap();
+        let body = text.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
+        (code, serde_json::from_str(body).unwrap_or(Value::Null))
+    }
+}
