@@ -116,19 +116,46 @@ fn inspection_reports_what_was_issued() {
 
 #[test]
 fn serials_are_random() {
+    // A counter, a timestamp or a hash of the subject would all give distinct serials; only
+    // random ones spread over every bit. 64 serials of 127 random bits: each bit position is
+    // set about 32 times; one set fewer than 8 or more than 56 times, at any of the 127
+    // positions, happens less than once in 10^8 runs for a fair source.
     let ca = CertificateAuthority::create(&CaSpec::new("ca")).unwrap();
     let key = PrivateKey::generate(KeyAlgorithm::EcdsaP256).unwrap();
-    let a = ca
-        .issue_for_key(&LeafSpec::new("x", Usage::Client), &key)
-        .unwrap();
-    let b = ca
-        .issue_for_key(&LeafSpec::new("x", Usage::Client), &key)
-        .unwrap();
-    assert_ne!(
-        a.info().serial,
-        b.info().serial,
-        "same key, same subject, different serials"
+    let serials: Vec<Vec<u8>> = (0..64)
+        .map(|_| {
+            let issued = ca
+                .issue_for_key(&LeafSpec::new("x", Usage::Client), &key)
+                .unwrap();
+            let hex = issued.info().serial.replace(':', "");
+            let bytes: Vec<u8> = (0..hex.len())
+                .step_by(2)
+                .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+                .collect();
+            assert!(bytes.len() <= 16, "at most 128 bits: {bytes:02x?}");
+            assert!(bytes[0] & 0x80 == 0, "positive: {bytes:02x?}");
+            // DER drops leading zero bytes; put them back.
+            let mut padded = vec![0u8; 16 - bytes.len()];
+            padded.extend(bytes);
+            padded
+        })
+        .collect();
+    let unique: std::collections::BTreeSet<_> = serials.iter().collect();
+    assert_eq!(
+        unique.len(),
+        serials.len(),
+        "same key, same subject, distinct serials"
     );
+    for bit in 0..127 {
+        let set = serials
+            .iter()
+            .filter(|s| s[15 - bit / 8] & (1 << (bit % 8)) != 0)
+            .count();
+        assert!(
+            (8..=56).contains(&set),
+            "bit {bit} was set in {set} of 64 serials"
+        );
+    }
 }
 
 #[test]

@@ -175,3 +175,66 @@ pub(crate) fn test_machine(annotations: &[(&str, &str)]) -> MachineView {
         resource_version: None,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_agent_url_is_the_annotation_or_the_first_address_on_the_agent_port() {
+        let mut m = test_machine(&[]);
+        m.addresses = vec!["10.0.0.7".into(), "node-m".into()];
+        assert_eq!(m.agent_url(9443).as_deref(), Some("https://10.0.0.7:9443"));
+        m.addresses = vec!["fd00::7".into()];
+        assert_eq!(m.agent_url(7000).as_deref(), Some("https://[fd00::7]:7000"));
+        m.addresses = vec!["node-m.internal".into()];
+        assert_eq!(
+            m.agent_url(9443).as_deref(),
+            Some("https://node-m.internal:9443")
+        );
+        m.addresses.clear();
+        assert_eq!(m.agent_url(9443), None);
+        let annotated = test_machine(&[(crate::names::AGENT_ENDPOINT, "https://agent.example:1")]);
+        assert_eq!(
+            annotated.agent_url(9443).as_deref(),
+            Some("https://agent.example:1")
+        );
+    }
+
+    #[test]
+    fn the_controller_owner_and_the_control_plane_reference_are_read_as_served() {
+        let machine: DynamicObject = serde_json::from_value(serde_json::json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
+            "metadata": { "name": "cp-0", "ownerReferences": [
+                { "apiVersion": "v1", "kind": "ConfigMap", "name": "x", "uid": "1" },
+                { "apiVersion": "controlplane.cluster.x-k8s.io/v1beta2", "kind": "CK8sControlPlane",
+                  "name": "c1-control-plane", "uid": "2", "controller": true }
+            ]},
+            "spec": { "clusterName": "c1" }
+        }))
+        .unwrap();
+        let expected = ObjectRef {
+            group: "controlplane.cluster.x-k8s.io".into(),
+            kind: "CK8sControlPlane".into(),
+            name: "c1-control-plane".into(),
+        };
+        assert_eq!(
+            MachineView::from_object(&machine).controller,
+            Some(expected.clone())
+        );
+        for reference in [
+            serde_json::json!({ "apiGroup": "controlplane.cluster.x-k8s.io", "kind": "CK8sControlPlane", "name": "c1-control-plane" }),
+            serde_json::json!({ "apiVersion": "controlplane.cluster.x-k8s.io/v1beta1", "kind": "CK8sControlPlane", "name": "c1-control-plane" }),
+        ] {
+            let cluster: DynamicObject = serde_json::from_value(serde_json::json!({
+                "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
+                "metadata": { "name": "c1" }, "spec": { "controlPlaneRef": reference }
+            }))
+            .unwrap();
+            assert_eq!(
+                ObjectRef::control_plane_of(&cluster),
+                Some(expected.clone())
+            );
+        }
+    }
+}
