@@ -396,3 +396,56 @@ fn the_command_not_built_yet_says_so_and_fails() {
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("not built yet"), "{}", stderr(&out));
 }
+
+#[test]
+fn a_leaf_ends_with_its_ca_and_is_backdated_for_clock_skew_but_not_before_the_ca() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (ca, leaf) = (tmp.path().join("ca"), tmp.path().join("leaf"));
+    let out = caretaker(&[
+        "pki",
+        "ca",
+        "create",
+        "--out",
+        path(&ca),
+        "--validity",
+        "30d",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = caretaker(&[
+        "pki",
+        "issue",
+        "--ca",
+        path(&ca),
+        "--cn",
+        "x",
+        "--usage",
+        "client",
+        "--validity",
+        "1y",
+        "--out",
+        path(&leaf),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("--validity 1y reaches past the CA's expiry"),
+        "{}",
+        stderr(&out)
+    );
+    let info = |p: &Path| {
+        let pem = std::fs::read_to_string(p).unwrap();
+        caretaker_pki::CertificateInfo::from_pem(&pem).unwrap()
+    };
+    let (ca, leaf) = (info(&ca.join("ca.crt")), info(&leaf.join("tls.crt")));
+    assert_eq!(leaf.not_after, ca.not_after, "cut to the CA's own expiry");
+    // Backdated a few minutes for clocks behind ours, but never before the CA existed.
+    assert!(leaf.not_before >= ca.not_before, "{leaf:?} / {ca:?}");
+    let now = time::OffsetDateTime::now_utc();
+    assert!(
+        leaf.not_before < now - time::Duration::minutes(1),
+        "backdated"
+    );
+    assert!(
+        leaf.not_before > now - time::Duration::minutes(10),
+        "by minutes, not more"
+    );
+}
