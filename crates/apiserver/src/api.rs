@@ -172,6 +172,17 @@ const OBJECT_META_FIELDS: &[&str] = &[
     "managedFields",
 ];
 
+/// What Go's `omitempty` leaves out: null, "", [] and {}.
+fn is_empty(v: &Value) -> bool {
+    match v {
+        Value::Null => true,
+        Value::String(s) => s.is_empty(),
+        Value::Array(a) => a.is_empty(),
+        Value::Object(m) => m.is_empty(),
+        Value::Bool(_) | Value::Number(_) => false,
+    }
+}
+
 fn is_string_map(v: Option<&Value>) -> bool {
     v.is_none_or(|v| {
         v.is_null()
@@ -352,6 +363,14 @@ impl ApiState {
         }
         map.insert("apiVersion".into(), json!(expected));
         map.insert("kind".into(), json!(def.kind));
+        // kube-apiserver's words for a body that does not decode into the kind's Go type.
+        let undecodable = |why: &str| {
+            ApiError::bad_request(format!(
+                "{kind} in version \"{version}\" cannot be handled as a {kind}: {why}",
+                kind = def.kind,
+                version = def.version
+            ))
+        };
         let mut unknown = Vec::new();
         let meta = map.entry("metadata").or_insert_with(|| json!({}));
         let Some(meta) = meta.as_object_mut() else {
@@ -366,11 +385,17 @@ impl ApiState {
             meta.remove(&k);
             unknown.push(format!("metadata.{k}"));
         }
+        // Go's omitempty: kube-apiserver never returns empty metadata fields, even when a
+        // request sent them (protobuf bodies, as kubectl's generators send, always carry an
+        // empty generateName). An empty managedFields list is kept: it asks for a reset.
+        meta.retain(|k, v| k == "managedFields" || !is_empty(v));
         if !is_string_map(meta.get("labels")) || !is_string_map(meta.get("annotations")) {
-            return Err(ApiError::bad_request(format!(
-                "{} in version \"{}\" cannot be handled as a {}: metadata labels and annotations must be maps of strings",
-                def.kind, def.version, def.kind
-            )));
+            return Err(undecodable(
+                "metadata labels and annotations must be maps of strings",
+            ));
+        }
+        if let Some(managed) = meta.get_mut("managedFields") {
+            apply::check_managed_fields(managed, &mut unknown).map_err(|e| undecodable(&e))?;
         }
         if meta.get("finalizers").is_some_and(|f| {
             !f.is_null() && !f.as_array().is_some_and(|a| a.iter().all(Value::is_string))
@@ -425,10 +450,7 @@ impl ApiState {
                 || !is_string_map(map.get("binaryData"))
                 || !is_string_map(map.get("stringData")))
         {
-            return Err(ApiError::bad_request(format!(
-                "{} in version \"v1\" cannot be handled as a {}: data values must be strings",
-                def.kind, def.kind
-            )));
+            return Err(undecodable("data values must be strings"));
         }
         if let Some(s) = def.schema.as_deref() {
             schema::prune(s, &mut obj, "", true, &mut unknown);
@@ -447,11 +469,9 @@ impl ApiState {
                 .collect();
             match validation {
                 FieldValidation::Strict => {
-                    return Err(ApiError::bad_request(format!(
-                        "{kind} in version \"{version}\" cannot be handled as a {kind}: strict decoding error: {}",
-                        described.join(", "),
-                        kind = def.kind,
-                        version = def.version
+                    return Err(undecodable(&format!(
+                        "strict decoding error: {}",
+                        described.join(", ")
                     )));
                 }
                 FieldValidation::Warn => warnings = described,

@@ -379,3 +379,149 @@ async fn metadata_and_immutability_rules() {
     .await
     .unwrap();
 }
+
+#[tokio::test]
+async fn malformed_selectors_are_bad_requests() {
+    let server = TestServer::start().await;
+    let cms: Api<ConfigMap> = Api::namespaced(server.client(), "default");
+    cms.create(&PostParams::default(), &cm("a", json!({"app": "web"})))
+        .await
+        .unwrap();
+    let http = RawHttp::new(server.url());
+    for (query, message) in [
+        (
+            "labelSelector=a!=!=b",
+            "unable to parse requirement: found '!=', expected: identifier",
+        ),
+        (
+            "labelSelector=app=web,",
+            "found '', expected: identifier after ','",
+        ),
+        // Empty field: kube-apiserver has no such field to select on.
+        ("fieldSelector==", "field label not supported: "),
+        (
+            "fieldSelector=metadata..name=a",
+            "field label not supported: metadata..name",
+        ),
+    ] {
+        for watch in ["", "&watch=true"] {
+            let (code, body) = http
+                .send(
+                    "GET",
+                    &format!("/api/v1/namespaces/default/configmaps?{query}{watch}"),
+                    "application/json",
+                    "",
+                )
+                .await;
+            assert_eq!(
+                (code, body["reason"].as_str(), body["message"].as_str()),
+                (400, Some("BadRequest"), Some(message)),
+                "{query}{watch}"
+            );
+        }
+    }
+    // Well-formed ones still select.
+    let listed = cms
+        .list(
+            &ListParams::default()
+                .labels("app in (web),!missing")
+                .fields("metadata.name=a"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(listed.items.len(), 1);
+}
+
+#[tokio::test]
+async fn malformed_managed_fields_are_bad_requests() {
+    let server = TestServer::start().await;
+    let cms: Api<ConfigMap> = Api::namespaced(server.client(), "default");
+    cms.create(&PostParams::default(), &cm("owned", json!({})))
+        .await
+        .unwrap();
+    let http = RawHttp::new(server.url());
+    let path = "/api/v1/namespaces/default/configmaps/owned";
+    let put = |managed: serde_json::Value| {
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "owned", "managedFields": managed}, "data": {"k": "v2"}})
+            .to_string()
+    };
+    for (managed, message) in [
+        (
+            json!("junk"),
+            "ConfigMap in version \"v1\" cannot be handled as a ConfigMap: json: cannot unmarshal string into Go struct field ObjectMeta.metadata.managedFields of type []v1.ManagedFieldsEntry",
+        ),
+        (
+            json!([7]),
+            "ConfigMap in version \"v1\" cannot be handled as a ConfigMap: json: cannot unmarshal number into Go struct field ObjectMeta.metadata.managedFields of type v1.ManagedFieldsEntry",
+        ),
+        (
+            json!([{"manager": 1, "operation": "Update"}]),
+            "ConfigMap in version \"v1\" cannot be handled as a ConfigMap: json: cannot unmarshal number into Go struct field ManagedFieldsEntry.metadata.managedFields.manager of type string",
+        ),
+        (
+            json!([{"manager": "m", "time": "yesterday"}]),
+            "ConfigMap in version \"v1\" cannot be handled as a ConfigMap: metadata.managedFields[0].time: \"yesterday\" is not an RFC 3339 time",
+        ),
+    ] {
+        let (code, body) = http
+            .send("PUT", path, "application/json", &put(managed.clone()))
+            .await;
+        assert_eq!(
+            (code, body["reason"].as_str(), body["message"].as_str()),
+            (400, Some("BadRequest"), Some(message)),
+            "{managed}"
+        );
+    }
+    assert_eq!(cms.get("owned").await.unwrap().data.unwrap()["k"], "v");
+
+    // Well-typed entries kube-apiserver's field manager cannot use are ignored, as there: the
+    // update is tracked from the stored managedFields.
+    let (code, body) = http
+        .send(
+            "PUT",
+            path,
+            "application/json",
+            &put(json!([{"manager": "m", "operation": "Bogus", "apiVersion": "v1", "fieldsType": "FieldsV1", "fieldsV1": {}}])),
+        )
+        .await;
+    assert_eq!(code, 200, "{body}");
+    let stored = cms.get("owned").await.unwrap();
+    assert_eq!(stored.data.unwrap()["k"], "v2");
+    let managers: Vec<_> = stored
+        .metadata
+        .managed_fields
+        .unwrap()
+        .into_iter()
+        .map(|e| (e.manager.unwrap(), e.operation.unwrap()))
+        .collect();
+    assert!(
+        managers.iter().all(|(_, op)| op == "Update") && !managers.is_empty(),
+        "{managers:?}"
+    );
+}
+
+#[tokio::test]
+async fn empty_metadata_fields_are_omitted() {
+    let server = TestServer::start().await;
+    let http = RawHttp::new(server.url());
+    let (code, body) = http
+        .send(
+            "POST",
+            "/api/v1/namespaces/default/configmaps",
+            "application/json",
+            r#"{"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "plain", "generateName": "", "labels": {}, "finalizers": [], "annotations": null}}"#,
+        )
+        .await;
+    assert_eq!(code, 201, "{body}");
+    let meta = body["metadata"].as_object().unwrap();
+    for absent in ["generateName", "labels", "finalizers", "annotations"] {
+        assert!(!meta.contains_key(absent), "{absent} in {body}");
+    }
+    // kube-rs sends no generateName at all; none comes back either.
+    let cms: Api<ConfigMap> = Api::namespaced(server.client(), "default");
+    let created = cms
+        .create(&PostParams::default(), &cm("typed", json!({})))
+        .await
+        .unwrap();
+    assert_eq!(created.metadata.generate_name, None);
+}

@@ -168,6 +168,14 @@ async fn kubectl_on_builtin_kinds() {
         "--from-literal=password=s3cret",
     ])
     .await;
+    // Protobuf bodies carry generateName even when empty; like kube-apiserver, the server
+    // omits empty fields.
+    let generated = k.json(&["get", "configmap", "gen", "-n", "team"]).await;
+    assert_eq!(
+        generated["metadata"].get("generateName"),
+        None,
+        "{generated}"
+    );
     let secret = k.json(&["get", "secret", "pw", "-n", "team"]).await;
     assert_eq!(secret["data"]["password"], "czNjcmV0");
     assert_eq!(secret["type"], "Opaque");
