@@ -424,8 +424,9 @@ spec:
   target: {configMap: {key: ca.crt}}
 "#;
 
+/// The upstream CRDs (Cluster API, CK8sControlPlane, trust-manager) kept in the repository.
 fn fixtures_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures/crds")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/upstream-crds")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -3,6 +3,7 @@
 
 mod common;
 
+use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
@@ -34,7 +35,7 @@ async fn roll_out(
     name: &str,
     annotations: serde_json::Value,
     status: &str,
-) -> std::collections::BTreeMap<String, String> {
+) -> BTreeMap<String, String> {
     annotate_parent(world, resource, name, annotations).await;
     wait_parent(world, resource, name, status, names::STATUS_DONE).await
 }
@@ -45,7 +46,21 @@ async fn wait_parent(
     name: &str,
     key: &str,
     value: &str,
-) -> std::collections::BTreeMap<String, String> {
+) -> BTreeMap<String, String> {
+    wait_parent_until(world, resource, name, &format!("{key} = {value}"), |a| {
+        a.get(key).map(String::as_str) == Some(value)
+    })
+    .await
+}
+
+/// Waits until the parent's annotations satisfy `done` (described by `what`) and returns them.
+async fn wait_parent_until(
+    world: &World,
+    resource: &kube::api::ApiResource,
+    name: &str,
+    what: &str,
+    done: impl Fn(&BTreeMap<String, String>) -> bool,
+) -> BTreeMap<String, String> {
     let api: Api<DynamicObject> = Api::namespaced_with(world.client.clone(), NS, resource);
     for _ in 0..600 {
         let annotations = api
@@ -55,15 +70,25 @@ async fn wait_parent(
             .metadata
             .annotations
             .unwrap_or_default();
-        if annotations.get(key).map(String::as_str) == Some(value) {
+        if done(&annotations) {
             return annotations;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     panic!(
-        "{name}: {key} never became {value}: {:?}",
+        "{name}: never {what}: {:?}",
         api.get(name).await.unwrap().metadata.annotations
     );
+}
+
+/// An agent URL nothing listens on.
+fn unreachable_agent_url() -> String {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    format!("https://127.0.0.1:{closed}")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -130,17 +155,12 @@ async fn a_cluster_refresh_covers_the_control_plane_then_every_worker() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_first_failed_machine_stops_a_machine_deployment_rollout() {
     let mut world = world(fast()).await;
-    let closed = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
     world
         .add_machine(
             "w-0",
             NodeRole::Worker,
             "cp.example",
-            Some(&format!("https://127.0.0.1:{closed}")),
+            Some(&unreachable_agent_url()),
         )
         .await;
     world
@@ -849,4 +869,169 @@ async fn machines_without_a_node_wait_and_deleted_ones_are_skipped() {
             .contains_key(names::REFRESH_CERTIFICATES),
         "w-2 was skipped"
     );
+}
+
+/// The two operations, as the new-request-after-a-failure cases need them.
+#[derive(Debug, Clone, Copy)]
+enum Operation {
+    Refresh,
+    Upgrade,
+}
+
+impl Operation {
+    fn trigger(self) -> &'static str {
+        match self {
+            Operation::Refresh => names::REFRESH_CERTIFICATES,
+            Operation::Upgrade => names::IN_PLACE_UPGRADE_TO,
+        }
+    }
+    fn status(self) -> &'static str {
+        match self {
+            Operation::Refresh => names::REFRESH_CERTIFICATES_STATUS,
+            Operation::Upgrade => names::IN_PLACE_UPGRADE_STATUS,
+        }
+    }
+    fn request(self) -> &'static str {
+        match self {
+            Operation::Refresh => names::rollout_state::REFRESH_REQUEST,
+            Operation::Upgrade => names::rollout_state::UPGRADE_REQUEST,
+        }
+    }
+    /// The trigger values of the failed request and of the new one.
+    fn values(self) -> [&'static str; 2] {
+        match self {
+            Operation::Refresh => ["1y", "2y"],
+            Operation::Upgrade => ["channel=1.34/stable", "channel=1.35/stable"],
+        }
+    }
+}
+
+/// A request fails at the second of four workers; once the cause is fixed, a new request (the
+/// trigger removed, then set to a new value, with `max_parallel`) must cover all four, the
+/// failed one included, and not take the failed Machine's old status for its own result.
+async fn a_new_request_after_a_failure(
+    operation: Operation,
+    parent: &kube::api::ApiResource,
+    parent_name: &str,
+    max_parallel: &str,
+) {
+    let mut world = world(fast()).await;
+    let (log, make) = logging_scripts(world.dir.path().join("hooks"), "0");
+    let mut layouts = Vec::new();
+    for i in 0..4 {
+        let name = format!("w-{i}");
+        layouts.push(
+            world
+                .add_upgradable(&name, NodeRole::Worker, make(&name))
+                .await,
+        );
+    }
+    world
+        .annotate("w-1", names::AGENT_ENDPOINT, &unreachable_agent_url())
+        .await;
+    let [first, second] = operation.values();
+    annotate_parent(
+        &world,
+        parent,
+        parent_name,
+        json!({ operation.trigger(): first }),
+    )
+    .await;
+    let failed = wait_parent(
+        &world,
+        parent,
+        parent_name,
+        operation.status(),
+        names::STATUS_FAILED,
+    )
+    .await;
+    assert_eq!(failed[names::PROGRESS], "1/4");
+    assert_eq!(
+        world.annotations("w-1").await[operation.status()],
+        names::STATUS_FAILED
+    );
+
+    world
+        .annotate("w-1", names::AGENT_ENDPOINT, &world.agents[1].url)
+        .await;
+    annotate_parent(
+        &world,
+        parent,
+        parent_name,
+        json!({ names::MAX_PARALLEL: max_parallel, operation.trigger(): null }),
+    )
+    .await;
+    annotate_parent(
+        &world,
+        parent,
+        parent_name,
+        json!({ operation.trigger(): second }),
+    )
+    .await;
+    let ended = |a: &BTreeMap<String, String>| {
+        a.get(operation.request()) != failed.get(operation.request())
+            && [names::STATUS_DONE, names::STATUS_FAILED]
+                .contains(&a.get(operation.status()).map_or("", String::as_str))
+    };
+    let annotations =
+        wait_parent_until(&world, parent, parent_name, "ended a new request", ended).await;
+    assert_eq!(
+        annotations[operation.status()],
+        names::STATUS_DONE,
+        "the new request failed: {:?}",
+        world
+            .events(parent_name)
+            .await
+            .into_iter()
+            .filter_map(|e| e.message)
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(annotations[names::PROGRESS], "4/4");
+    for i in 0..4 {
+        let machine = world.annotations(&format!("w-{i}")).await;
+        assert_eq!(machine[operation.status()], names::STATUS_DONE, "w-{i}");
+        assert_eq!(
+            machine[operation.request()],
+            annotations[operation.request()],
+            "w-{i} done by the new request"
+        );
+    }
+    match operation {
+        Operation::Refresh => {
+            for layout in &layouts {
+                let expiry = caretaker_agent::inventory::discover(layout)
+                    .earliest_expiry()
+                    .unwrap();
+                let days = (expiry - time::OffsetDateTime::now_utc()).whole_days();
+                assert!(days > 700, "{second} gave {days} days");
+            }
+        }
+        Operation::Upgrade => {
+            let (_, runs) = concurrency(&log);
+            let runs: Vec<usize> = runs.into_values().collect();
+            assert_eq!(runs, [2, 1, 1, 1], "w-0 in both requests, the others once");
+            assert_eq!(annotations[names::IN_PLACE_UPGRADE_RELEASE], second);
+        }
+    }
+}
+
+/// Issue 9, item 13: the recovery how-to's new request, for both operations, on a
+/// MachineDeployment and on a Cluster, one and two at a time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_request_after_a_failed_rollout_covers_every_machine() {
+    let parents = [
+        (machine::machine_deployment_api_resource(), "c1-md-0"),
+        (machine::cluster_api_resource(), "c1"),
+    ];
+    for operation in [Operation::Refresh, Operation::Upgrade] {
+        for (parent, parent_name) in &parents {
+            for max_parallel in ["1", "2"] {
+                eprintln!(
+                    "case: {operation:?} on {} {parent_name}, max-parallel {max_parallel}",
+                    parent.kind
+                );
+                a_new_request_after_a_failure(operation, parent, parent_name, max_parallel).await;
+            }
+        }
+    }
 }

@@ -404,22 +404,14 @@ async fn reconcile_operation(
         RolloutPlan::Continue { start, waiting, .. } => {
             let machines_api: Api<DynamicObject> =
                 Api::namespaced_with(ctx.client.clone(), &namespace, &machine::api_resource());
-            for name in &start {
-                // Only on the version the plan saw: a cache that lags behind could otherwise
-                // start a Machine this request has already finished.
-                let version = views
-                    .iter()
-                    .find(|m| &m.name == name)
-                    .and_then(|m| m.resource_version.clone());
-                let body = json!({ "metadata": {
-                    "resourceVersion": version,
-                    "annotations": {
-                        operation.trigger(): trigger.clone().unwrap_or_default(),
-                        operation.request(): request_id,
-                    },
-                } });
+            let value = trigger.clone().unwrap_or_default();
+            for m in start
+                .iter()
+                .filter_map(|name| views.iter().find(|m| &m.name == name))
+            {
+                let body = start_patch(operation, &value, &request_id, m);
                 match machines_api
-                    .patch(name, &PatchParams::default(), &Patch::Merge(&body))
+                    .patch(&m.name, &PatchParams::default(), &Patch::Merge(&body))
                     .await
                 {
                     Ok(_) => {}
@@ -499,6 +491,33 @@ async fn reconcile_operation(
         patch_parent(ctx, &resource, parent, changes).await?;
     }
     Ok(requeue)
+}
+
+/// The patch that starts Machine `m` for request `request_id` with trigger value `value`.
+///
+/// A Machine's status is the result of the last request it ran. An ended one (`done`, `failed`,
+/// `cancelled`) belongs to an earlier request: left in place beside this request's tag it would
+/// read as this request's result before the Machine controller has begun (a stale `failed`
+/// ended new requests at once), and the Machine controller would take an unchanged trigger for
+/// the ended request. So the same write that tags the Machine clears it. The write is made only
+/// on the version the plan saw untouched by this request (a lagging cache could otherwise
+/// restart a Machine this request has finished), so it never clears a result this request
+/// produced, and a restarted operator still finds its finished Machines finished.
+/// `in-progress` stays: that work still runs on the node, and the Machine controller continues
+/// or restarts it.
+fn start_patch(operation: Operation, value: &str, request_id: &str, m: &MachineView) -> Value {
+    let mut annotations = serde_json::Map::new();
+    annotations.insert(operation.trigger().into(), json!(value));
+    annotations.insert(operation.request().into(), json!(request_id));
+    if m.annotation(operation.status())
+        .is_some_and(|status| status != names::STATUS_IN_PROGRESS)
+    {
+        annotations.insert(operation.status().into(), Value::Null);
+    }
+    json!({ "metadata": {
+        "resourceVersion": m.resource_version,
+        "annotations": annotations,
+    } })
 }
 
 /// What the plan needs to know about each Machine, in the order of `views`; agent health is
@@ -652,4 +671,91 @@ async fn auto_refresh(
     patch_parent(ctx, &resource, cluster, changes).await?;
     tracing::info!(cluster = %cluster.name_any(), expiry = %earliest, "automatic certificate refresh started");
     Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::machine::test_machine;
+    use crate::machine::{refresh, upgrade};
+
+    /// `m` after the merge patch `body` (a null removes an annotation).
+    fn patched(m: &MachineView, body: &Value) -> MachineView {
+        let mut m = m.clone();
+        for (key, value) in body["metadata"]["annotations"].as_object().unwrap() {
+            match value.as_str() {
+                Some(text) => m.annotations.insert(key.clone(), text.to_string()),
+                None => m.annotations.remove(key),
+            };
+        }
+        m
+    }
+
+    /// Whatever an earlier request left on a Machine, starting it for a new request makes it
+    /// running for that request (never failed or done by it), and the Machine controller takes
+    /// it up, even when the trigger value is the earlier one.
+    #[test]
+    fn a_started_machine_carries_no_result_of_an_earlier_request() {
+        let now = time::OffsetDateTime::now_utc();
+        for (operation, value) in [
+            (Operation::RefreshCertificates, "1y"),
+            (Operation::InPlaceUpgrade, "channel=1.35/stable"),
+        ] {
+            let bookkeeping_trigger = match operation {
+                Operation::RefreshCertificates => names::refresh_state::TRIGGER,
+                Operation::InPlaceUpgrade => names::upgrade_state::TRIGGER,
+            };
+            let statuses = [
+                None,
+                Some(names::STATUS_DONE),
+                Some(names::STATUS_FAILED),
+                Some(names::STATUS_CANCELLED),
+            ];
+            for status in statuses {
+                for earlier_trigger in [None, Some(value)] {
+                    let mut earlier = vec![(operation.request(), "earlier-request")];
+                    earlier.extend(status.map(|s| (operation.status(), s)));
+                    earlier.extend(earlier_trigger.map(|t| (operation.trigger(), t)));
+                    earlier.extend(earlier_trigger.map(|t| (bookkeeping_trigger, t)));
+                    earlier.push((operation.last_error(), "the earlier request's error"));
+                    let before = test_machine(&earlier);
+                    let seen = observe(operation, "new", std::slice::from_ref(&before));
+                    assert_eq!(seen[0].progress, MachineProgress::Untouched, "{earlier:?}");
+
+                    let started = patched(&before, &start_patch(operation, value, "new", &before));
+                    let seen = observe(operation, "new", std::slice::from_ref(&started));
+                    assert_eq!(seen[0].progress, MachineProgress::Running, "{earlier:?}");
+                    let taken_up = match operation {
+                        Operation::RefreshCertificates => {
+                            refresh::decide(&started, now)
+                                == refresh::RefreshStep::Start {
+                                    trigger: value.into(),
+                                }
+                        }
+                        Operation::InPlaceUpgrade => {
+                            upgrade::decide(&started, now)
+                                == upgrade::UpgradeStep::Start {
+                                    trigger: value.into(),
+                                }
+                        }
+                    };
+                    assert!(taken_up, "the Machine controller starts {earlier:?}");
+                }
+            }
+        }
+    }
+
+    /// Work running on the node keeps its status: the Machine controller continues it.
+    #[test]
+    fn starting_a_machine_keeps_a_running_status() {
+        let running = test_machine(&[(names::IN_PLACE_UPGRADE_STATUS, names::STATUS_IN_PROGRESS)]);
+        let body = start_patch(Operation::InPlaceUpgrade, "revision=5", "new", &running);
+        let started = patched(&running, &body);
+        assert_eq!(
+            started.annotation(names::IN_PLACE_UPGRADE_STATUS),
+            Some(names::STATUS_IN_PROGRESS)
+        );
+        let seen = observe(Operation::InPlaceUpgrade, "new", &[started]);
+        assert_eq!(seen[0].progress, MachineProgress::Running);
+    }
 }
