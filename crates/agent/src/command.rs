@@ -1,9 +1,10 @@
 //! Hook commands (`--restart-command`, `--upgrade-command`), run without a shell.
 
 use std::io::Read;
+use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
-use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
@@ -55,8 +56,151 @@ pub struct HookOutcome {
     pub success: bool,
     /// `None` when killed by a signal or on timeout.
     pub exit_code: Option<i32>,
+    /// It outlived its timeout, or left something behind that held its output that long, and
+    /// its whole process group was killed.
+    #[serde(default)]
+    pub timed_out: bool,
     /// The last bytes of stdout and stderr together.
     pub output_tail: String,
+}
+
+impl HookOutcome {
+    fn not_started(program: &str, error: &std::io::Error) -> Self {
+        Self {
+            success: false,
+            exit_code: None,
+            timed_out: false,
+            output_tail: format!("cannot start {program}: {error}"),
+        }
+    }
+}
+
+/// A hook that was started in its own process group, so that it and everything it started can
+/// be killed together.
+#[derive(Debug)]
+pub struct RunningHook {
+    child: Child,
+}
+
+impl RunningHook {
+    pub fn spawn(template: &CommandTemplate, release: Option<&str>) -> std::io::Result<Self> {
+        let (program, args) = template.argv(release);
+        let child = Command::new(&program)
+            .args(&args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .spawn()?;
+        Ok(Self { child })
+    }
+
+    /// The process group id (the hook's pid), for [`kill_group`].
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Waits until the hook has exited and closed its output, for at most `timeout`. A hook
+    /// that is still running then, or that left a child holding its output (`sleep 1000 &`),
+    /// has timed out: its whole process group is killed and its output is no longer read.
+    pub fn wait(mut self, timeout: Duration) -> HookOutcome {
+        let deadline = Instant::now() + timeout;
+        let mut streams: Vec<Box<dyn ReadFd>> = Vec::new();
+        if let Some(s) = self.child.stdout.take() {
+            streams.push(Box::new(s));
+        }
+        if let Some(s) = self.child.stderr.take() {
+            streams.push(Box::new(s));
+        }
+        let mut output = Vec::new();
+        let mut status = None;
+        let timed_out = loop {
+            if status.is_none() {
+                status = self.child.try_wait().ok().flatten();
+            }
+            if status.is_some() && streams.is_empty() {
+                break false;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break true;
+            }
+            // The exit is only seen by `try_wait`, so wake up now and then to look.
+            let slice = left.min(EXIT_CHECK_INTERVAL);
+            if streams.is_empty() {
+                std::thread::sleep(slice);
+            } else {
+                read_ready(&mut streams, &mut output, slice);
+            }
+        };
+        if timed_out {
+            kill_group(self.pid());
+            status = None;
+        }
+        // Reap the hook (after a kill it exits at once).
+        let _ = self.child.wait();
+        let mut output_tail = tail(&output);
+        if timed_out {
+            output_tail.push_str(&format!(
+                "\n(killed after {}s: the hook or a process it left behind was still running)",
+                timeout.as_secs_f32()
+            ));
+        }
+        HookOutcome {
+            success: status.is_some_and(|s| s.success()),
+            exit_code: status.and_then(|s| s.code()),
+            timed_out,
+            output_tail,
+        }
+    }
+}
+
+/// How often a hook whose output is quiet is checked for having exited.
+const EXIT_CHECK_INTERVAL: Duration = Duration::from_millis(50);
+
+/// A hook's stdout or stderr.
+trait ReadFd: Read + AsRawFd {}
+impl<T: Read + AsRawFd> ReadFd for T {}
+
+/// Waits up to `wait` for output on `streams`, appends what is there to `output` (keeping only
+/// a bounded tail) and drops the streams that reached their end.
+fn read_ready(streams: &mut Vec<Box<dyn ReadFd>>, output: &mut Vec<u8>, wait: Duration) {
+    let mut fds: Vec<libc::pollfd> = streams
+        .iter()
+        .map(|s| libc::pollfd {
+            fd: s.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    let millis = i32::try_from(wait.as_millis()).unwrap_or(i32::MAX).max(1);
+    // SAFETY: `fds` is a valid array of `fds.len()` pollfd structures that outlives the call.
+    let ready = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, millis) };
+    if ready <= 0 {
+        return;
+    }
+    let mut buffer = [0u8; 4096];
+    let mut ended = Vec::new();
+    for (index, fd) in fds.iter().enumerate() {
+        if fd.revents == 0 {
+            continue;
+        }
+        // poll said it is readable (or closed), so this read does not block.
+        match streams[index].read(&mut buffer) {
+            Ok(0) | Err(_) => ended.push(index),
+            Ok(n) => {
+                output.extend_from_slice(&buffer[..n]);
+                // Keep memory bounded: only the tail is ever reported.
+                if output.len() > 4 * OUTPUT_TAIL_BYTES {
+                    let excess = output.len() - OUTPUT_TAIL_BYTES;
+                    output.drain(..excess);
+                }
+            }
+        }
+    }
+    for index in ended.into_iter().rev() {
+        streams.remove(index);
+    }
 }
 
 /// Runs a command to completion (or kills it after `timeout`), keeping its output tail.
@@ -65,61 +209,9 @@ pub fn run_blocking(
     release: Option<&str>,
     timeout: Duration,
 ) -> HookOutcome {
-    let (program, args) = template.argv(release);
-    let child = Command::new(&program)
-        .args(&args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        // Its own process group, so a timeout kills the children it started too.
-        .process_group(0)
-        .spawn();
-    let mut child = match child {
-        Ok(child) => child,
-        Err(e) => {
-            return HookOutcome {
-                success: false,
-                exit_code: None,
-                output_tail: format!("cannot start {program}: {e}"),
-            };
-        }
-    };
-    let readers = [
-        child
-            .stdout
-            .take()
-            .map(|mut s| std::thread::spawn(move || read_all(&mut s))),
-        child
-            .stderr
-            .take()
-            .map(|mut s| std::thread::spawn(move || read_all(&mut s))),
-    ];
-    // Wait in a helper thread so the hook's end is seen at once, and kill its process group if
-    // it outlives the timeout.
-    let pid = child.id();
-    let (done, finished) = std::sync::mpsc::channel();
-    let waiter = std::thread::spawn(move || {
-        let status = child.wait().ok();
-        let _ = done.send(());
-        status
-    });
-    let timed_out = finished.recv_timeout(timeout).is_err();
-    if timed_out {
-        kill_group(pid);
-    }
-    let status = waiter.join().ok().flatten().filter(|_| !timed_out);
-    let mut output = Vec::new();
-    for reader in readers.into_iter().flatten() {
-        output.extend(reader.join().unwrap_or_default());
-    }
-    let mut output_tail = tail(&output);
-    if status.is_none() {
-        output_tail.push_str(&format!("\n(killed after {}s)", timeout.as_secs()));
-    }
-    HookOutcome {
-        success: status.is_some_and(|s| s.success()),
-        exit_code: status.and_then(|s| s.code()),
-        output_tail,
+    match RunningHook::spawn(template, release) {
+        Ok(hook) => hook.wait(timeout),
+        Err(e) => HookOutcome::not_started(&template.argv(release).0, &e),
     }
 }
 
@@ -129,12 +221,6 @@ pub fn kill_group(pid: u32) {
     unsafe {
         libc::kill(-(pid as i32), libc::SIGKILL);
     }
-}
-
-fn read_all(stream: &mut impl Read) -> Vec<u8> {
-    let mut buffer = Vec::new();
-    let _ = stream.read_to_end(&mut buffer);
-    buffer
 }
 
 /// The last [`OUTPUT_TAIL_BYTES`] of `output` as text.
@@ -186,5 +272,54 @@ mod tests {
         let missing = CommandTemplate::parse("/nonexistent/hook").unwrap();
         let outcome = run_blocking(&missing, None, Duration::from_secs(1));
         assert!(!outcome.success && outcome.output_tail.contains("cannot start"));
+    }
+
+    #[test]
+    fn a_child_left_holding_the_output_is_a_timeout_and_is_killed() {
+        let dir = tempfile::tempdir().unwrap();
+        let pid_file = dir.path().join("child.pid");
+        let t = CommandTemplate::parse("sh -c {release}").unwrap();
+        let script = format!(
+            "sleep 1000 & echo $! > {}; echo started",
+            pid_file.display()
+        );
+        let (done, finished) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = done.send(run_blocking(&t, Some(&script), Duration::from_secs(1)));
+        });
+        // Bounded by the timeout (plus slack for a loaded machine), not by the child.
+        let outcome = finished
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the hook's timeout bounds the wait");
+        assert!(outcome.timed_out && !outcome.success, "{outcome:?}");
+        assert_eq!(outcome.exit_code, None);
+        assert!(outcome.output_tail.starts_with("started"), "{outcome:?}");
+        assert!(
+            outcome.output_tail.contains("killed after 1s"),
+            "{outcome:?}"
+        );
+        let pid = std::fs::read_to_string(&pid_file).unwrap();
+        assert!(is_dead(pid.trim()), "the background child {pid} still runs");
+    }
+
+    /// Gone, or a zombie nobody has reaped yet.
+    fn is_dead(pid: &str) -> bool {
+        for _ in 0..100 {
+            match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+                Err(_) => return true,
+                Ok(stat)
+                    if stat
+                        .rsplit(')')
+                        .next()
+                        .unwrap_or("")
+                        .trim_start()
+                        .starts_with('Z') =>
+                {
+                    return true;
+                }
+                Ok(_) => std::thread::sleep(Duration::from_millis(20)),
+            }
+        }
+        false
     }
 }

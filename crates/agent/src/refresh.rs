@@ -21,8 +21,14 @@ use crate::inventory::{self, key_algorithm_of, usage_of};
 use crate::kubeconfig;
 use crate::layout::{NodeLayout, SigningCa, Slot, SlotFiles, slot};
 
+/// How many backups and applied-plan records are kept.
+pub const KEPT_HISTORY: usize = 3;
+
 /// Staged plans older than this are removed when a new plan is made.
 const STAGED_PLAN_LIFETIME: Duration = Duration::from_secs(24 * 3600);
+
+/// How long the restart hook may run unless configured otherwise.
+pub const DEFAULT_RESTART_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// Which certificates to refresh.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -93,6 +99,9 @@ pub struct ApplyOutcome {
 pub enum PlanStatus {
     /// Keys are staged; these CSRs await signed certificates.
     Staged { requests: Vec<PlannedCertificate> },
+    /// The plan is being applied right now (its restart hook may take minutes): ask again
+    /// later instead of applying it, or anything else, again.
+    Applying,
     /// The plan was applied; applying it again is not possible and not needed.
     Applied { outcome: ApplyOutcome },
 }
@@ -141,12 +150,18 @@ impl Refresher {
             layout,
             state_dir: state_dir.into(),
             restart: None,
-            restart_timeout: Duration::from_secs(300),
+            restart_timeout: DEFAULT_RESTART_TIMEOUT,
         }
     }
 
     pub fn with_restart_command(mut self, command: Option<CommandTemplate>) -> Self {
         self.restart = command;
+        self
+    }
+
+    /// How long the restart hook may run before its process group is killed.
+    pub fn with_restart_timeout(mut self, timeout: Duration) -> Self {
+        self.restart_timeout = timeout;
         self
     }
 
@@ -235,14 +250,27 @@ impl Refresher {
             })
         })();
         if result.is_err() {
-            let _ = fs::remove_dir_all(&dir);
+            let _ = files::remove_dir_all_securely(&dir);
         }
         result
     }
 
     /// Checks every certificate, then backs up and replaces the files, then runs the restart
-    /// hook. If any check fails nothing on disk changes.
+    /// hook and records the outcome. All or nothing: if a check fails nothing on disk changes,
+    /// and if anything fails later every file already replaced is restored from the backup
+    /// before the error is returned.
     pub fn apply(&self, request: &ApplyRequest) -> Result<ApplyOutcome, RefreshError> {
+        self.apply_with(request, |slot, certificate_pem, key_pem| {
+            self.write(slot, certificate_pem, key_pem)
+        })
+    }
+
+    /// [`Self::apply`], writing each slot with `write` (tests make it fail partway).
+    fn apply_with(
+        &self,
+        request: &ApplyRequest,
+        mut write: impl FnMut(&Slot, &str, &str) -> Result<(), RefreshError>,
+    ) -> Result<ApplyOutcome, RefreshError> {
         if !is_plan_id(&request.plan_id) {
             return Err(RefreshError::BadRequest(format!(
                 "invalid plan id {:?}: expected 32 lowercase hex digits",
@@ -284,14 +312,17 @@ impl Refresher {
             verified.push((slot, certificate_pem.clone(), key_pem, info));
         }
 
-        let backup_dir = self.back_up(&request.plan_id, verified.iter().map(|(s, ..)| *s))?;
-        for (slot, certificate_pem, key_pem, _) in &verified {
-            self.write(slot, certificate_pem, key_pem)?;
+        let applied_dir = self.state_dir.join("applied");
+        fs::create_dir_all(&applied_dir).map_err(io("cannot record the applied plan"))?;
+        let slots: Vec<&Slot> = verified.iter().map(|(s, ..)| *s).collect();
+        let backup_dir = self.back_up(&request.plan_id, slots.iter().copied())?;
+        for (index, (slot, certificate_pem, key_pem, _)) in verified.iter().enumerate() {
+            if let Err(e) = write(slot, certificate_pem, key_pem) {
+                // This slot may be half written too (a certificate renamed, not its key).
+                return Err(self.undo(&slots[..=index], &backup_dir, e));
+            }
         }
-        let restart = self
-            .restart
-            .as_ref()
-            .map(|command| run_blocking(command, None, self.restart_timeout));
+        let restart = self.run_restart_hook();
         let earliest_not_after = verified
             .iter()
             .map(|(.., info)| info.not_after)
@@ -306,16 +337,75 @@ impl Refresher {
         // Remember the outcome before dropping the staged plan, so a caller that lost track
         // learns it was applied instead of refreshing again.
         let record = serde_json::to_vec_pretty(&outcome).expect("outcomes serialize");
-        let applied_dir = self.state_dir.join("applied");
-        fs::create_dir_all(&applied_dir).map_err(io("cannot record the applied plan"))?;
-        files::write_atomic(
+        if let Err(e) = files::write_atomic(
             &applied_dir.join(format!("{}.json", request.plan_id)),
             &record,
             0o644,
-        )
-        .map_err(io("cannot record the applied plan"))?;
-        let _ = fs::remove_dir_all(&dir);
+        ) {
+            // Unrecorded, the plan would look staged and be applied again: undo it, and
+            // restart the services again so they run on the restored files.
+            let error = self.undo(
+                &slots,
+                &outcome.backup_dir,
+                io("cannot record the applied plan")(e),
+            );
+            self.run_restart_hook();
+            return Err(error);
+        }
+        let _ = files::remove_dir_all_securely(&dir);
+        self.prune_history();
         Ok(outcome)
+    }
+
+    /// Keeps the last [`KEPT_HISTORY`] backups (they hold old keys) and applied-plan records.
+    fn prune_history(&self) {
+        for dir in ["backups", "applied"] {
+            if let Err(e) = prune(&self.state_dir.join(dir), KEPT_HISTORY) {
+                tracing::warn!(dir, error = %e, "cannot remove old refresh history");
+            }
+        }
+    }
+
+    fn run_restart_hook(&self) -> Option<HookOutcome> {
+        self.restart
+            .as_ref()
+            .map(|command| run_blocking(command, None, self.restart_timeout))
+    }
+
+    /// Puts the files of `slots` back from `backup_dir` after `error`, and returns `error`
+    /// saying what was restored (or what could not be, and where the backup is).
+    fn undo(&self, slots: &[&Slot], backup_dir: &Path, error: RefreshError) -> RefreshError {
+        let mut failures = Vec::new();
+        for slot in slots {
+            for path in self.layout.files(slot).all() {
+                if let Err(e) = self.restore(path, backup_dir) {
+                    failures.push(format!("{}: {e}", path.display()));
+                }
+            }
+        }
+        let what = if failures.is_empty() {
+            "every file already replaced was restored from the backup".to_string()
+        } else {
+            format!(
+                "restoring from the backup {} FAILED for {}",
+                backup_dir.display(),
+                failures.join(", ")
+            )
+        };
+        match error {
+            RefreshError::Io { context, source } => RefreshError::Io {
+                context: format!("{context} ({what})"),
+                source,
+            },
+            other => RefreshError::Node(format!("{other} ({what})")),
+        }
+    }
+
+    /// Writes `path` back from its copy in `backup_dir`, atomically and with the copy's mode.
+    fn restore(&self, path: &Path, backup_dir: &Path) -> std::io::Result<()> {
+        let copy = backup_dir.join(self.backup_path(path).map_err(std::io::Error::other)?);
+        let mode = fs::metadata(&copy)?.permissions().mode() & 0o777;
+        files::write_atomic(path, &fs::read(&copy)?, mode)
     }
 
     /// Whether `plan_id` is staged or applied.
@@ -429,20 +519,7 @@ impl Refresher {
         for slot in slots {
             let files = self.layout.files(slot);
             for path in files.all() {
-                let relative = path
-                    .strip_prefix(&self.layout.pki_dir)
-                    .map(|r| Path::new("pki").join(r))
-                    .or_else(|_| {
-                        path.strip_prefix(&self.layout.kubeconfig_dir)
-                            .map(|r| Path::new("kubeconfigs").join(r))
-                    })
-                    .map_err(|_| {
-                        RefreshError::Node(format!(
-                            "{} is outside the node's directories",
-                            path.display()
-                        ))
-                    })?;
-                let target = backup_dir.join(relative);
+                let target = backup_dir.join(self.backup_path(path)?);
                 let parent = target.parent().expect("backup paths have a parent");
                 fs::create_dir_all(parent)
                     .map_err(io(format!("cannot create {}", parent.display())))?;
@@ -453,6 +530,22 @@ impl Refresher {
             }
         }
         Ok(backup_dir)
+    }
+
+    /// Where the copy of `path` goes inside a backup directory.
+    fn backup_path(&self, path: &Path) -> Result<PathBuf, RefreshError> {
+        path.strip_prefix(&self.layout.pki_dir)
+            .map(|r| Path::new("pki").join(r))
+            .or_else(|_| {
+                path.strip_prefix(&self.layout.kubeconfig_dir)
+                    .map(|r| Path::new("kubeconfigs").join(r))
+            })
+            .map_err(|_| {
+                RefreshError::Node(format!(
+                    "{} is outside the node's directories",
+                    path.display()
+                ))
+            })
     }
 
     fn write(&self, slot: &Slot, certificate_pem: &str, key_pem: &str) -> Result<(), RefreshError> {
@@ -508,10 +601,32 @@ impl Refresher {
                 .and_then(|t| t.elapsed().ok())
                 .is_some_and(|age| age > STAGED_PLAN_LIFETIME);
             if stale {
-                let _ = fs::remove_dir_all(entry.path());
+                let _ = files::remove_dir_all_securely(&entry.path());
             }
         }
     }
+}
+
+/// Removes all but the newest `keep` entries of `dir` (by modification time, then name), keys
+/// securely.
+fn prune(dir: &Path, keep: usize) -> std::io::Result<()> {
+    let mut entries = Vec::new();
+    for entry in fs::read_dir(dir)? {
+        let entry = entry?;
+        let meta = entry.metadata()?;
+        entries.push((meta.modified()?, entry.file_name(), meta.is_dir()));
+    }
+    entries.sort();
+    let excess = entries.len().saturating_sub(keep);
+    for (_, name, is_dir) in entries.into_iter().take(excess) {
+        let path = dir.join(name);
+        if is_dir {
+            files::remove_dir_all_securely(&path)?;
+        } else {
+            files::remove_file_securely(&path)?;
+        }
+    }
+    Ok(())
 }
 
 fn mode_of(path: &Path, default: u32) -> u32 {
@@ -542,4 +657,105 @@ pub(crate) fn is_plan_id(id: &str) -> bool {
         && id
             .bytes()
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::provision::{ClusterCas, NodeRole, NodeSpec, provision_node};
+
+    fn worker(dir: &Path) -> (ClusterCas, Refresher) {
+        let cas = ClusterCas::create().unwrap();
+        let layout = NodeLayout::new(dir.join("pki"), dir.join("kubeconfigs"));
+        provision_node(
+            &layout,
+            &cas,
+            &NodeSpec {
+                node_name: "node-1".into(),
+                addresses: vec!["127.0.0.1".parse().unwrap()],
+                role: NodeRole::Worker,
+                control_plane_host: "cp.example".into(),
+                server_url: "https://cp.example:6443".into(),
+                validity: "30d".parse().unwrap(),
+            },
+        )
+        .unwrap();
+        (cas, Refresher::new(layout, dir.join("state")))
+    }
+
+    fn signed(cas: &ClusterCas, plan: &RefreshPlan) -> ApplyRequest {
+        let ttl = "1y".parse().unwrap();
+        ApplyRequest {
+            plan_id: plan.plan_id.clone(),
+            certificates: plan
+                .requests
+                .iter()
+                .map(|r| {
+                    let signed = cas
+                        .get(r.ca)
+                        .sign_request(&r.csr_pem, &r.exact_policy(), &ttl)
+                        .unwrap();
+                    (r.name.clone(), signed.certificate_pem)
+                })
+                .collect(),
+        }
+    }
+
+    fn node_files(layout: &NodeLayout) -> BTreeMap<PathBuf, (Vec<u8>, u32)> {
+        let mut found = BTreeMap::new();
+        for dir in [&layout.pki_dir, &layout.kubeconfig_dir] {
+            for entry in fs::read_dir(dir).unwrap().flatten() {
+                let meta = entry.metadata().unwrap();
+                if meta.is_file() {
+                    let mode = meta.permissions().mode() & 0o777;
+                    found.insert(entry.path(), (fs::read(entry.path()).unwrap(), mode));
+                }
+            }
+        }
+        found
+    }
+
+    #[test]
+    fn a_write_failing_partway_restores_every_replaced_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let (cas, refresher) = worker(dir.path());
+        let before = node_files(refresher.layout());
+        let plan = refresher.plan(&PlanRequest::default()).unwrap();
+        assert_eq!(plan.requests.len(), 2, "kubelet.conf and kubelet");
+        let request = signed(&cas, &plan);
+
+        // The first slot is written for real, the second fails.
+        let mut written = 0;
+        let err = refresher
+            .apply_with(&request, |slot, certificate_pem, key_pem| {
+                written += 1;
+                if written == 1 {
+                    refresher.write(slot, certificate_pem, key_pem)
+                } else {
+                    Err(io("cannot write the second slot")(std::io::Error::other(
+                        "disk full",
+                    )))
+                }
+            })
+            .unwrap_err();
+        assert_eq!(written, 2);
+        let message = err.to_string();
+        assert!(
+            message.contains("disk full") && message.contains("restored from the backup"),
+            "{message}"
+        );
+        assert_eq!(
+            node_files(refresher.layout()),
+            before,
+            "every file is back, contents and modes"
+        );
+        // Nothing recorded as applied: the plan is still staged and applies normally later.
+        assert!(matches!(
+            refresher.plan_status(&plan.plan_id).unwrap(),
+            PlanStatus::Staged { .. }
+        ));
+        let outcome = refresher.apply(&request).unwrap();
+        assert_eq!(outcome.applied.len(), 2);
+        assert_ne!(node_files(refresher.layout()), before);
+    }
 }

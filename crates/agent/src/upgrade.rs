@@ -4,18 +4,19 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use caretaker_pki::files;
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
-use tokio::io::AsyncReadExt;
 
-use crate::command::{CommandTemplate, OUTPUT_TAIL_BYTES, kill_group, tail};
+use crate::command::{CommandTemplate, HookOutcome, RunningHook, kill_group};
 use crate::refresh::random_id;
 
-/// A release option in one of the upstream forms.
+/// A release option in one of the upstream forms. It is handed to the upgrade hook as an
+/// argument, so only a strict grammar gets through: nothing a hook could read as a flag, a path
+/// outside what was named, or text that displays differently from what it is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReleaseOption(String);
 
@@ -24,37 +25,102 @@ pub const RELEASE_FORMS: &str = "channel=<channel> (e.g. channel=1.33/stable), \
 revision=<revision> (e.g. revision=1234) or localPath=<absolute path> (e.g. \
 localPath=/opt/k8s/k8s.snap)";
 
+/// The longest release option accepted, in bytes.
+pub const MAX_RELEASE_OPTION_LEN: usize = 256;
+
+/// How much of a refused value a message repeats: enough to recognise it, never a wall of text.
+const SHOWN_VALUE_CHARS: usize = 80;
+
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unsupported upgrade option {0:?}: expected {RELEASE_FORMS}")]
-pub struct BadReleaseOption(pub String);
+#[error("unsupported upgrade option {}: {reason}; expected {RELEASE_FORMS}", shown(.value))]
+pub struct BadReleaseOption {
+    pub value: String,
+    pub reason: String,
+}
+
+/// `value` quoted with every control, format (e.g. right-to-left override) and non-ASCII
+/// character escaped, and cut short when long.
+fn shown(value: &str) -> String {
+    let mut quoted: String = value.chars().take(SHOWN_VALUE_CHARS).collect();
+    if quoted.len() < value.len() {
+        quoted.push_str("...");
+    }
+    let mut escaped = String::new();
+    for c in format!("{quoted:?}").chars() {
+        if c.is_ascii() {
+            escaped.push(c);
+        } else {
+            escaped.extend(c.escape_unicode());
+        }
+    }
+    escaped
+}
 
 impl ReleaseOption {
     pub fn parse(value: &str) -> Result<Self, BadReleaseOption> {
-        let bad = || BadReleaseOption(value.to_string());
-        let (kind, target) = value.split_once('=').ok_or_else(bad)?;
-        let plain = !target.is_empty()
-            && target
-                .chars()
-                .all(|c| !c.is_whitespace() && !c.is_control());
-        let ok = plain
-            && match kind {
-                "channel" => true,
-                "revision" => target
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.'),
-                "localPath" => target.starts_with('/'),
-                _ => false,
-            };
-        if ok {
-            Ok(Self(value.to_string()))
-        } else {
-            Err(bad())
+        match release_option_problem(value) {
+            None => Ok(Self(value.to_string())),
+            Some(reason) => Err(BadReleaseOption {
+                value: value.to_string(),
+                reason,
+            }),
         }
     }
 
     pub fn as_str(&self) -> &str {
         &self.0
     }
+}
+
+/// Why `value` is not a release option, if it is not.
+fn release_option_problem(value: &str) -> Option<String> {
+    if value.len() > MAX_RELEASE_OPTION_LEN {
+        return Some(format!(
+            "it is longer than {MAX_RELEASE_OPTION_LEN} characters"
+        ));
+    }
+    let problem = if !value.bytes().all(|b| b.is_ascii_graphic()) {
+        "only printable ASCII without spaces is allowed"
+    } else {
+        match value.split_once('=') {
+            None => "it is not of the form KIND=VALUE",
+            Some(("channel", target)) if !is_channel(target) => {
+                "a channel is TRACK/RISK[/BRANCH], each part lowercase letters, digits, dots and \
+                 dashes, starting with a letter or digit"
+            }
+            Some(("revision", target))
+                if target.is_empty() || !target.bytes().all(|b| b.is_ascii_digit()) =>
+            {
+                "a revision is a number"
+            }
+            Some(("localPath", target)) if !is_normalised_absolute_path(target) => {
+                "a local path is absolute and normalised (no empty, '.' or '..' parts, no \
+                 trailing '/')"
+            }
+            Some(("channel" | "revision" | "localPath", _)) => return None,
+            Some(_) => "the kind is not channel, revision or localPath",
+        }
+    };
+    Some(problem.to_string())
+}
+
+/// `TRACK/RISK[/BRANCH]`; a part never starts with a dash, so the whole never reads as a flag.
+fn is_channel(target: &str) -> bool {
+    let parts: Vec<&str> = target.split('/').collect();
+    (2..=3).contains(&parts.len())
+        && parts.iter().all(|part| {
+            part.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+                && part
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'-')
+        })
+}
+
+fn is_normalised_absolute_path(target: &str) -> bool {
+    target.strip_prefix('/').is_some_and(|rest| {
+        rest.split('/')
+            .all(|part| !part.is_empty() && part != "." && part != "..")
+    })
 }
 
 impl fmt::Display for ReleaseOption {
@@ -120,6 +186,9 @@ pub enum UpgradeError {
     Spawn(std::io::Error),
 }
 
+/// How long an upgrade may run unless configured otherwise.
+pub const DEFAULT_UPGRADE_TIMEOUT: Duration = Duration::from_secs(3600);
+
 #[derive(Debug, Default)]
 struct State {
     operations: BTreeMap<String, Operation>,
@@ -134,6 +203,8 @@ struct State {
 pub struct Upgrader {
     state_dir: PathBuf,
     command: Option<CommandTemplate>,
+    /// How long an upgrade may run before its process group is killed and it fails.
+    timeout: Duration,
     state: Arc<Mutex<State>>,
 }
 
@@ -165,8 +236,14 @@ impl Upgrader {
         Self {
             state_dir,
             command,
+            timeout: DEFAULT_UPGRADE_TIMEOUT,
             state: Arc::new(Mutex::new(state)),
         }
+    }
+
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
     }
 
     /// The release the last successful upgrade installed.
@@ -212,16 +289,8 @@ impl Upgrader {
             return Err(UpgradeError::Busy(running.clone()));
         }
 
-        let (program, args) = command.argv(Some(release.as_str()));
-        let mut child = tokio::process::Command::new(&program)
-            .args(&args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0)
-            .kill_on_drop(false)
-            .spawn()
-            .map_err(UpgradeError::Spawn)?;
+        let hook =
+            RunningHook::spawn(command, Some(release.as_str())).map_err(UpgradeError::Spawn)?;
         let operation = Operation {
             id: random_id(),
             release: release.to_string(),
@@ -234,47 +303,22 @@ impl Upgrader {
             finished_at: None,
         };
         persist(&self.state_dir, &operation);
-        let pid = child.id().unwrap_or_default();
-        state.running = Some((operation.id.clone(), pid));
+        state.running = Some((operation.id.clone(), hook.pid()));
         state
             .operations
             .insert(operation.id.clone(), operation.clone());
         drop(state);
 
-        let output = Arc::new(Mutex::new(Vec::<u8>::new()));
-        for stream in [
-            child
-                .stdout
-                .take()
-                .map(|s| Box::new(s) as Box<dyn tokio::io::AsyncRead + Unpin + Send>),
-            child
-                .stderr
-                .take()
-                .map(|s| Box::new(s) as Box<dyn tokio::io::AsyncRead + Unpin + Send>),
-        ]
-        .into_iter()
-        .flatten()
-        {
-            let output = output.clone();
-            tokio::spawn(collect(stream, output));
-        }
         let this = self.clone();
         let id = operation.id.clone();
-        tokio::spawn(async move {
-            let status = child.wait().await;
-            // Let the readers drain what the process wrote last.
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-            this.finish(&id, status, &output);
+        tokio::task::spawn_blocking(move || {
+            let outcome = hook.wait(this.timeout);
+            this.finish(&id, outcome);
         });
         Ok(operation)
     }
 
-    fn finish(
-        &self,
-        id: &str,
-        status: std::io::Result<std::process::ExitStatus>,
-        output: &Mutex<Vec<u8>>,
-    ) {
+    fn finish(&self, id: &str, outcome: HookOutcome) {
         let mut state = self.state.lock().expect("upgrade state lock");
         let mut cancelled = false;
         if state
@@ -288,35 +332,29 @@ impl Upgrader {
         let Some(operation) = state.operations.get_mut(id) else {
             return;
         };
-        operation.output_tail = tail(&output.lock().expect("output lock"));
+        operation.output_tail = outcome.output_tail;
+        operation.exit_code = outcome.exit_code;
         operation.finished_at = Some(OffsetDateTime::now_utc());
         if cancelled {
             operation.state = OperationState::Cancelled;
             operation.message = Some("cancelled: the upgrade command was stopped".into());
+        } else if outcome.success {
+            operation.state = OperationState::Succeeded;
+            let _ = files::write_atomic(
+                &self.state_dir.join("release"),
+                operation.release.as_bytes(),
+                0o644,
+            );
         } else {
-            match status {
-                Ok(status) if status.success() => {
-                    operation.state = OperationState::Succeeded;
-                    operation.exit_code = status.code();
-                    let _ = files::write_atomic(
-                        &self.state_dir.join("release"),
-                        operation.release.as_bytes(),
-                        0o644,
-                    );
-                }
-                Ok(status) => {
-                    operation.state = OperationState::Failed;
-                    operation.exit_code = status.code();
-                    operation.message = Some(match status.code() {
-                        Some(code) => format!("the upgrade command exited with status {code}"),
-                        None => "the upgrade command was killed by a signal".into(),
-                    });
-                }
-                Err(e) => {
-                    operation.state = OperationState::Failed;
-                    operation.message = Some(format!("cannot wait for the upgrade command: {e}"));
-                }
-            }
+            operation.state = OperationState::Failed;
+            operation.message = Some(match outcome.exit_code {
+                _ if outcome.timed_out => format!(
+                    "the upgrade command did not finish within {}s and was killed",
+                    self.timeout.as_secs()
+                ),
+                Some(code) => format!("the upgrade command exited with status {code}"),
+                None => "the upgrade command was killed by a signal".into(),
+            });
         }
         persist(&self.state_dir, operation);
     }
@@ -344,25 +382,6 @@ impl Upgrader {
     }
 }
 
-async fn collect(
-    mut stream: Box<dyn tokio::io::AsyncRead + Unpin + Send>,
-    output: Arc<Mutex<Vec<u8>>>,
-) {
-    let mut buffer = [0u8; 1024];
-    while let Ok(n) = stream.read(&mut buffer).await {
-        if n == 0 {
-            break;
-        }
-        let mut output = output.lock().expect("output lock");
-        output.extend_from_slice(&buffer[..n]);
-        // Keep memory bounded: only the tail is ever reported.
-        if output.len() > 4 * OUTPUT_TAIL_BYTES {
-            let excess = output.len() - OUTPUT_TAIL_BYTES;
-            output.drain(..excess);
-        }
-    }
-}
-
 fn persist(state_dir: &std::path::Path, operation: &Operation) {
     let dir = state_dir.join("operations");
     if std::fs::create_dir_all(&dir).is_ok() {
@@ -379,26 +398,70 @@ mod tests {
     fn only_upstream_release_forms_are_accepted() {
         for ok in [
             "channel=1.33/stable",
+            "channel=latest/edge",
+            "channel=1.33-classic/candidate/hotfix-2",
             "revision=1234",
             "localPath=/opt/k8s.snap",
-            "channel=latest/edge",
+            "localPath=/var/lib/snaps/k8s_1.33.snap",
         ] {
             assert!(ReleaseOption::parse(ok).is_ok(), "{ok}");
         }
-        for bad in [
-            "1.33",
-            "channel=",
-            "track=1.33",
-            "localPath=relative",
-            "channel=a b",
-            "revision=1;rm",
-            "",
+        let overlong = format!("localPath=/{}", "a".repeat(MAX_RELEASE_OPTION_LEN));
+        for (bad, why) in [
+            ("1.33", "KIND=VALUE"),
+            ("", "KIND=VALUE"),
+            ("track=1.33", "the kind"),
+            ("channel=", "TRACK/RISK"),
+            ("channel=$(id)", "TRACK/RISK"),
+            ("channel=`id`/stable", "TRACK/RISK"),
+            ("channel=--classic", "TRACK/RISK"),
+            ("channel=-x/stable", "TRACK/RISK"),
+            ("channel=1.33", "TRACK/RISK"),
+            ("channel=1.33/stable/a/b", "TRACK/RISK"),
+            ("channel=1.33/Stable", "TRACK/RISK"),
+            ("channel=1.33//stable", "TRACK/RISK"),
+            ("channel=../stable", "TRACK/RISK"),
+            ("channel=1.33/stable\u{202e}", "ASCII"),
+            ("channel=1.33/st\u{e4}ble", "ASCII"),
+            ("channel=1.33/stable\n--classic", "ASCII"),
+            ("channel=a b", "ASCII"),
+            ("revision=..", "number"),
+            ("revision=-1", "number"),
+            ("revision=1;rm", "number"),
+            ("revision=", "number"),
+            ("localPath=relative", "local path"),
+            ("localPath=/../../etc/shadow", "local path"),
+            ("localPath=/opt/../etc/shadow", "local path"),
+            ("localPath=/opt/./k8s.snap", "local path"),
+            ("localPath=/opt//k8s.snap", "local path"),
+            ("localPath=/opt/k8s/", "local path"),
+            ("localPath=/", "local path"),
+            (overlong.as_str(), "longer than 256"),
         ] {
-            let err = ReleaseOption::parse(bad).unwrap_err().to_string();
+            let err = ReleaseOption::parse(bad).unwrap_err();
+            assert_eq!(err.value, bad);
+            let message = err.to_string();
             assert!(
-                err.contains(&format!("{bad:?}")) && err.contains("channel=<channel>"),
-                "{err}"
+                message.contains(why) && message.contains("channel=<channel>"),
+                "{bad:?}: {message}"
             );
+            // The message names the value, with anything that could hide what it is escaped.
+            assert!(message.contains(&shown(bad)), "{bad:?}: {message}");
+            assert!(message.is_ascii() && !message.contains('\n'), "{message}");
+            assert!(message.len() < 600, "a long value is cut short: {message}");
         }
+        assert_eq!(
+            shown("channel=1.33/stable\u{202e}"),
+            r#""channel=1.33/stable\u{202e}""#
+        );
+        assert_eq!(
+            shown("channel=1.33/st\u{e4}ble"),
+            r#""channel=1.33/st\u{e4}ble""#
+        );
+        assert_eq!(shown("revision=1\n2"), r#""revision=1\n2""#);
+        assert_eq!(
+            shown(&"a".repeat(100)),
+            format!("\"{}...\"", "a".repeat(80))
+        );
     }
 }

@@ -6,11 +6,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use caretaker_agent::api::{AgentClient, AgentError, AgentService, serve};
+use caretaker_agent::api::{AgentClient, AgentError, AgentService, ServeLimits, serve_with};
 use caretaker_agent::command::CommandTemplate;
 use caretaker_agent::layout::{NodeLayout, SigningCa};
 use caretaker_agent::provision::{ClusterCas, NodeRole, NodeSpec, provision_node};
-use caretaker_agent::refresh::{ApplyRequest, PlanRequest, RefreshPlan, Refresher};
+use caretaker_agent::refresh::{ApplyRequest, PlanRequest, PlanStatus, RefreshPlan, Refresher};
 use caretaker_agent::tls;
 use caretaker_agent::upgrade::{OperationState, UpgradeRequest, Upgrader};
 use caretaker_agent::{inventory, kubeconfig};
@@ -43,9 +43,20 @@ fn leaf_pair(ca: &CertificateAuthority, spec: LeafSpec) -> (String, String) {
 struct Hooks {
     restart: Option<String>,
     upgrade: Option<String>,
+    /// For both hooks; the agent's defaults when `None`.
+    timeout: Option<Duration>,
 }
 
 async fn start_node(cas: &ClusterCas, role: NodeRole, hooks: Hooks) -> Node {
+    start_node_with(cas, role, hooks, ServeLimits::default()).await
+}
+
+async fn start_node_with(
+    cas: &ClusterCas,
+    role: NodeRole,
+    hooks: Hooks,
+    limits: ServeLimits,
+) -> Node {
     let dir = tempfile::tempdir().unwrap();
     let layout = NodeLayout::new(dir.path().join("pki"), dir.path().join("kubeconfigs"));
     provision_node(
@@ -62,12 +73,16 @@ async fn start_node(cas: &ClusterCas, role: NodeRole, hooks: Hooks) -> Node {
     )
     .unwrap();
     let state = dir.path().join("state");
-    let refresher = Refresher::new(layout.clone(), &state)
+    let mut refresher = Refresher::new(layout.clone(), &state)
         .with_restart_command(hooks.restart.map(|c| CommandTemplate::parse(&c).unwrap()));
-    let upgrader = Upgrader::new(
+    let mut upgrader = Upgrader::new(
         &state,
         hooks.upgrade.map(|c| CommandTemplate::parse(&c).unwrap()),
     );
+    if let Some(timeout) = hooks.timeout {
+        refresher = refresher.with_restart_timeout(timeout);
+        upgrader = upgrader.with_timeout(timeout);
+    }
     let (cert, key) = leaf_pair(
         &cas.cluster,
         LeafSpec::new("caretaker-agent", Usage::Server)
@@ -88,7 +103,7 @@ async fn start_node(cas: &ClusterCas, role: NodeRole, hooks: Hooks) -> Node {
     );
     let router = AgentService::new(refresher, upgrader).router();
     let server = tokio::spawn(async move {
-        let _ = serve(listener, config, router).await;
+        let _ = serve_with(listener, config, router, limits).await;
     });
     Node {
         dir,
@@ -103,9 +118,18 @@ fn client_for(
     signer: &CertificateAuthority,
     cn: &str,
 ) -> AgentClient {
+    client_with_timeout(trust, signer, cn, Duration::from_secs(20))
+}
+
+fn client_with_timeout(
+    trust: &CertificateAuthority,
+    signer: &CertificateAuthority,
+    cn: &str,
+    timeout: Duration,
+) -> AgentClient {
     let (cert, key) = leaf_pair(signer, LeafSpec::new(cn, Usage::Client));
     let config = tls::client_config(&trust.certificate_pem(), &cert, &key).unwrap();
-    AgentClient::new(config, Duration::from_secs(20))
+    AgentClient::new(config, timeout)
 }
 
 fn operator(cas: &ClusterCas) -> AgentClient {
@@ -173,6 +197,7 @@ async fn inventory_lists_control_plane_and_worker_certificates() {
         Hooks {
             restart: None,
             upgrade: None,
+            timeout: None,
         },
     )
     .await;
@@ -182,6 +207,7 @@ async fn inventory_lists_control_plane_and_worker_certificates() {
         Hooks {
             restart: None,
             upgrade: None,
+            timeout: None,
         },
     )
     .await;
@@ -233,6 +259,7 @@ async fn plan_then_apply_refreshes_every_certificate_in_place() {
         Hooks {
             restart: Some("true".into()),
             upgrade: None,
+            timeout: None,
         },
     )
     .await;
@@ -364,6 +391,7 @@ async fn a_bad_certificate_in_apply_changes_nothing_on_disk() {
         Hooks {
             restart: None,
             upgrade: None,
+            timeout: None,
         },
     )
     .await;
@@ -464,6 +492,7 @@ async fn requests_never_become_paths() {
         Hooks {
             restart: None,
             upgrade: None,
+            timeout: None,
         },
     )
     .await;
@@ -524,6 +553,7 @@ async fn a_failed_restart_hook_is_reported_and_the_new_certificates_stay() {
         Hooks {
             restart: Some("sh -c {release}".into()),
             upgrade: None,
+            timeout: None,
         },
     )
     .await;
@@ -557,6 +587,335 @@ async fn a_failed_restart_hook_is_reported_and_the_new_certificates_stay() {
     assert_eq!(now.earliest_expiry(), Some(outcome.earliest_not_after));
 }
 
+/// A hook that exits at once but leaves a child holding its output, and records the child's pid.
+fn backgrounding_hook(dir: &Path) -> (String, PathBuf) {
+    std::fs::create_dir_all(dir).unwrap();
+    let script = dir.join("background.sh");
+    let pid_file = dir.join("child.pid");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\nsleep 1000 &\necho $! > {}\necho started\n",
+            pid_file.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    (script.display().to_string(), pid_file)
+}
+
+/// Whether process `pid` (from a file) is gone or a zombie nobody has reaped yet.
+fn is_dead(pid_file: &Path) -> bool {
+    let pid = std::fs::read_to_string(pid_file).unwrap();
+    for _ in 0..100 {
+        match std::fs::read_to_string(format!("/proc/{}/stat", pid.trim())) {
+            Err(_) => return true,
+            Ok(stat)
+                if stat
+                    .rsplit(')')
+                    .next()
+                    .unwrap()
+                    .trim_start()
+                    .starts_with('Z') =>
+            {
+                return true;
+            }
+            Ok(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+    false
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hooks_that_leave_a_child_holding_their_output_time_out_and_are_recorded() {
+    let cas = ClusterCas::create().unwrap();
+    let hooks_dir = tempfile::tempdir().unwrap();
+    let (restart_hook, restart_child) = backgrounding_hook(&hooks_dir.path().join("r"));
+    let (upgrade_hook, upgrade_child) = backgrounding_hook(&hooks_dir.path().join("u"));
+    let node = start_node(
+        &cas,
+        NodeRole::Worker,
+        Hooks {
+            restart: Some(restart_hook),
+            upgrade: Some(upgrade_hook),
+            timeout: Some(Duration::from_secs(1)),
+        },
+    )
+    .await;
+    let client = operator(&cas);
+
+    // The restart hook: the apply answers (the client allows 20 s, the child 1000 s).
+    let plan = client
+        .plan(&node.url, &PlanRequest::default())
+        .await
+        .unwrap();
+    let outcome = client
+        .apply(
+            &node.url,
+            &ApplyRequest {
+                plan_id: plan.plan_id.clone(),
+                certificates: sign_all(&cas, &plan, "90d"),
+            },
+        )
+        .await
+        .unwrap();
+    let restart = outcome.restart.clone().unwrap();
+    assert!(restart.timed_out && !restart.success, "{restart:?}");
+    assert!(restart.output_tail.starts_with("started"), "{restart:?}");
+    assert!(
+        is_dead(&restart_child),
+        "the restart hook's child was killed"
+    );
+    match client.plan_status(&node.url, &plan.plan_id).await.unwrap() {
+        caretaker_agent::refresh::PlanStatus::Applied { outcome: recorded } => {
+            assert_eq!(recorded, outcome, "the record is written")
+        }
+        other => panic!("expected applied, got {other:?}"),
+    }
+
+    // The upgrade hook: the operation fails as timed out, and so it is recorded.
+    let op = client
+        .start_upgrade(
+            &node.url,
+            &UpgradeRequest {
+                release: "revision=3".into(),
+                request_id: None,
+            },
+        )
+        .await
+        .unwrap();
+    let failed = wait_finished(&client, &node.url, &op.id).await;
+    assert_eq!(failed.state, OperationState::Failed, "{failed:?}");
+    assert!(
+        failed
+            .message
+            .as_deref()
+            .unwrap_or_default()
+            .contains("did not finish within 1s"),
+        "{failed:?}"
+    );
+    assert!(failed.output_tail.starts_with("started"), "{failed:?}");
+    assert!(
+        is_dead(&upgrade_child),
+        "the upgrade hook's child was killed"
+    );
+    let record: caretaker_agent::upgrade::Operation = serde_json::from_slice(
+        &std::fs::read(node.state_dir().join(format!("operations/{}.json", op.id))).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(record, failed);
+    assert_eq!(client.health(&node.url).await.unwrap().release, None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_apply_outlives_its_client_and_others_are_told_to_wait() {
+    let cas = ClusterCas::create().unwrap();
+    let hooks_dir = tempfile::tempdir().unwrap();
+    let hook = hooks_dir.path().join("restart.sh");
+    let runs = hooks_dir.path().join("runs");
+    std::fs::write(
+        &hook,
+        format!("#!/bin/sh\necho run >> {}\nsleep 3\n", runs.display()),
+    )
+    .unwrap();
+    std::fs::set_permissions(&hook, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let node = start_node(
+        &cas,
+        NodeRole::Worker,
+        Hooks {
+            restart: Some(hook.display().to_string()),
+            upgrade: None,
+            timeout: None,
+        },
+    )
+    .await;
+    let client = operator(&cas);
+    let impatient = client_with_timeout(
+        &cas.cluster,
+        &cas.cluster,
+        "caretaker-operator",
+        Duration::from_millis(500),
+    );
+    let plan = client
+        .plan(&node.url, &PlanRequest::default())
+        .await
+        .unwrap();
+    let request = ApplyRequest {
+        plan_id: plan.plan_id.clone(),
+        certificates: sign_all(&cas, &plan, "1y"),
+    };
+    // The client gives up while the restart hook runs; the apply goes on.
+    let err = impatient.apply(&node.url, &request).await.unwrap_err();
+    assert!(matches!(err, AgentError::Timeout { .. }), "{err}");
+    assert_eq!(
+        client.plan_status(&node.url, &plan.plan_id).await.unwrap(),
+        PlanStatus::Applying
+    );
+    // Anything else that would touch the files is told to wait, not queued and not failed.
+    let again = client.apply(&node.url, &request).await.unwrap_err();
+    let other = client
+        .plan(&node.url, &PlanRequest::default())
+        .await
+        .unwrap_err();
+    for busy in [&again, &other] {
+        assert!(busy.is_busy(), "{busy}");
+        assert!(
+            matches!(busy, AgentError::Status { status: 409, message, .. } if message.contains(&plan.plan_id)),
+            "{busy}"
+        );
+    }
+
+    let mut status = PlanStatus::Applying;
+    for _ in 0..200 {
+        status = client.plan_status(&node.url, &plan.plan_id).await.unwrap();
+        if status != PlanStatus::Applying {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let PlanStatus::Applied { outcome } = status else {
+        panic!("expected applied, got {status:?}");
+    };
+    assert!(outcome.restart.unwrap().success);
+    assert_eq!(
+        std::fs::read_to_string(&runs).unwrap(),
+        "run\n",
+        "one hook run"
+    );
+    assert_eq!(
+        inventory::discover(&node.layout).earliest_expiry(),
+        Some(outcome.earliest_not_after)
+    );
+    // The node is free again.
+    client
+        .plan(&node.url, &PlanRequest::default())
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn old_backups_and_applied_records_are_pruned_to_the_last_three() {
+    let cas = ClusterCas::create().unwrap();
+    let node = start_node(
+        &cas,
+        NodeRole::Worker,
+        Hooks {
+            restart: None,
+            upgrade: None,
+            timeout: None,
+        },
+    )
+    .await;
+    let client = operator(&cas);
+    let mut outcomes = Vec::new();
+    for _ in 0..5 {
+        let plan = client
+            .plan(&node.url, &PlanRequest::default())
+            .await
+            .unwrap();
+        let outcome = client
+            .apply(
+                &node.url,
+                &ApplyRequest {
+                    plan_id: plan.plan_id.clone(),
+                    certificates: sign_all(&cas, &plan, "1y"),
+                },
+            )
+            .await
+            .unwrap();
+        outcomes.push((plan.plan_id, outcome));
+        // Distinct modification times, so "newest" is well defined.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let count = |dir: &str| {
+        std::fs::read_dir(node.state_dir().join(dir))
+            .unwrap()
+            .count()
+    };
+    assert_eq!(count("backups"), 3);
+    assert_eq!(count("applied"), 3);
+    for (index, (plan_id, outcome)) in outcomes.iter().enumerate() {
+        let kept = index >= 2;
+        assert_eq!(outcome.backup_dir.exists(), kept, "backup {index}");
+        let status = client.plan_status(&node.url, plan_id).await;
+        assert_eq!(status.is_ok(), kept, "record {index}: {status:?}");
+    }
+    // What is kept still holds the old keys, 0600.
+    let key = outcomes[4].1.backup_dir.join("pki/kubelet.key");
+    assert_eq!(
+        std::fs::metadata(key).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+}
+
+#[tokio::test]
+async fn a_client_that_never_finishes_its_handshake_is_cut_off() {
+    let cas = ClusterCas::create().unwrap();
+    let limits = ServeLimits {
+        handshake_timeout: Duration::from_secs(1),
+        ..ServeLimits::default()
+    };
+    let node = start_node_with(
+        &cas,
+        NodeRole::Worker,
+        Hooks {
+            restart: None,
+            upgrade: None,
+            timeout: None,
+        },
+        limits,
+    )
+    .await;
+    let address = node.url.trim_start_matches("https://");
+    let mut silent = tokio::net::TcpStream::connect(address).await.unwrap();
+    // It sends nothing; the agent closes the connection once the handshake timeout passes.
+    let mut buffer = [0u8; 64];
+    let read = tokio::time::timeout(
+        Duration::from_secs(30),
+        tokio::io::AsyncReadExt::read(&mut silent, &mut buffer),
+    )
+    .await
+    .expect("the agent must close a connection that never shakes hands");
+    assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
+    operator(&cas).health(&node.url).await.unwrap();
+}
+
+#[tokio::test]
+async fn connections_beyond_the_cap_wait_until_one_is_freed() {
+    let cas = ClusterCas::create().unwrap();
+    let limits = ServeLimits {
+        max_connections: 2,
+        handshake_timeout: Duration::from_secs(60),
+        ..ServeLimits::default()
+    };
+    let node = start_node_with(
+        &cas,
+        NodeRole::Worker,
+        Hooks {
+            restart: None,
+            upgrade: None,
+            timeout: None,
+        },
+        limits,
+    )
+    .await;
+    let address = node.url.trim_start_matches("https://").to_string();
+    let idle_1 = tokio::net::TcpStream::connect(&address).await.unwrap();
+    let _idle_2 = tokio::net::TcpStream::connect(&address).await.unwrap();
+    // Both slots are taken by connections that send nothing: the operator is not served.
+    let impatient = client_with_timeout(
+        &cas.cluster,
+        &cas.cluster,
+        "caretaker-operator",
+        Duration::from_secs(2),
+    );
+    let err = impatient.health(&node.url).await.unwrap_err();
+    assert!(matches!(err, AgentError::Timeout { .. }), "{err}");
+    // Closing one frees its slot.
+    drop(idle_1);
+    operator(&cas).health(&node.url).await.unwrap();
+}
+
 #[tokio::test]
 async fn clients_without_the_operators_certificate_get_no_answer() {
     let cas = ClusterCas::create().unwrap();
@@ -566,6 +925,7 @@ async fn clients_without_the_operators_certificate_get_no_answer() {
         Hooks {
             restart: None,
             upgrade: None,
+            timeout: None,
         },
     )
     .await;
@@ -683,6 +1043,7 @@ async fn upgrades_succeed_fail_and_cancel() {
         Hooks {
             restart: None,
             upgrade: Some(script),
+            timeout: None,
         },
     )
     .await;
@@ -787,6 +1148,7 @@ async fn upgrades_succeed_fail_and_cancel() {
         Hooks {
             restart: None,
             upgrade: Some(slow.display().to_string()),
+            timeout: None,
         },
     )
     .await;
@@ -810,6 +1172,68 @@ async fn upgrades_succeed_fail_and_cancel() {
     assert_eq!(client.health(&slow_node.url).await.unwrap().release, None);
 }
 
+/// Release options that reached the hook before the grammar was strict, and an overlong one.
+fn hostile_releases() -> Vec<String> {
+    let mut releases: Vec<String> = [
+        "channel=$(id)",
+        "channel=--classic",
+        "channel=1.33/stable\u{202e}",
+        "channel=1.33/st\u{e4}ble",
+        "revision=..",
+        "localPath=/../../etc/shadow",
+    ]
+    .map(String::from)
+    .to_vec();
+    releases.push(format!("localPath=/opt/{}.snap", "a".repeat(300)));
+    releases
+}
+
+#[tokio::test]
+async fn hostile_release_options_are_refused_and_never_reach_the_hook() {
+    let cas = ClusterCas::create().unwrap();
+    let hooks_dir = tempfile::tempdir().unwrap();
+    let script = upgrade_script(hooks_dir.path());
+    let node = start_node(
+        &cas,
+        NodeRole::Worker,
+        Hooks {
+            restart: None,
+            upgrade: Some(script),
+            timeout: None,
+        },
+    )
+    .await;
+    let client = operator(&cas);
+    for release in hostile_releases() {
+        let err = client
+            .start_upgrade(
+                &node.url,
+                &UpgradeRequest {
+                    release: release.clone(),
+                    request_id: None,
+                },
+            )
+            .await
+            .unwrap_err();
+        let shown = caretaker_agent::upgrade::ReleaseOption::parse(&release)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            matches!(&err, AgentError::Status { status: 400, message, .. } if *message == shown),
+            "{release:?}: {err}"
+        );
+        assert!(shown.is_ascii(), "{shown}");
+    }
+    assert!(
+        !node.state_dir().join("operations").exists(),
+        "no operation was started"
+    );
+    assert!(
+        !hooks_dir.path().join("release").exists(),
+        "the hook never ran"
+    );
+}
+
 #[tokio::test]
 async fn an_agent_restart_remembers_operations() {
     let cas = ClusterCas::create().unwrap();
@@ -821,6 +1245,7 @@ async fn an_agent_restart_remembers_operations() {
         Hooks {
             restart: None,
             upgrade: Some(script.clone()),
+            timeout: None,
         },
     )
     .await;

@@ -212,11 +212,20 @@ fn renew_replaces_certificates_with_the_given_cas() {
     assert_eq!(caretaker_agent::offline::inventory(&layout), after);
 }
 
-#[tokio::test]
-async fn the_agent_command_serves_mutual_tls() {
-    let tmp = tempfile::tempdir().unwrap();
-    let cas = ClusterCas::create().unwrap();
-    let layout = provision(tmp.path(), &cas, NodeRole::Worker);
+/// A `caretaker agent` process serving a worker node in `dir`, started through `sh -c
+/// "SHELL_PREFIX exec caretaker agent ..."` (to lower its limits, say).
+struct AgentProcess {
+    child: tokio::process::Child,
+    client: AgentClient,
+    url: String,
+}
+
+fn spawn_agent(
+    dir: &Path,
+    cas: &ClusterCas,
+    layout: &NodeLayout,
+    shell_prefix: &str,
+) -> AgentProcess {
     let serving = cas
         .cluster
         .issue(
@@ -224,21 +233,24 @@ async fn the_agent_command_serves_mutual_tls() {
                 .with_ip_addresses(["127.0.0.1".parse().unwrap()]),
         )
         .unwrap();
-    std::fs::write(tmp.path().join("agent.crt"), &serving.certificate_pem).unwrap();
+    std::fs::write(dir.join("agent.crt"), &serving.certificate_pem).unwrap();
     files::write_atomic(
-        &tmp.path().join("agent.key"),
+        &dir.join("agent.key"),
         serving.key.as_ref().unwrap().to_pem().as_bytes(),
         0o600,
     )
     .unwrap();
-    std::fs::write(tmp.path().join("ca.crt"), cas.cluster.certificate_pem()).unwrap();
+    std::fs::write(dir.join("ca.crt"), cas.cluster.certificate_pem()).unwrap();
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port();
-    let p = |name: &str| tmp.path().join(name).display().to_string();
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_caretaker"))
+    let p = |name: &str| dir.join(name).display().to_string();
+    let child = tokio::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("{shell_prefix} exec \"$0\" \"$@\""))
+        .arg(env!("CARGO_BIN_EXE_caretaker"))
         .args(["agent", "--listen", &format!("127.0.0.1:{port}")])
         .args([
             "--pki-dir",
@@ -273,7 +285,37 @@ async fn the_agent_command_serves_mutual_tls() {
         .unwrap(),
         Duration::from_secs(5),
     );
-    let url = format!("https://127.0.0.1:{port}");
+    AgentProcess {
+        child,
+        client,
+        url: format!("https://127.0.0.1:{port}"),
+    }
+}
+
+impl AgentProcess {
+    /// Waits until the agent answers a health request.
+    async fn wait_healthy(&self) {
+        for _ in 0..100 {
+            if self.client.health(&self.url).await.is_ok() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("the agent at {} never answered", self.url);
+    }
+}
+
+#[tokio::test]
+async fn the_agent_command_serves_mutual_tls() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cas = ClusterCas::create().unwrap();
+    let layout = provision(tmp.path(), &cas, NodeRole::Worker);
+    let AgentProcess {
+        mut child,
+        client,
+        url,
+    } = spawn_agent(tmp.path(), &cas, &layout, "");
+    let p = |name: &str| tmp.path().join(name).display().to_string();
     let mut inventory = None;
     for _ in 0..100 {
         if let Ok(found) = client.certificates(&url).await {
@@ -298,4 +340,32 @@ async fn the_agent_command_serves_mutual_tls() {
     ]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent.crt"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_survives_running_out_of_file_descriptors() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cas = ClusterCas::create().unwrap();
+    let layout = provision(tmp.path(), &cas, NodeRole::Worker);
+    let mut agent = spawn_agent(tmp.path(), &cas, &layout, "ulimit -n 48 &&");
+    agent.wait_healthy().await;
+
+    // Far more plain TCP connections than the agent has descriptors, sending nothing.
+    let address = agent.url.trim_start_matches("https://").to_string();
+    let mut flood = Vec::new();
+    for _ in 0..120 {
+        // Refused only once the agent has gone, which the assertion below reports.
+        if let Ok(stream) = tokio::net::TcpStream::connect(&address).await {
+            flood.push(stream);
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        agent.child.try_wait().unwrap().is_none(),
+        "the agent must not exit when accept fails"
+    );
+    drop(flood);
+    // Once descriptors are free again it serves the operator as before.
+    agent.wait_healthy().await;
+    assert!(agent.child.try_wait().unwrap().is_none());
 }

@@ -1,9 +1,9 @@
 //! Shared plumbing of the controllers: the Kubernetes client, the event recorder, settings and
 //! the cluster credentials.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::events::v1::Event;
@@ -69,9 +69,9 @@ pub struct Context {
     reporting_instance: String,
     pub settings: Settings,
     pub credentials: CredentialStore,
-    /// Machines (namespace/name) with work running in this process, so a reconcile never
-    /// starts the same work twice and never waits for it.
-    running: Mutex<HashSet<String>>,
+    /// Machines (namespace/name) with work running in this process, and since when, so a
+    /// reconcile never starts the same work twice and never waits for it.
+    running: Mutex<HashMap<String, Instant>>,
 }
 
 impl Context {
@@ -87,10 +87,12 @@ impl Context {
 
     /// Marks `key` busy; false if it already was.
     pub fn try_begin(&self, key: &str) -> bool {
-        self.running
-            .lock()
-            .expect("running lock")
-            .insert(key.to_string())
+        let mut running = self.running.lock().expect("running lock");
+        if running.contains_key(key) {
+            return false;
+        }
+        running.insert(key.to_string(), Instant::now());
+        true
     }
 
     pub fn end(&self, key: &str) {
@@ -108,7 +110,7 @@ impl Context {
         machine: &MachineView,
         work: impl Future<Output = ()> + Send + 'static,
     ) -> bool {
-        let key = format!("{capability}:{}/{}", machine.namespace, machine.name);
+        let key = work_key(capability, machine);
         if !self.try_begin(&key) {
             return false;
         }
@@ -118,6 +120,16 @@ impl Context {
             ctx.end(&key);
         });
         true
+    }
+
+    /// How long the Machine's `capability` work has been running in this process (zero when
+    /// none is).
+    pub fn running_for(&self, capability: &str, machine: &MachineView) -> Duration {
+        self.running
+            .lock()
+            .expect("running lock")
+            .get(&work_key(capability, machine))
+            .map_or(Duration::ZERO, Instant::elapsed)
     }
 
     /// The credentials of the Machine's cluster: its CAs and a client for its agents.
@@ -229,4 +241,9 @@ impl Context {
             tracing::warn!(reason, error = %e, "cannot publish an event");
         }
     }
+}
+
+/// Names one capability's work for one Machine.
+fn work_key(capability: &str, machine: &MachineView) -> String {
+    format!("{capability}:{}/{}", machine.namespace, machine.name)
 }

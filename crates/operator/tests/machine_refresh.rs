@@ -352,3 +352,96 @@ async fn a_slow_agent_times_out_and_a_failing_one_is_retried_then_the_refresh_fa
         );
     }
 }
+
+/// Every file under `dir` with its contents.
+fn files_under(dir: &std::path::Path) -> BTreeMap<std::path::PathBuf, Vec<u8>> {
+    let mut found = BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).unwrap().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else {
+                let relative = path.strip_prefix(dir).unwrap().to_path_buf();
+                found.insert(relative, std::fs::read(&path).unwrap());
+            }
+        }
+    }
+    found
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_hook_slower_than_the_agent_timeout_is_waited_for_not_repeated() {
+    let settings = caretaker_operator::Settings {
+        agent_timeout: Duration::from_secs(1),
+        ..fast()
+    };
+    let mut world = world(settings).await;
+    // The hook outlasts the operator's agent timeout several times over.
+    let hooks = world.dir.path().join("hooks");
+    std::fs::create_dir_all(&hooks).unwrap();
+    let hook = hooks.join("restart.sh");
+    std::fs::write(
+        &hook,
+        format!(
+            "#!/bin/sh\necho run >> {}\nsleep 4\n",
+            hooks.join("runs").display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&hook, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let restart = caretaker_agent::command::CommandTemplate::parse(hook.to_str().unwrap()).unwrap();
+    let layout = world
+        .add_restartable("m-0", NodeRole::Worker, restart)
+        .await;
+    let node_dir = world.dir.path().join("m-0");
+    let before = files_under(&node_dir.join("pki"))
+        .into_iter()
+        .map(|(p, c)| (std::path::Path::new("pki").join(p), c))
+        .chain(
+            files_under(&node_dir.join("kubeconfigs"))
+                .into_iter()
+                .map(|(p, c)| (std::path::Path::new("kubeconfigs").join(p), c)),
+        )
+        .collect::<BTreeMap<_, _>>();
+
+    world
+        .annotate("m-0", names::REFRESH_CERTIFICATES, "1y")
+        .await;
+    let annotations = world.wait_status("m-0", names::STATUS_DONE).await;
+
+    let runs = std::fs::read_to_string(hooks.join("runs")).unwrap();
+    assert_eq!(runs, "run\n", "the restart hook ran exactly once");
+    let applied = std::fs::read_dir(node_dir.join("state/applied"))
+        .unwrap()
+        .count();
+    assert_eq!(applied, 1, "one plan was applied");
+    // The one backup holds the files as they were before the refresh.
+    let backups: Vec<_> = std::fs::read_dir(node_dir.join("state/backups"))
+        .unwrap()
+        .flatten()
+        .collect();
+    assert_eq!(backups.len(), 1);
+    let backup = files_under(&backups[0].path());
+    assert!(!backup.is_empty());
+    for (path, contents) in &backup {
+        assert_eq!(Some(contents), before.get(path), "{}", path.display());
+    }
+    // The expiry annotation is the certificates' on disk.
+    let on_disk = caretaker_agent::inventory::discover(&layout);
+    assert_eq!(
+        Some(annotations[names::CERTIFICATES_EXPIRY].clone()),
+        on_disk
+            .earliest_expiry()
+            .map(caretaker_operator::machine::refresh::format_time)
+    );
+    assert!(
+        world
+            .events("m-0")
+            .await
+            .iter()
+            .all(|e| e.reason.as_deref() != Some(names::EVENT_REFRESH_FAILED)),
+        "waiting for the agent is no failure"
+    );
+}

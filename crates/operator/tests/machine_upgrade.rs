@@ -126,6 +126,33 @@ async fn an_unknown_option_fails_at_once_listing_the_forms() {
         message.contains("channel=<channel>") && message.contains("localPath="),
         "{message}"
     );
+
+    // Values that once reached the hook: each fails at once, its event naming it (escaped).
+    let overlong = format!("localPath=/opt/{}.snap", "a".repeat(300));
+    for value in [
+        "channel=$(id)",
+        "channel=--classic",
+        "channel=1.33/stable\u{202e}",
+        "channel=1.33/st\u{e4}ble",
+        "revision=..",
+        "localPath=/../../etc/shadow",
+        overlong.as_str(),
+    ] {
+        world.annotate("m-0", TO, value).await;
+        let annotations = world
+            .wait_for("m-0", names::upgrade_state::TRIGGER, value)
+            .await;
+        assert_eq!(annotations[STATUS], names::STATUS_FAILED, "{value:?}");
+        let refusal = caretaker_agent::upgrade::ReleaseOption::parse(value)
+            .unwrap_err()
+            .to_string();
+        let message =
+            warning_containing(&world, "m-0", names::EVENT_UPGRADE_FAILED, &refusal).await;
+        if value.is_ascii() && value.len() < 80 {
+            assert!(message.contains(&format!("{value:?}")), "{message}");
+        }
+        assert!(message.is_ascii(), "{message}");
+    }
     assert!(
         !world.dir.path().join("m-0/state/operations").exists(),
         "nothing was sent to the node"

@@ -2,8 +2,8 @@
 //! half-written file or a half-written set of files behind.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::io::{self, Read, Write};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 /// Mode for private keys.
@@ -37,10 +37,8 @@ pub fn write_all(dir: &Path, files: &[FileToWrite<'_>]) -> io::Result<()> {
     let result = (|| {
         for file in files {
             let target = dir.join(file.name);
-            let temp = dir.join(format!(".{}.tmp-{}", file.name, std::process::id()));
-            // Pushed before writing so a failed write still cleans up its temp file.
-            staged.push((temp.clone(), target));
-            write_new(&temp, file.contents, file.mode)?;
+            let temp = write_temp(dir, file)?;
+            staged.push((temp, target));
         }
         for (temp, target) in &staged {
             fs::rename(temp, target)?;
@@ -53,6 +51,32 @@ pub fn write_all(dir: &Path, files: &[FileToWrite<'_>]) -> io::Result<()> {
         }
     }
     result
+}
+
+/// Removes the file at `path`. A private one (no permission for group or others, like a key)
+/// is overwritten with zeros and synced first, so the removed file does not leave its contents
+/// in blocks the filesystem hands out again.
+pub fn remove_file_securely(path: &Path) -> io::Result<()> {
+    let meta = fs::symlink_metadata(path)?;
+    if meta.is_file() && meta.permissions().mode() & 0o077 == 0 {
+        let mut file = OpenOptions::new().write(true).open(path)?;
+        io::copy(&mut io::repeat(0).take(meta.len()), &mut file)?;
+        file.sync_all()?;
+    }
+    fs::remove_file(path)
+}
+
+/// Removes the directory tree at `dir`, every file as [`remove_file_securely`] does.
+pub fn remove_dir_all_securely(dir: &Path) -> io::Result<()> {
+    for entry in fs::read_dir(dir)? {
+        let entry = entry?;
+        if entry.file_type()?.is_dir() {
+            remove_dir_all_securely(&entry.path())?;
+        } else {
+            remove_file_securely(&entry.path())?;
+        }
+    }
+    fs::remove_dir(dir)
 }
 
 /// Writes one file atomically (temp file, fsync, rename) with `mode`.
@@ -75,6 +99,30 @@ pub fn write_atomic(path: &Path, contents: &[u8], mode: u32) -> io::Result<()> {
     )
 }
 
+/// Writes `file` to a new temporary file in `dir` and returns its path. The name is random, so
+/// no leftover of an earlier run (whose PID, in a container, was the same) is ever in the way;
+/// a failed write removes its temporary file.
+fn write_temp(dir: &Path, file: &FileToWrite<'_>) -> io::Result<PathBuf> {
+    loop {
+        let temp = dir.join(format!(".{}.tmp-{}", file.name, random_suffix()?));
+        match write_new(&temp, file.contents, file.mode) {
+            Ok(()) => return Ok(temp),
+            // Only a file this very write created is removed.
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+            Err(e) => {
+                let _ = fs::remove_file(&temp);
+                return Err(e);
+            }
+        }
+    }
+}
+
+fn random_suffix() -> io::Result<String> {
+    let mut bytes = [0u8; 8];
+    aws_lc_rs::rand::fill(&mut bytes).map_err(|_| io::Error::other("no system randomness"))?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
 fn write_new(path: &Path, contents: &[u8], mode: u32) -> io::Result<()> {
     // create_new with the final mode: the file is never readable by others, not even briefly.
     let mut file = OpenOptions::new()
@@ -89,7 +137,6 @@ fn write_new(path: &Path, contents: &[u8], mode: u32) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::unix::fs::PermissionsExt;
 
     #[test]
     fn writes_with_modes_and_replaces_existing_files() {
@@ -151,5 +198,39 @@ mod tests {
             1,
             "temp files removed"
         );
+    }
+
+    #[test]
+    fn leftover_temp_files_of_an_earlier_run_are_never_in_the_way() {
+        let dir = tempfile::tempdir().unwrap();
+        // A crash left temp files named the way they used to be: by PID, which is the same
+        // (1) every time in a container.
+        for pid in [1, std::process::id()] {
+            fs::write(dir.path().join(format!(".tls.crt.tmp-{pid}")), "stale").unwrap();
+        }
+        write_atomic(&dir.path().join("tls.crt"), b"cert", CERTIFICATE_MODE).unwrap();
+        write_atomic(&dir.path().join("tls.crt"), b"cert 2", CERTIFICATE_MODE).unwrap();
+        assert_eq!(fs::read(dir.path().join("tls.crt")).unwrap(), b"cert 2");
+        assert_eq!(
+            fs::read_dir(dir.path()).unwrap().count(),
+            3,
+            "only the leftovers and the file"
+        );
+    }
+
+    #[test]
+    fn private_files_are_overwritten_before_they_are_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let tree = dir.path().join("backup");
+        fs::create_dir_all(tree.join("pki")).unwrap();
+        write_atomic(&tree.join("pki/a.key"), b"SECRET KEY", PRIVATE_KEY_MODE).unwrap();
+        write_atomic(&tree.join("pki/a.crt"), b"cert", CERTIFICATE_MODE).unwrap();
+        // A second name for the key's inode shows what is left in its blocks after removal.
+        fs::hard_link(tree.join("pki/a.key"), dir.path().join("key-inode")).unwrap();
+        fs::hard_link(tree.join("pki/a.crt"), dir.path().join("crt-inode")).unwrap();
+        remove_dir_all_securely(&tree).unwrap();
+        assert!(!tree.exists());
+        assert_eq!(fs::read(dir.path().join("key-inode")).unwrap(), [0u8; 10]);
+        assert_eq!(fs::read(dir.path().join("crt-inode")).unwrap(), b"cert");
     }
 }

@@ -11,13 +11,14 @@
 //! | GET | `/v1/operations/{id}` | | [`crate::upgrade::Operation`] |
 //! | POST | `/v1/operations/{id}/cancel` | | [`crate::upgrade::Operation`] |
 //!
-//! Errors are `{"reason": "...", "message": "..."}` with a 4xx or 5xx status.
+//! Errors are `{"reason": "...", "message": "..."}` with a 4xx or 5xx status. A plan or apply
+//! while another refresh step runs is answered 409 [`BUSY`]: wait and ask again.
 
 mod client;
 mod server;
 
 pub use client::{AgentClient, AgentError, MAX_REPLY_BYTES};
-pub use server::{AgentService, serve};
+pub use server::{AgentService, ServeLimits, serve, serve_with};
 
 use serde::{Deserialize, Serialize};
 
@@ -33,7 +34,18 @@ pub struct Health {
 /// Body of every error answer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ErrorBody {
-    /// `BadRequest`, `NotFound`, `Conflict`, `Rejected` or `Internal`.
+    /// `BadRequest`, `NotFound`, `Conflict`, `Busy`, `Rejected` or `Internal`.
     pub reason: String,
     pub message: String,
+}
+
+/// The reason of a 409 answer meaning "another refresh step is running on this node: wait and
+/// ask again". It is not a failure of the request.
+pub const BUSY: &str = "Busy";
+
+impl AgentError {
+    /// Whether the agent answered [`BUSY`]: the caller should wait, not count a failure.
+    pub fn is_busy(&self) -> bool {
+        matches!(self, AgentError::Status { status: 409, reason, .. } if reason == BUSY)
+    }
 }

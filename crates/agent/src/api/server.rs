@@ -1,5 +1,5 @@
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::extract::rejection::JsonRejection;
@@ -15,19 +15,33 @@ use tokio_rustls::TlsAcceptor;
 
 use super::{ErrorBody, Health};
 use crate::inventory;
-use crate::refresh::{ApplyRequest, PlanRequest, RefreshError, Refresher};
+use crate::refresh::{ApplyRequest, PlanRequest, PlanStatus, RefreshError, Refresher};
 use crate::upgrade::{UpgradeError, UpgradeRequest, Upgrader};
-
-/// How long a client may take to finish the TLS handshake.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What the API serves.
 #[derive(Debug, Clone)]
 pub struct AgentService {
     refresher: Refresher,
     upgrader: Upgrader,
-    /// One refresh step at a time: plans and applies touch the same files.
-    refresh_lock: Arc<tokio::sync::Mutex<()>>,
+    /// The refresh step running, if any. One at a time: plans and applies touch the same files.
+    refresh_work: Arc<Mutex<Option<RefreshWork>>>,
+}
+
+/// A refresh step in progress.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum RefreshWork {
+    Planning,
+    Applying { plan_id: String },
+}
+
+/// The right to run a refresh step; dropping it (when the step's work ends, whoever waited for
+/// it) lets the next one run.
+struct RefreshTicket(Arc<Mutex<Option<RefreshWork>>>);
+
+impl Drop for RefreshTicket {
+    fn drop(&mut self) {
+        *self.0.lock().expect("refresh work lock") = None;
+    }
 }
 
 impl AgentService {
@@ -35,8 +49,34 @@ impl AgentService {
         Self {
             refresher,
             upgrader,
-            refresh_lock: Arc::default(),
+            refresh_work: Arc::default(),
         }
+    }
+
+    /// Claims the node for `work`, or answers busy: the caller should wait and ask again,
+    /// never queue behind (an apply may run its restart hook for minutes).
+    fn begin(&self, work: RefreshWork) -> Result<RefreshTicket, ApiError> {
+        let mut running = self.refresh_work.lock().expect("refresh work lock");
+        if let Some(current) = running.as_ref() {
+            let what = match current {
+                RefreshWork::Planning => "a refresh plan is being made".to_string(),
+                RefreshWork::Applying { plan_id } => format!("plan {plan_id} is being applied"),
+            };
+            return Err(ApiError(
+                StatusCode::CONFLICT,
+                super::BUSY,
+                format!("{what}; ask again when it has finished"),
+            ));
+        }
+        *running = Some(work);
+        Ok(RefreshTicket(self.refresh_work.clone()))
+    }
+
+    fn is_applying(&self, plan_id: &str) -> bool {
+        matches!(
+            self.refresh_work.lock().expect("refresh work lock").as_ref(),
+            Some(RefreshWork::Applying { plan_id: running }) if running == plan_id
+        )
     }
 
     pub fn router(self) -> Router {
@@ -122,11 +162,9 @@ async fn plan(
     json: Result<Json<PlanRequest>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let request = body(json)?;
-    let _guard = s.refresh_lock.lock().await;
+    let ticket = s.begin(RefreshWork::Planning)?;
     let refresher = s.refresher.clone();
-    let plan = tokio::task::spawn_blocking(move || refresher.plan(&request))
-        .await
-        .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, "Internal", e.to_string()))??;
+    let plan = run_to_completion(ticket, move || refresher.plan(&request)).await??;
     Ok(Json(plan).into_response())
 }
 
@@ -135,18 +173,36 @@ async fn apply(
     json: Result<Json<ApplyRequest>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let request = body(json)?;
-    let _guard = s.refresh_lock.lock().await;
+    let ticket = s.begin(RefreshWork::Applying {
+        plan_id: request.plan_id.clone(),
+    })?;
     let refresher = s.refresher.clone();
-    let outcome = tokio::task::spawn_blocking(move || refresher.apply(&request))
-        .await
-        .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, "Internal", e.to_string()))??;
+    let outcome = run_to_completion(ticket, move || refresher.apply(&request)).await??;
     Ok(Json(outcome).into_response())
+}
+
+/// Runs a refresh step on a blocking thread that owns `ticket`: if the client goes away the
+/// step still runs to its end (and records its outcome) and only then frees the node.
+async fn run_to_completion<T: Send + 'static>(
+    ticket: RefreshTicket,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(move || {
+        let result = work();
+        drop(ticket);
+        result
+    })
+    .await
+    .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, "Internal", e.to_string()))
 }
 
 async fn plan_status(
     State(s): State<AgentService>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
+    if s.is_applying(&id) {
+        return Ok(Json(PlanStatus::Applying).into_response());
+    }
     let refresher = s.refresher.clone();
     let status = tokio::task::spawn_blocking(move || refresher.plan_status(&id))
         .await
@@ -176,6 +232,27 @@ async fn cancel(
     Ok(Json(s.upgrader.cancel(&id)?).into_response())
 }
 
+/// Bounds on what connections may cost the agent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServeLimits {
+    /// How long a client may take to finish the TLS handshake.
+    pub handshake_timeout: Duration,
+    /// Connections served at once; more wait in the listen backlog.
+    pub max_connections: usize,
+    /// How long to pause after a failed accept (out of file descriptors, say) before the next.
+    pub accept_retry: Duration,
+}
+
+impl Default for ServeLimits {
+    fn default() -> Self {
+        Self {
+            handshake_timeout: Duration::from_secs(10),
+            max_connections: 64,
+            accept_retry: Duration::from_millis(200),
+        }
+    }
+}
+
 /// Serves `router` over mutual TLS on `listener` until the task is dropped. Connections whose
 /// handshake fails (no client certificate, a wrong one, or plain HTTP) are closed without any
 /// HTTP answer.
@@ -184,12 +261,40 @@ pub async fn serve(
     tls: rustls::ServerConfig,
     router: Router,
 ) -> std::io::Result<()> {
+    serve_with(listener, tls, router, ServeLimits::default()).await
+}
+
+/// [`serve`] within `limits`. A failed accept never ends serving: it is logged and tried again
+/// after a pause, since it is usually temporary (no file descriptor free) and an agent that
+/// exits cannot be reached to refresh anything.
+pub async fn serve_with(
+    listener: TcpListener,
+    tls: rustls::ServerConfig,
+    router: Router,
+    limits: ServeLimits,
+) -> std::io::Result<()> {
     let acceptor = TlsAcceptor::from(Arc::new(tls));
+    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
     loop {
-        let (stream, peer) = listener.accept().await?;
+        let slot = slots
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the semaphore is never closed");
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot accept a connection; trying again shortly");
+                tokio::time::sleep(limits.accept_retry).await;
+                continue;
+            }
+        };
         let acceptor = acceptor.clone();
         let router = router.clone();
-        tokio::spawn(async move { serve_connection(acceptor, stream, peer, router).await });
+        tokio::spawn(async move {
+            serve_connection(acceptor, stream, peer, router, limits.handshake_timeout).await;
+            drop(slot);
+        });
     }
 }
 
@@ -198,8 +303,9 @@ async fn serve_connection(
     stream: tokio::net::TcpStream,
     peer: SocketAddr,
     router: Router,
+    handshake_timeout: Duration,
 ) {
-    let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+    let tls = match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
         Ok(Ok(tls)) => tls,
         Ok(Err(e)) => {
             tracing::info!(%peer, error = %e, "refused a TLS connection");

@@ -11,6 +11,7 @@ use caretaker_agent::upgrade::Upgrader;
 use caretaker_agent::{NodeLayout, tls};
 
 use super::logging::{self, LogFormat};
+use super::operator::duration;
 
 /// Run the node agent: serves the node's certificate inventory, two-step certificate refresh
 /// and in-place upgrades over HTTPS with mutual TLS only.
@@ -45,11 +46,19 @@ pub struct AgentArgs {
     /// Command run after new certificates are written (split on spaces, no shell).
     #[arg(long, value_name = "COMMAND")]
     restart_command: Option<String>,
+    /// How long the restart command may run; then it and every process it started are killed
+    /// and the restart is reported failed (the new certificates stay).
+    #[arg(long, value_name = "DURATION", default_value = "5m")]
+    restart_timeout: String,
     /// In-place upgrade command (split on spaces, no shell). The release option
     /// (channel=…, revision=… or localPath=…) replaces `{release}` in an argument, or is
     /// appended as the last argument.
     #[arg(long, value_name = "COMMAND")]
     upgrade_command: Option<String>,
+    /// How long an upgrade may run; then it and every process it started are killed and the
+    /// upgrade fails.
+    #[arg(long, value_name = "DURATION", default_value = "1h")]
+    upgrade_timeout: String,
     /// Where staged keys, backups and upgrade operations are kept.
     #[arg(long, value_name = "DIR", default_value = "/var/lib/caretaker-agent")]
     state_dir: PathBuf,
@@ -94,13 +103,17 @@ fn serve_agent(args: AgentArgs) -> Result<(), String> {
         )
     })?;
     let layout = NodeLayout::new(&args.pki_dir, &args.kubeconfig_dir);
-    let refresher = Refresher::new(layout, &args.state_dir).with_restart_command(command(
-        "--restart-command",
-        args.restart_command.as_deref(),
-    )?);
+    let refresher = Refresher::new(layout, &args.state_dir)
+        .with_restart_command(command(
+            "--restart-command",
+            args.restart_command.as_deref(),
+        )?)
+        .with_restart_timeout(duration("--restart-timeout", &args.restart_timeout)?);
+    let upgrade_timeout = duration("--upgrade-timeout", &args.upgrade_timeout)?;
     let runtime = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;
     runtime.block_on(async move {
-        let upgrader = Upgrader::new(&args.state_dir, command("--upgrade-command", args.upgrade_command.as_deref())?);
+        let upgrader = Upgrader::new(&args.state_dir, command("--upgrade-command", args.upgrade_command.as_deref())?)
+            .with_timeout(upgrade_timeout);
         let listener = tokio::net::TcpListener::bind(args.listen)
             .await
             .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;

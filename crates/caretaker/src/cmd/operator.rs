@@ -57,7 +57,7 @@ pub struct OperatorArgs {
     log_format: LogFormat,
 }
 
-fn duration(flag: &str, value: &str) -> Result<Duration, String> {
+pub(super) fn duration(flag: &str, value: &str) -> Result<Duration, String> {
     let ttl: Ttl = value
         .parse()
         .map_err(|e: caretaker_pki::TtlError| format!("invalid {flag} {value:?}: {}", e.problem))?;

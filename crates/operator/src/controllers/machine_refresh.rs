@@ -15,16 +15,14 @@ use kube::api::{Api, DynamicObject};
 use serde_json::{Value, json};
 use time::OffsetDateTime;
 
-use super::{Next, failure_reason, retry_changes};
+use super::{Next, busy, busy_retry, failure_reason, retry_changes};
 use crate::Error;
 use crate::context::{Context, EventType, MachineAgent};
-use crate::machine::refresh::{RefreshStep, decide, format_time};
+use crate::machine::refresh::{RefreshStep, decide, format_time, parse_time};
 use crate::machine::{self, MachineView, ObjectRef};
 use crate::names::{self, refresh_state};
 use crate::signing::{MachineIdentity, verified_role};
 
-/// How soon to look again when earlier work for the Machine is still running.
-pub(crate) const BUSY_RETRY: Duration = Duration::from_millis(200);
 /// How often an unreadable expiry is tried again.
 const OBSERVE_RETRY: Duration = Duration::from_secs(60);
 
@@ -80,7 +78,7 @@ pub async fn reconcile(
             Ok(if spawned {
                 Next::AwaitChange
             } else {
-                Next::After(BUSY_RETRY)
+                busy(&ctx, "refresh", &view)
             })
         }
         RefreshStep::ObserveExpiry => {
@@ -92,7 +90,7 @@ pub async fn reconcile(
             Ok(if started {
                 Next::After(ctx.settings.retry_base.max(OBSERVE_RETRY))
             } else {
-                Next::After(BUSY_RETRY)
+                busy(&ctx, "refresh", &view)
             })
         }
         RefreshStep::Attempt { ttl, attempt, .. } => {
@@ -103,7 +101,7 @@ pub async fn reconcile(
             Ok(if started {
                 Next::AwaitChange
             } else {
-                Next::After(BUSY_RETRY)
+                busy(&ctx, "refresh", &view)
             })
         }
     }
@@ -164,7 +162,9 @@ async fn attempt_refresh(
     tracing::info!(machine = %view.name, attempt, "refreshing certificates");
     let outcome = refresh(ctx, view, &ttl).await;
     let result = match outcome {
-        Ok((expiry, note)) => {
+        Ok(Refreshed::AgentBusy(why)) => wait_for_agent(ctx, view, &why).await,
+        Err(Error::Agent(e)) if e.is_busy() => wait_for_agent(ctx, view, &e.to_string()).await,
+        Ok(Refreshed::Done { expiry, note }) => {
             let mut changes = clear_bookkeeping();
             changes.insert(names::REFRESH_CERTIFICATES.into(), Value::Null);
             changes.insert(
@@ -201,6 +201,37 @@ async fn attempt_refresh(
     }
 }
 
+/// The node is busy with this request's (or another) refresh step: look again later, with a
+/// backoff that grows with how long the request has run. Not a failed attempt.
+async fn wait_for_agent(ctx: &Context, view: &MachineView, why: &str) -> Result<(), Error> {
+    tracing::info!(machine = %view.name, reason = why, "the agent is busy; waiting");
+    let now = OffsetDateTime::now_utc();
+    let running_for = parse_time(view.annotation(refresh_state::STARTED_AT))
+        .and_then(|started| Duration::try_from(now - started).ok())
+        .unwrap_or_default();
+    let mut changes = BTreeMap::new();
+    changes.insert(
+        refresh_state::RETRY_AT.to_string(),
+        json!(format_time(now + busy_retry(running_for))),
+    );
+    changes.insert(
+        refresh_state::LAST_ERROR.to_string(),
+        json!(format!("waiting: {why}")),
+    );
+    ctx.patch_annotations(view, changes).await
+}
+
+/// What an attempt achieved.
+enum Refreshed {
+    /// New certificates are in place: their earliest expiry and a note for the event.
+    Done {
+        expiry: OffsetDateTime,
+        note: String,
+    },
+    /// The node is still applying this request's plan: wait for it, never apply again.
+    AgentBusy(String),
+}
+
 /// Ends the Machine's request `failed` with `reason`, and says so in a Warning event once that
 /// is recorded.
 async fn fail(
@@ -224,12 +255,7 @@ async fn fail(
 
 /// One attempt: verify the Machine's role, plan on the node, decide how to sign every CSR from
 /// the operator's own table (refusing the whole plan if any asks for more), sign, apply.
-/// Returns the new expiry and a note for the event.
-async fn refresh(
-    ctx: &Context,
-    view: &MachineView,
-    ttl: &Ttl,
-) -> Result<(OffsetDateTime, String), Error> {
+async fn refresh(ctx: &Context, view: &MachineView, ttl: &Ttl) -> Result<Refreshed, Error> {
     // Before anything is sent to the node: who the Machine is, as the Cluster API objects say.
     let identity = machine_identity(ctx, view).await?;
     let credentials = ctx.credentials_for(view).await?;
@@ -260,7 +286,15 @@ async fn refresh(
                     view.name,
                     format_time(outcome.earliest_not_after)
                 );
-                return Ok((outcome.earliest_not_after, note));
+                return Ok(Refreshed::Done {
+                    expiry: outcome.earliest_not_after,
+                    note,
+                });
+            }
+            Ok(PlanStatus::Applying) => {
+                return Ok(Refreshed::AgentBusy(format!(
+                    "the agent is still applying plan {plan_id}"
+                )));
             }
             Ok(PlanStatus::Staged { requests }) => Some((plan_id.to_string(), requests)),
             Err(AgentError::Status { status: 404, .. }) => None,
@@ -318,7 +352,10 @@ async fn refresh(
         view.name,
         format_time(outcome.earliest_not_after)
     );
-    Ok((outcome.earliest_not_after, note))
+    Ok(Refreshed::Done {
+        expiry: outcome.earliest_not_after,
+        note,
+    })
 }
 
 /// Who the Machine is for signing, from the Cluster API objects alone: its node and addresses,

@@ -12,8 +12,7 @@ use kube::api::DynamicObject;
 use serde_json::{Value, json};
 use time::OffsetDateTime;
 
-use super::machine_refresh::BUSY_RETRY;
-use super::{Next, failure_reason, retry_changes};
+use super::{Next, busy, failure_reason, retry_changes};
 use crate::Error;
 use crate::context::{Context, EventType};
 use crate::machine::MachineView;
@@ -80,7 +79,7 @@ pub async fn reconcile(
             Ok(if started {
                 Next::AwaitChange
             } else {
-                Next::After(BUSY_RETRY)
+                busy(ctx, "upgrade", view)
             })
         }
         UpgradeStep::Poll { change_id, attempt } => {

@@ -89,6 +89,22 @@ impl Next {
     }
 }
 
+/// How soon to look again at work that has been running for `running_for` (in this process,
+/// or on the node): half that, within bounds. Most work ends by patching its Machine, which
+/// wakes the controller anyway; this only bounds how late an end that changes nothing is seen,
+/// so a long wait costs a few reconciles, not five a second.
+pub fn busy_retry(running_for: Duration) -> Duration {
+    (running_for / 2).clamp(BUSY_RETRY_MIN, BUSY_RETRY_MAX)
+}
+
+const BUSY_RETRY_MIN: Duration = Duration::from_millis(200);
+const BUSY_RETRY_MAX: Duration = Duration::from_secs(30);
+
+/// When to look again at a Machine whose `capability` work is already running in this process.
+pub fn busy(ctx: &Context, capability: &str, machine: &machine::MachineView) -> Next {
+    Next::After(busy_retry(ctx.running_for(capability, machine)))
+}
+
 /// The annotation changes that schedule the attempt after failed attempt number `attempt`,
 /// with exponential backoff from `base`.
 pub fn retry_changes(
@@ -114,5 +130,39 @@ pub fn failure_reason(machine: &str, attempt: u32, error: &Error) -> String {
         format!("Machine {machine}: gave up after {attempt} attempts: {error}")
     } else {
         format!("Machine {machine}: {error}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn running_work_is_looked_at_with_a_growing_backoff_not_a_fixed_spin() {
+        // Looking again as `busy_retry` says while work runs for 10 minutes.
+        let mut looked = Vec::new();
+        let mut elapsed = Duration::ZERO;
+        while elapsed < Duration::from_secs(600) {
+            let wait = busy_retry(elapsed);
+            looked.push(wait);
+            elapsed += wait;
+        }
+        assert!(looked.windows(2).all(|w| w[0] <= w[1]), "{looked:?}");
+        assert_eq!(looked[0], Duration::from_millis(200), "a quick first look");
+        assert_eq!(*looked.last().unwrap(), BUSY_RETRY_MAX);
+        // A fixed 200 ms spin would look 3,000 times.
+        assert!(looked.len() < 40, "{} looks: {looked:?}", looked.len());
+        let first_minute = looked
+            .iter()
+            .scan(Duration::ZERO, |t, w| {
+                *t += *w;
+                Some(*t)
+            })
+            .take_while(|t| *t <= Duration::from_secs(60))
+            .count();
+        assert!(
+            first_minute < 20,
+            "{first_minute} looks in the first minute"
+        );
     }
 }

@@ -81,7 +81,7 @@ impl World {
         endpoint_host: &str,
         agent_url: Option<&str>,
     ) -> NodeLayout {
-        self.add_machine_with(name, role, endpoint_host, agent_url, None)
+        self.add_machine_with(name, role, endpoint_host, agent_url, None, None)
             .await
     }
 
@@ -92,17 +92,29 @@ impl World {
         role: NodeRole,
         upgrade: caretaker_agent::command::CommandTemplate,
     ) -> NodeLayout {
-        self.add_machine_with(name, role, "cp.example", None, Some(upgrade))
+        self.add_machine_with(name, role, "cp.example", None, None, Some(upgrade))
             .await
     }
 
-    /// Like [`Self::add_machine`], with an upgrade command for the agent.
+    /// Like [`Self::add_machine`] (endpoint `cp.example`), with a restart command for the agent.
+    pub async fn add_restartable(
+        &mut self,
+        name: &str,
+        role: NodeRole,
+        restart: caretaker_agent::command::CommandTemplate,
+    ) -> NodeLayout {
+        self.add_machine_with(name, role, "cp.example", None, Some(restart), None)
+            .await
+    }
+
+    /// Like [`Self::add_machine`], with restart and upgrade commands for the agent.
     pub async fn add_machine_with(
         &mut self,
         name: &str,
         role: NodeRole,
         endpoint_host: &str,
         agent_url: Option<&str>,
+        restart: Option<caretaker_agent::command::CommandTemplate>,
         upgrade: Option<caretaker_agent::command::CommandTemplate>,
     ) -> NodeLayout {
         let node_dir = self.dir.path().join(name);
@@ -130,7 +142,7 @@ impl World {
             layout.clone(),
             &node_dir.join("state"),
             &self.cas.cluster,
-            None,
+            restart,
             upgrade,
         )
         .await
