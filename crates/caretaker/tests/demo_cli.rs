@@ -1,6 +1,8 @@
 //! `caretaker demo` as a user runs it: real processes, real files.
 
-use std::process::Command;
+use std::io::BufRead as _;
+use std::path::Path;
+use std::process::{Command, Stdio};
 
 use caretaker_agent::NodeLayout;
 
@@ -139,4 +141,107 @@ fn the_operator_names_a_bad_kubeconfig() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("\"soon\""));
+}
+
+/// Where the demo is when it gets a signal.
+#[derive(Debug, Clone, Copy)]
+enum Phase {
+    /// Half-way: everything started, the rollout not over (its operator is held with SIGSTOP).
+    HalfWay,
+    /// Done, and staying up with --keep-running.
+    KeepRunning,
+}
+
+/// Issue 9, item 19: SIGTERM and SIGHUP, as `timeout`, systemd or a CI runner send them, stop
+/// everything the demo started, as Ctrl-C does.
+#[test]
+fn a_signal_stops_the_demo_and_everything_it_started() {
+    for (signal, phase) in [
+        (libc::SIGTERM, Phase::HalfWay),
+        (libc::SIGHUP, Phase::HalfWay),
+        (libc::SIGINT, Phase::HalfWay),
+        (libc::SIGTERM, Phase::KeepRunning),
+        (libc::SIGHUP, Phase::KeepRunning),
+    ] {
+        let case = format!("signal {signal} {phase:?}");
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("demo");
+        let mut demo = Command::new(env!("CARGO_BIN_EXE_caretaker"))
+            .args(["demo", "--control-planes", "1", "--workers", "1"])
+            .args(matches!(phase, Phase::KeepRunning).then_some("--keep-running"))
+            .arg("--state-dir")
+            .arg(&dir)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let ready = match phase {
+            Phase::HalfWay => "==> operator running",
+            Phase::KeepRunning => "Press Ctrl-C to stop",
+        };
+        let mut output = String::new();
+        let mut lines = std::io::BufReader::new(demo.stdout.take().unwrap()).lines();
+        while !output.contains(ready) {
+            let line = lines
+                .next()
+                .unwrap_or_else(|| panic!("{case}: the demo ended before {ready:?}:\n{output}"));
+            output.push_str(&line.unwrap());
+            output.push('\n');
+        }
+        let operator = read_pid(&dir.join("operator.pid"));
+        if matches!(phase, Phase::HalfWay) {
+            // The rollout cannot end while the operator is stopped: the demo stays half-way.
+            // SAFETY: kill(2) on a pid the demo wrote; no memory is involved.
+            unsafe { libc::kill(operator, libc::SIGSTOP) };
+        }
+        let started = processes_naming(&dir, demo.id() as i32);
+        for pid in [
+            operator,
+            read_pid(&dir.join("nodes/demo-cp-0/agent.pid")),
+            read_pid(&dir.join("nodes/demo-md-0-0/agent.pid")),
+        ] {
+            assert!(started.contains(&pid), "{case}: {pid} not in {started:?}");
+        }
+
+        // SAFETY: as above, on the demo this test started.
+        unsafe { libc::kill(demo.id() as i32, signal) };
+        let status = demo.wait().unwrap();
+        let left = processes_naming(&dir, demo.id() as i32);
+        for pid in &left {
+            // SAFETY: as above; leftovers must not outlive the test.
+            unsafe { libc::kill(*pid, libc::SIGKILL) };
+        }
+        assert!(left.is_empty(), "{case}: still running: {left:?}");
+        let expected = match phase {
+            Phase::HalfWay => 128 + signal,
+            Phase::KeepRunning => 0,
+        };
+        assert_eq!(status.code(), Some(expected), "{case}: {status:?}");
+    }
+}
+
+fn read_pid(file: &Path) -> i32 {
+    let text = std::fs::read_to_string(file).unwrap();
+    text.trim().parse().unwrap()
+}
+
+/// The live processes other than `except` whose command line names `dir`: the demo's agents,
+/// its operator and anything they run from the demo's directory.
+fn processes_naming(dir: &Path, except: i32) -> Vec<i32> {
+    let dir = dir.to_str().unwrap();
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        if pid != except
+            && !is_zombie(&pid.to_string())
+            && String::from_utf8_lossy(&cmdline).contains(dir)
+        {
+            found.push(pid);
+        }
+    }
+    found
 }

@@ -64,7 +64,8 @@ pub struct DemoArgs {
     /// localPath=…) instead of the certificate refresh.
     #[arg(long, value_name = "OPTION")]
     upgrade_to: Option<String>,
-    /// Stay up until Ctrl-C, and print how to use kubectl against the demo.
+    /// Stay up until Ctrl-C (or SIGTERM or SIGHUP), and print how to use kubectl against the
+    /// demo.
     #[arg(long)]
     keep_running: bool,
     /// Set everything up but refresh nothing.
@@ -81,10 +82,36 @@ pub fn run(args: DemoArgs) -> ExitCode {
         Ok(runtime) => runtime,
         Err(e) => return fail(e.to_string()),
     };
-    match runtime.block_on(demo(args)) {
-        Ok(code) => code,
-        Err(message) => fail(message),
-    }
+    runtime.block_on(async {
+        // Handled before anything starts: the default action of these signals ends the demo
+        // at once and leaves its agents and operator running.
+        let mut stop = match StopSignals::install() {
+            Ok(stop) => stop,
+            Err(e) => return fail(format!("cannot handle signals: {e}")),
+        };
+        let keep_running = args.keep_running;
+        let outcome = tokio::select! {
+            running = demo(args) => Ok(running),
+            signal = stop.recv() => Err(signal),
+        };
+        // A signal dropped the demo half-way, and with it the processes it had started.
+        let running = match outcome {
+            Ok(Ok(running)) => running,
+            Ok(Err(message)) => return fail(message),
+            Err((name, number)) => return stopped_by(name, number),
+        };
+        if keep_running {
+            stop.recv().await;
+        }
+        running.stop().await
+    })
+}
+
+fn stopped_by(signal: &str, number: i32) -> ExitCode {
+    eprintln!(
+        "caretaker demo: stopped by {signal}; stopped the agents and the operator it had started"
+    );
+    ExitCode::from(128u8.saturating_add(u8::try_from(number).unwrap_or(0)))
 }
 
 fn fail(message: String) -> ExitCode {
@@ -92,7 +119,38 @@ fn fail(message: String) -> ExitCode {
     ExitCode::FAILURE
 }
 
-/// Child processes, stopped when the demo ends (or fails half-way).
+/// SIGINT (Ctrl-C), SIGTERM (`timeout`, systemd, CI runners) and SIGHUP (a closed terminal):
+/// each stops the demo and everything it started.
+struct StopSignals(Vec<(tokio::signal::unix::Signal, &'static str, i32)>);
+
+impl StopSignals {
+    fn install() -> std::io::Result<Self> {
+        use tokio::signal::unix::{SignalKind, signal};
+        [
+            (SignalKind::interrupt(), "SIGINT"),
+            (SignalKind::terminate(), "SIGTERM"),
+            (SignalKind::hangup(), "SIGHUP"),
+        ]
+        .into_iter()
+        .map(|(kind, name)| Ok((signal(kind)?, name, kind.as_raw_value())))
+        .collect::<std::io::Result<_>>()
+        .map(Self)
+    }
+
+    /// The next of them to arrive: its name and number.
+    async fn recv(&mut self) -> (&'static str, i32) {
+        let waits = self.0.iter_mut().map(|(signal, name, number)| {
+            Box::pin(async move {
+                signal.recv().await;
+                (*name, *number)
+            })
+        });
+        futures::future::select_all(waits).await.0
+    }
+}
+
+/// Child processes, stopped when the demo ends, fails half-way or is stopped by a signal.
+/// Every child goes in here as soon as it is spawned, so no way out of the demo skips it.
 #[derive(Default)]
 struct Processes(Vec<(String, Child)>);
 
@@ -105,13 +163,32 @@ impl Drop for Processes {
     }
 }
 
+/// A demo that has done its work and still runs, until [`Self::stop`].
+struct Running {
+    processes: Processes,
+    server: ApiServer,
+    failed: bool,
+}
+
+impl Running {
+    async fn stop(self) -> ExitCode {
+        drop(self.processes);
+        self.server.shutdown().await;
+        if self.failed {
+            ExitCode::FAILURE
+        } else {
+            ExitCode::SUCCESS
+        }
+    }
+}
+
 struct DemoMachine {
     name: String,
     role: NodeRole,
     layout: NodeLayout,
 }
 
-async fn demo(args: DemoArgs) -> Result<ExitCode, String> {
+async fn demo(args: DemoArgs) -> Result<Running, String> {
     caretaker_agent::tls::install_crypto_provider();
     let ttl: Ttl = args.refresh.parse().map_err(|e: caretaker_pki::TtlError| {
         format!("invalid --refresh {:?}: {}", args.refresh, e.problem)
@@ -175,8 +252,8 @@ async fn demo(args: DemoArgs) -> Result<ExitCode, String> {
         .map(|i| (format!("{CLUSTER}-cp-{i}"), NodeRole::ControlPlane))
         .chain((0..args.workers).map(|i| (format!("{DEPLOYMENT}-{i}"), NodeRole::Worker)));
     for (name, role) in names {
-        let (machine, child) = start_machine(&cluster, &cas, &dir, &exe, &name, role).await?;
-        processes.0.push((name.clone(), child));
+        let machine =
+            start_machine(&cluster, &cas, &dir, &exe, &name, role, &mut processes).await?;
         machines.push(machine);
     }
     step(&format!(
@@ -194,9 +271,9 @@ async fn demo(args: DemoArgs) -> Result<ExitCode, String> {
             .stderr(log)
             .spawn()
             .map_err(|e| format!("cannot start the operator: {e}"))?;
-        std::fs::write(dir.join("operator.pid"), child.id().to_string())
-            .map_err(|e| e.to_string())?;
+        let pid = child.id();
         processes.0.push(("operator".into(), child));
+        std::fs::write(dir.join("operator.pid"), pid.to_string()).map_err(|e| e.to_string())?;
         step(&format!(
             "operator running (log: {})",
             dir.join("operator.log").display()
@@ -272,15 +349,13 @@ async fn demo(args: DemoArgs) -> Result<ExitCode, String> {
             "  caretaker certs check-expiration --pki-dir {0}/nodes/{CLUSTER}-cp-0/pki --kubeconfig-dir {0}/nodes/{CLUSTER}-cp-0/kubeconfigs",
             dir.display()
         );
-        println!("Press Ctrl-C to stop.");
-        let _ = tokio::signal::ctrl_c().await;
+        println!("Press Ctrl-C to stop (or send SIGTERM or SIGHUP).");
+        let _ = std::io::stdout().flush();
     }
-    drop(processes);
-    server.shutdown().await;
-    Ok(if failed {
-        ExitCode::FAILURE
-    } else {
-        ExitCode::SUCCESS
+    Ok(Running {
+        processes,
+        server,
+        failed,
     })
 }
 
@@ -400,7 +475,8 @@ async fn start_machine(
     exe: &Path,
     name: &str,
     role: NodeRole,
-) -> Result<(DemoMachine, Child), String> {
+    processes: &mut Processes,
+) -> Result<DemoMachine, String> {
     let node_dir = dir.join("nodes").join(name);
     let layout = NodeLayout::new(node_dir.join("pki"), node_dir.join("kubeconfigs"));
     provision_node(
@@ -489,8 +565,9 @@ async fn start_machine(
         .stderr(log)
         .spawn()
         .map_err(|e| format!("cannot start the agent of {name}: {e}"))?;
-    std::fs::write(node_dir.join("agent.pid"), child.id().to_string())
-        .map_err(|e| e.to_string())?;
+    let pid = child.id();
+    processes.0.push((name.to_string(), child));
+    std::fs::write(node_dir.join("agent.pid"), pid.to_string()).map_err(|e| e.to_string())?;
 
     cluster
         .create_machine(&MachineObject {
@@ -502,14 +579,11 @@ async fn start_machine(
         })
         .await
         .map_err(|e| format!("creating Machine {name}: {e}"))?;
-    Ok((
-        DemoMachine {
-            name: name.to_string(),
-            role,
-            layout,
-        },
-        child,
-    ))
+    Ok(DemoMachine {
+        name: name.to_string(),
+        role,
+        layout,
+    })
 }
 
 fn free_port() -> Result<u16, String> {
