@@ -199,7 +199,11 @@ fn a_signal_stops_the_demo_and_everything_it_started() {
             read_pid(&dir.join("nodes/demo-cp-0/agent.pid")),
             read_pid(&dir.join("nodes/demo-md-0-0/agent.pid")),
         ] {
-            assert!(started.contains(&pid), "{case}: {pid} not in {started:?}");
+            assert!(
+                started.contains(&pid),
+                "{case}: {pid} not in {started:?}; logs:\n{}",
+                demo_logs(&dir)
+            );
         }
 
         // SAFETY: as above, on the demo this test started.
@@ -226,6 +230,27 @@ fn read_pid(file: &Path) -> i32 {
 
 /// The live processes other than `except` whose command line names `dir`: the demo's agents,
 /// its operator and anything they run from the demo's directory.
+/// The operator's and the agents' logs of a demo, to say why a process is missing.
+fn demo_logs(dir: &Path) -> String {
+    let mut logs = vec![dir.join("operator.log")];
+    for node in std::fs::read_dir(dir.join("nodes"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        logs.push(node.path().join("agent.log"));
+    }
+    logs.iter()
+        .map(|l| {
+            format!(
+                "--- {}\n{}",
+                l.display(),
+                std::fs::read_to_string(l).unwrap_or_default()
+            )
+        })
+        .collect()
+}
+
 fn processes_naming(dir: &Path, except: i32) -> Vec<i32> {
     let dir = dir.to_str().unwrap();
     let mut found = Vec::new();
