@@ -135,9 +135,9 @@ async fn a_worker_labelled_control_plane_gets_no_admin_certificate() {
         "{message}"
     );
     assert_unchanged(&layout, &before);
-    let staged = world.dir.path().join("w-0/state/staged");
-    assert!(
-        !staged.exists() || std::fs::read_dir(&staged).unwrap().count() == 0,
+    assert_eq!(
+        world.staged_plans("w-0"),
+        0,
         "the node was not even asked for a plan"
     );
 
@@ -180,9 +180,9 @@ async fn an_agent_endpoint_pointing_at_another_node_is_refused() {
     );
     assert_unchanged(&a, &before_a);
     assert_unchanged(&b, &before_b);
-    let staged = world.dir.path().join("b/state/staged");
-    assert!(
-        !staged.exists() || std::fs::read_dir(&staged).unwrap().count() == 0,
+    assert_eq!(
+        world.staged_plans("b"),
+        0,
         "node b was never asked for a plan"
     );
 }

@@ -164,6 +164,12 @@ impl World {
         layout
     }
 
+    /// How many refresh plans the agent of Machine `name` has staged (keys made, not applied).
+    pub fn staged_plans(&self, name: &str) -> usize {
+        let staged = self.dir.path().join(name).join("state/staged");
+        std::fs::read_dir(staged).map_or(0, |d| d.count())
+    }
+
     pub async fn annotate(&self, name: &str, key: &str, value: &str) {
         let body = json!({ "metadata": { "annotations": { key: value } } });
         self.machines()
