@@ -23,6 +23,36 @@ fn api_error(e: kube::Error) -> Status {
     }
 }
 
+/// Lists `lp` page by page through continue tokens, checking that only full pages carry a
+/// token and that no token repeats; returns the names on each page.
+async fn list_pages(cms: &Api<ConfigMap>, lp: ListParams) -> Vec<Vec<String>> {
+    let limit = lp.limit.unwrap() as usize;
+    let mut pages = vec![];
+    let mut tokens = vec![];
+    let mut page = cms.list(&lp).await.unwrap();
+    loop {
+        pages.push(
+            page.items
+                .iter()
+                .map(|c| c.metadata.name.clone().unwrap())
+                .collect::<Vec<_>>(),
+        );
+        match page.metadata.continue_.clone().filter(|c| !c.is_empty()) {
+            Some(token) => {
+                assert_eq!(page.items.len(), limit, "a page with a token is full");
+                assert!(!tokens.contains(&token), "a token repeats: {tokens:?}");
+                tokens.push(token.clone());
+                page = cms.list(&lp.clone().continue_token(&token)).await.unwrap();
+            }
+            None => {
+                assert!((1..=limit).contains(&page.items.len()), "{pages:?}");
+                break;
+            }
+        }
+    }
+    pages
+}
+
 #[tokio::test]
 async fn configmap_lifecycle_and_errors() {
     let server = TestServer::start().await;
@@ -103,20 +133,29 @@ async fn configmap_lifecycle_and_errors() {
         .await
         .unwrap();
     }
-    let lp = ListParams::default().labels("app=paged").limit(2);
-    let mut names = vec![];
-    let mut page = cms.list(&lp).await.unwrap();
-    loop {
-        names.extend(page.items.iter().map(|c| c.metadata.name.clone().unwrap()));
-        match page.metadata.continue_.clone().filter(|c| !c.is_empty()) {
-            Some(token) => page = cms.list(&lp.clone().continue_token(&token)).await.unwrap(),
-            None => break,
-        }
-    }
+    // With a selector the server filters while paging; without one storage stops early. Both
+    // must cut pages of exactly `limit` and hand out a token only while objects remain.
+    let paged = list_pages(&cms, ListParams::default().labels("app=paged").limit(2)).await;
     assert_eq!(
-        names,
-        vec!["page-0", "page-1", "page-2", "page-3", "page-4"]
+        paged,
+        [
+            vec!["page-0", "page-1"],
+            vec!["page-2", "page-3"],
+            vec!["page-4"]
+        ]
     );
+    let all: Vec<String> = list_pages(&cms, ListParams::default().limit(3))
+        .await
+        .concat();
+    let unpaged: Vec<String> = cms
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .iter()
+        .map(|c| c.metadata.name.clone().unwrap())
+        .collect();
+    assert_eq!(unpaged.len(), 7, "{unpaged:?}");
+    assert_eq!(all, unpaged);
     let web = cms
         .list(&ListParams::default().labels("app in (web)"))
         .await
