@@ -564,3 +564,83 @@ async fn empty_metadata_fields_are_omitted() {
         .unwrap();
     assert_eq!(created.metadata.generate_name, None);
 }
+
+#[tokio::test]
+async fn deletecollection_deletes_exactly_the_selected_objects() {
+    use futures::StreamExt;
+    use kube::api::{WatchEvent, WatchParams};
+
+    let server = TestServer::start().await;
+    let client = server.client();
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    namespaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "elsewhere"}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    let pp = PostParams::default();
+    for (name, team) in [("a-0", "a"), ("b-0", "b"), ("a-1", "a"), ("b-1", "b")] {
+        cms.create(&pp, &cm(name, json!({"team": team})))
+            .await
+            .unwrap();
+    }
+    // Selected by the labels, but in another namespace than the collection.
+    let elsewhere: Api<ConfigMap> = Api::namespaced(client.clone(), "elsewhere");
+    elsewhere
+        .create(&pp, &cm("a-far", json!({"team": "a"})))
+        .await
+        .unwrap();
+
+    let all: Api<ConfigMap> = Api::all(client);
+    let rv = server.resource_version().to_string();
+    let mut events = std::pin::pin!(all.watch(&WatchParams::default(), &rv).await.unwrap());
+
+    let names = |items: &[ConfigMap]| -> Vec<String> {
+        items
+            .iter()
+            .map(|c| c.metadata.name.clone().unwrap())
+            .collect()
+    };
+    let deleted = cms
+        .delete_collection(
+            &DeleteParams::default(),
+            &ListParams::default().labels("team=a"),
+        )
+        .await
+        .unwrap()
+        .left()
+        .expect("the deleted objects, not a Status");
+    assert_eq!(names(&deleted.items), ["a-0", "a-1"]);
+
+    // A write after the deletions marks the end of their events: everything the watch reports
+    // before it must be exactly one DELETED per deleted object.
+    cms.create(&pp, &cm("marker", json!({}))).await.unwrap();
+    let mut seen = vec![];
+    loop {
+        let event = tokio::time::timeout(std::time::Duration::from_secs(20), events.next())
+            .await
+            .expect("watch stalled")
+            .expect("watch ended")
+            .unwrap();
+        match event {
+            WatchEvent::Added(c) if c.metadata.name.as_deref() == Some("marker") => break,
+            WatchEvent::Bookmark(_) => {}
+            other => seen.push(match other {
+                WatchEvent::Added(c) => ("ADDED", c.metadata.name.unwrap()),
+                WatchEvent::Modified(c) => ("MODIFIED", c.metadata.name.unwrap()),
+                WatchEvent::Deleted(c) => ("DELETED", c.metadata.name.unwrap()),
+                e => panic!("unexpected watch event {e:?}"),
+            }),
+        }
+    }
+    assert_eq!(
+        seen,
+        [
+            ("DELETED", "a-0".to_string()),
+            ("DELETED", "a-1".to_string())
+        ]
+    );
+}
