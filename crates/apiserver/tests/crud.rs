@@ -23,6 +23,36 @@ fn api_error(e: kube::Error) -> Status {
     }
 }
 
+/// Lists `lp` page by page through continue tokens, checking that only full pages carry a
+/// token and that no token repeats; returns the names on each page.
+async fn list_pages(cms: &Api<ConfigMap>, lp: ListParams) -> Vec<Vec<String>> {
+    let limit = lp.limit.unwrap() as usize;
+    let mut pages = vec![];
+    let mut tokens = vec![];
+    let mut page = cms.list(&lp).await.unwrap();
+    loop {
+        pages.push(
+            page.items
+                .iter()
+                .map(|c| c.metadata.name.clone().unwrap())
+                .collect::<Vec<_>>(),
+        );
+        match page.metadata.continue_.clone().filter(|c| !c.is_empty()) {
+            Some(token) => {
+                assert_eq!(page.items.len(), limit, "a page with a token is full");
+                assert!(!tokens.contains(&token), "a token repeats: {tokens:?}");
+                tokens.push(token.clone());
+                page = cms.list(&lp.clone().continue_token(&token)).await.unwrap();
+            }
+            None => {
+                assert!((1..=limit).contains(&page.items.len()), "{pages:?}");
+                break;
+            }
+        }
+    }
+    pages
+}
+
 #[tokio::test]
 async fn configmap_lifecycle_and_errors() {
     let server = TestServer::start().await;
@@ -103,20 +133,29 @@ async fn configmap_lifecycle_and_errors() {
         .await
         .unwrap();
     }
-    let lp = ListParams::default().labels("app=paged").limit(2);
-    let mut names = vec![];
-    let mut page = cms.list(&lp).await.unwrap();
-    loop {
-        names.extend(page.items.iter().map(|c| c.metadata.name.clone().unwrap()));
-        match page.metadata.continue_.clone().filter(|c| !c.is_empty()) {
-            Some(token) => page = cms.list(&lp.clone().continue_token(&token)).await.unwrap(),
-            None => break,
-        }
-    }
+    // With a selector the server filters while paging; without one storage stops early. Both
+    // must cut pages of exactly `limit` and hand out a token only while objects remain.
+    let paged = list_pages(&cms, ListParams::default().labels("app=paged").limit(2)).await;
     assert_eq!(
-        names,
-        vec!["page-0", "page-1", "page-2", "page-3", "page-4"]
+        paged,
+        [
+            vec!["page-0", "page-1"],
+            vec!["page-2", "page-3"],
+            vec!["page-4"]
+        ]
     );
+    let all: Vec<String> = list_pages(&cms, ListParams::default().limit(3))
+        .await
+        .concat();
+    let unpaged: Vec<String> = cms
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .iter()
+        .map(|c| c.metadata.name.clone().unwrap())
+        .collect();
+    assert_eq!(unpaged.len(), 7, "{unpaged:?}");
+    assert_eq!(all, unpaged);
     let web = cms
         .list(&ListParams::default().labels("app in (web)"))
         .await
@@ -524,4 +563,84 @@ async fn empty_metadata_fields_are_omitted() {
         .await
         .unwrap();
     assert_eq!(created.metadata.generate_name, None);
+}
+
+#[tokio::test]
+async fn deletecollection_deletes_exactly_the_selected_objects() {
+    use futures::StreamExt;
+    use kube::api::{WatchEvent, WatchParams};
+
+    let server = TestServer::start().await;
+    let client = server.client();
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    namespaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "elsewhere"}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    let pp = PostParams::default();
+    for (name, team) in [("a-0", "a"), ("b-0", "b"), ("a-1", "a"), ("b-1", "b")] {
+        cms.create(&pp, &cm(name, json!({"team": team})))
+            .await
+            .unwrap();
+    }
+    // Selected by the labels, but in another namespace than the collection.
+    let elsewhere: Api<ConfigMap> = Api::namespaced(client.clone(), "elsewhere");
+    elsewhere
+        .create(&pp, &cm("a-far", json!({"team": "a"})))
+        .await
+        .unwrap();
+
+    let all: Api<ConfigMap> = Api::all(client);
+    let rv = server.resource_version().to_string();
+    let mut events = std::pin::pin!(all.watch(&WatchParams::default(), &rv).await.unwrap());
+
+    let names = |items: &[ConfigMap]| -> Vec<String> {
+        items
+            .iter()
+            .map(|c| c.metadata.name.clone().unwrap())
+            .collect()
+    };
+    let deleted = cms
+        .delete_collection(
+            &DeleteParams::default(),
+            &ListParams::default().labels("team=a"),
+        )
+        .await
+        .unwrap()
+        .left()
+        .expect("the deleted objects, not a Status");
+    assert_eq!(names(&deleted.items), ["a-0", "a-1"]);
+
+    // A write after the deletions marks the end of their events: everything the watch reports
+    // before it must be exactly one DELETED per deleted object.
+    cms.create(&pp, &cm("marker", json!({}))).await.unwrap();
+    let mut seen = vec![];
+    loop {
+        let event = tokio::time::timeout(std::time::Duration::from_secs(20), events.next())
+            .await
+            .expect("watch stalled")
+            .expect("watch ended")
+            .unwrap();
+        match event {
+            WatchEvent::Added(c) if c.metadata.name.as_deref() == Some("marker") => break,
+            WatchEvent::Bookmark(_) => {}
+            other => seen.push(match other {
+                WatchEvent::Added(c) => ("ADDED", c.metadata.name.unwrap()),
+                WatchEvent::Modified(c) => ("MODIFIED", c.metadata.name.unwrap()),
+                WatchEvent::Deleted(c) => ("DELETED", c.metadata.name.unwrap()),
+                e => panic!("unexpected watch event {e:?}"),
+            }),
+        }
+    }
+    assert_eq!(
+        seen,
+        [
+            ("DELETED", "a-0".to_string()),
+            ("DELETED", "a-1".to_string())
+        ]
+    );
 }

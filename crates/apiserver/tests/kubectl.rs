@@ -1,5 +1,6 @@
-//! The real kubectl against the server. Skipped (with a message) when kubectl is not installed,
-//! unless CARETAKER_REQUIRE_KUBECTL=1, which CI sets: then a missing kubectl fails the test.
+//! The real kubectl against the server. A missing kubectl fails each test, because a skipped
+//! test would still show `ok`. CARETAKER_SKIP_KUBECTL=1 opts out explicitly (the tests then pass
+//! without running kubectl), unless CARETAKER_REQUIRE_KUBECTL=1, which CI sets, forbids that.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -29,21 +30,22 @@ fn find_kubectl() -> Option<PathBuf> {
     })
 }
 
-/// kubectl, or None (after saying why) when the test must be skipped.
+/// kubectl, or None (after saying why) when the caller opted out with CARETAKER_SKIP_KUBECTL=1.
 fn kubectl_or_skip(test: &str) -> Option<PathBuf> {
+    let set = |var: &str| std::env::var(var).as_deref() == Ok("1");
+    let missing = "kubectl not found ($KUBECTL, /usr/bin/kubectl, PATH)";
     match find_kubectl() {
         Some(p) => Some(p),
-        None if std::env::var("CARETAKER_REQUIRE_KUBECTL").as_deref() == Ok("1") => {
-            panic!(
-                "{test}: kubectl not found ($KUBECTL, /usr/bin/kubectl, PATH) and CARETAKER_REQUIRE_KUBECTL=1"
-            )
+        None if set("CARETAKER_REQUIRE_KUBECTL") => {
+            panic!("{test}: {missing} and CARETAKER_REQUIRE_KUBECTL=1")
         }
-        None => {
-            eprintln!(
-                "SKIPPED {test}: kubectl not found ($KUBECTL, /usr/bin/kubectl, PATH); set CARETAKER_REQUIRE_KUBECTL=1 to make this a failure"
-            );
+        None if set("CARETAKER_SKIP_KUBECTL") => {
+            eprintln!("SKIPPED {test}: {missing}; CARETAKER_SKIP_KUBECTL=1");
             None
         }
+        None => panic!(
+            "{test}: {missing}; install kubectl, or set CARETAKER_SKIP_KUBECTL=1 to skip the kubectl tests"
+        ),
     }
 }
 

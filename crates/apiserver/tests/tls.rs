@@ -37,11 +37,16 @@ async fn https_with_a_persistent_ca() {
     let mut untrusting = kube::Config::new(server.url().parse().unwrap());
     untrusting.root_cert = Some(vec![]);
     let stranger = kube::Client::try_from(untrusting).unwrap();
-    assert!(
-        Api::<Namespace>::all(stranger)
-            .get("default")
-            .await
-            .is_err()
+    let refused = Api::<Namespace>::all(stranger)
+        .get("default")
+        .await
+        .unwrap_err();
+    assert_eq!(
+        tls_error(&refused),
+        Some(&rustls::Error::InvalidCertificate(
+            rustls::CertificateError::UnknownIssuer
+        )),
+        "{refused:?}"
     );
 
     // Restarting on the same data directory keeps the CA.
@@ -59,4 +64,24 @@ async fn https_with_a_persistent_ca() {
             .await
             .is_ok()
     );
+}
+
+/// The TLS error somewhere in `e`'s chain of causes. tokio-rustls wraps it in an io::Error, whose
+/// `source()` skips the wrapped error, so io::Errors are opened by hand.
+fn tls_error<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a rustls::Error> {
+    let mut next = Some(e);
+    while let Some(e) = next {
+        let wrapped = e
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+            .map(|inner| inner as &(dyn std::error::Error + 'static));
+        if let Some(tls) = e
+            .downcast_ref::<rustls::Error>()
+            .or_else(|| wrapped.and_then(|w| w.downcast_ref::<rustls::Error>()))
+        {
+            return Some(tls);
+        }
+        next = wrapped.or_else(|| e.source());
+    }
+    None
 }

@@ -1,8 +1,7 @@
 //! Admission webhooks called over TLS: a real HTTPS webhook server in the test process.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::Json;
@@ -13,8 +12,8 @@ use caretaker_apiserver::ApiServer;
 use caretaker_pki::{CaSpec, CertificateAuthority, LeafSpec, Usage};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::service::TowerToHyperService;
-use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, DeleteParams, DynamicObject, PostParams};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::discovery::ApiResource;
 use rustls::pki_types::pem::PemObject;
 use serde_json::{Value, json};
@@ -23,8 +22,35 @@ fn new_ca() -> CertificateAuthority {
     CertificateAuthority::create(&CaSpec::new("webhooks-ca")).unwrap()
 }
 
-/// An HTTPS admission webhook server: /allow, /deny, /mutate, /slow.
-async fn start_webhook_server(ca: &CertificateAuthority, calls: Arc<AtomicUsize>) -> SocketAddr {
+/// The admission requests the webhook server received, one line each:
+/// `<path> <operation> <namespace>/<name>`, with ` dryRun` when the review says so.
+#[derive(Clone, Default)]
+struct Calls(Arc<Mutex<Vec<String>>>);
+
+impl Calls {
+    fn record(&self, path: &str, review: &Value) {
+        let r = &review["request"];
+        let text = |v: &Value| v.as_str().unwrap_or("").to_string();
+        let dry_run = if r["dryRun"] == true { " dryRun" } else { "" };
+        let line = format!(
+            "{path} {} {}/{}{dry_run}",
+            text(&r["operation"]),
+            text(&r["namespace"]),
+            text(&r["name"])
+        );
+        self.0.lock().unwrap().push(line);
+    }
+
+    /// The calls since the last take.
+    fn take(&self) -> Vec<String> {
+        std::mem::take(&mut *self.0.lock().unwrap())
+    }
+}
+
+/// An HTTPS admission webhook server. What it answers depends on the path's first segment:
+/// /deny denies, /mutate adds `data.mutated`, /slow answers after 3 s, anything else allows. The
+/// rest of the path only names the webhook in [`Calls`].
+async fn start_webhook_server(ca: &CertificateAuthority, calls: Calls) -> SocketAddr {
     caretaker_apiserver::install_crypto_provider();
     let serving = ca
         .issue(
@@ -44,22 +70,22 @@ async fn start_webhook_server(ca: &CertificateAuthority, calls: Arc<AtomicUsize>
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
 
     async fn respond(
-        State(calls): State<Arc<AtomicUsize>>,
+        State(calls): State<Calls>,
         path: axum::http::Uri,
         Json(review): Json<Value>,
     ) -> Json<Value> {
-        calls.fetch_add(1, Ordering::SeqCst);
+        calls.record(path.path(), &review);
         let uid = review["request"]["uid"].clone();
-        let response = match path.path() {
-            "/deny" => {
+        let response = match path.path().split('/').nth(1).unwrap_or("") {
+            "deny" => {
                 json!({"uid": uid, "allowed": false, "status": {"code": 403, "reason": "Forbidden", "message": "no configmaps today"}})
             }
-            "/mutate" => {
+            "mutate" => {
                 let patch = json!([{"op": "add", "path": "/data/mutated", "value": "yes"}]);
                 json!({"uid": uid, "allowed": true, "patchType": "JSONPatch",
                     "patch": base64::engine::general_purpose::STANDARD.encode(patch.to_string())})
             }
-            "/slow" => {
+            "slow" => {
                 tokio::time::sleep(Duration::from_secs(3)).await;
                 json!({"uid": uid, "allowed": true})
             }
@@ -70,10 +96,7 @@ async fn start_webhook_server(ca: &CertificateAuthority, calls: Arc<AtomicUsize>
         )
     }
     let router = axum::Router::new()
-        .route("/allow", post(respond))
-        .route("/deny", post(respond))
-        .route("/mutate", post(respond))
-        .route("/slow", post(respond))
+        .route("/{*path}", post(respond))
         .with_state(calls);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -96,20 +119,97 @@ async fn start_webhook_server(ca: &CertificateAuthority, calls: Arc<AtomicUsize>
     addr
 }
 
+/// An API server whose webhooks reach a webhook server signed by `ca`, with the clients the tests
+/// need.
+struct Fixture {
+    server: ApiServer,
+    calls: Calls,
+    hook_addr: SocketAddr,
+    ca_bundle: String,
+    validating: Api<DynamicObject>,
+    mutating: Api<DynamicObject>,
+}
+
+impl Fixture {
+    async fn start() -> Self {
+        let ca = new_ca();
+        let calls = Calls::default();
+        let hook_addr = start_webhook_server(&ca, calls.clone()).await;
+        let server = ApiServer::builder()
+            .webhook_service("webhooks", "hooks", hook_addr)
+            .start()
+            .await
+            .unwrap();
+        let configurations = |kind: &str, plural: &str| -> Api<DynamicObject> {
+            let gvk = kube::api::GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", kind);
+            Api::all_with(
+                server.client(),
+                &ApiResource::from_gvk_with_plural(&gvk, plural),
+            )
+        };
+        Fixture {
+            validating: configurations(
+                "ValidatingWebhookConfiguration",
+                "validatingwebhookconfigurations",
+            ),
+            mutating: configurations(
+                "MutatingWebhookConfiguration",
+                "mutatingwebhookconfigurations",
+            ),
+            ca_bundle: base64::engine::general_purpose::STANDARD.encode(ca.certificate_pem()),
+            server,
+            calls,
+            hook_addr,
+        }
+    }
+
+    /// A clientConfig calling `path` on the webhook server by URL.
+    fn url(&self, path: &str) -> Value {
+        json!({"url": format!("https://127.0.0.1:{}{path}", self.hook_addr.port()), "caBundle": self.ca_bundle})
+    }
+
+    fn configmaps(&self, namespace: &str) -> Api<ConfigMap> {
+        Api::namespaced(self.server.client(), namespace)
+    }
+}
+
+/// One webhook for ConfigMap `operations`: failurePolicy Fail, timeoutSeconds 5.
+fn webhook(name: &str, client_config: Value, operations: &[&str]) -> Value {
+    json!({
+        "name": name, "clientConfig": client_config,
+        "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": operations, "resources": ["configmaps"], "scope": "*"}],
+        "failurePolicy": "Fail", "sideEffects": "None", "admissionReviewVersions": ["v1"], "timeoutSeconds": 5
+    })
+}
+
+fn configuration(kind: &str, webhooks: Vec<Value>) -> DynamicObject {
+    serde_json::from_value(json!({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": kind, "metadata": {"name": "test-hooks"},
+        "webhooks": webhooks
+    }))
+    .unwrap()
+}
+
 fn webhook_config(
     kind: &str,
     client_config: Value,
     failure_policy: &str,
     timeout: u64,
 ) -> DynamicObject {
-    serde_json::from_value(json!({
-        "apiVersion": "admissionregistration.k8s.io/v1", "kind": kind, "metadata": {"name": "test-hooks"},
-        "webhooks": [{
-            "name": "configmaps.example.com", "clientConfig": client_config,
-            "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"], "resources": ["configmaps"], "scope": "*"}],
-            "failurePolicy": failure_policy, "sideEffects": "None", "admissionReviewVersions": ["v1"], "timeoutSeconds": timeout
-        }]
-    }))
+    let mut hook = webhook(
+        "configmaps.example.com",
+        client_config,
+        &["CREATE", "UPDATE"],
+    );
+    hook["failurePolicy"] = json!(failure_policy);
+    hook["timeoutSeconds"] = json!(timeout);
+    configuration(kind, vec![hook])
+}
+
+fn cm(name: &str, labels: Value) -> ConfigMap {
+    serde_json::from_value(
+        json!({"metadata": {"name": name, "labels": labels}, "data": {"k": "v"}}),
+    )
     .unwrap()
 }
 
@@ -122,43 +222,9 @@ fn status(e: kube::Error) -> (u16, String, String) {
 
 #[tokio::test]
 async fn webhooks_allow_deny_mutate_and_fail() {
-    let ca = new_ca();
-    let calls = Arc::new(AtomicUsize::new(0));
-    let hook_addr = start_webhook_server(&ca, calls.clone()).await;
-    let server = ApiServer::builder()
-        .webhook_service("webhooks", "hooks", hook_addr)
-        .start()
-        .await
-        .unwrap();
-    let client = server.client();
-    let validating: Api<DynamicObject> = Api::all_with(
-        client.clone(),
-        &ApiResource::from_gvk_with_plural(
-            &kube::api::GroupVersionKind::gvk(
-                "admissionregistration.k8s.io",
-                "v1",
-                "ValidatingWebhookConfiguration",
-            ),
-            "validatingwebhookconfigurations",
-        ),
-    );
-    let mutating: Api<DynamicObject> = Api::all_with(
-        client.clone(),
-        &ApiResource::from_gvk_with_plural(
-            &kube::api::GroupVersionKind::gvk(
-                "admissionregistration.k8s.io",
-                "v1",
-                "MutatingWebhookConfiguration",
-            ),
-            "mutatingwebhookconfigurations",
-        ),
-    );
-    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
-    let ca_bundle = base64::engine::general_purpose::STANDARD.encode(ca.certificate_pem());
-    let url = |path: &str| json!({"url": format!("https://127.0.0.1:{}{path}", hook_addr.port()), "caBundle": ca_bundle});
-    let cm = |name: &str| -> ConfigMap {
-        serde_json::from_value(json!({"metadata": {"name": name}, "data": {"k": "v"}})).unwrap()
-    };
+    let f = Fixture::start().await;
+    let (validating, mutating) = (&f.validating, &f.mutating);
+    let cms = f.configmaps("default");
     let pp = PostParams::default();
     let dp = DeleteParams::default();
 
@@ -166,23 +232,24 @@ async fn webhooks_allow_deny_mutate_and_fail() {
     validating
         .create(
             &pp,
-            &webhook_config("ValidatingWebhookConfiguration", url("/allow"), "Fail", 5),
+            &webhook_config("ValidatingWebhookConfiguration", f.url("/allow"), "Fail", 5),
         )
         .await
         .unwrap();
-    cms.create(&pp, &cm("allowed")).await.unwrap();
-    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    cms.create(&pp, &cm("allowed", json!({}))).await.unwrap();
+    assert_eq!(f.calls.take(), ["/allow CREATE default/allowed"]);
     validating.delete("test-hooks", &dp).await.unwrap();
 
     // Denied, with the webhook's status.
     validating
         .create(
             &pp,
-            &webhook_config("ValidatingWebhookConfiguration", url("/deny"), "Fail", 5),
+            &webhook_config("ValidatingWebhookConfiguration", f.url("/deny"), "Fail", 5),
         )
         .await
         .unwrap();
-    let (code, reason, message) = status(cms.create(&pp, &cm("denied")).await.unwrap_err());
+    let (code, reason, message) =
+        status(cms.create(&pp, &cm("denied", json!({}))).await.unwrap_err());
     assert_eq!((code, reason.as_str()), (403, "Forbidden"));
     assert_eq!(
         message,
@@ -193,7 +260,7 @@ async fn webhooks_allow_deny_mutate_and_fail() {
 
     // The denying webhook also sees deletions once DELETE is in its rules.
     let mut deny_deletes =
-        webhook_config("ValidatingWebhookConfiguration", url("/deny"), "Fail", 5);
+        webhook_config("ValidatingWebhookConfiguration", f.url("/deny"), "Fail", 5);
     deny_deletes.data["webhooks"][0]["rules"][0]["operations"] = json!(["DELETE"]);
     validating.create(&pp, &deny_deletes).await.unwrap();
     let (code, _, message) = status(cms.delete("allowed", &dp).await.unwrap_err());
@@ -203,7 +270,7 @@ async fn webhooks_allow_deny_mutate_and_fail() {
     validating.delete("test-hooks", &dp).await.unwrap();
 
     // Mutated, through a service reference resolved by the service map.
-    let service = json!({"service": {"namespace": "webhooks", "name": "hooks", "path": "/mutate", "port": 443}, "caBundle": ca_bundle});
+    let service = json!({"service": {"namespace": "webhooks", "name": "hooks", "path": "/mutate", "port": 443}, "caBundle": f.ca_bundle});
     mutating
         .create(
             &pp,
@@ -211,12 +278,12 @@ async fn webhooks_allow_deny_mutate_and_fail() {
         )
         .await
         .unwrap();
-    let created = cms.create(&pp, &cm("mutated")).await.unwrap();
+    let created = cms.create(&pp, &cm("mutated", json!({}))).await.unwrap();
     assert_eq!(created.data.unwrap()["mutated"], "yes");
     mutating.delete("test-hooks", &dp).await.unwrap();
 
     // Unreachable: Fail refuses the request, Ignore lets it through.
-    let nowhere = json!({"url": "https://127.0.0.1:1/allow", "caBundle": ca_bundle});
+    let nowhere = json!({"url": "https://127.0.0.1:1/allow", "caBundle": f.ca_bundle});
     validating
         .create(
             &pp,
@@ -224,7 +291,11 @@ async fn webhooks_allow_deny_mutate_and_fail() {
         )
         .await
         .unwrap();
-    let (code, reason, message) = status(cms.create(&pp, &cm("unreachable")).await.unwrap_err());
+    let (code, reason, message) = status(
+        cms.create(&pp, &cm("unreachable", json!({})))
+            .await
+            .unwrap_err(),
+    );
     assert_eq!((code, reason.as_str()), (500, "InternalError"));
     assert!(message.starts_with("Internal error occurred: failed calling webhook \"configmaps.example.com\": failed to call webhook: Post \"https://127.0.0.1:1/allow\""), "{message}");
     validating.delete("test-hooks", &dp).await.unwrap();
@@ -235,13 +306,12 @@ async fn webhooks_allow_deny_mutate_and_fail() {
         )
         .await
         .unwrap();
-    cms.create(&pp, &cm("ignored")).await.unwrap();
+    cms.create(&pp, &cm("ignored", json!({}))).await.unwrap();
     validating.delete("test-hooks", &dp).await.unwrap();
 
     // A caBundle that did not sign the webhook's certificate: the TLS handshake fails.
     let other = base64::engine::general_purpose::STANDARD.encode(new_ca().certificate_pem());
-    let wrong_ca =
-        json!({"url": format!("https://127.0.0.1:{}/allow", hook_addr.port()), "caBundle": other});
+    let wrong_ca = json!({"url": format!("https://127.0.0.1:{}/allow", f.hook_addr.port()), "caBundle": other});
     validating
         .create(
             &pp,
@@ -249,7 +319,11 @@ async fn webhooks_allow_deny_mutate_and_fail() {
         )
         .await
         .unwrap();
-    let (code, _, message) = status(cms.create(&pp, &cm("wrong-ca")).await.unwrap_err());
+    let (code, _, message) = status(
+        cms.create(&pp, &cm("wrong-ca", json!({})))
+            .await
+            .unwrap_err(),
+    );
     assert_eq!(code, 500);
     assert!(message.contains("certificate"), "{message}");
     validating.delete("test-hooks", &dp).await.unwrap();
@@ -258,14 +332,203 @@ async fn webhooks_allow_deny_mutate_and_fail() {
     validating
         .create(
             &pp,
-            &webhook_config("ValidatingWebhookConfiguration", url("/slow"), "Fail", 1),
+            &webhook_config("ValidatingWebhookConfiguration", f.url("/slow"), "Fail", 1),
         )
         .await
         .unwrap();
     let started = std::time::Instant::now();
-    let (code, _, message) = status(cms.create(&pp, &cm("slow")).await.unwrap_err());
+    let (code, _, message) = status(cms.create(&pp, &cm("slow", json!({}))).await.unwrap_err());
     assert_eq!(code, 500);
     assert!(message.contains("context deadline exceeded"), "{message}");
     // /slow answers after 3 s: failing earlier proves timeoutSeconds was applied.
     assert!(started.elapsed() < Duration::from_millis(2900));
+}
+
+#[tokio::test]
+async fn dry_run_all_persists_nothing_and_still_runs_admission() {
+    let f = Fixture::start().await;
+    let cms = f.configmaps("default");
+    let pp = PostParams::default();
+    cms.create(&pp, &cm("kept", json!({}))).await.unwrap();
+    f.mutating
+        .create(
+            &pp,
+            &configuration(
+                "MutatingWebhookConfiguration",
+                vec![webhook(
+                    "mutate.example.com",
+                    f.url("/mutate"),
+                    &["CREATE", "UPDATE"],
+                )],
+            ),
+        )
+        .await
+        .unwrap();
+    f.validating
+        .create(
+            &pp,
+            &configuration(
+                "ValidatingWebhookConfiguration",
+                vec![webhook(
+                    "allow.example.com",
+                    f.url("/allow"),
+                    &["CREATE", "UPDATE", "DELETE"],
+                )],
+            ),
+        )
+        .await
+        .unwrap();
+    let rv = f.server.resource_version();
+    let data = |c: &ConfigMap| c.data.clone().unwrap_or_default();
+
+    // Each verb answers with the object it would have written, mutations included.
+    let dry = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let ghost = cms.create(&dry, &cm("ghost", json!({}))).await.unwrap();
+    assert_eq!(data(&ghost)["mutated"], "yes");
+    let mut changed = cms.get("kept").await.unwrap();
+    changed.data = Some([("k".to_string(), "v2".to_string())].into());
+    let replaced = cms.replace("kept", &dry, &changed).await.unwrap();
+    assert_eq!(
+        (
+            data(&replaced)["k"].as_str(),
+            data(&replaced)["mutated"].as_str()
+        ),
+        ("v2", "yes")
+    );
+    let patched = cms
+        .patch(
+            "kept",
+            &PatchParams::default().dry_run(),
+            &Patch::Merge(json!({"data": {"p": "1"}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            data(&patched)["p"].as_str(),
+            data(&patched)["mutated"].as_str()
+        ),
+        ("1", "yes")
+    );
+    let deleted = cms
+        .delete("kept", &DeleteParams::default().dry_run())
+        .await
+        .unwrap()
+        .left()
+        .expect("a dry-run delete answers with the object");
+    assert_eq!(deleted.metadata.name.as_deref(), Some("kept"));
+
+    // Nothing was written: no new resourceVersion (so no watch event either), no ghost, kept as
+    // it was.
+    assert_eq!(f.server.resource_version(), rv);
+    assert!(cms.get_opt("ghost").await.unwrap().is_none());
+    assert_eq!(
+        data(&cms.get("kept").await.unwrap()),
+        [("k".to_string(), "v".to_string())].into()
+    );
+    // And every webhook saw every request, told it was a dry run.
+    assert_eq!(
+        f.calls.take(),
+        [
+            "/mutate CREATE default/ghost dryRun",
+            "/allow CREATE default/ghost dryRun",
+            "/mutate UPDATE default/kept dryRun",
+            "/allow UPDATE default/kept dryRun",
+            "/mutate UPDATE default/kept dryRun",
+            "/allow UPDATE default/kept dryRun",
+            "/allow DELETE default/kept dryRun",
+        ]
+    );
+}
+
+#[tokio::test]
+async fn webhooks_are_called_only_for_their_namespace_and_object_selectors() {
+    let f = Fixture::start().await;
+    let pp = PostParams::default();
+    let namespaces: Api<Namespace> = Api::all(f.server.client());
+    for (name, labels) in [("picked", json!({"hooks": "on"})), ("other", json!({}))] {
+        let ns = json!({"metadata": {"name": name, "labels": labels}});
+        namespaces
+            .create(&pp, &serde_json::from_value(ns).unwrap())
+            .await
+            .unwrap();
+    }
+    let watched = json!({"matchLabels": {"watched": "yes"}});
+    let mut objects = webhook(
+        "objects.example.com",
+        f.url("/mutate/objects"),
+        &["CREATE", "UPDATE"],
+    );
+    objects["objectSelector"] = watched.clone();
+    let all = ["CREATE", "UPDATE", "DELETE"];
+    let mut in_namespaces = webhook("namespaces.example.com", f.url("/allow/namespaces"), &all);
+    in_namespaces["namespaceSelector"] =
+        json!({"matchExpressions": [{"key": "hooks", "operator": "In", "values": ["on"]}]});
+    let mut both = webhook("both.example.com", f.url("/allow/both"), &all);
+    both["namespaceSelector"] = json!({"matchLabels": {"hooks": "on"}});
+    both["objectSelector"] = watched;
+    f.mutating
+        .create(
+            &pp,
+            &configuration("MutatingWebhookConfiguration", vec![objects]),
+        )
+        .await
+        .unwrap();
+    f.validating
+        .create(
+            &pp,
+            &configuration("ValidatingWebhookConfiguration", vec![in_namespaces, both]),
+        )
+        .await
+        .unwrap();
+    let (picked, other) = (f.configmaps("picked"), f.configmaps("other"));
+    let mutated = |c: &ConfigMap| c.data.as_ref().is_some_and(|d| d.contains_key("mutated"));
+    let yes = json!({"watched": "yes"});
+
+    let c = other.create(&pp, &cm("plain", json!({}))).await.unwrap();
+    assert!(!mutated(&c));
+    assert_eq!(f.calls.take(), Vec::<String>::new());
+
+    let c = other.create(&pp, &cm("seen", yes.clone())).await.unwrap();
+    assert!(mutated(&c));
+    assert_eq!(f.calls.take(), ["/mutate/objects CREATE other/seen"]);
+
+    picked.create(&pp, &cm("plain", json!({}))).await.unwrap();
+    assert_eq!(f.calls.take(), ["/allow/namespaces CREATE picked/plain"]);
+
+    picked.create(&pp, &cm("seen", yes)).await.unwrap();
+    assert_eq!(
+        f.calls.take(),
+        [
+            "/mutate/objects CREATE picked/seen",
+            "/allow/namespaces CREATE picked/seen",
+            "/allow/both CREATE picked/seen",
+        ]
+    );
+
+    // An update is selected when the old or the new object matches, as in Kubernetes.
+    let unlabel = Patch::Merge(json!({"metadata": {"labels": {"watched": null}}}));
+    other
+        .patch("seen", &PatchParams::default(), &unlabel)
+        .await
+        .unwrap();
+    assert_eq!(f.calls.take(), ["/mutate/objects UPDATE other/seen"]);
+
+    let dp = DeleteParams::default();
+    other.delete("plain", &dp).await.unwrap();
+    assert_eq!(f.calls.take(), Vec::<String>::new());
+    picked.delete("plain", &dp).await.unwrap();
+    assert_eq!(f.calls.take(), ["/allow/namespaces DELETE picked/plain"]);
+
+    // The namespace's labels are read at each request: labelling it selects it from then on.
+    let label = Patch::Merge(json!({"metadata": {"labels": {"hooks": "on"}}}));
+    namespaces
+        .patch("other", &PatchParams::default(), &label)
+        .await
+        .unwrap();
+    other.create(&pp, &cm("late", json!({}))).await.unwrap();
+    assert_eq!(f.calls.take(), ["/allow/namespaces CREATE other/late"]);
 }

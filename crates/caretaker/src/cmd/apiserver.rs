@@ -35,6 +35,13 @@ pub struct ApiserverArgs {
     pub tls: bool,
 
     /// Allow listening on a non-loopback address. The server has no authentication.
+    ///
+    /// Anyone who can reach the address can read and change everything. Clients must address
+    /// the server by its IP address and port (https://192.0.2.10:6443, not a DNS name): a Host
+    /// header naming anything but a loopback name or that address is refused with 403, against
+    /// DNS rebinding. With --tls, the serving certificate names only localhost, 127.0.0.1 and
+    /// ::1, so remote clients, and DIR/kubeconfig, must set tls-server-name: localhost
+    /// (kubectl --tls-server-name=localhost).
     #[arg(long)]
     pub allow_remote: bool,
 }
@@ -153,6 +160,8 @@ mod tests {
             "--tls",
             "--allow-remote",
             "no authentication",
+            "IP address",
+            "tls-server-name",
         ] {
             assert!(help.contains(flag), "{flag} missing from:\n{help}");
         }
