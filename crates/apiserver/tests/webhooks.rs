@@ -336,12 +336,11 @@ async fn webhooks_allow_deny_mutate_and_fail() {
         )
         .await
         .unwrap();
-    let started = std::time::Instant::now();
+    // /slow would allow the request after 3 s; only timeoutSeconds (1 s) can make it fail, and
+    // with kube-apiserver's deadline message.
     let (code, _, message) = status(cms.create(&pp, &cm("slow", json!({}))).await.unwrap_err());
     assert_eq!(code, 500);
     assert!(message.contains("context deadline exceeded"), "{message}");
-    // /slow answers after 3 s: failing earlier proves timeoutSeconds was applied.
-    assert!(started.elapsed() < Duration::from_millis(2900));
 }
 
 #[tokio::test]
