@@ -281,8 +281,10 @@ impl ApiServer {
         let ca = self
             .ca_pem()
             .map(|pem| {
+                // The serving certificate names only loopback: a client of a non-loopback
+                // listen address verifies it as `localhost`.
                 format!(
-                    "    certificate-authority-data: {}\n",
+                    "    certificate-authority-data: {}\n    tls-server-name: localhost\n",
                     base64::engine::general_purpose::STANDARD.encode(pem)
                 )
             })

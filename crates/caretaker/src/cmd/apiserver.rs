@@ -40,8 +40,8 @@ pub struct ApiserverArgs {
     /// the server by its IP address and port (https://192.0.2.10:6443, not a DNS name): a Host
     /// header naming anything but a loopback name or that address is refused with 403, against
     /// DNS rebinding. With --tls, the serving certificate names only localhost, 127.0.0.1 and
-    /// ::1, so remote clients, and DIR/kubeconfig, must set tls-server-name: localhost
-    /// (kubectl --tls-server-name=localhost).
+    /// ::1, so remote clients must set tls-server-name: localhost (kubectl
+    /// --tls-server-name=localhost); DIR/kubeconfig carries it.
     #[arg(long)]
     pub allow_remote: bool,
 }
