@@ -1,4 +1,4 @@
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -239,6 +239,10 @@ pub struct ServeLimits {
     pub handshake_timeout: Duration,
     /// Connections served at once; more wait in the listen backlog.
     pub max_connections: usize,
+    /// Connections one peer address may hold at once; more are closed at once. Without it one
+    /// hostile host holding idle connections could fill every slot and keep the operator
+    /// waiting in the backlog for handshake timeouts.
+    pub max_connections_per_peer: usize,
     /// How long to pause after a failed accept (out of file descriptors, say) before the next.
     pub accept_retry: Duration,
 }
@@ -248,6 +252,7 @@ impl Default for ServeLimits {
         Self {
             handshake_timeout: Duration::from_secs(10),
             max_connections: 64,
+            max_connections_per_peer: 8,
             accept_retry: Duration::from_millis(200),
         }
     }
@@ -275,6 +280,7 @@ pub async fn serve_with(
 ) -> std::io::Result<()> {
     let acceptor = TlsAcceptor::from(Arc::new(tls));
     let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
+    let peers = Arc::new(PeerConnections::default());
     loop {
         let slot = slots
             .clone()
@@ -289,12 +295,54 @@ pub async fn serve_with(
                 continue;
             }
         };
+        let Some(peer_slot) = peers.claim(peer.ip(), limits.max_connections_per_peer) else {
+            tracing::info!(%peer, "refused a connection: this peer holds too many already");
+            continue;
+        };
         let acceptor = acceptor.clone();
         let router = router.clone();
         tokio::spawn(async move {
             serve_connection(acceptor, stream, peer, router, limits.handshake_timeout).await;
-            drop(slot);
+            drop((slot, peer_slot));
         });
+    }
+}
+
+/// Open connections per peer address.
+#[derive(Debug, Default)]
+struct PeerConnections(Mutex<std::collections::HashMap<IpAddr, usize>>);
+
+impl PeerConnections {
+    /// A slot for one more connection from `peer`, or `None` if it holds `limit` already.
+    fn claim(self: &Arc<Self>, peer: IpAddr, limit: usize) -> Option<PeerSlot> {
+        let mut open = self.0.lock().expect("peer connections lock");
+        let count = open.entry(peer).or_default();
+        if *count >= limit {
+            return None;
+        }
+        *count += 1;
+        Some(PeerSlot {
+            peers: self.clone(),
+            peer,
+        })
+    }
+}
+
+/// One connection of a peer; released when dropped.
+struct PeerSlot {
+    peers: Arc<PeerConnections>,
+    peer: IpAddr,
+}
+
+impl Drop for PeerSlot {
+    fn drop(&mut self) {
+        let mut open = self.peers.0.lock().expect("peer connections lock");
+        if let Some(count) = open.get_mut(&self.peer) {
+            *count -= 1;
+            if *count == 0 {
+                open.remove(&self.peer);
+            }
+        }
     }
 }
 
