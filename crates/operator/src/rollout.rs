@@ -556,6 +556,95 @@ mod tests {
     }
 }
 
+/// Where a parent's request stands, from its trigger, its status and the trigger value its
+/// current (or last) request was for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestState<'a> {
+    /// No trigger and nothing to finish.
+    NoRequest,
+    /// The trigger of an ended (`failed` or `cancelled`) request was removed: forget the value
+    /// it was for, so that the trigger set again, even to the same value, is a new request
+    /// (`kubectl annotate --overwrite` with an unchanged value changes nothing, so removing and
+    /// re-adding is how a request is retried).
+    ForgetEnded,
+    /// A new request: the first, a new value, or the trigger set again after an end (a
+    /// finished request removes its trigger, so a trigger beside `done` is new too).
+    New { trigger: &'a str },
+    /// The request runs (or is being cancelled: its trigger was removed while it ran).
+    InProgress,
+    /// This request ended `failed` or `cancelled` and its trigger is still there: it stays so.
+    Ended,
+}
+
+impl<'a> RequestState<'a> {
+    pub fn of(trigger: Option<&'a str>, status: Option<&str>, recorded: Option<&str>) -> Self {
+        const IN_PROGRESS: &str = crate::names::STATUS_IN_PROGRESS;
+        let ended = matches!(
+            status,
+            Some(crate::names::STATUS_FAILED) | Some(crate::names::STATUS_CANCELLED)
+        );
+        match trigger {
+            None if status == Some(IN_PROGRESS) => RequestState::InProgress,
+            None if ended && recorded.is_some() => RequestState::ForgetEnded,
+            None => RequestState::NoRequest,
+            Some(value) if recorded == Some(value) && status == Some(IN_PROGRESS) => {
+                RequestState::InProgress
+            }
+            Some(value) if recorded == Some(value) && ended => RequestState::Ended,
+            Some(value) => RequestState::New { trigger: value },
+        }
+    }
+}
+
+#[cfg(test)]
+mod request_state_tests {
+    use super::RequestState::{self, *};
+
+    const NEW: RequestState<'static> = New { trigger: "1y" };
+    use crate::names::{STATUS_CANCELLED, STATUS_DONE, STATUS_FAILED, STATUS_IN_PROGRESS};
+
+    #[test]
+    fn removing_and_re_adding_the_trigger_of_an_ended_request_is_a_new_request() {
+        for end in [STATUS_FAILED, STATUS_CANCELLED] {
+            // The same value stays ended while the trigger stays ...
+            assert_eq!(RequestState::of(Some("1y"), Some(end), Some("1y")), Ended);
+            // ... its removal forgets the value ...
+            assert_eq!(RequestState::of(None, Some(end), Some("1y")), ForgetEnded);
+            assert_eq!(RequestState::of(None, Some(end), None), NoRequest);
+            // ... so the same value set again is new, as is any other value.
+            assert_eq!(RequestState::of(Some("1y"), Some(end), None), NEW);
+            assert_eq!(
+                RequestState::of(Some("2y"), Some(end), Some("1y")),
+                New { trigger: "2y" }
+            );
+        }
+        assert_eq!(
+            RequestState::of(Some("1y"), Some(STATUS_DONE), Some("1y")),
+            NEW
+        );
+        assert_eq!(
+            RequestState::of(None, Some(STATUS_DONE), Some("1y")),
+            NoRequest
+        );
+        assert_eq!(RequestState::of(Some("1y"), None, None), NEW);
+        assert_eq!(RequestState::of(None, None, None), NoRequest);
+    }
+
+    #[test]
+    fn a_running_request_runs_on_and_its_removed_trigger_cancels_it() {
+        let running = Some(STATUS_IN_PROGRESS);
+        assert_eq!(
+            RequestState::of(Some("1y"), running, Some("1y")),
+            InProgress
+        );
+        assert_eq!(RequestState::of(None, running, Some("1y")), InProgress);
+        assert_eq!(
+            RequestState::of(Some("2y"), running, Some("1y")),
+            New { trigger: "2y" }
+        );
+    }
+}
+
 /// Opt-in automatic refresh of a Cluster:
 /// `caretaker.dev/auto-refresh-certificates: "ttl=1y,before=30d"`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

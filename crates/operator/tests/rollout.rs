@@ -897,6 +897,12 @@ impl Operation {
             Operation::Upgrade => names::rollout_state::UPGRADE_REQUEST,
         }
     }
+    fn request_trigger(self) -> &'static str {
+        match self {
+            Operation::Refresh => names::rollout_state::REFRESH_TRIGGER,
+            Operation::Upgrade => names::rollout_state::UPGRADE_TRIGGER,
+        }
+    }
     /// The trigger values of the failed request and of the new one.
     fn values(self) -> [&'static str; 2] {
         match self {
@@ -907,13 +913,15 @@ impl Operation {
 }
 
 /// A request fails at the second of four workers; once the cause is fixed, a new request (the
-/// trigger removed, then set to a new value, with `max_parallel`) must cover all four, the
-/// failed one included, and not take the failed Machine's old status for its own result.
+/// trigger removed, then set again, to a new value or to the same one, with `max_parallel`)
+/// must cover all four, the failed one included, and not take the failed Machine's old status
+/// for its own result.
 async fn a_new_request_after_a_failure(
     operation: Operation,
     parent: &kube::api::ApiResource,
     parent_name: &str,
     max_parallel: &str,
+    same_value: bool,
 ) {
     let mut world = world(fast()).await;
     let (log, make) = logging_scripts(world.dir.path().join("hooks"), "0");
@@ -929,7 +937,8 @@ async fn a_new_request_after_a_failure(
     world
         .annotate("w-1", names::AGENT_ENDPOINT, &unreachable_agent_url())
         .await;
-    let [first, second] = operation.values();
+    let [first, new_value] = operation.values();
+    let second = if same_value { first } else { new_value };
     annotate_parent(
         &world,
         parent,
@@ -961,6 +970,20 @@ async fn a_new_request_after_a_failure(
         json!({ names::MAX_PARALLEL: max_parallel, operation.trigger(): null }),
     )
     .await;
+    // The removal is seen (the failed request's value forgotten) before the trigger returns.
+    wait_parent_until(
+        &world,
+        parent,
+        parent_name,
+        "forgot the failed request's trigger",
+        |a| !a.contains_key(operation.request_trigger()),
+    )
+    .await;
+    assert_eq!(
+        world.annotations("w-1").await[operation.status()],
+        names::STATUS_FAILED,
+        "nothing restarts before the trigger is set again"
+    );
     annotate_parent(
         &world,
         parent,
@@ -1003,7 +1026,9 @@ async fn a_new_request_after_a_failure(
                     .earliest_expiry()
                     .unwrap();
                 let days = (expiry - time::OffsetDateTime::now_utc()).whole_days();
-                assert!(days > 700, "{second} gave {days} days");
+                let ttl_days = second.parse::<caretaker_pki::Ttl>().unwrap().approximate();
+                let ttl_days = (ttl_days.as_secs() / 86_400) as i64;
+                assert!(days > ttl_days - 2, "{second} gave {days} days");
             }
         }
         Operation::Upgrade => {
@@ -1030,8 +1055,20 @@ async fn a_new_request_after_a_failed_rollout_covers_every_machine() {
                     "case: {operation:?} on {} {parent_name}, max-parallel {max_parallel}",
                     parent.kind
                 );
-                a_new_request_after_a_failure(operation, parent, parent_name, max_parallel).await;
+                a_new_request_after_a_failure(operation, parent, parent_name, max_parallel, false)
+                    .await;
             }
         }
     }
+}
+
+/// `kubectl annotate --overwrite` with an unchanged value changes nothing, so a failed rollout
+/// is retried by removing the parent's trigger and adding the same value again: a new request
+/// that redoes every Machine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_trigger_removed_and_added_again_retries_a_failed_rollout() {
+    let md = machine::machine_deployment_api_resource();
+    a_new_request_after_a_failure(Operation::Refresh, &md, "c1-md-0", "1", true).await;
+    let cluster = machine::cluster_api_resource();
+    a_new_request_after_a_failure(Operation::Upgrade, &cluster, "c1", "2", true).await;
 }

@@ -37,6 +37,11 @@ pub async fn reconcile(
     match decide(&view, now) {
         RefreshStep::Idle | RefreshStep::WaitForNode => Ok(Next::AwaitChange),
         RefreshStep::Backoff { until } => Ok(Next::at(until, now)),
+        RefreshStep::ForgetEndedRequest => {
+            let changes = BTreeMap::from([(refresh_state::TRIGGER.to_string(), Value::Null)]);
+            ctx.patch_annotations(&view, changes).await?;
+            Ok(Next::AwaitChange)
+        }
         RefreshStep::Reject { trigger, reason } => {
             fail(&ctx, &object, &view, &trigger, &reason).await?;
             Ok(Next::AwaitChange)

@@ -30,6 +30,11 @@ pub async fn reconcile(
     match decide(view, now) {
         UpgradeStep::Idle | UpgradeStep::WaitForNode => Ok(Next::AwaitChange),
         UpgradeStep::Backoff { until } => Ok(Next::at(until, now)),
+        UpgradeStep::ForgetEndedRequest => {
+            let changes = BTreeMap::from([(upgrade_state::TRIGGER.to_string(), Value::Null)]);
+            ctx.patch_annotations(view, changes).await?;
+            Ok(Next::AwaitChange)
+        }
         UpgradeStep::Reject { trigger, reason } => {
             ctx.patch_annotations(view, failed(&trigger, &reason, now))
                 .await?;

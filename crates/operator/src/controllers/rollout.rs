@@ -25,7 +25,7 @@ use crate::context::{Context, EventType};
 use crate::machine::{self, MachineView};
 use crate::names::{self, rollout_state};
 use crate::rollout::{
-    MachineObservation, MachineProgress, Role, RolloutInput, RolloutPlan, Waiting,
+    MachineObservation, MachineProgress, RequestState, Role, RolloutInput, RolloutPlan, Waiting,
 };
 
 /// The kinds a rollout can be asked on.
@@ -291,32 +291,31 @@ async fn reconcile_operation(
     let annotations = parent.annotations();
     let trigger = annotations.get(operation.trigger()).cloned();
     let status = annotations.get(operation.status()).map(String::as_str);
-    let in_progress = status == Some(names::STATUS_IN_PROGRESS);
     let namespace = parent.namespace().unwrap_or_default();
     let resource = kind.api_resource();
     let reference = parent.object_ref(&resource);
     let [ev_progress, ev_done, ev_failed, ev_cancelled] = operation.events();
 
-    let same_request =
-        trigger.is_some() && annotations.get(operation.request_trigger()) == trigger.as_ref();
-    match (&trigger, in_progress) {
-        (None, false)
+    let state = RequestState::of(
+        trigger.as_deref(),
+        status,
+        annotations
+            .get(operation.request_trigger())
+            .map(String::as_str),
+    );
+    match state {
+        RequestState::NoRequest
             if kind == ParentKind::Cluster && operation == Operation::RefreshCertificates =>
         {
             return auto_refresh(parent, ctx, caches).await;
         }
-        (None, false) => return Ok(None),
-        (Some(value), _)
-            if !same_request
-                || !matches!(
-                    status,
-                    Some(names::STATUS_IN_PROGRESS)
-                        | Some(names::STATUS_FAILED)
-                        | Some(names::STATUS_CANCELLED)
-                ) =>
-        {
-            // A new request: the first, or the trigger set again after an end (a finished
-            // request removes its trigger, so a trigger beside `done` is new too).
+        RequestState::NoRequest | RequestState::Ended => return Ok(None),
+        RequestState::ForgetEnded => {
+            let changes = BTreeMap::from([(operation.request_trigger().to_string(), Value::Null)]);
+            patch_parent(ctx, &resource, parent, changes).await?;
+            return Ok(None);
+        }
+        RequestState::New { trigger: value } => {
             let mut changes = BTreeMap::new();
             if let Err(reason) = operation.validate(value) {
                 changes.insert(operation.status().to_string(), json!(names::STATUS_FAILED));
@@ -352,8 +351,7 @@ async fn reconcile_operation(
             }
             return Ok(None);
         }
-        (Some(_), false) => return Ok(None), // this request already ended (failed or cancelled)
-        _ => {}
+        RequestState::InProgress => {}
     }
 
     // In progress (or cancelled: trigger removed while in progress).
