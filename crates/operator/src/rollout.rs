@@ -6,8 +6,8 @@
 //! Rules (DESIGN section 6): control-plane Machines strictly one at a time, and only while every
 //! control-plane Machine has a node and a healthy agent; then workers, `max_parallel` at a time
 //! and no more of one MachineDeployment than its own limit;
-//! the first failure stops the rollout; a cancelled request starts nothing new and ends once
-//! running work has finished; Machines being deleted are skipped; Machines without a node wait.
+//! the first failure stops the rollout and it ends `failed` once running work has finished; a
+//! cancelled request starts nothing new and ends once running work has finished; Machines being deleted are skipped; Machines without a node wait.
 
 use std::collections::BTreeMap;
 
@@ -99,11 +99,19 @@ pub enum RolloutPlan {
     },
     /// Every covered Machine is done.
     Done { progress: Progress },
-    /// A Machine failed: nothing new starts; the parent ends `failed` once nothing runs.
+    /// A Machine failed: nothing new starts, and these Machines, started by this request, still
+    /// run. The request does not end yet: ended, the parent would report a final state while
+    /// its work still changes nodes, and the next request would adopt that work as its own.
+    Stopping {
+        machine: String,
+        reason: String,
+        running: Vec<String>,
+        progress: Progress,
+    },
+    /// A Machine failed and nothing runs any more: the parent ends `failed`.
     Failed {
         machine: String,
         reason: String,
-        still_running: usize,
         progress: Progress,
     },
     /// The request was cancelled and nothing runs any more.
@@ -132,11 +140,28 @@ impl RolloutPlan {
             .iter()
             .find(|m| m.progress == MachineProgress::Failed)
         {
-            return RolloutPlan::Failed {
-                machine: failed.name.clone(),
-                reason: failed.failure.clone().unwrap_or_else(|| "unknown".into()),
-                still_running: progress.running,
-                progress,
+            let (machine, reason) = (
+                failed.name.clone(),
+                failed.failure.clone().unwrap_or_else(|| "unknown".into()),
+            );
+            let running: Vec<String> = covered
+                .iter()
+                .filter(|m| m.progress == MachineProgress::Running)
+                .map(|m| m.name.clone())
+                .collect();
+            return if running.is_empty() {
+                RolloutPlan::Failed {
+                    machine,
+                    reason,
+                    progress,
+                }
+            } else {
+                RolloutPlan::Stopping {
+                    machine,
+                    reason,
+                    running,
+                    progress,
+                }
             };
         }
         if input.cancelled {
@@ -405,10 +430,10 @@ mod tests {
         ]));
         assert_eq!(
             plan,
-            RolloutPlan::Failed {
+            RolloutPlan::Stopping {
                 machine: "w-0".into(),
                 reason: "agent unreachable".into(),
-                still_running: 1,
+                running: vec!["w-1".into()],
                 progress: Progress {
                     done: 1,
                     total: 4,
@@ -417,6 +442,37 @@ mod tests {
                 },
             }
         );
+    }
+
+    #[test]
+    fn a_failed_rollout_ends_only_once_its_running_machines_have_finished() {
+        let mut failed = worker("w-0", "md", Failed);
+        failed.failure = Some("upgrade failed".into());
+        for last_one in [Done, Failed] {
+            let plan = RolloutPlan::decide(&RolloutInput {
+                max_parallel: 2,
+                ..input(vec![
+                    cp("cp-0", Done),
+                    failed.clone(),
+                    worker("w-1", "md", last_one),
+                    worker("w-2", "md", Untouched),
+                ])
+            });
+            // The first failure is the one reported, whatever the others did since.
+            assert_eq!(
+                plan,
+                RolloutPlan::Failed {
+                    machine: "w-0".into(),
+                    reason: "upgrade failed".into(),
+                    progress: Progress {
+                        done: if last_one == Done { 2 } else { 1 },
+                        total: 4,
+                        skipped: 0,
+                        running: 0
+                    },
+                }
+            );
+        }
     }
 
     #[test]
@@ -548,9 +604,21 @@ mod tests {
                     prop_assert!(!cp_unfinished, "workers only after the control plane");
                 }
             }
+            let mut covered_running: Vec<String> = machines.iter().filter(|m| m.progress == Running).map(|m| m.name.clone()).collect();
+            covered_running.sort();
             if machines.iter().any(|m| m.progress == Failed) {
-                let failed = matches!(plan, RolloutPlan::Failed { .. });
-                prop_assert!(failed, "a failure stops the rollout");
+                match &plan {
+                    RolloutPlan::Stopping { running, .. } => {
+                        prop_assert!(!running.is_empty());
+                        let mut running = running.clone();
+                        running.sort();
+                        prop_assert_eq!(running, covered_running.clone(), "it waits for exactly the running Machines");
+                    }
+                    RolloutPlan::Failed { .. } => {
+                        prop_assert!(covered_running.is_empty(), "a failed rollout ends only once nothing runs");
+                    }
+                    other => prop_assert!(false, "a failure stops the rollout: {:?}", other),
+                }
             }
         }
     }

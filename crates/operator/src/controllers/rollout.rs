@@ -391,6 +391,7 @@ async fn reconcile_operation(
         RolloutPlan::Continue { progress, .. }
         | RolloutPlan::Done { progress }
         | RolloutPlan::Failed { progress, .. }
+        | RolloutPlan::Stopping { progress, .. }
         | RolloutPlan::Cancelled { progress } => *progress,
     };
     let progress_text = format!("{}/{}", progress.done, progress.total);
@@ -460,6 +461,25 @@ async fn reconcile_operation(
             ctx.event(&reference, EventType::Normal, ev_done, note)
                 .await;
             return Ok(None);
+        }
+        RolloutPlan::Stopping {
+            machine,
+            reason,
+            running,
+            ..
+        } => {
+            // Still `in-progress`: the Machines it started change their nodes until they
+            // finish, and a parent that said `failed` could get a new request that would take
+            // their work for its own. Each finishing Machine wakes this parent again.
+            let text = format!(
+                "Machine {machine} failed: nothing new starts; the rollout ends failed once {} finish: {reason}",
+                running.join(", ")
+            );
+            if annotations.get(rollout_state::WAITING) != Some(&text) {
+                changes.insert(rollout_state::WAITING.to_string(), json!(text));
+                ctx.event(&reference, EventType::Warning, ev_progress, text)
+                    .await;
+            }
         }
         RolloutPlan::Failed {
             machine, reason, ..
