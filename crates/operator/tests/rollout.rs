@@ -163,12 +163,13 @@ async fn the_first_failed_machine_stops_a_machine_deployment_rollout() {
             Some(&unreachable_agent_url()),
         )
         .await;
-    world
-        .add_machine("w-1", NodeRole::Worker, "cp.example", None)
-        .await;
-    world
-        .add_machine("w-2", NodeRole::Worker, "cp.example", None)
-        .await;
+    let mut untouched = Vec::new();
+    for name in ["w-1", "w-2"] {
+        let layout = world
+            .add_machine(name, NodeRole::Worker, "cp.example", None)
+            .await;
+        untouched.push((name, caretaker_agent::inventory::discover(&layout), layout));
+    }
     let md = machine::machine_deployment_api_resource();
     annotate_parent(
         &world,
@@ -193,12 +194,23 @@ async fn the_first_failed_machine_stops_a_machine_deployment_rollout() {
         message.contains("w-0") && message.contains("cannot connect"),
         "{message}"
     );
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    for name in ["w-1", "w-2"] {
+    // `failed` is final: nothing of this request runs or starts any more.
+    for (name, before, layout) in &untouched {
         let annotations = world.annotations(name).await;
-        assert!(
-            !annotations.contains_key(names::REFRESH_CERTIFICATES),
-            "{name} must not start: {annotations:?}"
+        for key in [
+            names::REFRESH_CERTIFICATES,
+            names::REFRESH_CERTIFICATES_STATUS,
+            names::rollout_state::REFRESH_REQUEST,
+        ] {
+            assert!(
+                !annotations.contains_key(key),
+                "{name} must not start: {annotations:?}"
+            );
+        }
+        assert_eq!(
+            &caretaker_agent::inventory::discover(layout),
+            before,
+            "{name}'s certificates"
         );
     }
 }
