@@ -533,11 +533,18 @@ mod tests {
     fn arbitrary_machine() -> impl Strategy<Value = MachineObservation> {
         (
             0u8..6,
-            prop::bool::ANY,
+            // Mostly workers with few failures, so that max-parallel and a MachineDeployment's
+            // own limit are what decides most plans.
+            prop::bool::weighted(0.25),
             prop::bool::weighted(0.9),
             prop::bool::weighted(0.9),
             prop::bool::weighted(0.1),
-            prop_oneof![Just(Untouched), Just(Running), Just(Done), Just(Failed)],
+            prop_oneof![
+                4 => Just(Untouched),
+                3 => Just(Running),
+                3 => Just(Done),
+                1 => Just(Failed)
+            ],
         )
             .prop_map(|(n, is_cp, has_node, healthy, deleting, progress)| {
                 MachineObservation {
@@ -602,6 +609,32 @@ mod tests {
                     }
                     let cp_unfinished = machines.iter().any(|m| m.role == Role::ControlPlane && m.progress != Done && !(m.being_deleted && m.progress == Untouched));
                     prop_assert!(!cp_unfinished, "workers only after the control plane");
+                }
+            }
+            let covered: Vec<&MachineObservation> = machines.iter().filter(|m| !(m.being_deleted && m.progress == Untouched)).collect();
+            let progress = match &plan {
+                RolloutPlan::Continue { progress, .. } | RolloutPlan::Done { progress } | RolloutPlan::Failed { progress, .. } | RolloutPlan::Stopping { progress, .. } | RolloutPlan::Cancelled { progress } => *progress,
+            };
+            prop_assert_eq!(progress.total, covered.len(), "covered Machines counted");
+            prop_assert_eq!(progress.total + progress.skipped, machines.len(), "every Machine counted once");
+            prop_assert_eq!(progress.done, covered.iter().filter(|m| m.progress == Done).count());
+            prop_assert_eq!(progress.running, covered.iter().filter(|m| m.progress == Running).count());
+            if matches!(plan, RolloutPlan::Done { .. }) {
+                prop_assert!(covered.iter().all(|m| m.progress == Done), "done means every covered Machine is done");
+            }
+            if matches!(plan, RolloutPlan::Cancelled { .. } | RolloutPlan::Failed { .. }) {
+                prop_assert_eq!(progress.running, 0, "an ended request has nothing running");
+            }
+            if let RolloutPlan::Continue { start, .. } = &plan {
+                // Free slots and a ready worker with room in its MachineDeployment: one starts.
+                let in_md0 = |m: &MachineObservation| m.role == Role::Worker { deployment: "md-0".into() };
+                let md0_running = covered.iter().filter(|m| in_md0(m) && m.progress == Running).count();
+                let room = |m: &MachineObservation| !in_md0(m) || md0_limit.is_none_or(|limit| md0_running < limit);
+                let cp_done = covered.iter().filter(|m| m.role == Role::ControlPlane).all(|m| m.progress == Done);
+                let workers_running = covered.iter().filter(|m| m.role != Role::ControlPlane && m.progress == Running).count();
+                let ready = covered.iter().any(|m| m.role != Role::ControlPlane && m.progress == Untouched && m.has_node && room(m));
+                if !cancelled && cp_done && workers_running < max_parallel && ready {
+                    prop_assert!(!start.is_empty(), "a free slot and a ready worker, yet nothing starts");
                 }
             }
             let mut covered_running: Vec<String> = machines.iter().filter(|m| m.progress == Running).map(|m| m.name.clone()).collect();

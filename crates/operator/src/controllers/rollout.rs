@@ -763,6 +763,84 @@ mod tests {
         }
     }
 
+    /// A Machine's annotations, read as where it stands for request `new`.
+    #[test]
+    fn observe_reads_each_machine_for_this_request_only() {
+        let op = Operation::RefreshCertificates;
+        let (trigger, status, tag) = (op.trigger(), op.status(), op.request());
+        type Case<'a> = (&'a [(&'a str, &'a str)], MachineProgress, Option<&'a str>);
+        let cases: [Case; 8] = [
+            (&[], MachineProgress::Untouched, None),
+            (
+                &[(tag, "old"), (status, names::STATUS_FAILED)],
+                MachineProgress::Untouched,
+                None,
+            ),
+            (
+                &[(tag, "new"), (trigger, "1y")],
+                MachineProgress::Running,
+                None,
+            ),
+            (
+                &[
+                    (tag, "new"),
+                    (trigger, "1y"),
+                    (status, names::STATUS_IN_PROGRESS),
+                ],
+                MachineProgress::Running,
+                None,
+            ),
+            (
+                &[
+                    (tag, "new"),
+                    (trigger, "1y"),
+                    (status, names::STATUS_FAILED),
+                    (op.last_error(), "boom"),
+                ],
+                MachineProgress::Failed,
+                Some("boom"),
+            ),
+            (
+                &[(tag, "new"), (status, names::STATUS_DONE)],
+                MachineProgress::Done,
+                None,
+            ),
+            (
+                &[(tag, "new"), (status, names::STATUS_IN_PROGRESS)],
+                MachineProgress::Running,
+                None,
+            ),
+            // Tagged, trigger gone and no result: someone removed it; not done.
+            (
+                &[(tag, "new")],
+                MachineProgress::Failed,
+                Some("status unknown"),
+            ),
+        ];
+        for (annotations, progress, failure) in cases {
+            let mut m = test_machine(annotations);
+            m.labels.insert(DEPLOYMENT_LABEL.into(), "md-a".into());
+            let seen = observe(op, "new", std::slice::from_ref(&m));
+            assert_eq!(seen[0].progress, progress, "{annotations:?}");
+            assert_eq!(seen[0].failure.as_deref(), failure, "{annotations:?}");
+            assert_eq!(
+                seen[0].role,
+                Role::Worker {
+                    deployment: "md-a".into()
+                }
+            );
+            assert!(seen[0].has_node && !seen[0].being_deleted);
+        }
+        let mut plane = test_machine(&[]);
+        plane.control_plane = true;
+        plane.node_name = None;
+        let seen = observe(op, "new", &[plane]);
+        assert_eq!(
+            (seen[0].role.clone(), seen[0].has_node),
+            (Role::ControlPlane, false)
+        );
+    }
+
     /// Work running on the node keeps its status: the Machine controller continues it.
     #[test]
     fn starting_a_machine_keeps_a_running_status() {
