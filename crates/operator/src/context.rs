@@ -183,6 +183,44 @@ impl Context {
         Ok(())
     }
 
+    /// Records the end of work the Machine did for trigger value `worked` (see
+    /// [`crate::machine::end_patch`]): reads it fresh and writes `annotations` on that version,
+    /// reading again if it changed meanwhile. `false` when nothing was written: the Machine is
+    /// gone or its trigger now asks for something else.
+    pub async fn record_end(
+        &self,
+        machine: &MachineView,
+        trigger_key: &str,
+        worked: Option<&str>,
+        annotations: BTreeMap<String, Value>,
+    ) -> Result<bool, Error> {
+        let api: Api<DynamicObject> = Api::namespaced_with(
+            self.client.clone(),
+            &machine.namespace,
+            &crate::machine::api_resource(),
+        );
+        let mut conflicts = 0;
+        loop {
+            let Some(object) = api.get_opt(&machine.name).await? else {
+                return Ok(false);
+            };
+            let fresh = MachineView::from_object(&object);
+            let Some(body) = crate::machine::end_patch(&fresh, trigger_key, worked, &annotations)
+            else {
+                tracing::info!(machine = %machine.name, "the trigger changed while the work ran; its end is not recorded, the new value starts anew");
+                return Ok(false);
+            };
+            match api
+                .patch(&machine.name, &PatchParams::default(), &Patch::Merge(&body))
+                .await
+            {
+                Ok(_) => return Ok(true),
+                Err(kube::Error::Api(e)) if e.code == 409 && conflicts < 5 => conflicts += 1,
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
     /// Publishes an event about a Machine.
     pub async fn machine_event(
         &self,

@@ -6,8 +6,8 @@
 //! Rules (DESIGN section 6): control-plane Machines strictly one at a time, and only while every
 //! control-plane Machine has a node and a healthy agent; then workers, `max_parallel` at a time
 //! and no more of one MachineDeployment than its own limit;
-//! the first failure stops the rollout; a cancelled request starts nothing new and ends once
-//! running work has finished; Machines being deleted are skipped; Machines without a node wait.
+//! the first failure stops the rollout and it ends `failed` once running work has finished; a
+//! cancelled request starts nothing new and ends once running work has finished; Machines being deleted are skipped; Machines without a node wait.
 
 use std::collections::BTreeMap;
 
@@ -99,11 +99,19 @@ pub enum RolloutPlan {
     },
     /// Every covered Machine is done.
     Done { progress: Progress },
-    /// A Machine failed: nothing new starts; the parent ends `failed` once nothing runs.
+    /// A Machine failed: nothing new starts, and these Machines, started by this request, still
+    /// run. The request does not end yet: ended, the parent would report a final state while
+    /// its work still changes nodes, and the next request would adopt that work as its own.
+    Stopping {
+        machine: String,
+        reason: String,
+        running: Vec<String>,
+        progress: Progress,
+    },
+    /// A Machine failed and nothing runs any more: the parent ends `failed`.
     Failed {
         machine: String,
         reason: String,
-        still_running: usize,
         progress: Progress,
     },
     /// The request was cancelled and nothing runs any more.
@@ -132,11 +140,28 @@ impl RolloutPlan {
             .iter()
             .find(|m| m.progress == MachineProgress::Failed)
         {
-            return RolloutPlan::Failed {
-                machine: failed.name.clone(),
-                reason: failed.failure.clone().unwrap_or_else(|| "unknown".into()),
-                still_running: progress.running,
-                progress,
+            let (machine, reason) = (
+                failed.name.clone(),
+                failed.failure.clone().unwrap_or_else(|| "unknown".into()),
+            );
+            let running: Vec<String> = covered
+                .iter()
+                .filter(|m| m.progress == MachineProgress::Running)
+                .map(|m| m.name.clone())
+                .collect();
+            return if running.is_empty() {
+                RolloutPlan::Failed {
+                    machine,
+                    reason,
+                    progress,
+                }
+            } else {
+                RolloutPlan::Stopping {
+                    machine,
+                    reason,
+                    running,
+                    progress,
+                }
             };
         }
         if input.cancelled {
@@ -405,10 +430,10 @@ mod tests {
         ]));
         assert_eq!(
             plan,
-            RolloutPlan::Failed {
+            RolloutPlan::Stopping {
                 machine: "w-0".into(),
                 reason: "agent unreachable".into(),
-                still_running: 1,
+                running: vec!["w-1".into()],
                 progress: Progress {
                     done: 1,
                     total: 4,
@@ -417,6 +442,37 @@ mod tests {
                 },
             }
         );
+    }
+
+    #[test]
+    fn a_failed_rollout_ends_only_once_its_running_machines_have_finished() {
+        let mut failed = worker("w-0", "md", Failed);
+        failed.failure = Some("upgrade failed".into());
+        for last_one in [Done, Failed] {
+            let plan = RolloutPlan::decide(&RolloutInput {
+                max_parallel: 2,
+                ..input(vec![
+                    cp("cp-0", Done),
+                    failed.clone(),
+                    worker("w-1", "md", last_one),
+                    worker("w-2", "md", Untouched),
+                ])
+            });
+            // The first failure is the one reported, whatever the others did since.
+            assert_eq!(
+                plan,
+                RolloutPlan::Failed {
+                    machine: "w-0".into(),
+                    reason: "upgrade failed".into(),
+                    progress: Progress {
+                        done: if last_one == Done { 2 } else { 1 },
+                        total: 4,
+                        skipped: 0,
+                        running: 0
+                    },
+                }
+            );
+        }
     }
 
     #[test]
@@ -477,11 +533,18 @@ mod tests {
     fn arbitrary_machine() -> impl Strategy<Value = MachineObservation> {
         (
             0u8..6,
-            prop::bool::ANY,
+            // Mostly workers with few failures, so that max-parallel and a MachineDeployment's
+            // own limit are what decides most plans.
+            prop::bool::weighted(0.25),
             prop::bool::weighted(0.9),
             prop::bool::weighted(0.9),
             prop::bool::weighted(0.1),
-            prop_oneof![Just(Untouched), Just(Running), Just(Done), Just(Failed)],
+            prop_oneof![
+                4 => Just(Untouched),
+                3 => Just(Running),
+                3 => Just(Done),
+                1 => Just(Failed)
+            ],
         )
             .prop_map(|(n, is_cp, has_node, healthy, deleting, progress)| {
                 MachineObservation {
@@ -548,11 +611,138 @@ mod tests {
                     prop_assert!(!cp_unfinished, "workers only after the control plane");
                 }
             }
+            let covered: Vec<&MachineObservation> = machines.iter().filter(|m| !(m.being_deleted && m.progress == Untouched)).collect();
+            let progress = match &plan {
+                RolloutPlan::Continue { progress, .. } | RolloutPlan::Done { progress } | RolloutPlan::Failed { progress, .. } | RolloutPlan::Stopping { progress, .. } | RolloutPlan::Cancelled { progress } => *progress,
+            };
+            prop_assert_eq!(progress.total, covered.len(), "covered Machines counted");
+            prop_assert_eq!(progress.total + progress.skipped, machines.len(), "every Machine counted once");
+            prop_assert_eq!(progress.done, covered.iter().filter(|m| m.progress == Done).count());
+            prop_assert_eq!(progress.running, covered.iter().filter(|m| m.progress == Running).count());
+            if matches!(plan, RolloutPlan::Done { .. }) {
+                prop_assert!(covered.iter().all(|m| m.progress == Done), "done means every covered Machine is done");
+            }
+            if matches!(plan, RolloutPlan::Cancelled { .. } | RolloutPlan::Failed { .. }) {
+                prop_assert_eq!(progress.running, 0, "an ended request has nothing running");
+            }
+            if let RolloutPlan::Continue { start, .. } = &plan {
+                // Free slots and a ready worker with room in its MachineDeployment: one starts.
+                let in_md0 = |m: &MachineObservation| m.role == Role::Worker { deployment: "md-0".into() };
+                let md0_running = covered.iter().filter(|m| in_md0(m) && m.progress == Running).count();
+                let room = |m: &MachineObservation| !in_md0(m) || md0_limit.is_none_or(|limit| md0_running < limit);
+                let cp_done = covered.iter().filter(|m| m.role == Role::ControlPlane).all(|m| m.progress == Done);
+                let workers_running = covered.iter().filter(|m| m.role != Role::ControlPlane && m.progress == Running).count();
+                let ready = covered.iter().any(|m| m.role != Role::ControlPlane && m.progress == Untouched && m.has_node && room(m));
+                if !cancelled && cp_done && workers_running < max_parallel && ready {
+                    prop_assert!(!start.is_empty(), "a free slot and a ready worker, yet nothing starts");
+                }
+            }
+            let mut covered_running: Vec<String> = machines.iter().filter(|m| m.progress == Running).map(|m| m.name.clone()).collect();
+            covered_running.sort();
             if machines.iter().any(|m| m.progress == Failed) {
-                let failed = matches!(plan, RolloutPlan::Failed { .. });
-                prop_assert!(failed, "a failure stops the rollout");
+                match &plan {
+                    RolloutPlan::Stopping { running, .. } => {
+                        prop_assert!(!running.is_empty());
+                        let mut running = running.clone();
+                        running.sort();
+                        prop_assert_eq!(running, covered_running.clone(), "it waits for exactly the running Machines");
+                    }
+                    RolloutPlan::Failed { .. } => {
+                        prop_assert!(covered_running.is_empty(), "a failed rollout ends only once nothing runs");
+                    }
+                    other => prop_assert!(false, "a failure stops the rollout: {:?}", other),
+                }
             }
         }
+    }
+}
+
+/// Where a parent's request stands, from its trigger, its status and the trigger value its
+/// current (or last) request was for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestState<'a> {
+    /// No trigger and nothing to finish.
+    NoRequest,
+    /// The trigger of an ended (`failed` or `cancelled`) request was removed: forget the value
+    /// it was for, so that the trigger set again, even to the same value, is a new request
+    /// (`kubectl annotate --overwrite` with an unchanged value changes nothing, so removing and
+    /// re-adding is how a request is retried).
+    ForgetEnded,
+    /// A new request: the first, a new value, or the trigger set again after an end (a
+    /// finished request removes its trigger, so a trigger beside `done` is new too).
+    New { trigger: &'a str },
+    /// The request runs (or is being cancelled: its trigger was removed while it ran).
+    InProgress,
+    /// This request ended `failed` or `cancelled` and its trigger is still there: it stays so.
+    Ended,
+}
+
+impl<'a> RequestState<'a> {
+    pub fn of(trigger: Option<&'a str>, status: Option<&str>, recorded: Option<&str>) -> Self {
+        const IN_PROGRESS: &str = crate::names::STATUS_IN_PROGRESS;
+        let ended = matches!(
+            status,
+            Some(crate::names::STATUS_FAILED) | Some(crate::names::STATUS_CANCELLED)
+        );
+        match trigger {
+            None if status == Some(IN_PROGRESS) => RequestState::InProgress,
+            None if ended && recorded.is_some() => RequestState::ForgetEnded,
+            None => RequestState::NoRequest,
+            Some(value) if recorded == Some(value) && status == Some(IN_PROGRESS) => {
+                RequestState::InProgress
+            }
+            Some(value) if recorded == Some(value) && ended => RequestState::Ended,
+            Some(value) => RequestState::New { trigger: value },
+        }
+    }
+}
+
+#[cfg(test)]
+mod request_state_tests {
+    use super::RequestState::{self, *};
+
+    const NEW: RequestState<'static> = New { trigger: "1y" };
+    use crate::names::{STATUS_CANCELLED, STATUS_DONE, STATUS_FAILED, STATUS_IN_PROGRESS};
+
+    #[test]
+    fn removing_and_re_adding_the_trigger_of_an_ended_request_is_a_new_request() {
+        for end in [STATUS_FAILED, STATUS_CANCELLED] {
+            // The same value stays ended while the trigger stays ...
+            assert_eq!(RequestState::of(Some("1y"), Some(end), Some("1y")), Ended);
+            // ... its removal forgets the value ...
+            assert_eq!(RequestState::of(None, Some(end), Some("1y")), ForgetEnded);
+            assert_eq!(RequestState::of(None, Some(end), None), NoRequest);
+            // ... so the same value set again is new, as is any other value.
+            assert_eq!(RequestState::of(Some("1y"), Some(end), None), NEW);
+            assert_eq!(
+                RequestState::of(Some("2y"), Some(end), Some("1y")),
+                New { trigger: "2y" }
+            );
+        }
+        assert_eq!(
+            RequestState::of(Some("1y"), Some(STATUS_DONE), Some("1y")),
+            NEW
+        );
+        assert_eq!(
+            RequestState::of(None, Some(STATUS_DONE), Some("1y")),
+            NoRequest
+        );
+        assert_eq!(RequestState::of(Some("1y"), None, None), NEW);
+        assert_eq!(RequestState::of(None, None, None), NoRequest);
+    }
+
+    #[test]
+    fn a_running_request_runs_on_and_its_removed_trigger_cancels_it() {
+        let running = Some(STATUS_IN_PROGRESS);
+        assert_eq!(
+            RequestState::of(Some("1y"), running, Some("1y")),
+            InProgress
+        );
+        assert_eq!(RequestState::of(None, running, Some("1y")), InProgress);
+        assert_eq!(
+            RequestState::of(Some("2y"), running, Some("1y")),
+            New { trigger: "2y" }
+        );
     }
 }
 

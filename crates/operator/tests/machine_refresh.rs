@@ -181,6 +181,58 @@ async fn an_unreachable_agent_is_retried_then_the_refresh_fails() {
     );
 }
 
+/// `kubectl annotate --overwrite` with an unchanged value changes nothing, so a failed request
+/// is retried by removing the trigger and adding the same value again: a new request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_trigger_removed_and_added_again_retries_a_failed_refresh() {
+    let mut world = world(fast()).await;
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let layout = world
+        .add_machine(
+            "m-0",
+            NodeRole::Worker,
+            "cp.example",
+            Some(&format!("https://127.0.0.1:{closed}")),
+        )
+        .await;
+    let before = caretaker_agent::inventory::discover(&layout);
+    world
+        .annotate("m-0", names::REFRESH_CERTIFICATES, "1y")
+        .await;
+    world.wait_status("m-0", names::STATUS_FAILED).await;
+
+    // The cause fixed, the trigger removed: the operator forgets the failed request's value ...
+    world
+        .annotate("m-0", names::AGENT_ENDPOINT, &world.agents[0].url)
+        .await;
+    world
+        .remove_annotation("m-0", names::REFRESH_CERTIFICATES)
+        .await;
+    let forgotten = world.wait_gone("m-0", names::refresh_state::TRIGGER).await;
+    assert_eq!(
+        forgotten[names::REFRESH_CERTIFICATES_STATUS],
+        names::STATUS_FAILED,
+        "the failure stays visible until the next request"
+    );
+    assert_eq!(caretaker_agent::inventory::discover(&layout), before);
+
+    // ... so the same value set again is a new request, carried out.
+    world
+        .annotate("m-0", names::REFRESH_CERTIFICATES, "1y")
+        .await;
+    let done = world.wait_status("m-0", names::STATUS_DONE).await;
+    assert!(!done.contains_key(names::REFRESH_CERTIFICATES));
+    let expiry = caretaker_agent::inventory::discover(&layout)
+        .earliest_expiry()
+        .unwrap();
+    let days = (expiry - time::OffsetDateTime::now_utc()).whole_days();
+    assert!(days > 300, "refreshed with 1y: {days} days");
+}
+
 /// Plans and (optionally) applies a refresh of `node`'s agent at `url` directly, as an operator
 /// that died right afterwards would have.
 async fn refresh_behind_the_operators_back(

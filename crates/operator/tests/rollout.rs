@@ -163,12 +163,13 @@ async fn the_first_failed_machine_stops_a_machine_deployment_rollout() {
             Some(&unreachable_agent_url()),
         )
         .await;
-    world
-        .add_machine("w-1", NodeRole::Worker, "cp.example", None)
-        .await;
-    world
-        .add_machine("w-2", NodeRole::Worker, "cp.example", None)
-        .await;
+    let mut untouched = Vec::new();
+    for name in ["w-1", "w-2"] {
+        let layout = world
+            .add_machine(name, NodeRole::Worker, "cp.example", None)
+            .await;
+        untouched.push((name, caretaker_agent::inventory::discover(&layout), layout));
+    }
     let md = machine::machine_deployment_api_resource();
     annotate_parent(
         &world,
@@ -193,32 +194,133 @@ async fn the_first_failed_machine_stops_a_machine_deployment_rollout() {
         message.contains("w-0") && message.contains("cannot connect"),
         "{message}"
     );
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    for name in ["w-1", "w-2"] {
+    // `failed` is final: nothing of this request runs or starts any more.
+    for (name, before, layout) in &untouched {
         let annotations = world.annotations(name).await;
-        assert!(
-            !annotations.contains_key(names::REFRESH_CERTIFICATES),
-            "{name} must not start: {annotations:?}"
+        for key in [
+            names::REFRESH_CERTIFICATES,
+            names::REFRESH_CERTIFICATES_STATUS,
+            names::rollout_state::REFRESH_REQUEST,
+        ] {
+            assert!(
+                !annotations.contains_key(key),
+                "{name} must not start: {annotations:?}"
+            );
+        }
+        assert_eq!(
+            &caretaker_agent::inventory::discover(layout),
+            before,
+            "{name}'s certificates"
         );
     }
+}
+
+/// The first failure stops the rollout, but the parent reports `failed` only once the Machines
+/// it started have finished: until then their work still changes the nodes, and a new request
+/// on a `failed` parent would take that work for its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_rollout_ends_only_after_its_running_machines_finish() {
+    let mut world = world(fast()).await;
+    let hooks = world.dir.path().join("hooks");
+    let gate = hooks.join("gate");
+    let fails = upgrade_script(
+        &hooks.join("fails.sh"),
+        "echo 'no such release' >&2\nexit 1",
+    );
+    let slow = upgrade_script(
+        &hooks.join("slow.sh"),
+        &format!(
+            // Bounded, so that a failing test that never opens the gate still ends.
+            "i=0\nwhile [ ! -e {gate} ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done\necho \"$1\" >> {log}",
+            gate = gate.display(),
+            log = hooks.join("releases").display()
+        ),
+    );
+    world.add_upgradable("w-0", NodeRole::Worker, fails).await;
+    world
+        .add_upgradable("w-1", NodeRole::Worker, slow.clone())
+        .await;
+    world.add_upgradable("w-2", NodeRole::Worker, slow).await;
+    let md = machine::machine_deployment_api_resource();
+    annotate_parent(
+        &world,
+        &md,
+        "c1-md-0",
+        json!({ names::MAX_PARALLEL: "2", names::IN_PLACE_UPGRADE_TO: "channel=1.34/stable" }),
+    )
+    .await;
+    world
+        .wait_for("w-0", names::IN_PLACE_UPGRADE_STATUS, names::STATUS_FAILED)
+        .await;
+    // The parent has taken in w-0's failure (it says so, or it ended) while w-1 is held.
+    let seen = wait_parent_until(&world, &md, "c1-md-0", "saw w-0 fail", |a| {
+        a.get(names::IN_PLACE_UPGRADE_STATUS).map(String::as_str) == Some(names::STATUS_FAILED)
+            || a.get(names::rollout_state::WAITING)
+                .is_some_and(|w| w.contains("w-0 failed"))
+    })
+    .await;
+    assert_eq!(
+        seen[names::IN_PLACE_UPGRADE_STATUS],
+        names::STATUS_IN_PROGRESS,
+        "no final state while w-1 still runs: {seen:?}"
+    );
+    assert!(
+        seen[names::rollout_state::WAITING].contains("w-1"),
+        "{seen:?}"
+    );
+    assert_eq!(
+        world.annotations("w-1").await[names::IN_PLACE_UPGRADE_STATUS],
+        names::STATUS_IN_PROGRESS
+    );
+
+    std::fs::write(&gate, "").unwrap();
+    let ended = wait_parent(
+        &world,
+        &md,
+        "c1-md-0",
+        names::IN_PLACE_UPGRADE_STATUS,
+        names::STATUS_FAILED,
+    )
+    .await;
+    assert_eq!(ended[names::PROGRESS], "1/3", "w-1 finished first");
+    assert_eq!(
+        world.annotations("w-1").await[names::IN_PLACE_UPGRADE_STATUS],
+        names::STATUS_DONE
+    );
+    let message = world
+        .event_with("c1-md-0", names::EVENT_UPGRADE_FAILED)
+        .await
+        .message
+        .unwrap_or_default();
+    assert!(
+        message.contains("w-0") && message.contains("no such release"),
+        "{message}"
+    );
+    let untouched = world.annotations("w-2").await;
+    assert!(
+        !untouched.contains_key(names::IN_PLACE_UPGRADE_TO)
+            && !untouched.contains_key(names::IN_PLACE_UPGRADE_STATUS)
+            && !untouched.contains_key(names::rollout_state::UPGRADE_REQUEST),
+        "w-2 must not start: {untouched:?}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(hooks.join("releases")).unwrap(),
+        "channel=1.34/stable\n",
+        "only w-1 upgraded"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn removing_the_trigger_cancels_an_upgrade_rollout_after_running_work_finishes() {
     let mut world = world(fast()).await;
     let hooks = world.dir.path().join("hooks");
-    std::fs::create_dir_all(&hooks).unwrap();
-    let script = hooks.join("upgrade.sh");
-    std::fs::write(
-        &script,
-        "#!/bin/sh\nsleep 1\necho \"$1\" >> \"$(dirname \"$0\")/releases\"\n",
-    )
-    .unwrap();
-    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let command = upgrade_script(
+        &hooks.join("upgrade.sh"),
+        "sleep 1\necho \"$1\" >> \"$(dirname \"$0\")/releases\"",
+    );
     for i in 0..3 {
-        let command = CommandTemplate::parse(script.to_str().unwrap()).unwrap();
         world
-            .add_upgradable(&format!("w-{i}"), NodeRole::Worker, command)
+            .add_upgradable(&format!("w-{i}"), NodeRole::Worker, command.clone())
             .await;
     }
     let md = machine::machine_deployment_api_resource();
@@ -274,6 +376,14 @@ async fn removing_the_trigger_cancels_an_upgrade_rollout_after_running_work_fini
             .await
             .contains_key(names::IN_PLACE_UPGRADE_STATUS)
     );
+}
+
+/// An upgrade command: a shell script at `path` running `body` (the release in `$1`).
+fn upgrade_script(path: &std::path::Path, body: &str) -> CommandTemplate {
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(path, format!("#!/bin/sh\n{body}\n")).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    CommandTemplate::parse(path.to_str().unwrap()).unwrap()
 }
 
 /// Per-Machine upgrade scripts that log `start NAME T` and `end NAME T` to one shared file.
@@ -897,6 +1007,12 @@ impl Operation {
             Operation::Upgrade => names::rollout_state::UPGRADE_REQUEST,
         }
     }
+    fn request_trigger(self) -> &'static str {
+        match self {
+            Operation::Refresh => names::rollout_state::REFRESH_TRIGGER,
+            Operation::Upgrade => names::rollout_state::UPGRADE_TRIGGER,
+        }
+    }
     /// The trigger values of the failed request and of the new one.
     fn values(self) -> [&'static str; 2] {
         match self {
@@ -907,13 +1023,15 @@ impl Operation {
 }
 
 /// A request fails at the second of four workers; once the cause is fixed, a new request (the
-/// trigger removed, then set to a new value, with `max_parallel`) must cover all four, the
-/// failed one included, and not take the failed Machine's old status for its own result.
+/// trigger removed, then set again, to a new value or to the same one, with `max_parallel`)
+/// must cover all four, the failed one included, and not take the failed Machine's old status
+/// for its own result.
 async fn a_new_request_after_a_failure(
     operation: Operation,
     parent: &kube::api::ApiResource,
     parent_name: &str,
     max_parallel: &str,
+    same_value: bool,
 ) {
     let mut world = world(fast()).await;
     let (log, make) = logging_scripts(world.dir.path().join("hooks"), "0");
@@ -929,7 +1047,8 @@ async fn a_new_request_after_a_failure(
     world
         .annotate("w-1", names::AGENT_ENDPOINT, &unreachable_agent_url())
         .await;
-    let [first, second] = operation.values();
+    let [first, new_value] = operation.values();
+    let second = if same_value { first } else { new_value };
     annotate_parent(
         &world,
         parent,
@@ -961,6 +1080,20 @@ async fn a_new_request_after_a_failure(
         json!({ names::MAX_PARALLEL: max_parallel, operation.trigger(): null }),
     )
     .await;
+    // The removal is seen (the failed request's value forgotten) before the trigger returns.
+    wait_parent_until(
+        &world,
+        parent,
+        parent_name,
+        "forgot the failed request's trigger",
+        |a| !a.contains_key(operation.request_trigger()),
+    )
+    .await;
+    assert_eq!(
+        world.annotations("w-1").await[operation.status()],
+        names::STATUS_FAILED,
+        "nothing restarts before the trigger is set again"
+    );
     annotate_parent(
         &world,
         parent,
@@ -1003,7 +1136,9 @@ async fn a_new_request_after_a_failure(
                     .earliest_expiry()
                     .unwrap();
                 let days = (expiry - time::OffsetDateTime::now_utc()).whole_days();
-                assert!(days > 700, "{second} gave {days} days");
+                let ttl_days = second.parse::<caretaker_pki::Ttl>().unwrap().approximate();
+                let ttl_days = (ttl_days.as_secs() / 86_400) as i64;
+                assert!(days > ttl_days - 2, "{second} gave {days} days");
             }
         }
         Operation::Upgrade => {
@@ -1030,8 +1165,20 @@ async fn a_new_request_after_a_failed_rollout_covers_every_machine() {
                     "case: {operation:?} on {} {parent_name}, max-parallel {max_parallel}",
                     parent.kind
                 );
-                a_new_request_after_a_failure(operation, parent, parent_name, max_parallel).await;
+                a_new_request_after_a_failure(operation, parent, parent_name, max_parallel, false)
+                    .await;
             }
         }
     }
+}
+
+/// `kubectl annotate --overwrite` with an unchanged value changes nothing, so a failed rollout
+/// is retried by removing the parent's trigger and adding the same value again: a new request
+/// that redoes every Machine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_trigger_removed_and_added_again_retries_a_failed_rollout() {
+    let md = machine::machine_deployment_api_resource();
+    a_new_request_after_a_failure(Operation::Refresh, &md, "c1-md-0", "1", true).await;
+    let cluster = machine::cluster_api_resource();
+    a_new_request_after_a_failure(Operation::Upgrade, &cluster, "c1", "2", true).await;
 }

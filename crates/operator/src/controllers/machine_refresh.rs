@@ -37,6 +37,11 @@ pub async fn reconcile(
     match decide(&view, now) {
         RefreshStep::Idle | RefreshStep::WaitForNode => Ok(Next::AwaitChange),
         RefreshStep::Backoff { until } => Ok(Next::at(until, now)),
+        RefreshStep::ForgetEndedRequest => {
+            let changes = BTreeMap::from([(refresh_state::TRIGGER.to_string(), Value::Null)]);
+            ctx.patch_annotations(&view, changes).await?;
+            Ok(Next::AwaitChange)
+        }
         RefreshStep::Reject { trigger, reason } => {
             fail(&ctx, &object, &view, &trigger, &reason).await?;
             Ok(Next::AwaitChange)
@@ -175,12 +180,15 @@ async fn attempt_refresh(
                 names::CERTIFICATES_EXPIRY.into(),
                 json!(format_time(expiry)),
             );
-            let patched = ctx.patch_annotations(view, changes).await;
-            if patched.is_ok() {
+            let worked = view.annotation(names::REFRESH_CERTIFICATES);
+            let recorded = ctx
+                .record_end(view, names::REFRESH_CERTIFICATES, worked, changes)
+                .await;
+            if let Ok(true) = recorded {
                 ctx.machine_event(object, EventType::Normal, names::EVENT_REFRESH_DONE, note)
                     .await;
             }
-            patched
+            recorded.map(|_| ())
         }
         Err(e) if e.is_transient() && attempt < ctx.settings.max_attempts => {
             tracing::warn!(machine = %view.name, attempt, error = %e, "refresh attempt failed; will retry");
@@ -241,8 +249,14 @@ async fn fail(
     trigger: &str,
     reason: &str,
 ) -> Result<(), Error> {
-    ctx.patch_annotations(view, annotations_failed(trigger, reason))
-        .await?;
+    let worked = Some(trigger).filter(|t| !t.is_empty());
+    let changes = annotations_failed(trigger, reason);
+    if !ctx
+        .record_end(view, names::REFRESH_CERTIFICATES, worked, changes)
+        .await?
+    {
+        return Ok(());
+    }
     ctx.machine_event(
         object,
         EventType::Warning,

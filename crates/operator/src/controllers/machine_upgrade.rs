@@ -30,6 +30,11 @@ pub async fn reconcile(
     match decide(view, now) {
         UpgradeStep::Idle | UpgradeStep::WaitForNode => Ok(Next::AwaitChange),
         UpgradeStep::Backoff { until } => Ok(Next::at(until, now)),
+        UpgradeStep::ForgetEndedRequest => {
+            let changes = BTreeMap::from([(upgrade_state::TRIGGER.to_string(), Value::Null)]);
+            ctx.patch_annotations(view, changes).await?;
+            Ok(Next::AwaitChange)
+        }
         UpgradeStep::Reject { trigger, reason } => {
             ctx.patch_annotations(view, failed(&trigger, &reason, now))
                 .await?;
@@ -212,12 +217,15 @@ async fn record(
                     json!(operation.release),
                 );
                 let note = format!("Machine {} now runs {}", view.name, operation.release);
-                let patched = ctx.patch_annotations(view, changes).await;
-                if patched.is_ok() {
+                let worked = view.annotation(names::IN_PLACE_UPGRADE_TO);
+                let recorded = ctx
+                    .record_end(view, names::IN_PLACE_UPGRADE_TO, worked, changes)
+                    .await;
+                if let Ok(true) = recorded {
                     ctx.machine_event(object, EventType::Normal, names::EVENT_UPGRADE_DONE, note)
                         .await;
                 }
-                patched
+                recorded.map(|_| ())
             }
             OperationState::Cancelled => {
                 let mut changes = clear_bookkeeping();
@@ -285,10 +293,12 @@ async fn fail(
     reason: &str,
     now: OffsetDateTime,
 ) -> Result<(), Error> {
-    let patched = ctx
-        .patch_annotations(view, failed(trigger, reason, now))
+    let worked = Some(trigger).filter(|t| !t.is_empty());
+    let changes = failed(trigger, reason, now);
+    let recorded = ctx
+        .record_end(view, names::IN_PLACE_UPGRADE_TO, worked, changes)
         .await;
-    if patched.is_ok() {
+    if let Ok(true) = recorded {
         ctx.machine_event(
             object,
             EventType::Warning,
@@ -297,7 +307,7 @@ async fn fail(
         )
         .await;
     }
-    patched
+    recorded.map(|_| ())
 }
 
 fn clear_bookkeeping() -> BTreeMap<String, Value> {

@@ -25,7 +25,7 @@ use crate::context::{Context, EventType};
 use crate::machine::{self, MachineView};
 use crate::names::{self, rollout_state};
 use crate::rollout::{
-    MachineObservation, MachineProgress, Role, RolloutInput, RolloutPlan, Waiting,
+    MachineObservation, MachineProgress, RequestState, Role, RolloutInput, RolloutPlan, Waiting,
 };
 
 /// The kinds a rollout can be asked on.
@@ -291,32 +291,31 @@ async fn reconcile_operation(
     let annotations = parent.annotations();
     let trigger = annotations.get(operation.trigger()).cloned();
     let status = annotations.get(operation.status()).map(String::as_str);
-    let in_progress = status == Some(names::STATUS_IN_PROGRESS);
     let namespace = parent.namespace().unwrap_or_default();
     let resource = kind.api_resource();
     let reference = parent.object_ref(&resource);
     let [ev_progress, ev_done, ev_failed, ev_cancelled] = operation.events();
 
-    let same_request =
-        trigger.is_some() && annotations.get(operation.request_trigger()) == trigger.as_ref();
-    match (&trigger, in_progress) {
-        (None, false)
+    let state = RequestState::of(
+        trigger.as_deref(),
+        status,
+        annotations
+            .get(operation.request_trigger())
+            .map(String::as_str),
+    );
+    match state {
+        RequestState::NoRequest
             if kind == ParentKind::Cluster && operation == Operation::RefreshCertificates =>
         {
             return auto_refresh(parent, ctx, caches).await;
         }
-        (None, false) => return Ok(None),
-        (Some(value), _)
-            if !same_request
-                || !matches!(
-                    status,
-                    Some(names::STATUS_IN_PROGRESS)
-                        | Some(names::STATUS_FAILED)
-                        | Some(names::STATUS_CANCELLED)
-                ) =>
-        {
-            // A new request: the first, or the trigger set again after an end (a finished
-            // request removes its trigger, so a trigger beside `done` is new too).
+        RequestState::NoRequest | RequestState::Ended => return Ok(None),
+        RequestState::ForgetEnded => {
+            let changes = BTreeMap::from([(operation.request_trigger().to_string(), Value::Null)]);
+            patch_parent(ctx, &resource, parent, changes).await?;
+            return Ok(None);
+        }
+        RequestState::New { trigger: value } => {
             let mut changes = BTreeMap::new();
             if let Err(reason) = operation.validate(value) {
                 changes.insert(operation.status().to_string(), json!(names::STATUS_FAILED));
@@ -352,8 +351,7 @@ async fn reconcile_operation(
             }
             return Ok(None);
         }
-        (Some(_), false) => return Ok(None), // this request already ended (failed or cancelled)
-        _ => {}
+        RequestState::InProgress => {}
     }
 
     // In progress (or cancelled: trigger removed while in progress).
@@ -393,6 +391,7 @@ async fn reconcile_operation(
         RolloutPlan::Continue { progress, .. }
         | RolloutPlan::Done { progress }
         | RolloutPlan::Failed { progress, .. }
+        | RolloutPlan::Stopping { progress, .. }
         | RolloutPlan::Cancelled { progress } => *progress,
     };
     let progress_text = format!("{}/{}", progress.done, progress.total);
@@ -462,6 +461,25 @@ async fn reconcile_operation(
             ctx.event(&reference, EventType::Normal, ev_done, note)
                 .await;
             return Ok(None);
+        }
+        RolloutPlan::Stopping {
+            machine,
+            reason,
+            running,
+            ..
+        } => {
+            // Still `in-progress`: the Machines it started change their nodes until they
+            // finish, and a parent that said `failed` could get a new request that would take
+            // their work for its own. Each finishing Machine wakes this parent again.
+            let text = format!(
+                "Machine {machine} failed: nothing new starts; the rollout ends failed once {} finish: {reason}",
+                running.join(", ")
+            );
+            if annotations.get(rollout_state::WAITING) != Some(&text) {
+                changes.insert(rollout_state::WAITING.to_string(), json!(text));
+                ctx.event(&reference, EventType::Warning, ev_progress, text)
+                    .await;
+            }
         }
         RolloutPlan::Failed {
             machine, reason, ..
@@ -743,6 +761,84 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A Machine's annotations, read as where it stands for request `new`.
+    #[test]
+    fn observe_reads_each_machine_for_this_request_only() {
+        let op = Operation::RefreshCertificates;
+        let (trigger, status, tag) = (op.trigger(), op.status(), op.request());
+        type Case<'a> = (&'a [(&'a str, &'a str)], MachineProgress, Option<&'a str>);
+        let cases: [Case; 8] = [
+            (&[], MachineProgress::Untouched, None),
+            (
+                &[(tag, "old"), (status, names::STATUS_FAILED)],
+                MachineProgress::Untouched,
+                None,
+            ),
+            (
+                &[(tag, "new"), (trigger, "1y")],
+                MachineProgress::Running,
+                None,
+            ),
+            (
+                &[
+                    (tag, "new"),
+                    (trigger, "1y"),
+                    (status, names::STATUS_IN_PROGRESS),
+                ],
+                MachineProgress::Running,
+                None,
+            ),
+            (
+                &[
+                    (tag, "new"),
+                    (trigger, "1y"),
+                    (status, names::STATUS_FAILED),
+                    (op.last_error(), "boom"),
+                ],
+                MachineProgress::Failed,
+                Some("boom"),
+            ),
+            (
+                &[(tag, "new"), (status, names::STATUS_DONE)],
+                MachineProgress::Done,
+                None,
+            ),
+            (
+                &[(tag, "new"), (status, names::STATUS_IN_PROGRESS)],
+                MachineProgress::Running,
+                None,
+            ),
+            // Tagged, trigger gone and no result: someone removed it; not done.
+            (
+                &[(tag, "new")],
+                MachineProgress::Failed,
+                Some("status unknown"),
+            ),
+        ];
+        for (annotations, progress, failure) in cases {
+            let mut m = test_machine(annotations);
+            m.labels.insert(DEPLOYMENT_LABEL.into(), "md-a".into());
+            let seen = observe(op, "new", std::slice::from_ref(&m));
+            assert_eq!(seen[0].progress, progress, "{annotations:?}");
+            assert_eq!(seen[0].failure.as_deref(), failure, "{annotations:?}");
+            assert_eq!(
+                seen[0].role,
+                Role::Worker {
+                    deployment: "md-a".into()
+                }
+            );
+            assert!(seen[0].has_node && !seen[0].being_deleted);
+        }
+        let mut plane = test_machine(&[]);
+        plane.control_plane = true;
+        plane.node_name = None;
+        let seen = observe(op, "new", &[plane]);
+        assert_eq!(
+            (seen[0].role.clone(), seen[0].has_node),
+            (Role::ControlPlane, false)
+        );
     }
 
     /// Work running on the node keeps its status: the Machine controller continues it.

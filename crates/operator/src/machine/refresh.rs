@@ -29,6 +29,9 @@ pub enum RefreshStep {
     },
     /// The last attempt failed; try again at `until`.
     Backoff { until: OffsetDateTime },
+    /// The trigger of a failed request was removed: forget which value that request was for,
+    /// so that setting the trigger again, even to the same value, is a new request.
+    ForgetEndedRequest,
 }
 
 pub fn parse_time(value: Option<&str>) -> Option<OffsetDateTime> {
@@ -45,6 +48,14 @@ pub fn format_time(t: OffsetDateTime) -> String {
 /// Decides the next step for `machine` at `now`.
 pub fn decide(machine: &MachineView, now: OffsetDateTime) -> RefreshStep {
     let Some(trigger) = machine.annotation(names::REFRESH_CERTIFICATES) else {
+        // `kubectl annotate --overwrite` with the same value changes nothing, so removing the
+        // trigger and adding it again is how a failed request is retried.
+        if machine.annotation(names::REFRESH_CERTIFICATES_STATUS) == Some(names::STATUS_FAILED)
+            && machine.annotation(refresh_state::TRIGGER).is_some()
+            && !machine.being_deleted
+        {
+            return RefreshStep::ForgetEndedRequest;
+        }
         let never_observed = machine.annotation(names::CERTIFICATES_EXPIRY).is_none();
         return if never_observed && machine.node_name.is_some() && !machine.being_deleted {
             RefreshStep::ObserveExpiry
@@ -89,7 +100,8 @@ pub fn decide(machine: &MachineView, now: OffsetDateTime) -> RefreshStep {
                 started_at,
             }
         }
-        // This request already ended in failure; a new trigger value starts a new one.
+        // This request already ended in failure; a new trigger value starts a new one, and so
+        // does the same value once the trigger has been removed (see `ForgetEndedRequest`).
         Some(names::STATUS_FAILED) if same_request => RefreshStep::Idle,
         _ if machine.node_name.is_none() => RefreshStep::WaitForNode,
         _ => RefreshStep::Start {
@@ -224,6 +236,47 @@ mod tests {
                 trigger: "90d".into()
             }
         );
+    }
+
+    #[test]
+    fn removing_the_trigger_of_a_failed_request_lets_the_same_value_start_anew() {
+        let failed = [
+            (names::REFRESH_CERTIFICATES, "90d"),
+            (names::REFRESH_CERTIFICATES_STATUS, names::STATUS_FAILED),
+            (refresh_state::TRIGGER, "90d"),
+            (names::CERTIFICATES_EXPIRY, "2027-01-01T00:00:00Z"),
+        ];
+        assert_eq!(decide(&machine(&failed), NOW), RefreshStep::Idle);
+        let removed: Vec<_> = failed[1..].to_vec();
+        assert_eq!(
+            decide(&machine(&removed), NOW),
+            RefreshStep::ForgetEndedRequest
+        );
+        // Once forgotten (the controller removes the record), nothing more to do, and the same
+        // value set again is a new request.
+        let forgotten: Vec<_> = removed
+            .iter()
+            .copied()
+            .filter(|(k, _)| *k != refresh_state::TRIGGER)
+            .collect();
+        assert_eq!(decide(&machine(&forgotten), NOW), RefreshStep::Idle);
+        let mut again = forgotten.clone();
+        again.push((names::REFRESH_CERTIFICATES, "90d"));
+        assert_eq!(
+            decide(&machine(&again), NOW),
+            RefreshStep::Start {
+                trigger: "90d".into()
+            }
+        );
+        // Done requests keep no record to forget; deleted Machines are left alone.
+        let done = [
+            (names::REFRESH_CERTIFICATES_STATUS, names::STATUS_DONE),
+            (names::CERTIFICATES_EXPIRY, "2027-01-01T00:00:00Z"),
+        ];
+        assert_eq!(decide(&machine(&done), NOW), RefreshStep::Idle);
+        let mut leaving = machine(&removed);
+        leaving.being_deleted = true;
+        assert_eq!(decide(&leaving, NOW), RefreshStep::Idle);
     }
 
     #[test]

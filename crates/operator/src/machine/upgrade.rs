@@ -40,6 +40,9 @@ pub enum UpgradeStep {
     Backoff {
         until: OffsetDateTime,
     },
+    /// The trigger of a failed or cancelled request was removed: forget which value that
+    /// request was for, so that setting the trigger again, even to the same value, is new.
+    ForgetEndedRequest,
 }
 
 pub fn decide(machine: &MachineView, now: OffsetDateTime) -> UpgradeStep {
@@ -48,10 +51,21 @@ pub fn decide(machine: &MachineView, now: OffsetDateTime) -> UpgradeStep {
         .annotation(names::IN_PLACE_UPGRADE_CHANGE_ID)
         .map(str::to_string);
     let Some(trigger) = machine.annotation(names::IN_PLACE_UPGRADE_TO) else {
-        return if status == Some(names::STATUS_IN_PROGRESS) {
-            UpgradeStep::Cancel { change_id }
-        } else {
-            UpgradeStep::Idle
+        // `kubectl annotate --overwrite` with the same value changes nothing, so removing the
+        // trigger and adding it again is how an ended request is retried.
+        let ended = matches!(
+            status,
+            Some(names::STATUS_FAILED) | Some(names::STATUS_CANCELLED)
+        );
+        return match status {
+            Some(names::STATUS_IN_PROGRESS) => UpgradeStep::Cancel { change_id },
+            _ if ended
+                && machine.annotation(upgrade_state::TRIGGER).is_some()
+                && !machine.being_deleted =>
+            {
+                UpgradeStep::ForgetEndedRequest
+            }
+            _ => UpgradeStep::Idle,
         };
     };
     if machine.being_deleted {
@@ -202,5 +216,30 @@ mod tests {
         let mut nodeless = machine(&[(TO, "revision=5")]);
         nodeless.node_name = None;
         assert_eq!(decide(&nodeless, NOW), UpgradeStep::WaitForNode);
+    }
+
+    #[test]
+    fn removing_the_trigger_of_an_ended_request_lets_the_same_value_start_anew() {
+        for status in [names::STATUS_FAILED, names::STATUS_CANCELLED] {
+            let removed = [(STATUS, status), (upgrade_state::TRIGGER, "revision=5")];
+            assert_eq!(
+                decide(&machine(&removed), NOW),
+                UpgradeStep::ForgetEndedRequest,
+                "{status}"
+            );
+            let again = [(STATUS, status), (TO, "revision=5")];
+            assert_eq!(
+                decide(&machine(&again), NOW),
+                UpgradeStep::Start {
+                    trigger: "revision=5".into()
+                },
+                "{status}"
+            );
+            let mut leaving = machine(&removed);
+            leaving.being_deleted = true;
+            assert_eq!(decide(&leaving, NOW), UpgradeStep::Idle);
+        }
+        let done = [(STATUS, names::STATUS_DONE)];
+        assert_eq!(decide(&machine(&done), NOW), UpgradeStep::Idle);
     }
 }

@@ -178,6 +178,26 @@ impl World {
             .unwrap();
     }
 
+    pub async fn remove_annotation(&self, name: &str, key: &str) {
+        let body = json!({ "metadata": { "annotations": { key: null } } });
+        self.machines()
+            .patch(name, &PatchParams::default(), &Patch::Merge(&body))
+            .await
+            .unwrap();
+    }
+
+    /// Waits until the Machine has no annotation `key`.
+    pub async fn wait_gone(&self, name: &str, key: &str) -> BTreeMap<String, String> {
+        for _ in 0..400 {
+            let annotations = self.annotations(name).await;
+            if !annotations.contains_key(key) {
+                return annotations;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("{name} kept {key}: {:?}", self.annotations(name).await);
+    }
+
     pub async fn annotations(&self, name: &str) -> BTreeMap<String, String> {
         self.machines()
             .get(name)
