@@ -193,15 +193,28 @@ fn a_signal_stops_the_demo_and_everything_it_started() {
             // SAFETY: kill(2) on a pid the demo wrote; no memory is involved.
             unsafe { libc::kill(operator, libc::SIGSTOP) };
         }
-        let started = processes_naming(&dir, demo.id() as i32);
-        for pid in [
+        let recorded = [
             operator,
             read_pid(&dir.join("nodes/demo-cp-0/agent.pid")),
             read_pid(&dir.join("nodes/demo-md-0-0/agent.pid")),
-        ] {
+        ];
+        // One scan of /proc under a loaded machine has been seen to miss a process; look a few
+        // times before concluding one is not running.
+        let mut started = Vec::new();
+        for _ in 0..20 {
+            started = processes_naming(&dir, demo.id() as i32);
+            if recorded.iter().all(|pid| started.contains(pid)) {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        for pid in recorded {
             assert!(
                 started.contains(&pid),
-                "{case}: {pid} not in {started:?}; logs:\n{}",
+                "{case}: {pid} not in {started:?}; its stat: {:?}, cmdline: {:?}; logs:\n{}",
+                std::fs::read_to_string(format!("/proc/{pid}/stat")),
+                std::fs::read(format!("/proc/{pid}/cmdline"))
+                    .map(|c| String::from_utf8_lossy(&c).into_owned()),
                 demo_logs(&dir)
             );
         }
