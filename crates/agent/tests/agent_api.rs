@@ -1133,21 +1133,15 @@ async fn upgrades_succeed_fail_and_cancel() {
     );
     std::fs::remove_file(hooks_dir.path().join("fail-upgrade")).unwrap();
 
-    // Cancel: the process group is killed and nothing is recorded.
+    // Cancel: the whole process group is killed (the script and its child), nothing is recorded.
     let slow_dir = tempfile::tempdir().unwrap();
-    let slow = slow_dir.path().join("slow.sh");
-    std::fs::write(
-        &slow,
-        "#!/bin/sh\necho started\nsleep 30\necho \"$1\" > \"$(dirname \"$0\")/release\"\n",
-    )
-    .unwrap();
-    std::fs::set_permissions(&slow, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (slow, pids) = long_running_hook(slow_dir.path());
     let slow_node = start_node(
         &cas,
         NodeRole::Worker,
         Hooks {
             restart: None,
-            upgrade: Some(slow.display().to_string()),
+            upgrade: Some(slow),
             timeout: None,
         },
     )
@@ -1162,14 +1156,58 @@ async fn upgrades_succeed_fail_and_cancel() {
         )
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    pids.wait_written().await;
     let cancelling = client.cancel(&slow_node.url, &op.id).await.unwrap();
     assert_eq!(cancelling.message.as_deref(), Some("cancel requested"));
     let finished = wait_finished(&client, &slow_node.url, &op.id).await;
     assert_eq!(finished.state, OperationState::Cancelled);
     assert!(finished.output_tail.contains("started"));
+    assert!(is_dead(&pids.script), "the upgrade script was killed");
+    assert!(is_dead(&pids.child), "the script's child was killed");
     assert!(!slow_dir.path().join("release").exists());
     assert_eq!(client.health(&slow_node.url).await.unwrap().release, None);
+}
+
+/// Where [`long_running_hook`] records its own pid and its child's.
+struct HookPids {
+    script: PathBuf,
+    child: PathBuf,
+}
+
+impl HookPids {
+    /// Waits until the hook has recorded both pids, so a cancel finds them running.
+    async fn wait_written(&self) {
+        for _ in 0..200 {
+            let written = |p: &Path| std::fs::read_to_string(p).is_ok_and(|s| s.ends_with('\n'));
+            if written(&self.script) && written(&self.child) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        panic!("the hook never recorded its pids");
+    }
+}
+
+/// An upgrade hook that runs a child for 30 s and waits for it, recording both pids, then
+/// writes `release` beside itself. The child does not hold the hook's output, so the operation
+/// ends when the script does and only the pids tell whether the child was stopped with it.
+fn long_running_hook(dir: &Path) -> (String, HookPids) {
+    let script = dir.join("slow.sh");
+    let pids = HookPids {
+        script: dir.join("script.pid"),
+        child: dir.join("child.pid"),
+    };
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\necho started\necho $$ > {}\nsleep 30 >/dev/null 2>&1 &\necho $! > {}\nwait\necho \"$1\" > \"$(dirname \"$0\")/release\"\n",
+            pids.script.display(),
+            pids.child.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    (script.display().to_string(), pids)
 }
 
 /// Release options that reached the hook before the grammar was strict, and an overlong one.

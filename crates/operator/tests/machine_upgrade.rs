@@ -15,19 +15,56 @@ const TO: &str = names::IN_PLACE_UPGRADE_TO;
 const STATUS: &str = names::IN_PLACE_UPGRADE_STATUS;
 
 /// An upgrade script: appends the release to `release` beside it after `seconds`, unless
-/// `fail-upgrade` exists beside it.
+/// `fail-upgrade` exists beside it. It records its own pid in `script.pid` and that of the
+/// child it waits for in `child.pid`, so a test can tell whether they were stopped.
 fn script(dir: &Path, seconds: &str) -> PathBuf {
     std::fs::create_dir_all(dir).unwrap();
     let path = dir.join("upgrade.sh");
     std::fs::write(
         &path,
         format!(
-            "#!/bin/sh\nhere=$(dirname \"$0\")\nif [ -e \"$here/fail-upgrade\" ]; then echo \"upgrade to $1 failed: fail-upgrade exists\" >&2; exit 3; fi\necho \"upgrading to $1\"\nsleep {seconds}\necho \"$1\" >> \"$here/release\"\n"
+            "#!/bin/sh\nhere=$(dirname \"$0\")\nif [ -e \"$here/fail-upgrade\" ]; then echo \"upgrade to $1 failed: fail-upgrade exists\" >&2; exit 3; fi\necho \"upgrading to $1\"\necho $$ > \"$here/script.pid\"\nsleep {seconds} &\necho $! > \"$here/child.pid\"\nwait\necho \"$1\" >> \"$here/release\"\n"
         ),
     )
     .unwrap();
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
     path
+}
+
+/// The pid a script recorded in `file`, once it has been written in full.
+async fn recorded_pid(file: &Path) -> i32 {
+    for _ in 0..200 {
+        if let Ok(text) = std::fs::read_to_string(file)
+            && text.ends_with('\n')
+        {
+            return text.trim().parse().unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("{} was never written", file.display());
+}
+
+/// Whether process `pid` has exited (gone, or a zombie nobody has reaped yet), allowing it a
+/// moment to do so after its kill.
+async fn has_exited(pid: i32) -> bool {
+    for _ in 0..100 {
+        match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            Err(_) => return true,
+            // The state is the first field after the command name in parentheses.
+            Ok(stat)
+                if stat
+                    .rsplit(')')
+                    .next()
+                    .unwrap()
+                    .trim_start()
+                    .starts_with('Z') =>
+            {
+                return true;
+            }
+            Ok(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    }
+    false
 }
 
 async fn machine_with_script(world: &mut World, name: &str, seconds: &str) -> PathBuf {
@@ -166,6 +203,9 @@ async fn removing_the_trigger_cancels_a_running_upgrade() {
     let hooks = machine_with_script(&mut world, "m-0", "30").await;
     world.annotate("m-0", TO, "channel=1.34/stable").await;
     wait_for_change_id(&world, "m-0").await;
+    // Both are running before the trigger goes.
+    let script = recorded_pid(&hooks.join("script.pid")).await;
+    let child = recorded_pid(&hooks.join("child.pid")).await;
     let body = serde_json::json!({ "metadata": { "annotations": { TO: null } } });
     world
         .machines()
@@ -176,11 +216,9 @@ async fn removing_the_trigger_cancels_a_running_upgrade() {
     world
         .event_with("m-0", names::EVENT_UPGRADE_CANCELLED)
         .await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(
-        !hooks.join("release").exists(),
-        "the upgrade process was stopped"
-    );
+    assert!(has_exited(script).await, "the upgrade script was stopped");
+    assert!(has_exited(child).await, "the script's child was stopped");
+    assert!(!hooks.join("release").exists());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
