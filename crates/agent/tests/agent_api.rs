@@ -175,6 +175,53 @@ fn snapshot(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
     files
 }
 
+/// The node's PKI and kubeconfig files, by path relative to its directory (`pki/...`,
+/// `kubeconfigs/...`, the layout of a backup).
+fn node_files(node: &Node) -> BTreeMap<PathBuf, Vec<u8>> {
+    [&node.layout.pki_dir, &node.layout.kubeconfig_dir]
+        .into_iter()
+        .flat_map(|dir| snapshot(dir))
+        .map(|(path, contents)| {
+            let relative = path.strip_prefix(node.dir.path()).unwrap().to_path_buf();
+            (relative, contents)
+        })
+        .collect()
+}
+
+/// Checks that `backup_dir` holds the files of `before` (from [`node_files`]) named in
+/// `expected`, byte for byte, with keys still 0600, and nothing that was not there before.
+fn assert_backup_holds(backup_dir: &Path, before: &BTreeMap<PathBuf, Vec<u8>>, expected: &[&str]) {
+    let backup: BTreeMap<PathBuf, Vec<u8>> = snapshot(backup_dir)
+        .into_iter()
+        .map(|(path, contents)| {
+            (
+                path.strip_prefix(backup_dir).unwrap().to_path_buf(),
+                contents,
+            )
+        })
+        .collect();
+    for name in expected {
+        assert!(
+            backup.contains_key(Path::new(name)),
+            "{name} is not in the backup"
+        );
+    }
+    for (path, contents) in &backup {
+        assert!(
+            before.get(path) == Some(contents),
+            "{} in the backup is not the file as it was",
+            path.display()
+        );
+        if path.extension().is_some_and(|e| e == "key") {
+            let mode = std::fs::metadata(backup_dir.join(path))
+                .unwrap()
+                .permissions()
+                .mode();
+            assert_eq!(mode & 0o777, 0o600, "{}", path.display());
+        }
+    }
+}
+
 fn openssl_verifies(ca: &CertificateAuthority, cert_pem: &str, dir: &Path) -> bool {
     std::fs::write(dir.join("verify-ca.crt"), ca.certificate_pem()).unwrap();
     std::fs::write(dir.join("verify-leaf.crt"), cert_pem).unwrap();
@@ -265,6 +312,7 @@ async fn plan_then_apply_refreshes_every_certificate_in_place() {
     .await;
     let client = operator(&cas);
     let before = inventory::discover(&node.layout);
+    let files_before = node_files(&node);
 
     let plan = client
         .plan(&node.url, &PlanRequest::default())
@@ -297,7 +345,16 @@ async fn plan_then_apply_refreshes_every_certificate_in_place() {
         .unwrap();
     assert_eq!(outcome.applied.len(), 13);
     assert!(outcome.restart.as_ref().unwrap().success);
-    assert!(outcome.backup_dir.join("pki/apiserver.key").exists());
+    // The backup holds the old keys and kubeconfigs, not the new ones.
+    assert_backup_holds(
+        &outcome.backup_dir,
+        &files_before,
+        &[
+            "pki/apiserver.key",
+            "pki/etcd/peer.key",
+            "kubeconfigs/admin.conf",
+        ],
+    );
     assert!(!staged.exists(), "the staged plan is consumed");
 
     let after = inventory::discover(&node.layout);
@@ -396,10 +453,7 @@ async fn a_bad_certificate_in_apply_changes_nothing_on_disk() {
     )
     .await;
     let client = operator(&cas);
-    let before = snapshot(&node.layout.pki_dir)
-        .into_iter()
-        .chain(snapshot(&node.layout.kubeconfig_dir))
-        .collect::<BTreeMap<_, _>>();
+    let before = node_files(&node);
 
     let plan = client
         .plan(&node.url, &PlanRequest::default())
@@ -459,11 +513,7 @@ async fn a_bad_certificate_in_apply_changes_nothing_on_disk() {
             }
             other => panic!("{what}: expected 422, got {other}"),
         }
-        let now = snapshot(&node.layout.pki_dir)
-            .into_iter()
-            .chain(snapshot(&node.layout.kubeconfig_dir))
-            .collect::<BTreeMap<_, _>>();
-        assert_eq!(before, now, "{what}: files changed");
+        assert_eq!(before, node_files(&node), "{what}: files changed");
     }
 
     // The plan is still there, staged: the right certificates apply afterwards.
@@ -560,6 +610,7 @@ async fn a_failed_restart_hook_is_reported_and_the_new_certificates_stay() {
     // `{release}` is not substituted for restarts: the hook runs as `sh -c {release}`, which
     // fails with sh's own error. What matters is the report.
     let client = operator(&cas);
+    let files_before = node_files(&node);
     let plan = client
         .plan(&node.url, &PlanRequest::default())
         .await
@@ -582,7 +633,11 @@ async fn a_failed_restart_hook_is_reported_and_the_new_certificates_stay() {
         "{}",
         restart.output_tail
     );
-    assert!(outcome.backup_dir.join("kubeconfigs/kubelet.conf").exists());
+    assert_backup_holds(
+        &outcome.backup_dir,
+        &files_before,
+        &["kubeconfigs/kubelet.conf", "pki/kubelet.key"],
+    );
     let now = inventory::discover(&node.layout);
     assert_eq!(now.earliest_expiry(), Some(outcome.earliest_not_after));
 }
@@ -809,6 +864,7 @@ async fn old_backups_and_applied_records_are_pruned_to_the_last_three() {
     let client = operator(&cas);
     let mut outcomes = Vec::new();
     for _ in 0..5 {
+        let files_before = node_files(&node);
         let plan = client
             .plan(&node.url, &PlanRequest::default())
             .await
@@ -823,7 +879,7 @@ async fn old_backups_and_applied_records_are_pruned_to_the_last_three() {
             )
             .await
             .unwrap();
-        outcomes.push((plan.plan_id, outcome));
+        outcomes.push((plan.plan_id, outcome, files_before));
         // Distinct modification times, so "newest" is well defined.
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -834,18 +890,16 @@ async fn old_backups_and_applied_records_are_pruned_to_the_last_three() {
     };
     assert_eq!(count("backups"), 3);
     assert_eq!(count("applied"), 3);
-    for (index, (plan_id, outcome)) in outcomes.iter().enumerate() {
+    for (index, (plan_id, outcome, _)) in outcomes.iter().enumerate() {
         let kept = index >= 2;
         assert_eq!(outcome.backup_dir.exists(), kept, "backup {index}");
         let status = client.plan_status(&node.url, plan_id).await;
         assert_eq!(status.is_ok(), kept, "record {index}: {status:?}");
     }
-    // What is kept still holds the old keys, 0600.
-    let key = outcomes[4].1.backup_dir.join("pki/kubelet.key");
-    assert_eq!(
-        std::fs::metadata(key).unwrap().permissions().mode() & 0o777,
-        0o600
-    );
+    // What is kept still holds the keys each apply replaced, 0600.
+    for (_, outcome, files_before) in &outcomes[2..] {
+        assert_backup_holds(&outcome.backup_dir, files_before, &["pki/kubelet.key"]);
+    }
 }
 
 #[tokio::test]
