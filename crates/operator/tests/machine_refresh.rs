@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use caretaker_agent::provision::NodeRole;
 use caretaker_operator::{Context, names};
+use common::unanswering::Unanswering;
 use common::{World, fast, world};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -179,6 +180,38 @@ async fn an_unreachable_agent_is_retried_then_the_refresh_fails() {
         message.contains("gave up after 2 attempts") && message.contains("cannot connect"),
         "{message}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_that_never_answers_is_asked_once_per_attempt_with_a_growing_backoff() {
+    let settings = caretaker_operator::Settings {
+        max_attempts: 3,
+        retry_base: Duration::from_secs(1),
+        ..fast()
+    };
+    let mut world = world(settings).await;
+    let agent = Unanswering::start(&world.cas, "node-m-0").await;
+    world
+        .add_machine("m-0", NodeRole::Worker, "cp.example", Some(&agent.url))
+        .await;
+    world
+        .annotate("m-0", names::REFRESH_CERTIFICATES, "1y")
+        .await;
+    world.wait_status("m-0", names::STATUS_FAILED).await;
+
+    // Counted at the agent, not read from the operator's message.
+    let plans = agent.requests("POST /v1/certificates/plan");
+    assert_eq!(plans.len(), 3, "one plan request per attempt: {plans:?}");
+    // The backoff after the second failure is 2 s; the Machine records the retry time to the
+    // second, which may take up to 1 s off. The first backoff (1 s) may so shrink to nothing.
+    let second_wait = plans[2] - plans[1];
+    assert!(
+        second_wait >= Duration::from_secs(1),
+        "the third attempt waited only {second_wait:?}"
+    );
+    let event = world.event_with("m-0", names::EVENT_REFRESH_FAILED).await;
+    let message = event.message.unwrap_or_default();
+    assert!(message.contains("gave up after 3 attempts"), "{message}");
 }
 
 /// Plans and (optionally) applies a refresh of `node`'s agent at `url` directly, as an operator

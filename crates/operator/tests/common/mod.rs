@@ -3,6 +3,8 @@
 //! Machine controller.
 #![allow(dead_code)]
 
+pub mod unanswering;
+
 use std::collections::BTreeMap;
 use std::time::Duration;
 
