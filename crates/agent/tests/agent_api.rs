@@ -158,6 +158,25 @@ fn sign_all(cas: &ClusterCas, plan: &RefreshPlan, ttl: &str) -> BTreeMap<String,
         .collect()
 }
 
+/// A certificate for the key and names of `csr_pem`, signed by `ca` like [`sign_all`] would
+/// but with `change` made to it: what a signer that does not follow the CSR would return.
+fn sign_altered(
+    ca: &CertificateAuthority,
+    csr_pem: &str,
+    change: fn(&mut rcgen::CertificateParams),
+) -> String {
+    let mut csr = rcgen::CertificateSigningRequestParams::from_pem(csr_pem).unwrap();
+    csr.params.not_before = time::OffsetDateTime::now_utc() - time::Duration::hours(1);
+    csr.params.not_after = time::OffsetDateTime::now_utc() + time::Duration::days(30);
+    change(&mut csr.params);
+    let key = rcgen::KeyPair::from_pem(&ca.private_key_pem()).unwrap();
+    let issuer = rcgen::Issuer::from_ca_cert_pem(&ca.certificate_pem(), key).unwrap();
+    csr.params
+        .signed_by(&csr.public_key, &issuer)
+        .unwrap()
+        .pem()
+}
+
 /// Every file under `dir` with its contents, for "nothing changed" checks.
 fn snapshot(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
     let mut files = BTreeMap::new();
@@ -213,13 +232,14 @@ fn assert_backup_holds(backup_dir: &Path, before: &BTreeMap<PathBuf, Vec<u8>>, e
             path.display()
         );
         if path.extension().is_some_and(|e| e == "key") {
-            let mode = std::fs::metadata(backup_dir.join(path))
-                .unwrap()
-                .permissions()
-                .mode();
-            assert_eq!(mode & 0o777, 0o600, "{}", path.display());
+            assert_eq!(mode_of(&backup_dir.join(path)), 0o600, "{}", path.display());
         }
     }
+}
+
+/// The permission bits of `path`.
+fn mode_of(path: &Path) -> u32 {
+    std::fs::metadata(path).unwrap().permissions().mode() & 0o777
 }
 
 fn openssl_verifies(ca: &CertificateAuthority, cert_pem: &str, dir: &Path) -> bool {
@@ -311,6 +331,12 @@ async fn plan_then_apply_refreshes_every_certificate_in_place() {
     )
     .await;
     let client = operator(&cas);
+    // Modes an admin chose, which a refresh must keep.
+    let chosen_modes = [("apiserver.crt", 0o640), ("etcd/peer.crt", 0o600)];
+    for (name, mode) in chosen_modes {
+        let path = node.layout.pki_dir.join(name);
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
     let before = inventory::discover(&node.layout);
     let files_before = node_files(&node);
 
@@ -319,15 +345,11 @@ async fn plan_then_apply_refreshes_every_certificate_in_place() {
         .await
         .unwrap();
     assert_eq!(plan.requests.len(), 13);
-    // The new keys are staged on the node, 0600, and never sent.
+    // The new keys are staged on the node, 0600 in a 0700 directory, and never sent.
     let staged = node.state_dir().join("staged").join(&plan.plan_id);
+    assert_eq!(mode_of(&staged), 0o700, "the staging directory");
     for entry in std::fs::read_dir(&staged).unwrap().flatten() {
-        assert_eq!(
-            entry.metadata().unwrap().permissions().mode() & 0o777,
-            0o600,
-            "{:?}",
-            entry.path()
-        );
+        assert_eq!(mode_of(&entry.path()), 0o600, "{:?}", entry.path());
     }
     let plan_json = serde_json::to_string(&plan).unwrap();
     assert!(!plan_json.contains("PRIVATE KEY"));
@@ -382,6 +404,9 @@ async fn plan_then_apply_refreshes_every_certificate_in_place() {
         );
         assert!(new.certificate.not_after > old.certificate.not_after + time::Duration::days(300));
     }
+    for (name, mode) in chosen_modes {
+        assert_eq!(mode_of(&node.layout.pki_dir.join(name)), mode, "{name}");
+    }
     assert_eq!(Some(outcome.earliest_not_after), after.earliest_expiry());
 
     // New files chain to the right CA and the keys on disk belong to them.
@@ -396,11 +421,7 @@ async fn plan_then_apply_refreshes_every_certificate_in_place() {
         .unwrap()
         .swap_remove(0);
     assert!(caretaker_pki::key_matches_certificate(&key, der.der()).unwrap());
-    let mode = std::fs::metadata(node.layout.pki_dir.join("etcd/peer.key"))
-        .unwrap()
-        .permissions()
-        .mode();
-    assert_eq!(mode & 0o777, 0o600);
+    assert_eq!(mode_of(&node.layout.pki_dir.join("etcd/peer.key")), 0o600);
 
     // Kubeconfigs carry the new client certificate and its key.
     let admin = std::fs::read_to_string(node.layout.kubeconfig_dir.join("admin.conf")).unwrap();
@@ -483,11 +504,52 @@ async fn a_bad_certificate_in_apply_changes_nothing_on_disk() {
     // 3. A private key where a certificate belongs.
     let mut key_instead = good.clone();
     key_instead.insert("kubelet".into(), cas.cluster.private_key_pem());
+    // 4-8. The staged key, signed by the right CA, but not quite what the CSR asked for.
+    let kubelet = plan.requests.iter().find(|r| r.name == "kubelet").unwrap();
+    let altered = |change: fn(&mut rcgen::CertificateParams)| {
+        let mut certificates = good.clone();
+        certificates.insert(
+            "kubelet".into(),
+            sign_altered(&cas.cluster, &kubelet.csr_pem, change),
+        );
+        certificates
+    };
 
-    for (what, certificates) in [
-        ("foreign key", foreign),
-        ("wrong CA", wrong_signer),
-        ("a key", key_instead),
+    for (what, certificates, why) in [
+        ("foreign key", foreign, "not for the key staged"),
+        ("wrong CA", wrong_signer, "not signed by the node's ca"),
+        ("a key", key_instead, "kubelet"),
+        (
+            "another subject",
+            altered(|p| {
+                p.distinguished_name
+                    .push(rcgen::DnType::CommonName, "intruder")
+            }),
+            "subject or SANs",
+        ),
+        (
+            "another SAN",
+            altered(|p| {
+                p.subject_alt_names
+                    .push(rcgen::SanType::DnsName("evil.example".try_into().unwrap()))
+            }),
+            "subject or SANs",
+        ),
+        (
+            "another usage",
+            altered(|p| p.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth]),
+            "extended key usages",
+        ),
+        (
+            "a CA",
+            altered(|p| p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained)),
+            "a CA certificate",
+        ),
+        (
+            "not yet valid",
+            altered(|p| p.not_before = time::OffsetDateTime::now_utc() + time::Duration::days(1)),
+            "not valid now",
+        ),
     ] {
         let err = client
             .apply(
@@ -498,7 +560,7 @@ async fn a_bad_certificate_in_apply_changes_nothing_on_disk() {
                 },
             )
             .await
-            .unwrap_err();
+            .expect_err(what);
         match &err {
             AgentError::Status {
                 status: 422,
@@ -506,6 +568,7 @@ async fn a_bad_certificate_in_apply_changes_nothing_on_disk() {
                 ..
             } => {
                 assert!(message.contains("nothing was changed"), "{what}: {message}");
+                assert!(message.contains(why), "{what}: {message}");
                 assert!(
                     !message.contains("BEGIN"),
                     "{what}: no PEM echoed: {message}"
@@ -1214,6 +1277,63 @@ fn long_running_hook(dir: &Path) -> (String, HookPids) {
     .unwrap();
     std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
     (script.display().to_string(), pids)
+}
+
+#[tokio::test]
+async fn an_upgrade_running_when_the_agent_stopped_is_reported_failed_after_a_restart() {
+    let cas = ClusterCas::create().unwrap();
+    let hooks_dir = tempfile::tempdir().unwrap();
+    let (slow, pids) = long_running_hook(hooks_dir.path());
+    let node = start_node(
+        &cas,
+        NodeRole::Worker,
+        Hooks {
+            restart: None,
+            upgrade: Some(slow.clone()),
+            timeout: None,
+        },
+    )
+    .await;
+    let client = operator(&cas);
+    let op = client
+        .start_upgrade(
+            &node.url,
+            &UpgradeRequest {
+                release: "revision=8".into(),
+                request_id: Some("r8".into()),
+            },
+        )
+        .await
+        .unwrap();
+    pids.wait_written().await;
+
+    // A new agent on the same state directory, as after the agent process restarted.
+    let restarted = Upgrader::new(
+        node.state_dir(),
+        Some(CommandTemplate::parse(&slow).unwrap()),
+    );
+    let reported = restarted.get(&op.id).unwrap();
+    assert_eq!(reported.state, OperationState::Failed, "{reported:?}");
+    assert!(
+        reported
+            .message
+            .as_deref()
+            .unwrap_or_default()
+            .contains("outcome is unknown"),
+        "{reported:?}"
+    );
+    assert!(reported.finished_at.is_some());
+    assert_eq!(restarted.current_release(), None);
+    // It is recorded so, not only reported.
+    let record: caretaker_agent::upgrade::Operation = serde_json::from_slice(
+        &std::fs::read(node.state_dir().join(format!("operations/{}.json", op.id))).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(record, reported);
+
+    // The first agent's hook is still running in this process: stop it.
+    client.cancel(&node.url, &op.id).await.unwrap();
+    assert!(is_dead(&pids.script) && is_dead(&pids.child));
 }
 
 /// Release options that reached the hook before the grammar was strict, and an overlong one.
