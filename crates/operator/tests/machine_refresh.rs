@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use caretaker_agent::provision::NodeRole;
 use caretaker_operator::{Context, names};
-use common::unanswering::Unanswering;
+use common::unanswering::{Unanswering, assert_three_backed_off_attempts, three_attempts};
 use common::{World, fast, world};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -184,12 +184,7 @@ async fn an_unreachable_agent_is_retried_then_the_refresh_fails() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_that_never_answers_is_asked_once_per_attempt_with_a_growing_backoff() {
-    let settings = caretaker_operator::Settings {
-        max_attempts: 3,
-        retry_base: Duration::from_secs(1),
-        ..fast()
-    };
-    let mut world = world(settings).await;
+    let mut world = world(three_attempts()).await;
     let agent = Unanswering::start(&world.cas, "node-m-0").await;
     world
         .add_machine("m-0", NodeRole::Worker, "cp.example", Some(&agent.url))
@@ -201,14 +196,7 @@ async fn an_agent_that_never_answers_is_asked_once_per_attempt_with_a_growing_ba
 
     // Counted at the agent, not read from the operator's message.
     let plans = agent.requests("POST /v1/certificates/plan");
-    assert_eq!(plans.len(), 3, "one plan request per attempt: {plans:?}");
-    // The backoff after the second failure is 2 s; the Machine records the retry time to the
-    // second, which may take up to 1 s off. The first backoff (1 s) may so shrink to nothing.
-    let second_wait = plans[2] - plans[1];
-    assert!(
-        second_wait >= Duration::from_secs(1),
-        "the third attempt waited only {second_wait:?}"
-    );
+    assert_three_backed_off_attempts(&plans);
     let event = world.event_with("m-0", names::EVENT_REFRESH_FAILED).await;
     let message = event.message.unwrap_or_default();
     assert!(message.contains("gave up after 3 attempts"), "{message}");
@@ -223,26 +211,7 @@ async fn refresh_behind_the_operators_back(
     apply: bool,
 ) -> String {
     use caretaker_agent::refresh::{ApplyRequest, PlanRequest};
-    let pair = world
-        .cas
-        .cluster
-        .issue(&caretaker_pki::LeafSpec::new(
-            "caretaker-operator",
-            caretaker_pki::Usage::Client,
-        ))
-        .unwrap();
-    let identity = caretaker_agent::tls::ClientIdentity::from_pem(
-        &world.cas.cluster.certificate_pem(),
-        &pair.certificate_pem,
-        &pair.key.unwrap().to_pem(),
-    )
-    .unwrap();
-    let agent = caretaker_agent::api::AgentClient::for_node(
-        &identity,
-        &[node.to_string()],
-        Duration::from_secs(10),
-    )
-    .unwrap();
+    let agent = world.operator_client(node);
     let plan = agent.plan(url, &PlanRequest::default()).await.unwrap();
     if apply {
         let mut certificates = BTreeMap::new();

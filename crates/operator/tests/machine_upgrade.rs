@@ -8,7 +8,10 @@ use std::time::Duration;
 
 use caretaker_agent::command::CommandTemplate;
 use caretaker_agent::provision::NodeRole;
-use caretaker_operator::{Context, names};
+use caretaker_agent::upgrade::UpgradeRequest;
+use caretaker_operator::Context;
+use caretaker_operator::names::{self, upgrade_state};
+use common::unanswering::{Unanswering, assert_three_backed_off_attempts, three_attempts};
 use common::{World, fast, world};
 
 const TO: &str = names::IN_PLACE_UPGRADE_TO;
@@ -244,4 +247,73 @@ async fn a_restarted_operator_follows_the_same_operation() {
         .unwrap()
         .count();
     assert_eq!(operations, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_killed_before_recording_the_change_id_starts_no_second_upgrade() {
+    let mut world = world(fast()).await;
+    let hooks = machine_with_script(&mut world, "m-0", "0.5").await;
+    world.controller.abort();
+    // What the operator had written when it died: the request marked in progress, with its
+    // request id, and no change id; the agent had been asked and had started the upgrade.
+    for (key, value) in [
+        (upgrade_state::TRIGGER, "revision=9"),
+        (upgrade_state::REQUEST_ID, "u-killed"),
+        (upgrade_state::ATTEMPTS, "0"),
+        (STATUS, names::STATUS_IN_PROGRESS),
+        (TO, "revision=9"),
+    ] {
+        world.annotate("m-0", key, value).await;
+    }
+    let started = world
+        .operator_client("node-m-0")
+        .start_upgrade(
+            &world.agents[0].url,
+            &UpgradeRequest {
+                release: "revision=9".into(),
+                request_id: Some("u-killed".into()),
+            },
+        )
+        .await
+        .unwrap();
+
+    let ctx = Context::new(world.client.clone(), fast());
+    world.controller = tokio::spawn(common::run_controllers(ctx));
+    let annotations = world.wait_for("m-0", STATUS, names::STATUS_DONE).await;
+    assert_eq!(
+        annotations[names::IN_PLACE_UPGRADE_CHANGE_ID],
+        started.id,
+        "the operation the dead operator started"
+    );
+    assert_eq!(
+        std::fs::read_to_string(hooks.join("release")).unwrap(),
+        "revision=9\n",
+        "the upgrade ran once"
+    );
+    let operations = std::fs::read_dir(world.dir.path().join("m-0/state/operations"))
+        .unwrap()
+        .count();
+    assert_eq!(operations, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_that_never_answers_is_asked_once_per_attempt_with_a_growing_backoff() {
+    let mut world = world(three_attempts()).await;
+    let agent = Unanswering::start(&world.cas, "node-m-0").await;
+    world
+        .add_machine("m-0", NodeRole::Worker, "cp.example", Some(&agent.url))
+        .await;
+    world.annotate("m-0", TO, "revision=5").await;
+    world.wait_for("m-0", STATUS, names::STATUS_FAILED).await;
+
+    // Counted at the agent, not read from the operator's message.
+    let starts = agent.requests("POST /v1/upgrades");
+    assert_three_backed_off_attempts(&starts);
+    warning_containing(
+        &world,
+        "m-0",
+        names::EVENT_UPGRADE_FAILED,
+        "gave up after 3 attempts",
+    )
+    .await;
 }

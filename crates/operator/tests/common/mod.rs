@@ -166,6 +166,31 @@ impl World {
         layout
     }
 
+    /// A client as the operator has it for the agent of node `node_name`, to act behind the
+    /// operator's back (as an operator that died right afterwards would have).
+    pub fn operator_client(&self, node_name: &str) -> caretaker_agent::api::AgentClient {
+        let pair = self
+            .cas
+            .cluster
+            .issue(&caretaker_pki::LeafSpec::new(
+                caretaker_agent::tls::DEFAULT_ALLOWED_CLIENT,
+                caretaker_pki::Usage::Client,
+            ))
+            .unwrap();
+        let identity = caretaker_agent::tls::ClientIdentity::from_pem(
+            &self.cas.cluster.certificate_pem(),
+            &pair.certificate_pem,
+            &pair.key.unwrap().to_pem(),
+        )
+        .unwrap();
+        caretaker_agent::api::AgentClient::for_node(
+            &identity,
+            &[node_name.to_string()],
+            Duration::from_secs(10),
+        )
+        .unwrap()
+    }
+
     /// How many refresh plans the agent of Machine `name` has staged (keys made, not applied).
     pub fn staged_plans(&self, name: &str) -> usize {
         let staged = self.dir.path().join(name).join("state/staged");

@@ -4,7 +4,7 @@
 //! agent that crashes, so it retries; what it asked and when is recorded to count its attempts.
 
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use caretaker_agent::provision::{ClusterCas, agent_serving_leaf};
 use caretaker_agent::tls;
@@ -91,4 +91,26 @@ async fn request_line(stream: &mut (impl AsyncReadExt + Unpin)) -> Option<String
     }
     let head = String::from_utf8_lossy(&head);
     head.lines().next().map(str::to_string)
+}
+
+/// Settings for counting retries: three attempts, the backoff starting at 1 s.
+pub fn three_attempts() -> caretaker_operator::Settings {
+    caretaker_operator::Settings {
+        max_attempts: 3,
+        retry_base: Duration::from_secs(1),
+        ..super::fast()
+    }
+}
+
+/// Checks that `requests` (from [`Unanswering::requests`]) are one per attempt of
+/// [`three_attempts`], and that the last retry waited out its backoff.
+pub fn assert_three_backed_off_attempts(requests: &[Instant]) {
+    assert_eq!(requests.len(), 3, "one request per attempt: {requests:?}");
+    // The backoff after the second failure is 2 s; the Machine records the retry time to the
+    // second, which may take up to 1 s off. The first backoff (1 s) may so shrink to nothing.
+    let second_wait = requests[2] - requests[1];
+    assert!(
+        second_wait >= Duration::from_secs(1),
+        "the third attempt waited only {second_wait:?}"
+    );
 }
