@@ -317,3 +317,94 @@ async fn an_agent_that_never_answers_is_asked_once_per_attempt_with_a_growing_ba
     )
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgrade_asked_for_while_another_runs_on_the_node_waits_for_it() {
+    let mut world = world(fast()).await;
+    // Revision 1 runs until the test creates `go`; any other release at once.
+    let hooks = world.dir.path().join("m-0-hooks");
+    std::fs::create_dir_all(&hooks).unwrap();
+    let path = hooks.join("upgrade.sh");
+    std::fs::write(
+        &path,
+        "#!/bin/sh\nhere=$(dirname \"$0\")\nif [ \"$1\" = revision=1 ]; then while [ ! -e \"$here/go\" ]; do sleep 0.05; done; fi\necho \"$1\" >> \"$here/release\"\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    // Lets revision 1 end however the test ends: a hook still running would keep the
+    // runtime (which waits for the hook's thread) from shutting down after a failure.
+    let _go = LetGo(hooks.join("go"));
+    let command = CommandTemplate::parse(path.to_str().unwrap()).unwrap();
+    world.add_upgradable("m-0", NodeRole::Worker, command).await;
+    // Someone else's upgrade holds the node.
+    let other = world
+        .operator_client("node-m-0")
+        .start_upgrade(
+            &world.agents[0].url,
+            &UpgradeRequest {
+                release: "revision=1".into(),
+                request_id: Some("someone-else".into()),
+            },
+        )
+        .await
+        .unwrap();
+
+    world.annotate("m-0", TO, "revision=2").await;
+    let waiting = wait_for_annotation(&world, "m-0", upgrade_state::LAST_ERROR, "waiting:").await;
+    assert!(
+        waiting[upgrade_state::LAST_ERROR].contains(&other.id),
+        "{waiting:?}"
+    );
+    assert_eq!(waiting[STATUS], names::STATUS_IN_PROGRESS);
+    assert_eq!(
+        waiting[upgrade_state::ATTEMPTS],
+        "0",
+        "waiting uses no attempt"
+    );
+
+    std::fs::write(hooks.join("go"), "").unwrap();
+    let done = world.wait_for("m-0", STATUS, names::STATUS_DONE).await;
+    assert_eq!(done[names::IN_PLACE_UPGRADE_RELEASE], "revision=2");
+    assert_eq!(
+        std::fs::read_to_string(hooks.join("release")).unwrap(),
+        "revision=1\nrevision=2\n",
+        "ours ran after the other, once"
+    );
+    assert!(
+        world
+            .events("m-0")
+            .await
+            .iter()
+            .all(|e| e.reason.as_deref() != Some(names::EVENT_UPGRADE_FAILED)),
+        "waiting for the node is no failure"
+    );
+}
+
+/// Creates the file that lets a gated upgrade script end, when dropped.
+struct LetGo(PathBuf);
+
+impl Drop for LetGo {
+    fn drop(&mut self) {
+        let _ = std::fs::write(&self.0, "");
+    }
+}
+
+/// Waits until annotation `key` of Machine `name` contains `needle`.
+async fn wait_for_annotation(
+    world: &World,
+    name: &str,
+    key: &str,
+    needle: &str,
+) -> std::collections::BTreeMap<String, String> {
+    for _ in 0..200 {
+        let annotations = world.annotations(name).await;
+        if annotations.get(key).is_some_and(|v| v.contains(needle)) {
+            return annotations;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!(
+        "{name}: {key} never contained {needle:?}: {:?}",
+        world.annotations(name).await
+    );
+}
