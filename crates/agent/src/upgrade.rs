@@ -178,7 +178,7 @@ pub enum UpgradeError {
     BadRequestId(String),
     #[error("no upgrade command is configured on this agent (--upgrade-command)")]
     NotConfigured,
-    #[error("upgrade {0} is still running")]
+    #[error("upgrade {0} is still running; ask again when it has finished")]
     Busy(String),
     #[error("no operation {0:?}")]
     UnknownOperation(String),

@@ -158,6 +158,25 @@ fn sign_all(cas: &ClusterCas, plan: &RefreshPlan, ttl: &str) -> BTreeMap<String,
         .collect()
 }
 
+/// A certificate for the key and names of `csr_pem`, signed by `ca` like [`sign_all`] would
+/// but with `change` made to it: what a signer that does not follow the CSR would return.
+fn sign_altered(
+    ca: &CertificateAuthority,
+    csr_pem: &str,
+    change: fn(&mut rcgen::CertificateParams),
+) -> String {
+    let mut csr = rcgen::CertificateSigningRequestParams::from_pem(csr_pem).unwrap();
+    csr.params.not_before = time::OffsetDateTime::now_utc() - time::Duration::hours(1);
+    csr.params.not_after = time::OffsetDateTime::now_utc() + time::Duration::days(30);
+    change(&mut csr.params);
+    let key = rcgen::KeyPair::from_pem(&ca.private_key_pem()).unwrap();
+    let issuer = rcgen::Issuer::from_ca_cert_pem(&ca.certificate_pem(), key).unwrap();
+    csr.params
+        .signed_by(&csr.public_key, &issuer)
+        .unwrap()
+        .pem()
+}
+
 /// Every file under `dir` with its contents, for "nothing changed" checks.
 fn snapshot(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
     let mut files = BTreeMap::new();
@@ -173,6 +192,54 @@ fn snapshot(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
         }
     }
     files
+}
+
+/// The node's PKI and kubeconfig files, by path relative to its directory (`pki/...`,
+/// `kubeconfigs/...`, the layout of a backup).
+fn node_files(node: &Node) -> BTreeMap<PathBuf, Vec<u8>> {
+    [&node.layout.pki_dir, &node.layout.kubeconfig_dir]
+        .into_iter()
+        .flat_map(|dir| snapshot(dir))
+        .map(|(path, contents)| {
+            let relative = path.strip_prefix(node.dir.path()).unwrap().to_path_buf();
+            (relative, contents)
+        })
+        .collect()
+}
+
+/// Checks that `backup_dir` holds the files of `before` (from [`node_files`]) named in
+/// `expected`, byte for byte, with keys still 0600, and nothing that was not there before.
+fn assert_backup_holds(backup_dir: &Path, before: &BTreeMap<PathBuf, Vec<u8>>, expected: &[&str]) {
+    let backup: BTreeMap<PathBuf, Vec<u8>> = snapshot(backup_dir)
+        .into_iter()
+        .map(|(path, contents)| {
+            (
+                path.strip_prefix(backup_dir).unwrap().to_path_buf(),
+                contents,
+            )
+        })
+        .collect();
+    for name in expected {
+        assert!(
+            backup.contains_key(Path::new(name)),
+            "{name} is not in the backup"
+        );
+    }
+    for (path, contents) in &backup {
+        assert!(
+            before.get(path) == Some(contents),
+            "{} in the backup is not the file as it was",
+            path.display()
+        );
+        if path.extension().is_some_and(|e| e == "key") {
+            assert_eq!(mode_of(&backup_dir.join(path)), 0o600, "{}", path.display());
+        }
+    }
+}
+
+/// The permission bits of `path`.
+fn mode_of(path: &Path) -> u32 {
+    std::fs::metadata(path).unwrap().permissions().mode() & 0o777
 }
 
 fn openssl_verifies(ca: &CertificateAuthority, cert_pem: &str, dir: &Path) -> bool {
@@ -264,22 +331,25 @@ async fn plan_then_apply_refreshes_every_certificate_in_place() {
     )
     .await;
     let client = operator(&cas);
+    // Modes an admin chose, which a refresh must keep.
+    let chosen_modes = [("apiserver.crt", 0o640), ("etcd/peer.crt", 0o600)];
+    for (name, mode) in chosen_modes {
+        let path = node.layout.pki_dir.join(name);
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
     let before = inventory::discover(&node.layout);
+    let files_before = node_files(&node);
 
     let plan = client
         .plan(&node.url, &PlanRequest::default())
         .await
         .unwrap();
     assert_eq!(plan.requests.len(), 13);
-    // The new keys are staged on the node, 0600, and never sent.
+    // The new keys are staged on the node, 0600 in a 0700 directory, and never sent.
     let staged = node.state_dir().join("staged").join(&plan.plan_id);
+    assert_eq!(mode_of(&staged), 0o700, "the staging directory");
     for entry in std::fs::read_dir(&staged).unwrap().flatten() {
-        assert_eq!(
-            entry.metadata().unwrap().permissions().mode() & 0o777,
-            0o600,
-            "{:?}",
-            entry.path()
-        );
+        assert_eq!(mode_of(&entry.path()), 0o600, "{:?}", entry.path());
     }
     let plan_json = serde_json::to_string(&plan).unwrap();
     assert!(!plan_json.contains("PRIVATE KEY"));
@@ -297,7 +367,16 @@ async fn plan_then_apply_refreshes_every_certificate_in_place() {
         .unwrap();
     assert_eq!(outcome.applied.len(), 13);
     assert!(outcome.restart.as_ref().unwrap().success);
-    assert!(outcome.backup_dir.join("pki/apiserver.key").exists());
+    // The backup holds the old keys and kubeconfigs, not the new ones.
+    assert_backup_holds(
+        &outcome.backup_dir,
+        &files_before,
+        &[
+            "pki/apiserver.key",
+            "pki/etcd/peer.key",
+            "kubeconfigs/admin.conf",
+        ],
+    );
     assert!(!staged.exists(), "the staged plan is consumed");
 
     let after = inventory::discover(&node.layout);
@@ -325,6 +404,9 @@ async fn plan_then_apply_refreshes_every_certificate_in_place() {
         );
         assert!(new.certificate.not_after > old.certificate.not_after + time::Duration::days(300));
     }
+    for (name, mode) in chosen_modes {
+        assert_eq!(mode_of(&node.layout.pki_dir.join(name)), mode, "{name}");
+    }
     assert_eq!(Some(outcome.earliest_not_after), after.earliest_expiry());
 
     // New files chain to the right CA and the keys on disk belong to them.
@@ -339,11 +421,7 @@ async fn plan_then_apply_refreshes_every_certificate_in_place() {
         .unwrap()
         .swap_remove(0);
     assert!(caretaker_pki::key_matches_certificate(&key, der.der()).unwrap());
-    let mode = std::fs::metadata(node.layout.pki_dir.join("etcd/peer.key"))
-        .unwrap()
-        .permissions()
-        .mode();
-    assert_eq!(mode & 0o777, 0o600);
+    assert_eq!(mode_of(&node.layout.pki_dir.join("etcd/peer.key")), 0o600);
 
     // Kubeconfigs carry the new client certificate and its key.
     let admin = std::fs::read_to_string(node.layout.kubeconfig_dir.join("admin.conf")).unwrap();
@@ -396,10 +474,7 @@ async fn a_bad_certificate_in_apply_changes_nothing_on_disk() {
     )
     .await;
     let client = operator(&cas);
-    let before = snapshot(&node.layout.pki_dir)
-        .into_iter()
-        .chain(snapshot(&node.layout.kubeconfig_dir))
-        .collect::<BTreeMap<_, _>>();
+    let before = node_files(&node);
 
     let plan = client
         .plan(&node.url, &PlanRequest::default())
@@ -429,11 +504,52 @@ async fn a_bad_certificate_in_apply_changes_nothing_on_disk() {
     // 3. A private key where a certificate belongs.
     let mut key_instead = good.clone();
     key_instead.insert("kubelet".into(), cas.cluster.private_key_pem());
+    // 4-8. The staged key, signed by the right CA, but not quite what the CSR asked for.
+    let kubelet = plan.requests.iter().find(|r| r.name == "kubelet").unwrap();
+    let altered = |change: fn(&mut rcgen::CertificateParams)| {
+        let mut certificates = good.clone();
+        certificates.insert(
+            "kubelet".into(),
+            sign_altered(&cas.cluster, &kubelet.csr_pem, change),
+        );
+        certificates
+    };
 
-    for (what, certificates) in [
-        ("foreign key", foreign),
-        ("wrong CA", wrong_signer),
-        ("a key", key_instead),
+    for (what, certificates, why) in [
+        ("foreign key", foreign, "not for the key staged"),
+        ("wrong CA", wrong_signer, "not signed by the node's ca"),
+        ("a key", key_instead, "kubelet"),
+        (
+            "another subject",
+            altered(|p| {
+                p.distinguished_name
+                    .push(rcgen::DnType::CommonName, "intruder")
+            }),
+            "subject or SANs",
+        ),
+        (
+            "another SAN",
+            altered(|p| {
+                p.subject_alt_names
+                    .push(rcgen::SanType::DnsName("evil.example".try_into().unwrap()))
+            }),
+            "subject or SANs",
+        ),
+        (
+            "another usage",
+            altered(|p| p.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth]),
+            "extended key usages",
+        ),
+        (
+            "a CA",
+            altered(|p| p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained)),
+            "a CA certificate",
+        ),
+        (
+            "not yet valid",
+            altered(|p| p.not_before = time::OffsetDateTime::now_utc() + time::Duration::days(1)),
+            "not valid now",
+        ),
     ] {
         let err = client
             .apply(
@@ -444,7 +560,7 @@ async fn a_bad_certificate_in_apply_changes_nothing_on_disk() {
                 },
             )
             .await
-            .unwrap_err();
+            .expect_err(what);
         match &err {
             AgentError::Status {
                 status: 422,
@@ -452,6 +568,7 @@ async fn a_bad_certificate_in_apply_changes_nothing_on_disk() {
                 ..
             } => {
                 assert!(message.contains("nothing was changed"), "{what}: {message}");
+                assert!(message.contains(why), "{what}: {message}");
                 assert!(
                     !message.contains("BEGIN"),
                     "{what}: no PEM echoed: {message}"
@@ -459,11 +576,7 @@ async fn a_bad_certificate_in_apply_changes_nothing_on_disk() {
             }
             other => panic!("{what}: expected 422, got {other}"),
         }
-        let now = snapshot(&node.layout.pki_dir)
-            .into_iter()
-            .chain(snapshot(&node.layout.kubeconfig_dir))
-            .collect::<BTreeMap<_, _>>();
-        assert_eq!(before, now, "{what}: files changed");
+        assert_eq!(before, node_files(&node), "{what}: files changed");
     }
 
     // The plan is still there, staged: the right certificates apply afterwards.
@@ -560,6 +673,7 @@ async fn a_failed_restart_hook_is_reported_and_the_new_certificates_stay() {
     // `{release}` is not substituted for restarts: the hook runs as `sh -c {release}`, which
     // fails with sh's own error. What matters is the report.
     let client = operator(&cas);
+    let files_before = node_files(&node);
     let plan = client
         .plan(&node.url, &PlanRequest::default())
         .await
@@ -582,7 +696,11 @@ async fn a_failed_restart_hook_is_reported_and_the_new_certificates_stay() {
         "{}",
         restart.output_tail
     );
-    assert!(outcome.backup_dir.join("kubeconfigs/kubelet.conf").exists());
+    assert_backup_holds(
+        &outcome.backup_dir,
+        &files_before,
+        &["kubeconfigs/kubelet.conf", "pki/kubelet.key"],
+    );
     let now = inventory::discover(&node.layout);
     assert_eq!(now.earliest_expiry(), Some(outcome.earliest_not_after));
 }
@@ -809,6 +927,7 @@ async fn old_backups_and_applied_records_are_pruned_to_the_last_three() {
     let client = operator(&cas);
     let mut outcomes = Vec::new();
     for _ in 0..5 {
+        let files_before = node_files(&node);
         let plan = client
             .plan(&node.url, &PlanRequest::default())
             .await
@@ -823,7 +942,7 @@ async fn old_backups_and_applied_records_are_pruned_to_the_last_three() {
             )
             .await
             .unwrap();
-        outcomes.push((plan.plan_id, outcome));
+        outcomes.push((plan.plan_id, outcome, files_before));
         // Distinct modification times, so "newest" is well defined.
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -834,18 +953,16 @@ async fn old_backups_and_applied_records_are_pruned_to_the_last_three() {
     };
     assert_eq!(count("backups"), 3);
     assert_eq!(count("applied"), 3);
-    for (index, (plan_id, outcome)) in outcomes.iter().enumerate() {
+    for (index, (plan_id, outcome, _)) in outcomes.iter().enumerate() {
         let kept = index >= 2;
         assert_eq!(outcome.backup_dir.exists(), kept, "backup {index}");
         let status = client.plan_status(&node.url, plan_id).await;
         assert_eq!(status.is_ok(), kept, "record {index}: {status:?}");
     }
-    // What is kept still holds the old keys, 0600.
-    let key = outcomes[4].1.backup_dir.join("pki/kubelet.key");
-    assert_eq!(
-        std::fs::metadata(key).unwrap().permissions().mode() & 0o777,
-        0o600
-    );
+    // What is kept still holds the keys each apply replaced, 0600.
+    for (_, outcome, files_before) in &outcomes[2..] {
+        assert_backup_holds(&outcome.backup_dir, files_before, &["pki/kubelet.key"]);
+    }
 }
 
 #[tokio::test]
@@ -951,56 +1068,8 @@ async fn clients_without_the_operators_certificate_get_no_answer() {
         "{err}"
     );
 
-    // No client certificate at all, through curl: the TLS handshake fails, no HTTP status.
-    let dir = node.dir.path();
-    std::fs::write(dir.join("ca.crt"), cas.cluster.certificate_pem()).unwrap();
-    // tokio's Command: the agent runs on this test's single-threaded runtime.
-    let curl = tokio::process::Command::new("curl")
-        .args([
-            "-sS",
-            "--max-time",
-            "5",
-            "-o",
-            "/dev/null",
-            "-w",
-            "%{http_code}",
-            "--cacert",
-        ])
-        .arg(dir.join("ca.crt"))
-        .arg(format!("{}/v1/health", node.url))
-        .output()
-        .await;
-    if let Ok(curl) = curl {
-        assert!(!curl.status.success());
-        let stderr = String::from_utf8_lossy(&curl.stderr);
-        assert!(
-            !stderr.contains("timed out"),
-            "the handshake must fail, not hang: {stderr}"
-        );
-        assert_eq!(
-            String::from_utf8_lossy(&curl.stdout),
-            "000",
-            "no HTTP answer"
-        );
-    }
-
-    // Plain HTTP gets nothing either.
-    let plain = tokio::process::Command::new("curl")
-        .args([
-            "-sS",
-            "--max-time",
-            "5",
-            "-o",
-            "/dev/null",
-            "-w",
-            "%{http_code}",
-        ])
-        .arg(node.url.replace("https", "http") + "/v1/health")
-        .output()
-        .await;
-    if let Ok(plain) = plain {
-        assert_eq!(String::from_utf8_lossy(&plain.stdout), "000");
-    }
+    // No client certificate at all, and plain HTTP, need a client other than `AgentClient`:
+    // `caretaker/tests/node_cli.rs` checks them against the agent binary with rustls.
 
     // And the operator's certificate works.
     operator(&cas).health(&node.url).await.unwrap();
@@ -1085,10 +1154,8 @@ async fn upgrades_succeed_fail_and_cancel() {
         )
         .await
         .unwrap_err();
-    assert!(
-        matches!(busy, AgentError::Status { status: 409, .. }),
-        "{busy}"
-    );
+    // Busy, like a refresh step: the caller waits and asks again.
+    assert!(busy.is_busy(), "{busy}");
     let done = wait_finished(&client, &node.url, &op.id).await;
     assert_eq!(done.state, OperationState::Succeeded, "{done:?}");
     assert!(
@@ -1133,21 +1200,15 @@ async fn upgrades_succeed_fail_and_cancel() {
     );
     std::fs::remove_file(hooks_dir.path().join("fail-upgrade")).unwrap();
 
-    // Cancel: the process group is killed and nothing is recorded.
+    // Cancel: the whole process group is killed (the script and its child), nothing is recorded.
     let slow_dir = tempfile::tempdir().unwrap();
-    let slow = slow_dir.path().join("slow.sh");
-    std::fs::write(
-        &slow,
-        "#!/bin/sh\necho started\nsleep 30\necho \"$1\" > \"$(dirname \"$0\")/release\"\n",
-    )
-    .unwrap();
-    std::fs::set_permissions(&slow, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (slow, pids) = long_running_hook(slow_dir.path());
     let slow_node = start_node(
         &cas,
         NodeRole::Worker,
         Hooks {
             restart: None,
-            upgrade: Some(slow.display().to_string()),
+            upgrade: Some(slow),
             timeout: None,
         },
     )
@@ -1162,14 +1223,115 @@ async fn upgrades_succeed_fail_and_cancel() {
         )
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    pids.wait_written().await;
     let cancelling = client.cancel(&slow_node.url, &op.id).await.unwrap();
     assert_eq!(cancelling.message.as_deref(), Some("cancel requested"));
     let finished = wait_finished(&client, &slow_node.url, &op.id).await;
     assert_eq!(finished.state, OperationState::Cancelled);
     assert!(finished.output_tail.contains("started"));
+    assert!(is_dead(&pids.script), "the upgrade script was killed");
+    assert!(is_dead(&pids.child), "the script's child was killed");
     assert!(!slow_dir.path().join("release").exists());
     assert_eq!(client.health(&slow_node.url).await.unwrap().release, None);
+}
+
+/// Where [`long_running_hook`] records its own pid and its child's.
+struct HookPids {
+    script: PathBuf,
+    child: PathBuf,
+}
+
+impl HookPids {
+    /// Waits until the hook has recorded both pids, so a cancel finds them running.
+    async fn wait_written(&self) {
+        for _ in 0..200 {
+            let written = |p: &Path| std::fs::read_to_string(p).is_ok_and(|s| s.ends_with('\n'));
+            if written(&self.script) && written(&self.child) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        panic!("the hook never recorded its pids");
+    }
+}
+
+/// An upgrade hook that runs a child for 30 s and waits for it, recording both pids, then
+/// writes `release` beside itself. The child does not hold the hook's output, so the operation
+/// ends when the script does and only the pids tell whether the child was stopped with it.
+fn long_running_hook(dir: &Path) -> (String, HookPids) {
+    let script = dir.join("slow.sh");
+    let pids = HookPids {
+        script: dir.join("script.pid"),
+        child: dir.join("child.pid"),
+    };
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\necho started\necho $$ > {}\nsleep 30 >/dev/null 2>&1 &\necho $! > {}\nwait\necho \"$1\" > \"$(dirname \"$0\")/release\"\n",
+            pids.script.display(),
+            pids.child.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    (script.display().to_string(), pids)
+}
+
+#[tokio::test]
+async fn an_upgrade_running_when_the_agent_stopped_is_reported_failed_after_a_restart() {
+    let cas = ClusterCas::create().unwrap();
+    let hooks_dir = tempfile::tempdir().unwrap();
+    let (slow, pids) = long_running_hook(hooks_dir.path());
+    let node = start_node(
+        &cas,
+        NodeRole::Worker,
+        Hooks {
+            restart: None,
+            upgrade: Some(slow.clone()),
+            timeout: None,
+        },
+    )
+    .await;
+    let client = operator(&cas);
+    let op = client
+        .start_upgrade(
+            &node.url,
+            &UpgradeRequest {
+                release: "revision=8".into(),
+                request_id: Some("r8".into()),
+            },
+        )
+        .await
+        .unwrap();
+    pids.wait_written().await;
+
+    // A new agent on the same state directory, as after the agent process restarted.
+    let restarted = Upgrader::new(
+        node.state_dir(),
+        Some(CommandTemplate::parse(&slow).unwrap()),
+    );
+    let reported = restarted.get(&op.id).unwrap();
+    assert_eq!(reported.state, OperationState::Failed, "{reported:?}");
+    assert!(
+        reported
+            .message
+            .as_deref()
+            .unwrap_or_default()
+            .contains("outcome is unknown"),
+        "{reported:?}"
+    );
+    assert!(reported.finished_at.is_some());
+    assert_eq!(restarted.current_release(), None);
+    // It is recorded so, not only reported.
+    let record: caretaker_agent::upgrade::Operation = serde_json::from_slice(
+        &std::fs::read(node.state_dir().join(format!("operations/{}.json", op.id))).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(record, reported);
+
+    // The first agent's hook is still running in this process: stop it.
+    client.cancel(&node.url, &op.id).await.unwrap();
+    assert!(is_dead(&pids.script) && is_dead(&pids.child));
 }
 
 /// Release options that reached the hook before the grammar was strict, and an overlong one.

@@ -2,6 +2,7 @@
 
 use std::path::Path;
 use std::process::{Command, Output};
+use std::sync::Arc;
 use std::time::Duration;
 
 use caretaker_agent::NodeLayout;
@@ -9,7 +10,10 @@ use caretaker_agent::api::AgentClient;
 use caretaker_agent::provision::{ClusterCas, NodeRole, NodeSpec, provision_node};
 use caretaker_agent::tls;
 use caretaker_pki::files;
-use caretaker_pki::{LeafSpec, Usage};
+use caretaker_pki::{CaSpec, CertificateAuthority, LeafSpec, Usage};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 fn caretaker(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_caretaker"))
@@ -368,4 +372,152 @@ async fn the_agent_survives_running_out_of_file_descriptors() {
     // Once descriptors are free again it serves the operator as before.
     agent.wait_healthy().await;
     assert!(agent.child.try_wait().unwrap().is_none());
+}
+
+/// How a test client connects to the agent.
+#[derive(Clone, Copy)]
+enum Connection {
+    /// TCP only, speaking HTTP in the clear.
+    Plain,
+    /// TLS trusting the cluster CA, without a client certificate.
+    NoCertificate,
+    /// TLS trusting the cluster CA, with a client certificate for `common_name` from the
+    /// cluster CA or, with `another_ca`, from a CA of the same name made for the occasion.
+    Certificate {
+        another_ca: bool,
+        common_name: &'static str,
+    },
+}
+
+const OPERATOR: Connection = Connection::Certificate {
+    another_ca: false,
+    common_name: tls::DEFAULT_ALLOWED_CLIENT,
+};
+
+/// Sends `GET /v1/health` to the agent at `url` over `connection` with rustls directly (not
+/// the agent's client, whose own checks could hide what the agent does) and returns every
+/// byte of the answer, or the error that ended the exchange.
+async fn raw_health(
+    cas: &ClusterCas,
+    url: &str,
+    connection: Connection,
+) -> std::io::Result<Vec<u8>> {
+    let tcp = tokio::net::TcpStream::connect(url.trim_start_matches("https://")).await?;
+    tls::install_crypto_provider();
+    let mut roots = rustls::RootCertStore::empty();
+    let ca = CertificateDer::from_pem_slice(cas.cluster.certificate_pem().as_bytes()).unwrap();
+    roots.add(ca).unwrap();
+    let builder = rustls::ClientConfig::builder().with_root_certificates(roots);
+    let config = match connection {
+        Connection::Plain => return exchange(tcp).await,
+        Connection::NoCertificate => builder.with_no_client_auth(),
+        Connection::Certificate {
+            another_ca,
+            common_name,
+        } => {
+            let other;
+            let signer = if another_ca {
+                other = CertificateAuthority::create(&CaSpec::new("kubernetes")).unwrap();
+                &other
+            } else {
+                &cas.cluster
+            };
+            let pair = signer
+                .issue(&LeafSpec::new(common_name, Usage::Client))
+                .unwrap();
+            let chain =
+                vec![CertificateDer::from_pem_slice(pair.certificate_pem.as_bytes()).unwrap()];
+            let key = PrivateKeyDer::from_pem_slice(pair.key.unwrap().to_pem().as_bytes()).unwrap();
+            builder.with_client_auth_cert(chain, key).unwrap()
+        }
+    };
+    let server = ServerName::try_from("127.0.0.1").unwrap();
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(server, tcp)
+        .await?;
+    exchange(tls).await
+}
+
+async fn exchange(mut stream: impl AsyncRead + AsyncWrite + Unpin) -> std::io::Result<Vec<u8>> {
+    stream
+        .write_all(b"GET /v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        .await?;
+    stream.flush().await?;
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).await?;
+    Ok(answer)
+}
+
+/// Whether `answer` is the agent's 200 to a health request.
+fn is_ok_answer(answer: &[u8]) -> bool {
+    answer.starts_with(b"HTTP/1.1 200") && answer.ends_with(b"}")
+}
+
+/// Starts the agent binary, checks that a client connecting as `refused` gets no HTTP answer
+/// (the handshake or the first request fails), and that the operator is served right after.
+async fn assert_refused(refused: Connection) {
+    let tmp = tempfile::tempdir().unwrap();
+    let cas = ClusterCas::create().unwrap();
+    let layout = provision(tmp.path(), &cas, NodeRole::Worker);
+    let agent = spawn_agent(tmp.path(), &cas, &layout, "");
+    agent.wait_healthy().await;
+    // The same path succeeds for the operator, so a refusal below is the agent's doing.
+    let served = raw_health(&cas, &agent.url, OPERATOR).await.unwrap();
+    assert!(
+        is_ok_answer(&served),
+        "{}",
+        String::from_utf8_lossy(&served)
+    );
+
+    // A bound, not a timing: the agent must end the connection rather than hold it open.
+    let answer = tokio::time::timeout(
+        Duration::from_secs(30),
+        raw_health(&cas, &agent.url, refused),
+    )
+    .await
+    .expect("the agent ends a refused connection");
+    if let Ok(bytes) = &answer {
+        assert!(
+            !bytes.starts_with(b"HTTP/"),
+            "an HTTP answer: {}",
+            String::from_utf8_lossy(bytes)
+        );
+    }
+
+    let served = raw_health(&cas, &agent.url, OPERATOR).await.unwrap();
+    assert!(
+        is_ok_answer(&served),
+        "{}",
+        String::from_utf8_lossy(&served)
+    );
+}
+
+#[tokio::test]
+async fn the_agent_command_refuses_a_client_without_a_certificate() {
+    assert_refused(Connection::NoCertificate).await;
+}
+
+#[tokio::test]
+async fn the_agent_command_refuses_a_client_certificate_with_another_common_name() {
+    // From the cluster CA: only the name is wrong.
+    assert_refused(Connection::Certificate {
+        another_ca: false,
+        common_name: "system:node:cp-0",
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn the_agent_command_refuses_a_client_certificate_from_another_ca() {
+    // The right name: only the signer is wrong.
+    assert_refused(Connection::Certificate {
+        another_ca: true,
+        common_name: tls::DEFAULT_ALLOWED_CLIENT,
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn the_agent_command_gives_plain_http_no_answer() {
+    assert_refused(Connection::Plain).await;
 }

@@ -80,6 +80,9 @@ pub mod upgrade_state {
     pub const TRIGGER: &str = "caretaker.dev/upgrade-trigger";
     /// The idempotency key sent to the agent: starting twice returns the same operation.
     pub const REQUEST_ID: &str = "caretaker.dev/upgrade-request-id";
+    /// When the request was marked in progress (RFC 3339): how long a wait for a busy agent
+    /// has lasted, so it looks again less and less often.
+    pub const STARTED_AT: &str = "caretaker.dev/upgrade-started-at";
     /// Failed attempts to reach the agent so far.
     pub const ATTEMPTS: &str = "caretaker.dev/upgrade-attempts";
     /// Not before this time (RFC 3339) is the next attempt made.
@@ -87,7 +90,9 @@ pub mod upgrade_state {
     /// The last error, in words.
     pub const LAST_ERROR: &str = "caretaker.dev/upgrade-last-error";
 
-    pub const ALL: [&str; 5] = [TRIGGER, REQUEST_ID, ATTEMPTS, RETRY_AT, LAST_ERROR];
+    pub const ALL: [&str; 6] = [
+        TRIGGER, REQUEST_ID, STARTED_AT, ATTEMPTS, RETRY_AT, LAST_ERROR,
+    ];
 
     pub const RETRY: super::RetryKeys = super::RetryKeys {
         attempts: ATTEMPTS,

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use caretaker_agent::provision::NodeRole;
 use caretaker_operator::{Context, names};
+use common::unanswering::{Unanswering, assert_three_backed_off_attempts, three_attempts};
 use common::{World, fast, world};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -233,6 +234,26 @@ async fn the_same_trigger_removed_and_added_again_retries_a_failed_refresh() {
     assert!(days > 300, "refreshed with 1y: {days} days");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_that_never_answers_is_asked_once_per_attempt_with_a_growing_backoff() {
+    let mut world = world(three_attempts()).await;
+    let agent = Unanswering::start(&world.cas, "node-m-0").await;
+    world
+        .add_machine("m-0", NodeRole::Worker, "cp.example", Some(&agent.url))
+        .await;
+    world
+        .annotate("m-0", names::REFRESH_CERTIFICATES, "1y")
+        .await;
+    world.wait_status("m-0", names::STATUS_FAILED).await;
+
+    // Counted at the agent, not read from the operator's message.
+    let plans = agent.requests("POST /v1/certificates/plan");
+    assert_three_backed_off_attempts(&plans);
+    let event = world.event_with("m-0", names::EVENT_REFRESH_FAILED).await;
+    let message = event.message.unwrap_or_default();
+    assert!(message.contains("gave up after 3 attempts"), "{message}");
+}
+
 /// Plans and (optionally) applies a refresh of `node`'s agent at `url` directly, as an operator
 /// that died right afterwards would have.
 async fn refresh_behind_the_operators_back(
@@ -242,26 +263,7 @@ async fn refresh_behind_the_operators_back(
     apply: bool,
 ) -> String {
     use caretaker_agent::refresh::{ApplyRequest, PlanRequest};
-    let pair = world
-        .cas
-        .cluster
-        .issue(&caretaker_pki::LeafSpec::new(
-            "caretaker-operator",
-            caretaker_pki::Usage::Client,
-        ))
-        .unwrap();
-    let identity = caretaker_agent::tls::ClientIdentity::from_pem(
-        &world.cas.cluster.certificate_pem(),
-        &pair.certificate_pem,
-        &pair.key.unwrap().to_pem(),
-    )
-    .unwrap();
-    let agent = caretaker_agent::api::AgentClient::for_node(
-        &identity,
-        &[node.to_string()],
-        Duration::from_secs(10),
-    )
-    .unwrap();
+    let agent = world.operator_client(node);
     let plan = agent.plan(url, &PlanRequest::default()).await.unwrap();
     if apply {
         let mut certificates = BTreeMap::new();

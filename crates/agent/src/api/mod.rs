@@ -12,7 +12,8 @@
 //! | POST | `/v1/operations/{id}/cancel` | | [`crate::upgrade::Operation`] |
 //!
 //! Errors are `{"reason": "...", "message": "..."}` with a 4xx or 5xx status. A plan or apply
-//! while another refresh step runs is answered 409 [`BUSY`]: wait and ask again.
+//! while another refresh step runs, and an upgrade while another upgrade runs, is answered 409
+//! [`BUSY`]: wait and ask again.
 
 mod client;
 mod server;
@@ -39,8 +40,8 @@ pub struct ErrorBody {
     pub message: String,
 }
 
-/// The reason of a 409 answer meaning "another refresh step is running on this node: wait and
-/// ask again". It is not a failure of the request.
+/// The reason of a 409 answer meaning "another refresh step (or upgrade) is running on this
+/// node: wait and ask again". It is not a failure of the request.
 pub const BUSY: &str = "Busy";
 
 impl AgentError {

@@ -127,7 +127,7 @@ impl From<UpgradeError> for ApiError {
                 (StatusCode::BAD_REQUEST, "BadRequest")
             }
             UpgradeError::UnknownOperation(_) => (StatusCode::NOT_FOUND, "NotFound"),
-            UpgradeError::Busy(_) => (StatusCode::CONFLICT, "Conflict"),
+            UpgradeError::Busy(_) => (StatusCode::CONFLICT, super::BUSY),
             UpgradeError::NotConfigured | UpgradeError::Spawn(_) => {
                 (StatusCode::INTERNAL_SERVER_ERROR, "Internal")
             }

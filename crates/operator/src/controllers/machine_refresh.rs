@@ -15,10 +15,10 @@ use kube::api::{Api, DynamicObject};
 use serde_json::{Value, json};
 use time::OffsetDateTime;
 
-use super::{Next, busy, busy_retry, failure_reason, retry_changes};
+use super::{Next, busy, busy_wait_changes, failure_reason, retry_changes};
 use crate::Error;
 use crate::context::{Context, EventType, MachineAgent};
-use crate::machine::refresh::{RefreshStep, decide, format_time, parse_time};
+use crate::machine::refresh::{RefreshStep, decide, format_time};
 use crate::machine::{self, MachineView, ObjectRef};
 use crate::names::{self, refresh_state};
 use crate::signing::{MachineIdentity, verified_role};
@@ -213,19 +213,8 @@ async fn attempt_refresh(
 /// backoff that grows with how long the request has run. Not a failed attempt.
 async fn wait_for_agent(ctx: &Context, view: &MachineView, why: &str) -> Result<(), Error> {
     tracing::info!(machine = %view.name, reason = why, "the agent is busy; waiting");
-    let now = OffsetDateTime::now_utc();
-    let running_for = parse_time(view.annotation(refresh_state::STARTED_AT))
-        .and_then(|started| Duration::try_from(now - started).ok())
-        .unwrap_or_default();
-    let mut changes = BTreeMap::new();
-    changes.insert(
-        refresh_state::RETRY_AT.to_string(),
-        json!(format_time(now + busy_retry(running_for))),
-    );
-    changes.insert(
-        refresh_state::LAST_ERROR.to_string(),
-        json!(format!("waiting: {why}")),
-    );
+    let started_at = view.annotation(refresh_state::STARTED_AT);
+    let changes = busy_wait_changes(refresh_state::RETRY, started_at, why);
     ctx.patch_annotations(view, changes).await
 }
 

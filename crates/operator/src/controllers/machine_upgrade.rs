@@ -12,7 +12,7 @@ use kube::api::DynamicObject;
 use serde_json::{Value, json};
 use time::OffsetDateTime;
 
-use super::{Next, busy, failure_reason, retry_changes};
+use super::{Next, busy, busy_wait_changes, failure_reason, retry_changes};
 use crate::Error;
 use crate::context::{Context, EventType};
 use crate::machine::MachineView;
@@ -60,6 +60,7 @@ pub async fn reconcile(
                 json!(format!("u{:x}", now.unix_timestamp_nanos())),
             );
             changes.insert(upgrade_state::ATTEMPTS.into(), json!("0"));
+            changes.insert(upgrade_state::STARTED_AT.into(), json!(format_time(now)));
             ctx.patch_annotations(view, changes).await?;
             let note = format!("upgrading Machine {} in place to {trigger}", view.name);
             ctx.machine_event(
@@ -270,6 +271,14 @@ async fn record(
                 fail(ctx, object, view, &trigger, &reason, now).await
             }
         },
+        // Another upgrade runs on the node: wait for it, as for a busy refresh step. Not an
+        // attempt, and never a failure of this Machine.
+        Err(Error::Agent(e)) if e.is_busy() => {
+            tracing::info!(machine = %view.name, reason = %e, "the agent is busy; waiting");
+            let started_at = view.annotation(upgrade_state::STARTED_AT);
+            let changes = busy_wait_changes(upgrade_state::RETRY, started_at, &e.to_string());
+            ctx.patch_annotations(view, changes).await
+        }
         Err(e) if e.is_transient() && attempt < ctx.settings.max_attempts => {
             tracing::warn!(machine = %view.name, attempt, error = %e, "upgrade step failed; will retry");
             let changes = retry_changes(upgrade_state::RETRY, attempt, ctx.settings.retry_base, &e);

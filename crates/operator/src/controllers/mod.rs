@@ -23,7 +23,7 @@ use time::OffsetDateTime;
 use crate::Error;
 use crate::context::Context;
 use crate::machine;
-use crate::machine::refresh::{format_time, retry_at};
+use crate::machine::refresh::{format_time, parse_time, retry_at};
 use crate::names::RetryKeys;
 
 /// Runs every controller of the operator, over the Machines of `namespace` (all namespaces
@@ -121,6 +121,30 @@ pub fn retry_changes(
             json!(format_time(retry_at(now, base, attempt))),
         ),
         (keys.last_error.to_string(), json!(error.to_string())),
+    ])
+}
+
+/// The annotation changes that make a Machine wait for an agent that answered busy (another
+/// step runs on the node): look again after [`busy_retry`] of how long the request has run
+/// since `started_at`. Not a failed attempt: `keys.attempts` is left as it is.
+pub fn busy_wait_changes(
+    keys: RetryKeys,
+    started_at: Option<&str>,
+    why: &str,
+) -> BTreeMap<String, Value> {
+    let now = OffsetDateTime::now_utc();
+    let running_for = parse_time(started_at)
+        .and_then(|started| Duration::try_from(now - started).ok())
+        .unwrap_or_default();
+    BTreeMap::from([
+        (
+            keys.retry_at.to_string(),
+            json!(format_time(now + busy_retry(running_for))),
+        ),
+        (
+            keys.last_error.to_string(),
+            json!(format!("waiting: {why}")),
+        ),
     ])
 }
 

@@ -3,6 +3,8 @@
 //! Machine controller.
 #![allow(dead_code)]
 
+pub mod unanswering;
+
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -162,6 +164,31 @@ impl World {
             .await
             .unwrap();
         layout
+    }
+
+    /// A client as the operator has it for the agent of node `node_name`, to act behind the
+    /// operator's back (as an operator that died right afterwards would have).
+    pub fn operator_client(&self, node_name: &str) -> caretaker_agent::api::AgentClient {
+        let pair = self
+            .cas
+            .cluster
+            .issue(&caretaker_pki::LeafSpec::new(
+                caretaker_agent::tls::DEFAULT_ALLOWED_CLIENT,
+                caretaker_pki::Usage::Client,
+            ))
+            .unwrap();
+        let identity = caretaker_agent::tls::ClientIdentity::from_pem(
+            &self.cas.cluster.certificate_pem(),
+            &pair.certificate_pem,
+            &pair.key.unwrap().to_pem(),
+        )
+        .unwrap();
+        caretaker_agent::api::AgentClient::for_node(
+            &identity,
+            &[node_name.to_string()],
+            Duration::from_secs(10),
+        )
+        .unwrap()
     }
 
     /// How many refresh plans the agent of Machine `name` has staged (keys made, not applied).
