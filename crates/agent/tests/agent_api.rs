@@ -40,11 +40,28 @@ fn leaf_pair(ca: &CertificateAuthority, spec: LeafSpec) -> (String, String) {
     (issued.certificate_pem.clone(), issued.key.unwrap().to_pem())
 }
 
+#[derive(Default)]
 struct Hooks {
     restart: Option<String>,
     upgrade: Option<String>,
     /// For both hooks; the agent's defaults when `None`.
     timeout: Option<Duration>,
+}
+
+impl Hooks {
+    fn restart(command: impl Into<String>) -> Self {
+        Hooks {
+            restart: Some(command.into()),
+            ..Hooks::default()
+        }
+    }
+
+    fn upgrade(command: impl Into<String>) -> Self {
+        Hooks {
+            upgrade: Some(command.into()),
+            ..Hooks::default()
+        }
+    }
 }
 
 async fn start_node(cas: &ClusterCas, role: NodeRole, hooks: Hooks) -> Node {
@@ -258,26 +275,8 @@ fn openssl_verifies(ca: &CertificateAuthority, cert_pem: &str, dir: &Path) -> bo
 #[tokio::test]
 async fn inventory_lists_control_plane_and_worker_certificates() {
     let cas = ClusterCas::create().unwrap();
-    let cp = start_node(
-        &cas,
-        NodeRole::ControlPlane,
-        Hooks {
-            restart: None,
-            upgrade: None,
-            timeout: None,
-        },
-    )
-    .await;
-    let worker = start_node(
-        &cas,
-        NodeRole::Worker,
-        Hooks {
-            restart: None,
-            upgrade: None,
-            timeout: None,
-        },
-    )
-    .await;
+    let cp = start_node(&cas, NodeRole::ControlPlane, Hooks::default()).await;
+    let worker = start_node(&cas, NodeRole::Worker, Hooks::default()).await;
     let client = operator(&cas);
 
     let health = client.health(&cp.url).await.unwrap();
@@ -320,16 +319,7 @@ async fn inventory_lists_control_plane_and_worker_certificates() {
 #[tokio::test]
 async fn plan_then_apply_refreshes_every_certificate_in_place() {
     let cas = ClusterCas::create().unwrap();
-    let node = start_node(
-        &cas,
-        NodeRole::ControlPlane,
-        Hooks {
-            restart: Some("true".into()),
-            upgrade: None,
-            timeout: None,
-        },
-    )
-    .await;
+    let node = start_node(&cas, NodeRole::ControlPlane, Hooks::restart("true")).await;
     let client = operator(&cas);
     // Modes an admin chose, which a refresh must keep.
     let chosen_modes = [("apiserver.crt", 0o640), ("etcd/peer.crt", 0o600)];
@@ -463,16 +453,7 @@ async fn plan_then_apply_refreshes_every_certificate_in_place() {
 #[tokio::test]
 async fn a_bad_certificate_in_apply_changes_nothing_on_disk() {
     let cas = ClusterCas::create().unwrap();
-    let node = start_node(
-        &cas,
-        NodeRole::Worker,
-        Hooks {
-            restart: None,
-            upgrade: None,
-            timeout: None,
-        },
-    )
-    .await;
+    let node = start_node(&cas, NodeRole::Worker, Hooks::default()).await;
     let client = operator(&cas);
     let before = node_files(&node);
 
@@ -599,16 +580,7 @@ async fn a_bad_certificate_in_apply_changes_nothing_on_disk() {
 #[tokio::test]
 async fn requests_never_become_paths() {
     let cas = ClusterCas::create().unwrap();
-    let node = start_node(
-        &cas,
-        NodeRole::Worker,
-        Hooks {
-            restart: None,
-            upgrade: None,
-            timeout: None,
-        },
-    )
-    .await;
+    let node = start_node(&cas, NodeRole::Worker, Hooks::default()).await;
     let client = operator(&cas);
     let err = client
         .plan(
@@ -660,16 +632,7 @@ async fn requests_never_become_paths() {
 #[tokio::test]
 async fn a_failed_restart_hook_is_reported_and_the_new_certificates_stay() {
     let cas = ClusterCas::create().unwrap();
-    let node = start_node(
-        &cas,
-        NodeRole::Worker,
-        Hooks {
-            restart: Some("sh -c {release}".into()),
-            upgrade: None,
-            timeout: None,
-        },
-    )
-    .await;
+    let node = start_node(&cas, NodeRole::Worker, Hooks::restart("sh -c {release}")).await;
     // `{release}` is not substituted for restarts: the hook runs as `sh -c {release}`, which
     // fails with sh's own error. What matters is the report.
     let client = operator(&cas);
@@ -840,11 +803,7 @@ async fn an_apply_outlives_its_client_and_others_are_told_to_wait() {
     let node = start_node(
         &cas,
         NodeRole::Worker,
-        Hooks {
-            restart: Some(hook.display().to_string()),
-            upgrade: None,
-            timeout: None,
-        },
+        Hooks::restart(hook.display().to_string()),
     )
     .await;
     let client = operator(&cas);
@@ -914,16 +873,7 @@ async fn an_apply_outlives_its_client_and_others_are_told_to_wait() {
 #[tokio::test]
 async fn old_backups_and_applied_records_are_pruned_to_the_last_three() {
     let cas = ClusterCas::create().unwrap();
-    let node = start_node(
-        &cas,
-        NodeRole::Worker,
-        Hooks {
-            restart: None,
-            upgrade: None,
-            timeout: None,
-        },
-    )
-    .await;
+    let node = start_node(&cas, NodeRole::Worker, Hooks::default()).await;
     let client = operator(&cas);
     let mut outcomes = Vec::new();
     for _ in 0..5 {
@@ -972,17 +922,7 @@ async fn a_client_that_never_finishes_its_handshake_is_cut_off() {
         handshake_timeout: Duration::from_secs(1),
         ..ServeLimits::default()
     };
-    let node = start_node_with(
-        &cas,
-        NodeRole::Worker,
-        Hooks {
-            restart: None,
-            upgrade: None,
-            timeout: None,
-        },
-        limits,
-    )
-    .await;
+    let node = start_node_with(&cas, NodeRole::Worker, Hooks::default(), limits).await;
     let address = node.url.trim_start_matches("https://");
     let mut silent = tokio::net::TcpStream::connect(address).await.unwrap();
     // It sends nothing; the agent closes the connection once the handshake timeout passes.
@@ -1005,17 +945,7 @@ async fn connections_beyond_the_cap_wait_until_one_is_freed() {
         handshake_timeout: Duration::from_secs(60),
         ..ServeLimits::default()
     };
-    let node = start_node_with(
-        &cas,
-        NodeRole::Worker,
-        Hooks {
-            restart: None,
-            upgrade: None,
-            timeout: None,
-        },
-        limits,
-    )
-    .await;
+    let node = start_node_with(&cas, NodeRole::Worker, Hooks::default(), limits).await;
     let address = node.url.trim_start_matches("https://").to_string();
     let idle_1 = tokio::net::TcpStream::connect(&address).await.unwrap();
     let _idle_2 = tokio::net::TcpStream::connect(&address).await.unwrap();
@@ -1036,16 +966,7 @@ async fn connections_beyond_the_cap_wait_until_one_is_freed() {
 #[tokio::test]
 async fn clients_without_the_operators_certificate_get_no_answer() {
     let cas = ClusterCas::create().unwrap();
-    let node = start_node(
-        &cas,
-        NodeRole::Worker,
-        Hooks {
-            restart: None,
-            upgrade: None,
-            timeout: None,
-        },
-    )
-    .await;
+    let node = start_node(&cas, NodeRole::Worker, Hooks::default()).await;
 
     // Another CA's client certificate with the right name.
     let other = CertificateAuthority::create(&CaSpec::new("kubernetes")).unwrap();
@@ -1106,16 +1027,7 @@ async fn upgrades_succeed_fail_and_cancel() {
     let cas = ClusterCas::create().unwrap();
     let hooks_dir = tempfile::tempdir().unwrap();
     let script = upgrade_script(hooks_dir.path());
-    let node = start_node(
-        &cas,
-        NodeRole::Worker,
-        Hooks {
-            restart: None,
-            upgrade: Some(script),
-            timeout: None,
-        },
-    )
-    .await;
+    let node = start_node(&cas, NodeRole::Worker, Hooks::upgrade(script)).await;
     let client = operator(&cas);
 
     // An option of an unknown form is refused, listing the accepted ones.
@@ -1203,16 +1115,7 @@ async fn upgrades_succeed_fail_and_cancel() {
     // Cancel: the whole process group is killed (the script and its child), nothing is recorded.
     let slow_dir = tempfile::tempdir().unwrap();
     let (slow, pids) = long_running_hook(slow_dir.path());
-    let slow_node = start_node(
-        &cas,
-        NodeRole::Worker,
-        Hooks {
-            restart: None,
-            upgrade: Some(slow),
-            timeout: None,
-        },
-    )
-    .await;
+    let slow_node = start_node(&cas, NodeRole::Worker, Hooks::upgrade(slow)).await;
     let op = client
         .start_upgrade(
             &slow_node.url,
@@ -1282,16 +1185,7 @@ async fn an_upgrade_running_when_the_agent_stopped_is_reported_failed_after_a_re
     let cas = ClusterCas::create().unwrap();
     let hooks_dir = tempfile::tempdir().unwrap();
     let (slow, pids) = long_running_hook(hooks_dir.path());
-    let node = start_node(
-        &cas,
-        NodeRole::Worker,
-        Hooks {
-            restart: None,
-            upgrade: Some(slow.clone()),
-            timeout: None,
-        },
-    )
-    .await;
+    let node = start_node(&cas, NodeRole::Worker, Hooks::upgrade(slow.clone())).await;
     let client = operator(&cas);
     let op = client
         .start_upgrade(
@@ -1355,16 +1249,7 @@ async fn hostile_release_options_are_refused_and_never_reach_the_hook() {
     let cas = ClusterCas::create().unwrap();
     let hooks_dir = tempfile::tempdir().unwrap();
     let script = upgrade_script(hooks_dir.path());
-    let node = start_node(
-        &cas,
-        NodeRole::Worker,
-        Hooks {
-            restart: None,
-            upgrade: Some(script),
-            timeout: None,
-        },
-    )
-    .await;
+    let node = start_node(&cas, NodeRole::Worker, Hooks::upgrade(script)).await;
     let client = operator(&cas);
     for release in hostile_releases() {
         let err = client
@@ -1401,16 +1286,7 @@ async fn an_agent_restart_remembers_operations() {
     let cas = ClusterCas::create().unwrap();
     let hooks_dir = tempfile::tempdir().unwrap();
     let script = upgrade_script(hooks_dir.path());
-    let node = start_node(
-        &cas,
-        NodeRole::Worker,
-        Hooks {
-            restart: None,
-            upgrade: Some(script.clone()),
-            timeout: None,
-        },
-    )
-    .await;
+    let node = start_node(&cas, NodeRole::Worker, Hooks::upgrade(script.clone())).await;
     let client = operator(&cas);
     let op = client
         .start_upgrade(
