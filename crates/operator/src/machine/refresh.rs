@@ -110,10 +110,16 @@ pub fn decide(machine: &MachineView, now: OffsetDateTime) -> RefreshStep {
     }
 }
 
-/// When the attempt after `failed` failures may run: `base`, doubling per failure.
+/// When the attempt after `failed` failures may run: `base`, doubling per failure, rounded up
+/// to a whole second, since the annotation that records it holds whole seconds: truncating
+/// would cut up to a second off the backoff.
 pub fn retry_at(now: OffsetDateTime, base: std::time::Duration, failed: u32) -> OffsetDateTime {
     let factor = 2u32.saturating_pow(failed.saturating_sub(1).min(16));
-    now + base.saturating_mul(factor)
+    let at = now + base.saturating_mul(factor);
+    match at.nanosecond() {
+        0 => at,
+        _ => at.replace_nanosecond(0).unwrap_or(at) + time::Duration::SECOND,
+    }
 }
 
 #[cfg(test)]
@@ -285,5 +291,12 @@ mod tests {
         assert_eq!(retry_at(NOW, base, 1) - NOW, time::Duration::seconds(10));
         assert_eq!(retry_at(NOW, base, 2) - NOW, time::Duration::seconds(20));
         assert_eq!(retry_at(NOW, base, 3) - NOW, time::Duration::seconds(40));
+        // Recorded in whole seconds, never shorter than asked.
+        let between = NOW + time::Duration::milliseconds(600);
+        let short = std::time::Duration::from_millis(200);
+        let at = retry_at(between, short, 1);
+        assert_eq!(at, datetime!(2026-01-01 12:00:01 UTC));
+        assert_eq!(parse_time(Some(&format_time(at))), Some(at));
+        assert!(at - between >= time::Duration::milliseconds(200));
     }
 }
