@@ -208,7 +208,8 @@ pub fn provision_node(
     Ok(())
 }
 
-fn write_pair(
+/// Writes `<stem>.crt` and `<stem>.key` (0600) under the PKI directory, issued by `ca`.
+pub fn write_pair(
     layout: &NodeLayout,
     stem: &str,
     ca: &CertificateAuthority,

@@ -10,7 +10,7 @@ use std::time::Duration;
 use caretaker_agent::provision::NodeRole;
 use caretaker_operator::{Context, names};
 use common::unanswering::{Unanswering, assert_three_backed_off_attempts, three_attempts};
-use common::{World, fast, world};
+use common::{World, fast, unreachable_agent_url, world};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn control_plane_and_worker_machines_are_refreshed() {
@@ -157,17 +157,12 @@ async fn a_node_asking_for_a_foreign_san_is_refused_and_nothing_is_signed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_agent_is_retried_then_the_refresh_fails() {
     let mut world = world(fast()).await;
-    let closed = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
     world
         .add_machine(
             "m-0",
             NodeRole::Worker,
             "cp.example",
-            Some(&format!("https://127.0.0.1:{closed}")),
+            Some(&unreachable_agent_url()),
         )
         .await;
     world
@@ -187,17 +182,12 @@ async fn an_unreachable_agent_is_retried_then_the_refresh_fails() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_same_trigger_removed_and_added_again_retries_a_failed_refresh() {
     let mut world = world(fast()).await;
-    let closed = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
     let layout = world
         .add_machine(
             "m-0",
             NodeRole::Worker,
             "cp.example",
-            Some(&format!("https://127.0.0.1:{closed}")),
+            Some(&unreachable_agent_url()),
         )
         .await;
     let before = caretaker_agent::inventory::discover(&layout);

@@ -10,7 +10,7 @@ use std::time::Duration;
 use caretaker_agent::command::CommandTemplate;
 use caretaker_agent::provision::NodeRole;
 use caretaker_operator::{machine, names};
-use common::{NS, World, fast, world};
+use common::{NS, World, fast, unreachable_agent_url, world};
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use serde_json::json;
 
@@ -79,16 +79,6 @@ async fn wait_parent_until(
         "{name}: never {what}: {:?}",
         api.get(name).await.unwrap().metadata.annotations
     );
-}
-
-/// An agent URL nothing listens on.
-fn unreachable_agent_url() -> String {
-    let closed = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    format!("https://127.0.0.1:{closed}")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,7 +7,7 @@ mod common;
 use caretaker_agent::NodeLayout;
 use caretaker_agent::inventory::discover;
 use caretaker_agent::provision::NodeRole;
-use caretaker_pki::files::{self, FileToWrite};
+use caretaker_pki::files;
 use caretaker_pki::{CaSpec, CertificateAuthority, LeafSpec, Usage};
 use common::{NS, World, fast, world};
 use k8s_openapi::ByteString;
@@ -20,27 +20,7 @@ use caretaker_operator::names;
 /// Writes a pair issued by a CA of the attacker's own, as a root user on the node could.
 fn plant_pair(layout: &NodeLayout, stem: &str, leaf: &LeafSpec) {
     let forger = CertificateAuthority::create(&CaSpec::new("attacker")).unwrap();
-    let issued = forger.issue(leaf).unwrap();
-    let path = layout.pki_dir.join(format!("{stem}.crt"));
-    let dir = path.parent().unwrap();
-    std::fs::create_dir_all(dir).unwrap();
-    let base = path.file_stem().unwrap().to_str().unwrap();
-    files::write_all(
-        dir,
-        &[
-            FileToWrite {
-                name: &format!("{base}.crt"),
-                contents: issued.certificate_pem.as_bytes(),
-                mode: files::CERTIFICATE_MODE,
-            },
-            FileToWrite {
-                name: &format!("{base}.key"),
-                contents: issued.key.unwrap().to_pem().as_bytes(),
-                mode: files::PRIVATE_KEY_MODE,
-            },
-        ],
-    )
-    .unwrap();
+    caretaker_agent::provision::write_pair(layout, stem, &forger, leaf).unwrap();
 }
 
 /// Waits for the refresh to fail and returns its Warning event's message.

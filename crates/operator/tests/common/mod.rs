@@ -289,6 +289,16 @@ pub async fn run_controllers(ctx: std::sync::Arc<Context>) {
     controllers::run(ctx, None).await;
 }
 
+/// An agent URL nothing listens on.
+pub fn unreachable_agent_url() -> String {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    format!("https://127.0.0.1:{closed}")
+}
+
 pub fn fast() -> Settings {
     Settings {
         max_attempts: 2,
