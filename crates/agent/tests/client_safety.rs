@@ -1,6 +1,7 @@
-//! The operator's side of the agent API facing a hostile or wrong agent: an agent of another
-//! node (its serving certificate does not name the node the operator meant), one whose
-//! certificate chains to another CA, and one that answers with an endless body.
+//! The agent API between a hostile party and the operator: an agent of another node (its
+//! serving certificate does not name the node the operator meant), one whose certificate
+//! chains to another CA, one that answers with an endless body, and a host flooding a real
+//! agent with idle connections.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -9,13 +10,23 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::routing::get;
-use caretaker_agent::api::{AgentClient, AgentError, MAX_REPLY_BYTES, serve};
+use caretaker_agent::api::{AgentClient, AgentError, MAX_REPLY_BYTES, ServeLimits, serve_with};
 use caretaker_agent::provision::agent_serving_leaf;
 use caretaker_agent::tls::{self, ClientIdentity};
 use caretaker_pki::{CaSpec, CertificateAuthority, LeafSpec, Usage};
 
 /// Serves `router` with mutual TLS as node `node` (address 127.0.0.1) under `ca`.
 async fn start(ca: &CertificateAuthority, node: &str, router: Router) -> String {
+    start_with(ca, node, router, ServeLimits::default()).await
+}
+
+/// [`start`] with these connection limits.
+async fn start_with(
+    ca: &CertificateAuthority,
+    node: &str,
+    router: Router,
+    limits: ServeLimits,
+) -> String {
     let serving = ca
         .issue(&agent_serving_leaf(node, &["127.0.0.1".parse().unwrap()]))
         .unwrap();
@@ -31,9 +42,7 @@ async fn start(ca: &CertificateAuthority, node: &str, router: Router) -> String 
         "https://127.0.0.1:{}",
         listener.local_addr().unwrap().port()
     );
-    tokio::spawn(async move {
-        let _ = serve(listener, config, router).await;
-    });
+    tokio::spawn(serve_with(listener, config, router, limits));
     url
 }
 
@@ -145,4 +154,33 @@ fn counted_zeros(
         counter.fetch_add(size, Ordering::SeqCst);
         Ok(chunk.clone())
     }))
+}
+
+#[tokio::test]
+async fn one_flooding_peer_cannot_take_every_slot() {
+    let ca = CertificateAuthority::create(&CaSpec::new("kubernetes")).unwrap();
+    // Idle connections hold their slot for the whole handshake timeout: far longer than the
+    // operator's client waits below.
+    let limits = ServeLimits {
+        max_connections: 16,
+        max_connections_per_peer: 4,
+        handshake_timeout: Duration::from_secs(120),
+        ..ServeLimits::default()
+    };
+    let url = start_with(&ca, "node-a", health_router(), limits).await;
+    let address: std::net::SocketAddr = url.trim_start_matches("https://").parse().unwrap();
+
+    // The flood comes from another loopback address, as from another host: more connections
+    // than the agent serves at once, each sending nothing.
+    let mut flood = Vec::new();
+    for _ in 0..40 {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+        flood.push(socket.connect(address).await.unwrap());
+    }
+    client_for(&operator_identity(&ca), &["node-a"])
+        .health(&url)
+        .await
+        .expect("the operator is served beside the flood");
+    drop(flood);
 }
