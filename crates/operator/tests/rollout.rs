@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use caretaker_agent::command::CommandTemplate;
 use caretaker_agent::provision::NodeRole;
+use caretaker_operator::capi_objects::ClusterObjects;
 use caretaker_operator::{machine, names};
 use common::{NS, World, fast, unreachable_agent_url, world};
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
@@ -81,39 +82,36 @@ async fn wait_parent_until(
     );
 }
 
+/// The order and the limit as the agents see them: each node's restart hook (run by a refresh)
+/// logs when it starts and ends, and sleeps long enough for runs to overlap when they may.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_refresh_covers_the_control_plane_then_every_worker() {
     let mut world = world(fast()).await;
+    let (log, make) = logging_scripts(world.dir.path().join("hooks"), "0.6");
     let mut layouts = vec![
         world
-            .add_machine("cp-0", NodeRole::ControlPlane, "cp.example", None)
+            .add_restartable("cp-0", NodeRole::ControlPlane, make("cp-0"))
             .await,
     ];
-    for i in 0..3 {
+    // Four workers two at a time: an implementation that ignores the limit runs more than two
+    // at once, one that serialises everything never runs two.
+    for i in 0..4 {
+        let name = format!("w-{i}");
         layouts.push(
             world
-                .add_machine(&format!("w-{i}"), NodeRole::Worker, "cp.example", None)
+                .add_restartable(&name, NodeRole::Worker, make(&name))
                 .await,
         );
     }
-    annotate_parent(
+    let annotations = roll_out(
         &world,
         &machine::cluster_api_resource(),
         "c1",
-        json!({
-            names::REFRESH_CERTIFICATES: "1y", names::MAX_PARALLEL: "2"
-        }),
-    )
-    .await;
-    let annotations = wait_parent(
-        &world,
-        &machine::cluster_api_resource(),
-        "c1",
+        json!({ names::REFRESH_CERTIFICATES: "1y", names::MAX_PARALLEL: "2" }),
         names::REFRESH_CERTIFICATES_STATUS,
-        names::STATUS_DONE,
     )
     .await;
-    assert_eq!(annotations[names::PROGRESS], "4/4");
+    assert_eq!(annotations[names::PROGRESS], "5/5");
     assert!(
         !annotations.contains_key(names::REFRESH_CERTIFICATES),
         "the trigger is removed when done"
@@ -127,13 +125,31 @@ async fn a_cluster_refresh_covers_the_control_plane_then_every_worker() {
         assert!(days > 360, "{days}");
     }
     let request = &annotations[names::rollout_state::REFRESH_REQUEST];
-    for name in ["cp-0", "w-0", "w-1", "w-2"] {
+    for name in ["cp-0", "w-0", "w-1", "w-2", "w-3"] {
         assert_eq!(
             &world.annotations(name).await[names::rollout_state::REFRESH_REQUEST],
             request,
             "{name} tagged"
         );
     }
+
+    let (_, runs) = concurrency(&log);
+    assert_eq!(
+        runs.into_iter().collect::<Vec<_>>(),
+        ["cp-0", "w-0", "w-1", "w-2", "w-3"].map(|name| (name.to_string(), 1)),
+        "every node restarted once"
+    );
+    assert_control_plane_before_workers(&log);
+    let (workers_at_once, _) = concurrency_of(&log, |m| m.starts_with("w-"));
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        workers_at_once <= 2,
+        "max-parallel 2 ignored: {workers_at_once} workers at once:\n{text}"
+    );
+    assert_eq!(
+        workers_at_once, 2,
+        "max-parallel 2 unused: the workers went one at a time:\n{text}"
+    );
     world
         .event_with("c1", names::EVENT_REFRESH_CERTS_IN_PROGRESS)
         .await;
@@ -220,9 +236,8 @@ async fn a_failed_rollout_ends_only_after_its_running_machines_finish() {
     let slow = upgrade_script(
         &hooks.join("slow.sh"),
         &format!(
-            // Bounded, so that a failing test that never opens the gate still ends.
-            "i=0\nwhile [ ! -e {gate} ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done\necho \"$1\" >> {log}",
-            gate = gate.display(),
+            "{}\necho \"$1\" >> {log}",
+            wait_for_gate(&gate),
             log = hooks.join("releases").display()
         ),
     );
@@ -376,7 +391,17 @@ fn upgrade_script(path: &std::path::Path, body: &str) -> CommandTemplate {
     CommandTemplate::parse(path.to_str().unwrap()).unwrap()
 }
 
-/// Per-Machine upgrade scripts that log `start NAME T` and `end NAME T` to one shared file.
+/// Shell lines that wait until file `gate` exists; bounded (20 s), so that a failing test that
+/// never opens the gate still ends.
+fn wait_for_gate(gate: &std::path::Path) -> String {
+    format!(
+        "i=0\nwhile [ ! -e {gate} ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done",
+        gate = gate.display()
+    )
+}
+
+/// Per-Machine hook scripts (upgrade or restart commands) that log `start NAME T` and
+/// `end NAME T` to one shared file, sleeping `seconds` in between.
 fn logging_scripts(
     root: std::path::PathBuf,
     seconds: &str,
@@ -433,6 +458,30 @@ fn concurrency_of(
         max = max.max(now);
     }
     (max as usize, runs)
+}
+
+/// Checks, from the shared log of [`logging_scripts`], that every control-plane Machine
+/// (`cp-*`) had ended its run before the first worker (`w-*`) started one.
+fn assert_control_plane_before_workers(log: &std::path::Path) {
+    let text = std::fs::read_to_string(log).unwrap();
+    let first_worker = text
+        .lines()
+        .position(|l| l.starts_with("start w-"))
+        .unwrap_or_else(|| panic!("no worker ran:\n{text}"));
+    let control_plane_ends = text.lines().filter(|l| l.starts_with("end cp-")).count();
+    let ended_before_workers = text
+        .lines()
+        .take(first_worker)
+        .filter(|l| l.starts_with("end cp-"))
+        .count();
+    assert!(
+        control_plane_ends > 0,
+        "no control-plane Machine ran:\n{text}"
+    );
+    assert_eq!(
+        ended_before_workers, control_plane_ends,
+        "a worker started before the control plane had finished:\n{text}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -635,36 +684,164 @@ async fn a_control_plane_refresh_goes_one_machine_at_a_time() {
     }
 }
 
+/// Waits until Machine `name`'s annotations satisfy `done` (described by `what`).
+async fn wait_machine_until(
+    world: &World,
+    name: &str,
+    what: &str,
+    done: impl Fn(&BTreeMap<String, String>) -> bool,
+) -> BTreeMap<String, String> {
+    wait_parent_until(world, &machine::api_resource(), name, what, done).await
+}
+
+/// Waits until the operator has recorded when Machine `name`'s certificates expire.
+async fn wait_expiry_recorded(world: &World, name: &str) -> BTreeMap<String, String> {
+    wait_machine_until(world, name, "had its certificates' expiry recorded", |a| {
+        a.contains_key(names::CERTIFICATES_EXPIRY)
+    })
+    .await
+}
+
+/// Two Clusters whose nodes' certificates expire in 30 days: c2 asks for a refresh 60 days
+/// before expiry, so it is due; c1 only 7 days before, so it is not. In the time c2's refresh
+/// takes from start to done, c1 starts nothing: an implementation that ignored `before` would
+/// have refreshed both.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn automatic_refresh_starts_when_expiry_is_near_and_bad_values_are_reported() {
+async fn automatic_refresh_starts_when_expiry_is_within_before_and_not_earlier() {
     let mut world = world(fast()).await;
     world
         .add_machine("w-0", NodeRole::Worker, "cp.example", None)
         .await;
-    // The node's certificates expire in 30 days; wait until the operator has recorded it.
-    for _ in 0..200 {
-        if world
-            .annotations("w-0")
-            .await
-            .contains_key(names::CERTIFICATES_EXPIRY)
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    world.cluster = ClusterObjects::new(&world.client, NS, "c2", "cp.example");
+    world.cluster.create(&world.cas).await.unwrap();
+    world
+        .cluster
+        .create_machine_deployment("c2-md-0")
+        .await
+        .unwrap();
+    world.deployment = "c2-md-0".into();
+    world
+        .add_machine("x-0", NodeRole::Worker, "cp.example", None)
+        .await;
+    let not_due = wait_expiry_recorded(&world, "w-0").await;
+    wait_expiry_recorded(&world, "x-0").await;
+
     let clusters = machine::cluster_api_resource();
     annotate_parent(
         &world,
         &clusters,
         "c1",
-        json!({ names::AUTO_REFRESH_CERTIFICATES: "ttl=1y,before=later" }),
+        json!({ names::AUTO_REFRESH_CERTIFICATES: "ttl=1y,before=7d" }),
     )
     .await;
-    let event = world
+    let due = roll_out(
+        &world,
+        &clusters,
+        "c2",
+        json!({ names::AUTO_REFRESH_CERTIFICATES: "ttl=1y,before=60d" }),
+        names::REFRESH_CERTIFICATES_STATUS,
+    )
+    .await;
+    assert_eq!(due[names::PROGRESS], "1/1");
+    let expiry = world.annotations("x-0").await[names::CERTIFICATES_EXPIRY].clone();
+    assert!(
+        expiry.starts_with(&(time::OffsetDateTime::now_utc().year() + 1).to_string()),
+        "c2's node got a year: {expiry}"
+    );
+
+    let api: Api<DynamicObject> = Api::namespaced_with(world.client.clone(), NS, &clusters);
+    let c1 = api.get("c1").await.unwrap().metadata.annotations.unwrap();
+    for key in [
+        names::REFRESH_CERTIFICATES,
+        names::REFRESH_CERTIFICATES_STATUS,
+        names::rollout_state::REFRESH_REQUEST,
+    ] {
+        assert!(
+            !c1.contains_key(key),
+            "c1's refresh is not due for 23 days, yet it started: {c1:?}"
+        );
+    }
+    let w0 = world.annotations("w-0").await;
+    assert!(
+        !w0.contains_key(names::rollout_state::REFRESH_REQUEST)
+            && !w0.contains_key(names::REFRESH_CERTIFICATES),
+        "w-0 must not be refreshed: {w0:?}"
+    );
+    assert_eq!(
+        w0[names::CERTIFICATES_EXPIRY],
+        not_due[names::CERTIFICATES_EXPIRY],
+        "w-0's certificates are unchanged"
+    );
+}
+
+/// A bad `auto-refresh-certificates` value gets one Warning event, however often the Cluster is
+/// reconciled afterwards (here by an upgrade rollout, which reconciles it at every step and each
+/// time reads the bad value); a different bad value is reported in turn, and a fixed one starts
+/// the refresh.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_automatic_refresh_value_is_reported_once() {
+    let mut world = world(fast()).await;
+    let upgrade = upgrade_script(&world.dir.path().join("hooks/upgrade.sh"), "true");
+    world.add_upgradable("w-0", NodeRole::Worker, upgrade).await;
+    wait_expiry_recorded(&world, "w-0").await;
+    let clusters = machine::cluster_api_resource();
+    let reports = |events: Vec<k8s_openapi::api::core::v1::Event>, value: &str| {
+        events
+            .into_iter()
+            .filter(|e| {
+                e.reason.as_deref() == Some(names::EVENT_REFRESH_CERTS_FAILED)
+                    && e.type_.as_deref() == Some("Warning")
+                    && e.message.as_deref().is_some_and(|m| m.contains(value))
+            })
+            .count()
+    };
+
+    let bad = "ttl=1y,before=later";
+    annotate_parent(
+        &world,
+        &clusters,
+        "c1",
+        json!({ names::AUTO_REFRESH_CERTIFICATES: bad }),
+    )
+    .await;
+    world
         .event_with("c1", names::EVENT_REFRESH_CERTS_FAILED)
         .await;
-    assert_eq!(event.type_.as_deref(), Some("Warning"));
-    assert!(event.message.unwrap().contains("ttl=1y,before=later"));
+    roll_out(
+        &world,
+        &clusters,
+        "c1",
+        json!({ names::IN_PLACE_UPGRADE_TO: "revision=2" }),
+        names::IN_PLACE_UPGRADE_STATUS,
+    )
+    .await;
+    let events = world.events("c1").await;
+    assert_eq!(
+        reports(events.clone(), bad),
+        1,
+        "{bad} reported once, not on every reconcile; events of c1: {:?}",
+        events.iter().map(|e| &e.reason).collect::<Vec<_>>()
+    );
+
+    let other = "ttl=1y;before=30d";
+    annotate_parent(
+        &world,
+        &clusters,
+        "c1",
+        json!({ names::AUTO_REFRESH_CERTIFICATES: other }),
+    )
+    .await;
+    wait_parent(
+        &world,
+        &clusters,
+        "c1",
+        names::rollout_state::AUTO_REFRESH_REPORTED,
+        other,
+    )
+    .await;
+    let events = world.events("c1").await;
+    assert_eq!(reports(events.clone(), other), 1, "{other} reported");
+    assert_eq!(reports(events, bad), 1, "{bad} not reported again");
 
     roll_out(
         &world,
@@ -725,22 +902,7 @@ async fn a_cluster_upgrade_covers_three_control_planes_and_two_machine_deploymen
     assert!(max <= 3, "{max}");
     assert_eq!(runs.len(), 8);
     assert!(runs.values().all(|n| *n == 1));
-    // The control plane finished before any worker started.
-    let text = std::fs::read_to_string(&log).unwrap();
-    let last_cp_end = text.lines().filter(|l| l.starts_with("end cp-")).count();
-    let first_worker = text
-        .lines()
-        .position(|l| l.starts_with("start w-"))
-        .unwrap();
-    let cp_ends_before: usize = text
-        .lines()
-        .take(first_worker)
-        .filter(|l| l.starts_with("end cp-"))
-        .count();
-    assert_eq!(
-        cp_ends_before, last_cp_end,
-        "all control-plane upgrades ended before the first worker started:\n{text}"
-    );
+    assert_control_plane_before_workers(&log);
     world.event_with("c1", names::EVENT_UPGRADE_DONE).await;
 }
 
@@ -971,7 +1133,7 @@ async fn machines_without_a_node_wait_and_deleted_ones_are_skipped() {
     );
 }
 
-/// The two operations, as the new-request-after-a-failure cases need them.
+/// The two operations, as the new-request-after-an-end cases need them.
 #[derive(Debug, Clone, Copy)]
 enum Operation {
     Refresh,
@@ -1003,7 +1165,7 @@ impl Operation {
             Operation::Upgrade => names::rollout_state::UPGRADE_TRIGGER,
         }
     }
-    /// The trigger values of the failed request and of the new one.
+    /// The trigger values of the ended request and of the new one.
     fn values(self) -> [&'static str; 2] {
         match self {
             Operation::Refresh => ["1y", "2y"],
@@ -1012,11 +1174,21 @@ impl Operation {
     }
 }
 
-/// A request fails at the second of four workers; once the cause is fixed, a new request (the
-/// trigger removed, then set again, to a new value or to the same one, with `max_parallel`)
-/// must cover all four, the failed one included, and not take the failed Machine's old status
-/// for its own result.
-async fn a_new_request_after_a_failure(
+/// How the first request ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum End {
+    /// At the second of four workers, whose agent cannot be reached.
+    Failed,
+    /// Its trigger removed while the first worker runs.
+    Cancelled,
+}
+
+/// A request ends as `end` says; once the cause is fixed, a new request (the trigger removed,
+/// then set again, to a new value or to the same one, with `max_parallel`) must cover all four
+/// workers: those the ended request finished are done again (their agents see a second run),
+/// and no Machine's old status is taken for the new request's result.
+async fn a_new_request_after(
+    end: End,
     operation: Operation,
     parent: &kube::api::ApiResource,
     parent_name: &str,
@@ -1024,19 +1196,36 @@ async fn a_new_request_after_a_failure(
     same_value: bool,
 ) {
     let mut world = world(fast()).await;
-    let (log, make) = logging_scripts(world.dir.path().join("hooks"), "0");
+    // Long enough a run for the trigger to be removed while the first one still runs.
+    let seconds = match end {
+        End::Failed => "0",
+        End::Cancelled => "0.5",
+    };
+    let (log, make) = logging_scripts(world.dir.path().join("hooks"), seconds);
     let mut layouts = Vec::new();
     for i in 0..4 {
         let name = format!("w-{i}");
+        // Both hooks log, so the log shows each node's every refresh (its restart hook) and
+        // every upgrade.
+        let (restart, upgrade) = (Some(make(&name)), Some(make(&name)));
         layouts.push(
             world
-                .add_upgradable(&name, NodeRole::Worker, make(&name))
+                .add_machine_with(
+                    &name,
+                    NodeRole::Worker,
+                    "cp.example",
+                    None,
+                    restart,
+                    upgrade,
+                )
                 .await,
         );
     }
-    world
-        .annotate("w-1", names::AGENT_ENDPOINT, &unreachable_agent_url())
-        .await;
+    if end == End::Failed {
+        world
+            .annotate("w-1", names::AGENT_ENDPOINT, &unreachable_agent_url())
+            .await;
+    }
     let [first, new_value] = operation.values();
     let second = if same_value { first } else { new_value };
     annotate_parent(
@@ -1046,44 +1235,75 @@ async fn a_new_request_after_a_failure(
         json!({ operation.trigger(): first }),
     )
     .await;
-    let failed = wait_parent(
-        &world,
-        parent,
-        parent_name,
-        operation.status(),
-        names::STATUS_FAILED,
-    )
-    .await;
-    assert_eq!(failed[names::PROGRESS], "1/4");
-    assert_eq!(
-        world.annotations("w-1").await[operation.status()],
-        names::STATUS_FAILED
+    let removed = json!({ names::MAX_PARALLEL: max_parallel, operation.trigger(): null });
+    let ended = match end {
+        End::Failed => {
+            let failed = wait_parent(
+                &world,
+                parent,
+                parent_name,
+                operation.status(),
+                names::STATUS_FAILED,
+            )
+            .await;
+            assert_eq!(failed[names::PROGRESS], "1/4");
+            assert_eq!(
+                world.annotations("w-1").await[operation.status()],
+                names::STATUS_FAILED
+            );
+            world
+                .annotate("w-1", names::AGENT_ENDPOINT, &world.agents[1].url)
+                .await;
+            annotate_parent(&world, parent, parent_name, removed).await;
+            failed
+        }
+        End::Cancelled => {
+            world
+                .wait_for("w-0", operation.status(), names::STATUS_IN_PROGRESS)
+                .await;
+            annotate_parent(&world, parent, parent_name, removed).await;
+            wait_parent(
+                &world,
+                parent,
+                parent_name,
+                operation.status(),
+                names::STATUS_CANCELLED,
+            )
+            .await
+        }
+    };
+    let mut statuses = BTreeMap::new();
+    let mut finished = Vec::new();
+    for i in 0..4 {
+        let name = format!("w-{i}");
+        let machine = world.annotations(&name).await;
+        if machine.get(operation.request()) == ended.get(operation.request())
+            && machine.get(operation.status()).map(String::as_str) == Some(names::STATUS_DONE)
+        {
+            finished.push(name.clone());
+        }
+        statuses.insert(name, machine.get(operation.status()).cloned());
+    }
+    assert!(
+        finished.contains(&"w-0".to_string()),
+        "w-0 finished by the ended request: {statuses:?}"
     );
-
-    world
-        .annotate("w-1", names::AGENT_ENDPOINT, &world.agents[1].url)
-        .await;
-    annotate_parent(
-        &world,
-        parent,
-        parent_name,
-        json!({ names::MAX_PARALLEL: max_parallel, operation.trigger(): null }),
-    )
-    .await;
-    // The removal is seen (the failed request's value forgotten) before the trigger returns.
+    // The removal is seen (the ended request's value forgotten) before the trigger returns.
     wait_parent_until(
         &world,
         parent,
         parent_name,
-        "forgot the failed request's trigger",
+        "forgot the ended request's trigger",
         |a| !a.contains_key(operation.request_trigger()),
     )
     .await;
-    assert_eq!(
-        world.annotations("w-1").await[operation.status()],
-        names::STATUS_FAILED,
-        "nothing restarts before the trigger is set again"
-    );
+    for (name, status) in &statuses {
+        assert_eq!(
+            world.annotations(name).await.get(operation.status()),
+            status.as_ref(),
+            "nothing restarts {name} before the trigger is set again"
+        );
+    }
     annotate_parent(
         &world,
         parent,
@@ -1091,13 +1311,19 @@ async fn a_new_request_after_a_failure(
         json!({ operation.trigger(): second }),
     )
     .await;
-    let ended = |a: &BTreeMap<String, String>| {
-        a.get(operation.request()) != failed.get(operation.request())
+    let a_new_one_ended = |a: &BTreeMap<String, String>| {
+        a.get(operation.request()) != ended.get(operation.request())
             && [names::STATUS_DONE, names::STATUS_FAILED]
                 .contains(&a.get(operation.status()).map_or("", String::as_str))
     };
-    let annotations =
-        wait_parent_until(&world, parent, parent_name, "ended a new request", ended).await;
+    let annotations = wait_parent_until(
+        &world,
+        parent,
+        parent_name,
+        "ended a new request",
+        a_new_one_ended,
+    )
+    .await;
     assert_eq!(
         annotations[operation.status()],
         names::STATUS_DONE,
@@ -1110,13 +1336,23 @@ async fn a_new_request_after_a_failure(
             .collect::<Vec<_>>()
     );
     assert_eq!(annotations[names::PROGRESS], "4/4");
+    // As the agents see it: what the ended request finished runs again, the rest once.
+    let (_, runs) = concurrency(&log);
     for i in 0..4 {
-        let machine = world.annotations(&format!("w-{i}")).await;
-        assert_eq!(machine[operation.status()], names::STATUS_DONE, "w-{i}");
+        let name = format!("w-{i}");
+        let expected = if finished.contains(&name) { 2 } else { 1 };
+        assert_eq!(
+            runs.get(&name).copied().unwrap_or(0),
+            expected,
+            "{name} must run {expected} time(s) in all (finished by the ended request: \
+             {finished:?}); the agents saw {runs:?}"
+        );
+        let machine = world.annotations(&name).await;
+        assert_eq!(machine[operation.status()], names::STATUS_DONE, "{name}");
         assert_eq!(
             machine[operation.request()],
             annotations[operation.request()],
-            "w-{i} done by the new request"
+            "{name} done by the new request"
         );
     }
     match operation {
@@ -1132,9 +1368,6 @@ async fn a_new_request_after_a_failure(
             }
         }
         Operation::Upgrade => {
-            let (_, runs) = concurrency(&log);
-            let runs: Vec<usize> = runs.into_values().collect();
-            assert_eq!(runs, [2, 1, 1, 1], "w-0 in both requests, the others once");
             assert_eq!(annotations[names::IN_PLACE_UPGRADE_RELEASE], second);
         }
     }
@@ -1155,8 +1388,15 @@ async fn a_new_request_after_a_failed_rollout_covers_every_machine() {
                     "case: {operation:?} on {} {parent_name}, max-parallel {max_parallel}",
                     parent.kind
                 );
-                a_new_request_after_a_failure(operation, parent, parent_name, max_parallel, false)
-                    .await;
+                a_new_request_after(
+                    End::Failed,
+                    operation,
+                    parent,
+                    parent_name,
+                    max_parallel,
+                    false,
+                )
+                .await;
             }
         }
     }
@@ -1168,7 +1408,201 @@ async fn a_new_request_after_a_failed_rollout_covers_every_machine() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_same_trigger_removed_and_added_again_retries_a_failed_rollout() {
     let md = machine::machine_deployment_api_resource();
-    a_new_request_after_a_failure(Operation::Refresh, &md, "c1-md-0", "1", true).await;
+    a_new_request_after(End::Failed, Operation::Refresh, &md, "c1-md-0", "1", true).await;
     let cluster = machine::cluster_api_resource();
-    a_new_request_after_a_failure(Operation::Upgrade, &cluster, "c1", "2", true).await;
+    a_new_request_after(End::Failed, Operation::Upgrade, &cluster, "c1", "2", true).await;
+}
+
+/// A cancelled rollout is retried the same way: setting the trigger again (after its removal
+/// cancelled the request) is a new request with a new id, and it redoes the Machines the
+/// cancelled request finished, as their agents see.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_request_after_a_cancelled_rollout_redoes_every_machine() {
+    let cluster = machine::cluster_api_resource();
+    a_new_request_after(
+        End::Cancelled,
+        Operation::Refresh,
+        &cluster,
+        "c1",
+        "2",
+        true,
+    )
+    .await;
+    let md = machine::machine_deployment_api_resource();
+    a_new_request_after(
+        End::Cancelled,
+        Operation::Upgrade,
+        &md,
+        "c1-md-0",
+        "1",
+        false,
+    )
+    .await;
+}
+
+/// The control-plane gate end to end: while the agent of one control-plane Machine (cp-1, not
+/// the next to go) is down, a Cluster refresh starts nothing, not even the healthy cp-0, and says
+/// what it waits for. When the agent comes back at the same address (so nothing about the
+/// Machine changes in the API server), the rollout goes on by itself to done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unhealthy_control_plane_agent_holds_a_cluster_rollout_until_it_recovers() {
+    let mut world = world(fast()).await;
+    let (log, make) = logging_scripts(world.dir.path().join("hooks"), "0");
+    for name in ["cp-0", "cp-1"] {
+        world
+            .add_restartable(name, NodeRole::ControlPlane, make(name))
+            .await;
+    }
+    world
+        .add_restartable("w-0", NodeRole::Worker, make("w-0"))
+        .await;
+    let mut cp1_agent = common::outage::Outage::start(&world.agents[1].url).await;
+    world
+        .annotate("cp-1", names::AGENT_ENDPOINT, &cp1_agent.url())
+        .await;
+    cp1_agent.stop();
+
+    let clusters = machine::cluster_api_resource();
+    annotate_parent(
+        &world,
+        &clusters,
+        "c1",
+        json!({ names::REFRESH_CERTIFICATES: "1y" }),
+    )
+    .await;
+    let held = wait_parent_until(
+        &world,
+        &clusters,
+        "c1",
+        "waiting for the health of cp-1's agent",
+        |a| {
+            a.get(names::rollout_state::WAITING)
+                .is_some_and(|w| w.contains("cp-1") && w.contains("healthy agent"))
+        },
+    )
+    .await;
+    let waiting = &held[names::rollout_state::WAITING];
+    assert!(!waiting.contains("cp-0"), "only cp-1 is named: {waiting}");
+    assert_eq!(
+        held[names::REFRESH_CERTIFICATES_STATUS],
+        names::STATUS_IN_PROGRESS
+    );
+    assert_eq!(held[names::PROGRESS], "0/3");
+    let said = world.events("c1").await.into_iter().any(|e| {
+        e.reason.as_deref() == Some(names::EVENT_REFRESH_CERTS_IN_PROGRESS)
+            && e.message.as_deref() == Some(waiting.as_str())
+    });
+    assert!(said, "an event says what the rollout waits for: {waiting}");
+    for name in ["cp-0", "cp-1", "w-0"] {
+        let annotations = world.annotations(name).await;
+        assert!(
+            !annotations.contains_key(names::rollout_state::REFRESH_REQUEST)
+                && !annotations.contains_key(names::REFRESH_CERTIFICATES),
+            "{name} must not start while cp-1's agent is down: {annotations:?}"
+        );
+    }
+    let (_, runs) = concurrency(&log);
+    assert!(runs.is_empty(), "no node restarted: {runs:?}");
+
+    cp1_agent.resume().await;
+    let done = wait_parent(
+        &world,
+        &clusters,
+        "c1",
+        names::REFRESH_CERTIFICATES_STATUS,
+        names::STATUS_DONE,
+    )
+    .await;
+    assert_eq!(done[names::PROGRESS], "3/3");
+    assert!(
+        !done.contains_key(names::rollout_state::WAITING),
+        "the wait is over: {done:?}"
+    );
+    let (_, runs) = concurrency(&log);
+    assert_eq!(runs.len(), 3, "every node restarted: {runs:?}");
+    assert_control_plane_before_workers(&log);
+}
+
+/// A lagging cache never starts a Machine twice (docs/orchestration.md): a Machine is started
+/// only at the version the decision saw. The test plays a reconcile whose cache still holds w-0
+/// as it was before this request started it, and starts it as the controller does
+/// ([`start_machines`]) after the request has finished it: the API server refuses the write,
+/// w-0 is not started again, and the rollout goes on to done with each node refreshed once.
+///
+/// [`start_machines`]: caretaker_operator::controllers::rollout::start_machines
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_view_of_a_machine_never_starts_it_again() {
+    use caretaker_operator::controllers::rollout::{self, Started};
+
+    let mut world = world(fast()).await;
+    let hooks = world.dir.path().join("hooks");
+    let (log, make) = logging_scripts(hooks.clone(), "0");
+    world
+        .add_restartable("w-0", NodeRole::Worker, make("w-0"))
+        .await;
+    // w-1 goes second and its restart waits for a gate: the rollout stays in progress.
+    let gate = hooks.join("gate");
+    make("w-1");
+    let gated = upgrade_script(
+        &hooks.join("w-1/gated.sh"),
+        &format!(
+            "{}\nexec {}",
+            wait_for_gate(&gate),
+            hooks.join("w-1/upgrade.sh").display()
+        ),
+    );
+    world.add_restartable("w-1", NodeRole::Worker, gated).await;
+    let stale = machine::MachineView::from_object(&world.machines().get("w-0").await.unwrap());
+
+    let md = machine::machine_deployment_api_resource();
+    annotate_parent(
+        &world,
+        &md,
+        "c1-md-0",
+        json!({ names::REFRESH_CERTIFICATES: "1y" }),
+    )
+    .await;
+    let parent = wait_parent(&world, &md, "c1-md-0", names::PROGRESS, "1/2").await;
+    let request = &parent[names::rollout_state::REFRESH_REQUEST];
+    let w0 = world.annotations("w-0").await;
+    assert_eq!(w0[names::REFRESH_CERTIFICATES_STATUS], names::STATUS_DONE);
+    assert_eq!(&w0[names::rollout_state::REFRESH_REQUEST], request);
+
+    let started = rollout::start_machines(
+        &world.client,
+        rollout::Operation::RefreshCertificates,
+        "1y",
+        request,
+        &[&stale],
+    )
+    .await
+    .unwrap();
+    let after = world.annotations("w-0").await;
+    assert_eq!(
+        started,
+        Started::Stale("w-0".into()),
+        "the write at w-0's stale version must be refused; w-0 now: {after:?}"
+    );
+    assert!(
+        !after.contains_key(names::REFRESH_CERTIFICATES)
+            && after[names::REFRESH_CERTIFICATES_STATUS] == names::STATUS_DONE,
+        "w-0 was started again: {after:?}"
+    );
+
+    std::fs::write(&gate, "").unwrap();
+    let done = wait_parent(
+        &world,
+        &md,
+        "c1-md-0",
+        names::REFRESH_CERTIFICATES_STATUS,
+        names::STATUS_DONE,
+    )
+    .await;
+    assert_eq!(done[names::PROGRESS], "2/2");
+    let (_, runs) = concurrency(&log);
+    assert_eq!(
+        runs.into_iter().collect::<Vec<_>>(),
+        [("w-0".to_string(), 1), ("w-1".to_string(), 1)],
+        "each node refreshed once"
+    );
 }

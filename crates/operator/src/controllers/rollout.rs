@@ -291,7 +291,6 @@ async fn reconcile_operation(
     let annotations = parent.annotations();
     let trigger = annotations.get(operation.trigger()).cloned();
     let status = annotations.get(operation.status()).map(String::as_str);
-    let namespace = parent.namespace().unwrap_or_default();
     let resource = kind.api_resource();
     let reference = parent.object_ref(&resource);
     let [ev_progress, ev_done, ev_failed, ev_cancelled] = operation.events();
@@ -401,23 +400,16 @@ async fn reconcile_operation(
     let mut requeue = None;
     match plan {
         RolloutPlan::Continue { start, waiting, .. } => {
-            let machines_api: Api<DynamicObject> =
-                Api::namespaced_with(ctx.client.clone(), &namespace, &machine::api_resource());
             let value = trigger.clone().unwrap_or_default();
-            for m in start
+            let starting: Vec<&MachineView> = start
                 .iter()
                 .filter_map(|name| views.iter().find(|m| &m.name == name))
+                .collect();
+            if let Started::Stale(_) =
+                start_machines(&ctx.client, operation, &value, &request_id, &starting).await?
             {
-                let body = start_patch(operation, &value, &request_id, m);
-                match machines_api
-                    .patch(&m.name, &PatchParams::default(), &Patch::Merge(&body))
-                    .await
-                {
-                    Ok(_) => {}
-                    // The Machine changed since the cache saw it; its watch event wakes us.
-                    Err(kube::Error::Api(e)) if e.code == 409 => return Ok(None),
-                    Err(e) => return Err(e.into()),
-                }
+                // The Machine changed since the cache saw it; its watch event wakes us.
+                return Ok(None);
             }
             let waiting_text = waiting.as_ref().map(|w| match w {
                 Waiting::ForNodes(names) => {
@@ -509,6 +501,43 @@ async fn reconcile_operation(
         patch_parent(ctx, &resource, parent, changes).await?;
     }
     Ok(requeue)
+}
+
+/// How [`start_machines`] went.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Started {
+    /// Every Machine was started.
+    All,
+    /// The named Machine had changed since it was observed (the API server refused the write at
+    /// the observed `resourceVersion`): neither it nor the Machines after it were started.
+    Stale(String),
+}
+
+/// Starts `machines` (as the plan observed them) for request `request_id` with trigger value
+/// `value`, in order, each only at the version it was observed at (see [`start_patch`]), and
+/// stops at the first one that has changed since. Public so that tests can hand it a view that
+/// a lagging cache would hold.
+pub async fn start_machines(
+    client: &kube::Client,
+    operation: Operation,
+    value: &str,
+    request_id: &str,
+    machines: &[&MachineView],
+) -> Result<Started, Error> {
+    for m in machines {
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(client.clone(), &m.namespace, &machine::api_resource());
+        let body = start_patch(operation, value, request_id, m);
+        match api
+            .patch(&m.name, &PatchParams::default(), &Patch::Merge(&body))
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 409 => return Ok(Started::Stale(m.name.clone())),
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(Started::All)
 }
 
 /// The patch that starts Machine `m` for request `request_id` with trigger value `value`.
