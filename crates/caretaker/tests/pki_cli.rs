@@ -448,4 +448,141 @@ fn a_leaf_ends_with_its_ca_and_is_backdated_for_clock_skew_but_not_before_the_ca
         leaf.not_before > now - time::Duration::minutes(10),
         "by minutes, not more"
     );
+
+    // A CA made a moment ago by a tool that does not backdate (openssl): backdating the leaf
+    // by the usual minutes would start it before its CA, so it starts with the CA instead.
+    let (fresh, fresh_leaf) = (tmp.path().join("fresh-ca"), tmp.path().join("fresh-leaf"));
+    std::fs::create_dir(&fresh).unwrap();
+    let openssl = Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+        ])
+        .args(["-nodes", "-days", "30", "-subj", "/CN=fresh-ca"])
+        .args(["-addext", "basicConstraints=critical,CA:TRUE"])
+        .args(["-addext", "keyUsage=critical,keyCertSign,cRLSign"])
+        .arg("-keyout")
+        .arg(fresh.join("ca.key"))
+        .arg("-out")
+        .arg(fresh.join("ca.crt"))
+        .output()
+        .unwrap();
+    assert!(openssl.status.success(), "{}", stderr(&openssl));
+    let out = caretaker(&[
+        "pki",
+        "issue",
+        "--ca",
+        path(&fresh),
+        "--cn",
+        "x",
+        "--usage",
+        "client",
+        "--validity",
+        "1d",
+        "--out",
+        path(&fresh_leaf),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let (ca, leaf) = (
+        info(&fresh.join("ca.crt")),
+        info(&fresh_leaf.join("tls.crt")),
+    );
+    assert!(
+        ca.not_before > time::OffsetDateTime::now_utc() - time::Duration::minutes(2),
+        "the CA must be younger than the backdating for this case: {ca:?}"
+    );
+    assert_eq!(leaf.not_before, ca.not_before, "not before the CA");
+}
+
+/// Issue 10: a write into `--out` that fails after the directory was made (EFBIG, with the
+/// file size limit between the sizes of tls.crt and tls.key, so the certificate is staged and
+/// the key is not) is one line naming the directory, and leaves nothing behind: neither
+/// `--out` nor the parents this run created for it.
+#[test]
+fn a_failed_write_removes_the_directories_the_command_created() {
+    use std::os::unix::process::CommandExt as _;
+    let tmp = tempfile::tempdir().unwrap();
+    let ca = tmp.path().join("ca");
+    create_ca(&ca);
+    let issue = |out: &Path| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_caretaker"));
+        command
+            .args([
+                "pki",
+                "issue",
+                "--cn",
+                "x",
+                "--algorithm",
+                "rsa-2048",
+                "--ca",
+            ])
+            .arg(&ca)
+            .arg("--out")
+            .arg(out);
+        command
+    };
+    // The sizes the files have.
+    let sized = tmp.path().join("sized");
+    let out = issue(&sized).output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let size = |name: &str| std::fs::metadata(sized.join(name)).unwrap().len();
+    let (certificate, key) = (size("tls.crt"), size("tls.key"));
+    assert!(certificate + 200 < key, "{certificate} / {key}");
+    std::fs::remove_dir_all(&sized).unwrap();
+
+    let created = tmp.path().join("new");
+    let out_dir = created.join("parent").join("out");
+    let limit = (certificate + key) / 2;
+    let mut command = issue(&out_dir);
+    // SAFETY: setrlimit(2) and signal(2) are async-signal-safe and touch no memory of the
+    // parent. An ignored SIGXFSZ stays ignored across exec, so a write past the limit fails
+    // with EFBIG instead of killing the process.
+    unsafe {
+        command.pre_exec(move || {
+            let limit = libc::rlimit {
+                rlim_cur: limit,
+                rlim_max: limit,
+            };
+            if libc::setrlimit(libc::RLIMIT_FSIZE, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+            Ok(())
+        });
+    }
+    let out = command.output().unwrap();
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+    assert!(err.contains(path(&out_dir)), "names --out: {err}");
+    assert!(err.contains("File too large"), "the write failed: {err}");
+    assert!(
+        err.contains(&format!("removed {}", path(&created))),
+        "says what it removed: {err}"
+    );
+    assert!(
+        !created.exists(),
+        "{} is left behind: {:?}",
+        created.display(),
+        walk(&created)
+    );
+    let left: Vec<_> = std::fs::read_dir(tmp.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left, ["ca"], "only the CA is left");
+}
+
+/// Every path below `dir`, to show what a failed run left behind.
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        found.push(entry.path());
+        found.extend(walk(&entry.path()));
+    }
+    found
 }

@@ -262,8 +262,8 @@ fn load_ca(dir: &Path) -> Result<CertificateAuthority, Failure> {
         .map_err(|e| Failure(format!("CA in {} is not usable: {e}", dir.display())))
 }
 
-/// Writes all files into `dir` or none: refuses to overwrite, and removes `dir` again if it
-/// was created here and the write failed.
+/// Writes all files into `dir` or none: refuses to overwrite, and when the write fails removes
+/// what this run created: `dir` and those of its parents that did not exist.
 fn write_out(dir: &Path, files: &[FileToWrite<'_>]) -> Result<(), Failure> {
     for file in files {
         let path = dir.join(file.name);
@@ -274,17 +274,56 @@ fn write_out(dir: &Path, files: &[FileToWrite<'_>]) -> Result<(), Failure> {
             )));
         }
     }
-    let created = !dir.exists();
-    if created {
+    // The outermost of `dir` and its parents that is not there yet.
+    let created = dir
+        .ancestors()
+        .take_while(|p| !p.as_os_str().is_empty() && is_missing(std::fs::symlink_metadata(p)))
+        .last();
+    let failed = |problem: String| {
+        let Some(created) = created else {
+            return Failure(problem);
+        };
+        Failure(match remove_created(dir, created, files) {
+            Ok(()) => format!(
+                "{problem}; removed {}, which it had created",
+                created.display()
+            ),
+            Err(e) => format!(
+                "{problem}; could not remove {}, which it had created: {e}",
+                created.display()
+            ),
+        })
+    };
+    if created.is_some() {
         std::fs::create_dir_all(dir)
-            .map_err(|e| Failure(format!("cannot create --out {}: {e}", dir.display())))?;
+            .map_err(|e| failed(format!("cannot create --out {}: {e}", dir.display())))?;
     }
-    files::write_all(dir, files).map_err(|e| {
-        if created {
-            let _ = std::fs::remove_dir(dir);
+    files::write_all(dir, files)
+        .map_err(|e| failed(format!("cannot write into {}: {e}", dir.display())))
+}
+
+fn is_missing<T>(result: std::io::Result<T>) -> bool {
+    matches!(result, Err(e) if e.kind() == std::io::ErrorKind::NotFound)
+}
+
+/// Undoes a failed [`write_out`] that created `created`: removes those of `files` that are in
+/// `dir` already (a failure after one was renamed into place), then `dir` and its parents up to
+/// `created`. Anything else found there is left, and the removal fails on its directory.
+fn remove_created(dir: &Path, created: &Path, files: &[FileToWrite<'_>]) -> std::io::Result<()> {
+    let tolerate_missing = |result: std::io::Result<()>| match result {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    };
+    for file in files {
+        tolerate_missing(files::remove_file_securely(&dir.join(file.name)))?;
+    }
+    for made in dir.ancestors() {
+        tolerate_missing(std::fs::remove_dir(made))?;
+        if made == created {
+            break;
         }
-        Failure(format!("cannot write into {}: {e}", dir.display()))
-    })
+    }
+    Ok(())
 }
 
 /// Where in a file a certificate came from.
