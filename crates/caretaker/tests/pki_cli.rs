@@ -1,27 +1,12 @@
 //! `caretaker pki` as a user runs it: real files in temp directories, real openssl.
 
+mod common;
+
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::{Command, Output};
 
-fn caretaker(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_caretaker"))
-        .args(args)
-        .output()
-        .expect("run caretaker")
-}
-
-fn stderr(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stderr).into_owned()
-}
-
-fn stdout(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
-
-fn path(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
+use common::{assert_one_error_line, caretaker, caretaker_command, path, stderr, stdout};
 
 fn create_ca(dir: &Path) {
     let out = caretaker(&["pki", "ca", "create", "--out", path(dir), "--cn", "Test CA"]);
@@ -36,26 +21,24 @@ fn ca_create_then_issue_gives_files_openssl_verifies() {
     let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode(&ca.join("ca.key")), 0o600);
 
-    let out = caretaker(&[
-        "pki",
-        "issue",
-        "--ca",
-        path(&ca),
-        "--cn",
-        "node-1",
-        "--dns",
-        "node-1,localhost",
-        "--ip",
-        "10.0.0.1,::1",
-        "--usage",
-        "server",
-        "--validity",
-        "90d",
-        "--algorithm",
-        "rsa-2048",
-        "--out",
-        path(&leaf),
-    ]);
+    let out = issue(
+        &ca,
+        &leaf,
+        &[
+            "--cn",
+            "node-1",
+            "--dns",
+            "node-1,localhost",
+            "--ip",
+            "10.0.0.1,::1",
+            "--usage",
+            "server",
+            "--validity",
+            "90d",
+            "--algorithm",
+            "rsa-2048",
+        ],
+    );
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(mode(&leaf.join("tls.key")), 0o600);
 
@@ -90,17 +73,23 @@ fn ca_create_then_issue_gives_files_openssl_verifies() {
     );
 }
 
+/// `caretaker pki issue --ca CA --out OUT ARGS`, to run.
+fn issue_command(ca: &Path, out: &Path, args: &[&str]) -> Command {
+    let mut command = caretaker_command();
+    command
+        .args(["pki", "issue", "--ca", path(ca), "--out", path(out)])
+        .args(args);
+    command
+}
+
+/// Runs `caretaker pki issue --ca CA --out OUT ARGS`.
+fn issue(ca: &Path, out: &Path, args: &[&str]) -> Output {
+    issue_command(ca, out, args).output().unwrap()
+}
+
 /// Bad input: non-zero exit, exactly one line on stderr naming the value, nothing in --out.
-fn assert_rejected(args: &[&str], out_dir: &Path, must_name: &str) {
-    let out = caretaker(args);
-    assert!(!out.status.success(), "{args:?} should fail");
-    let err = stderr(&out);
-    assert_eq!(
-        err.trim_end().lines().count(),
-        1,
-        "one line expected, got: {err}"
-    );
-    assert!(err.contains(must_name), "{err:?} should name {must_name:?}");
+fn assert_rejected(output: Output, out_dir: &Path, must_name: &str) {
+    assert_one_error_line(&output, must_name);
     assert!(
         !out_dir.exists(),
         "{} must not be created",
@@ -113,130 +102,39 @@ fn bad_input_is_one_clear_line_and_leaves_nothing_behind() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("out");
     let o = path(&out);
-    assert_rejected(
-        &["pki", "ca", "create", "--out", o, "--algorithm", "dsa-1024"],
-        &out,
-        "dsa-1024",
-    );
-    assert_rejected(
-        &["pki", "ca", "create", "--out", o, "--validity", "-1y"],
-        &out,
-        "-1y",
-    );
-    assert_rejected(
-        &["pki", "ca", "create", "--out", o, "--validity", "10yrs"],
-        &out,
-        "10yrs",
-    );
-    assert_rejected(
-        &["pki", "ca", "create", "--out", o, "--validity", "0s"],
-        &out,
-        "0s",
-    );
-    assert_rejected(
-        &["pki", "ca", "create", "--out", o, "--validity", "300y"],
-        &out,
-        "300y",
-    );
+    // `pki ca create` with FLAG VALUE; the error names the value.
+    let create = |flag: &str, value: &str| {
+        let output = caretaker(&["pki", "ca", "create", "--out", o, flag, value]);
+        assert_rejected(output, &out, value)
+    };
+    create("--algorithm", "dsa-1024");
+    create("--validity", "-1y");
+    create("--validity", "10yrs");
+    create("--validity", "0s");
+    create("--validity", "300y");
 
-    let missing = tmp.path().join("no-such-ca");
-    assert_rejected(
-        &[
-            "pki",
-            "issue",
-            "--ca",
-            path(&missing),
-            "--cn",
-            "x",
-            "--out",
-            o,
-        ],
-        &out,
-        "no-such-ca",
-    );
+    // `pki issue` from the CA in `ca` with `extra` arguments; the error names `named`.
+    let rejected = |ca: &Path, extra: &[&str], named: &str| {
+        let args = [&["--cn", "x"], extra].concat();
+        assert_rejected(issue(ca, &out, &args), &out, named)
+    };
+    rejected(&tmp.path().join("no-such-ca"), &[], "no-such-ca");
 
     let ca = tmp.path().join("ca");
     create_ca(&ca);
-    assert_rejected(
-        &[
-            "pki",
-            "issue",
-            "--ca",
-            path(&ca),
-            "--cn",
-            "x",
-            "--ip",
-            "10.0.0.300",
-            "--out",
-            o,
-        ],
-        &out,
-        "10.0.0.300",
-    );
-    assert_rejected(
-        &[
-            "pki",
-            "issue",
-            "--ca",
-            path(&ca),
-            "--cn",
-            "x",
-            "--usage",
-            "peer",
-            "--out",
-            o,
-        ],
-        &out,
-        "peer",
-    );
-    assert_rejected(
-        &[
-            "pki",
-            "issue",
-            "--ca",
-            path(&ca),
-            "--cn",
-            "x",
-            "--validity",
-            "5x",
-            "--out",
-            o,
-        ],
-        &out,
-        "5x",
-    );
+    rejected(&ca, &["--ip", "10.0.0.300"], "10.0.0.300");
+    rejected(&ca, &["--usage", "peer"], "peer");
+    rejected(&ca, &["--validity", "5x"], "5x");
 
     // A CA directory whose certificate is a leaf.
     let leaf = tmp.path().join("leaf");
-    let issued = caretaker(&[
-        "pki",
-        "issue",
-        "--ca",
-        path(&ca),
-        "--cn",
-        "leaf",
-        "--out",
-        path(&leaf),
-    ]);
+    let issued = issue(&ca, &leaf, &["--cn", "leaf"]);
     assert!(issued.status.success());
     let fake_ca = tmp.path().join("fake-ca");
     std::fs::create_dir(&fake_ca).unwrap();
     std::fs::copy(leaf.join("tls.crt"), fake_ca.join("ca.crt")).unwrap();
     std::fs::copy(leaf.join("tls.key"), fake_ca.join("ca.key")).unwrap();
-    assert_rejected(
-        &[
-            "pki",
-            "issue",
-            "--ca",
-            path(&fake_ca),
-            "--cn",
-            "x",
-            "--out",
-            o,
-        ],
-        &out,
-        "not a CA",
-    );
+    rejected(&fake_ca, &[], "not a CA");
 }
 
 #[test]
@@ -261,20 +159,18 @@ fn inspect_prints_tables_json_bundles_and_kubeconfigs() {
     let ca = tmp.path().join("ca");
     let leaf = tmp.path().join("leaf");
     create_ca(&ca);
-    let issued = caretaker(&[
-        "pki",
-        "issue",
-        "--ca",
-        path(&ca),
-        "--cn",
-        "system:admin",
-        "--org",
-        "system:masters",
-        "--usage",
-        "client",
-        "--out",
-        path(&leaf),
-    ]);
+    let issued = issue(
+        &ca,
+        &leaf,
+        &[
+            "--cn",
+            "system:admin",
+            "--org",
+            "system:masters",
+            "--usage",
+            "client",
+        ],
+    );
     assert!(issued.status.success(), "{}", stderr(&issued));
 
     let table = caretaker(&["pki", "inspect", path(&leaf.join("tls.crt"))]);
@@ -411,21 +307,17 @@ fn a_leaf_ends_with_its_ca_and_is_backdated_for_clock_skew_but_not_before_the_ca
         "30d",
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
-    let out = caretaker(&[
-        "pki",
-        "issue",
-        "--ca",
-        path(&ca),
-        "--cn",
-        "x",
-        "--usage",
-        "client",
-        "--validity",
-        "1y",
-        "--out",
-        path(&leaf),
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
+    // A client certificate from the CA in `ca` valid for `validity`, into `out`.
+    let client = |ca: &Path, validity: &str, out: &Path| {
+        let out = issue(
+            ca,
+            out,
+            &["--cn", "x", "--usage", "client", "--validity", validity],
+        );
+        assert!(out.status.success(), "{}", stderr(&out));
+        out
+    };
+    let out = client(&ca, "1y", &leaf);
     assert!(
         stderr(&out).contains("--validity 1y reaches past the CA's expiry"),
         "{}",
@@ -472,21 +364,7 @@ fn a_leaf_ends_with_its_ca_and_is_backdated_for_clock_skew_but_not_before_the_ca
         .output()
         .unwrap();
     assert!(openssl.status.success(), "{}", stderr(&openssl));
-    let out = caretaker(&[
-        "pki",
-        "issue",
-        "--ca",
-        path(&fresh),
-        "--cn",
-        "x",
-        "--usage",
-        "client",
-        "--validity",
-        "1d",
-        "--out",
-        path(&fresh_leaf),
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
+    client(&fresh, "1d", &fresh_leaf);
     let (ca, leaf) = (
         info(&fresh.join("ca.crt")),
         info(&fresh_leaf.join("tls.crt")),
@@ -508,26 +386,10 @@ fn a_failed_write_removes_the_directories_the_command_created() {
     let tmp = tempfile::tempdir().unwrap();
     let ca = tmp.path().join("ca");
     create_ca(&ca);
-    let issue = |out: &Path| {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_caretaker"));
-        command
-            .args([
-                "pki",
-                "issue",
-                "--cn",
-                "x",
-                "--algorithm",
-                "rsa-2048",
-                "--ca",
-            ])
-            .arg(&ca)
-            .arg("--out")
-            .arg(out);
-        command
-    };
+    let rsa = |out: &Path| issue_command(&ca, out, &["--cn", "x", "--algorithm", "rsa-2048"]);
     // The sizes the files have.
     let sized = tmp.path().join("sized");
-    let out = issue(&sized).output().unwrap();
+    let out = rsa(&sized).output().unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
     let size = |name: &str| std::fs::metadata(sized.join(name)).unwrap().len();
     let (certificate, key) = (size("tls.crt"), size("tls.key"));
@@ -537,7 +399,7 @@ fn a_failed_write_removes_the_directories_the_command_created() {
     let created = tmp.path().join("new");
     let out_dir = created.join("parent").join("out");
     let limit = (certificate + key) / 2;
-    let mut command = issue(&out_dir);
+    let mut command = rsa(&out_dir);
     // SAFETY: setrlimit(2) and signal(2) are async-signal-safe and touch no memory of the
     // parent. An ignored SIGXFSZ stays ignored across exec, so a write past the limit fails
     // with EFBIG instead of killing the process.
@@ -555,10 +417,8 @@ fn a_failed_write_removes_the_directories_the_command_created() {
         });
     }
     let out = command.output().unwrap();
-    let err = stderr(&out);
+    let err = assert_one_error_line(&out, path(&out_dir));
     assert_eq!(out.status.code(), Some(1), "{err}");
-    assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
-    assert!(err.contains(path(&out_dir)), "names --out: {err}");
     assert!(err.contains("File too large"), "the write failed: {err}");
     assert!(
         err.contains(&format!("removed {}", path(&created))),

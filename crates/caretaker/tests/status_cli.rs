@@ -1,6 +1,9 @@
 //! `caretaker status cluster` against the embedded API server.
 
-use std::process::Command;
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use caretaker_agent::provision::ClusterCas;
@@ -8,6 +11,8 @@ use caretaker_apiserver::{ApiServer, TestServer};
 use caretaker_operator::capi_objects::{self, ClusterObjects};
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use serde_json::json;
+
+use common::{caretaker_command, stderr, stdout};
 
 /// The embedded API server with the Cluster API CRDs and Cluster `c1`; a temp dir with its
 /// kubeconfig as `kubeconfig`; the Clusters' API.
@@ -28,32 +33,46 @@ async fn cluster_c1() -> (ApiServer, tempfile::TempDir, Api<DynamicObject>) {
     (server, tmp, clusters)
 }
 
+/// Writes the annotations the operator keeps on a Cluster during a certificate refresh
+/// rollout: its status, request id, trigger (1y) and DONE/TOTAL progress.
+async fn set_rollout(clusters: &Api<DynamicObject>, request: &str, status: &str, progress: &str) {
+    let body = json!({ "metadata": { "annotations": {
+        "v1beta2.k8sd.io/refresh-certificates-status": status,
+        "caretaker.dev/refresh-request": request,
+        "caretaker.dev/refresh-rollout-trigger": "1y",
+        "caretaker.dev/progress": progress,
+    } } });
+    clusters
+        .patch("c1", &PatchParams::default(), &Patch::Merge(&body))
+        .await
+        .unwrap();
+}
+
+/// `caretaker status cluster CLUSTER --kubeconfig KUBECONFIG ARGS`.
+fn status(kubeconfig: &Path, cluster: &str, args: &[&str]) -> Command {
+    let mut command = caretaker_command();
+    command
+        .args(["status", "cluster", cluster, "--kubeconfig"])
+        .arg(kubeconfig)
+        .args(args);
+    command
+}
+
+/// Runs `command` to its end, off the async runtime that serves the API server.
+async fn output(mut command: Command) -> Output {
+    tokio::task::spawn_blocking(move || command.output().unwrap())
+        .await
+        .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_shows_progress_and_exits_by_outcome() {
     let (_server, tmp, clusters) = cluster_c1().await;
     let kubeconfig = tmp.path().join("kubeconfig");
 
-    let status = |args: &[&str]| {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_caretaker"));
-        command
-            .args(["status", "cluster", "c1", "--kubeconfig"])
-            .arg(&kubeconfig)
-            .args(args);
-        command
-    };
-    let run = |mut command: Command| {
-        let kubeconfig = kubeconfig.clone();
-        let _ = kubeconfig;
-        tokio::task::spawn_blocking(move || command.output().unwrap())
-    };
-    let out = run(status(&[])).await.unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(String::from_utf8_lossy(&out.stdout).contains("no rollout requested"));
+    let out = output(status(&kubeconfig, "c1", &[])).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stdout(&out).contains("no rollout requested"));
 
     for (status_value, progress, code) in [
         ("in-progress", "1/4", 2),
@@ -61,18 +80,9 @@ async fn status_shows_progress_and_exits_by_outcome() {
         ("cancelled", "2/4", 1),
         ("done", "4/4", 0),
     ] {
-        let body = json!({ "metadata": { "annotations": {
-            "v1beta2.k8sd.io/refresh-certificates-status": status_value,
-            "caretaker.dev/refresh-request": "r1",
-            "caretaker.dev/refresh-rollout-trigger": "1y",
-            "caretaker.dev/progress": progress,
-        } } });
-        clusters
-            .patch("c1", &PatchParams::default(), &Patch::Merge(&body))
-            .await
-            .unwrap();
-        let out = run(status(&[])).await.unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout);
+        set_rollout(&clusters, "r1", status_value, progress).await;
+        let out = output(status(&kubeconfig, "c1", &[])).await;
+        let stdout = stdout(&out);
         assert_eq!(out.status.code(), Some(code), "{status_value}: {stdout}");
         assert!(
             stdout.contains(&format!("status   {status_value}")),
@@ -82,16 +92,9 @@ async fn status_shows_progress_and_exits_by_outcome() {
         assert!(stdout.contains("certificate refresh 1y"), "{stdout}");
     }
 
-    let out = run({
-        let mut c = Command::new(env!("CARGO_BIN_EXE_caretaker"));
-        c.args(["status", "cluster", "nope", "--kubeconfig"])
-            .arg(&kubeconfig);
-        c
-    })
-    .await
-    .unwrap();
+    let out = output(status(&kubeconfig, "nope", &[])).await;
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("Cluster default/nope not found"));
+    assert!(stderr(&out).contains("Cluster default/nope not found"));
 }
 
 /// A `caretaker status cluster c1 --watch` child: its stdout collected as it comes, killed when
@@ -102,10 +105,8 @@ struct Watch {
 }
 
 impl Watch {
-    fn start(kubeconfig: &std::path::Path) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_caretaker"))
-            .args(["status", "cluster", "c1", "--watch", "--kubeconfig"])
-            .arg(kubeconfig)
+    fn start(kubeconfig: &Path) -> Self {
+        let mut child = status(kubeconfig, "c1", &["--watch"])
             .stdout(std::process::Stdio::piped())
             .spawn()
             .unwrap();
@@ -188,21 +189,7 @@ const WATCH_TIMEOUT: Duration = Duration::from_secs(30);
 async fn watch_shows_the_progress_changing_and_exits_by_itself_when_the_rollout_ends() {
     let (_server, tmp, clusters) = cluster_c1().await;
     let kubeconfig = tmp.path().join("kubeconfig");
-    let set = |request: &'static str, status: &'static str, progress: &'static str| {
-        let clusters = clusters.clone();
-        async move {
-            let body = json!({ "metadata": { "annotations": {
-                "v1beta2.k8sd.io/refresh-certificates-status": status,
-                "caretaker.dev/refresh-request": request,
-                "caretaker.dev/refresh-rollout-trigger": "1y",
-                "caretaker.dev/progress": progress,
-            } } });
-            clusters
-                .patch("c1", &PatchParams::default(), &Patch::Merge(&body))
-                .await
-                .unwrap();
-        }
-    };
+    let set = |request, status, progress| set_rollout(&clusters, request, status, progress);
 
     // Each round: a rollout in progress, advanced once, then ended with `end` at `last`.
     for (request, end, last, code) in [("r1", "done", "3/3", 0), ("r2", "failed", "2/3", 1)] {
