@@ -129,6 +129,33 @@ fn the_operator_names_a_bad_kubeconfig() {
     assert!(stderr(&out).contains("\"soon\""));
 }
 
+/// Issue 11: every DURATION flag is parsed by clap, so a bad value is a usage error (exit
+/// status 2) that names the flag and the value, before the command does anything.
+#[test]
+fn a_bad_duration_is_a_usage_error_naming_the_flag_and_the_value() {
+    for (command, flag) in [
+        ("operator", "--retry-base"),
+        ("operator", "--agent-timeout"),
+        ("operator", "--upgrade-poll"),
+        ("agent", "--restart-timeout"),
+        ("agent", "--upgrade-timeout"),
+    ] {
+        for value in ["soon", "5x", "-1m", "0s", "1 h"] {
+            let out = caretaker(&[command, &format!("{flag}={value}")]);
+            let err = stderr(&out);
+            assert_eq!(
+                out.status.code(),
+                Some(2),
+                "{command} {flag}={value}: {err}"
+            );
+            assert!(
+                err.contains(&format!("invalid value '{value}' for '{flag} <DURATION>'")),
+                "{command} {flag}={value}: {err}"
+            );
+        }
+    }
+}
+
 /// Where the demo is when it gets a signal.
 #[derive(Debug, Clone, Copy)]
 enum Phase {
