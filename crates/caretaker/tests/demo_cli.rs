@@ -1,10 +1,13 @@
 //! `caretaker demo` as a user runs it: real processes, real files.
 
+mod common;
+
 use std::io::BufRead as _;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 
 use caretaker_agent::NodeLayout;
+use common::{assert_one_error_line, caretaker, caretaker_command, stderr, stdout};
 
 #[test]
 fn the_demo_refreshes_every_machine_and_shows_before_and_after() {
@@ -63,32 +66,27 @@ fn the_demo_upgrades_every_machine_in_place() {
             std::fs::read_to_string(dir.join("nodes").join(machine).join("release")).unwrap();
         assert_eq!(release.trim(), "channel=1.34/stable");
     }
-    let bad = Command::new(env!("CARGO_BIN_EXE_caretaker"))
+    let bad = caretaker_command()
         .args(["demo", "--upgrade-to", "1.34", "--state-dir"])
         .arg(tmp.path().join("other"))
         .output()
         .unwrap();
     assert!(!bad.status.success());
-    assert!(String::from_utf8_lossy(&bad.stderr).contains("channel=<channel>"));
+    assert!(stderr(&bad).contains("channel=<channel>"));
 }
 
 /// Runs a demo of one control plane and one worker in `dir` with `extra` arguments; it must
 /// succeed. Returns its output.
 fn run_small_demo(dir: &std::path::Path, extra: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_caretaker"))
+    let out = caretaker_command()
         .args(["demo", "--control-planes", "1", "--workers", "1"])
         .args(extra)
         .arg("--state-dir")
         .arg(dir)
         .output()
         .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
+    assert!(out.status.success(), "{}\n{}", stdout(&out), stderr(&out));
+    stdout(&out)
 }
 
 fn is_zombie(pid: &str) -> bool {
@@ -117,30 +115,45 @@ fn the_demo_refuses_a_used_state_dir_and_bad_values() {
             "\"1 year\"",
         ),
     ] {
-        let out = Command::new(env!("CARGO_BIN_EXE_caretaker"))
-            .args(&args)
-            .output()
-            .unwrap();
-        assert!(!out.status.success());
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.contains(named), "{err}");
+        assert_one_error_line(&caretaker(&args), named);
     }
 }
 
 #[test]
 fn the_operator_names_a_bad_kubeconfig() {
-    let out = Command::new(env!("CARGO_BIN_EXE_caretaker"))
-        .args(["operator", "--kubeconfig", "/nonexistent/kubeconfig"])
-        .output()
-        .unwrap();
+    let out = caretaker(&["operator", "--kubeconfig", "/nonexistent/kubeconfig"]);
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/kubeconfig"));
-    let out = Command::new(env!("CARGO_BIN_EXE_caretaker"))
-        .args(["operator", "--retry-base", "soon"])
-        .output()
-        .unwrap();
+    assert!(stderr(&out).contains("/nonexistent/kubeconfig"));
+    let out = caretaker(&["operator", "--retry-base", "soon"]);
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("\"soon\""));
+    assert!(stderr(&out).contains("\"soon\""));
+}
+
+/// Issue 11: every DURATION flag is parsed by clap, so a bad value is a usage error (exit
+/// status 2) that names the flag and the value, before the command does anything.
+#[test]
+fn a_bad_duration_is_a_usage_error_naming_the_flag_and_the_value() {
+    for (command, flag) in [
+        ("operator", "--retry-base"),
+        ("operator", "--agent-timeout"),
+        ("operator", "--upgrade-poll"),
+        ("agent", "--restart-timeout"),
+        ("agent", "--upgrade-timeout"),
+    ] {
+        for value in ["soon", "5x", "-1m", "0s", "1 h"] {
+            let out = caretaker(&[command, &format!("{flag}={value}")]);
+            let err = stderr(&out);
+            assert_eq!(
+                out.status.code(),
+                Some(2),
+                "{command} {flag}={value}: {err}"
+            );
+            assert!(
+                err.contains(&format!("invalid value '{value}' for '{flag} <DURATION>'")),
+                "{command} {flag}={value}: {err}"
+            );
+        }
+    }
 }
 
 /// Where the demo is when it gets a signal.
@@ -166,7 +179,7 @@ fn a_signal_stops_the_demo_and_everything_it_started() {
         let case = format!("signal {signal} {phase:?}");
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("demo");
-        let mut demo = Command::new(env!("CARGO_BIN_EXE_caretaker"))
+        let mut demo = caretaker_command()
             .args(["demo", "--control-planes", "1", "--workers", "1"])
             .args(matches!(phase, Phase::KeepRunning).then_some("--keep-running"))
             .arg("--state-dir")

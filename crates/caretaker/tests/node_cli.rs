@@ -1,7 +1,8 @@
 //! `caretaker certs` and `caretaker agent` as a node admin runs them.
 
+mod common;
+
 use std::path::Path;
-use std::process::{Command, Output};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,12 +16,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-fn caretaker(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_caretaker"))
-        .args(args)
-        .output()
-        .expect("run caretaker")
-}
+use common::{assert_one_error_line, caretaker, path, stderr, stdout};
 
 fn provision(dir: &Path, cas: &ClusterCas, role: NodeRole) -> NodeLayout {
     let layout = NodeLayout::new(dir.join("pki"), dir.join("kubeconfigs"));
@@ -72,16 +68,12 @@ fn check_expiration_lists_every_certificate_like_kubeadm() {
         "certs",
         "check-expiration",
         "--pki-dir",
-        layout.pki_dir.to_str().unwrap(),
+        path(&layout.pki_dir),
         "--kubeconfig-dir",
-        layout.kubeconfig_dir.to_str().unwrap(),
+        path(&layout.kubeconfig_dir),
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
     assert!(text.starts_with("CERTIFICATE "), "{text}");
     let line = |name: &str| {
         text.lines()
@@ -109,12 +101,12 @@ fn check_expiration_lists_every_certificate_like_kubeadm() {
         "certs",
         "check-expiration",
         "--pki-dir",
-        empty.to_str().unwrap(),
+        path(&empty),
         "--kubeconfig-dir",
-        empty.to_str().unwrap(),
+        path(&empty),
     ]);
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("no certificates found"));
+    assert!(stderr(&out).contains("no certificates found"));
 }
 
 #[test]
@@ -131,11 +123,11 @@ fn renew_replaces_certificates_with_the_given_cas() {
             "certs",
             "renew",
             "--pki-dir",
-            layout.pki_dir.to_str().unwrap(),
+            path(&layout.pki_dir),
             "--kubeconfig-dir",
-            layout.kubeconfig_dir.to_str().unwrap(),
+            path(&layout.kubeconfig_dir),
             "--state-dir",
-            state.to_str().unwrap(),
+            path(&state),
         ];
         args.extend_from_slice(extra);
         caretaker(&args)
@@ -146,16 +138,12 @@ fn renew_replaces_certificates_with_the_given_cas() {
         "apiserver",
         "admin.conf",
         "--ca-dir",
-        ca_dir.to_str().unwrap(),
+        path(&ca_dir),
         "--expires-in",
         "2y",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
     assert!(
         text.contains("renewed apiserver") && text.contains("renewed admin.conf"),
         "{text}"
@@ -182,23 +170,16 @@ fn renew_replaces_certificates_with_the_given_cas() {
             vec![
                 "apiserver",
                 "--ca-dir",
-                ca_dir.to_str().unwrap(),
+                path(&ca_dir),
                 "--expires-in",
                 "-1y",
             ],
             "-1y",
         ),
-        (
-            vec!["apiserverz", "--ca-dir", ca_dir.to_str().unwrap()],
-            "apiserverz",
-        ),
-        (vec!["all", "--ca-dir", nope.to_str().unwrap()], "nope"),
+        (vec!["apiserverz", "--ca-dir", path(&ca_dir)], "apiserverz"),
+        (vec!["all", "--ca-dir", path(&nope)], "nope"),
     ] {
-        let out = renew(&args);
-        assert!(!out.status.success(), "{args:?}");
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
-        assert!(err.contains(named), "{err}");
+        assert_one_error_line(&renew(&args), named);
     }
     assert_eq!(caretaker_agent::offline::inventory(&layout), after);
 
@@ -206,12 +187,12 @@ fn renew_replaces_certificates_with_the_given_cas() {
     let other = ClusterCas::create().unwrap();
     let other_dir = tmp.path().join("other-cas");
     write_ca_dir(&other_dir, &other);
-    let out = renew(&["all", "--ca-dir", other_dir.to_str().unwrap()]);
+    let out = renew(&["all", "--ca-dir", path(&other_dir)]);
     assert!(!out.status.success());
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains("nothing was changed"),
+        stderr(&out).contains("nothing was changed"),
         "{}",
-        String::from_utf8_lossy(&out.stderr)
+        stderr(&out)
     );
     assert_eq!(caretaker_agent::offline::inventory(&layout), after);
 }
@@ -343,7 +324,7 @@ async fn the_agent_command_serves_mutual_tls() {
         &p("ca.crt"),
     ]);
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent.crt"));
+    assert!(stderr(&out).contains("/nonexistent.crt"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -3,6 +3,7 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::time::Duration;
 
 use caretaker_agent::api::{AgentService, serve};
 use caretaker_agent::command::CommandTemplate;
@@ -10,8 +11,8 @@ use caretaker_agent::refresh::Refresher;
 use caretaker_agent::upgrade::Upgrader;
 use caretaker_agent::{NodeLayout, tls};
 
+use super::Failure;
 use super::logging::{self, LogFormat};
-use super::operator::duration;
 
 /// Run the node agent: serves the node's certificate inventory, two-step certificate refresh
 /// and in-place upgrades over HTTPS with mutual TLS only.
@@ -47,18 +48,18 @@ pub struct AgentArgs {
     #[arg(long, value_name = "COMMAND")]
     restart_command: Option<String>,
     /// How long the restart command may run; then it and every process it started are killed
-    /// and the restart is reported failed (the new certificates stay).
-    #[arg(long, value_name = "DURATION", default_value = "5m")]
-    restart_timeout: String,
+    /// and the restart is reported failed (the new certificates stay). E.g. 30s, 5m.
+    #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = super::duration)]
+    restart_timeout: Duration,
     /// In-place upgrade command (split on spaces, no shell). The release option
     /// (channel=…, revision=… or localPath=…) replaces `{release}` in an argument, or is
     /// appended as the last argument.
     #[arg(long, value_name = "COMMAND")]
     upgrade_command: Option<String>,
     /// How long an upgrade may run; then it and every process it started are killed and the
-    /// upgrade fails.
-    #[arg(long, value_name = "DURATION", default_value = "1h")]
-    upgrade_timeout: String,
+    /// upgrade fails. E.g. 30m, 1h.
+    #[arg(long, value_name = "DURATION", default_value = "1h", value_parser = super::duration)]
+    upgrade_timeout: Duration,
     /// Where staged keys, backups and upgrade operations are kept.
     #[arg(long, value_name = "DIR", default_value = "/var/lib/caretaker-agent")]
     state_dir: PathBuf,
@@ -69,13 +70,7 @@ pub struct AgentArgs {
 
 pub fn run(args: AgentArgs) -> ExitCode {
     logging::init(args.log_format);
-    match serve_agent(args) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(message) => {
-            eprintln!("caretaker agent: {message}");
-            ExitCode::FAILURE
-        }
-    }
+    super::run_async("agent", serve_agent(args))
 }
 
 fn read(flag: &str, path: &Path) -> Result<String, String> {
@@ -88,44 +83,37 @@ fn command(flag: &str, value: Option<&str>) -> Result<Option<CommandTemplate>, S
         .transpose()
 }
 
-fn serve_agent(args: AgentArgs) -> Result<(), String> {
+async fn serve_agent(args: AgentArgs) -> Result<ExitCode, Failure> {
     let config = tls::server_config(
         &read("--tls-cert", &args.tls_cert)?,
         &read("--tls-key", &args.tls_key)?,
         &read("--client-ca", &args.client_ca)?,
         &args.allowed_client,
-    )
-    .map_err(|e| e.to_string())?;
-    std::fs::create_dir_all(&args.state_dir).map_err(|e| {
-        format!(
-            "cannot create --state-dir {}: {e}",
-            args.state_dir.display()
-        )
-    })?;
+    )?;
+    super::create_dir("--state-dir", &args.state_dir)?;
     let layout = NodeLayout::new(&args.pki_dir, &args.kubeconfig_dir);
     let refresher = Refresher::new(layout, &args.state_dir)
         .with_restart_command(command(
             "--restart-command",
             args.restart_command.as_deref(),
         )?)
-        .with_restart_timeout(duration("--restart-timeout", &args.restart_timeout)?);
-    let upgrade_timeout = duration("--upgrade-timeout", &args.upgrade_timeout)?;
-    let runtime = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;
-    runtime.block_on(async move {
-        let upgrader = Upgrader::new(&args.state_dir, command("--upgrade-command", args.upgrade_command.as_deref())?)
-            .with_timeout(upgrade_timeout);
-        let listener = tokio::net::TcpListener::bind(args.listen)
-            .await
-            .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
-        let address = listener.local_addr().map_err(|e| e.to_string())?;
-        tracing::info!(%address, allowed_client = %args.allowed_client, "agent serving with mutual TLS");
-        let router = AgentService::new(refresher, upgrader).router();
-        tokio::select! {
-            result = serve(listener, config, router) => result.map_err(|e| format!("serving failed: {e}")),
-            _ = tokio::signal::ctrl_c() => {
-                tracing::info!("stopping");
-                Ok(())
-            }
+        .with_restart_timeout(args.restart_timeout);
+    let upgrader = Upgrader::new(
+        &args.state_dir,
+        command("--upgrade-command", args.upgrade_command.as_deref())?,
+    )
+    .with_timeout(args.upgrade_timeout);
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
+    let address = listener.local_addr()?;
+    tracing::info!(%address, allowed_client = %args.allowed_client, "agent serving with mutual TLS");
+    let router = AgentService::new(refresher, upgrader).router();
+    tokio::select! {
+        result = serve(listener, config, router) => {
+            result.map_err(|e| format!("serving failed: {e}"))?;
         }
-    })
+        _ = tokio::signal::ctrl_c() => tracing::info!("stopping"),
+    }
+    Ok(ExitCode::SUCCESS)
 }

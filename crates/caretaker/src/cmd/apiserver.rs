@@ -6,6 +6,8 @@ use std::process::ExitCode;
 
 use caretaker_apiserver::ApiServer;
 
+use super::Failure;
+
 /// Serve the embedded Kubernetes-compatible API server (crates/apiserver).
 ///
 /// State lives in SQLite in DIR/state.sqlite, so stopping and starting again with the same
@@ -48,47 +50,34 @@ pub struct ApiserverArgs {
 
 pub fn run(args: ApiserverArgs) -> ExitCode {
     if !args.listen.ip().is_loopback() && !args.allow_remote {
-        eprintln!(
-            "caretaker apiserver: refusing to listen on {}: it is not a loopback address, and this server has no \
-             authentication or authorization, so anyone who can reach it could read and change everything. \
-             Use a 127.0.0.1 or [::1] address, or pass --allow-remote if you really mean it.",
-            args.listen
-        );
-        return ExitCode::from(2);
+        return super::run("apiserver", || {
+            Err(Failure::from(format!(
+                "refusing to listen on {}: it is not a loopback address, and this server has no \
+                 authentication or authorization, so anyone who can reach it could read and change everything. \
+                 Use a 127.0.0.1 or [::1] address, or pass --allow-remote if you really mean it.",
+                args.listen
+            ))
+            .with_code(2))
+        });
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("caretaker apiserver: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    runtime.block_on(serve(args, wait_for_stop()))
+    super::run_async("apiserver", serve(args, wait_for_stop()))
 }
 
 /// Serves until `stop` completes.
-async fn serve(args: ApiserverArgs, stop: impl std::future::Future<Output = ()>) -> ExitCode {
-    let server = match ApiServer::builder()
+async fn serve(
+    args: ApiserverArgs,
+    stop: impl std::future::Future<Output = ()>,
+) -> Result<ExitCode, Failure> {
+    let server = ApiServer::builder()
         .data_dir(&args.data_dir)
         .listen(args.listen)
         .tls(args.tls)
         .start()
-        .await
-    {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("caretaker apiserver: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
+        .await?;
     let kubeconfig = args.data_dir.join("kubeconfig");
-    if let Err(e) = server.write_kubeconfig(&kubeconfig) {
-        eprintln!("caretaker apiserver: writing {}: {e}", kubeconfig.display());
-        return ExitCode::FAILURE;
-    }
+    server
+        .write_kubeconfig(&kubeconfig)
+        .map_err(|e| format!("writing {}: {e}", kubeconfig.display()))?;
     eprintln!(
         "caretaker apiserver: serving {} (data in {}, resourceVersion {}); kubeconfig: {}",
         server.url(),
@@ -99,7 +88,7 @@ async fn serve(args: ApiserverArgs, stop: impl std::future::Future<Output = ()>)
     stop.await;
     eprintln!("caretaker apiserver: stopping");
     server.shutdown().await;
-    ExitCode::SUCCESS
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Ctrl-C or SIGTERM.
@@ -189,7 +178,7 @@ mod tests {
         dir: &std::path::Path,
     ) -> (
         tokio::sync::oneshot::Sender<()>,
-        tokio::task::JoinHandle<ExitCode>,
+        tokio::task::JoinHandle<Result<ExitCode, Failure>>,
         String,
     ) {
         let _ = std::fs::remove_file(dir.join("kubeconfig"));
@@ -236,7 +225,7 @@ mod tests {
             .parse()
             .unwrap();
         stop.send(()).unwrap();
-        assert_eq!(task.await.unwrap(), ExitCode::SUCCESS);
+        assert_eq!(task.await.unwrap().unwrap(), ExitCode::SUCCESS);
 
         let (stop, task, addr) = start(dir.path()).await;
         let (code, body) = http(
@@ -266,6 +255,6 @@ mod tests {
             "the resourceVersion sequence continues across restarts"
         );
         stop.send(()).unwrap();
-        assert_eq!(task.await.unwrap(), ExitCode::SUCCESS);
+        assert_eq!(task.await.unwrap().unwrap(), ExitCode::SUCCESS);
     }
 }

@@ -6,8 +6,9 @@ use std::process::ExitCode;
 use caretaker_agent::NodeLayout;
 use caretaker_agent::layout::SLOTS;
 use caretaker_agent::offline;
-use caretaker_pki::Ttl;
 use clap::{Args, Subcommand};
+
+use super::Failure;
 
 #[derive(Debug, Subcommand)]
 pub enum CertsCommand {
@@ -55,69 +56,46 @@ pub struct RenewArgs {
 }
 
 pub fn run(command: CertsCommand) -> ExitCode {
-    let result = match command {
-        CertsCommand::CheckExpiration(dirs) => {
-            let layout = NodeLayout::new(dirs.pki_dir, dirs.kubeconfig_dir);
-            let inventory = offline::inventory(&layout);
-            if inventory.certificates.is_empty() && inventory.authorities.is_empty() {
-                Err(format!(
-                    "no certificates found under {} or {}",
-                    layout.pki_dir.display(),
-                    layout.kubeconfig_dir.display()
-                ))
-            } else {
-                print!(
-                    "{}",
-                    offline::expiration_report(
-                        &inventory,
-                        &layout,
-                        time::OffsetDateTime::now_utc()
-                    )
-                );
-                Ok(())
-            }
-        }
+    super::run("certs", || match command {
+        CertsCommand::CheckExpiration(dirs) => check_expiration(dirs),
         CertsCommand::Renew(args) => renew(args),
-    };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(message) => {
-            eprintln!("caretaker certs: {message}");
-            ExitCode::FAILURE
-        }
-    }
+    })
 }
 
-fn renew(args: RenewArgs) -> Result<(), String> {
-    let expires_in: Ttl = args
-        .expires_in
-        .parse()
-        .map_err(|e: caretaker_pki::TtlError| {
-            format!("invalid --expires-in {:?}: {}", args.expires_in, e.problem)
-        })?;
+fn check_expiration(dirs: NodeDirs) -> Result<ExitCode, Failure> {
+    let layout = NodeLayout::new(dirs.pki_dir, dirs.kubeconfig_dir);
+    let inventory = offline::inventory(&layout);
+    if inventory.certificates.is_empty() && inventory.authorities.is_empty() {
+        return Err(Failure::from(format!(
+            "no certificates found under {} or {}",
+            layout.pki_dir.display(),
+            layout.kubeconfig_dir.display()
+        )));
+    }
+    let now = time::OffsetDateTime::now_utc();
+    print!("{}", offline::expiration_report(&inventory, &layout, now));
+    Ok(ExitCode::SUCCESS)
+}
+
+fn renew(args: RenewArgs) -> Result<ExitCode, Failure> {
+    let expires_in = super::ttl("--expires-in", &args.expires_in)?;
     let names: Vec<String> = if args.names.iter().any(|n| n == "all") {
         Vec::new()
     } else {
         for name in &args.names {
             if caretaker_agent::layout::slot(name).is_none() {
                 let known: Vec<_> = SLOTS.iter().map(|s| s.name).collect();
-                return Err(format!(
+                return Err(Failure::from(format!(
                     "unknown certificate {name:?}; known: all, {}",
                     known.join(", ")
-                ));
+                )));
             }
         }
         args.names.clone()
     };
-    std::fs::create_dir_all(&args.state_dir).map_err(|e| {
-        format!(
-            "cannot create --state-dir {}: {e}",
-            args.state_dir.display()
-        )
-    })?;
+    super::create_dir("--state-dir", &args.state_dir)?;
     let layout = NodeLayout::new(args.dirs.pki_dir, args.dirs.kubeconfig_dir);
-    let outcome = offline::renew(&layout, &args.state_dir, &args.ca_dir, &names, &expires_in)
-        .map_err(|e| e.to_string())?;
+    let outcome = offline::renew(&layout, &args.state_dir, &args.ca_dir, &names, &expires_in)?;
     for name in &outcome.applied {
         println!("renewed {name}");
     }
@@ -129,5 +107,5 @@ fn renew(args: RenewArgs) -> Result<(), String> {
     println!(
         "restart kube-apiserver, kube-controller-manager, kube-scheduler and etcd to use the new certificates"
     );
-    Ok(())
+    Ok(ExitCode::SUCCESS)
 }

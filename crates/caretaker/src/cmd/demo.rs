@@ -19,11 +19,12 @@ use caretaker_operator::capi_objects::{self, ClusterObjects, MachineObject, Mach
 use caretaker_operator::machine;
 use caretaker_operator::machine::refresh::format_time;
 use caretaker_operator::names;
-use caretaker_pki::Ttl;
 use caretaker_pki::files;
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::GroupVersionKind;
 use serde_json::json;
+
+use super::Failure;
 
 const NAMESPACE: &str = "default";
 const CLUSTER: &str = "demo";
@@ -78,45 +79,28 @@ pub struct DemoArgs {
 }
 
 pub fn run(args: DemoArgs) -> ExitCode {
-    let runtime = match tokio::runtime::Runtime::new() {
-        Ok(runtime) => runtime,
-        Err(e) => return fail(e.to_string()),
-    };
-    runtime.block_on(async {
+    super::run_async("demo", async {
         // Handled before anything starts: the default action of these signals ends the demo
         // at once and leaves its agents and operator running.
-        let mut stop = match StopSignals::install() {
-            Ok(stop) => stop,
-            Err(e) => return fail(format!("cannot handle signals: {e}")),
-        };
+        let mut stop = StopSignals::install().map_err(|e| format!("cannot handle signals: {e}"))?;
         let keep_running = args.keep_running;
-        let outcome = tokio::select! {
-            running = demo(args) => Ok(running),
-            signal = stop.recv() => Err(signal),
-        };
-        // A signal dropped the demo half-way, and with it the processes it had started.
-        let running = match outcome {
-            Ok(Ok(running)) => running,
-            Ok(Err(message)) => return fail(message),
-            Err((name, number)) => return stopped_by(name, number),
+        let running = tokio::select! {
+            running = demo(args) => running?,
+            // A signal dropped the demo half-way, and with it the processes it had started.
+            (name, number) = stop.recv() => return Err(stopped_by(name, number)),
         };
         if keep_running {
             stop.recv().await;
         }
-        running.stop().await
+        Ok(running.stop().await)
     })
 }
 
-fn stopped_by(signal: &str, number: i32) -> ExitCode {
-    eprintln!(
-        "caretaker demo: stopped by {signal}; stopped the agents and the operator it had started"
-    );
-    ExitCode::from(128u8.saturating_add(u8::try_from(number).unwrap_or(0)))
-}
-
-fn fail(message: String) -> ExitCode {
-    eprintln!("caretaker demo: {message}");
-    ExitCode::FAILURE
+fn stopped_by(signal: &str, number: i32) -> Failure {
+    Failure::from(format!(
+        "stopped by {signal}; stopped the agents and the operator it had started"
+    ))
+    .with_code(128u8.saturating_add(u8::try_from(number).unwrap_or(0)))
 }
 
 /// SIGINT (Ctrl-C), SIGTERM (`timeout`, systemd, CI runners) and SIGHUP (a closed terminal):
@@ -190,9 +174,7 @@ struct DemoMachine {
 
 async fn demo(args: DemoArgs) -> Result<Running, String> {
     caretaker_agent::tls::install_crypto_provider();
-    let ttl: Ttl = args.refresh.parse().map_err(|e: caretaker_pki::TtlError| {
-        format!("invalid --refresh {:?}: {}", args.refresh, e.problem)
-    })?;
+    let ttl = super::ttl("--refresh", &args.refresh)?;
     if let Some(option) = &args.upgrade_to {
         caretaker_agent::upgrade::ReleaseOption::parse(option)
             .map_err(|e| format!("invalid --upgrade-to: {e}"))?;

@@ -1,12 +1,10 @@
 //! `caretaker operator`: the controllers.
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use caretaker_operator::controllers;
 use caretaker_operator::{Context, Settings};
-use caretaker_pki::Ttl;
 
 use super::logging::{self, LogFormat};
 
@@ -31,9 +29,8 @@ use super::logging::{self, LogFormat};
 /// trigger cancels it; `caretaker.dev/progress` shows DONE/TOTAL.
 #[derive(Debug, clap::Args)]
 pub struct OperatorArgs {
-    /// Kubeconfig to use; default: in-cluster configuration, then $KUBECONFIG or ~/.kube/config.
-    #[arg(long, value_name = "FILE")]
-    kubeconfig: Option<PathBuf>,
+    #[command(flatten)]
+    kubeconfig: super::KubeconfigArg,
     /// Port of the agents, for Machines without a caretaker.dev/agent-endpoint annotation.
     #[arg(long, value_name = "PORT", default_value_t = 9443)]
     agent_port: u16,
@@ -44,73 +41,36 @@ pub struct OperatorArgs {
     #[arg(long, value_name = "N", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
     max_attempts: u32,
     /// First retry delay; it doubles after each failed attempt (e.g. 10s, 1m).
-    #[arg(long, value_name = "DURATION", default_value = "10s")]
-    retry_base: String,
-    /// How long one call to an agent may take.
-    #[arg(long, value_name = "DURATION", default_value = "30s")]
-    agent_timeout: String,
-    /// How often a running in-place upgrade is read from its agent.
-    #[arg(long, value_name = "DURATION", default_value = "2s")]
-    upgrade_poll: String,
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = super::duration)]
+    retry_base: Duration,
+    /// How long one call to an agent may take (e.g. 30s, 2m).
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = super::duration)]
+    agent_timeout: Duration,
+    /// How often a running in-place upgrade is read from its agent (e.g. 2s, 500ms).
+    #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = super::duration)]
+    upgrade_poll: Duration,
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
 }
 
-pub(super) fn duration(flag: &str, value: &str) -> Result<Duration, String> {
-    let ttl: Ttl = value
-        .parse()
-        .map_err(|e: caretaker_pki::TtlError| format!("invalid {flag} {value:?}: {}", e.problem))?;
-    Ok(ttl.approximate())
-}
-
 pub fn run(args: OperatorArgs) -> ExitCode {
     logging::init(args.log_format);
-    let result = (|| -> Result<(), String> {
-        let settings = Settings {
-            agent_port: args.agent_port,
-            max_attempts: args.max_attempts,
-            retry_base: duration("--retry-base", &args.retry_base)?,
-            agent_timeout: duration("--agent-timeout", &args.agent_timeout)?,
-            upgrade_poll: duration("--upgrade-poll", &args.upgrade_poll)?,
-        };
-        let runtime = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;
-        runtime.block_on(async move {
-            caretaker_agent::tls::install_crypto_provider();
-            let client = client(args.kubeconfig.as_deref()).await?;
-            tracing::info!(namespace = ?args.namespace, "operator starting");
-            let ctx = Context::new(client, settings);
-            tokio::select! {
-                _ = controllers::run(ctx, args.namespace.clone()) => Ok(()),
-                _ = tokio::signal::ctrl_c() => {
-                    tracing::info!("stopping");
-                    Ok(())
-                }
-            }
-        })
-    })();
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(message) => {
-            eprintln!("caretaker operator: {message}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
-/// A client from `--kubeconfig`, or the in-cluster configuration, then $KUBECONFIG.
-pub async fn client(kubeconfig: Option<&std::path::Path>) -> Result<kube::Client, String> {
-    let config = match kubeconfig {
-        Some(path) => {
-            let kubeconfig = kube::config::Kubeconfig::read_from(path)
-                .map_err(|e| format!("cannot read --kubeconfig {}: {e}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
-                .await
-                .map_err(|e| format!("unusable --kubeconfig {}: {e}", path.display()))?
-        }
-        None => kube::Config::infer()
-            .await
-            .map_err(|e| format!("no Kubernetes configuration found: {e}"))?,
+    let settings = Settings {
+        agent_port: args.agent_port,
+        max_attempts: args.max_attempts,
+        retry_base: args.retry_base,
+        agent_timeout: args.agent_timeout,
+        upgrade_poll: args.upgrade_poll,
     };
-    kube::Client::try_from(config).map_err(|e| e.to_string())
+    super::run_async("operator", async move {
+        let client = args.kubeconfig.client().await?;
+        tracing::info!(namespace = ?args.namespace, "operator starting");
+        let ctx = Context::new(client, settings);
+        tokio::select! {
+            _ = controllers::run(ctx, args.namespace.clone()) => {}
+            _ = tokio::signal::ctrl_c() => tracing::info!("stopping"),
+        }
+        Ok(ExitCode::SUCCESS)
+    })
 }

@@ -5,12 +5,11 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use super::{Failure, ttl};
 use base64::Engine as _;
 use caretaker_pki::bundle::{self, BundleCertificate};
 use caretaker_pki::files::{self, FileToWrite};
-use caretaker_pki::{
-    CaSpec, CertificateAuthority, CertificateInfo, KeyAlgorithm, LeafSpec, Ttl, Usage,
-};
+use caretaker_pki::{CaSpec, CertificateAuthority, CertificateInfo, KeyAlgorithm, LeafSpec, Usage};
 use clap::{Args, Subcommand};
 use time::OffsetDateTime;
 
@@ -37,7 +36,6 @@ pub enum CaCommand {
 }
 
 const ALGORITHMS: &str = "ecdsa-p256 (default), ecdsa-p384, ed25519, rsa-2048, rsa-3072, rsa-4096";
-const TTL_HELP: &str = "e.g. 90d, 1y, 1y6mo, 720h";
 
 #[derive(Debug, Args)]
 pub struct CaCreateArgs {
@@ -109,45 +107,18 @@ pub struct InspectArgs {
     json: bool,
 }
 
-/// A failure reported as one line on stderr.
-struct Failure(String);
-
-impl<E: std::fmt::Display> From<E> for Failure {
-    fn from(e: E) -> Self {
-        Failure(e.to_string())
-    }
-}
-
 pub fn run(command: PkiCommand) -> ExitCode {
-    let result = match command {
+    super::run("pki", || match command {
         PkiCommand::Ca(CaCommand::Create(args)) => create_ca(args),
         PkiCommand::Issue(args) => issue(args),
         PkiCommand::Inspect(args) => inspect(args),
-    };
-    match result {
-        Ok(code) => code,
-        Err(Failure(message)) => {
-            eprintln!("caretaker pki: {message}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
-fn algorithm(value: &str) -> Result<KeyAlgorithm, Failure> {
-    value.parse().map_err(|_| {
-        Failure(format!(
-            "invalid --algorithm {value:?}: accepted are {ALGORITHMS}"
-        ))
     })
 }
 
-fn ttl(flag: &str, value: &str) -> Result<Ttl, Failure> {
-    value.parse::<Ttl>().map_err(|e| {
-        Failure(format!(
-            "invalid {flag} {value:?} ({TTL_HELP}): {}",
-            e.problem
-        ))
-    })
+fn algorithm(value: &str) -> Result<KeyAlgorithm, String> {
+    value
+        .parse()
+        .map_err(|_| format!("invalid --algorithm {value:?}: accepted are {ALGORITHMS}"))
 }
 
 fn create_ca(args: CaCreateArgs) -> Result<ExitCode, Failure> {
@@ -187,10 +158,10 @@ fn create_ca(args: CaCreateArgs) -> Result<ExitCode, Failure> {
 
 fn issue(args: IssueArgs) -> Result<ExitCode, Failure> {
     let usage: Usage = args.usage.parse().map_err(|_| {
-        Failure(format!(
+        format!(
             "invalid --usage {:?}: accepted are server, client, both",
             args.usage
-        ))
+        )
     })?;
     let ip_addresses = args
         .ip
@@ -198,7 +169,7 @@ fn issue(args: IssueArgs) -> Result<ExitCode, Failure> {
         .map(|ip| {
             ip.trim()
                 .parse::<IpAddr>()
-                .map_err(|_| Failure(format!("invalid --ip {ip:?}: not an IPv4 or IPv6 address")))
+                .map_err(|_| format!("invalid --ip {ip:?}: not an IPv4 or IPv6 address"))
         })
         .collect::<Result<Vec<_>, _>>()?;
     let spec = LeafSpec {
@@ -251,40 +222,79 @@ fn issue(args: IssueArgs) -> Result<ExitCode, Failure> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn load_ca(dir: &Path) -> Result<CertificateAuthority, Failure> {
+fn load_ca(dir: &Path) -> Result<CertificateAuthority, String> {
     let read = |name: &str| {
         let path = dir.join(name);
         std::fs::read_to_string(&path)
-            .map_err(|e| Failure(format!("cannot read CA file {}: {e}", path.display())))
+            .map_err(|e| format!("cannot read CA file {}: {e}", path.display()))
     };
     let (cert, key) = (read("ca.crt")?, read("ca.key")?);
     CertificateAuthority::from_pem(&cert, &key)
-        .map_err(|e| Failure(format!("CA in {} is not usable: {e}", dir.display())))
+        .map_err(|e| format!("CA in {} is not usable: {e}", dir.display()))
 }
 
-/// Writes all files into `dir` or none: refuses to overwrite, and removes `dir` again if it
-/// was created here and the write failed.
-fn write_out(dir: &Path, files: &[FileToWrite<'_>]) -> Result<(), Failure> {
+/// Writes all files into `dir` or none: refuses to overwrite, and when the write fails removes
+/// what this run created: `dir` and those of its parents that did not exist.
+fn write_out(dir: &Path, files: &[FileToWrite<'_>]) -> Result<(), String> {
     for file in files {
         let path = dir.join(file.name);
         if path.exists() {
-            return Err(Failure(format!(
+            return Err(format!(
                 "{} already exists; refusing to overwrite it (remove it or choose another --out)",
                 path.display()
-            )));
+            ));
         }
     }
-    let created = !dir.exists();
-    if created {
+    // The outermost of `dir` and its parents that is not there yet.
+    let created = dir
+        .ancestors()
+        .take_while(|p| !p.as_os_str().is_empty() && is_missing(std::fs::symlink_metadata(p)))
+        .last();
+    let failed = |problem: String| {
+        let Some(created) = created else {
+            return problem;
+        };
+        match remove_created(dir, created, files) {
+            Ok(()) => format!(
+                "{problem}; removed {}, which it had created",
+                created.display()
+            ),
+            Err(e) => format!(
+                "{problem}; could not remove {}, which it had created: {e}",
+                created.display()
+            ),
+        }
+    };
+    if created.is_some() {
         std::fs::create_dir_all(dir)
-            .map_err(|e| Failure(format!("cannot create --out {}: {e}", dir.display())))?;
+            .map_err(|e| failed(format!("cannot create --out {}: {e}", dir.display())))?;
     }
-    files::write_all(dir, files).map_err(|e| {
-        if created {
-            let _ = std::fs::remove_dir(dir);
+    files::write_all(dir, files)
+        .map_err(|e| failed(format!("cannot write into {}: {e}", dir.display())))
+}
+
+fn is_missing<T>(result: std::io::Result<T>) -> bool {
+    matches!(result, Err(e) if e.kind() == std::io::ErrorKind::NotFound)
+}
+
+/// Undoes a failed [`write_out`] that created `created`: removes those of `files` that are in
+/// `dir` already (a failure after one was renamed into place), then `dir` and its parents up to
+/// `created`. Anything else found there is left, and the removal fails on its directory.
+fn remove_created(dir: &Path, created: &Path, files: &[FileToWrite<'_>]) -> std::io::Result<()> {
+    let tolerate_missing = |result: std::io::Result<()>| match result {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    };
+    for file in files {
+        tolerate_missing(files::remove_file_securely(&dir.join(file.name)))?;
+    }
+    for made in dir.ancestors() {
+        tolerate_missing(std::fs::remove_dir(made))?;
+        if made == created {
+            break;
         }
-        Failure(format!("cannot write into {}: {e}", dir.display()))
-    })
+    }
+    Ok(())
 }
 
 /// Where in a file a certificate came from.
@@ -303,7 +313,7 @@ fn inspect(args: InspectArgs) -> Result<ExitCode, Failure> {
     for file in &args.files {
         match certificates_in(file) {
             Ok(mut certificates) => found.append(&mut certificates),
-            Err(Failure(message)) => {
+            Err(message) => {
                 eprintln!("caretaker pki: {}: {message}", file.display());
                 failed = true;
             }
@@ -339,8 +349,8 @@ fn inspect(args: InspectArgs) -> Result<ExitCode, Failure> {
 const KUBECONFIG_CERTIFICATE_FIELDS: [&str; 2] =
     ["certificate-authority-data", "client-certificate-data"];
 
-fn certificates_in(file: &Path) -> Result<Vec<Found>, Failure> {
-    let text = std::fs::read_to_string(file).map_err(|e| Failure(format!("cannot read: {e}")))?;
+fn certificates_in(file: &Path) -> Result<Vec<Found>, String> {
+    let text = std::fs::read_to_string(file).map_err(|e| format!("cannot read: {e}"))?;
     let mut sources: Vec<(Option<String>, String)> = Vec::new();
     if text.contains("-----BEGIN") {
         sources.push((None, text));
@@ -358,23 +368,19 @@ fn certificates_in(file: &Path) -> Result<Vec<Found>, Failure> {
                     .decode(value)
                     .ok()
                     .and_then(|bytes| String::from_utf8(bytes).ok())
-                    .ok_or_else(|| {
-                        Failure(format!("{} is not base64-encoded PEM", field.trim()))
-                    })?;
+                    .ok_or_else(|| format!("{} is not base64-encoded PEM", field.trim()))?;
                 sources.push((Some(field.trim().to_string()), pem));
             }
         }
         if sources.is_empty() {
-            return Err(Failure(
-                "no PEM certificates and no kubeconfig certificate fields found".into(),
-            ));
+            return Err("no PEM certificates and no kubeconfig certificate fields found".into());
         }
     }
     let mut found = Vec::new();
     for (field, pem) in sources {
         let certificates = bundle::parse(&pem).map_err(|e| match &field {
-            Some(field) => Failure(format!("{field}: {e}")),
-            None => Failure(e.to_string()),
+            Some(field) => format!("{field}: {e}"),
+            None => e.to_string(),
         })?;
         let total = certificates.len();
         for (i, certificate) in certificates.into_iter().enumerate() {

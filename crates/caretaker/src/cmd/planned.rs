@@ -11,9 +11,11 @@ pub const CRDS: &str = "Print the CustomResourceDefinitions caretaker serves, ge
 from its Rust types.\n\nNot built yet: this command exits with status 2.";
 
 pub fn not_built(name: &str) -> ExitCode {
-    eprintln!(
-        "caretaker {name}: not built yet; `caretaker {name} --help` says what it will do \
-         and the README lists what works today"
-    );
-    ExitCode::from(2)
+    super::run(name, || {
+        Err(super::Failure::from(format!(
+            "not built yet; `caretaker {name} --help` says what it will do and the README \
+             lists what works today"
+        ))
+        .with_code(2))
+    })
 }

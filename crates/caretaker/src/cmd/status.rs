@@ -1,7 +1,6 @@
 //! `caretaker status cluster NAME`: a Cluster's rollout at a glance.
 
 use std::fmt::Write as _;
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -31,9 +30,8 @@ pub struct ClusterArgs {
     /// Follow the rollout until it ends.
     #[arg(long)]
     watch: bool,
-    /// Kubeconfig to use; default: in-cluster configuration, then $KUBECONFIG or ~/.kube/config.
-    #[arg(long, value_name = "FILE")]
-    kubeconfig: Option<PathBuf>,
+    #[command(flatten)]
+    kubeconfig: super::KubeconfigArg,
 }
 
 /// How a rollout stands.
@@ -57,37 +55,20 @@ impl Outcome {
 
 pub fn run(command: StatusCommand) -> ExitCode {
     let StatusCommand::Cluster(args) = command;
-    let runtime = match tokio::runtime::Runtime::new() {
-        Ok(r) => r,
-        Err(e) => return fail(e.to_string()),
-    };
-    runtime.block_on(async move {
-        caretaker_agent::tls::install_crypto_provider();
-        let client = match super::operator::client(args.kubeconfig.as_deref()).await {
-            Ok(c) => c,
-            Err(e) => return fail(e),
-        };
+    super::run_async("status", async move {
+        let client = args.kubeconfig.client().await?;
         loop {
-            match render(&client, &args.namespace, &args.name).await {
-                Ok((text, outcome)) => {
-                    if args.watch && outcome == Outcome::InProgress {
-                        // Clear the screen and redraw, like `watch`.
-                        print!("\x1b[2J\x1b[H{text}");
-                        tokio::time::sleep(Duration::from_secs(1)).await;
-                        continue;
-                    }
-                    print!("{text}");
-                    return outcome.exit_code();
-                }
-                Err(e) => return fail(e),
+            let (text, outcome) = render(&client, &args.namespace, &args.name).await?;
+            if args.watch && outcome == Outcome::InProgress {
+                // Clear the screen and redraw, like `watch`.
+                print!("\x1b[2J\x1b[H{text}");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
             }
+            print!("{text}");
+            return Ok(outcome.exit_code());
         }
     })
-}
-
-fn fail(message: String) -> ExitCode {
-    eprintln!("caretaker status: {message}");
-    ExitCode::FAILURE
 }
 
 /// The status view of Cluster `name` and how its rollout stands.
