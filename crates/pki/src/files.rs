@@ -30,8 +30,11 @@ impl std::fmt::Debug for FileToWrite<'_> {
 }
 
 /// Writes every file into `dir` (which must exist): all are staged as synced temporary files
-/// first, and only when every one is on disk are they renamed into place. On error the
-/// staged files are removed and nothing in `dir` has changed.
+/// first, and only when every one is on disk are they renamed into place. An error while
+/// staging (a full disk, a file-size limit) removes the staged files and leaves `dir` as it
+/// was. The renames cannot be undone as a whole: if one fails (only when `dir` is changed
+/// under us), the files renamed before it stay in place and the rest are removed; callers
+/// that created `dir` remove what they meant to write.
 pub fn write_all(dir: &Path, files: &[FileToWrite<'_>]) -> io::Result<()> {
     let mut staged: Vec<(PathBuf, PathBuf)> = Vec::with_capacity(files.len());
     let result = (|| {
