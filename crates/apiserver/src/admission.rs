@@ -495,8 +495,8 @@ fn review(req: &Request<'_>) -> Value {
         "name": crate::meta::name_of(req.object),
         "operation": req.operation.as_str(),
         "userInfo": { "username": "system:anonymous", "groups": ["system:unauthenticated"] },
-        "object": if req.operation == Operation::Delete { Value::Null } else { crate::api::ApiState::served(def, req.object) },
-        "oldObject": req.old.map(|o| crate::api::ApiState::served(def, o)),
+        "object": if req.operation == Operation::Delete { Value::Null } else { def.served(req.object) },
+        "oldObject": req.old.map(|o| def.served(o)),
         "dryRun": req.dry_run,
         "options": { "kind": match req.operation {
             Operation::Create => "CreateOptions",

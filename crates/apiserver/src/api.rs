@@ -209,9 +209,16 @@ impl ApiState {
         };
         let (crds, _) = state.store.list(CRD_STORAGE_KEY, None, None)?;
         for crd in &crds {
-            state.registry.apply_crd(crd);
+            state.serve_crd(crd);
         }
         Ok(state)
+    }
+
+    /// Serves (or re-serves) the resources a stored CRD defines.
+    fn serve_crd(&self, crd: &Value) {
+        if let Some(name) = crd.pointer("/metadata/name").and_then(Value::as_str) {
+            self.registry.apply_crd(name, crd::served_resources(crd));
+        }
     }
 
     pub fn key(def: &ResourceDef, namespace: &str, name: &str) -> ObjectKey {
@@ -226,19 +233,6 @@ impl ApiState {
         }
     }
 
-    /// The stored object as served at `def`'s group/version (conversion `None`, Events converted).
-    pub fn served(def: &ResourceDef, stored: &Value) -> Value {
-        if def.flavor == Flavor::EventsV1Event {
-            return events::core_to_v1(stored);
-        }
-        let mut o = stored.clone();
-        if let Some(m) = o.as_object_mut() {
-            m.insert("apiVersion".into(), json!(def.api_version()));
-            m.insert("kind".into(), json!(def.kind));
-        }
-        o
-    }
-
     fn write_error(def: &ResourceDef, name: &str, e: WriteError) -> ApiError {
         match e {
             WriteError::NotFound => ApiError::not_found(&def.group, &def.plural, name),
@@ -250,7 +244,7 @@ impl ApiState {
 
     pub fn get(&self, def: &ResourceDef, namespace: &str, name: &str) -> Result<Value, ApiError> {
         let stored = self.get_stored(def, namespace, name)?;
-        Ok(Self::served(def, &stored))
+        Ok(def.served(&stored))
     }
 
     fn get_stored(
@@ -293,15 +287,13 @@ impl ApiState {
         )?;
         let mut matching = items.into_iter().filter(|o| {
             q.labels.as_ref().is_none_or(|s| s.matches(o))
-                && q.fields
-                    .as_ref()
-                    .is_none_or(|s| s.matches(&Self::served(def, o)))
+                && q.fields.as_ref().is_none_or(|s| s.matches(&def.served(o)))
         });
         let limit = q.limit.filter(|l| *l > 0).unwrap_or(usize::MAX);
         let page: Vec<Value> = matching
             .by_ref()
             .take(limit)
-            .map(|o| Self::served(def, &o))
+            .map(|o| def.served(&o))
             .collect();
         let remaining = matching.count();
         // Later pages report the first page's resourceVersion: a watch started from it may replay
@@ -814,7 +806,7 @@ impl ApiState {
                 return Err(ApiError::already_exists(&def.group, &def.plural, &name));
             }
             return Ok(Written {
-                object: Self::served(def, &obj),
+                object: def.served(&obj),
                 warnings,
                 created: true,
             });
@@ -825,7 +817,7 @@ impl ApiState {
             .map_err(|e| Self::write_error(def, &name, e))?;
         self.after_write(def, &stored);
         Ok(Written {
-            object: Self::served(def, &stored),
+            object: def.served(&stored),
             warnings,
             created: true,
         })
@@ -960,7 +952,7 @@ impl ApiState {
         let key = Self::key(def, meta::namespace_of(old), &name);
         if opts.dry_run {
             return Ok(Written {
-                object: Self::served(def, &obj),
+                object: def.served(&obj),
                 warnings: vec![],
                 created: false,
             });
@@ -978,7 +970,7 @@ impl ApiState {
                 .map_err(|e| Self::write_error(def, &name, e))?;
             self.after_delete(def, &gone)?;
             return Ok(Written {
-                object: Self::served(def, &gone),
+                object: def.served(&gone),
                 warnings: vec![],
                 created: false,
             });
@@ -989,7 +981,7 @@ impl ApiState {
             .map_err(|e| Self::write_error(def, &name, e))?;
         self.after_write(def, &stored);
         Ok(Written {
-            object: Self::served(def, &stored),
+            object: def.served(&stored),
             warnings: vec![],
             created: false,
         })
@@ -1016,7 +1008,7 @@ impl ApiState {
                 }
                 None => return Err(ApiError::not_found(&def.group, &def.plural, name)),
             };
-            let served_old = Self::served(def, &old);
+            let served_old = def.served(&old);
             let (patched, applied) = if patch_type == PatchType::Apply {
                 // The configuration as decoded (unknown fields pruned), in the served form.
                 let (cfg, _) = self.decode(
@@ -1026,7 +1018,7 @@ impl ApiState {
                     body.clone(),
                     opts.field_validation,
                 )?;
-                let mut cfg = Self::served(def, &cfg);
+                let mut cfg = def.served(&cfg);
                 let api_version = def.api_version();
                 let now = meta::now();
                 let writer = Writer {
@@ -1225,12 +1217,12 @@ impl ApiState {
             let key = Self::key(def, namespace, name);
             if finalizers.is_empty() && !namespace_pending {
                 if opts.dry_run {
-                    return Ok((Self::served(def, &old), true));
+                    return Ok((def.served(&old), true));
                 }
                 match self.store.delete(&key, resource_version_of(&old)) {
                     Ok(gone) => {
                         self.after_delete(def, &gone)?;
-                        return Ok((Self::served(def, &gone), true));
+                        return Ok((def.served(&gone), true));
                     }
                     Err(WriteError::Conflict) => continue,
                     Err(e) => return Err(Self::write_error(def, name, e)),
@@ -1238,7 +1230,7 @@ impl ApiState {
             }
             // Graceful: mark and let finalizers (or the namespace controller) finish.
             if is_deleting(&old) && finalizers == finalizers_of(&old) {
-                return Ok((Self::served(def, &old), false));
+                return Ok((def.served(&old), false));
             }
             let mut marked = old.clone();
             let m = metadata_mut(&mut marked);
@@ -1253,10 +1245,10 @@ impl ApiState {
                 marked["status"]["phase"] = json!("Terminating");
             }
             if opts.dry_run {
-                return Ok((Self::served(def, &marked), false));
+                return Ok((def.served(&marked), false));
             }
             match self.store.update(&key, resource_version_of(&old), marked) {
-                Ok(stored) => return Ok((Self::served(def, &stored), false)),
+                Ok(stored) => return Ok((def.served(&stored), false)),
                 Err(WriteError::Conflict) => continue,
                 Err(e) => return Err(Self::write_error(def, name, e)),
             }
@@ -1267,7 +1259,7 @@ impl ApiState {
     /// Caches that follow some kinds: served CRDs, webhook configurations.
     fn after_write(&self, def: &ResourceDef, stored: &Value) {
         if def.flavor == Flavor::CustomResourceDefinition {
-            self.registry.apply_crd(stored);
+            self.serve_crd(stored);
         }
         if def.group == "admissionregistration.k8s.io" {
             self.admission.invalidate();

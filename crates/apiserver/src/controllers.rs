@@ -132,7 +132,7 @@ async fn collect_dependents(api: &ApiState, owner_uid: &str) -> Result<(), ApiEr
                     .map(|_| ()),
             )?;
         } else {
-            let mut updated = ApiState::served(&def, &dep);
+            let mut updated = def.served(&dep);
             updated["metadata"]["ownerReferences"] = json!(live_owners);
             ignore_conflict(
                 api.update(
@@ -163,7 +163,7 @@ async fn process_deleting(api: &ApiState, def: &ResourceDef, obj: &Value) -> Res
             else {
                 continue;
             };
-            let mut updated = ApiState::served(&dep_def, &dep);
+            let mut updated = dep_def.served(&dep);
             let refs: Vec<Value> = updated["metadata"]["ownerReferences"]
                 .as_array()
                 .map(|a| a.iter().filter(|r| r["uid"] != uid).cloned().collect())
@@ -214,7 +214,7 @@ async fn remove_finalizer(
     obj: &Value,
     finalizer: &str,
 ) -> Result<(), ApiError> {
-    let mut updated = ApiState::served(def, obj);
+    let mut updated = def.served(obj);
     let remaining: Vec<String> = finalizers_of(obj)
         .into_iter()
         .filter(|f| f != finalizer)
@@ -267,7 +267,7 @@ async fn sync_namespace(api: &ApiState, namespace: &str) -> Result<(), ApiError>
     if contents.is_empty()
         && let Some(def) = api.registry.lookup("", "v1", "namespaces")
     {
-        let mut finalized = ApiState::served(&def, &ns);
+        let mut finalized = def.served(&ns);
         finalized["spec"]["finalizers"] = json!([]);
         ignore_conflict(
             api.update(&def, "", namespace, finalized, Part::Finalize, &writer())
