@@ -1,4 +1,4 @@
-//! HTTP: parses Kubernetes API paths and query parameters, calls the verbs in `api.rs`, and
+//! HTTP: parses Kubernetes API paths and query parameters, calls the verbs in `api/`, and
 //! renders objects, lists, Tables, watch streams and Status errors.
 
 use std::sync::Arc;
