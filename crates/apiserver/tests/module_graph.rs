@@ -18,10 +18,58 @@ type Module = Vec<String>;
 #[test]
 fn no_module_imports_itself_through_others() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let files = rust_files(&src);
+    let graph = graph(&rust_files(&src));
+    for (from, to) in graph.iter().filter(|(from, _)| !from.is_empty()) {
+        let to: Vec<String> = to.iter().map(|m| m.join("::")).collect();
+        println!("{} -> {}", from.join("::"), to.join(", "));
+    }
+    let circles = circles(&graph);
+    assert!(
+        circles.is_empty(),
+        "modules that import each other in a circle:\n{}",
+        circles.join("\n")
+    );
+}
+
+/// The check itself finds circles: through `use` groups and inline paths, and between
+/// siblings in a folder, but not between a parent and its children.
+#[test]
+fn circles_are_found() {
+    let tree = |files: &[(&str, &str)]| -> BTreeMap<Module, String> {
+        files
+            .iter()
+            .map(|(m, text)| {
+                let module = m.split("::").filter(|s| !s.is_empty()).map(String::from);
+                (module.collect(), text.to_string())
+            })
+            .collect()
+    };
+    let top = tree(&[
+        ("a", "use crate::b::X;"),
+        ("b", "use crate::{c, d::Y};"),
+        ("c", "// crate::d::z()\nfn f() { crate::a::g() }"),
+        ("d", ""),
+    ]);
+    assert_eq!(circles(&graph(&top)), ["a, b, c"]);
+    let nested = tree(&[
+        ("api", "mod x; mod y; pub use x::X;"),
+        ("api::x", "use super::ApiState; use super::y::Y;"),
+        ("api::y", "use super::{ApiState, x::X};"),
+    ]);
+    assert_eq!(circles(&graph(&nested)), ["api::x, api::y"]);
+    let layered = tree(&[
+        ("api", "mod x; mod y; pub use x::X;"),
+        ("api::x", "use super::ApiState; use super::y::Y;"),
+        ("api::y", "use super::ApiState;"),
+    ]);
+    assert!(circles(&graph(&layered)).is_empty());
+}
+
+/// Which module uses which, between siblings (see the header).
+fn graph(files: &BTreeMap<Module, String>) -> BTreeMap<Module, BTreeSet<Module>> {
     let modules: BTreeSet<Module> = files.keys().cloned().collect();
     let mut graph: BTreeMap<Module, BTreeSet<Module>> = BTreeMap::new();
-    for (module, text) in &files {
+    for (module, text) in files {
         graph.entry(module.clone()).or_default();
         for path in paths(&code_only(text)) {
             let Some(target) = resolve(module, &path, &modules) else {
@@ -32,23 +80,19 @@ fn no_module_imports_itself_through_others() {
             }
         }
     }
-    for (from, to) in graph.iter().filter(|(from, _)| !from.is_empty()) {
-        let to: Vec<String> = to.iter().map(|m| m.join("::")).collect();
-        println!("{} -> {}", from.join("::"), to.join(", "));
-    }
-    let circles: Vec<String> = strongly_connected(&graph)
+    graph
+}
+
+/// The circles in `graph`, each as its modules' names.
+fn circles(graph: &BTreeMap<Module, BTreeSet<Module>>) -> Vec<String> {
+    strongly_connected(graph)
         .into_iter()
         .filter(|c| c.len() > 1)
         .map(|c| {
             let names: Vec<String> = c.iter().map(|m| m.join("::")).collect();
             names.join(", ")
         })
-        .collect();
-    assert!(
-        circles.is_empty(),
-        "modules that import each other in a circle:\n{}",
-        circles.join("\n")
-    );
+        .collect()
 }
 
 /// Every `.rs` file below `dir`, by the module it is: `api/mod.rs` is `api`, `api/write.rs`
