@@ -150,9 +150,12 @@ impl Context {
     /// The Machine's agent: its URL, and a client that accepts only an agent whose serving
     /// certificate names the Machine's node (its node name or one of its addresses).
     pub async fn agent_of(&self, machine: &MachineView) -> Result<MachineAgent, Error> {
-        let url = machine
-            .agent_url(self.settings.agent_port)
-            .ok_or_else(|| Error::NoAgentEndpoint(machine.name.clone()))?;
+        let url =
+            machine
+                .agent_url(self.settings.agent_port)
+                .ok_or_else(|| Error::NoAgentEndpoint {
+                    machine: machine.name.clone(),
+                })?;
         let names: Vec<String> = machine
             .node_name
             .iter()
@@ -160,7 +163,9 @@ impl Context {
             .cloned()
             .collect();
         if names.is_empty() {
-            return Err(Error::NoAgentEndpoint(machine.name.clone()));
+            return Err(Error::NoAgentEndpoint {
+                machine: machine.name.clone(),
+            });
         }
         let client = self.credentials_for(machine).await?.agent_for(&names)?;
         Ok(MachineAgent { url, client })

@@ -12,7 +12,9 @@ mod error;
 pub mod machine;
 pub mod names;
 pub mod rollout;
+pub mod schedule;
 pub mod signing;
+pub mod timestamp;
 
 pub use context::{Context, Settings};
 pub use error::Error;

@@ -15,13 +15,15 @@ use kube::api::{Api, DynamicObject};
 use serde_json::{Value, json};
 use time::OffsetDateTime;
 
-use super::{Next, busy, busy_wait_changes, failure_reason, retry_changes};
+use super::{busy, busy_wait_changes, failure_reason, retry_changes};
 use crate::Error;
 use crate::context::{Context, EventType, MachineAgent};
-use crate::machine::refresh::{RefreshStep, decide, format_time};
+use crate::machine::refresh::{RefreshStep, decide};
 use crate::machine::{self, MachineView, ObjectRef};
 use crate::names::{self, refresh_state};
+use crate::schedule::Next;
 use crate::signing::{MachineIdentity, verified_role};
+use crate::timestamp::format_time;
 
 /// How often an unreadable expiry is tried again.
 const OBSERVE_RETRY: Duration = Duration::from_secs(60);
@@ -192,7 +194,8 @@ async fn attempt_refresh(
         }
         Err(e) if e.is_transient() && attempt < ctx.settings.max_attempts => {
             tracing::warn!(machine = %view.name, attempt, error = %e, "refresh attempt failed; will retry");
-            let changes = retry_changes(refresh_state::RETRY, attempt, ctx.settings.retry_base, &e);
+            let changes =
+                retry_changes(&names::REFRESH.state, attempt, ctx.settings.retry_base, &e);
             ctx.patch_annotations(view, changes).await
         }
         Err(e) => {
@@ -214,7 +217,7 @@ async fn attempt_refresh(
 async fn wait_for_agent(ctx: &Context, view: &MachineView, why: &str) -> Result<(), Error> {
     tracing::info!(machine = %view.name, reason = why, "the agent is busy; waiting");
     let started_at = view.annotation(refresh_state::STARTED_AT);
-    let changes = busy_wait_changes(refresh_state::RETRY, started_at, why);
+    let changes = busy_wait_changes(&names::REFRESH.state, started_at, why);
     ctx.patch_annotations(view, changes).await
 }
 
@@ -270,12 +273,12 @@ async fn refresh(ctx: &Context, view: &MachineView, ttl: &Ttl) -> Result<Refresh
     let now = OffsetDateTime::now_utc();
     let wanted = ttl
         .expires_at(now)
-        .ok_or_else(|| Error::Invalid(format!("TTL {ttl} reaches past the year 9999")))?;
+        .ok_or(Error::TtlOutOfRange { ttl: *ttl })?;
     if wanted > cluster_ca.info().not_after {
-        return Err(Error::Invalid(format!(
-            "TTL {ttl} reaches past the cluster CA's own expiry ({}); nothing was sent to the node",
-            format_time(cluster_ca.info().not_after)
-        )));
+        return Err(Error::TtlBeyondCa {
+            ttl: *ttl,
+            ca_expiry: format_time(cluster_ca.info().not_after),
+        });
     }
     let MachineAgent { url, client: agent } = ctx.agent_of(view).await?;
 
@@ -316,18 +319,21 @@ async fn refresh(ctx: &Context, view: &MachineView, ttl: &Ttl) -> Result<Refresh
             (plan.plan_id, plan.requests)
         }
     };
-    let decisions = identity.signing_plan(&requests).map_err(|refusal| {
-        Error::Refused(format!(
-            "refused to sign {refusal}; nothing was signed for Machine {}",
-            view.name
-        ))
-    })?;
+    let decisions = identity
+        .signing_plan(&requests)
+        .map_err(|refusal| Error::SigningRefused {
+            machine: view.name.clone(),
+            refusal,
+        })?;
     let mut certificates = BTreeMap::new();
     for (decision, request) in decisions.iter().zip(&requests) {
         let ca = credentials.authority(decision.ca, &view.namespace, &view.cluster_name)?;
         let signed = ca
             .sign_request(&request.csr_pem, &decision.policy, ttl)
-            .map_err(|e| Error::Refused(format!("refused to sign {}: {e}", decision.name)))?;
+            .map_err(|source| Error::SigningFailed {
+                certificate: decision.name.clone(),
+                source,
+            })?;
         certificates.insert(decision.name.clone(), signed.certificate_pem);
     }
     let outcome = agent
@@ -365,10 +371,9 @@ async fn refresh(ctx: &Context, view: &MachineView, ttl: &Ttl) -> Result<Refresh
 /// its verified role, the Cluster's control-plane endpoint host and the extra SANs of its
 /// CK8sControlPlane (any `extraSANs` list in its spec).
 async fn machine_identity(ctx: &Context, view: &MachineView) -> Result<MachineIdentity, Error> {
-    let node_name = view
-        .node_name
-        .clone()
-        .ok_or_else(|| Error::Invalid(format!("Machine {} has no node", view.name)))?;
+    let node_name = view.node_name.clone().ok_or_else(|| Error::NoNode {
+        machine: view.name.clone(),
+    })?;
     let clusters: Api<DynamicObject> = Api::namespaced_with(
         ctx.client.clone(),
         &view.namespace,
@@ -376,8 +381,7 @@ async fn machine_identity(ctx: &Context, view: &MachineView) -> Result<MachineId
     );
     let cluster = clusters.get_opt(&view.cluster_name).await?;
     let control_plane = cluster.as_ref().and_then(ObjectRef::control_plane_of);
-    let role = verified_role(view, control_plane.as_ref())
-        .map_err(|e| Error::Refused(format!("refused to refresh: {e}")))?;
+    let role = verified_role(view, control_plane.as_ref())?;
     let endpoint_host = cluster.as_ref().and_then(|c| {
         c.data["spec"]["controlPlaneEndpoint"]["host"]
             .as_str()

@@ -12,13 +12,14 @@ use kube::api::DynamicObject;
 use serde_json::{Value, json};
 use time::OffsetDateTime;
 
-use super::{Next, busy, busy_wait_changes, failure_reason, retry_changes};
+use super::{busy, busy_wait_changes, failure_reason, retry_changes};
 use crate::Error;
 use crate::context::{Context, EventType};
 use crate::machine::MachineView;
-use crate::machine::refresh::format_time;
 use crate::machine::upgrade::{UpgradeStep, decide};
 use crate::names::{self, upgrade_state};
+use crate::schedule::Next;
+use crate::timestamp::format_time;
 
 /// The upgrade part of a Machine reconcile.
 pub async fn reconcile(
@@ -174,9 +175,9 @@ async fn poll(ctx: &Context, view: &MachineView, change_id: &str) -> Result<Prog
     match agent.client.operation(&agent.url, change_id).await {
         Ok(operation) if operation.state == OperationState::Running => Ok(Progress::Running),
         Ok(operation) => Ok(Progress::Ended(operation)),
-        Err(AgentError::Status { status: 404, .. }) => Err(Error::Invalid(format!(
-            "the agent no longer knows upgrade operation {change_id} (was the node reinstalled?)"
-        ))),
+        Err(AgentError::Status { status: 404, .. }) => Err(Error::UpgradeOperationLost {
+            change_id: change_id.to_string(),
+        }),
         Err(e) => Err(e.into()),
     }
 }
@@ -276,12 +277,13 @@ async fn record(
         Err(Error::Agent(e)) if e.is_busy() => {
             tracing::info!(machine = %view.name, reason = %e, "the agent is busy; waiting");
             let started_at = view.annotation(upgrade_state::STARTED_AT);
-            let changes = busy_wait_changes(upgrade_state::RETRY, started_at, &e.to_string());
+            let changes = busy_wait_changes(&names::UPGRADE.state, started_at, &e.to_string());
             ctx.patch_annotations(view, changes).await
         }
         Err(e) if e.is_transient() && attempt < ctx.settings.max_attempts => {
             tracing::warn!(machine = %view.name, attempt, error = %e, "upgrade step failed; will retry");
-            let changes = retry_changes(upgrade_state::RETRY, attempt, ctx.settings.retry_base, &e);
+            let changes =
+                retry_changes(&names::UPGRADE.state, attempt, ctx.settings.retry_base, &e);
             ctx.patch_annotations(view, changes).await
         }
         Err(e) => {

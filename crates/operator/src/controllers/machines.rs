@@ -9,7 +9,7 @@ use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::Store;
 
 use super::cache::MachineChanges;
-use super::{Next, machine_refresh, machine_upgrade};
+use super::{machine_refresh, machine_upgrade};
 use crate::Error;
 use crate::context::Context;
 use crate::machine::{self, MachineView};
@@ -30,13 +30,9 @@ async fn reconcile(object: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Acti
     let view = MachineView::from_object(&object);
     let refresh = machine_refresh::reconcile(&object, &view, &ctx).await?;
     let upgrade = machine_upgrade::reconcile(&object, &view, &ctx).await?;
-    Ok(match refresh.sooner(upgrade) {
-        Next::AwaitChange => Action::await_change(),
-        Next::After(wait) => Action::requeue(wait),
-    })
+    Ok(refresh.sooner(upgrade).into())
 }
 
 fn error_policy(_machine: Arc<DynamicObject>, error: &Error, ctx: Arc<Context>) -> Action {
-    tracing::warn!(error = %error, category = error.metric_label(), "machine reconcile failed");
-    Action::requeue(ctx.settings.retry_base)
+    super::requeue_after("machine", error, &ctx)
 }

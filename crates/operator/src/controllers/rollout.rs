@@ -23,7 +23,7 @@ use super::cache::{Caches, MachineChanges};
 use crate::Error;
 use crate::context::{Context, EventType};
 use crate::machine::{self, MachineView};
-use crate::names::{self, rollout_state};
+use crate::names::{self, CONTROL_PLANE_NAME_LABEL, DEPLOYMENT_NAME_LABEL, rollout_state};
 use crate::rollout::{
     MachineObservation, MachineProgress, RequestState, Role, RolloutInput, RolloutPlan, Waiting,
 };
@@ -176,7 +176,7 @@ fn parents_of(
 ) -> Vec<ObjectRef<DynamicObject>> {
     let name = match kind {
         ParentKind::Cluster => Some(m.cluster_name.clone()),
-        ParentKind::MachineDeployment => m.labels.get(DEPLOYMENT_LABEL).cloned(),
+        ParentKind::MachineDeployment => m.labels.get(DEPLOYMENT_NAME_LABEL).cloned(),
         ParentKind::ControlPlane => m.labels.get(CONTROL_PLANE_NAME_LABEL).cloned(),
     };
     name.filter(|n| !n.is_empty())
@@ -185,14 +185,11 @@ fn parents_of(
         .collect()
 }
 
-const DEPLOYMENT_LABEL: &str = "cluster.x-k8s.io/deployment-name";
-const CONTROL_PLANE_NAME_LABEL: &str = "cluster.x-k8s.io/control-plane-name";
 /// Health checks of control-plane agents give up after this long.
 const HEALTH_TIMEOUT: Duration = Duration::from_secs(5);
 
 fn error_policy(_parent: Arc<DynamicObject>, error: &Error, ctx: Arc<Context>) -> Action {
-    tracing::warn!(error = %error, category = error.metric_label(), "rollout reconcile failed");
-    Action::requeue(ctx.settings.retry_base)
+    super::requeue_after("rollout", error, &ctx)
 }
 
 /// The `caretaker.dev/max-parallel` limits set on the Cluster's MachineDeployments (a malformed
@@ -257,7 +254,7 @@ fn covers(kind: ParentKind, parent: &DynamicObject, m: &MachineView) -> bool {
     let name = parent.name_any();
     match kind {
         ParentKind::Cluster => m.cluster_name == name,
-        ParentKind::MachineDeployment => m.labels.get(DEPLOYMENT_LABEL) == Some(&name),
+        ParentKind::MachineDeployment => m.labels.get(DEPLOYMENT_NAME_LABEL) == Some(&name),
         ParentKind::ControlPlane => {
             m.control_plane && m.labels.get(CONTROL_PLANE_NAME_LABEL) == Some(&name)
         }
@@ -572,7 +569,11 @@ fn observe(
                 Role::ControlPlane
             } else {
                 Role::Worker {
-                    deployment: m.labels.get(DEPLOYMENT_LABEL).cloned().unwrap_or_default(),
+                    deployment: m
+                        .labels
+                        .get(DEPLOYMENT_NAME_LABEL)
+                        .cloned()
+                        .unwrap_or_default(),
                 }
             },
             has_node: m.node_name.is_some(),
@@ -666,9 +667,7 @@ async fn auto_refresh(
     let earliest = covered_machines(ParentKind::Cluster, cluster, caches)
         .iter()
         .filter(|m| !m.being_deleted)
-        .filter_map(|m| {
-            crate::machine::refresh::parse_time(m.annotation(names::CERTIFICATES_EXPIRY))
-        })
+        .filter_map(|m| crate::timestamp::parse_time(m.annotation(names::CERTIFICATES_EXPIRY)))
         .min();
     let Some(earliest) = earliest else {
         return Ok(None);
@@ -819,7 +818,7 @@ mod tests {
         ];
         for (annotations, progress, failure) in cases {
             let mut m = test_machine(annotations);
-            m.labels.insert(DEPLOYMENT_LABEL.into(), "md-a".into());
+            m.labels.insert(DEPLOYMENT_NAME_LABEL.into(), "md-a".into());
             let seen = observe(op, "new", std::slice::from_ref(&m));
             assert_eq!(seen[0].progress, progress, "{annotations:?}");
             assert_eq!(seen[0].failure.as_deref(), failure, "{annotations:?}");

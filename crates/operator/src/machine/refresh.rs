@@ -3,10 +3,12 @@
 
 use caretaker_pki::Ttl;
 use time::OffsetDateTime;
-use time::format_description::well_known::Rfc3339;
 
 use super::MachineView;
 use crate::names::{self, refresh_state};
+/// Where the binary and the tests have always found it.
+pub use crate::timestamp::format_time;
+use crate::timestamp::parse_time;
 
 /// The next thing to do for one Machine.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,17 +34,6 @@ pub enum RefreshStep {
     /// The trigger of a failed request was removed: forget which value that request was for,
     /// so that setting the trigger again, even to the same value, is a new request.
     ForgetEndedRequest,
-}
-
-pub fn parse_time(value: Option<&str>) -> Option<OffsetDateTime> {
-    OffsetDateTime::parse(value?, &Rfc3339).ok()
-}
-
-pub fn format_time(t: OffsetDateTime) -> String {
-    t.replace_nanosecond(0)
-        .unwrap_or(t)
-        .format(&Rfc3339)
-        .unwrap_or_else(|_| t.to_string())
 }
 
 /// Decides the next step for `machine` at `now`.
@@ -107,18 +98,6 @@ pub fn decide(machine: &MachineView, now: OffsetDateTime) -> RefreshStep {
         _ => RefreshStep::Start {
             trigger: trigger.to_string(),
         },
-    }
-}
-
-/// When the attempt after `failed` failures may run: `base`, doubling per failure, rounded up
-/// to a whole second, since the annotation that records it holds whole seconds: truncating
-/// would cut up to a second off the backoff.
-pub fn retry_at(now: OffsetDateTime, base: std::time::Duration, failed: u32) -> OffsetDateTime {
-    let factor = 2u32.saturating_pow(failed.saturating_sub(1).min(16));
-    let at = now + base.saturating_mul(factor);
-    match at.nanosecond() {
-        0 => at,
-        _ => at.replace_nanosecond(0).unwrap_or(at) + time::Duration::SECOND,
     }
 }
 
@@ -283,20 +262,5 @@ mod tests {
         let mut leaving = machine(&removed);
         leaving.being_deleted = true;
         assert_eq!(decide(&leaving, NOW), RefreshStep::Idle);
-    }
-
-    #[test]
-    fn backoff_doubles() {
-        let base = std::time::Duration::from_secs(10);
-        assert_eq!(retry_at(NOW, base, 1) - NOW, time::Duration::seconds(10));
-        assert_eq!(retry_at(NOW, base, 2) - NOW, time::Duration::seconds(20));
-        assert_eq!(retry_at(NOW, base, 3) - NOW, time::Duration::seconds(40));
-        // Recorded in whole seconds, never shorter than asked.
-        let between = NOW + time::Duration::milliseconds(600);
-        let short = std::time::Duration::from_millis(200);
-        let at = retry_at(between, short, 1);
-        assert_eq!(at, datetime!(2026-01-01 12:00:01 UTC));
-        assert_eq!(parse_time(Some(&format_time(at))), Some(at));
-        assert!(at - between >= time::Duration::milliseconds(200));
     }
 }

@@ -5,8 +5,8 @@ use caretaker_agent::upgrade::ReleaseOption;
 use time::OffsetDateTime;
 
 use super::MachineView;
-use super::refresh::parse_time;
 use crate::names::{self, upgrade_state};
+use crate::timestamp::parse_time;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum UpgradeStep {
