@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::ObjectReference;
-use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::events::v1::Event as KubeEvent;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::Client;
 use kube::Resource;
@@ -16,6 +16,7 @@ use serde_json::{Value, json};
 use caretaker_agent::api::AgentClient;
 
 use crate::Error;
+use crate::changes::{Event, EventType};
 use crate::machine::MachineView;
 
 use crate::credentials::{ClusterCredentials, CredentialStore};
@@ -45,13 +46,6 @@ impl Default for Settings {
             upgrade_poll: Duration::from_secs(2),
         }
     }
-}
-
-/// Severity of an event, as `kubectl describe` shows it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EventType {
-    Normal,
-    Warning,
 }
 
 fn time_now() -> time::OffsetDateTime {
@@ -227,15 +221,9 @@ impl Context {
     }
 
     /// Publishes an event about a Machine.
-    pub async fn machine_event(
-        &self,
-        machine: &DynamicObject,
-        type_: EventType,
-        reason: &str,
-        note: String,
-    ) {
+    pub async fn machine_event(&self, machine: &DynamicObject, event: Event) {
         let reference = machine.object_ref(&crate::machine::api_resource());
-        self.event(&reference, type_, reason, note).await;
+        self.event(&reference, event).await;
     }
 
     /// Publishes an events.k8s.io/v1 Event; a failure to publish is logged, never fatal.
@@ -243,19 +231,18 @@ impl Context {
     /// Every call creates a new Event. kube-rs's `Recorder` folds events with the same reason
     /// into one series that keeps the first note, which would hide, say, the second bad
     /// trigger value; each of these notes matters.
-    pub async fn event(
-        &self,
-        regarding: &ObjectReference,
-        type_: EventType,
-        reason: &str,
-        note: String,
-    ) {
+    pub async fn event(&self, regarding: &ObjectReference, event: Event) {
+        let Event {
+            type_,
+            reason,
+            note,
+        } = event;
         let namespace = regarding
             .namespace
             .clone()
             .unwrap_or_else(|| "default".into());
         let now = time_now();
-        let event = Event {
+        let event = KubeEvent {
             metadata: ObjectMeta {
                 name: Some(format!(
                     "{}.{:x}",
@@ -279,7 +266,7 @@ impl Context {
             reporting_instance: Some(self.reporting_instance.clone()),
             ..Default::default()
         };
-        let events: Api<Event> = Api::namespaced(self.client.clone(), &namespace);
+        let events: Api<KubeEvent> = Api::namespaced(self.client.clone(), &namespace);
         if let Err(e) = events.create(&PostParams::default(), &event).await {
             tracing::warn!(reason, error = %e, "cannot publish an event");
         }

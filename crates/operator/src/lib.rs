@@ -5,6 +5,7 @@
 //! benchmarks need where no Cluster API controllers run.
 
 pub mod capi_objects;
+pub mod changes;
 pub mod context;
 pub mod controllers;
 pub mod credentials;

@@ -7,9 +7,10 @@ use std::time::Duration;
 use time::OffsetDateTime;
 
 /// When a controller wants to look at an object again.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Next {
     /// When the object changes (its watch wakes the controller).
+    #[default]
     AwaitChange,
     /// After this long, changed or not.
     After(Duration),

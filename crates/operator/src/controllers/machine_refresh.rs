@@ -17,7 +17,8 @@ use time::OffsetDateTime;
 
 use super::{busy, busy_wait_changes, failure_reason, retry_changes};
 use crate::Error;
-use crate::context::{Context, EventType, MachineAgent};
+use crate::changes::Event;
+use crate::context::{Context, MachineAgent};
 use crate::machine::refresh::{RefreshStep, decide};
 use crate::machine::{self, MachineView, ObjectRef};
 use crate::names::{self, refresh_state};
@@ -77,9 +78,7 @@ pub async fn reconcile(
             );
             ctx.machine_event(
                 &object,
-                EventType::Normal,
-                names::EVENT_REFRESH_IN_PROGRESS,
-                note,
+                Event::normal(names::EVENT_REFRESH_IN_PROGRESS, note),
             )
             .await;
             Ok(if spawned {
@@ -187,7 +186,7 @@ async fn attempt_refresh(
                 .record_end(view, names::REFRESH_CERTIFICATES, worked, changes)
                 .await;
             if let Ok(true) = recorded {
-                ctx.machine_event(object, EventType::Normal, names::EVENT_REFRESH_DONE, note)
+                ctx.machine_event(object, Event::normal(names::EVENT_REFRESH_DONE, note))
                     .await;
             }
             recorded.map(|_| ())
@@ -251,9 +250,7 @@ async fn fail(
     }
     ctx.machine_event(
         object,
-        EventType::Warning,
-        names::EVENT_REFRESH_FAILED,
-        reason.to_string(),
+        Event::warning(names::EVENT_REFRESH_FAILED, reason.to_string()),
     )
     .await;
     Ok(())

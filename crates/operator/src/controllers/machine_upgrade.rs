@@ -14,7 +14,8 @@ use time::OffsetDateTime;
 
 use super::{busy, busy_wait_changes, failure_reason, retry_changes};
 use crate::Error;
-use crate::context::{Context, EventType};
+use crate::changes::Event;
+use crate::context::Context;
 use crate::machine::MachineView;
 use crate::machine::upgrade::{UpgradeStep, decide};
 use crate::names::{self, upgrade_state};
@@ -41,9 +42,10 @@ pub async fn reconcile(
                 .await?;
             ctx.machine_event(
                 object,
-                EventType::Warning,
-                names::EVENT_UPGRADE_FAILED,
-                format!("Machine {}: {reason}", view.name),
+                Event::warning(
+                    names::EVENT_UPGRADE_FAILED,
+                    format!("Machine {}: {reason}", view.name),
+                ),
             )
             .await;
             Ok(Next::AwaitChange)
@@ -66,9 +68,7 @@ pub async fn reconcile(
             let note = format!("upgrading Machine {} in place to {trigger}", view.name);
             ctx.machine_event(
                 object,
-                EventType::Normal,
-                names::EVENT_UPGRADE_IN_PROGRESS,
-                note,
+                Event::normal(names::EVENT_UPGRADE_IN_PROGRESS, note),
             )
             .await;
             Ok(Next::AwaitChange)
@@ -135,13 +135,8 @@ async fn cancel(
         "the in-place upgrade of Machine {} was cancelled: its trigger was removed",
         view.name
     );
-    ctx.machine_event(
-        object,
-        EventType::Normal,
-        names::EVENT_UPGRADE_CANCELLED,
-        note,
-    )
-    .await;
+    ctx.machine_event(object, Event::normal(names::EVENT_UPGRADE_CANCELLED, note))
+        .await;
     Ok(())
 }
 
@@ -224,7 +219,7 @@ async fn record(
                     .record_end(view, names::IN_PLACE_UPGRADE_TO, worked, changes)
                     .await;
                 if let Ok(true) = recorded {
-                    ctx.machine_event(object, EventType::Normal, names::EVENT_UPGRADE_DONE, note)
+                    ctx.machine_event(object, Event::normal(names::EVENT_UPGRADE_DONE, note))
                         .await;
                 }
                 recorded.map(|_| ())
@@ -241,13 +236,8 @@ async fn record(
                         "the in-place upgrade of Machine {} was cancelled on the node",
                         view.name
                     );
-                    ctx.machine_event(
-                        object,
-                        EventType::Normal,
-                        names::EVENT_UPGRADE_CANCELLED,
-                        note,
-                    )
-                    .await;
+                    ctx.machine_event(object, Event::normal(names::EVENT_UPGRADE_CANCELLED, note))
+                        .await;
                 }
                 patched
             }
@@ -312,9 +302,7 @@ async fn fail(
     if let Ok(true) = recorded {
         ctx.machine_event(
             object,
-            EventType::Warning,
-            names::EVENT_UPGRADE_FAILED,
-            reason.to_string(),
+            Event::warning(names::EVENT_UPGRADE_FAILED, reason.to_string()),
         )
         .await;
     }

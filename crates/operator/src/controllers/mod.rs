@@ -46,7 +46,7 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
         machine_resource,
         api(&deployment_resource),
         deployment_resource,
-        1 + rollout::PARENT_KINDS.len(),
+        1 + crate::rollout::parent::ParentKind::ALL.len(),
     );
     let machine_changes = changes.remove(0);
     let secrets = match &namespace {
