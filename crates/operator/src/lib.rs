@@ -14,8 +14,10 @@ pub mod machine;
 pub mod names;
 pub mod rollout;
 pub mod schedule;
+mod settings;
 pub mod signing;
 pub mod timestamp;
 
-pub use context::{Context, Settings};
+pub use context::Context;
 pub use error::Error;
+pub use settings::Settings;

@@ -12,21 +12,15 @@ pub mod machine_upgrade;
 pub mod machines;
 pub mod rollout;
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use kube::api::{Api, ApiResource, DynamicObject};
 use kube::runtime::controller::Action;
-use serde_json::{Value, json};
-use time::OffsetDateTime;
 
 use crate::Error;
 use crate::context::Context;
 use crate::machine;
-use crate::names::RequestBookkeeping;
-use crate::schedule::{Next, busy_retry, retry_at};
-use crate::timestamp::{format_time, parse_time};
+use crate::schedule::Next;
 
 /// Runs every controller of the operator, over the Machines of `namespace` (all namespaces
 /// when `None`), until their streams end.
@@ -75,61 +69,4 @@ impl From<Next> for Action {
 fn requeue_after(controller: &'static str, error: &Error, ctx: &Context) -> Action {
     tracing::warn!(controller, error = %error, category = error.metric_label(), "reconcile failed");
     error.requeue(ctx.settings.retry_base).into()
-}
-
-/// When to look again at a Machine whose `capability` work is already running in this process.
-pub fn busy(ctx: &Context, capability: &str, machine: &machine::MachineView) -> Next {
-    Next::After(busy_retry(ctx.running_for(capability, machine)))
-}
-
-/// The annotation changes that schedule the attempt after failed attempt number `attempt`,
-/// with exponential backoff from `base`.
-pub fn retry_changes(
-    keys: &RequestBookkeeping,
-    attempt: u32,
-    base: Duration,
-    error: &Error,
-) -> BTreeMap<String, Value> {
-    let now = OffsetDateTime::now_utc();
-    BTreeMap::from([
-        (keys.attempts.to_string(), json!(attempt.to_string())),
-        (
-            keys.retry_at.to_string(),
-            json!(format_time(retry_at(now, base, attempt))),
-        ),
-        (keys.last_error.to_string(), json!(error.to_string())),
-    ])
-}
-
-/// The annotation changes that make a Machine wait for an agent that answered busy (another
-/// step runs on the node): look again after [`busy_retry`] of how long the request has run
-/// since `started_at`. Not a failed attempt: `keys.attempts` is left as it is.
-pub fn busy_wait_changes(
-    keys: &RequestBookkeeping,
-    started_at: Option<&str>,
-    why: &str,
-) -> BTreeMap<String, Value> {
-    let now = OffsetDateTime::now_utc();
-    let running_for = parse_time(started_at)
-        .and_then(|started| Duration::try_from(now - started).ok())
-        .unwrap_or_default();
-    BTreeMap::from([
-        (
-            keys.retry_at.to_string(),
-            json!(format_time(now + busy_retry(running_for))),
-        ),
-        (
-            keys.last_error.to_string(),
-            json!(format!("waiting: {why}")),
-        ),
-    ])
-}
-
-/// Why a Machine's request ended after `attempt` attempts, for its event and annotations.
-pub fn failure_reason(machine: &str, attempt: u32, error: &Error) -> String {
-    if error.is_transient() {
-        format!("Machine {machine}: gave up after {attempt} attempts: {error}")
-    } else {
-        format!("Machine {machine}: {error}")
-    }
 }
