@@ -147,32 +147,31 @@ pub struct OperationNames {
     pub release: Option<&'static str>,
     /// When a Machine's last attempt failed (upstream records it for upgrades only).
     pub last_failed_attempt_at: Option<&'static str>,
-    pub machine_events: MachineEvents,
-    pub rollout_events: RolloutEvents,
-    /// A Machine's bookkeeping of its request.
-    pub state: RequestBookkeeping,
+    /// The event on a Machine whose request failed (the other Machine events are each
+    /// capability's own).
+    pub machine_failed_event: &'static str,
     /// The request id of a rollout, on its parent and on every Machine it touched.
     pub rollout_request: &'static str,
     /// The trigger value the parent's request is for.
     pub rollout_trigger: &'static str,
     /// Names this operation's work running in the operator process.
     pub work: &'static str,
-}
-
-/// Event reasons on a Machine.
-#[derive(Debug)]
-pub struct MachineEvents {
-    pub in_progress: &'static str,
-    pub done: &'static str,
-    pub failed: &'static str,
+    pub rollout_events: RolloutEvents,
+    /// A Machine's bookkeeping of its request.
+    pub state: RequestBookkeeping,
 }
 
 /// Event reasons on a rollout's parent.
 #[derive(Debug)]
 pub struct RolloutEvents {
+    /// A request started, or waits (for nodes, for healthy agents, for running work after a
+    /// failure).
     pub in_progress: &'static str,
+    /// Every covered Machine is done.
     pub done: &'static str,
+    /// A Machine failed, or the trigger value is unusable.
     pub failed: &'static str,
+    /// The trigger was removed and running work has finished.
     pub cancelled: &'static str,
 }
 
@@ -180,13 +179,18 @@ pub struct RolloutEvents {
 /// [`upgrade_state`]).
 #[derive(Debug)]
 pub struct RequestBookkeeping {
-    pub trigger: &'static str,
-    pub started_at: &'static str,
-    pub attempts: &'static str,
-    pub retry_at: &'static str,
-    pub last_error: &'static str,
     /// All of them, removed when a request starts or ends.
     pub all: &'static [&'static str],
+    /// The trigger value the request is for.
+    pub trigger: &'static str,
+    /// When it was marked in progress.
+    pub started_at: &'static str,
+    /// Failed attempts so far.
+    pub attempts: &'static str,
+    /// No attempt before this time.
+    pub retry_at: &'static str,
+    /// The last error, or what the request waits for.
+    pub last_error: &'static str,
 }
 
 pub const REFRESH: OperationNames = OperationNames {
@@ -194,11 +198,10 @@ pub const REFRESH: OperationNames = OperationNames {
     status: REFRESH_CERTIFICATES_STATUS,
     release: None,
     last_failed_attempt_at: None,
-    machine_events: MachineEvents {
-        in_progress: EVENT_REFRESH_IN_PROGRESS,
-        done: EVENT_REFRESH_DONE,
-        failed: EVENT_REFRESH_FAILED,
-    },
+    machine_failed_event: EVENT_REFRESH_FAILED,
+    rollout_request: rollout_state::REFRESH_REQUEST,
+    rollout_trigger: rollout_state::REFRESH_TRIGGER,
+    work: "refresh",
     rollout_events: RolloutEvents {
         in_progress: EVENT_REFRESH_CERTS_IN_PROGRESS,
         done: EVENT_REFRESH_CERTS_DONE,
@@ -206,16 +209,13 @@ pub const REFRESH: OperationNames = OperationNames {
         cancelled: EVENT_REFRESH_CERTS_CANCELLED,
     },
     state: RequestBookkeeping {
+        all: &refresh_state::ALL,
         trigger: refresh_state::TRIGGER,
         started_at: refresh_state::STARTED_AT,
         attempts: refresh_state::ATTEMPTS,
         retry_at: refresh_state::RETRY_AT,
         last_error: refresh_state::LAST_ERROR,
-        all: &refresh_state::ALL,
     },
-    rollout_request: rollout_state::REFRESH_REQUEST,
-    rollout_trigger: rollout_state::REFRESH_TRIGGER,
-    work: "refresh",
 };
 
 pub const UPGRADE: OperationNames = OperationNames {
@@ -223,11 +223,10 @@ pub const UPGRADE: OperationNames = OperationNames {
     status: IN_PLACE_UPGRADE_STATUS,
     release: Some(IN_PLACE_UPGRADE_RELEASE),
     last_failed_attempt_at: Some(IN_PLACE_UPGRADE_LAST_FAILED_ATTEMPT_AT),
-    machine_events: MachineEvents {
-        in_progress: EVENT_UPGRADE_IN_PROGRESS,
-        done: EVENT_UPGRADE_DONE,
-        failed: EVENT_UPGRADE_FAILED,
-    },
+    machine_failed_event: EVENT_UPGRADE_FAILED,
+    rollout_request: rollout_state::UPGRADE_REQUEST,
+    rollout_trigger: rollout_state::UPGRADE_TRIGGER,
+    work: "upgrade",
     // Upstream names the parent's upgrade events as the Machine's.
     rollout_events: RolloutEvents {
         in_progress: EVENT_UPGRADE_IN_PROGRESS,
@@ -236,14 +235,11 @@ pub const UPGRADE: OperationNames = OperationNames {
         cancelled: EVENT_UPGRADE_CANCELLED,
     },
     state: RequestBookkeeping {
+        all: &upgrade_state::ALL,
         trigger: upgrade_state::TRIGGER,
         started_at: upgrade_state::STARTED_AT,
         attempts: upgrade_state::ATTEMPTS,
         retry_at: upgrade_state::RETRY_AT,
         last_error: upgrade_state::LAST_ERROR,
-        all: &upgrade_state::ALL,
     },
-    rollout_request: rollout_state::UPGRADE_REQUEST,
-    rollout_trigger: rollout_state::UPGRADE_TRIGGER,
-    work: "upgrade",
 };

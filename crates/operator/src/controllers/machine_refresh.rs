@@ -1,22 +1,19 @@
-//! Per-Machine certificate refresh: the kube-rs glue. A pass asks [`refresh::plan`] what to do
-//! and [`apply_plan`] carries it out. An attempt runs in the background: it reads the Machine
-//! fresh, talks to its agent and signs ([`refresh_node`]), and records what
-//! [`refresh::after_attempt`] decides; that change wakes the controller again through its
-//! watch.
+//! Per-Machine certificate refresh: the work a pass ([`refresh::plan`]) starts in the
+//! background. An attempt reads the Machine fresh, talks to its agent and signs
+//! ([`refresh_node`]), and records what [`refresh::after_attempt`] decides; that change wakes
+//! the controller again through its watch.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use caretaker_agent::SigningCa;
 use caretaker_agent::api::AgentError;
 use caretaker_agent::provision::NodeRole;
 use caretaker_agent::refresh::{ApplyRequest, PlanRequest, PlanStatus, PlannedCertificate};
 use caretaker_pki::Ttl;
-use kube::api::DynamicObject;
 use serde_json::Value;
 use time::OffsetDateTime;
 
-use super::machines::{apply_plan, apply_update, log_failed_call};
+use super::machines::{MachineHandle, log_failed_call};
 use crate::Error;
 use crate::changes::AnnotationChanges;
 use crate::context::{Context, MachineAgent};
@@ -24,55 +21,45 @@ use crate::credentials::ClusterCredentials;
 use crate::machine::refresh::{self, RefreshStep, RefreshWork, Refreshed};
 use crate::machine::{self, MachineView, ObjectRef};
 use crate::names::{Operation, refresh_state};
-use crate::schedule::Next;
 use crate::signing::{MachineIdentity, verified_role};
 
 const REFRESH: Operation = Operation::RefreshCertificates;
 
-/// The refresh part of a Machine reconcile.
-pub async fn reconcile(
-    object: &Arc<DynamicObject>,
-    view: &MachineView,
-    ctx: &Arc<Context>,
-) -> Result<Next, Error> {
-    let running = ctx.running_for(REFRESH, view);
-    let plan = refresh::plan(view, OffsetDateTime::now_utc(), running, &ctx.settings);
-    let (task_ctx, task_object, task_view) = (ctx.clone(), object.clone(), view.clone());
-    apply_plan(ctx, object, view, REFRESH, plan, move |work| async move {
-        match work {
-            RefreshWork::ObserveExpiry => observe_expiry(&task_ctx, &task_object, &task_view).await,
-            RefreshWork::Attempt => attempt(&task_ctx, &task_object, &task_view).await,
-        }
-    })
-    .await
+/// Runs a pass's refresh work in the background.
+pub(super) async fn run(machine: MachineHandle, work: RefreshWork) {
+    match work {
+        RefreshWork::ObserveExpiry => observe_expiry(&machine).await,
+        RefreshWork::Attempt => attempt(machine).await,
+    }
 }
 
 /// Reads the earliest expiry of the node's certificates and records it.
-async fn observe_expiry(ctx: &Context, object: &DynamicObject, view: &MachineView) {
+async fn observe_expiry(machine: &MachineHandle) {
     let result = async {
-        let agent = ctx.agent_of(view).await?;
+        let agent = machine.ctx.agent_of(&machine.view).await?;
         let inventory = agent.client.certificates(&agent.url).await?;
         let update = refresh::expiry_observed(inventory.earliest_expiry());
-        apply_update(ctx, object, view, update).await
+        machine.record(update).await
     }
     .await;
     if let Err(e) = result {
         // The next resync or Machine change tries again; a missing expiry is not an error state.
-        tracing::info!(machine = %view.name, error = %e, "cannot read the Machine's certificate expiry yet");
+        tracing::info!(machine = %machine.view.name, error = %e, "cannot read the Machine's certificate expiry yet");
     }
 }
 
-/// Makes the attempt the Machine is at. The reconcile saw the controller's cache, which may lag
+/// Makes the attempt the Machine is at. The pass saw the controller's cache, which may lag
 /// behind an attempt that just finished: the attempt is decided again on the Machine as the API
 /// server has it, so no request is worked on twice.
-async fn attempt(ctx: &Context, object: &DynamicObject, view: &MachineView) {
-    let machines = ctx.api(&view.namespace, &machine::api_resource());
-    let fresh = match machines.get_opt(&view.name).await {
+async fn attempt(machine: MachineHandle) {
+    let (ctx, name) = (&machine.ctx, &machine.view.name);
+    let machines = ctx.api(&machine.view.namespace, &crate::machine::api_resource());
+    let fresh = match machines.get_opt(name).await {
         Ok(Some(object)) => MachineView::from_object(&object),
         Ok(None) => return,
         Err(e) => {
             // The API server is unreachable; its watch will relist, and so reconcile, once back.
-            tracing::warn!(machine = %view.name, error = %e, "cannot read the Machine; the refresh is tried again later");
+            tracing::warn!(machine = %name, error = %e, "cannot read the Machine; the refresh is tried again later");
             return;
         }
     };
@@ -81,19 +68,23 @@ async fn attempt(ctx: &Context, object: &DynamicObject, view: &MachineView) {
     else {
         return;
     };
-    tracing::info!(machine = %fresh.name, attempt, "refreshing certificates");
+    tracing::info!(machine = %name, attempt, "refreshing certificates");
     let outcome = refresh_node(ctx, &fresh, &ttl).await;
     match &outcome {
         Ok(Refreshed::AgentBusy(why)) => {
-            tracing::info!(machine = %fresh.name, reason = %why, "the agent is busy; waiting");
+            tracing::info!(machine = %name, reason = %why, "the agent is busy; waiting");
         }
         Err(e) => log_failed_call(REFRESH, &fresh, attempt, e),
         Ok(Refreshed::Done { .. }) => {}
     }
     let now = OffsetDateTime::now_utc();
     let update = refresh::after_attempt(&fresh, attempt, outcome, now, &ctx.settings);
-    if let Err(e) = apply_update(ctx, object, &fresh, update).await {
-        tracing::warn!(machine = %fresh.name, error = %e, "cannot record the refresh result; it is resumed on the next reconcile");
+    let fresh = MachineHandle {
+        view: fresh,
+        ..machine.clone()
+    };
+    if let Err(e) = fresh.record(update).await {
+        tracing::warn!(machine = %name, error = %e, "cannot record the refresh result; it is resumed on the next reconcile");
     }
 }
 

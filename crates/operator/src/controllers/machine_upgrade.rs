@@ -1,41 +1,24 @@
-//! Per-Machine in-place upgrade: the kube-rs glue. A pass asks [`upgrade::plan`] what to do and
-//! [`apply_plan`] carries it out; the calls to the agent run in the background and record what
-//! [`upgrade::after_agent_call`] (or [`upgrade::cancelled`]) decides.
-
-use std::sync::Arc;
+//! Per-Machine in-place upgrade: the calls to the agent a pass ([`upgrade::plan`]) starts in
+//! the background; each records what [`upgrade::after_agent_call`] (or [`upgrade::cancelled`])
+//! decides.
 
 use caretaker_agent::api::AgentError;
 use caretaker_agent::upgrade::{OperationState, UpgradeRequest};
-use kube::api::DynamicObject;
 use time::OffsetDateTime;
 
-use super::machines::{apply_plan, apply_update, log_failed_call};
+use super::machines::{MachineHandle, log_failed_call};
 use crate::Error;
 use crate::context::Context;
 use crate::machine::MachineView;
 use crate::machine::upgrade::{self, AgentAnswer, UpgradeWork};
 use crate::names::Operation;
-use crate::schedule::Next;
 
 const UPGRADE: Operation = Operation::InPlaceUpgrade;
 
-/// The upgrade part of a Machine reconcile.
-pub async fn reconcile(
-    object: &Arc<DynamicObject>,
-    view: &MachineView,
-    ctx: &Arc<Context>,
-) -> Result<Next, Error> {
-    let running = ctx.running_for(UPGRADE, view);
-    let plan = upgrade::plan(view, OffsetDateTime::now_utc(), running, &ctx.settings);
-    let (task_ctx, task_object, task_view) = (ctx.clone(), object.clone(), view.clone());
-    apply_plan(ctx, object, view, UPGRADE, plan, move |work| async move {
-        call_agent(&task_ctx, &task_object, &task_view, work).await
-    })
-    .await
-}
-
-/// Makes one call to the Machine's agent and records what it found out.
-async fn call_agent(ctx: &Context, object: &DynamicObject, view: &MachineView, work: UpgradeWork) {
+/// Makes one call to the Machine's agent, as a pass's work in the background, and records what
+/// it found out.
+pub(super) async fn run(machine: MachineHandle, work: UpgradeWork) {
+    let (ctx, view) = (&machine.ctx, &machine.view);
     let (attempt, answer) = match work {
         UpgradeWork::Launch {
             release,
@@ -45,7 +28,7 @@ async fn call_agent(ctx: &Context, object: &DynamicObject, view: &MachineView, w
         UpgradeWork::Poll { change_id, attempt } => (attempt, poll(ctx, view, &change_id).await),
         UpgradeWork::Cancel { change_id } => {
             let result = match cancel(ctx, view, change_id.as_deref()).await {
-                Ok(()) => apply_update(ctx, object, view, upgrade::cancelled(view)).await,
+                Ok(()) => machine.record(upgrade::cancelled(view)).await,
                 Err(e) => Err(e),
             };
             if let Err(e) = result {
@@ -59,7 +42,7 @@ async fn call_agent(ctx: &Context, object: &DynamicObject, view: &MachineView, w
     }
     let now = OffsetDateTime::now_utc();
     let update = upgrade::after_agent_call(view, attempt, answer, now, &ctx.settings);
-    if let Err(e) = apply_update(ctx, object, view, update).await {
+    if let Err(e) = machine.record(update).await {
         tracing::warn!(machine = %view.name, error = %e, "cannot record the upgrade's progress; it is read again on the next reconcile");
     }
 }

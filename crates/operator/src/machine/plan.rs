@@ -16,6 +16,17 @@ use crate::schedule::{Next, busy_retry, retry_at};
 use crate::timestamp::{format_time, parse_time};
 use crate::{Error, Settings};
 
+/// What a pass observed of one Machine for one capability.
+#[derive(Debug, Clone, Copy)]
+pub struct Observed<'a> {
+    /// The Machine as the controller's cache has it.
+    pub machine: &'a MachineView,
+    pub now: OffsetDateTime,
+    /// How long the capability's work for the Machine has been running in this process, if it
+    /// is.
+    pub running: Option<Duration>,
+}
+
 /// One pass's decision for one Machine, carried out in order: `update`, then `work` in the
 /// background, then the controller looks again as `next` says.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -118,6 +129,27 @@ impl MachineUpdate {
     }
 }
 
+#[cfg(test)]
+impl MachineUpdate {
+    /// The changes of a `Patch` write, for tests.
+    pub(crate) fn patched(&self) -> &AnnotationChanges {
+        match &self.write {
+            Some(Write::Patch(changes)) => changes,
+            other => panic!("not a patch: {other:?}"),
+        }
+    }
+
+    /// The trigger value worked on and the changes of an `End` write, for tests.
+    pub(crate) fn ended(&self) -> (Option<&str>, &AnnotationChanges) {
+        match &self.write {
+            Some(Write::End {
+                worked, changes, ..
+            }) => (worked.as_deref(), changes),
+            other => panic!("not an end: {other:?}"),
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Write {
     /// Merge these changes into the Machine's annotations.
@@ -208,7 +240,7 @@ pub fn end_failed(
     now: OffsetDateTime,
 ) -> MachineUpdate {
     let worked = Some(trigger).filter(|t| !t.is_empty());
-    let event = Event::warning(operation.names().machine_events.failed, reason);
+    let event = Event::warning(operation.names().machine_failed_event, reason);
     MachineUpdate::end(operation, worked, failed(operation, trigger, reason, now)).telling(event)
 }
 
@@ -357,11 +389,8 @@ mod tests {
                 reason: caretaker_agent::api::BUSY.into(),
                 message: "another step runs".into(),
             });
-            let Some(Write::Patch(waiting)) =
-                after_error(operation, &machine, 3, &busy, NOW, &settings).write
-            else {
-                panic!("a busy agent is waited for");
-            };
+            let waiting = after_error(operation, &machine, 3, &busy, NOW, &settings);
+            let waiting = waiting.patched();
             assert_eq!(
                 waiting.get(names.state.retry_at),
                 Some(Some("2026-01-01T12:00:30Z"))
@@ -372,9 +401,7 @@ mod tests {
                 machine: "m".into(),
             };
             let retry = after_error(operation, &machine, 1, &down, NOW, &settings);
-            let Some(Write::Patch(retry)) = retry.write else {
-                panic!("retried");
-            };
+            let retry = retry.patched();
             assert_eq!(retry.get(names.state.attempts), Some(Some("1")));
             assert_eq!(
                 retry.get(names.state.retry_at),
@@ -389,16 +416,11 @@ mod tests {
                 NOW,
                 &settings,
             );
-            let Some(Write::End {
-                worked, changes, ..
-            }) = &last.write
-            else {
-                panic!("ended");
-            };
-            assert_eq!(worked.as_deref(), Some("v1"));
+            let (worked, changes) = last.ended();
+            assert_eq!(worked, Some("v1"));
             assert_eq!(changes.get(names.status), Some(Some(names::STATUS_FAILED)));
             let event = last.event.expect("told");
-            assert_eq!(event.reason, names.machine_events.failed);
+            assert_eq!(event.reason, names.machine_failed_event);
             assert!(
                 event.note.contains("gave up after 3 attempts"),
                 "{}",
@@ -445,13 +467,18 @@ mod tests {
         running: Option<Duration>,
     ) -> (MachineUpdate, bool, Next) {
         let settings = Settings::default();
+        let seen = Observed {
+            machine: m,
+            now: NOW,
+            running,
+        };
         match operation {
             Operation::RefreshCertificates => {
-                let plan = super::super::refresh::plan(m, NOW, running, &settings);
+                let plan = super::super::refresh::plan(&seen, &settings);
                 (plan.update, plan.work.is_some(), plan.next)
             }
             Operation::InPlaceUpgrade => {
-                let plan = super::super::upgrade::plan(m, NOW, running, &settings);
+                let plan = super::super::upgrade::plan(&seen, &settings);
                 (plan.update, plan.work.is_some(), plan.next)
             }
         }

@@ -11,7 +11,8 @@ use time::OffsetDateTime;
 
 use super::MachineView;
 use super::plan::{
-    MachinePlan, MachineUpdate, after_error, busy_wait, done, end_failed, forget_ended, started,
+    MachinePlan, MachineUpdate, Observed, after_error, busy_wait, done, end_failed, forget_ended,
+    started,
 };
 use crate::changes::{AnnotationChanges, Event};
 use crate::names::{self, Operation, refresh_state};
@@ -61,21 +62,11 @@ pub enum RefreshWork {
     Attempt,
 }
 
-/// One pass of the refresh of `machine` at `now`. `running`: how long refresh work for the
-/// Machine has been running in this process, if it is.
-pub fn plan(
-    machine: &MachineView,
-    now: OffsetDateTime,
-    running: Option<Duration>,
-    settings: &Settings,
-) -> MachinePlan<RefreshWork> {
+/// One pass of the refresh of the observed Machine, its steps in the order a request takes
+/// them.
+pub fn plan(seen: &Observed, settings: &Settings) -> MachinePlan<RefreshWork> {
+    let (machine, now, running) = (seen.machine, seen.now, seen.running);
     match decide(machine, now) {
-        RefreshStep::Idle | RefreshStep::WaitForNode => MachinePlan::wait(Next::AwaitChange),
-        RefreshStep::Backoff { until } => MachinePlan::wait(Next::at(until, now)),
-        RefreshStep::ForgetEndedRequest => MachinePlan::record(forget_ended(REFRESH)),
-        RefreshStep::Reject { trigger, reason } => {
-            MachinePlan::record(end_failed(REFRESH, &trigger, &reason, now))
-        }
         // The first attempt starts now rather than one watch round trip later.
         RefreshStep::Start { trigger } => {
             let note = format!(
@@ -86,10 +77,16 @@ pub fn plan(
                 .telling(Event::normal(names::EVENT_REFRESH_IN_PROGRESS, note));
             MachinePlan::await_work(RefreshWork::Attempt, running).after(update)
         }
+        RefreshStep::Attempt { .. } => MachinePlan::await_work(RefreshWork::Attempt, running),
         // A success patches the Machine (and so wakes the controller); a failure does not.
         RefreshStep::ObserveExpiry => MachinePlan::await_work(RefreshWork::ObserveExpiry, running)
             .within(settings.retry_base.max(OBSERVE_RETRY)),
-        RefreshStep::Attempt { .. } => MachinePlan::await_work(RefreshWork::Attempt, running),
+        RefreshStep::Reject { trigger, reason } => {
+            MachinePlan::record(end_failed(REFRESH, &trigger, &reason, now))
+        }
+        RefreshStep::ForgetEndedRequest => MachinePlan::record(forget_ended(REFRESH)),
+        RefreshStep::Backoff { until } => MachinePlan::wait(Next::at(until, now)),
+        RefreshStep::Idle | RefreshStep::WaitForNode => MachinePlan::wait(Next::AwaitChange),
     }
 }
 
@@ -421,7 +418,15 @@ mod tests {
         assert_eq!(decide(&leaving, NOW), RefreshStep::Idle);
     }
 
-    use crate::machine::plan::Write;
+    /// One pass at `NOW`, with default settings.
+    fn pass(m: &MachineView, running: Option<Duration>) -> MachinePlan<RefreshWork> {
+        let seen = Observed {
+            machine: m,
+            now: NOW,
+            running,
+        };
+        plan(&seen, &Settings::default())
+    }
 
     fn in_progress(extra: &[(&'static str, &'static str)]) -> MachineView {
         let mut annotations = vec![
@@ -439,12 +444,9 @@ mod tests {
 
     #[test]
     fn a_new_request_is_marked_said_and_its_first_attempt_started() {
-        let settings = Settings::default();
         let m = machine(&[(names::REFRESH_CERTIFICATES, "1y")]);
-        let plan = plan(&m, NOW, None, &settings);
-        let Some(Write::Patch(changes)) = &plan.update.write else {
-            panic!("{plan:?}");
-        };
+        let plan = pass(&m, None);
+        let changes = plan.update.patched();
         assert_eq!(
             changes.get(names::REFRESH_CERTIFICATES_STATUS),
             Some(Some(names::STATUS_IN_PROGRESS))
@@ -468,7 +470,7 @@ mod tests {
         assert_eq!(plan.work, Some(RefreshWork::Attempt));
         assert_eq!(plan.next, Next::AwaitChange);
         // Work of this Machine still runs in this process: marked, but not started twice.
-        let busy = super::plan(&m, NOW, Some(Duration::from_secs(1)), &settings);
+        let busy = pass(&m, Some(Duration::from_secs(1)));
         assert_eq!(busy.update, plan.update);
         assert_eq!(busy.work, None);
         assert_eq!(busy.next, Next::After(Duration::from_millis(500)));
@@ -476,8 +478,7 @@ mod tests {
 
     #[test]
     fn each_step_plans_its_write_work_and_next_look() {
-        let settings = Settings::default();
-        let plan = |m: &MachineView| super::plan(m, NOW, None, &settings);
+        let plan = |m: &MachineView| pass(m, None);
 
         let expiry = plan(&machine(&[]));
         assert_eq!(expiry.work, Some(RefreshWork::ObserveExpiry));
@@ -502,13 +503,8 @@ mod tests {
         );
 
         let rejected = plan(&machine(&[(names::REFRESH_CERTIFICATES, "soon")]));
-        let Some(Write::End {
-            worked, changes, ..
-        }) = &rejected.update.write
-        else {
-            panic!("{rejected:?}");
-        };
-        assert_eq!(worked.as_deref(), Some("soon"));
+        let (worked, changes) = rejected.update.ended();
+        assert_eq!(worked, Some("soon"));
         assert_eq!(
             changes.get(names::REFRESH_CERTIFICATES_STATUS),
             Some(Some(names::STATUS_FAILED))
@@ -539,14 +535,9 @@ mod tests {
             note: "refreshed".into(),
         });
         let done = after_attempt(&m, 1, outcome, NOW, &settings);
-        let Some(Write::End {
-            worked, changes, ..
-        }) = &done.write
-        else {
-            panic!("{done:?}");
-        };
+        let (worked, changes) = done.ended();
         assert_eq!(
-            worked.as_deref(),
+            worked,
             Some("90d"),
             "only while the trigger is the one worked on"
         );
@@ -563,9 +554,7 @@ mod tests {
 
         let applying = Ok(Refreshed::AgentBusy("still applying p1".into()));
         let busy = after_attempt(&m, 1, applying, NOW, &settings);
-        let Some(Write::Patch(changes)) = &busy.write else {
-            panic!("{busy:?}");
-        };
+        let changes = busy.patched();
         assert_eq!(
             changes.get(refresh_state::LAST_ERROR),
             Some(Some("waiting: still applying p1"))

@@ -5,15 +5,13 @@
 //! `v1beta2.k8sd.io/in-place-upgrade-change-id`, so a restarted operator follows the same
 //! operation instead of starting another.
 
-use std::time::Duration;
-
 use caretaker_agent::upgrade::{Operation as NodeOperation, OperationState, ReleaseOption};
 use time::OffsetDateTime;
 
 use super::MachineView;
 use super::plan::{
-    MachinePlan, MachineUpdate, after_error, cleared, done, end_failed, failed, forget_ended,
-    started,
+    MachinePlan, MachineUpdate, Observed, after_error, cleared, done, end_failed, failed,
+    forget_ended, started,
 };
 use crate::changes::{AnnotationChanges, Event};
 use crate::names::{self, Operation, upgrade_state};
@@ -38,25 +36,11 @@ pub enum UpgradeWork {
     Cancel { change_id: Option<String> },
 }
 
-/// One pass of the upgrade of `machine` at `now`. `running`: how long upgrade work for the
-/// Machine has been running in this process, if it is.
-pub fn plan(
-    machine: &MachineView,
-    now: OffsetDateTime,
-    running: Option<Duration>,
-    settings: &Settings,
-) -> MachinePlan<UpgradeWork> {
+/// One pass of the upgrade of the observed Machine, its steps in the order a request takes
+/// them.
+pub fn plan(seen: &Observed, settings: &Settings) -> MachinePlan<UpgradeWork> {
+    let (machine, now, running) = (seen.machine, seen.now, seen.running);
     match decide(machine, now) {
-        UpgradeStep::Idle | UpgradeStep::WaitForNode => MachinePlan::wait(Next::AwaitChange),
-        UpgradeStep::Backoff { until } => MachinePlan::wait(Next::at(until, now)),
-        UpgradeStep::ForgetEndedRequest => MachinePlan::record(forget_ended(UPGRADE)),
-        UpgradeStep::Reject { trigger, reason } => {
-            let note = format!("Machine {}: {reason}", machine.name);
-            MachinePlan::record(
-                MachineUpdate::patch(failed(UPGRADE, &trigger, &reason, now))
-                    .telling(Event::warning(names::EVENT_UPGRADE_FAILED, note)),
-            )
-        }
         UpgradeStep::Start { trigger } => {
             let mut changes = started(UPGRADE, &trigger, now);
             changes.remove(names::IN_PLACE_UPGRADE_CHANGE_ID).set(
@@ -93,6 +77,16 @@ pub fn plan(
             settings.retry_base,
             running,
         ),
+        UpgradeStep::Reject { trigger, reason } => {
+            let note = format!("Machine {}: {reason}", machine.name);
+            MachinePlan::record(
+                MachineUpdate::patch(failed(UPGRADE, &trigger, &reason, now))
+                    .telling(Event::warning(names::EVENT_UPGRADE_FAILED, note)),
+            )
+        }
+        UpgradeStep::ForgetEndedRequest => MachinePlan::record(forget_ended(UPGRADE)),
+        UpgradeStep::Backoff { until } => MachinePlan::wait(Next::at(until, now)),
+        UpgradeStep::Idle | UpgradeStep::WaitForNode => MachinePlan::wait(Next::AwaitChange),
     }
 }
 
@@ -422,7 +416,7 @@ mod tests {
         assert_eq!(decide(&machine(&done), NOW), UpgradeStep::Idle);
     }
 
-    use crate::machine::plan::Write;
+    use std::time::Duration;
 
     fn node_operation(state: OperationState) -> NodeOperation {
         NodeOperation {
@@ -450,13 +444,18 @@ mod tests {
     #[test]
     fn each_step_plans_its_write_work_and_next_look() {
         let settings = Settings::default();
-        let plan = |m: &MachineView, running| super::plan(m, NOW, running, &settings);
+        let plan = |machine: &MachineView, running| {
+            let seen = Observed {
+                machine,
+                now: NOW,
+                running,
+            };
+            super::plan(&seen, &settings)
+        };
         let busy = Some(Duration::from_secs(1));
 
         let start = plan(&machine(&[(TO, "revision=5")]), None);
-        let Some(Write::Patch(changes)) = &start.update.write else {
-            panic!("{start:?}");
-        };
+        let changes = start.update.patched();
         assert_eq!(changes.get(STATUS), Some(Some(names::STATUS_IN_PROGRESS)));
         assert_eq!(changes.get(names::IN_PLACE_UPGRADE_CHANGE_ID), Some(None));
         let request_id = format!("u{:x}", NOW.unix_timestamp_nanos());
@@ -508,9 +507,7 @@ mod tests {
         assert_eq!(cancel.next, Next::After(settings.retry_base));
 
         let rejected = plan(&machine(&[(TO, "1.33")]), None);
-        let Some(Write::Patch(changes)) = &rejected.update.write else {
-            panic!("{rejected:?}");
-        };
+        let changes = rejected.update.patched();
         assert_eq!(changes.get(STATUS), Some(Some(names::STATUS_FAILED)));
         assert_eq!(
             changes.get(names::IN_PLACE_UPGRADE_LAST_FAILED_ATTEMPT_AT),
@@ -545,13 +542,8 @@ mod tests {
         let done = answer(AgentAnswer::Ended(node_operation(
             OperationState::Succeeded,
         )));
-        let Some(Write::End {
-            worked, changes, ..
-        }) = &done.write
-        else {
-            panic!("{done:?}");
-        };
-        assert_eq!(worked.as_deref(), Some("revision=5"));
+        let (worked, changes) = done.ended();
+        assert_eq!(worked, Some("revision=5"));
         assert_eq!(changes.get(TO), Some(None));
         assert_eq!(
             changes.get(names::IN_PLACE_UPGRADE_RELEASE),
@@ -566,7 +558,7 @@ mod tests {
         );
 
         let failed = answer(AgentAnswer::Ended(node_operation(OperationState::Failed)));
-        assert!(matches!(failed.write, Some(Write::End { .. })));
+        failed.ended();
         assert_eq!(
             failed.event.unwrap().note,
             "Machine m: upgrade to revision=5 failed: exit status 1 (no space left on device)"
@@ -575,9 +567,7 @@ mod tests {
         let cancelled_on_node = answer(AgentAnswer::Ended(node_operation(
             OperationState::Cancelled,
         )));
-        let Some(Write::Patch(changes)) = &cancelled_on_node.write else {
-            panic!("{cancelled_on_node:?}");
-        };
+        let changes = cancelled_on_node.patched();
         assert_eq!(changes.get(STATUS), Some(Some(names::STATUS_CANCELLED)));
         assert_eq!(changes.get(upgrade_state::REQUEST_ID), Some(None));
         assert_eq!(

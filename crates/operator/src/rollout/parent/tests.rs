@@ -375,84 +375,57 @@ fn an_ended_rollout_writes_its_status_and_says_why() {
             ParentKind::Cluster,
             &[(rollout_state::WAITING, "waiting for w-1")],
         );
-        let done = rollout(op).changes(
-            &p,
-            &[],
-            &RolloutPlan::Done {
-                progress: progress(3, 3),
-            },
-            RETRY_BASE,
-        );
-        assert_eq!(
-            done.parent.get(names.status),
-            Some(Some(names::STATUS_DONE))
-        );
-        assert_eq!(
-            done.parent.get(names.trigger),
-            Some(None),
-            "a finished request removes its trigger"
-        );
-        assert_eq!(done.parent.get(rollout_state::WAITING), Some(None));
-        assert_eq!(done.parent.get(names::PROGRESS), Some(Some("3/3")));
-        let release = names.release.map(|key| done.parent.get(key));
-        assert_eq!(
-            release,
-            names.release.map(|_| Some(Some(valid(op)))),
-            "an upgrade records its release"
-        );
-        assert_eq!(
-            done.events,
-            [Event::normal(
-                names.rollout_events.done,
-                "all 3 Machines of Cluster p are done (0 skipped)"
-            )]
-        );
-
-        let failed = rollout(op).changes(
-            &p,
-            &[],
-            &RolloutPlan::Failed {
-                machine: "w-0".into(),
-                reason: "boom".into(),
-                progress: progress(1, 3),
-            },
-            RETRY_BASE,
-        );
-        assert_eq!(
-            failed.parent.get(names.status),
-            Some(Some(names::STATUS_FAILED))
-        );
-        assert_eq!(
-            failed.parent.get(names.trigger),
-            None,
-            "a failed request keeps its trigger"
-        );
-        assert_eq!(
-            failed.events,
-            [Event::warning(
-                names.rollout_events.failed,
-                "Machine w-0 failed, the rollout stopped: boom"
-            )]
-        );
-
-        let cancelled = rollout(op).changes(
-            &p,
-            &[],
-            &RolloutPlan::Cancelled {
-                progress: progress(1, 3),
-            },
-            RETRY_BASE,
-        );
-        assert_eq!(
-            cancelled.parent.get(names.status),
-            Some(Some(names::STATUS_CANCELLED))
-        );
-        assert_eq!(cancelled.events.len(), 1);
-        assert_eq!(cancelled.events[0].reason, names.rollout_events.cancelled);
-        assert!(cancelled.events[0].note.contains("1/3"));
-        for ended in [done, failed, cancelled] {
-            assert!(ended.start.is_empty());
-            assert_eq!(ended.next, Next::AwaitChange);
+        let ended = |plan| rollout(op).changes(&p, &[], &plan, RETRY_BASE);
+        let reasons = &names.rollout_events;
+        let cases = [
+            (
+                RolloutPlan::Done {
+                    progress: progress(3, 3),
+                },
+                names::STATUS_DONE,
+                Event::normal(
+                    reasons.done,
+                    "all 3 Machines of Cluster p are done (0 skipped)",
+                ),
+            ),
+            (
+                RolloutPlan::Failed {
+                    machine: "w-0".into(),
+                    reason: "boom".into(),
+                    progress: progress(1, 3),
+                },
+                names::STATUS_FAILED,
+                Event::warning(
+                    reasons.failed,
+                    "Machine w-0 failed, the rollout stopped: boom",
+                ),
+            ),
+            (
+                RolloutPlan::Cancelled {
+                    progress: progress(1, 3),
+                },
+                names::STATUS_CANCELLED,
+                Event::normal(
+                    reasons.cancelled,
+                    "cancelled after 1/3 Machines: the trigger was removed",
+                ),
+            ),
+        ];
+        for (plan, status, event) in cases {
+            let changes = ended(plan.clone());
+            assert_eq!(changes.parent.get(names.status), Some(Some(status)));
+            assert_eq!(changes.parent.get(rollout_state::WAITING), Some(None));
+            assert_eq!(changes.events, [event]);
+            assert!(changes.start.is_empty());
+            assert_eq!(changes.next, Next::AwaitChange);
+            // Only a finished request removes its trigger; a failed or cancelled one stays
+            // so until the trigger is removed.
+            let done = matches!(plan, RolloutPlan::Done { .. });
+            let trigger = changes.parent.get(names.trigger);
+            assert_eq!(trigger, done.then_some(None), "{plan:?}");
+            if let (true, Some(release)) = (done, names.release) {
+                assert_eq!(changes.parent.get(release), Some(Some(valid(op))));
+            }
         }
     }
 }
