@@ -1,6 +1,6 @@
 //! Per-Machine certificate refresh: the work a pass ([`refresh::plan`]) starts in the
 //! background. An attempt reads the Machine fresh, talks to its agent and signs
-//! ([`refresh_node`]), and records what [`refresh::after_attempt`] decides; that change wakes
+//! (`refresh_node`), and records what [`refresh::after_attempt`] decides; that change wakes
 //! the controller again through its watch.
 
 use std::collections::BTreeMap;

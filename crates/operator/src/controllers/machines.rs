@@ -1,8 +1,8 @@
-//! The Machine controller: one watch on Cluster API Machines, each reconcile making one [`pass`]
+//! The Machine controller: one watch on Cluster API Machines, each reconcile making one `pass`
 //! of each per-Machine capability: observe the Machine, decide with the capability's pure
 //! `plan` ([`refresh::plan`], [`upgrade::plan`]), record the plan's update and start its work.
-//! The work, calls to the node, is the capability's own ([`machine_refresh::run`],
-//! [`machine_upgrade::run`]) and records its end through [`MachineHandle::record`].
+//! The work, calls to the node, is the capability's own (`machine_refresh::run`,
+//! `machine_upgrade::run`) and records its end through `MachineHandle::record`.
 
 use std::sync::Arc;
 use std::time::Duration;
