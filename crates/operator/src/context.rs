@@ -121,12 +121,12 @@ impl Context {
     /// The Machine's agent: its URL, and a client that accepts only an agent whose serving
     /// certificate names the Machine's node (its node name or one of its addresses).
     pub async fn agent_of(&self, machine: &MachineView) -> Result<MachineAgent, Error> {
-        let url =
-            machine
-                .agent_url(self.settings.agent_port)
-                .ok_or_else(|| Error::NoAgentEndpoint {
-                    machine: machine.name.clone(),
-                })?;
+        let no_endpoint = || Error::NoAgentEndpoint {
+            machine: machine.name.clone(),
+        };
+        let url = machine
+            .agent_url(self.settings.agent_port)
+            .ok_or_else(no_endpoint)?;
         let names: Vec<String> = machine
             .node_name
             .iter()
@@ -134,9 +134,7 @@ impl Context {
             .cloned()
             .collect();
         if names.is_empty() {
-            return Err(Error::NoAgentEndpoint {
-                machine: machine.name.clone(),
-            });
+            return Err(no_endpoint());
         }
         let client = self.credentials_for(machine).await?.agent_for(&names)?;
         Ok(MachineAgent { url, client })

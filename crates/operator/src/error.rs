@@ -113,3 +113,112 @@ impl Error {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeSet;
+
+    /// Every category that can be made without a network, with whether retrying may help.
+    fn categories() -> Vec<(Error, bool)> {
+        let machine = || "m".to_string();
+        let ttl: Ttl = "1y".parse().unwrap();
+        vec![
+            (Error::CacheStopped, true),
+            (
+                Error::ClusterCa {
+                    namespace: "default".into(),
+                    name: "c1-ca".into(),
+                    reason: "not found".into(),
+                },
+                true,
+            ),
+            (
+                Error::OperatorCertificate {
+                    reason: "bad key".into(),
+                },
+                true,
+            ),
+            (Error::NoAgentEndpoint { machine: machine() }, true),
+            (Error::Agent(AgentError::BadUrl("ftp://x".into())), false),
+            (Error::NoNode { machine: machine() }, false),
+            (
+                Error::UpgradeOperationLost {
+                    change_id: "op-1".into(),
+                },
+                false,
+            ),
+            (Error::TtlOutOfRange { ttl }, false),
+            (
+                Error::TtlBeyondCa {
+                    ttl,
+                    ca_expiry: "2026-06-01T00:00:00Z".into(),
+                },
+                false,
+            ),
+            (
+                Error::RoleNotVerified(RoleMismatch::LabelWithoutOwner {
+                    machine: machine(),
+                    label: crate::names::CONTROL_PLANE_LABEL,
+                    control_plane: "(none)".into(),
+                }),
+                false,
+            ),
+            (
+                Error::SigningRefused {
+                    machine: machine(),
+                    refusal: SigningRefusal::Unknown {
+                        name: "../../ca".into(),
+                    },
+                },
+                false,
+            ),
+            (
+                Error::SigningFailed {
+                    certificate: "kubelet".into(),
+                    source: PkiError::InvalidCsr("truncated".into()),
+                },
+                false,
+            ),
+        ]
+    }
+
+    #[test]
+    fn each_category_has_its_own_stable_label_and_retry_policy() {
+        let base = Duration::from_secs(10);
+        let mut labels = BTreeSet::new();
+        for (error, transient) in categories() {
+            let label = error.metric_label();
+            assert!(labels.insert(label), "{label} twice");
+            assert!(
+                label.chars().all(|c| c.is_ascii_lowercase() || c == '_'),
+                "{label}"
+            );
+            assert_eq!(error.is_transient(), transient, "{error}");
+            let requeue = if transient {
+                Next::After(base)
+            } else {
+                Next::AwaitChange
+            };
+            assert_eq!(error.requeue(base), requeue, "{error}");
+        }
+    }
+
+    /// What users read in the failure's event.
+    #[test]
+    fn refusals_say_what_was_refused_and_that_nothing_was_signed() {
+        let messages: Vec<String> = categories()
+            .into_iter()
+            .map(|(error, _)| error.to_string())
+            .collect();
+        let find = |needle: &str| messages.iter().find(|m| m.contains(needle)).unwrap();
+        assert_eq!(
+            find("refused to sign"),
+            "refused to sign \"../../ca\" is not a certificate caretaker signs; nothing was signed for Machine m"
+        );
+        assert!(find("refused to refresh: Machine m is labelled").contains("(none)"));
+        assert!(
+            find("TTL 1y reaches past the cluster CA").ends_with("nothing was sent to the node")
+        );
+    }
+}

@@ -215,8 +215,7 @@ async fn apply(
     changes: ParentChanges,
 ) -> Result<Next, Error> {
     let namespace = parent.namespace().unwrap_or_default();
-    let machines: Api<DynamicObject> =
-        Api::namespaced_with(ctx.client.clone(), &namespace, &machine::api_resource());
+    let machines = ctx.api(&namespace, &machine::api_resource());
     for start in &changes.start {
         if !start_machine(&machines, start).await? {
             // The Machine changed since the cache saw it; its watch event wakes us.
@@ -225,10 +224,8 @@ async fn apply(
     }
     let resource = kind.api_resource();
     if !changes.parent.is_empty() {
-        let parents: Api<DynamicObject> =
-            Api::namespaced_with(ctx.client.clone(), &namespace, &resource);
         let body = changes.parent.merge_patch(None);
-        parents
+        ctx.api(&namespace, &resource)
             .patch(
                 &parent.name_any(),
                 &PatchParams::default(),
