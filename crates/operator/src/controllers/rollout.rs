@@ -23,7 +23,9 @@ use super::cache::{Caches, MachineChanges};
 use crate::Error;
 use crate::context::Context;
 use crate::machine::{self, MachineView};
-use crate::names::{self, Operation};
+use crate::names;
+/// The operations, here too for callers of [`start_machines`].
+pub use crate::names::Operation;
 use crate::rollout::RolloutPlan;
 use crate::rollout::parent::{
     MachineStart, ParentChanges, ParentKind, ParentStep, ParentView, Rollout, auto_refresh,
@@ -214,16 +216,13 @@ async fn apply(
     kind: ParentKind,
     changes: ParentChanges,
 ) -> Result<Next, Error> {
-    let namespace = parent.namespace().unwrap_or_default();
-    let machines = ctx.api(&namespace, &machine::api_resource());
-    for start in &changes.start {
-        if !start_machine(&machines, start).await? {
-            // The Machine changed since the cache saw it; its watch event wakes us.
-            return Ok(Next::AwaitChange);
-        }
+    if let Started::Stale(_) = write_starts(&ctx.client, &changes.start).await? {
+        // The Machine changed since the cache saw it; its watch event wakes us.
+        return Ok(Next::AwaitChange);
     }
     let resource = kind.api_resource();
     if !changes.parent.is_empty() {
+        let namespace = parent.namespace().unwrap_or_default();
         let body = changes.parent.merge_patch(None);
         ctx.api(&namespace, &resource)
             .patch(
@@ -240,23 +239,57 @@ async fn apply(
     Ok(changes.next)
 }
 
-/// Starts one Machine of a rollout: its trigger and request tag, written only on the version
-/// the plan saw (the stale-cache guard, see [`MachineStart::for_request`]). `false` when the
-/// Machine has changed since (409 Conflict): nothing was written.
-async fn start_machine(machines: &Api<DynamicObject>, start: &MachineStart) -> Result<bool, Error> {
-    let body = start
-        .annotations
-        .merge_patch(start.resource_version.as_deref());
-    match machines
-        .patch(
-            &start.machine,
-            &PatchParams::default(),
-            &Patch::Merge(&body),
-        )
-        .await
-    {
-        Ok(_) => Ok(true),
-        Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
-        Err(e) => Err(e.into()),
+/// How [`start_machines`] went.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Started {
+    /// Every Machine was started.
+    All,
+    /// The named Machine had changed since it was observed (the API server refused the write at
+    /// the observed `resourceVersion`): neither it nor the Machines after it were started.
+    Stale(String),
+}
+
+/// Starts `machines` (as a plan observed them) for request `request_id` with trigger value
+/// `value`, as a pass does: [`MachineStart::for_request`] written by [`write_starts`]. Public so
+/// that tests can hand it a view that a lagging cache would hold.
+pub async fn start_machines(
+    client: &kube::Client,
+    operation: Operation,
+    value: &str,
+    request_id: &str,
+    machines: &[&MachineView],
+) -> Result<Started, Error> {
+    let starts: Vec<MachineStart> = machines
+        .iter()
+        .map(|m| MachineStart::for_request(operation, value, request_id, m))
+        .collect();
+    write_starts(client, &starts).await
+}
+
+/// Writes the starts in order, each only on the version its plan saw the Machine at (the
+/// stale-cache guard), and stops at the first Machine that has changed since: the API server
+/// refuses that write with 409 Conflict, and nothing more is written.
+async fn write_starts(client: &kube::Client, starts: &[MachineStart]) -> Result<Started, Error> {
+    for start in starts {
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(client.clone(), &start.namespace, &machine::api_resource());
+        let body = start
+            .annotations
+            .merge_patch(start.resource_version.as_deref());
+        match api
+            .patch(
+                &start.machine,
+                &PatchParams::default(),
+                &Patch::Merge(&body),
+            )
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 409 => {
+                return Ok(Started::Stale(start.machine.clone()));
+            }
+            Err(e) => return Err(e.into()),
+        }
     }
+    Ok(Started::All)
 }

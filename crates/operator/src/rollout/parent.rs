@@ -466,6 +466,7 @@ impl ParentChanges {
 /// The write that starts one Machine for a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MachineStart {
+    pub namespace: String,
     pub machine: String,
     /// The version the plan saw the Machine at: the write is made on that version only.
     pub resource_version: Option<String>,
@@ -502,6 +503,7 @@ impl MachineStart {
             annotations.remove(names.status);
         }
         Self {
+            namespace: m.namespace.clone(),
             machine: m.name.clone(),
             resource_version: m.resource_version.clone(),
             annotations,
