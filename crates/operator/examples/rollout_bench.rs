@@ -1,19 +1,27 @@
-//! Cluster-wide rollout benchmark: a certificate refresh of 3 control planes + 100 workers on the
+//! Cluster-wide rollout benchmark: a certificate refresh of 3 control planes + N workers on the
 //! embedded API server, with real in-process agents whose restart hook takes a fixed time, at
-//! max-parallel 1 and 10. Prints the wall time, the ideal time for the same schedule (the sum of
-//! the hook times along it), the operator's overhead per Machine, and the API requests the
-//! operator made per Machine.
+//! the given max-parallel values. Prints the wall time, the ideal time for the same schedule
+//! (the sum of the hook times along it), the operator's overhead per Machine, the API requests
+//! the operator made per Machine (by kind), and the operator's memory.
+//!
+//! The operator runs in a child process (this example started again with `--operator
+//! KUBECONFIG`: the same `controllers::run` that `caretaker operator` runs), so its memory is
+//! read from `/proc` without the API server's or the agents'. Its client counts its requests
+//! by kind and reports them on request.
 //!
 //! The agents do real work besides the hook (new keys, synced writes, backups, starting the
 //! hook). That work is measured too, by refreshing one node directly, without the operator, and
 //! a second overhead figure subtracts it: what the operator alone adds.
 //!
-//! `cargo run --release -p caretaker-operator --example rollout_bench [-- HOOK_MS [WORKERS]]`
+//! `cargo run --release -p caretaker-operator --example rollout_bench [-- HOOK_MS [WORKERS [MAX_PARALLEL...]]]`
+//! (defaults: 100 ms, 100 workers, max-parallel 1 and 10). The scale check of issue 11:
+//! `-- 20 1000 1` and `-- 100 1000 50`.
 
 use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use caretaker_agent::NodeLayout;
@@ -33,31 +41,174 @@ use serde_json::json;
 
 const CONTROL_PLANES: usize = 3;
 
-#[tokio::main]
-async fn main() {
+/// The goals of issue 11.
+const GOAL_BEYOND_AGENTS_MS: f64 = 5.0;
+const GOAL_WALL_RATIO: f64 = 1.2;
+const GOAL_REQUESTS: f64 = 8.0;
+const GOAL_MEMORY_MIB: f64 = 64.0;
+
+fn main() {
     // RUST_LOG=info shows the operator's progress with timestamps.
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
         .try_init();
     let args: Vec<String> = std::env::args().collect();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    if args.get(1).map(String::as_str) == Some("--operator") {
+        runtime.block_on(operator(Path::new(&args[2])));
+        return;
+    }
     let hook_ms: u64 = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(100);
     let workers: usize = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(100);
+    let mut parallel: Vec<usize> = args[3.min(args.len())..]
+        .iter()
+        .map(|a| a.parse().expect("MAX_PARALLEL is a number"))
+        .collect();
+    if parallel.is_empty() {
+        parallel = vec![1, 10];
+    }
     println!(
-        "rollout benchmark: {CONTROL_PLANES} control planes + {workers} workers, restart hook {hook_ms} ms"
+        "rollout benchmark: {CONTROL_PLANES} control planes + {workers} workers, restart hook {hook_ms} ms, \
+         operator in a child process"
     );
     let agent = agent_time(hook_ms);
     println!(
-        "one refresh driven directly on an agent (plan + apply, no operator): {:.1} ms",
-        agent.as_secs_f64() * 1000.0
+        "one refresh driven directly on an agent (plan + apply, no operator): {:.1} ms (plan {:.1} ms, apply {:.1} ms)",
+        ms(agent.total()),
+        ms(agent.plan),
+        ms(agent.apply)
     );
-    for max_parallel in [1usize, 10] {
-        run(hook_ms, workers, max_parallel, agent).await;
+    for max_parallel in parallel {
+        runtime.block_on(run(hook_ms, workers, max_parallel, agent));
+    }
+}
+
+/// The child process: the operator's controllers against the kubeconfig at `path`, with a
+/// client that counts its requests by kind. Each line on stdin asks for the counts so far,
+/// answered as one JSON line on stdout.
+async fn operator(path: &Path) {
+    let kubeconfig = kube::config::Kubeconfig::read_from(path).unwrap();
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .unwrap();
+    let counts: Arc<Mutex<BTreeMap<String, u64>>> = Arc::default();
+    let counter = counts.clone();
+    let client = kube::client::ClientBuilder::try_from(config)
+        .unwrap()
+        .with_layer(&tower::util::MapRequestLayer::new(
+            move |request: http::Request<kube::client::Body>| {
+                *counter
+                    .lock()
+                    .unwrap()
+                    .entry(request_kind(&request))
+                    .or_default() += 1;
+                request
+            },
+        ))
+        .build();
+    std::thread::spawn(move || {
+        let stdin = std::io::stdin();
+        for _ in stdin.lock().lines() {
+            let snapshot = counts.lock().unwrap().clone();
+            let mut out = std::io::stdout().lock();
+            writeln!(out, "{}", serde_json::to_string(&snapshot).unwrap()).unwrap();
+            out.flush().unwrap();
+        }
+        // The benchmark went away.
+        std::process::exit(0);
+    });
+    let settings = Settings {
+        retry_base: Duration::from_secs(1),
+        ..Settings::default()
+    };
+    controllers::run(Context::new(client, settings), None).await;
+}
+
+/// `METHOD resource[/NAME][ (watch)]`, e.g. `PATCH machines/NAME`.
+fn request_kind<B>(request: &http::Request<B>) -> String {
+    let segments: Vec<&str> = request.uri().path().split('/').skip(1).collect();
+    // /api/v1/... or /apis/GROUP/VERSION/...
+    let rest = match segments.first() {
+        Some(&"api") => &segments[2.min(segments.len())..],
+        _ => &segments[3.min(segments.len())..],
+    };
+    let rest = match rest {
+        ["namespaces", _, tail @ ..] if !tail.is_empty() => tail,
+        other => other,
+    };
+    let mut kind = format!(
+        "{} {}",
+        request.method(),
+        rest.first().copied().unwrap_or("?")
+    );
+    if rest.len() > 1 {
+        kind.push_str("/NAME");
+    }
+    if request.uri().query().unwrap_or("").contains("watch=true") {
+        kind.push_str(" (watch)");
+    }
+    kind
+}
+
+/// The operator child process.
+struct Operator {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Operator {
+    fn start(kubeconfig: &Path) -> Self {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .arg("--operator")
+            .arg(kubeconfig)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        Operator {
+            child,
+            stdin,
+            stdout,
+        }
+    }
+
+    fn requests(&mut self) -> BTreeMap<String, u64> {
+        writeln!(self.stdin).unwrap();
+        self.stdin.flush().unwrap();
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).unwrap();
+        serde_json::from_str(&line).unwrap()
+    }
+
+    /// VmRSS and VmHWM in MiB.
+    fn memory(&self) -> (f64, f64) {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+                .unwrap_or(f64::NAN)
+                / 1024.0
+        };
+        (field("VmRSS:"), field("VmHWM:"))
+    }
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
 /// The agents' own time for one refresh: plan and apply on a worker node driven directly,
 /// averaged over a few rounds (signing, the operator's part, is not counted).
-fn agent_time(hook_ms: u64) -> Duration {
+fn agent_time(hook_ms: u64) -> AgentTime {
     const ROUNDS: u32 = 10;
     let dir = tempfile::tempdir().unwrap();
     let cas = ClusterCas::create().unwrap();
@@ -67,11 +218,11 @@ fn agent_time(hook_ms: u64) -> Duration {
         Some(CommandTemplate::parse(hook.to_str().unwrap()).unwrap()),
     );
     let ttl: Ttl = "1y".parse().unwrap();
-    let mut agent = Duration::ZERO;
+    let (mut plan_time, mut apply_time) = (Duration::ZERO, Duration::ZERO);
     for _ in 0..ROUNDS {
         let started = Instant::now();
         let plan = refresher.plan(&PlanRequest::default()).unwrap();
-        agent += started.elapsed();
+        plan_time += started.elapsed();
         let certificates = plan
             .requests
             .iter()
@@ -91,12 +242,28 @@ fn agent_time(hook_ms: u64) -> Duration {
                 certificates,
             })
             .unwrap();
-        agent += started.elapsed();
+        apply_time += started.elapsed();
     }
-    agent / ROUNDS
+    AgentTime {
+        plan: plan_time / ROUNDS,
+        apply: apply_time / ROUNDS,
+    }
 }
 
-async fn run(hook_ms: u64, workers: usize, max_parallel: usize, agent: Duration) {
+/// The agents' own time for one refresh, by call.
+#[derive(Clone, Copy)]
+struct AgentTime {
+    plan: Duration,
+    apply: Duration,
+}
+
+impl AgentTime {
+    fn total(&self) -> Duration {
+        self.plan + self.apply
+    }
+}
+
+async fn run(hook_ms: u64, workers: usize, max_parallel: usize, agent: AgentTime) {
     let server = TestServer::start().await;
     let client = server.client();
     let dir = tempfile::tempdir().unwrap();
@@ -119,32 +286,19 @@ async fn run(hook_ms: u64, workers: usize, max_parallel: usize, agent: Duration)
         agents.push(add_machine(&cluster, &cas, dir.path(), &name, role, &hook).await);
     }
 
-    // The operator's client counts its requests.
-    let requests = Arc::new(AtomicU64::new(0));
-    let counter = requests.clone();
-    let operator_client = kube::client::ClientBuilder::try_from(server.kube_config())
-        .unwrap()
-        .with_layer(&tower::util::MapRequestLayer::new(move |request| {
-            counter.fetch_add(1, Ordering::Relaxed);
-            request
-        }))
-        .build();
-    let settings = Settings {
-        retry_base: Duration::from_secs(1),
-        ..Settings::default()
-    };
-    let ctx = Context::new(operator_client, settings);
-    let controllers = tokio::spawn(async move {
-        controllers::run(ctx, None).await;
-    });
+    let kubeconfig = dir.path().join("kubeconfig");
+    server.write_kubeconfig(&kubeconfig).unwrap();
+    let mut operator = Operator::start(&kubeconfig);
     // Let the operator fill in every expiry first, so the measurement covers the rollout only.
     wait_until(&machines_api, |ms| {
         ms.iter()
             .all(|m| m.annotations().contains_key(names::CERTIFICATES_EXPIRY))
     })
     .await;
-    let before = requests.load(Ordering::Relaxed);
+    let before = operator.requests();
+    let (rss_before, _) = operator.memory();
 
+    let timeline = Timeline::watch(machines_api.clone());
     let clusters: Api<DynamicObject> =
         Api::namespaced_with(client.clone(), "default", &machine::cluster_api_resource());
     let started = Instant::now();
@@ -171,8 +325,11 @@ async fn run(hook_ms: u64, workers: usize, max_parallel: usize, agent: Duration)
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let wall = started.elapsed();
-    let made = requests.load(Ordering::Relaxed) - before;
-    controllers.abort();
+    let (rss, hwm) = operator.memory();
+    let one = machines_api.get("w-3").await.unwrap();
+    let one_size = serde_json::to_vec(&one).unwrap().len();
+    let after = operator.requests();
+    drop(operator);
     drop(agents);
 
     let total = CONTROL_PLANES + workers;
@@ -180,15 +337,154 @@ async fn run(hook_ms: u64, workers: usize, max_parallel: usize, agent: Duration)
     let ideal = Duration::from_millis(hook_ms) * steps;
     let per_machine =
         |ideal: Duration| wall.saturating_sub(ideal).as_secs_f64() * 1000.0 / total as f64;
+    let made: BTreeMap<&str, u64> = after
+        .iter()
+        .map(|(kind, n)| (kind.as_str(), n - before.get(kind).copied().unwrap_or(0)))
+        .filter(|(_, n)| *n > 0)
+        .collect();
+    let requests = made.values().sum::<u64>() as f64 / total as f64;
+    let beyond = per_machine(agent.total() * steps);
+    let ratio = wall.as_secs_f64() / ideal.as_secs_f64();
     println!(
-        "max-parallel {max_parallel:>2}: wall {:>6.2} s, ideal {:>6.2} s, overhead {:>5.1} ms per Machine \
-         (beyond the agents' measured time: {:>5.1} ms), {:.1} API requests per Machine",
+        "max-parallel {max_parallel:>2}: wall {:>6.2} s, ideal {:>6.2} s ({ratio:.2} x ideal), overhead {:>5.1} ms per Machine \
+         (beyond the agents' measured time: {beyond:>5.1} ms), {requests:.1} API requests per Machine",
         wall.as_secs_f64(),
         ideal.as_secs_f64(),
         per_machine(ideal),
-        per_machine(agent * steps),
-        made as f64 / total as f64
     );
+    println!("  API requests by kind, per Machine:");
+    for (kind, n) in &made {
+        println!("    {kind:<40} {:>6.2}  ({n})", *n as f64 / total as f64);
+    }
+    println!(
+        "  operator memory ({total} Machines cached): VmRSS {rss:.1} MiB, VmHWM {hwm:.1} MiB \
+         (VmRSS {rss_before:.1} MiB before the rollout; one Machine as served: {:.1} KiB of JSON, \
+         {} managedFields entries)",
+        one_size as f64 / 1024.0,
+        one.metadata.managed_fields.as_ref().map_or(0, Vec::len)
+    );
+    if max_parallel == 1 {
+        timeline.print(agent);
+    }
+    let verdict = |met: bool| if met { "met" } else { "missed" };
+    if max_parallel == 1 {
+        println!(
+            "  goal: overhead beyond the agents < {GOAL_BEYOND_AGENTS_MS} ms per Machine at max-parallel 1: {} ({beyond:.1} ms)",
+            verdict(beyond < GOAL_BEYOND_AGENTS_MS)
+        );
+    }
+    if max_parallel == 50 {
+        println!(
+            "  goal: wall <= {GOAL_WALL_RATIO} x ideal at max-parallel 50: {} ({ratio:.2} x)",
+            verdict(ratio <= GOAL_WALL_RATIO)
+        );
+    }
+    println!(
+        "  goal: API requests per Machine <= {GOAL_REQUESTS}: {} ({requests:.1})",
+        verdict(requests <= GOAL_REQUESTS)
+    );
+    println!(
+        "  goal: operator memory < {GOAL_MEMORY_MIB} MiB: {} (VmHWM {hwm:.1} MiB)",
+        verdict(hwm < GOAL_MEMORY_MIB)
+    );
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// When the benchmark's own watch first saw each worker Machine reach each step of its refresh:
+/// the parent's trigger on it, `in-progress`, the agent's plan recorded, `done`.
+struct Timeline {
+    seen: Arc<Mutex<BTreeMap<String, [Option<Instant>; 4]>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Timeline {
+    fn watch(machines: Api<DynamicObject>) -> Self {
+        use futures::StreamExt;
+        use kube::runtime::WatchStreamExt;
+        let seen: Arc<Mutex<BTreeMap<String, [Option<Instant>; 4]>>> = Arc::default();
+        let record = seen.clone();
+        let task = tokio::spawn(async move {
+            let events = kube::runtime::watcher(machines, Default::default())
+                .default_backoff()
+                .applied_objects();
+            let mut events = std::pin::pin!(events);
+            while let Some(Ok(m)) = events.next().await {
+                let now = Instant::now();
+                let a = m.annotations();
+                let status = a
+                    .get(names::REFRESH_CERTIFICATES_STATUS)
+                    .map(String::as_str);
+                let steps = [
+                    a.contains_key(names::REFRESH_CERTIFICATES),
+                    status == Some(names::STATUS_IN_PROGRESS),
+                    a.contains_key(names::refresh_state::PLAN),
+                    status == Some(names::STATUS_DONE),
+                ];
+                let name = m.metadata.name.clone().unwrap_or_default();
+                let mut seen = record.lock().unwrap();
+                let times = seen.entry(name).or_default();
+                for (step, reached) in steps.into_iter().enumerate() {
+                    if reached && times[step].is_none() {
+                        times[step] = Some(now);
+                    }
+                }
+            }
+        });
+        Timeline { seen, task }
+    }
+
+    /// At max-parallel 1: the mean time of each step of a worker, and the agents' part of it.
+    fn print(&self, agent: AgentTime) {
+        let seen = self.seen.lock().unwrap();
+        let mut workers: Vec<[Instant; 4]> = seen
+            .iter()
+            .filter(|(name, _)| name.starts_with("w-"))
+            .filter_map(|(_, t)| Some([t[0]?, t[1]?, t[2]?, t[3]?]))
+            .collect();
+        workers.sort_by_key(|t| t[0]);
+        if workers.len() < 2 {
+            return;
+        }
+        let n = workers.len() as f64;
+        let mean = |f: &dyn Fn(&[Instant; 4]) -> Duration| {
+            workers.iter().map(|t| ms(f(t))).sum::<f64>() / n
+        };
+        let start = mean(&|t| t[1] - t[0]);
+        let plan = mean(&|t| t[2] - t[1]);
+        let apply = mean(&|t| t[3] - t[2]);
+        let next = workers
+            .windows(2)
+            .map(|w| ms(w[1][0] - w[0][3]))
+            .sum::<f64>()
+            / (n - 1.0);
+        println!(
+            "  one worker at max-parallel 1, as the benchmark's watch saw it (mean of {} workers):",
+            workers.len()
+        );
+        println!(
+            "    trigger set by the parent -> in-progress (Machine controller):  {start:>6.1} ms"
+        );
+        println!(
+            "    in-progress -> plan recorded (reads, agent plan, patch):         {plan:>6.1} ms (agent's plan alone {:.1} ms)",
+            ms(agent.plan)
+        );
+        println!(
+            "    plan recorded -> done (signing, agent apply, end record):        {apply:>6.1} ms (agent's apply alone {:.1} ms)",
+            ms(agent.apply)
+        );
+        println!(
+            "    done -> next worker's trigger (parent controller):              {next:>6.1} ms"
+        );
+    }
+}
+
+impl Drop for Timeline {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }
 
 /// A restart hook that takes `hook_ms`.
