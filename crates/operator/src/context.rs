@@ -41,6 +41,9 @@ pub struct Context {
     /// Machines (namespace/name) with work running in this process, and since when, so a
     /// reconcile never starts the same work twice and never waits for it.
     running: Mutex<HashMap<String, Instant>>,
+    /// Parents (kind/namespace/name) this process wrote at a resourceVersion, and that version:
+    /// a pass that still sees the parent at it sees it from before that write.
+    parents_written_at: Mutex<HashMap<String, String>>,
 }
 
 impl Context {
@@ -51,7 +54,26 @@ impl Context {
             settings,
             credentials: CredentialStore::default(),
             running: Mutex::default(),
+            parents_written_at: Mutex::default(),
         })
+    }
+
+    /// Whether this process has written the parent `key` since it was at `version`: a write at
+    /// that version would be refused (409 Conflict), so it is not sent.
+    pub fn parent_written_since(&self, key: &str, version: &str) -> bool {
+        self.parents_written_at
+            .lock()
+            .expect("parents lock")
+            .get(key)
+            .is_some_and(|at| at == version)
+    }
+
+    /// Notes that the parent `key` was written at `version`.
+    pub fn parent_written(&self, key: &str, version: &str) {
+        self.parents_written_at
+            .lock()
+            .expect("parents lock")
+            .insert(key.to_string(), version.to_string());
     }
 
     /// Marks `key` busy; false if it already was.
@@ -140,17 +162,17 @@ impl Context {
         Ok(MachineAgent { url, client })
     }
 
-    /// Merge-patches a Machine's annotations.
+    /// Merge-patches a Machine's annotations; returns the Machine as the write left it.
     pub async fn patch_annotations(
         &self,
         machine: &MachineView,
         changes: &AnnotationChanges,
-    ) -> Result<(), Error> {
+    ) -> Result<DynamicObject, Error> {
         let body = changes.merge_patch(None);
-        self.api(&machine.namespace, &crate::machine::api_resource())
+        Ok(self
+            .api(&machine.namespace, &crate::machine::api_resource())
             .patch(&machine.name, &PatchParams::default(), &Patch::Merge(&body))
-            .await?;
-        Ok(())
+            .await?)
     }
 
     /// Records the end of work the Machine did for trigger value `worked` (see
@@ -164,22 +186,52 @@ impl Context {
         worked: Option<&str>,
         changes: &AnnotationChanges,
     ) -> Result<bool, Error> {
+        self.record_end_after(machine, None, trigger_key, worked, changes)
+            .await
+    }
+
+    /// [`Self::record_end`], trying first to write on `known`, the Machine as this process's own
+    /// last write (or read) left it, without reading it again. That write is made only if
+    /// `known` still has the trigger worked on, and only at `known`'s version (the API server
+    /// refuses it if the Machine changed since); otherwise it reads fresh, as
+    /// [`Self::record_end`] does.
+    pub async fn record_end_after(
+        &self,
+        machine: &MachineView,
+        known: Option<&MachineView>,
+        trigger_key: &str,
+        worked: Option<&str>,
+        changes: &AnnotationChanges,
+    ) -> Result<bool, Error> {
         let api = self.api(&machine.namespace, &crate::machine::api_resource());
         let mut conflicts = 0;
+        let mut known = known
+            .filter(|k| k.resource_version.is_some())
+            .and_then(|k| end_patch(k, trigger_key, worked, changes));
         loop {
-            let Some(object) = api.get_opt(&machine.name).await? else {
-                return Ok(false);
-            };
-            let fresh = MachineView::from_object(&object);
-            let Some(body) = end_patch(&fresh, trigger_key, worked, changes) else {
-                tracing::info!(machine = %machine.name, "the trigger changed while the work ran; its end is not recorded, the new value starts anew");
-                return Ok(false);
+            let body = match known.take() {
+                Some(body) => body,
+                None => {
+                    let Some(object) = api.get_opt(&machine.name).await? else {
+                        return Ok(false);
+                    };
+                    let fresh = MachineView::from_object(&object);
+                    match end_patch(&fresh, trigger_key, worked, changes) {
+                        Some(body) => body,
+                        None => {
+                            tracing::info!(machine = %machine.name, "the trigger changed while the work ran; its end is not recorded, the new value starts anew");
+                            return Ok(false);
+                        }
+                    }
+                }
             };
             match api
                 .patch(&machine.name, &PatchParams::default(), &Patch::Merge(&body))
                 .await
             {
                 Ok(_) => return Ok(true),
+                // Gone, as a fresh read would have found it.
+                Err(kube::Error::Api(e)) if e.code == 404 => return Ok(false),
                 Err(kube::Error::Api(e)) if e.code == 409 && conflicts < 5 => conflicts += 1,
                 Err(e) => return Err(e.into()),
             }

@@ -63,7 +63,7 @@ impl Caches {
         let store = caches.machines.clone();
         let keep_machines = reflector(
             machines_writer,
-            watcher(machines, watcher::Config::default()),
+            watcher(machines, watcher::Config::default()).modify(forget_managed_fields),
         )
         .default_backoff()
         .for_each(move |event| {
@@ -91,7 +91,7 @@ impl Caches {
         let deployments_ready = Arc::new(deployments_ready);
         let keep_deployments = reflector(
             deployments_writer,
-            watcher(deployments, watcher::Config::default()),
+            watcher(deployments, watcher::Config::default()).modify(forget_managed_fields),
         )
         .default_backoff()
         .for_each(move |event| {
@@ -162,6 +162,13 @@ impl Caches {
             })
             .collect()
     }
+}
+
+/// Drops what no controller reads and the API server adds to every object it serves: its
+/// `managedFields`, one entry per writer and often larger than the rest of a Machine. Nothing
+/// the controllers write is computed from the cached objects' `managedFields`.
+fn forget_managed_fields(object: &mut DynamicObject) {
+    object.metadata.managed_fields = None;
 }
 
 #[cfg(test)]

@@ -39,7 +39,7 @@ async fn observe_expiry(machine: &MachineHandle) {
         let agent = machine.ctx.agent_of(&machine.view).await?;
         let inventory = agent.client.certificates(&agent.url).await?;
         let update = refresh::expiry_observed(inventory.earliest_expiry());
-        machine.record(update).await
+        machine.record(update).await.map(drop)
     }
     .await;
     if let Err(e) = result {
@@ -50,17 +50,24 @@ async fn observe_expiry(machine: &MachineHandle) {
 
 /// Makes the attempt the Machine is at. The pass saw the controller's cache, which may lag
 /// behind an attempt that just finished: the attempt is decided again on the Machine as the API
-/// server has it, so no request is worked on twice.
+/// server has it (as the pass's own write just left it, or else read fresh), so no request is
+/// worked on twice.
 async fn attempt(machine: MachineHandle) {
     let (ctx, name) = (&machine.ctx, &machine.view.name);
-    let machines = ctx.api(&machine.view.namespace, &crate::machine::api_resource());
-    let fresh = match machines.get_opt(name).await {
-        Ok(Some(object)) => MachineView::from_object(&object),
-        Ok(None) => return,
-        Err(e) => {
-            // The API server is unreachable; its watch will relist, and so reconcile, once back.
-            tracing::warn!(machine = %name, error = %e, "cannot read the Machine; the refresh is tried again later");
-            return;
+    let fresh = match &machine.written {
+        Some(written) => written.clone(),
+        None => {
+            let machines = ctx.api(&machine.view.namespace, &crate::machine::api_resource());
+            match machines.get_opt(name).await {
+                Ok(Some(object)) => MachineView::from_object(&object),
+                Ok(None) => return,
+                Err(e) => {
+                    // The API server is unreachable; its watch will relist, and so reconcile,
+                    // once back.
+                    tracing::warn!(machine = %name, error = %e, "cannot read the Machine; the refresh is tried again later");
+                    return;
+                }
+            }
         }
     };
     let RefreshStep::Attempt { ttl, attempt, .. } =
@@ -69,7 +76,8 @@ async fn attempt(machine: MachineHandle) {
         return;
     };
     tracing::info!(machine = %name, attempt, "refreshing certificates");
-    let outcome = refresh_node(ctx, &fresh, &ttl).await;
+    let mut written = fresh.clone();
+    let outcome = refresh_node(ctx, &fresh, &ttl, &mut written).await;
     match &outcome {
         Ok(Refreshed::AgentBusy(why)) => {
             tracing::info!(machine = %name, reason = %why, "the agent is busy; waiting");
@@ -81,6 +89,7 @@ async fn attempt(machine: MachineHandle) {
     let update = refresh::after_attempt(&fresh, attempt, outcome, now, &ctx.settings);
     let fresh = MachineHandle {
         view: fresh,
+        written: Some(written),
         ..machine.clone()
     };
     if let Err(e) = fresh.record(update).await {
@@ -90,8 +99,14 @@ async fn attempt(machine: MachineHandle) {
 
 /// One attempt on the node: verify the Machine's role, plan on the node (or resume this
 /// request's plan), decide how to sign every CSR from the operator's own table (refusing the
-/// whole plan if any asks for more), sign, apply.
-async fn refresh_node(ctx: &Context, view: &MachineView, ttl: &Ttl) -> Result<Refreshed, Error> {
+/// whole plan if any asks for more), sign, apply. `written` becomes the Machine as recording
+/// the plan left it.
+async fn refresh_node(
+    ctx: &Context,
+    view: &MachineView,
+    ttl: &Ttl,
+    written: &mut MachineView,
+) -> Result<Refreshed, Error> {
     // Before anything is sent to the node: who the Machine is, as the Cluster API objects say,
     // and whether its cluster CA can sign for that long.
     let identity = machine_identity(ctx, view).await?;
@@ -125,7 +140,8 @@ async fn refresh_node(ctx: &Context, view: &MachineView, ttl: &Ttl) -> Result<Re
             let plan = agent.plan(&url, &PlanRequest::default()).await?;
             let mut recorded = AnnotationChanges::default();
             recorded.set(refresh_state::PLAN, plan.plan_id.as_str());
-            ctx.patch_annotations(view, &recorded).await?;
+            let object = ctx.patch_annotations(view, &recorded).await?;
+            *written = MachineView::from_object(&object);
             (plan.plan_id, plan.requests)
         }
     };

@@ -39,7 +39,12 @@ pub async fn run(ctx: Arc<Context>, machines: Store<DynamicObject>, changes: Mac
 
 async fn reconcile(object: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Action, Error> {
     let view = MachineView::from_object(&object);
-    let machine = MachineHandle { ctx, object, view };
+    let machine = MachineHandle {
+        ctx,
+        object,
+        view,
+        written: None,
+    };
     let refresh = pass(&machine, REFRESH, refresh::plan, machine_refresh::run).await?;
     let upgrade = pass(&machine, UPGRADE, upgrade::plan, machine_upgrade::run).await?;
     Ok(refresh.sooner(upgrade).into())
@@ -67,9 +72,13 @@ where
         running: ctx.running_for(operation, &machine.view),
     };
     let plan = plan(&seen, &ctx.settings);
-    machine.record(plan.update).await?;
+    let written = machine.record(plan.update).await?;
+    let worker = MachineHandle {
+        written,
+        ..machine.clone()
+    };
     if let Some(work) = plan.work
-        && !ctx.spawn_for(operation, &machine.view, run(machine.clone(), work))
+        && !ctx.spawn_for(operation, &machine.view, run(worker, work))
     {
         // The plan saw none running and a Machine's reconciles never overlap, so this work
         // started in between: look again soon.
@@ -85,31 +94,39 @@ pub(super) struct MachineHandle {
     pub ctx: Arc<Context>,
     pub object: Arc<DynamicObject>,
     pub view: MachineView,
+    /// The Machine as the API server had it at this process's last write to it (or read of
+    /// it) after `view` was observed, if there was one: work that would read the Machine fresh
+    /// starts from it instead, and an end is first written on its version.
+    pub written: Option<MachineView>,
 }
 
 impl MachineHandle {
     /// Writes an update on the Machine, then publishes its event if the write was recorded.
-    pub async fn record(&self, update: MachineUpdate) -> Result<(), Error> {
+    /// Returns the Machine as a patch left it (`None` when nothing was patched).
+    pub async fn record(&self, update: MachineUpdate) -> Result<Option<MachineView>, Error> {
         let (ctx, view) = (&self.ctx, &self.view);
-        let recorded = match &update.write {
-            None => true,
+        let (recorded, written) = match &update.write {
+            None => (true, None),
             Some(Write::Patch(changes)) => {
-                ctx.patch_annotations(view, changes).await?;
-                true
+                let object = ctx.patch_annotations(view, changes).await?;
+                (true, Some(MachineView::from_object(&object)))
             }
             Some(Write::End {
                 trigger,
                 worked,
                 changes,
             }) => {
-                ctx.record_end(view, trigger, worked.as_deref(), changes)
-                    .await?
+                let known = self.written.as_ref();
+                let recorded = ctx
+                    .record_end_after(view, known, trigger, worked.as_deref(), changes)
+                    .await?;
+                (recorded, None)
             }
         };
         if recorded && let Some(event) = update.event {
             ctx.machine_event(&self.object, event).await;
         }
-        Ok(())
+        Ok(written)
     }
 }
 

@@ -226,9 +226,14 @@ async fn apply(
         // caught up with (our own last write, a user's edit) must not record a second request
         // or publish its events again; the parent's watch event brings a fresh pass.
         let namespace = parent.namespace().unwrap_or_default();
-        let body = changes
-            .parent
-            .merge_patch(parent.metadata.resource_version.as_deref());
+        let version = parent.metadata.resource_version.as_deref();
+        let key = format!("{}/{namespace}/{}", resource.kind, parent.name_any());
+        if version.is_some_and(|v| ctx.parent_written_since(&key, v)) {
+            // This process wrote the parent at this version, so it has changed since: the
+            // write would be refused (409), as below.
+            return Ok(Next::AwaitChange);
+        }
+        let body = changes.parent.merge_patch(version);
         match ctx
             .api(&namespace, &resource)
             .patch(
@@ -238,7 +243,11 @@ async fn apply(
             )
             .await
         {
-            Ok(_) => {}
+            Ok(_) => {
+                if let Some(version) = version {
+                    ctx.parent_written(&key, version);
+                }
+            }
             Err(kube::Error::Api(e)) if e.code == 409 => return Ok(Next::AwaitChange),
             Err(e) => return Err(e.into()),
         }
