@@ -6,7 +6,8 @@
 
 use std::collections::BTreeMap;
 
-use caretaker_agent::provision::{ClusterCas, NodeRole};
+use caretaker_agent_api::kubeadm::NodeRole;
+use caretaker_testkit::provision::ClusterCas;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;

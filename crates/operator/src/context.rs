@@ -13,7 +13,7 @@ use kube::Resource;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
-use caretaker_agent::api::AgentClient;
+use caretaker_agent_api::client::AgentClient;
 
 use crate::Error;
 use crate::machine::MachineView;

@@ -6,9 +6,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use caretaker_agent::SigningCa;
-use caretaker_agent::api::AgentClient;
-use caretaker_agent::tls::ClientIdentity;
+use caretaker_agent_api::client::AgentClient;
+use caretaker_agent_api::kubeadm::SigningCa;
+use caretaker_agent_api::tls::ClientIdentity;
 use caretaker_pki::{CertificateAuthority, LeafSpec, RotationPolicy, Ttl, Usage};
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
@@ -206,7 +206,7 @@ async fn load(
 
 #[cfg(test)]
 mod tests {
-    use caretaker_agent::provision::ClusterCas;
+    use caretaker_testkit::provision::ClusterCas;
 
     use super::*;
     use crate::capi_objects::{self, ClusterObjects};
@@ -227,7 +227,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_client_certificate_is_replaced_after_two_thirds_of_its_life() {
-        caretaker_agent::tls::install_crypto_provider();
+        caretaker_agent_api::tls::install_crypto_provider();
         let server = caretaker_apiserver::TestServer::start().await;
         let client = server.client();
         capi_objects::install_upstream_crds(&client).await.unwrap();

@@ -1,7 +1,7 @@
 //! The one error type of the controllers. Each error has a category that decides whether the
 //! work is retried and that labels metrics and logs.
 
-use caretaker_agent::api::AgentError;
+use caretaker_agent_api::client::AgentError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

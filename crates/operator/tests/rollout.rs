@@ -8,7 +8,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
 use caretaker_agent::command::CommandTemplate;
-use caretaker_agent::provision::NodeRole;
+use caretaker_agent_api::kubeadm::NodeRole;
 use caretaker_operator::capi_objects::ClusterObjects;
 use caretaker_operator::{machine, names};
 use common::{NS, World, fast, unreachable_agent_url, world};

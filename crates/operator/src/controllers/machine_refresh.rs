@@ -7,9 +7,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use caretaker_agent::api::AgentError;
-use caretaker_agent::provision::NodeRole;
-use caretaker_agent::refresh::{ApplyRequest, PlanRequest, PlanStatus};
+use caretaker_agent_api::client::AgentError;
+use caretaker_agent_api::kubeadm::NodeRole;
+use caretaker_agent_api::refresh::{ApplyRequest, PlanRequest, PlanStatus};
 use caretaker_pki::Ttl;
 use kube::api::{Api, DynamicObject};
 use serde_json::{Value, json};
@@ -263,7 +263,7 @@ async fn refresh(ctx: &Context, view: &MachineView, ttl: &Ttl) -> Result<Refresh
     let identity = machine_identity(ctx, view).await?;
     let credentials = ctx.credentials_for(view).await?;
     let cluster_ca = credentials.authority(
-        caretaker_agent::SigningCa::Cluster,
+        caretaker_agent_api::kubeadm::SigningCa::Cluster,
         &view.namespace,
         &view.cluster_name,
     )?;

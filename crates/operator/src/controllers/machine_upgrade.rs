@@ -6,8 +6,8 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use caretaker_agent::api::AgentError;
-use caretaker_agent::upgrade::{Operation, OperationState, UpgradeRequest};
+use caretaker_agent_api::client::AgentError;
+use caretaker_agent_api::upgrade::{Operation, OperationState, UpgradeRequest};
 use kube::api::DynamicObject;
 use serde_json::{Value, json};
 use time::OffsetDateTime;

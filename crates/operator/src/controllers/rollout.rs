@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use caretaker_agent::upgrade::ReleaseOption;
+use caretaker_agent_api::upgrade::ReleaseOption;
 use caretaker_pki::Ttl;
 use futures::StreamExt;
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};

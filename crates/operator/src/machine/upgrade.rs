@@ -1,7 +1,7 @@
 //! The per-Machine in-place upgrade, as a pure decision from a Machine's annotations to the next
 //! step.
 
-use caretaker_agent::upgrade::ReleaseOption;
+use caretaker_agent_api::upgrade::ReleaseOption;
 use time::OffsetDateTime;
 
 use super::MachineView;
