@@ -27,7 +27,7 @@ use crate::selectors::LabelSelector;
 use crate::storage::{ObjectKey, Store};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Operation {
+enum Operation {
     Create,
     Update,
     Delete,
@@ -46,12 +46,48 @@ impl Operation {
 /// What is being admitted. For DELETE, `object` is the object being deleted (used for its name
 /// and for objectSelector) and is sent as `oldObject`, as Kubernetes does.
 pub struct Request<'a> {
-    pub def: &'a ResourceDef,
-    pub operation: Operation,
-    pub subresource: Option<&'a str>,
-    pub object: &'a Value,
-    pub old: Option<&'a Value>,
-    pub dry_run: bool,
+    def: &'a ResourceDef,
+    operation: Operation,
+    subresource: Option<&'a str>,
+    object: &'a Value,
+    old: Option<&'a Value>,
+    dry_run: bool,
+}
+
+impl<'a> Request<'a> {
+    /// Writing `object`: a CREATE without `old`, else an UPDATE of it (of `subresource`, if any).
+    pub fn write(
+        def: &'a ResourceDef,
+        subresource: Option<&'a str>,
+        object: &'a Value,
+        old: Option<&'a Value>,
+        dry_run: bool,
+    ) -> Self {
+        Request {
+            def,
+            operation: if old.is_some() {
+                Operation::Update
+            } else {
+                Operation::Create
+            },
+            subresource,
+            object,
+            old,
+            dry_run,
+        }
+    }
+
+    /// The first DELETE of `old`.
+    pub fn delete(def: &'a ResourceDef, old: &'a Value, dry_run: bool) -> Self {
+        Request {
+            def,
+            operation: Operation::Delete,
+            subresource: None,
+            object: old,
+            old: Some(old),
+            dry_run,
+        }
+    }
 }
 
 /// Calls the configured admission webhooks.
@@ -495,8 +531,8 @@ fn review(req: &Request<'_>) -> Value {
         "name": crate::meta::name_of(req.object),
         "operation": req.operation.as_str(),
         "userInfo": { "username": "system:anonymous", "groups": ["system:unauthenticated"] },
-        "object": if req.operation == Operation::Delete { Value::Null } else { crate::api::ApiState::served(def, req.object) },
-        "oldObject": req.old.map(|o| crate::api::ApiState::served(def, o)),
+        "object": if req.operation == Operation::Delete { Value::Null } else { def.served(req.object) },
+        "oldObject": req.old.map(|o| def.served(o)),
         "dryRun": req.dry_run,
         "options": { "kind": match req.operation {
             Operation::Create => "CreateOptions",

@@ -412,9 +412,9 @@ fn merge_root(target: &mut Value, applied: &Value, schema: Option<&Value>) {
 /// Who writes, for field management.
 pub struct Writer<'a> {
     pub manager: &'a str,
-    pub api_version: &'a str,
+    pub api_version: String,
     pub subresource: Option<&'a str>,
-    pub now: &'a str,
+    pub now: String,
     /// The kind's openAPIV3Schema, for list types (None: every list is atomic).
     pub schema: Option<&'a Value>,
 }
@@ -497,8 +497,8 @@ fn entry(writer: &Writer, operation: &str, fields: FieldSet) -> Entry {
     Entry {
         manager: writer.manager.into(),
         operation: operation.into(),
-        api_version: writer.api_version.into(),
-        time: writer.now.into(),
+        api_version: writer.api_version.clone(),
+        time: writer.now.clone(),
         subresource: writer.subresource.map(String::from),
         fields,
     }
@@ -699,8 +699,8 @@ pub fn record_update(old: Option<&Value>, new: &mut Value, writer: &Writer) {
     match entries.iter_mut().find(|e| is_mine(e)) {
         Some(e) => {
             e.fields.extend(owned_now);
-            e.time = writer.now.into();
-            e.api_version = writer.api_version.into();
+            e.time = writer.now.clone();
+            e.api_version = writer.api_version.clone();
         }
         None => entries.push(entry(writer, "Update", owned_now)),
     }
@@ -714,9 +714,9 @@ mod tests {
     fn w(manager: &str) -> Writer<'_> {
         Writer {
             manager,
-            api_version: "v1",
+            api_version: "v1".into(),
             subresource: None,
-            now: "2024-01-01T00:00:00Z",
+            now: "2024-01-01T00:00:00Z".into(),
             schema: None,
         }
     }

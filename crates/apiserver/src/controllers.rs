@@ -132,19 +132,7 @@ async fn collect_dependents(api: &ApiState, owner_uid: &str) -> Result<(), ApiEr
                     .map(|_| ()),
             )?;
         } else {
-            let mut updated = ApiState::served(&def, &dep);
-            updated["metadata"]["ownerReferences"] = json!(live_owners);
-            ignore_conflict(
-                api.update(
-                    &def,
-                    &key.namespace,
-                    &key.name,
-                    updated,
-                    Part::Main,
-                    &writer(),
-                )
-                .await,
-            )?;
+            set_owner_references(api, &def, &key, &dep, live_owners).await?;
         }
     }
     Ok(())
@@ -163,23 +151,11 @@ async fn process_deleting(api: &ApiState, def: &ResourceDef, obj: &Value) -> Res
             else {
                 continue;
             };
-            let mut updated = ApiState::served(&dep_def, &dep);
-            let refs: Vec<Value> = updated["metadata"]["ownerReferences"]
+            let refs: Vec<Value> = dep["metadata"]["ownerReferences"]
                 .as_array()
                 .map(|a| a.iter().filter(|r| r["uid"] != uid).cloned().collect())
                 .unwrap_or_default();
-            updated["metadata"]["ownerReferences"] = json!(refs);
-            ignore_conflict(
-                api.update(
-                    &dep_def,
-                    &key.namespace,
-                    &key.name,
-                    updated,
-                    Part::Main,
-                    &writer(),
-                )
-                .await,
-            )?;
+            set_owner_references(api, &dep_def, &key, &dep, refs).await?;
         }
         remove_finalizer(api, def, obj, "orphan").await?;
     } else if finalizers.iter().any(|f| f == "foregroundDeletion") {
@@ -208,13 +184,36 @@ async fn process_deleting(api: &ApiState, def: &ResourceDef, obj: &Value) -> Res
     Ok(())
 }
 
+/// Gives the dependent `dep` (stored at `key`) the owner references `refs`.
+async fn set_owner_references(
+    api: &ApiState,
+    def: &ResourceDef,
+    key: &ObjectKey,
+    dep: &Value,
+    refs: Vec<Value>,
+) -> Result<(), ApiError> {
+    let mut updated = def.served(dep);
+    updated["metadata"]["ownerReferences"] = json!(refs);
+    ignore_conflict(
+        api.update(
+            def,
+            &key.namespace,
+            &key.name,
+            updated,
+            Part::Main,
+            &writer(),
+        )
+        .await,
+    )
+}
+
 async fn remove_finalizer(
     api: &ApiState,
     def: &ResourceDef,
     obj: &Value,
     finalizer: &str,
 ) -> Result<(), ApiError> {
-    let mut updated = ApiState::served(def, obj);
+    let mut updated = def.served(obj);
     let remaining: Vec<String> = finalizers_of(obj)
         .into_iter()
         .filter(|f| f != finalizer)
@@ -267,7 +266,7 @@ async fn sync_namespace(api: &ApiState, namespace: &str) -> Result<(), ApiError>
     if contents.is_empty()
         && let Some(def) = api.registry.lookup("", "v1", "namespaces")
     {
-        let mut finalized = ApiState::served(&def, &ns);
+        let mut finalized = def.served(&ns);
         finalized["spec"]["finalizers"] = json!([]);
         ignore_conflict(
             api.update(&def, "", namespace, finalized, Part::Finalize, &writer())

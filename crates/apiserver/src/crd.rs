@@ -6,21 +6,11 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 
 use crate::error::{FieldError, FieldErrorKind};
+use crate::meta::strings_at;
 use crate::registry::{Flavor, PrinterColumn, ResourceDef};
 
 fn str_at<'a>(v: &'a Value, ptr: &str) -> &'a str {
     v.pointer(ptr).and_then(Value::as_str).unwrap_or("")
-}
-
-fn strings_at(v: &Value, ptr: &str) -> Vec<String> {
-    v.pointer(ptr)
-        .and_then(Value::as_array)
-        .map(|a| {
-            a.iter()
-                .filter_map(|s| s.as_str().map(String::from))
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 /// One ResourceDef per served version of the CRD.

@@ -4,8 +4,6 @@
 //! (k8s.io/apimachinery/pkg/api/errors), because clients branch on them:
 //! kube-rs retries on 409 `Conflict`, relists on 410, kubectl prints the message.
 
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
 /// A failed API request: what kube-apiserver would put in a `Status` object.
@@ -217,13 +215,6 @@ impl ApiError {
             s["details"] = d.clone();
         }
         s
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let code = StatusCode::from_u16(self.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        crate::handlers::json_response(code, &self.to_status())
     }
 }
 

@@ -27,6 +27,16 @@ const SHARED: &[&str] = &[
     "reportingInstance",
 ];
 
+/// Whether `name` is a top-level field of a core/v1 Event.
+pub fn is_core_field(name: &str) -> bool {
+    SHARED.contains(&name) || RENAMED.iter().any(|(core, _)| *core == name)
+}
+
+/// Whether `name` is a top-level field of an events.k8s.io/v1 Event.
+pub fn is_v1_field(name: &str) -> bool {
+    SHARED.contains(&name) || RENAMED.iter().any(|(_, v1)| *v1 == name)
+}
+
 fn convert(obj: &Value, from_core: bool, api_version: &str) -> Value {
     let Some(src) = obj.as_object() else {
         return obj.clone();
@@ -70,5 +80,15 @@ mod tests {
         assert_eq!(core["involvedObject"]["name"], "p");
         assert_eq!(core["message"], "hello");
         assert_eq!(core_to_v1(&core), v1);
+    }
+
+    #[test]
+    fn each_form_knows_its_own_field_names() {
+        for (core, v1) in [("message", "note"), ("involvedObject", "regarding")] {
+            assert!(is_core_field(core) && !is_core_field(v1));
+            assert!(is_v1_field(v1) && !is_v1_field(core));
+        }
+        assert!(is_core_field("reason") && is_v1_field("reason"));
+        assert!(!is_core_field("spec") && !is_v1_field("spec"));
     }
 }

@@ -1,4 +1,4 @@
-//! HTTP: parses Kubernetes API paths and query parameters, calls the verbs in `api.rs`, and
+//! HTTP: parses Kubernetes API paths and query parameters, calls the verbs in `api/`, and
 //! renders objects, lists, Tables, watch streams and Status errors.
 
 use std::sync::Arc;
@@ -14,6 +14,7 @@ use crate::api::{
     ApiState, DeleteOptions, FieldValidation, ListQuery, Part, PropagationPolicy, WriteOptions,
 };
 use crate::error::ApiError;
+use crate::media::{BODY_MEDIA_TYPES, JSON_OR_YAML, PROTOBUF};
 use crate::patch::PatchType;
 use crate::registry::{self, ResourceDef};
 use crate::selectors::{FieldSelector, LabelSelector};
@@ -35,6 +36,14 @@ pub fn json_response(code: StatusCode, body: &Value) -> Response {
         HeaderValue::from_static("application/json"),
     );
     resp
+}
+
+/// Every failed request is answered with its `Status` object, the guard's refusals included.
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let code = StatusCode::from_u16(self.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        json_response(code, &self.to_status())
+    }
 }
 
 fn with_warnings(mut resp: Response, warnings: &[String]) -> Response {
@@ -180,14 +189,6 @@ fn resolve(
         part,
     })
 }
-
-/// The media types kube-apiserver decodes request bodies from (CBOR only behind a feature
-/// gate). Anything else is refused, in particular the `text/plain`, form and multipart types a
-/// web page may post cross-origin without asking.
-const BODY_MEDIA_TYPES: &[&str] = &["application/json", "application/yaml", PROTOBUF];
-/// What custom resources take: they have no protobuf form.
-pub const JSON_OR_YAML: &[&str] = &["application/json", "application/yaml"];
-const PROTOBUF: &str = "application/vnd.kubernetes.protobuf";
 
 /// Decodes a create, update or delete body. `accepted` are the media types allowed for it.
 fn parse_body(headers: &HeaderMap, body: &Bytes, accepted: &[&str]) -> Result<Value, ApiError> {

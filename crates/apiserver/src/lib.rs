@@ -22,6 +22,7 @@ mod error;
 mod events;
 mod guard;
 mod handlers;
+mod media;
 mod meta;
 mod openapi;
 mod patch;

@@ -141,7 +141,12 @@ pub fn resource_version_of(obj: &Value) -> Option<u64> {
 }
 
 pub fn finalizers_of(obj: &Value) -> Vec<String> {
-    obj.pointer("/metadata/finalizers")
+    strings_at(obj, "/metadata/finalizers")
+}
+
+/// The strings in the list at JSON pointer `ptr` (other items skipped; none if it is no list).
+pub fn strings_at(v: &Value, ptr: &str) -> Vec<String> {
+    v.pointer(ptr)
         .and_then(Value::as_array)
         .map(|a| {
             a.iter()

@@ -7,6 +7,7 @@ use base64::Engine;
 use serde_json::{Map, Value, json};
 
 use crate::error::ApiError;
+use crate::media::JSON_OR_YAML;
 
 const MAGIC: &[u8] = b"k8s\0";
 
@@ -200,10 +201,7 @@ pub fn decode(body: &[u8], content_type: &str) -> Result<Value, ApiError> {
         }
     }
     if api_version != "v1" || !matches!(kind.as_str(), "ConfigMap" | "Secret" | "Namespace") {
-        return Err(ApiError::unsupported_media_type(
-            content_type,
-            crate::handlers::JSON_OR_YAML,
-        ));
+        return Err(ApiError::unsupported_media_type(content_type, JSON_OR_YAML));
     }
     let mut obj = decode_kind(&kind, raw).ok_or_else(bad)?;
     obj["apiVersion"] = json!(api_version);

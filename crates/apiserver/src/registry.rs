@@ -8,6 +8,8 @@ use std::sync::{Arc, RwLock};
 
 use serde_json::{Value, json};
 
+use crate::events;
+
 /// Which special behaviour a resource has beyond generic storage.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Flavor {
@@ -71,6 +73,19 @@ impl ResourceDef {
             self.flavor,
             Flavor::CustomResource | Flavor::CustomResourceDefinition | Flavor::Namespace
         ) || self.plural == "apiservices"
+    }
+
+    /// A stored object as served at this group/version (conversion `None`, Events converted).
+    pub fn served(&self, stored: &Value) -> Value {
+        if self.flavor == Flavor::EventsV1Event {
+            return events::core_to_v1(stored);
+        }
+        let mut o = stored.clone();
+        if let Some(m) = o.as_object_mut() {
+            m.insert("apiVersion".into(), json!(self.api_version()));
+            m.insert("kind".into(), json!(self.kind));
+        }
+        o
     }
 }
 
@@ -363,12 +378,8 @@ impl Registry {
             .collect()
     }
 
-    /// Serves (or re-serves) the resources defined by a CRD object.
-    pub fn apply_crd(&self, crd: &Value) {
-        let Some(name) = crd.pointer("/metadata/name").and_then(Value::as_str) else {
-            return;
-        };
-        let defs = crate::crd::served_resources(crd);
+    /// Serves (or re-serves) the resources the CRD `name` defines (`crd::served_resources`).
+    pub fn apply_crd(&self, name: &str, defs: Vec<ResourceDef>) {
         let mut snap = self.inner.write().unwrap_or_else(|p| p.into_inner());
         if let Some(old) = snap.crd_served.remove(name) {
             for k in old {

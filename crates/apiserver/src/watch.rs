@@ -87,14 +87,14 @@ impl Watcher {
         if change.key.resource != self.def.storage_key {
             return true;
         }
-        let served = ApiState::served(&self.def, &change.object);
+        let served = self.def.served(&change.object);
         let now_matches = self.matches(change, &served);
         // With a selector, an object that starts or stops matching is ADDED or DELETED for this
         // watch, as kube-apiserver's watch cache reports it.
         let was_matching = change
             .previous
             .as_ref()
-            .map(|p| self.matches(change, &ApiState::served(&self.def, p)));
+            .map(|p| self.matches(change, &self.def.served(p)));
         let kind = match (change.kind, was_matching, now_matches) {
             (ChangeType::Modified, Some(true), false) => "DELETED",
             (ChangeType::Modified, Some(false), true) => "ADDED",
@@ -159,7 +159,7 @@ impl Watcher {
                 }
             };
             for object in objects {
-                let served = ApiState::served(&self.def, &object);
+                let served = self.def.served(&object);
                 let fake = Change {
                     rv: 0,
                     key: ApiState::key(

@@ -3,24 +3,16 @@
 use caretaker_apiserver::TestServer;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use kube::core::Status;
 use serde_json::json;
 
 mod common;
-use common::RawHttp;
+use common::{RawHttp, api_status};
 
 fn cm(name: &str, labels: serde_json::Value) -> ConfigMap {
     serde_json::from_value(
         json!({"metadata": {"name": name, "labels": labels}, "data": {"k": "v"}}),
     )
     .unwrap()
-}
-
-fn api_error(e: kube::Error) -> Status {
-    match e {
-        kube::Error::Api(s) => *s,
-        other => panic!("expected an API error, got {other:?}"),
-    }
 }
 
 /// Lists `lp` page by page through continue tokens, checking that only full pages carry a
@@ -68,7 +60,7 @@ async fn configmap_lifecycle_and_errors() {
     assert!(meta.creation_timestamp.is_some());
     let rv1: u64 = meta.resource_version.as_ref().unwrap().parse().unwrap();
 
-    let err = api_error(
+    let err = api_status(
         cms.create(&PostParams::default(), &cm("a", json!({})))
             .await
             .unwrap_err(),
@@ -76,7 +68,7 @@ async fn configmap_lifecycle_and_errors() {
     assert_eq!((err.code, err.reason.as_str()), (409, "AlreadyExists"));
     assert_eq!(err.message, "configmaps \"a\" already exists");
 
-    let err = api_error(cms.get("missing").await.unwrap_err());
+    let err = api_status(cms.get("missing").await.unwrap_err());
     assert_eq!(
         (err.code, err.reason.as_str(), err.message.as_str()),
         (404, "NotFound", "configmaps \"missing\" not found")
@@ -97,7 +89,7 @@ async fn configmap_lifecycle_and_errors() {
         .parse()
         .unwrap();
     assert!(rv2 > rv1);
-    let err = api_error(
+    let err = api_status(
         cms.replace("a", &PostParams::default(), &changed)
             .await
             .unwrap_err(),
@@ -117,7 +109,7 @@ async fn configmap_lifecycle_and_errors() {
     );
 
     // Invalid name: 422 Invalid.
-    let err = api_error(
+    let err = api_status(
         cms.create(&PostParams::default(), &cm("Not_Valid", json!({})))
             .await
             .unwrap_err(),
@@ -195,11 +187,11 @@ async fn configmap_lifecycle_and_errors() {
     assert_eq!(p.data.as_ref().unwrap().len(), 4);
 
     cms.delete("a", &DeleteParams::default()).await.unwrap();
-    assert_eq!(api_error(cms.get("a").await.unwrap_err()).code, 404);
+    assert_eq!(api_status(cms.get("a").await.unwrap_err()).code, 404);
 
     // Namespaced create in a missing namespace: 404 for the namespace.
     let nowhere: Api<ConfigMap> = Api::namespaced(client.clone(), "nowhere");
-    let err = api_error(
+    let err = api_status(
         nowhere
             .create(&PostParams::default(), &cm("x", json!({})))
             .await
@@ -360,7 +352,7 @@ async fn metadata_and_immutability_rules() {
     let cms: Api<ConfigMap> = Api::namespaced(server.client(), "default");
     let pp = PostParams::default();
 
-    let err = api_error(
+    let err = api_status(
         cms.create(&pp, &cm("bad-label", json!({"app": "no spaces"})))
             .await
             .unwrap_err(),
@@ -373,7 +365,7 @@ async fn metadata_and_immutability_rules() {
         "{}",
         err.message
     );
-    let err = api_error(
+    let err = api_status(
         cms.create(&pp, &cm("bad-key", json!({"bad key": "x"})))
             .await
             .unwrap_err(),
@@ -382,7 +374,7 @@ async fn metadata_and_immutability_rules() {
 
     let orphan: ConfigMap =
         serde_json::from_value(json!({"metadata": {"name": "o", "ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap", "name": "x", "uid": ""}]}})).unwrap();
-    let err = api_error(cms.create(&pp, &orphan).await.unwrap_err());
+    let err = api_status(cms.create(&pp, &orphan).await.unwrap_err());
     assert_eq!(err.code, 422);
     assert!(
         err.message.contains("metadata.ownerReferences[0].uid"),
@@ -395,7 +387,7 @@ async fn metadata_and_immutability_rules() {
     )
     .unwrap();
     cms.create(&pp, &frozen).await.unwrap();
-    let err = api_error(
+    let err = api_status(
         cms.patch(
             "frozen",
             &PatchParams::default(),

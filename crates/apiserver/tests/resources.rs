@@ -10,7 +10,11 @@ use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch,
     PatchParams, PostParams,
 };
+use kube::core::Status;
 use serde_json::{Value, json};
+
+mod common;
+use common::{RawHttp, api_status};
 
 fn widget_crd(scope: &str) -> CustomResourceDefinition {
     let schema = json!({"type": "object", "properties": {
@@ -50,13 +54,6 @@ fn widget(name: &str, spec: Value) -> DynamicObject {
     serde_json::from_value(json!({"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": name}, "spec": spec})).unwrap()
 }
 
-fn status_code(e: kube::Error) -> (u16, String, String) {
-    match e {
-        kube::Error::Api(s) => (s.code, s.reason.clone(), s.message.clone()),
-        other => panic!("expected an API error, got {other:?}"),
-    }
-}
-
 #[tokio::test]
 async fn crds_are_served_validated_and_removed() {
     let server = TestServer::start().await;
@@ -88,11 +85,15 @@ async fn crds_are_served_validated_and_removed() {
     assert_eq!(created.metadata.generation, Some(1));
 
     // Strict field validation turns the unknown field into a 400.
-    let url_strict = format!(
-        "{}/apis/example.com/v1/namespaces/default/widgets?fieldValidation=Strict",
-        server.url()
-    );
-    let (code, body) = post_json(&url_strict, &json!({"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w9"}, "spec": {"size": 1, "bogus": 1}})).await;
+    let bogus = json!({"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w9"}, "spec": {"size": 1, "bogus": 1}});
+    let (code, body) = RawHttp::new(server.url())
+        .send(
+            "POST",
+            "/apis/example.com/v1/namespaces/default/widgets?fieldValidation=Strict",
+            "application/json",
+            &bogus.to_string(),
+        )
+        .await;
     assert_eq!(code, 400, "{body}");
     assert_eq!(
         body["message"],
@@ -100,7 +101,12 @@ async fn crds_are_served_validated_and_removed() {
     );
 
     // Schema validation: 422 with kube-apiserver's wording.
-    let (code, reason, message) = status_code(
+    let Status {
+        code,
+        reason,
+        message,
+        ..
+    } = api_status(
         w.create(
             &PostParams::default(),
             &widget("bad", json!({"size": 0, "color": "green"})),
@@ -125,7 +131,7 @@ async fn crds_are_served_validated_and_removed() {
         ),
         "{message}"
     );
-    let (code, _, message) = status_code(
+    let Status { code, message, .. } = api_status(
         w.create(&PostParams::default(), &widget("bad", json!({})))
             .await
             .unwrap_err(),
@@ -162,7 +168,7 @@ async fn crds_are_served_validated_and_removed() {
     assert_eq!(patched.metadata.generation, Some(2));
 
     // Strategic merge patch is for built-in kinds only, as in kube-apiserver.
-    let (code, reason, _) = status_code(
+    let Status { code, reason, .. } = api_status(
         w.patch(
             "w1",
             &PatchParams::default(),
@@ -174,7 +180,7 @@ async fn crds_are_served_validated_and_removed() {
     assert_eq!((code, reason.as_str()), (415, "UnsupportedMediaType"));
     // Annotations are limited to 256 KiB in total.
     let big = json!({"metadata": {"annotations": {"big": "x".repeat(300 * 1024)}}});
-    let (code, _, message) = status_code(
+    let Status { code, message, .. } = api_status(
         w.patch("w1", &PatchParams::default(), &Patch::Merge(big))
             .await
             .unwrap_err(),
@@ -204,7 +210,7 @@ async fn crds_are_served_validated_and_removed() {
     crds.delete("widgets.example.com", &DeleteParams::default())
         .await
         .unwrap();
-    let (code, _, _) = status_code(w.get("w1").await.unwrap_err());
+    let code = api_status(w.get("w1").await.unwrap_err()).code;
     assert_eq!(code, 404);
     crds.create(&PostParams::default(), &widget_crd("Cluster"))
         .await
@@ -231,27 +237,6 @@ async fn crds_are_served_validated_and_removed() {
     );
 }
 
-async fn post_json(url: &str, body: &Value) -> (u16, Value) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let rest = url.trim_start_matches("http://");
-    let (host, path) = rest.split_at(rest.find('/').unwrap());
-    let mut s = tokio::net::TcpStream::connect(host).await.unwrap();
-    let body = body.to_string();
-    let req = format!(
-        "POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    s.write_all(req.as_bytes()).await.unwrap();
-    let mut out = Vec::new();
-    s.read_to_end(&mut out).await.unwrap();
-    let text = String::from_utf8(out).unwrap();
-    let code = text[9..12].parse().unwrap();
-    (
-        code,
-        serde_json::from_str(text.split_once("\r\n\r\n").unwrap().1).unwrap_or(Value::Null),
-    )
-}
-
 #[tokio::test]
 async fn server_side_apply_ownership_conflicts_and_force() {
     let server = TestServer::start().await;
@@ -272,7 +257,12 @@ async fn server_side_apply_ownership_conflicts_and_force() {
     assert_eq!(mf[0].operation.as_deref(), Some("Apply"));
 
     let bob = PatchParams::apply("bob");
-    let (code, reason, message) = status_code(
+    let Status {
+        code,
+        reason,
+        message,
+        ..
+    } = api_status(
         cms.patch("ssa", &bob, &Patch::Apply(cfg(json!({"a": "9"}))))
             .await
             .unwrap_err(),
@@ -350,7 +340,7 @@ async fn finalizers_garbage_collection_and_namespace_deletion() {
     )
     .await
     .unwrap();
-    assert_eq!(status_code(cms.get("held").await.unwrap_err()).0, 404);
+    assert_eq!(api_status(cms.get("held").await.unwrap_err()).code, 404);
 
     // Background: dependents go after the owner.
     let owner = cms
@@ -492,12 +482,12 @@ async fn crds_and_their_objects_survive_a_restart() {
     assert_eq!(w.get("kept").await.unwrap().data["spec"]["size"], 5);
     // Validation still applies: the schema came back with the CRD.
     assert_eq!(
-        status_code(
+        api_status(
             w.create(&PostParams::default(), &widget("bad", json!({"size": 0})))
                 .await
                 .unwrap_err()
         )
-        .0,
+        .code,
         422
     );
 }
@@ -534,7 +524,7 @@ async fn server_side_apply_of_status_conditions_merges_by_key() {
         after.data["status"]["conditions"],
         json!([{"type": "A", "status": "True"}, {"type": "B", "status": "False"}])
     );
-    let (code, _, message) = status_code(
+    let Status { code, message, .. } = api_status(
         w.patch_status(
             "w",
             &PatchParams::apply("controller-b"),

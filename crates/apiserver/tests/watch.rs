@@ -12,6 +12,9 @@ use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher::{self, Event};
 use serde_json::json;
 
+mod common;
+use common::RawHttp;
+
 fn cm(name: &str, value: &str) -> ConfigMap {
     serde_json::from_value(json!({"metadata": {"name": name}, "data": {"v": value}})).unwrap()
 }
@@ -137,11 +140,11 @@ async fn watch_survives_a_server_restart() {
 
     // The resume itself: a raw watch from the first server's resourceVersion gets exactly the
     // changes after it, in order, from both sides of the restart, and nothing from before it.
-    let url = format!(
-        "{}/api/v1/namespaces/default/configmaps?watch=1&resourceVersion={rv_before}&timeoutSeconds=1",
-        second.url()
+    let path = format!(
+        "/api/v1/namespaces/default/configmaps?watch=1&resourceVersion={rv_before}&timeoutSeconds=1"
     );
-    let events: Vec<(String, String, String)> = get_lines(&url)
+    let events: Vec<(String, String, String)> = RawHttp::new(second.url())
+        .stream_lines(&path)
         .await
         .iter()
         .map(|l| {
@@ -189,11 +192,12 @@ async fn raw_watch_protocol() {
         .unwrap();
 
     // Resume after rv0: only w1, then a bookmark, then the stream ends at timeoutSeconds.
-    let url = format!(
-        "{}/api/v1/namespaces/default/configmaps?watch=1&resourceVersion={rv0}&allowWatchBookmarks=true&timeoutSeconds=1",
-        server.url()
-    );
-    let lines = get_lines(&url).await;
+    let http = RawHttp::new(server.url());
+    let lines = http
+        .stream_lines(&format!(
+            "/api/v1/namespaces/default/configmaps?watch=1&resourceVersion={rv0}&allowWatchBookmarks=true&timeoutSeconds=1"
+        ))
+        .await;
     let events: Vec<serde_json::Value> = lines
         .iter()
         .map(|l| serde_json::from_str(l).unwrap())
@@ -208,37 +212,15 @@ async fn raw_watch_protocol() {
             .await
             .unwrap();
     }
-    let url = format!(
-        "{}/api/v1/namespaces/default/configmaps?watch=1&resourceVersion={rv0}",
-        server.url()
-    );
-    let lines = get_lines(&url).await;
+    let lines = http
+        .stream_lines(&format!(
+            "/api/v1/namespaces/default/configmaps?watch=1&resourceVersion={rv0}"
+        ))
+        .await;
     let event: serde_json::Value = serde_json::from_str(&lines[0]).unwrap();
     assert_eq!(event["type"], "ERROR");
     assert_eq!(event["object"]["code"], 410);
     assert_eq!(event["object"]["reason"], "Expired");
-}
-
-/// GET a streaming URL over plain HTTP/1.1 and return its body lines.
-async fn get_lines(url: &str) -> Vec<String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let rest = url.trim_start_matches("http://");
-    let (host, path) = rest.split_at(rest.find('/').unwrap());
-    let mut s = tokio::net::TcpStream::connect(host).await.unwrap();
-    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: {host}\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
-    let mut out = Vec::new();
-    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out))
-        .await
-        .expect("stream ended")
-        .unwrap();
-    let text = String::from_utf8(out).unwrap();
-    let body = text.split_once("\r\n\r\n").unwrap().1;
-    body.lines()
-        .filter(|l| l.starts_with('{'))
-        .map(String::from)
-        .collect()
 }
 
 #[tokio::test]

@@ -14,9 +14,13 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::service::TowerToHyperService;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use kube::core::Status;
 use kube::discovery::ApiResource;
 use rustls::pki_types::pem::PemObject;
 use serde_json::{Value, json};
+
+mod common;
+use common::api_status;
 
 fn new_ca() -> CertificateAuthority {
     CertificateAuthority::create(&CaSpec::new("webhooks-ca")).unwrap()
@@ -213,13 +217,6 @@ fn cm(name: &str, labels: Value) -> ConfigMap {
     .unwrap()
 }
 
-fn status(e: kube::Error) -> (u16, String, String) {
-    match e {
-        kube::Error::Api(s) => (s.code, s.reason.clone(), s.message.clone()),
-        other => panic!("expected an API error, got {other:?}"),
-    }
-}
-
 #[tokio::test]
 async fn webhooks_allow_deny_mutate_and_fail() {
     let f = Fixture::start().await;
@@ -248,8 +245,12 @@ async fn webhooks_allow_deny_mutate_and_fail() {
         )
         .await
         .unwrap();
-    let (code, reason, message) =
-        status(cms.create(&pp, &cm("denied", json!({}))).await.unwrap_err());
+    let Status {
+        code,
+        reason,
+        message,
+        ..
+    } = api_status(cms.create(&pp, &cm("denied", json!({}))).await.unwrap_err());
     assert_eq!((code, reason.as_str()), (403, "Forbidden"));
     assert_eq!(
         message,
@@ -263,7 +264,7 @@ async fn webhooks_allow_deny_mutate_and_fail() {
         webhook_config("ValidatingWebhookConfiguration", f.url("/deny"), "Fail", 5);
     deny_deletes.data["webhooks"][0]["rules"][0]["operations"] = json!(["DELETE"]);
     validating.create(&pp, &deny_deletes).await.unwrap();
-    let (code, _, message) = status(cms.delete("allowed", &dp).await.unwrap_err());
+    let Status { code, message, .. } = api_status(cms.delete("allowed", &dp).await.unwrap_err());
     assert_eq!(code, 403);
     assert!(message.contains("no configmaps today"), "{message}");
     assert!(cms.get_opt("allowed").await.unwrap().is_some());
@@ -291,7 +292,12 @@ async fn webhooks_allow_deny_mutate_and_fail() {
         )
         .await
         .unwrap();
-    let (code, reason, message) = status(
+    let Status {
+        code,
+        reason,
+        message,
+        ..
+    } = api_status(
         cms.create(&pp, &cm("unreachable", json!({})))
             .await
             .unwrap_err(),
@@ -319,7 +325,7 @@ async fn webhooks_allow_deny_mutate_and_fail() {
         )
         .await
         .unwrap();
-    let (code, _, message) = status(
+    let Status { code, message, .. } = api_status(
         cms.create(&pp, &cm("wrong-ca", json!({})))
             .await
             .unwrap_err(),
@@ -338,7 +344,8 @@ async fn webhooks_allow_deny_mutate_and_fail() {
         .unwrap();
     // /slow would allow the request after 3 s; only timeoutSeconds (1 s) can make it fail, and
     // with kube-apiserver's deadline message.
-    let (code, _, message) = status(cms.create(&pp, &cm("slow", json!({}))).await.unwrap_err());
+    let Status { code, message, .. } =
+        api_status(cms.create(&pp, &cm("slow", json!({}))).await.unwrap_err());
     assert_eq!(code, 500);
     assert!(message.contains("context deadline exceeded"), "{message}");
 }

@@ -1,11 +1,25 @@
-//! A minimal HTTP/1.1 client for the integration tests: enough to send what typed clients refuse
-//! to build (malformed bodies, foreign Host and Origin headers, odd content types).
+//! Helpers shared by the integration tests: a raw HTTP client, and the `Status` of a failed
+//! kube-rs request.
 
 #![allow(dead_code)] // each test binary uses a different part
 
+use std::time::Duration;
+
+use kube::core::Status;
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+/// The `Status` object a request failed with; panics on any other error (a transport failure
+/// is not what these tests expect).
+pub fn api_status(e: kube::Error) -> Status {
+    match e {
+        kube::Error::Api(s) => *s,
+        other => panic!("expected an API error, got {other:?}"),
+    }
+}
+
+/// A minimal HTTP client: enough to send what typed clients refuse to build (malformed bodies,
+/// foreign Host and Origin headers, odd content types) and to read a watch as it is sent.
 pub struct RawHttp {
     /// `host:port` of the server, also the default Host header.
     pub addr: String,
@@ -51,6 +65,26 @@ impl RawHttp {
             "Content-Length: {}\r\nConnection: close\r\n\r\n",
             body.len()
         ));
+        let (code, body) = self.exchange(&head, body).await;
+        (code, serde_json::from_str(&body).unwrap_or(Value::Null))
+    }
+
+    /// GETs a stream (a watch) until the server ends it, within 10 seconds; returns the lines
+    /// of its body that hold JSON objects. HTTP/1.0, so that the body comes unchunked.
+    pub async fn stream_lines(&self, path: &str) -> Vec<String> {
+        let head = format!("GET {path} HTTP/1.0\r\nHost: {}\r\n\r\n", self.addr);
+        let (_, body) = tokio::time::timeout(Duration::from_secs(10), self.exchange(&head, ""))
+            .await
+            .expect("stream ended");
+        body.lines()
+            .filter(|l| l.starts_with('{'))
+            .map(String::from)
+            .collect()
+    }
+
+    /// Sends `head` and `body` on a new connection and reads the response to its end; returns
+    /// the status code and the body.
+    async fn exchange(&self, head: &str, body: &str) -> (u16, String) {
         let mut s = tokio::net::TcpStream::connect(&self.addr).await.unwrap();
         s.write_all(head.as_bytes()).await.unwrap();
         s.write_all(body.as_bytes()).await.unwrap();
@@ -59,6 +93,6 @@ impl RawHttp {
         let text = String::from_utf8_lossy(&out);
         let code: u16 = text[9..12].parse().unwrap();
         let body = text.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
-        (code, serde_json::from_str(body).unwrap_or(Value::Null))
+        (code, body.to_string())
     }
 }

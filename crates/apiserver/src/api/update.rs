@@ -1,0 +1,107 @@
+//! Updates and patches of stored objects (a server-side apply to a missing object creates it).
+
+use serde_json::Value;
+
+use super::ApiState;
+use super::options::{Part, WriteOptions};
+use super::write::{ManagedFields, Target, Written, writer};
+use crate::apply;
+use crate::error::ApiError;
+use crate::meta::{name_of, resource_version_of};
+use crate::patch::{self, PatchType};
+use crate::registry::ResourceDef;
+
+impl ApiState {
+    pub async fn update(
+        &self,
+        def: &ResourceDef,
+        namespace: &str,
+        name: &str,
+        body: Value,
+        part: Part,
+        opts: &WriteOptions,
+    ) -> Result<Written, ApiError> {
+        let (new, warnings) = self.decode(def, namespace, Some(name), body, opts)?;
+        let old = self.get_stored(def, namespace, name)?;
+        check_precondition(def, &old, resource_version_of(&new))?;
+        let target = Target::Replace { old: &old, part };
+        self.write(def, target, new, opts, ManagedFields::Record, warnings)
+            .await
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub async fn patch(
+        &self,
+        def: &ResourceDef,
+        namespace: &str,
+        name: &str,
+        patch_type: PatchType,
+        body: &Value,
+        part: Part,
+        opts: &WriteOptions,
+    ) -> Result<Written, ApiError> {
+        // Retry on a conflict this server caused itself (a concurrent write between our read and
+        // write); a resourceVersion precondition inside the patch is the client's and is honoured.
+        for _ in 0..10 {
+            let old = match self.store.get(&Self::key(def, namespace, name))? {
+                Some(o) => o,
+                None if patch_type == PatchType::Apply && part == Part::Main => {
+                    return self.apply_create(def, namespace, name, body, opts).await;
+                }
+                None => return Err(ApiError::not_found(&def.group, &def.plural, name)),
+            };
+            let served_old = def.served(&old);
+            let (patched, managed_fields) = if patch_type == PatchType::Apply {
+                // The configuration as decoded (unknown fields pruned), in the served form.
+                let (cfg, _) = self.decode(def, namespace, Some(name), body.clone(), opts)?;
+                let mut cfg = def.served(&cfg);
+                if let Some(m) = cfg.get_mut("metadata").and_then(Value::as_object_mut) {
+                    m.remove("namespace");
+                }
+                let merged = apply::apply(
+                    Some(&served_old),
+                    &cfg,
+                    &writer(def, part, opts),
+                    opts.force,
+                    &def.group,
+                    &def.plural,
+                )?;
+                (merged, ManagedFields::Keep)
+            } else {
+                let patched = patch::apply_patch(patch_type, &served_old, body)?;
+                (patched, ManagedFields::Record)
+            };
+            let (new, warnings) = self.decode(def, namespace, Some(name), patched, opts)?;
+            check_precondition(def, &old, resource_version_of(&new))?;
+            let target = Target::Replace { old: &old, part };
+            match self
+                .write(def, target, new, opts, managed_fields, warnings)
+                .await
+            {
+                Err(e)
+                    if e.code == 409
+                        && e.reason == "Conflict"
+                        && !e.message.starts_with("Apply failed") =>
+                {
+                    continue;
+                }
+                result => return result,
+            }
+        }
+        Err(ApiError::conflict(&def.group, &def.plural, name))
+    }
+}
+
+/// The client's resourceVersion precondition: 409 unless `old` is still at `expected`.
+fn check_precondition(
+    def: &ResourceDef,
+    old: &Value,
+    expected: Option<u64>,
+) -> Result<(), ApiError> {
+    match expected {
+        Some(rv) if Some(rv) != resource_version_of(old) => {
+            Err(ApiError::conflict(&def.group, &def.plural, name_of(old)))
+        }
+        _ => Ok(()),
+    }
+}

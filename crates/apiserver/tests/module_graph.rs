@@ -1,0 +1,324 @@
+//! The crate's modules import each other without a circle.
+//!
+//! A circle makes every module in it depend on all the others: none can be read, tested or
+//! moved alone. This test reads `src/` as text, collects the `crate::`, `super::` and `self::`
+//! paths of every file (imports and inline paths, test modules included, comments not), and
+//! fails naming the circles it finds. Modules are compared with their siblings: `api::write`
+//! using `api::options` is an edge between those two, `handlers` using `api::write` an edge
+//! from `handlers` to `api`; a module using its own parent or child is no edge (a parent holds
+//! its children, whose `impl` blocks may name its types).
+//!
+//! Run `cargo test -p caretaker-apiserver --test module_graph -- --nocapture` to see the graph.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+type Module = Vec<String>;
+
+#[test]
+fn no_module_imports_itself_through_others() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let graph = graph(&rust_files(&src));
+    for (from, to) in graph.iter().filter(|(from, _)| !from.is_empty()) {
+        let to: Vec<String> = to.iter().map(|m| m.join("::")).collect();
+        println!("{} -> {}", from.join("::"), to.join(", "));
+    }
+    let circles = circles(&graph);
+    assert!(
+        circles.is_empty(),
+        "modules that import each other in a circle:\n{}",
+        circles.join("\n")
+    );
+}
+
+/// The check itself finds circles: through `use` groups and inline paths, and between
+/// siblings in a folder, but not between a parent and its children.
+#[test]
+fn circles_are_found() {
+    let tree = |files: &[(&str, &str)]| -> BTreeMap<Module, String> {
+        files
+            .iter()
+            .map(|(m, text)| {
+                let module = m.split("::").filter(|s| !s.is_empty()).map(String::from);
+                (module.collect(), text.to_string())
+            })
+            .collect()
+    };
+    let top = tree(&[
+        ("a", "use crate::b::X;"),
+        ("b", "use crate::{c, d::Y};"),
+        ("c", "// crate::d::z()\nfn f() { crate::a::g() }"),
+        ("d", ""),
+    ]);
+    assert_eq!(circles(&graph(&top)), ["a, b, c"]);
+    let nested = tree(&[
+        ("api", "mod x; mod y; pub use x::X;"),
+        ("api::x", "use super::ApiState; use super::y::Y;"),
+        ("api::y", "use super::{ApiState, x::X};"),
+    ]);
+    assert_eq!(circles(&graph(&nested)), ["api::x, api::y"]);
+    let layered = tree(&[
+        ("api", "mod x; mod y; pub use x::X;"),
+        ("api::x", "use super::ApiState; use super::y::Y;"),
+        ("api::y", "use super::ApiState;"),
+    ]);
+    assert!(circles(&graph(&layered)).is_empty());
+}
+
+/// Which module uses which, between siblings (see the header).
+fn graph(files: &BTreeMap<Module, String>) -> BTreeMap<Module, BTreeSet<Module>> {
+    let modules: BTreeSet<Module> = files.keys().cloned().collect();
+    let mut graph: BTreeMap<Module, BTreeSet<Module>> = BTreeMap::new();
+    for (module, text) in files {
+        graph.entry(module.clone()).or_default();
+        for path in paths(&code_only(text)) {
+            let Some(target) = resolve(module, &path, &modules) else {
+                continue;
+            };
+            if let Some((from, to)) = sibling_edge(module, &target) {
+                graph.entry(from).or_default().insert(to);
+            }
+        }
+    }
+    graph
+}
+
+/// The circles in `graph`, each as its modules' names.
+fn circles(graph: &BTreeMap<Module, BTreeSet<Module>>) -> Vec<String> {
+    strongly_connected(graph)
+        .into_iter()
+        .filter(|c| c.len() > 1)
+        .map(|c| {
+            let names: Vec<String> = c.iter().map(|m| m.join("::")).collect();
+            names.join(", ")
+        })
+        .collect()
+}
+
+/// Every `.rs` file below `dir`, by the module it is: `api/mod.rs` is `api`, `api/write.rs`
+/// `api::write`, `lib.rs` the crate root (the empty path).
+fn rust_files(dir: &Path) -> BTreeMap<Module, String> {
+    let mut out = BTreeMap::new();
+    let mut pending = vec![(dir.to_path_buf(), Vec::<String>::new())];
+    while let Some((dir, prefix)) = pending.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            if path.is_dir() {
+                pending.push((path, [prefix.clone(), vec![name]].concat()));
+            } else if let Some(stem) = name.strip_suffix(".rs") {
+                let module = match stem {
+                    "mod" | "lib" | "main" => prefix.clone(),
+                    _ => [prefix.clone(), vec![stem.to_string()]].concat(),
+                };
+                out.insert(module, std::fs::read_to_string(&path).unwrap());
+            }
+        }
+    }
+    out
+}
+
+/// The text without comment lines (doc links such as [`crate::x`] are no imports).
+fn code_only(text: &str) -> String {
+    text.lines()
+        .filter(|l| !l.trim_start().starts_with("//"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Every path that starts at `crate`, `super` or `self`, with `use` groups spread out:
+/// `use crate::{a, b::{c, d}}` gives `crate::a`, `crate::b::c`, `crate::b::d`.
+fn paths(code: &str) -> Vec<Vec<String>> {
+    let chars: Vec<char> = code.chars().collect();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < chars.len() {
+        let starts_word = i == 0 || !is_ident(chars[i - 1]);
+        if starts_word && chars[i].is_alphabetic() {
+            let (word, end) = ident(&chars, i);
+            if matches!(word.as_str(), "crate" | "super" | "self") && at(&chars, end, "::") {
+                let mut p = Parser { chars: &chars, i };
+                p.tree(Vec::new(), &mut out);
+                i = p.i.max(end);
+                continue;
+            }
+            i = end;
+            continue;
+        }
+        i += 1;
+    }
+    out
+}
+
+struct Parser<'a> {
+    chars: &'a [char],
+    i: usize,
+}
+
+impl Parser<'_> {
+    fn skip_space(&mut self) {
+        while self.i < self.chars.len() && self.chars[self.i].is_whitespace() {
+            self.i += 1;
+        }
+    }
+
+    /// One use tree after `prefix`: `a::b`, `a::{..}`, `a::*`.
+    fn tree(&mut self, mut prefix: Vec<String>, out: &mut Vec<Vec<String>>) {
+        loop {
+            self.skip_space();
+            match self.chars.get(self.i) {
+                Some('{') => {
+                    self.i += 1;
+                    loop {
+                        self.skip_space();
+                        match self.chars.get(self.i) {
+                            Some('}') => {
+                                self.i += 1;
+                                return;
+                            }
+                            Some(',') => self.i += 1,
+                            Some(_) => {
+                                let before = self.i;
+                                self.tree(prefix.clone(), out);
+                                if self.i == before {
+                                    self.i += 1;
+                                }
+                            }
+                            None => return,
+                        }
+                    }
+                }
+                Some(c) if c.is_alphabetic() || *c == '_' => {
+                    let (word, end) = ident(self.chars, self.i);
+                    self.i = end;
+                    prefix.push(word);
+                    self.skip_space();
+                    if at(self.chars, self.i, "::") {
+                        self.i += 2;
+                        continue;
+                    }
+                    out.push(prefix);
+                    return;
+                }
+                // `*`, or the end of a path in an expression (`(`, `<`, `;`).
+                _ => {
+                    out.push(prefix);
+                    return;
+                }
+            }
+        }
+    }
+}
+
+fn is_ident(c: char) -> bool {
+    c.is_alphanumeric() || c == '_'
+}
+
+fn ident(chars: &[char], start: usize) -> (String, usize) {
+    let mut end = start;
+    while end < chars.len() && is_ident(chars[end]) {
+        end += 1;
+    }
+    (chars[start..end].iter().collect(), end)
+}
+
+fn at(chars: &[char], i: usize, s: &str) -> bool {
+    s.chars()
+        .enumerate()
+        .all(|(k, c)| chars.get(i + k) == Some(&c))
+}
+
+/// The module a path written in `from` lands in: the longest known module it names.
+fn resolve(from: &Module, path: &[String], modules: &BTreeSet<Module>) -> Option<Module> {
+    let mut base: Module = Vec::new();
+    let mut rest = path;
+    match rest.first().map(String::as_str) {
+        Some("crate") => rest = &rest[1..],
+        Some("self" | "super") => {
+            base = from.clone();
+            while rest.first().map(String::as_str) == Some("self") {
+                rest = &rest[1..];
+            }
+            while rest.first().map(String::as_str) == Some("super") {
+                base.pop()?;
+                rest = &rest[1..];
+            }
+        }
+        _ => return None,
+    }
+    let mut found = base.clone();
+    for segment in rest {
+        let mut next = found.clone();
+        next.push(segment.clone());
+        if !modules.contains(&next) {
+            break;
+        }
+        found = next;
+    }
+    Some(found)
+}
+
+/// The edge a use from `from` to `to` makes between siblings: the children of their closest
+/// common ancestor that hold each. None when one contains the other.
+fn sibling_edge(from: &Module, to: &Module) -> Option<(Module, Module)> {
+    let common = from.iter().zip(to).take_while(|(a, b)| a == b).count();
+    if common == from.len() || common == to.len() {
+        return None;
+    }
+    Some((from[..=common].to_vec(), to[..=common].to_vec()))
+}
+
+/// Tarjan's strongly connected components: each circle of modules comes out as one component.
+fn strongly_connected(graph: &BTreeMap<Module, BTreeSet<Module>>) -> Vec<Vec<Module>> {
+    struct State<'g> {
+        graph: &'g BTreeMap<Module, BTreeSet<Module>>,
+        index: BTreeMap<&'g Module, usize>,
+        low: BTreeMap<&'g Module, usize>,
+        stack: Vec<&'g Module>,
+        on_stack: BTreeSet<&'g Module>,
+        out: Vec<Vec<Module>>,
+    }
+    fn visit<'g>(s: &mut State<'g>, v: &'g Module) {
+        let n = s.index.len();
+        s.index.insert(v, n);
+        s.low.insert(v, n);
+        s.stack.push(v);
+        s.on_stack.insert(v);
+        for w in s.graph.get(v).into_iter().flatten() {
+            if !s.index.contains_key(w) {
+                visit(s, w);
+                let low = s.low[v].min(s.low[w]);
+                s.low.insert(v, low);
+            } else if s.on_stack.contains(w) {
+                let low = s.low[v].min(s.index[w]);
+                s.low.insert(v, low);
+            }
+        }
+        if s.low[v] == s.index[v] {
+            let mut component = Vec::new();
+            while let Some(w) = s.stack.pop() {
+                s.on_stack.remove(w);
+                component.push(w.clone());
+                if w == v {
+                    break;
+                }
+            }
+            component.sort();
+            s.out.push(component);
+        }
+    }
+    let mut s = State {
+        graph,
+        index: BTreeMap::new(),
+        low: BTreeMap::new(),
+        stack: Vec::new(),
+        on_stack: BTreeSet::new(),
+        out: Vec::new(),
+    };
+    for v in graph.keys() {
+        if !s.index.contains_key(v) {
+            visit(&mut s, v);
+        }
+    }
+    s.out
+}
