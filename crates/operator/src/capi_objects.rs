@@ -14,7 +14,8 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{Api, ApiResource, DynamicObject, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
-use crate::{machine, names};
+use crate::machine;
+use crate::names::{self, CLUSTER_NAME_LABEL, CONTROL_PLANE_NAME_LABEL, DEPLOYMENT_NAME_LABEL};
 
 macro_rules! upstream_crd {
     ($file:literal) => {
@@ -47,10 +48,6 @@ pub async fn install_upstream_crds(client: &kube::Client) -> Result<(), kube::Er
     }
     Ok(())
 }
-
-const CLUSTER_NAME_LABEL: &str = "cluster.x-k8s.io/cluster-name";
-const DEPLOYMENT_LABEL: &str = "cluster.x-k8s.io/deployment-name";
-const CONTROL_PLANE_NAME_LABEL: &str = "cluster.x-k8s.io/control-plane-name";
 
 /// Writes one workload cluster's objects: its Cluster, CA Secrets, CK8sControlPlane,
 /// MachineDeployments and Machines, all in one namespace.
@@ -170,7 +167,7 @@ impl ClusterObjects {
                 "metadata": { "name": name },
                 "spec": {
                     "clusterName": self.name,
-                    "selector": { "matchLabels": { DEPLOYMENT_LABEL: name } },
+                    "selector": { "matchLabels": { DEPLOYMENT_NAME_LABEL: name } },
                     "template": self.machine_template(name)
                 }
             }),
@@ -181,7 +178,7 @@ impl ClusterObjects {
     /// The Machine template of a MachineDeployment (or MachineSet) named `deployment`.
     pub fn machine_template(&self, deployment: &str) -> Value {
         json!({
-            "metadata": { "labels": { DEPLOYMENT_LABEL: deployment } },
+            "metadata": { "labels": { DEPLOYMENT_NAME_LABEL: deployment } },
             "spec": {
                 "clusterName": self.name,
                 "bootstrap": { "dataSecretName": format!("{deployment}-bootstrap") },
@@ -209,7 +206,7 @@ impl ClusterObjects {
                     "controller": true, "blockOwnerDeletion": true
                 }]);
             }
-            MachineRole::Worker { deployment } => labels[DEPLOYMENT_LABEL] = json!(deployment),
+            MachineRole::Worker { deployment } => labels[DEPLOYMENT_NAME_LABEL] = json!(deployment),
         }
         let machines = machine::api_resource();
         self.create_object(

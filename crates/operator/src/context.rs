@@ -1,58 +1,27 @@
-//! Shared plumbing of the controllers: the Kubernetes client, the event recorder, settings and
-//! the cluster credentials.
+//! Shared plumbing of the controllers: the Kubernetes client, the event recorder, the work
+//! running in this process and the cluster credentials.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::ObjectReference;
-use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::events::v1::Event as KubeEvent;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::Client;
 use kube::Resource;
-use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
-use serde_json::{Value, json};
+use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 
 use caretaker_agent_api::client::AgentClient;
 
 use crate::Error;
+use crate::Settings;
+use crate::changes::{AnnotationChanges, Event, EventType};
 use crate::machine::MachineView;
+use crate::machine::plan::end_patch;
+use crate::names::Operation;
 
 use crate::credentials::{ClusterCredentials, CredentialStore};
-
-/// Operator settings from the command line.
-#[derive(Debug, Clone)]
-pub struct Settings {
-    /// Port of the agents when a Machine has no `caretaker.dev/agent-endpoint`.
-    pub agent_port: u16,
-    /// Attempts per request before it ends `failed`.
-    pub max_attempts: u32,
-    /// The first retry delay; it doubles per failed attempt.
-    pub retry_base: Duration,
-    /// How long one call to an agent may take.
-    pub agent_timeout: Duration,
-    /// How often a running upgrade's operation is read from its agent (agents cannot notify).
-    pub upgrade_poll: Duration,
-}
-
-impl Default for Settings {
-    fn default() -> Self {
-        Self {
-            agent_port: 9443,
-            max_attempts: 3,
-            retry_base: Duration::from_secs(10),
-            agent_timeout: Duration::from_secs(30),
-            upgrade_poll: Duration::from_secs(2),
-        }
-    }
-}
-
-/// Severity of an event, as `kubectl describe` shows it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EventType {
-    Normal,
-    Warning,
-}
 
 fn time_now() -> time::OffsetDateTime {
     time::OffsetDateTime::now_utc()
@@ -99,18 +68,16 @@ impl Context {
         self.running.lock().expect("running lock").remove(key);
     }
 
-    /// Runs `work` of one capability (`refresh`, `upgrade`) for a Machine unless such work is
-    /// already running in this process. Returns whether it started; when it did not, the
-    /// caller must look again later, since the running work may end without changing the
-    /// Machine.
+    /// Runs `work` of `operation` for a Machine unless such work is already running in this
+    /// process. Returns whether it started.
     #[must_use]
     pub fn spawn_for(
         self: &Arc<Self>,
-        capability: &str,
+        operation: Operation,
         machine: &MachineView,
         work: impl Future<Output = ()> + Send + 'static,
     ) -> bool {
-        let key = work_key(capability, machine);
+        let key = work_key(operation, machine);
         if !self.try_begin(&key) {
             return false;
         }
@@ -122,14 +89,18 @@ impl Context {
         true
     }
 
-    /// How long the Machine's `capability` work has been running in this process (zero when
-    /// none is).
-    pub fn running_for(&self, capability: &str, machine: &MachineView) -> Duration {
+    /// How long the Machine's `operation` work has been running in this process, if it is.
+    pub fn running_for(&self, operation: Operation, machine: &MachineView) -> Option<Duration> {
         self.running
             .lock()
             .expect("running lock")
-            .get(&work_key(capability, machine))
-            .map_or(Duration::ZERO, Instant::elapsed)
+            .get(&work_key(operation, machine))
+            .map(Instant::elapsed)
+    }
+
+    /// The objects of `resource` in `namespace`.
+    pub fn api(&self, namespace: &str, resource: &ApiResource) -> Api<DynamicObject> {
+        Api::namespaced_with(self.client.clone(), namespace, resource)
     }
 
     /// The credentials of the Machine's cluster: its CAs and a client for its agents.
@@ -150,9 +121,12 @@ impl Context {
     /// The Machine's agent: its URL, and a client that accepts only an agent whose serving
     /// certificate names the Machine's node (its node name or one of its addresses).
     pub async fn agent_of(&self, machine: &MachineView) -> Result<MachineAgent, Error> {
+        let no_endpoint = || Error::NoAgentEndpoint {
+            machine: machine.name.clone(),
+        };
         let url = machine
             .agent_url(self.settings.agent_port)
-            .ok_or_else(|| Error::NoAgentEndpoint(machine.name.clone()))?;
+            .ok_or_else(no_endpoint)?;
         let names: Vec<String> = machine
             .node_name
             .iter()
@@ -160,53 +134,44 @@ impl Context {
             .cloned()
             .collect();
         if names.is_empty() {
-            return Err(Error::NoAgentEndpoint(machine.name.clone()));
+            return Err(no_endpoint());
         }
         let client = self.credentials_for(machine).await?.agent_for(&names)?;
         Ok(MachineAgent { url, client })
     }
 
-    /// Merge-patches a Machine's annotations (`null` removes one).
+    /// Merge-patches a Machine's annotations.
     pub async fn patch_annotations(
         &self,
         machine: &MachineView,
-        annotations: BTreeMap<String, Value>,
+        changes: &AnnotationChanges,
     ) -> Result<(), Error> {
-        let api: Api<DynamicObject> = Api::namespaced_with(
-            self.client.clone(),
-            &machine.namespace,
-            &crate::machine::api_resource(),
-        );
-        let body = json!({ "metadata": { "annotations": annotations } });
-        api.patch(&machine.name, &PatchParams::default(), &Patch::Merge(&body))
+        let body = changes.merge_patch(None);
+        self.api(&machine.namespace, &crate::machine::api_resource())
+            .patch(&machine.name, &PatchParams::default(), &Patch::Merge(&body))
             .await?;
         Ok(())
     }
 
     /// Records the end of work the Machine did for trigger value `worked` (see
-    /// [`crate::machine::end_patch`]): reads it fresh and writes `annotations` on that version,
-    /// reading again if it changed meanwhile. `false` when nothing was written: the Machine is
-    /// gone or its trigger now asks for something else.
+    /// [`end_patch`]): reads it fresh and writes `changes` on that version, reading again if it
+    /// changed meanwhile. `false` when nothing was written: the Machine is gone or its trigger
+    /// now asks for something else.
     pub async fn record_end(
         &self,
         machine: &MachineView,
         trigger_key: &str,
         worked: Option<&str>,
-        annotations: BTreeMap<String, Value>,
+        changes: &AnnotationChanges,
     ) -> Result<bool, Error> {
-        let api: Api<DynamicObject> = Api::namespaced_with(
-            self.client.clone(),
-            &machine.namespace,
-            &crate::machine::api_resource(),
-        );
+        let api = self.api(&machine.namespace, &crate::machine::api_resource());
         let mut conflicts = 0;
         loop {
             let Some(object) = api.get_opt(&machine.name).await? else {
                 return Ok(false);
             };
             let fresh = MachineView::from_object(&object);
-            let Some(body) = crate::machine::end_patch(&fresh, trigger_key, worked, &annotations)
-            else {
+            let Some(body) = end_patch(&fresh, trigger_key, worked, changes) else {
                 tracing::info!(machine = %machine.name, "the trigger changed while the work ran; its end is not recorded, the new value starts anew");
                 return Ok(false);
             };
@@ -222,15 +187,9 @@ impl Context {
     }
 
     /// Publishes an event about a Machine.
-    pub async fn machine_event(
-        &self,
-        machine: &DynamicObject,
-        type_: EventType,
-        reason: &str,
-        note: String,
-    ) {
+    pub async fn machine_event(&self, machine: &DynamicObject, event: Event) {
         let reference = machine.object_ref(&crate::machine::api_resource());
-        self.event(&reference, type_, reason, note).await;
+        self.event(&reference, event).await;
     }
 
     /// Publishes an events.k8s.io/v1 Event; a failure to publish is logged, never fatal.
@@ -238,19 +197,18 @@ impl Context {
     /// Every call creates a new Event. kube-rs's `Recorder` folds events with the same reason
     /// into one series that keeps the first note, which would hide, say, the second bad
     /// trigger value; each of these notes matters.
-    pub async fn event(
-        &self,
-        regarding: &ObjectReference,
-        type_: EventType,
-        reason: &str,
-        note: String,
-    ) {
+    pub async fn event(&self, regarding: &ObjectReference, event: Event) {
+        let Event {
+            type_,
+            reason,
+            note,
+        } = event;
         let namespace = regarding
             .namespace
             .clone()
             .unwrap_or_else(|| "default".into());
         let now = time_now();
-        let event = Event {
+        let event = KubeEvent {
             metadata: ObjectMeta {
                 name: Some(format!(
                     "{}.{:x}",
@@ -274,14 +232,19 @@ impl Context {
             reporting_instance: Some(self.reporting_instance.clone()),
             ..Default::default()
         };
-        let events: Api<Event> = Api::namespaced(self.client.clone(), &namespace);
+        let events: Api<KubeEvent> = Api::namespaced(self.client.clone(), &namespace);
         if let Err(e) = events.create(&PostParams::default(), &event).await {
             tracing::warn!(reason, error = %e, "cannot publish an event");
         }
     }
 }
 
-/// Names one capability's work for one Machine.
-fn work_key(capability: &str, machine: &MachineView) -> String {
-    format!("{capability}:{}/{}", machine.namespace, machine.name)
+/// Names one operation's work for one Machine.
+fn work_key(operation: Operation, machine: &MachineView) -> String {
+    format!(
+        "{}:{}/{}",
+        operation.names().work,
+        machine.namespace,
+        machine.name
+    )
 }

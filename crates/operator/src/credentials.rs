@@ -49,8 +49,7 @@ impl ClusterCredentials {
     /// A client for the agent of the node named `names` (its node name and addresses): it
     /// refuses, in the TLS handshake, an agent whose serving certificate names none of them.
     pub fn agent_for(&self, names: &[String]) -> Result<AgentClient, Error> {
-        AgentClient::for_node(&self.client, names, self.agent_timeout)
-            .map_err(|e| Error::Internal(format!("cannot make the agent client: {e}")))
+        AgentClient::for_node(&self.client, names, self.agent_timeout).map_err(Error::AgentClient)
     }
 
     fn needs_renewal(&self, now: OffsetDateTime) -> bool {
@@ -185,15 +184,15 @@ async fn load(
     let lifetime = Ttl::from_duration(CLIENT_CERTIFICATE_LIFETIME).expect("a valid lifetime");
     let issued = cluster_ca
         .issue(&LeafSpec::new(OPERATOR_CLIENT_NAME, Usage::Client).with_validity(lifetime))
-        .map_err(|e| {
-            Error::Internal(format!(
-                "cannot mint the operator's client certificate: {e}"
-            ))
+        .map_err(|e| Error::OperatorCertificate {
+            reason: e.to_string(),
         })?;
     let key = issued.key.as_ref().expect("issue() returns a key").to_pem();
     let client =
         ClientIdentity::from_pem(&cluster_ca.certificate_pem(), &issued.certificate_pem, &key)
-            .map_err(|e| Error::Internal(e.to_string()))?;
+            .map_err(|e| Error::OperatorCertificate {
+                reason: e.to_string(),
+            })?;
     let info = issued.info();
     Ok(ClusterCredentials {
         client_not_before: info.not_before,

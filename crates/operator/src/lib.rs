@@ -1,10 +1,15 @@
-//! caretaker's controllers. Decisions are pure functions from observed state to the next step
-//! ([`machine::refresh`], [`signing`]); the kube-rs glue that observes and carries them out lives
-//! in [`controllers`], one module per controller, with shared plumbing in [`context`] and
-//! [`credentials`]. [`capi_objects`] writes the Cluster API objects that the demo, tests and
-//! benchmarks need where no Cluster API controllers run.
+//! caretaker's controllers. Decisions are pure functions from observed state to a plan of
+//! actions, tested without Kubernetes: a Machine's refresh and upgrade ([`machine::refresh`],
+//! [`machine::upgrade`], their common pieces in [`machine::plan`]), cluster-wide rollouts
+//! ([`rollout`], a pass over a parent in [`rollout::parent`]) and what may be signed
+//! ([`signing`]). Plans are made of [`changes`] (annotations to write, events to publish) and
+//! [`schedule::Next`]; every name users see is in [`names`]. The kube-rs glue that observes and
+//! applies lives in [`controllers`], one module per controller, with shared plumbing in
+//! [`context`] and [`credentials`]. [`capi_objects`] writes the Cluster API objects that the
+//! demo, tests and benchmarks need where no Cluster API controllers run.
 
 pub mod capi_objects;
+pub mod changes;
 pub mod context;
 pub mod controllers;
 pub mod credentials;
@@ -12,7 +17,11 @@ mod error;
 pub mod machine;
 pub mod names;
 pub mod rollout;
+pub mod schedule;
+mod settings;
 pub mod signing;
+pub mod timestamp;
 
-pub use context::{Context, Settings};
+pub use context::Context;
 pub use error::Error;
+pub use settings::Settings;

@@ -19,14 +19,6 @@ pub const EVENT_REFRESH_FAILED: &str = "CertificatesRefreshFailed";
 /// caretaker's own: the agent URL, overriding `https://<address>:<agent-port>`.
 pub const AGENT_ENDPOINT: &str = "caretaker.dev/agent-endpoint";
 
-/// The annotations a capability keeps its retry state in.
-#[derive(Debug, Clone, Copy)]
-pub struct RetryKeys {
-    pub attempts: &'static str,
-    pub retry_at: &'static str,
-    pub last_error: &'static str,
-}
-
 /// Bookkeeping of a refresh in progress, so a restarted operator resumes it.
 pub mod refresh_state {
     /// The trigger value this request is for.
@@ -44,16 +36,16 @@ pub mod refresh_state {
     pub const PLAN: &str = "caretaker.dev/refresh-plan";
 
     pub const ALL: [&str; 6] = [TRIGGER, STARTED_AT, ATTEMPTS, RETRY_AT, LAST_ERROR, PLAN];
-
-    pub const RETRY: super::RetryKeys = super::RetryKeys {
-        attempts: ATTEMPTS,
-        retry_at: RETRY_AT,
-        last_error: LAST_ERROR,
-    };
 }
 
 /// The label Cluster API puts on control-plane Machines.
 pub const CONTROL_PLANE_LABEL: &str = "cluster.x-k8s.io/control-plane";
+/// The label Cluster API puts on a MachineDeployment's Machines: the deployment's name.
+pub const DEPLOYMENT_NAME_LABEL: &str = "cluster.x-k8s.io/deployment-name";
+/// The label the control-plane provider puts on its Machines: the control plane's name.
+pub const CONTROL_PLANE_NAME_LABEL: &str = "cluster.x-k8s.io/control-plane-name";
+/// The label Cluster API puts on a cluster's objects: the Cluster's name.
+pub const CLUSTER_NAME_LABEL: &str = "cluster.x-k8s.io/cluster-name";
 
 /// Trigger: the release option (`channel=…`, `revision=…`, `localPath=…`).
 pub const IN_PLACE_UPGRADE_TO: &str = "v1beta2.k8sd.io/in-place-upgrade-to";
@@ -93,12 +85,6 @@ pub mod upgrade_state {
     pub const ALL: [&str; 6] = [
         TRIGGER, REQUEST_ID, STARTED_AT, ATTEMPTS, RETRY_AT, LAST_ERROR,
     ];
-
-    pub const RETRY: super::RetryKeys = super::RetryKeys {
-        attempts: ATTEMPTS,
-        retry_at: RETRY_AT,
-        last_error: LAST_ERROR,
-    };
 }
 
 /// Cluster-wide rollouts: events on the parent (proposal 004 names for certificates).
@@ -129,3 +115,131 @@ pub mod rollout_state {
     /// A malformed auto-refresh value already reported, so it is reported once.
     pub const AUTO_REFRESH_REPORTED: &str = "caretaker.dev/auto-refresh-reported";
 }
+
+/// The two operations a trigger asks for, on a Machine or on a rollout's parent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operation {
+    RefreshCertificates,
+    InPlaceUpgrade,
+}
+
+impl Operation {
+    pub const ALL: [Operation; 2] = [Operation::RefreshCertificates, Operation::InPlaceUpgrade];
+
+    /// The names this operation reads and writes.
+    pub fn names(self) -> &'static OperationNames {
+        match self {
+            Operation::RefreshCertificates => &REFRESH,
+            Operation::InPlaceUpgrade => &UPGRADE,
+        }
+    }
+}
+
+/// Everything that tells the two operations apart by name: one row per operation, so code
+/// that serves both reads the row instead of matching on the operation for each name.
+#[derive(Debug)]
+pub struct OperationNames {
+    /// The trigger, on Machines and parents.
+    pub trigger: &'static str,
+    /// `in-progress`, `done`, `failed` (and `cancelled`), on Machines and parents.
+    pub status: &'static str,
+    /// Where a parent whose upgrade is done records the release it reached.
+    pub release: Option<&'static str>,
+    /// When a Machine's last attempt failed (upstream records it for upgrades only).
+    pub last_failed_attempt_at: Option<&'static str>,
+    /// The event on a Machine whose request failed (the other Machine events are each
+    /// capability's own).
+    pub machine_failed_event: &'static str,
+    /// The request id of a rollout, on its parent and on every Machine it touched.
+    pub rollout_request: &'static str,
+    /// The trigger value the parent's request is for.
+    pub rollout_trigger: &'static str,
+    /// Names this operation's work running in the operator process.
+    pub work: &'static str,
+    pub rollout_events: RolloutEvents,
+    /// A Machine's bookkeeping of its request.
+    pub state: RequestBookkeeping,
+}
+
+/// Event reasons on a rollout's parent.
+#[derive(Debug)]
+pub struct RolloutEvents {
+    /// A request started, or waits (for nodes, for healthy agents, for running work after a
+    /// failure).
+    pub in_progress: &'static str,
+    /// Every covered Machine is done.
+    pub done: &'static str,
+    /// A Machine failed, or the trigger value is unusable.
+    pub failed: &'static str,
+    /// The trigger was removed and running work has finished.
+    pub cancelled: &'static str,
+}
+
+/// The annotations a Machine keeps its request's bookkeeping in ([`refresh_state`],
+/// [`upgrade_state`]).
+#[derive(Debug)]
+pub struct RequestBookkeeping {
+    /// All of them, removed when a request starts or ends.
+    pub all: &'static [&'static str],
+    /// The trigger value the request is for.
+    pub trigger: &'static str,
+    /// When it was marked in progress.
+    pub started_at: &'static str,
+    /// Failed attempts so far.
+    pub attempts: &'static str,
+    /// No attempt before this time.
+    pub retry_at: &'static str,
+    /// The last error, or what the request waits for.
+    pub last_error: &'static str,
+}
+
+pub const REFRESH: OperationNames = OperationNames {
+    trigger: REFRESH_CERTIFICATES,
+    status: REFRESH_CERTIFICATES_STATUS,
+    release: None,
+    last_failed_attempt_at: None,
+    machine_failed_event: EVENT_REFRESH_FAILED,
+    rollout_request: rollout_state::REFRESH_REQUEST,
+    rollout_trigger: rollout_state::REFRESH_TRIGGER,
+    work: "refresh",
+    rollout_events: RolloutEvents {
+        in_progress: EVENT_REFRESH_CERTS_IN_PROGRESS,
+        done: EVENT_REFRESH_CERTS_DONE,
+        failed: EVENT_REFRESH_CERTS_FAILED,
+        cancelled: EVENT_REFRESH_CERTS_CANCELLED,
+    },
+    state: RequestBookkeeping {
+        all: &refresh_state::ALL,
+        trigger: refresh_state::TRIGGER,
+        started_at: refresh_state::STARTED_AT,
+        attempts: refresh_state::ATTEMPTS,
+        retry_at: refresh_state::RETRY_AT,
+        last_error: refresh_state::LAST_ERROR,
+    },
+};
+
+pub const UPGRADE: OperationNames = OperationNames {
+    trigger: IN_PLACE_UPGRADE_TO,
+    status: IN_PLACE_UPGRADE_STATUS,
+    release: Some(IN_PLACE_UPGRADE_RELEASE),
+    last_failed_attempt_at: Some(IN_PLACE_UPGRADE_LAST_FAILED_ATTEMPT_AT),
+    machine_failed_event: EVENT_UPGRADE_FAILED,
+    rollout_request: rollout_state::UPGRADE_REQUEST,
+    rollout_trigger: rollout_state::UPGRADE_TRIGGER,
+    work: "upgrade",
+    // Upstream names the parent's upgrade events as the Machine's.
+    rollout_events: RolloutEvents {
+        in_progress: EVENT_UPGRADE_IN_PROGRESS,
+        done: EVENT_UPGRADE_DONE,
+        failed: EVENT_UPGRADE_FAILED,
+        cancelled: EVENT_UPGRADE_CANCELLED,
+    },
+    state: RequestBookkeeping {
+        all: &upgrade_state::ALL,
+        trigger: upgrade_state::TRIGGER,
+        started_at: upgrade_state::STARTED_AT,
+        attempts: upgrade_state::ATTEMPTS,
+        retry_at: upgrade_state::RETRY_AT,
+        last_error: upgrade_state::LAST_ERROR,
+    },
+};

@@ -7,7 +7,13 @@
 //! control-plane Machine has a node and a healthy agent; then workers, `max_parallel` at a time
 //! and no more of one MachineDeployment than its own limit;
 //! the first failure stops the rollout and it ends `failed` once running work has finished; a
-//! cancelled request starts nothing new and ends once running work has finished; Machines being deleted are skipped; Machines without a node wait.
+//! cancelled request starts nothing new and ends once running work has finished; Machines
+//! being deleted are skipped; Machines without a node wait.
+//!
+//! [`parent`] holds the rest of a pass over a parent: from its annotations to a
+//! [`parent::ParentStep`], and from a plan to the changes that carry it out.
+
+pub mod parent;
 
 use std::collections::BTreeMap;
 
@@ -88,6 +94,19 @@ pub enum Waiting {
     ForControlPlaneHealth(Vec<String>),
 }
 
+impl Waiting {
+    /// In words, for the parent's `caretaker.dev/rollout-waiting` and its event.
+    pub fn describe(&self) -> String {
+        match self {
+            Waiting::ForNodes(names) => format!("waiting for {} to get a node", names.join(", ")),
+            Waiting::ForControlPlaneHealth(names) => format!(
+                "waiting: control-plane Machines {} have no node or no healthy agent",
+                names.join(", ")
+            ),
+        }
+    }
+}
+
 /// The decision for one pass.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RolloutPlan {
@@ -119,6 +138,31 @@ pub enum RolloutPlan {
 }
 
 impl RolloutPlan {
+    /// How the rollout stands.
+    pub fn progress(&self) -> Progress {
+        match self {
+            RolloutPlan::Continue { progress, .. }
+            | RolloutPlan::Done { progress }
+            | RolloutPlan::Failed { progress, .. }
+            | RolloutPlan::Stopping { progress, .. }
+            | RolloutPlan::Cancelled { progress } => *progress,
+        }
+    }
+
+    /// Whether the plan starts a control-plane Machine of `input`: only that step is gated on
+    /// the health of the control plane's agents.
+    pub fn starts_control_plane(&self, input: &RolloutInput) -> bool {
+        let RolloutPlan::Continue { start, .. } = self else {
+            return false;
+        };
+        start.iter().any(|name| {
+            input
+                .machines
+                .iter()
+                .any(|m| &m.name == name && m.role == Role::ControlPlane)
+        })
+    }
+
     /// Decides the next step of a rollout.
     pub fn decide(input: &RolloutInput) -> RolloutPlan {
         let mut machines: Vec<&MachineObservation> = input.machines.iter().collect();
@@ -530,7 +574,7 @@ mod tests {
         );
     }
 
-    fn arbitrary_machine() -> impl Strategy<Value = MachineObservation> {
+    pub(super) fn arbitrary_machine() -> impl Strategy<Value = MachineObservation> {
         (
             0u8..6,
             // Mostly workers with few failures, so that max-parallel and a MachineDeployment's
@@ -612,9 +656,7 @@ mod tests {
                 }
             }
             let covered: Vec<&MachineObservation> = machines.iter().filter(|m| !(m.being_deleted && m.progress == Untouched)).collect();
-            let progress = match &plan {
-                RolloutPlan::Continue { progress, .. } | RolloutPlan::Done { progress } | RolloutPlan::Failed { progress, .. } | RolloutPlan::Stopping { progress, .. } | RolloutPlan::Cancelled { progress } => *progress,
-            };
+            let progress = plan.progress();
             prop_assert_eq!(progress.total, covered.len(), "covered Machines counted");
             prop_assert_eq!(progress.total + progress.skipped, machines.len(), "every Machine counted once");
             prop_assert_eq!(progress.done, covered.iter().filter(|m| m.progress == Done).count());

@@ -10,8 +10,9 @@
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
-use caretaker_agent_api::kubeadm::SigningCa;
-use caretaker_agent_api::kubeadm::{APISERVER_DNS_NAMES, APISERVER_SERVICE_IP, NodeRole};
+use caretaker_agent_api::kubeadm::{
+    APISERVER_DNS_NAMES, APISERVER_SERVICE_IP, NodeRole, SigningCa,
+};
 use caretaker_agent_api::refresh::PlannedCertificate;
 use caretaker_pki::{CertificateRequest, Refusal, SigningPolicy, Usage};
 

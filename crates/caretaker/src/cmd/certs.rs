@@ -3,8 +3,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use caretaker_agent::NodeLayout;
-use caretaker_agent::offline;
+use caretaker_agent::{NodeLayout, offline};
 use caretaker_agent_api::kubeadm::SLOTS;
 use clap::{Args, Subcommand};
 

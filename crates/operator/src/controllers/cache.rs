@@ -133,9 +133,11 @@ impl Caches {
     /// would read as a rollout with no Machines, and so as done.
     pub async fn wait_until_ready(&self) -> Result<(), Error> {
         for ready in &self.ready {
-            ready.clone().wait_for(|ready| *ready).await.map_err(|_| {
-                Error::Internal("a watch cache of the rollout controllers stopped".into())
-            })?;
+            ready
+                .clone()
+                .wait_for(|ready| *ready)
+                .await
+                .map_err(|_| Error::CacheStopped)?;
         }
         Ok(())
     }

@@ -1,18 +1,29 @@
-//! The Machine controller: one watch on Cluster API Machines, each reconcile dispatching to the
-//! per-Machine capabilities.
+//! The Machine controller: one watch on Cluster API Machines, each reconcile making one `pass`
+//! of each per-Machine capability: observe the Machine, decide with the capability's pure
+//! `plan` ([`refresh::plan`], [`upgrade::plan`]), record the plan's update and start its work.
+//! The work, calls to the node, is the capability's own (`machine_refresh::run`,
+//! `machine_upgrade::run`) and records its end through `MachineHandle::record`.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::StreamExt;
 use kube::api::DynamicObject;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::Store;
+use time::OffsetDateTime;
 
 use super::cache::MachineChanges;
-use super::{Next, machine_refresh, machine_upgrade};
-use crate::Error;
+use super::{machine_refresh, machine_upgrade};
 use crate::context::Context;
-use crate::machine::{self, MachineView};
+use crate::machine::plan::{MachinePlan, MachineUpdate, Observed, Write};
+use crate::machine::{self, MachineView, refresh, upgrade};
+use crate::names::Operation;
+use crate::schedule::{Next, busy_retry};
+use crate::{Error, Settings};
+
+const REFRESH: Operation = Operation::RefreshCertificates;
+const UPGRADE: Operation = Operation::InPlaceUpgrade;
 
 /// Runs the controller over the shared Machine cache until its stream of changes ends.
 pub async fn run(ctx: Arc<Context>, machines: Store<DynamicObject>, changes: MachineChanges) {
@@ -28,15 +39,92 @@ pub async fn run(ctx: Arc<Context>, machines: Store<DynamicObject>, changes: Mac
 
 async fn reconcile(object: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Action, Error> {
     let view = MachineView::from_object(&object);
-    let refresh = machine_refresh::reconcile(&object, &view, &ctx).await?;
-    let upgrade = machine_upgrade::reconcile(&object, &view, &ctx).await?;
-    Ok(match refresh.sooner(upgrade) {
-        Next::AwaitChange => Action::await_change(),
-        Next::After(wait) => Action::requeue(wait),
-    })
+    let machine = MachineHandle { ctx, object, view };
+    let refresh = pass(&machine, REFRESH, refresh::plan, machine_refresh::run).await?;
+    let upgrade = pass(&machine, UPGRADE, upgrade::plan, machine_upgrade::run).await?;
+    Ok(refresh.sooner(upgrade).into())
 }
 
 fn error_policy(_machine: Arc<DynamicObject>, error: &Error, ctx: Arc<Context>) -> Action {
-    tracing::warn!(error = %error, category = error.metric_label(), "machine reconcile failed");
-    Action::requeue(ctx.settings.retry_base)
+    super::requeue_after("machine", error, &ctx)
+}
+
+/// One pass of `operation` over a Machine: observe it, decide with `plan` (pure), and carry
+/// the plan out: record its update, then start its work in the background (`run` does it).
+async fn pass<W, F>(
+    machine: &MachineHandle,
+    operation: Operation,
+    plan: fn(&Observed, &Settings) -> MachinePlan<W>,
+    run: impl FnOnce(MachineHandle, W) -> F,
+) -> Result<Next, Error>
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    let ctx = &machine.ctx;
+    let seen = Observed {
+        machine: &machine.view,
+        now: OffsetDateTime::now_utc(),
+        running: ctx.running_for(operation, &machine.view),
+    };
+    let plan = plan(&seen, &ctx.settings);
+    machine.record(plan.update).await?;
+    if let Some(work) = plan.work
+        && !ctx.spawn_for(operation, &machine.view, run(machine.clone(), work))
+    {
+        // The plan saw none running and a Machine's reconciles never overlap, so this work
+        // started in between: look again soon.
+        return Ok(Next::After(busy_retry(Duration::ZERO)));
+    }
+    Ok(plan.next)
+}
+
+/// A Machine as a pass saw it, and the context to act on it; cheap to clone into the work a
+/// pass starts.
+#[derive(Clone)]
+pub(super) struct MachineHandle {
+    pub ctx: Arc<Context>,
+    pub object: Arc<DynamicObject>,
+    pub view: MachineView,
+}
+
+impl MachineHandle {
+    /// Writes an update on the Machine, then publishes its event if the write was recorded.
+    pub async fn record(&self, update: MachineUpdate) -> Result<(), Error> {
+        let (ctx, view) = (&self.ctx, &self.view);
+        let recorded = match &update.write {
+            None => true,
+            Some(Write::Patch(changes)) => {
+                ctx.patch_annotations(view, changes).await?;
+                true
+            }
+            Some(Write::End {
+                trigger,
+                worked,
+                changes,
+            }) => {
+                ctx.record_end(view, trigger, worked.as_deref(), changes)
+                    .await?
+            }
+        };
+        if recorded && let Some(event) = update.event {
+            ctx.machine_event(&self.object, event).await;
+        }
+        Ok(())
+    }
+}
+
+/// Logs why a call to a node failed; what follows (a wait, a retry, the end) is recorded on the
+/// Machine.
+pub(super) fn log_failed_call(
+    operation: Operation,
+    view: &MachineView,
+    attempt: u32,
+    error: &Error,
+) {
+    let work = operation.names().work;
+    if matches!(error, Error::Agent(e) if e.is_busy()) {
+        tracing::info!(machine = %view.name, work, reason = %error, "the agent is busy; waiting");
+    } else {
+        tracing::warn!(machine = %view.name, work, attempt, error = %error, "a call to the node failed");
+    }
 }

@@ -1,6 +1,7 @@
 //! What the controllers need to know about a Cluster API Machine, read from the object as the
 //! real CRD serves it (cluster.x-k8s.io/v1beta2).
 
+pub mod plan;
 pub mod refresh;
 pub mod upgrade;
 
@@ -118,29 +119,6 @@ impl MachineView {
     }
 }
 
-/// The merge patch that records the end (done or failed) of work a Machine did for trigger
-/// value `worked` (`None`: it had none), written on exactly the version `fresh` was read at; or
-/// nothing, when the trigger has since been set to another value. Work takes time: meanwhile a
-/// rollout may start the Machine for a new request with a new value, and writing this end
-/// then would remove (or fail) that request's trigger as if its work were done. The new value
-/// is left to start its own work. A trigger removed meanwhile does not stop the end from being
-/// recorded: the work did end.
-pub fn end_patch(
-    fresh: &MachineView,
-    trigger_key: &str,
-    worked: Option<&str>,
-    changes: &BTreeMap<String, Value>,
-) -> Option<Value> {
-    let current = fresh.annotation(trigger_key);
-    if current.is_some() && current != worked {
-        return None;
-    }
-    Some(serde_json::json!({ "metadata": {
-        "resourceVersion": fresh.resource_version,
-        "annotations": changes,
-    } }))
-}
-
 /// A reference to an object by group, kind and name (a Cluster's `spec.controlPlaneRef`, a
 /// Machine's controller).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -202,26 +180,6 @@ pub(crate) fn test_machine(annotations: &[(&str, &str)]) -> MachineView {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_end_of_work_is_recorded_only_while_the_trigger_is_the_one_worked_on() {
-        let key = crate::names::REFRESH_CERTIFICATES;
-        let changes = BTreeMap::from([(key.to_string(), Value::Null)]);
-        let mut fresh = test_machine(&[(key, "1y")]);
-        fresh.resource_version = Some("42".into());
-        let body = end_patch(&fresh, key, Some("1y"), &changes).expect("same trigger");
-        assert_eq!(
-            body["metadata"]["resourceVersion"], "42",
-            "on the version read"
-        );
-        assert_eq!(body["metadata"]["annotations"][key], Value::Null);
-        // A new request set another value meanwhile: its trigger stays, its work starts anew.
-        assert_eq!(end_patch(&fresh, key, Some("90d"), &changes), None);
-        assert_eq!(end_patch(&fresh, key, None, &changes), None);
-        // The trigger was removed meanwhile: the work still ended.
-        let removed = test_machine(&[]);
-        assert!(end_patch(&removed, key, Some("1y"), &changes).is_some());
-    }
 
     #[test]
     fn the_agent_url_is_the_annotation_or_the_first_address_on_the_agent_port() {

@@ -1,12 +1,31 @@
-//! The per-Machine certificate refresh, as a pure decision from a Machine's annotations to the
-//! next step. The controller carries the step out; nothing here talks to anything.
+//! The per-Machine certificate refresh, as pure decisions: [`decide`] reads where a Machine's
+//! request stands, [`plan`] turns that into one pass's [`MachinePlan`], and [`after_attempt`]
+//! into what an attempt's end records. The controller observes, talks to the node and applies
+//! them; nothing here talks to anything.
 
+use std::time::Duration;
+
+use caretaker_agent_api::refresh::ApplyOutcome;
 use caretaker_pki::Ttl;
 use time::OffsetDateTime;
-use time::format_description::well_known::Rfc3339;
 
 use super::MachineView;
-use crate::names::{self, refresh_state};
+use super::plan::{
+    MachinePlan, MachineUpdate, Observed, after_error, busy_wait, done, end_failed, forget_ended,
+    started,
+};
+use crate::changes::{AnnotationChanges, Event};
+use crate::names::{self, Operation, refresh_state};
+use crate::schedule::Next;
+/// Where the binary and the tests have always found it.
+pub use crate::timestamp::format_time;
+use crate::timestamp::parse_time;
+use crate::{Error, Settings};
+
+const REFRESH: Operation = Operation::RefreshCertificates;
+
+/// How often an unreadable expiry is tried again, at least.
+const OBSERVE_RETRY: Duration = Duration::from_secs(60);
 
 /// The next thing to do for one Machine.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,15 +53,141 @@ pub enum RefreshStep {
     ForgetEndedRequest,
 }
 
-pub fn parse_time(value: Option<&str>) -> Option<OffsetDateTime> {
-    OffsetDateTime::parse(value?, &Rfc3339).ok()
+/// Work the controller runs in the background for a refresh.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RefreshWork {
+    /// Read the earliest expiry of the node's certificates from its agent.
+    ObserveExpiry,
+    /// Make the attempt the Machine is at, decided again on a fresh read of it.
+    Attempt,
 }
 
-pub fn format_time(t: OffsetDateTime) -> String {
-    t.replace_nanosecond(0)
-        .unwrap_or(t)
-        .format(&Rfc3339)
-        .unwrap_or_else(|_| t.to_string())
+/// One pass of the refresh of the observed Machine, its steps in the order a request takes
+/// them.
+pub fn plan(seen: &Observed, settings: &Settings) -> MachinePlan<RefreshWork> {
+    let (machine, now, running) = (seen.machine, seen.now, seen.running);
+    match decide(machine, now) {
+        // The first attempt starts now rather than one watch round trip later.
+        RefreshStep::Start { trigger } => {
+            let note = format!(
+                "refreshing certificates of Machine {} with TTL {trigger}",
+                machine.name
+            );
+            let update = MachineUpdate::patch(started(REFRESH, &trigger, now))
+                .telling(Event::normal(names::EVENT_REFRESH_IN_PROGRESS, note));
+            MachinePlan::await_work(RefreshWork::Attempt, running).after(update)
+        }
+        RefreshStep::Attempt { .. } => MachinePlan::await_work(RefreshWork::Attempt, running),
+        // A success patches the Machine (and so wakes the controller); a failure does not.
+        RefreshStep::ObserveExpiry => MachinePlan::await_work(RefreshWork::ObserveExpiry, running)
+            .within(settings.retry_base.max(OBSERVE_RETRY)),
+        RefreshStep::Reject { trigger, reason } => {
+            MachinePlan::record(end_failed(REFRESH, &trigger, &reason, now))
+        }
+        RefreshStep::ForgetEndedRequest => MachinePlan::record(forget_ended(REFRESH)),
+        RefreshStep::Backoff { until } => MachinePlan::wait(Next::at(until, now)),
+        RefreshStep::Idle | RefreshStep::WaitForNode => MachinePlan::wait(Next::AwaitChange),
+    }
+}
+
+/// What an attempt achieved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refreshed {
+    /// New certificates are in place: their earliest expiry and a note for the event.
+    Done {
+        expiry: OffsetDateTime,
+        note: String,
+    },
+    /// The node is still applying this request's plan: wait for it, never apply again.
+    AgentBusy(String),
+}
+
+impl Refreshed {
+    /// The node applied the plan.
+    pub fn applied(machine: &str, outcome: &ApplyOutcome) -> Self {
+        let restart = match &outcome.restart {
+            None => String::new(),
+            Some(hook) if hook.success => "; restart hook succeeded".into(),
+            Some(hook) => format!(
+                "; the restart hook FAILED (exit code {}, output: {}); the new certificates stay, old ones are backed up in {}",
+                hook.exit_code.map_or("none".into(), |c| c.to_string()),
+                hook.output_tail,
+                outcome.backup_dir.display()
+            ),
+        };
+        let note = format!(
+            "refreshed {} certificates of Machine {machine}; they expire at {}{restart}",
+            outcome.applied.len(),
+            format_time(outcome.earliest_not_after)
+        );
+        Refreshed::Done {
+            expiry: outcome.earliest_not_after,
+            note,
+        }
+    }
+
+    /// An earlier attempt's plan was applied; only its recording was lost.
+    pub fn applied_earlier(machine: &str, outcome: &ApplyOutcome) -> Self {
+        let note = format!(
+            "certificates of Machine {machine} were refreshed by an earlier attempt; they expire at {}",
+            format_time(outcome.earliest_not_after)
+        );
+        Refreshed::Done {
+            expiry: outcome.earliest_not_after,
+            note,
+        }
+    }
+}
+
+/// What to record once attempt number `attempt` of `machine`'s request ended with `outcome`.
+pub fn after_attempt(
+    machine: &MachineView,
+    attempt: u32,
+    outcome: Result<Refreshed, Error>,
+    now: OffsetDateTime,
+    settings: &Settings,
+) -> MachineUpdate {
+    match outcome {
+        Ok(Refreshed::Done { expiry, note }) => {
+            let mut changes = done(REFRESH);
+            changes.set(names::CERTIFICATES_EXPIRY, format_time(expiry));
+            let worked = machine.annotation(names::REFRESH_CERTIFICATES);
+            MachineUpdate::end(REFRESH, worked, changes)
+                .telling(Event::normal(names::EVENT_REFRESH_DONE, note))
+        }
+        Ok(Refreshed::AgentBusy(why)) => busy_wait(REFRESH, machine, &why, now),
+        Err(e) => after_error(REFRESH, machine, attempt, &e, now, settings),
+    }
+}
+
+/// The earliest expiry read from the node, recorded (a node without certificates records
+/// nothing).
+pub fn expiry_observed(expiry: Option<OffsetDateTime>) -> MachineUpdate {
+    let Some(expiry) = expiry else {
+        return MachineUpdate::default();
+    };
+    let mut changes = AnnotationChanges::default();
+    changes.set(names::CERTIFICATES_EXPIRY, format_time(expiry));
+    MachineUpdate::patch(changes)
+}
+
+/// Whether certificates valid for `ttl` from `now` can be signed by a CA valid until
+/// `ca_not_after`; checked before anything is sent to the node.
+pub fn check_ttl(
+    ttl: &Ttl,
+    now: OffsetDateTime,
+    ca_not_after: OffsetDateTime,
+) -> Result<(), Error> {
+    let wanted = ttl
+        .expires_at(now)
+        .ok_or(Error::TtlOutOfRange { ttl: *ttl })?;
+    if wanted > ca_not_after {
+        return Err(Error::TtlBeyondCa {
+            ttl: *ttl,
+            ca_expiry: format_time(ca_not_after),
+        });
+    }
+    Ok(())
 }
 
 /// Decides the next step for `machine` at `now`.
@@ -107,18 +252,6 @@ pub fn decide(machine: &MachineView, now: OffsetDateTime) -> RefreshStep {
         _ => RefreshStep::Start {
             trigger: trigger.to_string(),
         },
-    }
-}
-
-/// When the attempt after `failed` failures may run: `base`, doubling per failure, rounded up
-/// to a whole second, since the annotation that records it holds whole seconds: truncating
-/// would cut up to a second off the backoff.
-pub fn retry_at(now: OffsetDateTime, base: std::time::Duration, failed: u32) -> OffsetDateTime {
-    let factor = 2u32.saturating_pow(failed.saturating_sub(1).min(16));
-    let at = now + base.saturating_mul(factor);
-    match at.nanosecond() {
-        0 => at,
-        _ => at.replace_nanosecond(0).unwrap_or(at) + time::Duration::SECOND,
     }
 }
 
@@ -285,18 +418,162 @@ mod tests {
         assert_eq!(decide(&leaving, NOW), RefreshStep::Idle);
     }
 
+    /// One pass at `NOW`, with default settings.
+    fn pass(m: &MachineView, running: Option<Duration>) -> MachinePlan<RefreshWork> {
+        let seen = Observed {
+            machine: m,
+            now: NOW,
+            running,
+        };
+        plan(&seen, &Settings::default())
+    }
+
+    fn in_progress(extra: &[(&'static str, &'static str)]) -> MachineView {
+        let mut annotations = vec![
+            (names::REFRESH_CERTIFICATES, "90d"),
+            (
+                names::REFRESH_CERTIFICATES_STATUS,
+                names::STATUS_IN_PROGRESS,
+            ),
+            (refresh_state::TRIGGER, "90d"),
+            (refresh_state::STARTED_AT, "2026-01-01T11:59:00Z"),
+        ];
+        annotations.extend_from_slice(extra);
+        machine(&annotations)
+    }
+
     #[test]
-    fn backoff_doubles() {
-        let base = std::time::Duration::from_secs(10);
-        assert_eq!(retry_at(NOW, base, 1) - NOW, time::Duration::seconds(10));
-        assert_eq!(retry_at(NOW, base, 2) - NOW, time::Duration::seconds(20));
-        assert_eq!(retry_at(NOW, base, 3) - NOW, time::Duration::seconds(40));
-        // Recorded in whole seconds, never shorter than asked.
-        let between = NOW + time::Duration::milliseconds(600);
-        let short = std::time::Duration::from_millis(200);
-        let at = retry_at(between, short, 1);
-        assert_eq!(at, datetime!(2026-01-01 12:00:01 UTC));
-        assert_eq!(parse_time(Some(&format_time(at))), Some(at));
-        assert!(at - between >= time::Duration::milliseconds(200));
+    fn a_new_request_is_marked_said_and_its_first_attempt_started() {
+        let m = machine(&[(names::REFRESH_CERTIFICATES, "1y")]);
+        let plan = pass(&m, None);
+        let changes = plan.update.patched();
+        assert_eq!(
+            changes.get(names::REFRESH_CERTIFICATES_STATUS),
+            Some(Some(names::STATUS_IN_PROGRESS))
+        );
+        assert_eq!(changes.get(refresh_state::TRIGGER), Some(Some("1y")));
+        assert_eq!(
+            changes.get(refresh_state::STARTED_AT),
+            Some(Some("2026-01-01T12:00:00Z"))
+        );
+        assert_eq!(
+            changes.get(refresh_state::PLAN),
+            Some(None),
+            "no plan of an earlier request"
+        );
+        let event = plan.update.event.as_ref().unwrap();
+        assert_eq!(event.reason, names::EVENT_REFRESH_IN_PROGRESS);
+        assert_eq!(
+            event.note,
+            "refreshing certificates of Machine m with TTL 1y"
+        );
+        assert_eq!(plan.work, Some(RefreshWork::Attempt));
+        assert_eq!(plan.next, Next::AwaitChange);
+        // Work of this Machine still runs in this process: marked, but not started twice.
+        let busy = pass(&m, Some(Duration::from_secs(1)));
+        assert_eq!(busy.update, plan.update);
+        assert_eq!(busy.work, None);
+        assert_eq!(busy.next, Next::After(Duration::from_millis(500)));
+    }
+
+    #[test]
+    fn each_step_plans_its_write_work_and_next_look() {
+        let plan = |m: &MachineView| pass(m, None);
+
+        let expiry = plan(&machine(&[]));
+        assert_eq!(expiry.work, Some(RefreshWork::ObserveExpiry));
+        assert_eq!(
+            expiry.next,
+            Next::After(Duration::from_secs(60)),
+            "a failure changes nothing"
+        );
+        assert_eq!(expiry.update, MachineUpdate::default());
+
+        let attempt = plan(&in_progress(&[]));
+        assert_eq!(attempt.work, Some(RefreshWork::Attempt));
+        assert_eq!(attempt.update, MachineUpdate::default());
+
+        let backoff = plan(&in_progress(&[(
+            refresh_state::RETRY_AT,
+            "2026-01-01T12:00:40Z",
+        )]));
+        assert_eq!(
+            backoff,
+            MachinePlan::wait(Next::After(Duration::from_millis(40_050)))
+        );
+
+        let rejected = plan(&machine(&[(names::REFRESH_CERTIFICATES, "soon")]));
+        let (worked, changes) = rejected.update.ended();
+        assert_eq!(worked, Some("soon"));
+        assert_eq!(
+            changes.get(names::REFRESH_CERTIFICATES_STATUS),
+            Some(Some(names::STATUS_FAILED))
+        );
+        assert_eq!(changes.get(refresh_state::TRIGGER), Some(Some("soon")));
+        let event = rejected.update.event.as_ref().unwrap();
+        assert_eq!(event.reason, names::EVENT_REFRESH_FAILED);
+        assert!(event.note.contains("\"soon\""), "{}", event.note);
+
+        let forget = plan(&machine(&[
+            (names::REFRESH_CERTIFICATES_STATUS, names::STATUS_FAILED),
+            (refresh_state::TRIGGER, "90d"),
+        ]));
+        assert_eq!(
+            forget.update,
+            MachineUpdate::patch(AnnotationChanges::removing(&[refresh_state::TRIGGER]))
+        );
+        assert_eq!(forget.work, None);
+    }
+
+    #[test]
+    fn an_attempt_ends_done_or_waits_for_a_busy_node() {
+        let settings = Settings::default();
+        let m = in_progress(&[(refresh_state::PLAN, "p1")]);
+        let expiry = datetime!(2027-01-01 0:00 UTC);
+        let outcome = Ok(Refreshed::Done {
+            expiry,
+            note: "refreshed".into(),
+        });
+        let done = after_attempt(&m, 1, outcome, NOW, &settings);
+        let (worked, changes) = done.ended();
+        assert_eq!(
+            worked,
+            Some("90d"),
+            "only while the trigger is the one worked on"
+        );
+        assert_eq!(changes.get(names::REFRESH_CERTIFICATES), Some(None));
+        assert_eq!(
+            changes.get(names::CERTIFICATES_EXPIRY),
+            Some(Some("2027-01-01T00:00:00Z"))
+        );
+        assert_eq!(changes.get(refresh_state::PLAN), Some(None));
+        assert_eq!(
+            done.event,
+            Some(Event::normal(names::EVENT_REFRESH_DONE, "refreshed"))
+        );
+
+        let applying = Ok(Refreshed::AgentBusy("still applying p1".into()));
+        let busy = after_attempt(&m, 1, applying, NOW, &settings);
+        let changes = busy.patched();
+        assert_eq!(
+            changes.get(refresh_state::LAST_ERROR),
+            Some(Some("waiting: still applying p1"))
+        );
+        assert_eq!(changes.get(refresh_state::PLAN), None, "the plan is kept");
+        assert_eq!(busy.event, None);
+    }
+
+    #[test]
+    fn the_ttl_must_end_before_the_cluster_ca_and_the_year_9999() {
+        let ttl: Ttl = "1y".parse().unwrap();
+        assert!(check_ttl(&ttl, NOW, datetime!(2030-01-01 0:00 UTC)).is_ok());
+        let beyond = check_ttl(&ttl, NOW, datetime!(2026-06-01 0:00 UTC)).unwrap_err();
+        assert!(matches!(beyond, Error::TtlBeyondCa { .. }));
+        assert!(beyond.to_string().contains("nothing was sent to the node"));
+        let far = datetime!(9999-06-01 0:00 UTC);
+        assert!(matches!(
+            check_ttl(&ttl, far, far),
+            Err(Error::TtlOutOfRange { .. })
+        ));
     }
 }

@@ -1,0 +1,568 @@
+//! One pass of a rollout controller over a parent (Cluster, CK8sControlPlane,
+//! MachineDeployment) for one operation, as pure functions. The parent's annotations decide the
+//! [`ParentStep`]: nothing, forget an ended request, reject or start a new one, or roll a running
+//! one; a running request's [`RolloutPlan`] becomes the [`ParentChanges`] that carry it out
+//! (Machines to start, annotations on the parent, events). The controller observes the parent
+//! and its Machines, and applies the changes.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use caretaker_agent_api::upgrade::ReleaseOption;
+use caretaker_pki::Ttl;
+use kube::api::ApiResource;
+use time::OffsetDateTime;
+
+use super::{
+    AutoRefresh, MachineObservation, MachineProgress, RequestState, Role, RolloutInput, RolloutPlan,
+};
+use crate::changes::{AnnotationChanges, Event};
+use crate::machine::{self, MachineView};
+use crate::names::{self, Operation, rollout_state};
+use crate::schedule::Next;
+use crate::timestamp::parse_time;
+
+/// The kinds a rollout can be asked on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ParentKind {
+    Cluster,
+    ControlPlane,
+    MachineDeployment,
+}
+
+impl ParentKind {
+    /// Each with its own controller.
+    pub const ALL: [ParentKind; 3] = [
+        ParentKind::Cluster,
+        ParentKind::ControlPlane,
+        ParentKind::MachineDeployment,
+    ];
+
+    pub fn api_resource(self) -> ApiResource {
+        match self {
+            ParentKind::Cluster => machine::cluster_api_resource(),
+            ParentKind::ControlPlane => machine::control_plane_api_resource(),
+            ParentKind::MachineDeployment => machine::machine_deployment_api_resource(),
+        }
+    }
+
+    /// The name of the parent of this kind a Machine belongs to, if any.
+    pub fn parent_of(self, m: &MachineView) -> Option<&str> {
+        let name = match self {
+            ParentKind::Cluster => Some(m.cluster_name.as_str()),
+            ParentKind::MachineDeployment => m
+                .labels
+                .get(names::DEPLOYMENT_NAME_LABEL)
+                .map(String::as_str),
+            ParentKind::ControlPlane => m
+                .labels
+                .get(names::CONTROL_PLANE_NAME_LABEL)
+                .map(String::as_str),
+        };
+        name.filter(|n| !n.is_empty())
+    }
+
+    /// Whether the parent of this kind named `parent` covers the Machine: a Cluster all its
+    /// Machines, a control plane its control-plane Machines, a MachineDeployment its workers.
+    pub fn covers(self, parent: &str, m: &MachineView) -> bool {
+        match self {
+            ParentKind::Cluster => m.cluster_name == parent,
+            ParentKind::MachineDeployment => {
+                m.labels
+                    .get(names::DEPLOYMENT_NAME_LABEL)
+                    .map(String::as_str)
+                    == Some(parent)
+            }
+            ParentKind::ControlPlane => {
+                m.control_plane
+                    && m.labels
+                        .get(names::CONTROL_PLANE_NAME_LABEL)
+                        .map(String::as_str)
+                        == Some(parent)
+            }
+        }
+    }
+}
+
+/// A parent as one pass observed it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParentView {
+    pub kind: ParentKind,
+    pub name: String,
+    pub annotations: BTreeMap<String, String>,
+    /// For a Cluster: the `caretaker.dev/max-parallel` values of its MachineDeployments that
+    /// have one, by name, as written.
+    pub deployment_limits: BTreeMap<String, String>,
+}
+
+impl ParentView {
+    pub fn annotation(&self, key: &str) -> Option<&str> {
+        self.annotations.get(key).map(String::as_str)
+    }
+}
+
+/// What a pass does for one operation, from the parent's annotations alone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ParentStep {
+    /// Nothing.
+    Idle,
+    /// No request on a Cluster that asks for automatic refresh: [`auto_refresh`] decides.
+    AutoRefresh,
+    /// Write these changes and nothing more: forget an ended request, or reject or start a new
+    /// one.
+    Write(ParentChanges),
+    /// The request runs, or is being cancelled: its Machines decide.
+    Roll(Rollout),
+}
+
+impl ParentStep {
+    /// Decides the step of `operation` on `parent` at `now`.
+    pub fn of(operation: Operation, parent: &ParentView, now: OffsetDateTime) -> ParentStep {
+        let names = operation.names();
+        let trigger = parent.annotation(names.trigger);
+        let state = RequestState::of(
+            trigger,
+            parent.annotation(names.status),
+            parent.annotation(names.rollout_trigger),
+        );
+        match state {
+            RequestState::NoRequest
+                if parent.kind == ParentKind::Cluster
+                    && operation == Operation::RefreshCertificates
+                    && parent
+                        .annotation(names::AUTO_REFRESH_CERTIFICATES)
+                        .is_some() =>
+            {
+                ParentStep::AutoRefresh
+            }
+            RequestState::NoRequest | RequestState::Ended => ParentStep::Idle,
+            RequestState::ForgetEnded => {
+                ParentStep::Write(ParentChanges::writing(AnnotationChanges::removing(&[
+                    names.rollout_trigger,
+                ])))
+            }
+            RequestState::New { trigger } => {
+                ParentStep::Write(match validate(operation, trigger) {
+                    Err(reason) => reject(operation, trigger, reason),
+                    Ok(()) => start(operation, parent, trigger, now),
+                })
+            }
+            RequestState::InProgress => ParentStep::Roll(Rollout {
+                operation,
+                request_id: parent
+                    .annotation(names.rollout_request)
+                    .unwrap_or_default()
+                    .to_string(),
+                trigger: trigger.map(str::to_string),
+            }),
+        }
+    }
+}
+
+/// Whether `value` is a trigger value the operation can carry out.
+fn validate(operation: Operation, value: &str) -> Result<(), String> {
+    match operation {
+        Operation::RefreshCertificates => {
+            value.parse::<Ttl>().map(|_| ()).map_err(|e| e.to_string())
+        }
+        Operation::InPlaceUpgrade => ReleaseOption::parse(value)
+            .map(|_| ())
+            .map_err(|e| e.to_string()),
+    }
+}
+
+/// A new request with an unusable value ends `failed` at once, and stays so for that value.
+fn reject(operation: Operation, value: &str, reason: String) -> ParentChanges {
+    let names = operation.names();
+    let mut parent = AnnotationChanges::default();
+    parent
+        .set(names.status, names::STATUS_FAILED)
+        .set(names.rollout_trigger, value);
+    ParentChanges {
+        events: vec![Event::warning(names.rollout_events.failed, reason)],
+        ..ParentChanges::writing(parent)
+    }
+}
+
+/// A new request: a new id, `in-progress`, and a word about each limit it reads that is not one.
+fn start(
+    operation: Operation,
+    parent: &ParentView,
+    value: &str,
+    now: OffsetDateTime,
+) -> ParentChanges {
+    let names = operation.names();
+    let mut changes = AnnotationChanges::default();
+    changes
+        .set(names.status, names::STATUS_IN_PROGRESS)
+        .set(
+            names.rollout_request,
+            format!("{:x}", now.unix_timestamp_nanos()),
+        )
+        .set(names.rollout_trigger, value)
+        .remove(rollout_state::WAITING);
+    let note = format!(
+        "rolling {} = {value} out over the Machines of {} {}",
+        names.trigger,
+        parent.kind.api_resource().kind,
+        parent.name
+    );
+    let mut events = vec![Event::normal(names.rollout_events.in_progress, note)];
+    events.extend(
+        malformed_limits(parent)
+            .into_iter()
+            .map(|note| Event::warning(names.rollout_events.in_progress, note)),
+    );
+    ParentChanges {
+        events,
+        ..ParentChanges::writing(changes)
+    }
+}
+
+/// A `caretaker.dev/max-parallel` value, when it is a whole number of at least 1.
+fn max_parallel(value: &str) -> Option<usize> {
+    value.parse().ok().filter(|n| *n >= 1)
+}
+
+/// A note for each `caretaker.dev/max-parallel` a rollout of `parent` reads that is not a
+/// whole number of at least 1 (such a limit counts as 1).
+fn malformed_limits(parent: &ParentView) -> Vec<String> {
+    if parent.kind == ParentKind::ControlPlane {
+        return Vec::new(); // control-plane Machines always go one at a time
+    }
+    let own = parent
+        .annotation(names::MAX_PARALLEL)
+        .map(|value| (parent.kind.api_resource().kind, &parent.name, value));
+    let deployments = parent
+        .deployment_limits
+        .iter()
+        .map(|(name, value)| ("MachineDeployment".to_string(), name, value.as_str()));
+    own.into_iter()
+        .chain(deployments)
+        .filter(|(_, _, value)| max_parallel(value).is_none())
+        .map(|(kind, name, value)| {
+            format!(
+                "{} {value:?} on {kind} {name} is not a whole number of at least 1; its workers go one at a time",
+                names::MAX_PARALLEL,
+            )
+        })
+        .collect()
+}
+
+/// A request that runs on a parent, or is being cancelled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rollout {
+    pub operation: Operation,
+    pub request_id: String,
+    /// The trigger value; `None` once the trigger was removed, which cancels the request.
+    pub trigger: Option<String>,
+}
+
+impl Rollout {
+    /// What [`RolloutPlan::decide`] needs, from the parent and the Machines it covers (in the
+    /// same order). Agent health is assumed good: the controller checks it when a
+    /// control-plane Machine would start ([`RolloutPlan::starts_control_plane`]).
+    pub fn input(&self, parent: &ParentView, machines: &[MachineView]) -> RolloutInput {
+        RolloutInput {
+            cancelled: self.trigger.is_none(),
+            max_parallel: parent
+                .annotation(names::MAX_PARALLEL)
+                .and_then(max_parallel)
+                .unwrap_or(1),
+            // A MachineDeployment's own limit is the parent's; a control plane has no workers.
+            deployment_limits: parent
+                .deployment_limits
+                .iter()
+                .map(|(name, value)| (name.clone(), max_parallel(value).unwrap_or(1)))
+                .collect(),
+            machines: observe(self.operation, &self.request_id, machines),
+        }
+    }
+
+    /// The changes that carry out `plan`: the Machines it starts, the parent's progress, its
+    /// status once the request ends, and the events that say so. What the parent already
+    /// says (progress, what the rollout waits for) is not written or reported again.
+    pub fn changes(
+        &self,
+        parent: &ParentView,
+        machines: &[MachineView],
+        plan: &RolloutPlan,
+        retry_base: Duration,
+    ) -> ParentChanges {
+        let names = self.operation.names();
+        let reasons = &names.rollout_events;
+        let mut changes = ParentChanges::default();
+        let progress = plan.progress();
+        let progress_text = format!("{}/{}", progress.done, progress.total);
+        if parent.annotation(names::PROGRESS) != Some(progress_text.as_str()) {
+            changes.parent.set(names::PROGRESS, progress_text.as_str());
+        }
+        let mut end = |status: &str, event: Event| {
+            changes
+                .parent
+                .set(names.status, status)
+                .remove(rollout_state::WAITING);
+            changes.events.push(event);
+        };
+        match plan {
+            RolloutPlan::Continue { start, waiting, .. } => {
+                let value = self.trigger.as_deref().unwrap_or_default();
+                changes.start = start
+                    .iter()
+                    .filter_map(|name| machines.iter().find(|m| &m.name == name))
+                    .map(|m| MachineStart::for_request(self.operation, value, &self.request_id, m))
+                    .collect();
+                if let Some(waiting) = waiting {
+                    changes.report_waiting(
+                        parent,
+                        Event::normal(reasons.in_progress, waiting.describe()),
+                    );
+                    // Agent health and node assignment are not all watched: look again.
+                    changes.next = Next::After(retry_base.max(Duration::from_secs(1)));
+                }
+            }
+            RolloutPlan::Done { progress } => {
+                let note = format!(
+                    "all {} Machines of {} {} are done ({} skipped)",
+                    progress.total,
+                    parent.kind.api_resource().kind,
+                    parent.name,
+                    progress.skipped
+                );
+                end(names::STATUS_DONE, Event::normal(reasons.done, note));
+                changes.parent.remove(names.trigger);
+                if let Some(release) = names.release {
+                    changes
+                        .parent
+                        .set(release, self.trigger.as_deref().unwrap_or_default());
+                }
+            }
+            // Still `in-progress`: the Machines it started change their nodes until they
+            // finish, and a parent that said `failed` could get a new request that would take
+            // their work for its own. Each finishing Machine wakes this parent again.
+            RolloutPlan::Stopping {
+                machine,
+                reason,
+                running,
+                ..
+            } => {
+                let text = format!(
+                    "Machine {machine} failed: nothing new starts; the rollout ends failed once {} finish: {reason}",
+                    running.join(", ")
+                );
+                changes.report_waiting(parent, Event::warning(reasons.in_progress, text));
+            }
+            RolloutPlan::Failed {
+                machine, reason, ..
+            } => {
+                let note = format!("Machine {machine} failed, the rollout stopped: {reason}");
+                end(names::STATUS_FAILED, Event::warning(reasons.failed, note));
+            }
+            RolloutPlan::Cancelled { .. } => {
+                let note =
+                    format!("cancelled after {progress_text} Machines: the trigger was removed");
+                end(
+                    names::STATUS_CANCELLED,
+                    Event::normal(reasons.cancelled, note),
+                );
+            }
+        }
+        changes
+    }
+}
+
+/// Where each Machine stands for request `request_id`, in the order of `views`; agent health is
+/// assumed good (see [`Rollout::input`]).
+fn observe(
+    operation: Operation,
+    request_id: &str,
+    views: &[MachineView],
+) -> Vec<MachineObservation> {
+    let names = operation.names();
+    views
+        .iter()
+        .map(|m| {
+            let touched = m.annotation(names.rollout_request) == Some(request_id);
+            let status = m.annotation(names.status);
+            let progress = if !touched {
+                MachineProgress::Untouched
+            } else if m.annotation(names.trigger).is_some() {
+                match status {
+                    Some(names::STATUS_FAILED) | Some(names::STATUS_CANCELLED) => {
+                        MachineProgress::Failed
+                    }
+                    _ => MachineProgress::Running,
+                }
+            } else {
+                match status {
+                    Some(names::STATUS_DONE) => MachineProgress::Done,
+                    Some(names::STATUS_IN_PROGRESS) => MachineProgress::Running,
+                    // Tagged, trigger gone and no result: someone removed it; not done.
+                    _ => MachineProgress::Failed,
+                }
+            };
+            let failure = m
+                .annotation(names.state.last_error)
+                .map(str::to_string)
+                .or_else(|| {
+                    (progress == MachineProgress::Failed)
+                        .then(|| format!("status {}", status.unwrap_or("unknown")))
+                });
+            MachineObservation {
+                name: m.name.clone(),
+                role: if m.control_plane {
+                    Role::ControlPlane
+                } else {
+                    Role::Worker {
+                        deployment: m
+                            .labels
+                            .get(names::DEPLOYMENT_NAME_LABEL)
+                            .cloned()
+                            .unwrap_or_default(),
+                    }
+                },
+                has_node: m.node_name.is_some(),
+                agent_healthy: true,
+                being_deleted: m.being_deleted,
+                progress,
+                failure,
+            }
+        })
+        .collect()
+}
+
+/// What a pass writes and says, in the order the controller applies it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ParentChanges {
+    /// Machines to start. If one of them changed since the plan saw it, the pass stops there
+    /// and the Machine's change brings a fresh one.
+    pub start: Vec<MachineStart>,
+    /// Then the parent's annotations.
+    pub parent: AnnotationChanges,
+    /// Then the events on the parent, once what they tell of is written.
+    pub events: Vec<Event>,
+    /// When to look at the parent again, besides when it or one of its Machines changes.
+    pub next: Next,
+}
+
+impl ParentChanges {
+    fn writing(parent: AnnotationChanges) -> Self {
+        Self {
+            parent,
+            ..Self::default()
+        }
+    }
+
+    /// Records what the rollout waits for and says so, unless the parent says it already: the
+    /// same wait is reported once.
+    fn report_waiting(&mut self, parent: &ParentView, event: Event) {
+        if parent.annotation(rollout_state::WAITING) != Some(event.note.as_str()) {
+            self.parent.set(rollout_state::WAITING, event.note.as_str());
+            self.events.push(event);
+        }
+    }
+}
+
+/// The write that starts one Machine for a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MachineStart {
+    pub namespace: String,
+    pub machine: String,
+    /// The version the plan saw the Machine at: the write is made on that version only.
+    pub resource_version: Option<String>,
+    pub annotations: AnnotationChanges,
+}
+
+impl MachineStart {
+    /// Starts Machine `m` for request `request_id` with trigger value `value`.
+    ///
+    /// A Machine's status is the result of the last request it ran. An ended one (`done`,
+    /// `failed`, `cancelled`) belongs to an earlier request: left in place beside this
+    /// request's tag it would read as this request's result before the Machine controller has
+    /// begun (a stale `failed` ended new requests at once), and the Machine controller would
+    /// take an unchanged trigger for the ended request. So the same write that tags the Machine
+    /// clears it. The write is made only on the version the plan saw untouched by this request
+    /// (a lagging cache could otherwise restart a Machine this request has finished), so it
+    /// never clears a result this request produced, and a restarted operator still finds its
+    /// finished Machines finished. `in-progress` stays: that work still runs on the node, and
+    /// the Machine controller continues or restarts it.
+    pub fn for_request(
+        operation: Operation,
+        value: &str,
+        request_id: &str,
+        m: &MachineView,
+    ) -> Self {
+        let names = operation.names();
+        let mut annotations = AnnotationChanges::default();
+        annotations
+            .set(names.trigger, value)
+            .set(names.rollout_request, request_id);
+        if m.annotation(names.status)
+            .is_some_and(|status| status != names::STATUS_IN_PROGRESS)
+        {
+            annotations.remove(names.status);
+        }
+        Self {
+            namespace: m.namespace.clone(),
+            machine: m.name.clone(),
+            resource_version: m.resource_version.clone(),
+            annotations,
+        }
+    }
+}
+
+/// A Cluster's opt-in automatic refresh, on a pass without a refresh request: sets the trigger
+/// once the earliest expiry of its Machines is within `before`, and otherwise comes back when
+/// it will be. A malformed value is reported once (per value).
+pub fn auto_refresh(
+    cluster: &ParentView,
+    machines: &[MachineView],
+    now: OffsetDateTime,
+) -> ParentChanges {
+    let Some(value) = cluster.annotation(names::AUTO_REFRESH_CERTIFICATES) else {
+        return ParentChanges::default();
+    };
+    let auto = match AutoRefresh::parse(value) {
+        Ok(auto) => auto,
+        Err(_) if cluster.annotation(rollout_state::AUTO_REFRESH_REPORTED) == Some(value) => {
+            return ParentChanges::default();
+        }
+        Err(reason) => {
+            let mut reported = AnnotationChanges::default();
+            reported.set(rollout_state::AUTO_REFRESH_REPORTED, value);
+            let note = format!(
+                "{}: {reason}; automatic refresh is off until it is fixed",
+                names::AUTO_REFRESH_CERTIFICATES
+            );
+            return ParentChanges {
+                events: vec![Event::warning(names::EVENT_REFRESH_CERTS_FAILED, note)],
+                ..ParentChanges::writing(reported)
+            };
+        }
+    };
+    let earliest = machines
+        .iter()
+        .filter(|m| !m.being_deleted)
+        .filter_map(|m| parse_time(m.annotation(names::CERTIFICATES_EXPIRY)))
+        .min();
+    let Some(earliest) = earliest else {
+        return ParentChanges::default();
+    };
+    let due = auto.due_at(earliest);
+    if due > now {
+        // Nothing changes on its own as time passes: come back when it is due (at most hourly).
+        let wait = Duration::try_from(due - now)
+            .unwrap_or(Duration::ZERO)
+            .min(Duration::from_secs(3600));
+        return ParentChanges {
+            next: Next::After(wait),
+            ..ParentChanges::default()
+        };
+    }
+    let mut trigger = AnnotationChanges::default();
+    trigger.set(names::REFRESH_CERTIFICATES, auto.ttl.to_string());
+    ParentChanges::writing(trigger)
+}
+
+#[cfg(test)]
+mod tests;

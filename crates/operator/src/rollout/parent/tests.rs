@@ -1,0 +1,631 @@
+use super::*;
+use crate::changes::EventType;
+use crate::machine::test_machine;
+use crate::machine::{refresh, upgrade};
+use proptest::prelude::*;
+use time::macros::datetime;
+
+const NOW: OffsetDateTime = datetime!(2026-01-01 12:00 UTC);
+const RETRY_BASE: Duration = Duration::from_secs(10);
+const OPS: [Operation; 2] = Operation::ALL;
+
+fn parent(kind: ParentKind, annotations: &[(&str, &str)]) -> ParentView {
+    ParentView {
+        kind,
+        name: "p".into(),
+        annotations: annotations
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        deployment_limits: BTreeMap::new(),
+    }
+}
+
+fn valid(operation: Operation) -> &'static str {
+    match operation {
+        Operation::RefreshCertificates => "1y",
+        Operation::InPlaceUpgrade => "channel=1.35/stable",
+    }
+}
+
+/// `m` after `changes` are written.
+fn patched(m: &MachineView, changes: &AnnotationChanges) -> MachineView {
+    let mut m = m.clone();
+    changes.apply_to(&mut m.annotations);
+    m
+}
+
+/// `p` after `changes` are written.
+fn written(p: &ParentView, changes: &ParentChanges) -> ParentView {
+    let mut p = p.clone();
+    changes.parent.apply_to(&mut p.annotations);
+    p
+}
+
+#[test]
+fn a_new_request_gets_an_id_and_says_so_and_a_bad_value_fails_at_once() {
+    for op in OPS {
+        let names = op.names();
+        let value = valid(op);
+        let p = parent(ParentKind::MachineDeployment, &[(names.trigger, value)]);
+        let ParentStep::Write(changes) = ParentStep::of(op, &p, NOW) else {
+            panic!("{op:?}: a new request is written");
+        };
+        assert_eq!(
+            changes.parent.get(names.status),
+            Some(Some(names::STATUS_IN_PROGRESS))
+        );
+        assert_eq!(changes.parent.get(names.rollout_trigger), Some(Some(value)));
+        let id = format!("{:x}", NOW.unix_timestamp_nanos());
+        assert_eq!(
+            changes.parent.get(names.rollout_request),
+            Some(Some(id.as_str()))
+        );
+        assert_eq!(changes.parent.get(rollout_state::WAITING), Some(None));
+        assert!(changes.start.is_empty());
+        assert_eq!(changes.events.len(), 1);
+        assert_eq!(changes.events[0].reason, names.rollout_events.in_progress);
+        assert!(
+            changes.events[0].note.contains("MachineDeployment p"),
+            "{:?}",
+            changes.events[0]
+        );
+        // Once written, the request runs.
+        let running = written(&p, &changes);
+        assert_eq!(
+            ParentStep::of(op, &running, NOW),
+            ParentStep::Roll(Rollout {
+                operation: op,
+                request_id: id,
+                trigger: Some(value.into())
+            })
+        );
+
+        let bad = parent(ParentKind::Cluster, &[(names.trigger, "soon")]);
+        let ParentStep::Write(changes) = ParentStep::of(op, &bad, NOW) else {
+            panic!("{op:?}: a bad value is written failed");
+        };
+        assert_eq!(
+            changes.parent.get(names.status),
+            Some(Some(names::STATUS_FAILED))
+        );
+        assert_eq!(
+            changes.parent.get(names.rollout_trigger),
+            Some(Some("soon"))
+        );
+        assert_eq!(changes.parent.get(names.rollout_request), None);
+        assert_eq!(changes.events.len(), 1);
+        assert_eq!(changes.events[0].type_, EventType::Warning);
+        assert_eq!(changes.events[0].reason, names.rollout_events.failed);
+        assert_eq!(
+            ParentStep::of(op, &written(&bad, &changes), NOW),
+            ParentStep::Idle,
+            "{op:?}: a rejected value stays rejected"
+        );
+    }
+}
+
+#[test]
+fn malformed_limits_are_named_when_the_request_starts() {
+    let names = Operation::RefreshCertificates.names();
+    let mut cluster = parent(
+        ParentKind::Cluster,
+        &[(names.trigger, "1y"), (names::MAX_PARALLEL, "0")],
+    );
+    cluster.deployment_limits = BTreeMap::from([
+        ("md-a".to_string(), "2".to_string()),
+        ("md-b".to_string(), "many".to_string()),
+    ]);
+    let ParentStep::Write(changes) = ParentStep::of(Operation::RefreshCertificates, &cluster, NOW)
+    else {
+        panic!("a new request");
+    };
+    let warnings: Vec<&str> = changes
+        .events
+        .iter()
+        .filter(|e| e.type_ == EventType::Warning)
+        .map(|e| e.note.as_str())
+        .collect();
+    assert_eq!(warnings.len(), 2, "{warnings:?}");
+    assert!(warnings[0].contains("\"0\" on Cluster p"), "{warnings:?}");
+    assert!(
+        warnings[1].contains("\"many\" on MachineDeployment md-b"),
+        "{warnings:?}"
+    );
+    // They count as 1.
+    let input = Rollout {
+        operation: Operation::RefreshCertificates,
+        request_id: "r".into(),
+        trigger: Some("1y".into()),
+    }
+    .input(&cluster, &[]);
+    assert_eq!(input.max_parallel, 1);
+    assert_eq!(
+        input.deployment_limits,
+        BTreeMap::from([("md-a".to_string(), 2), ("md-b".to_string(), 1)])
+    );
+    // A control plane's Machines go one at a time whatever it says.
+    let plane = parent(
+        ParentKind::ControlPlane,
+        &[(names.trigger, "1y"), (names::MAX_PARALLEL, "0")],
+    );
+    let ParentStep::Write(changes) = ParentStep::of(Operation::RefreshCertificates, &plane, NOW)
+    else {
+        panic!("a new request");
+    };
+    assert_eq!(changes.events.len(), 1);
+}
+
+#[test]
+fn ended_requests_are_forgotten_once_their_trigger_is_removed() {
+    for op in OPS {
+        let names = op.names();
+        for status in [names::STATUS_FAILED, names::STATUS_CANCELLED] {
+            let ended = [
+                (names.trigger, valid(op)),
+                (names.status, status),
+                (names.rollout_trigger, valid(op)),
+            ];
+            let p = parent(ParentKind::Cluster, &ended);
+            assert_eq!(ParentStep::of(op, &p, NOW), ParentStep::Idle);
+            let removed = parent(ParentKind::Cluster, &ended[1..]);
+            let ParentStep::Write(changes) = ParentStep::of(op, &removed, NOW) else {
+                panic!("{op:?} {status}: forgotten");
+            };
+            assert_eq!(
+                changes,
+                ParentChanges::writing(AnnotationChanges::removing(&[names.rollout_trigger]))
+            );
+            assert_eq!(
+                ParentStep::of(op, &written(&removed, &changes), NOW),
+                ParentStep::Idle
+            );
+        }
+    }
+}
+
+#[test]
+fn a_removed_trigger_cancels_a_running_request() {
+    let names = Operation::InPlaceUpgrade.names();
+    let p = parent(
+        ParentKind::Cluster,
+        &[
+            (names.status, names::STATUS_IN_PROGRESS),
+            (names.rollout_request, "r1"),
+            (names.rollout_trigger, "revision=5"),
+        ],
+    );
+    let ParentStep::Roll(rollout) = ParentStep::of(Operation::InPlaceUpgrade, &p, NOW) else {
+        panic!("it runs on");
+    };
+    assert_eq!(rollout.trigger, None);
+    assert!(rollout.input(&p, &[]).cancelled);
+}
+
+/// Whatever an earlier request left on a Machine, starting it for a new request makes it
+/// running for that request (never failed or done by it), and the Machine controller takes
+/// it up, even when the trigger value is the earlier one.
+#[test]
+fn a_started_machine_carries_no_result_of_an_earlier_request() {
+    for operation in OPS {
+        let names = operation.names();
+        let value = valid(operation);
+        let statuses = [
+            None,
+            Some(names::STATUS_DONE),
+            Some(names::STATUS_FAILED),
+            Some(names::STATUS_CANCELLED),
+        ];
+        for status in statuses {
+            for earlier_trigger in [None, Some(value)] {
+                let mut earlier = vec![(names.rollout_request, "earlier-request")];
+                earlier.extend(status.map(|s| (names.status, s)));
+                earlier.extend(earlier_trigger.map(|t| (names.trigger, t)));
+                earlier.extend(earlier_trigger.map(|t| (names.state.trigger, t)));
+                earlier.push((names.state.last_error, "the earlier request's error"));
+                let mut before = test_machine(&earlier);
+                before.resource_version = Some("41".into());
+                let seen = observe(operation, "new", std::slice::from_ref(&before));
+                assert_eq!(seen[0].progress, MachineProgress::Untouched, "{earlier:?}");
+
+                let start = MachineStart::for_request(operation, value, "new", &before);
+                assert_eq!(
+                    start.resource_version.as_deref(),
+                    Some("41"),
+                    "on the version seen"
+                );
+                let started = patched(&before, &start.annotations);
+                let seen = observe(operation, "new", std::slice::from_ref(&started));
+                assert_eq!(seen[0].progress, MachineProgress::Running, "{earlier:?}");
+                let taken_up = match operation {
+                    Operation::RefreshCertificates => {
+                        refresh::decide(&started, NOW)
+                            == refresh::RefreshStep::Start {
+                                trigger: value.into(),
+                            }
+                    }
+                    Operation::InPlaceUpgrade => {
+                        upgrade::decide(&started, NOW)
+                            == upgrade::UpgradeStep::Start {
+                                trigger: value.into(),
+                            }
+                    }
+                };
+                assert!(taken_up, "the Machine controller starts {earlier:?}");
+            }
+        }
+    }
+}
+
+/// A Machine's annotations, read as where it stands for request `new`.
+#[test]
+fn observe_reads_each_machine_for_this_request_only() {
+    let op = Operation::RefreshCertificates;
+    let names = op.names();
+    let (trigger, status, tag) = (names.trigger, names.status, names.rollout_request);
+    type Case<'a> = (&'a [(&'a str, &'a str)], MachineProgress, Option<&'a str>);
+    let cases: [Case; 8] = [
+        (&[], MachineProgress::Untouched, None),
+        (
+            &[(tag, "old"), (status, names::STATUS_FAILED)],
+            MachineProgress::Untouched,
+            None,
+        ),
+        (
+            &[(tag, "new"), (trigger, "1y")],
+            MachineProgress::Running,
+            None,
+        ),
+        (
+            &[
+                (tag, "new"),
+                (trigger, "1y"),
+                (status, names::STATUS_IN_PROGRESS),
+            ],
+            MachineProgress::Running,
+            None,
+        ),
+        (
+            &[
+                (tag, "new"),
+                (trigger, "1y"),
+                (status, names::STATUS_FAILED),
+                (names.state.last_error, "boom"),
+            ],
+            MachineProgress::Failed,
+            Some("boom"),
+        ),
+        (
+            &[(tag, "new"), (status, names::STATUS_DONE)],
+            MachineProgress::Done,
+            None,
+        ),
+        (
+            &[(tag, "new"), (status, names::STATUS_IN_PROGRESS)],
+            MachineProgress::Running,
+            None,
+        ),
+        // Tagged, trigger gone and no result: someone removed it; not done.
+        (
+            &[(tag, "new")],
+            MachineProgress::Failed,
+            Some("status unknown"),
+        ),
+    ];
+    for (annotations, progress, failure) in cases {
+        let mut m = test_machine(annotations);
+        m.labels
+            .insert(names::DEPLOYMENT_NAME_LABEL.into(), "md-a".into());
+        let seen = observe(op, "new", std::slice::from_ref(&m));
+        assert_eq!(seen[0].progress, progress, "{annotations:?}");
+        assert_eq!(seen[0].failure.as_deref(), failure, "{annotations:?}");
+        assert_eq!(
+            seen[0].role,
+            Role::Worker {
+                deployment: "md-a".into()
+            }
+        );
+        assert!(seen[0].has_node && !seen[0].being_deleted);
+    }
+    let mut plane = test_machine(&[]);
+    plane.control_plane = true;
+    plane.node_name = None;
+    let seen = observe(op, "new", &[plane]);
+    assert_eq!(
+        (seen[0].role.clone(), seen[0].has_node),
+        (Role::ControlPlane, false)
+    );
+}
+
+/// Work running on the node keeps its status: the Machine controller continues it.
+#[test]
+fn starting_a_machine_keeps_a_running_status() {
+    let running = test_machine(&[(names::IN_PLACE_UPGRADE_STATUS, names::STATUS_IN_PROGRESS)]);
+    let start = MachineStart::for_request(Operation::InPlaceUpgrade, "revision=5", "new", &running);
+    let started = patched(&running, &start.annotations);
+    assert_eq!(
+        started.annotation(names::IN_PLACE_UPGRADE_STATUS),
+        Some(names::STATUS_IN_PROGRESS)
+    );
+    let seen = observe(Operation::InPlaceUpgrade, "new", &[started]);
+    assert_eq!(seen[0].progress, MachineProgress::Running);
+}
+
+fn rollout(operation: Operation) -> Rollout {
+    Rollout {
+        operation,
+        request_id: "r1".into(),
+        trigger: Some(valid(operation).into()),
+    }
+}
+
+fn progress(done: usize, total: usize) -> super::super::Progress {
+    super::super::Progress {
+        done,
+        total,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn an_ended_rollout_writes_its_status_and_says_why() {
+    for op in OPS {
+        let names = op.names();
+        let p = parent(
+            ParentKind::Cluster,
+            &[(rollout_state::WAITING, "waiting for w-1")],
+        );
+        let ended = |plan| rollout(op).changes(&p, &[], &plan, RETRY_BASE);
+        let reasons = &names.rollout_events;
+        let cases = [
+            (
+                RolloutPlan::Done {
+                    progress: progress(3, 3),
+                },
+                names::STATUS_DONE,
+                Event::normal(
+                    reasons.done,
+                    "all 3 Machines of Cluster p are done (0 skipped)",
+                ),
+            ),
+            (
+                RolloutPlan::Failed {
+                    machine: "w-0".into(),
+                    reason: "boom".into(),
+                    progress: progress(1, 3),
+                },
+                names::STATUS_FAILED,
+                Event::warning(
+                    reasons.failed,
+                    "Machine w-0 failed, the rollout stopped: boom",
+                ),
+            ),
+            (
+                RolloutPlan::Cancelled {
+                    progress: progress(1, 3),
+                },
+                names::STATUS_CANCELLED,
+                Event::normal(
+                    reasons.cancelled,
+                    "cancelled after 1/3 Machines: the trigger was removed",
+                ),
+            ),
+        ];
+        for (plan, status, event) in cases {
+            let changes = ended(plan.clone());
+            assert_eq!(changes.parent.get(names.status), Some(Some(status)));
+            assert_eq!(changes.parent.get(rollout_state::WAITING), Some(None));
+            assert_eq!(changes.events, [event]);
+            assert!(changes.start.is_empty());
+            assert_eq!(changes.next, Next::AwaitChange);
+            // Only a finished request removes its trigger; a failed or cancelled one stays
+            // so until the trigger is removed.
+            let done = matches!(plan, RolloutPlan::Done { .. });
+            let trigger = changes.parent.get(names.trigger);
+            assert_eq!(trigger, done.then_some(None), "{plan:?}");
+            if let (true, Some(release)) = (done, names.release) {
+                assert_eq!(changes.parent.get(release), Some(Some(valid(op))));
+            }
+        }
+    }
+}
+
+#[test]
+fn waiting_is_reported_once_and_looked_at_again() {
+    let op = Operation::RefreshCertificates;
+    let p = parent(ParentKind::MachineDeployment, &[(names::PROGRESS, "0/2")]);
+    let plan = RolloutPlan::Continue {
+        start: Vec::new(),
+        waiting: Some(super::super::Waiting::ForNodes(vec!["w-1".into()])),
+        progress: progress(0, 2),
+    };
+    let first = rollout(op).changes(&p, &[], &plan, RETRY_BASE);
+    let text = "waiting for w-1 to get a node";
+    assert_eq!(first.parent.get(rollout_state::WAITING), Some(Some(text)));
+    assert_eq!(
+        first.parent.get(names::PROGRESS),
+        None,
+        "unchanged progress is not written"
+    );
+    assert_eq!(
+        first.events,
+        [Event::normal(names::EVENT_REFRESH_CERTS_IN_PROGRESS, text)]
+    );
+    assert_eq!(first.next, Next::After(RETRY_BASE));
+    let again = rollout(op).changes(&written(&p, &first), &[], &plan, Duration::ZERO);
+    assert!(
+        again.parent.is_empty() && again.events.is_empty(),
+        "{again:?}"
+    );
+    assert_eq!(
+        again.next,
+        Next::After(Duration::from_secs(1)),
+        "never a spin"
+    );
+}
+
+#[test]
+fn automatic_refresh_starts_when_due_waits_until_then_and_reports_a_bad_value_once() {
+    let auto = names::AUTO_REFRESH_CERTIFICATES;
+    let cluster = parent(ParentKind::Cluster, &[(auto, "ttl=1y,before=30d")]);
+    assert_eq!(
+        ParentStep::of(Operation::RefreshCertificates, &cluster, NOW),
+        ParentStep::AutoRefresh
+    );
+    assert_eq!(
+        ParentStep::of(Operation::InPlaceUpgrade, &cluster, NOW),
+        ParentStep::Idle
+    );
+    let plane = ParentView {
+        kind: ParentKind::ControlPlane,
+        ..cluster.clone()
+    };
+    assert_eq!(
+        ParentStep::of(Operation::RefreshCertificates, &plane, NOW),
+        ParentStep::Idle
+    );
+
+    let expiring = |at: &str| test_machine(&[(names::CERTIFICATES_EXPIRY, at)]);
+    let soon = [
+        expiring("2026-01-20T12:00:00Z"),
+        expiring("2027-01-01T00:00:00Z"),
+    ];
+    let started = auto_refresh(&cluster, &soon, NOW);
+    assert_eq!(
+        started.parent.get(names::REFRESH_CERTIFICATES),
+        Some(Some("1y"))
+    );
+    let later = [expiring("2026-02-10T12:30:00Z")];
+    let waiting = auto_refresh(&cluster, &later, NOW);
+    assert!(waiting.parent.is_empty());
+    assert_eq!(
+        waiting.next,
+        Next::After(Duration::from_secs(3600)),
+        "at most hourly"
+    );
+    assert_eq!(auto_refresh(&cluster, &[], NOW), ParentChanges::default());
+
+    let bad = parent(ParentKind::Cluster, &[(auto, "ttl=1y,before=later")]);
+    let reported = auto_refresh(&bad, &soon, NOW);
+    assert_eq!(reported.events.len(), 1);
+    assert_eq!(reported.events[0].type_, EventType::Warning);
+    assert!(reported.events[0].note.contains("ttl=1y,before=later"));
+    assert_eq!(
+        auto_refresh(&written(&bad, &reported), &soon, NOW),
+        ParentChanges::default()
+    );
+}
+
+fn arbitrary_parent_annotations() -> impl Strategy<Value = Vec<(&'static str, &'static str)>> {
+    let names = Operation::RefreshCertificates.names();
+    (
+        prop::option::of(prop::sample::select(vec!["1y", "2y", "soon"])),
+        prop::option::of(prop::sample::select(vec![
+            names::STATUS_IN_PROGRESS,
+            names::STATUS_DONE,
+            names::STATUS_FAILED,
+            names::STATUS_CANCELLED,
+            "confused",
+        ])),
+        prop::option::of(prop::sample::select(vec!["1y", "2y", "soon"])),
+        prop::option::of(Just("r0")),
+    )
+        .prop_map(move |(trigger, status, recorded, id)| {
+            let mut a = Vec::new();
+            a.extend(trigger.map(|v| (names.trigger, v)));
+            a.extend(status.map(|v| (names.status, v)));
+            a.extend(recorded.map(|v| (names.rollout_trigger, v)));
+            a.extend(id.map(|v| (names.rollout_request, v)));
+            a
+        })
+}
+
+proptest! {
+    /// A pass that only writes the parent (forget, reject, start) settles it: the next pass
+    /// over what it wrote writes nothing more, and only a start makes the request run.
+    #[test]
+    fn a_written_step_settles_in_one_pass(annotations in arbitrary_parent_annotations()) {
+        let op = Operation::RefreshCertificates;
+        let names = op.names();
+        let p = parent(ParentKind::MachineDeployment, &annotations);
+        let step = ParentStep::of(op, &p, NOW);
+        let in_progress = p.annotation(names.status) == Some(names::STATUS_IN_PROGRESS);
+        let same = p.annotation(names.trigger).is_none() || p.annotation(names.trigger) == p.annotation(names.rollout_trigger);
+        prop_assert_eq!(matches!(step, ParentStep::Roll(_)), in_progress && same, "{:?}", step);
+        if let ParentStep::Write(changes) = step {
+            prop_assert!(changes.start.is_empty());
+            prop_assert_eq!(changes.parent.get(names.trigger), None, "the user's trigger is never written");
+            let after = ParentStep::of(op, &written(&p, &changes), NOW);
+            let starts = changes.parent.get(names.status) == Some(Some(names::STATUS_IN_PROGRESS));
+            if starts {
+                prop_assert!(matches!(&after, ParentStep::Roll(r) if Some(r.request_id.as_str()) != p.annotation(names.rollout_request)), "a new request has a new id: {:?}", after);
+            } else {
+                prop_assert_eq!(after, ParentStep::Idle);
+            }
+        }
+    }
+
+    /// The changes carry out exactly the plan: every Machine it starts, once, on the version
+    /// seen and tagged with this request; a status only when it ends; and reported waits are
+    /// not reported again.
+    #[test]
+    fn changes_carry_out_exactly_the_plan(
+        machines in prop::collection::btree_map(0u8..12, super::super::tests::arbitrary_machine(), 0..10),
+        max_parallel in 1usize..4,
+        cancelled in prop::bool::ANY,
+        upgrade in prop::bool::ANY,
+    ) {
+        let op = if upgrade { Operation::InPlaceUpgrade } else { Operation::RefreshCertificates };
+        let names = op.names();
+        let observed: Vec<MachineObservation> = machines
+            .iter()
+            .map(|(i, m)| MachineObservation { name: format!("m-{i}"), ..m.clone() })
+            .collect();
+        let views: Vec<MachineView> = observed
+            .iter()
+            .map(|o| MachineView { name: o.name.clone(), resource_version: Some(format!("v-{}", o.name)), ..test_machine(&[]) })
+            .collect();
+        let plan = RolloutPlan::decide(&RolloutInput {
+            cancelled,
+            max_parallel,
+            deployment_limits: BTreeMap::new(),
+            machines: observed,
+        });
+        let request = Rollout { trigger: (!cancelled).then(|| valid(op).to_string()), ..rollout(op) };
+        let p = parent(ParentKind::Cluster, &[]);
+        let changes = request.changes(&p, &views, &plan, RETRY_BASE);
+
+        let started: Vec<&str> = changes.start.iter().map(|s| s.machine.as_str()).collect();
+        let planned: Vec<&str> = match &plan {
+            RolloutPlan::Continue { start, .. } => start.iter().map(String::as_str).collect(),
+            _ => Vec::new(),
+        };
+        prop_assert_eq!(started, planned);
+        for start in &changes.start {
+            prop_assert_eq!(start.resource_version.clone(), Some(format!("v-{}", start.machine)));
+            prop_assert_eq!(start.annotations.get(names.rollout_request), Some(Some("r1")));
+            prop_assert_eq!(start.annotations.get(names.trigger), Some(Some(valid(op))));
+        }
+        let status = changes.parent.get(names.status);
+        let expected = match &plan {
+            RolloutPlan::Done { .. } => Some(Some(names::STATUS_DONE)),
+            RolloutPlan::Failed { .. } => Some(Some(names::STATUS_FAILED)),
+            RolloutPlan::Cancelled { .. } => Some(Some(names::STATUS_CANCELLED)),
+            RolloutPlan::Continue { .. } | RolloutPlan::Stopping { .. } => None,
+        };
+        prop_assert_eq!(status, expected);
+        let progress = plan.progress();
+        let progress_text = format!("{}/{}", progress.done, progress.total);
+        prop_assert_eq!(changes.parent.get(names::PROGRESS), Some(Some(progress_text.as_str())));
+        // Every event tells of something written on the parent.
+        for event in &changes.events {
+            let written = changes.parent.get(rollout_state::WAITING) == Some(Some(event.note.as_str())) || status.is_some();
+            prop_assert!(written, "{:?} with {:?}", event, changes.parent);
+        }
+        let again = request.changes(&written(&p, &changes), &views, &plan, RETRY_BASE);
+        if matches!(plan, RolloutPlan::Continue { .. } | RolloutPlan::Stopping { .. }) {
+            prop_assert!(again.parent.is_empty() && again.events.is_empty(), "said once: {:?}", again);
+            prop_assert_eq!(again.next, changes.next);
+        }
+    }
+}
