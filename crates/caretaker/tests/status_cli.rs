@@ -97,6 +97,54 @@ async fn status_shows_progress_and_exits_by_outcome() {
     assert!(stderr(&out).contains("Cluster default/nope not found"));
 }
 
+/// A trigger the operator has not taken up yet is a request in progress, even while the
+/// Cluster still shows the previous request as done: `--watch` waits for it (as the how-to's
+/// `kubectl annotate` then `caretaker status cluster --watch` does) rather than ending at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_waits_for_a_new_trigger_the_operator_has_not_taken_up() {
+    let (_server, tmp, clusters) = cluster_c1().await;
+    let kubeconfig = tmp.path().join("kubeconfig");
+    set_rollout(&clusters, "r1", "done", "3/3").await;
+    // The user asks again (a finished request removed its trigger).
+    let body = json!({ "metadata": { "annotations": {
+        "v1beta2.k8sd.io/refresh-certificates": "2y",
+    } } });
+    clusters
+        .patch("c1", &PatchParams::default(), &Patch::Merge(&body))
+        .await
+        .unwrap();
+
+    let out = output(status(&kubeconfig, "c1", &[])).await;
+    assert_eq!(out.status.code(), Some(2), "{}", stdout(&out));
+    assert!(
+        stdout(&out).contains("certificate refresh 2y\nstatus   requested"),
+        "{}",
+        stdout(&out)
+    );
+
+    // The operator takes it up: request r2, for the trigger's value; done removes the trigger.
+    let clusters = &clusters;
+    let take_up = |status, progress| async move {
+        set_rollout(clusters, "r2", status, progress).await;
+        let trigger = (status != "done").then_some("2y");
+        let body = json!({ "metadata": { "annotations": {
+            "caretaker.dev/refresh-rollout-trigger": "2y",
+            "v1beta2.k8sd.io/refresh-certificates": trigger,
+        } } });
+        clusters
+            .patch("c1", &PatchParams::default(), &Patch::Merge(&body))
+            .await
+            .unwrap();
+    };
+    let mut watch = Watch::start(&kubeconfig);
+    watch.shows("status   requested").await;
+    take_up("in-progress", "1/3").await;
+    watch.shows("] 1/3").await;
+    take_up("done", "3/3").await;
+    let exit_code = watch.exit_code().await;
+    assert_eq!(exit_code, 0, "{}", watch.output());
+}
+
 /// A `caretaker status cluster c1 --watch` child: its stdout collected as it comes, killed when
 /// dropped, so a test that panics leaves nothing running.
 struct Watch {

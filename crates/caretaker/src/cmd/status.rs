@@ -1,11 +1,13 @@
 //! `caretaker status cluster NAME`: a Cluster's rollout at a glance.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use caretaker_operator::machine::{self, MachineView};
-use caretaker_operator::names::{self, rollout_state};
+use caretaker_operator::names::{self, Operation, rollout_state};
+use caretaker_operator::rollout::RequestState;
 use k8s_openapi::api::core::v1::Event;
 use kube::ResourceExt;
 use kube::api::{Api, DynamicObject, ListParams};
@@ -15,8 +17,11 @@ pub enum StatusCommand {
     /// Show a Cluster's rollout: request, status, a progress bar and a table of its Machines
     /// (role, status, certificate expiry, release, last event).
     ///
+    /// A trigger the operator has not taken up yet shows as `requested`: --watch waits for it
+    /// rather than ending on the previous request's status.
+    ///
     /// Exit status: 0 when the rollout is done (or none was asked for), 1 when it failed or
-    /// was cancelled, 2 while it is in progress (without --watch).
+    /// was cancelled, 2 while it is requested or in progress (without --watch).
     Cluster(ClusterArgs),
 }
 
@@ -85,61 +90,43 @@ pub async fn render(
         .map_err(|e| e.to_string())?
         .ok_or_else(|| format!("Cluster {namespace}/{name} not found"))?;
     let annotations = cluster.annotations();
-    let operations = [
-        (
-            "certificate refresh",
-            names::REFRESH_CERTIFICATES,
-            names::REFRESH_CERTIFICATES_STATUS,
-            rollout_state::REFRESH_REQUEST,
-        ),
-        (
-            "in-place upgrade",
-            names::IN_PLACE_UPGRADE_TO,
-            names::IN_PLACE_UPGRADE_STATUS,
-            rollout_state::UPGRADE_REQUEST,
-        ),
-    ];
+    let get = |key: &str| annotations.get(key).map(String::as_str);
     // The operation in progress, else the one with the newest request.
-    let current = operations
-        .iter()
-        .filter(|(_, _, status, _)| annotations.contains_key(*status))
-        .max_by_key(|(_, _, status, request)| {
+    let current = Operation::ALL
+        .into_iter()
+        .filter(|operation| annotations.contains_key(operation.names().status))
+        .max_by_key(|operation| {
+            let names = operation.names();
             (
-                annotations.get(*status).map(String::as_str) == Some(names::STATUS_IN_PROGRESS),
-                annotations.get(*request).cloned(),
+                get(names.status) == Some(names::STATUS_IN_PROGRESS),
+                get(names.rollout_request),
             )
         });
     let mut out = String::new();
-    let outcome = match current {
-        None => {
+    let outcome = match (requested(annotations), current) {
+        // Shown before the last request's status: that status is the previous request's.
+        (Some((what, value)), _) => {
+            let _ = writeln!(out, "Cluster {namespace}/{name}: {what} {value}");
+            let _ = writeln!(out, "status   requested, not started by the operator yet");
+            Outcome::InProgress
+        }
+        (None, None) => {
             let _ = writeln!(out, "Cluster {namespace}/{name}: no rollout requested");
             Outcome::None
         }
-        Some((what, trigger, status_key, request)) => {
-            let status = annotations
-                .get(*status_key)
-                .map(String::as_str)
-                .unwrap_or("-");
-            let progress = annotations
-                .get(names::PROGRESS)
-                .cloned()
-                .unwrap_or_else(|| "0/0".into());
-            let value = annotations
-                .get(*trigger)
-                .or_else(|| {
-                    annotations.get(if *trigger == names::REFRESH_CERTIFICATES {
-                        rollout_state::REFRESH_TRIGGER
-                    } else {
-                        rollout_state::UPGRADE_TRIGGER
-                    })
-                })
-                .cloned()
+        (None, Some(operation)) => {
+            let what = describe(operation);
+            let operation = operation.names();
+            let status = get(operation.status).unwrap_or("-");
+            let progress = get(names::PROGRESS).unwrap_or("0/0").to_string();
+            let value = get(operation.trigger)
+                .or_else(|| get(operation.rollout_trigger))
                 .unwrap_or_default();
             let _ = writeln!(out, "Cluster {namespace}/{name}: {what} {value}");
             let _ = writeln!(
                 out,
                 "request  {}",
-                annotations.get(*request).map(String::as_str).unwrap_or("-")
+                get(operation.rollout_request).unwrap_or("-")
             );
             let _ = writeln!(out, "status   {status}");
             let _ = writeln!(out, "progress {} {progress}", bar(&progress));
@@ -208,6 +195,31 @@ pub async fn render(
         );
     }
     Ok((out, outcome))
+}
+
+/// The operation whose trigger asks for a request the operator has not taken up yet (a new
+/// value, or the trigger set again after an end), with that value: `--watch` waits for it
+/// instead of ending on the previous request's status.
+fn requested(annotations: &BTreeMap<String, String>) -> Option<(&'static str, &str)> {
+    Operation::ALL.into_iter().find_map(|operation| {
+        let names = operation.names();
+        let get = |key: &str| annotations.get(key).map(String::as_str);
+        match RequestState::of(
+            get(names.trigger),
+            get(names.status),
+            get(names.rollout_trigger),
+        ) {
+            RequestState::New { trigger } => Some((describe(operation), trigger)),
+            _ => None,
+        }
+    })
+}
+
+fn describe(operation: Operation) -> &'static str {
+    match operation {
+        Operation::RefreshCertificates => "certificate refresh",
+        Operation::InPlaceUpgrade => "in-place upgrade",
+    }
 }
 
 /// `[########------------]` for `DONE/TOTAL`.

@@ -222,15 +222,26 @@ async fn apply(
     }
     let resource = kind.api_resource();
     if !changes.parent.is_empty() {
+        // Written only on the version this pass saw: a pass on a parent the cache has not
+        // caught up with (our own last write, a user's edit) must not record a second request
+        // or publish its events again; the parent's watch event brings a fresh pass.
         let namespace = parent.namespace().unwrap_or_default();
-        let body = changes.parent.merge_patch(None);
-        ctx.api(&namespace, &resource)
+        let body = changes
+            .parent
+            .merge_patch(parent.metadata.resource_version.as_deref());
+        match ctx
+            .api(&namespace, &resource)
             .patch(
                 &parent.name_any(),
                 &PatchParams::default(),
                 &Patch::Merge(&body),
             )
-            .await?;
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 409 => return Ok(Next::AwaitChange),
+            Err(e) => return Err(e.into()),
+        }
     }
     let reference = parent.object_ref(&resource);
     for event in changes.events {
