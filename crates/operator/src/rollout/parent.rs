@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use caretaker_agent::upgrade::ReleaseOption;
+use caretaker_agent_api::upgrade::ReleaseOption;
 use caretaker_pki::Ttl;
 use kube::api::ApiResource;
 use time::OffsetDateTime;
