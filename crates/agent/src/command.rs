@@ -6,7 +6,7 @@ use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
+use caretaker_agent_api::refresh::HookOutcome;
 
 /// How much of a command's output is kept.
 pub const OUTPUT_TAIL_BYTES: usize = 4096;
@@ -47,31 +47,6 @@ impl CommandTemplate {
             }
         }
         (self.program.clone(), args)
-    }
-}
-
-/// How a finished hook ended.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct HookOutcome {
-    pub success: bool,
-    /// `None` when killed by a signal or on timeout.
-    pub exit_code: Option<i32>,
-    /// It outlived its timeout, or left something behind that held its output that long, and
-    /// its whole process group was killed.
-    #[serde(default)]
-    pub timed_out: bool,
-    /// The last bytes of stdout and stderr together.
-    pub output_tail: String,
-}
-
-impl HookOutcome {
-    fn not_started(program: &str, error: &std::io::Error) -> Self {
-        Self {
-            success: false,
-            exit_code: None,
-            timed_out: false,
-            output_tail: format!("cannot start {program}: {error}"),
-        }
     }
 }
 
@@ -211,7 +186,12 @@ pub fn run_blocking(
 ) -> HookOutcome {
     match RunningHook::spawn(template, release) {
         Ok(hook) => hook.wait(timeout),
-        Err(e) => HookOutcome::not_started(&template.argv(release).0, &e),
+        Err(error) => HookOutcome {
+            success: false,
+            exit_code: None,
+            timed_out: false,
+            output_tail: format!("cannot start {}: {error}", template.argv(release).0),
+        },
     }
 }
 

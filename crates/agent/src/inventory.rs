@@ -1,59 +1,13 @@
-//! What certificates a node holds right now.
+//! What certificates a node holds right now, read from its files.
 
 use std::fs;
 
+use caretaker_agent_api::inventory::{CaEntry, Inventory, InventoryEntry, SlotProblem};
+use caretaker_agent_api::kubeadm::{SLOTS, SigningCa, Slot};
 use caretaker_pki::{CertificateInfo, KeyAlgorithm, Usage};
-use serde::{Deserialize, Serialize};
 
 use crate::kubeconfig;
-use crate::layout::{NodeLayout, SLOTS, SigningCa, Slot, SlotFiles};
-
-/// One certificate found on the node.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct InventoryEntry {
-    /// The kubeadm name (`apiserver`, `etcd/peer`, `admin.conf`, …).
-    pub name: String,
-    /// The CA that must sign its replacement.
-    pub ca: SigningCa,
-    pub usage: Usage,
-    pub certificate: CertificateInfo,
-}
-
-/// A slot whose files exist but cannot be read as a certificate.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SlotProblem {
-    pub name: String,
-    pub problem: String,
-}
-
-/// A CA certificate found on the node (its key may or may not be there).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CaEntry {
-    pub ca: SigningCa,
-    pub certificate: CertificateInfo,
-}
-
-/// Everything [`discover`] found.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Inventory {
-    pub certificates: Vec<InventoryEntry>,
-    pub authorities: Vec<CaEntry>,
-    pub problems: Vec<SlotProblem>,
-}
-
-impl Inventory {
-    pub fn entry(&self, name: &str) -> Option<&InventoryEntry> {
-        self.certificates.iter().find(|e| e.name == name)
-    }
-
-    /// The earliest notAfter of all leaf certificates.
-    pub fn earliest_expiry(&self) -> Option<time::OffsetDateTime> {
-        self.certificates
-            .iter()
-            .map(|e| e.certificate.not_after)
-            .min()
-    }
-}
+use crate::layout::{NodeLayout, SlotFiles};
 
 /// Reads every slot present on the node. Missing slots are skipped (workers have only
 /// `kubelet.conf` and `kubelet`); unreadable ones are reported as problems.

@@ -5,12 +5,15 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
+use caretaker_agent_api::inventory::Inventory;
+use caretaker_agent_api::kubeadm::SigningCa;
+use caretaker_agent_api::refresh::{ApplyOutcome, ApplyRequest, PlanRequest};
 use caretaker_pki::{CertificateAuthority, Ttl};
 use time::OffsetDateTime;
 
-use crate::inventory::{self, Inventory};
-use crate::layout::{NodeLayout, SigningCa};
-use crate::refresh::{ApplyOutcome, ApplyRequest, PlanRequest, RefreshError, Refresher};
+use crate::inventory;
+use crate::layout::NodeLayout;
+use crate::refresh::{RefreshError, Refresher};
 
 /// The `check-expiration` report, as kubeadm lays it out.
 pub fn expiration_report(

@@ -3,23 +3,26 @@
 //! and the CAs on disk, backs up the old files, writes the new ones atomically, rewrites the
 //! kubeconfigs and runs the restart hook. CA keys are never needed on the node.
 
-use std::collections::BTreeMap;
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use caretaker_pki::files::{self, FileToWrite};
-use caretaker_pki::{
-    CertificateInfo, CertificateRequest, CsrSubject, PrivateKey, SigningPolicy, Usage,
+use caretaker_agent_api::inventory::InventoryEntry;
+use caretaker_agent_api::kubeadm::{Slot, slot};
+use caretaker_agent_api::refresh::{
+    ApplyOutcome, ApplyRequest, HookOutcome, PlanRequest, PlanStatus, PlannedCertificate,
+    RefreshPlan,
 };
+use caretaker_pki::files::{self, FileToWrite};
+use caretaker_pki::{CertificateInfo, CertificateRequest, CsrSubject, PrivateKey};
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
-use crate::command::{CommandTemplate, HookOutcome, run_blocking};
+use crate::command::{CommandTemplate, run_blocking};
 use crate::inventory::{self, key_algorithm_of, usage_of};
 use crate::kubeconfig;
-use crate::layout::{NodeLayout, SigningCa, Slot, SlotFiles, slot};
+use crate::layout::{NodeLayout, SlotFiles};
 
 /// How many backups and applied-plan records are kept.
 pub const KEPT_HISTORY: usize = 3;
@@ -29,82 +32,6 @@ const STAGED_PLAN_LIFETIME: Duration = Duration::from_secs(24 * 3600);
 
 /// How long the restart hook may run unless configured otherwise.
 pub const DEFAULT_RESTART_TIMEOUT: Duration = Duration::from_secs(300);
-
-/// Which certificates to refresh.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PlanRequest {
-    /// kubeadm names; empty means every certificate the node has.
-    #[serde(default)]
-    pub names: Vec<String>,
-}
-
-/// New keys are staged on the node; these CSRs go out to be signed.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RefreshPlan {
-    pub plan_id: String,
-    pub requests: Vec<PlannedCertificate>,
-}
-
-/// One CSR of a plan, with what it asks for spelled out so the signer can check it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PlannedCertificate {
-    pub name: String,
-    pub ca: SigningCa,
-    pub csr_pem: String,
-    pub common_name: String,
-    pub organizations: Vec<String>,
-    pub dns_names: Vec<String>,
-    pub ip_addresses: Vec<std::net::IpAddr>,
-    pub usage: Usage,
-}
-
-impl PlannedCertificate {
-    /// A policy that allows exactly what this request spells out, so its CSR is still checked
-    /// against it. For signers whose requester is trusted to ask for what the node already has
-    /// (offline renewal by the node's admin, benchmarks); the operator has its own policy.
-    pub fn exact_policy(&self) -> SigningPolicy {
-        SigningPolicy {
-            common_names: vec![self.common_name.clone()],
-            organizations: self.organizations.clone(),
-            dns_names: self.dns_names.clone(),
-            ip_addresses: self.ip_addresses.clone(),
-            usage: Some(self.usage),
-        }
-    }
-}
-
-/// Signed certificates for a plan, by name.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ApplyRequest {
-    pub plan_id: String,
-    pub certificates: BTreeMap<String, String>,
-}
-
-/// What `apply` did.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ApplyOutcome {
-    pub applied: Vec<String>,
-    #[serde(with = "time::serde::rfc3339")]
-    pub earliest_not_after: OffsetDateTime,
-    /// Where the replaced files were copied.
-    pub backup_dir: PathBuf,
-    /// The restart hook's result, when one is configured. A failed hook does not undo the new
-    /// certificates: they are valid, and the backup is at `backup_dir`.
-    pub restart: Option<HookOutcome>,
-}
-
-/// Where a plan stands, for a caller that lost track of it (a restarted operator).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "state", rename_all = "lowercase")]
-pub enum PlanStatus {
-    /// Keys are staged; these CSRs await signed certificates.
-    Staged { requests: Vec<PlannedCertificate> },
-    /// The plan is being applied right now (its restart hook may take minutes): ask again
-    /// later instead of applying it, or anything else, again.
-    Applying,
-    /// The plan was applied; applying it again is not possible and not needed.
-    Applied { outcome: ApplyOutcome },
-}
 
 /// Why a refresh step failed. The category decides the HTTP status.
 #[derive(Debug, thiserror::Error)]
@@ -177,7 +104,7 @@ impl Refresher {
     /// state directory until `apply`.
     pub fn plan(&self, request: &PlanRequest) -> Result<RefreshPlan, RefreshError> {
         let inventory = inventory::discover(&self.layout);
-        let selected: Vec<&inventory::InventoryEntry> = if request.names.is_empty() {
+        let selected: Vec<&InventoryEntry> = if request.names.is_empty() {
             inventory.certificates.iter().collect()
         } else {
             request
@@ -661,29 +588,57 @@ pub(crate) fn is_plan_id(id: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-    use crate::provision::{ClusterCas, NodeRole, NodeSpec, provision_node};
+    use std::collections::BTreeMap;
 
-    fn worker(dir: &Path) -> (ClusterCas, Refresher) {
-        let cas = ClusterCas::create().unwrap();
+    use caretaker_agent_api::kubeadm::SigningCa;
+    use caretaker_pki::{CaSpec, CertificateAuthority, LeafSpec, Usage};
+
+    use super::*;
+
+    /// A worker as `kubeadm join` leaves it: the cluster CA's certificate, the kubelet's
+    /// serving pair and `kubelet.conf`.
+    fn worker(dir: &Path) -> (CertificateAuthority, Refresher) {
+        let ca = CertificateAuthority::create(&CaSpec::new("kubernetes")).unwrap();
         let layout = NodeLayout::new(dir.join("pki"), dir.join("kubeconfigs"));
-        provision_node(
-            &layout,
-            &cas,
-            &NodeSpec {
-                node_name: "node-1".into(),
-                addresses: vec!["127.0.0.1".parse().unwrap()],
-                role: NodeRole::Worker,
-                control_plane_host: "cp.example".into(),
-                server_url: "https://cp.example:6443".into(),
-                validity: "30d".parse().unwrap(),
-            },
+        fs::create_dir_all(&layout.pki_dir).unwrap();
+        fs::create_dir_all(&layout.kubeconfig_dir).unwrap();
+        let ca_path = SigningCa::Cluster.certificate_path(&layout.pki_dir);
+        fs::write(ca_path, ca.certificate_pem()).unwrap();
+        let serving = ca
+            .issue(&LeafSpec::new("node-1", Usage::Server).with_dns_names(["node-1"]))
+            .unwrap();
+        let key = |issued: &caretaker_pki::IssuedCertificate| {
+            issued.key.as_ref().expect("issue() returns a key").to_pem()
+        };
+        fs::write(layout.pki_dir.join("kubelet.crt"), &serving.certificate_pem).unwrap();
+        files::write_atomic(
+            &layout.pki_dir.join("kubelet.key"),
+            key(&serving).as_bytes(),
+            files::PRIVATE_KEY_MODE,
         )
         .unwrap();
-        (cas, Refresher::new(layout, dir.join("state")))
+        let client_name = "system:node:node-1";
+        let client = ca
+            .issue(&LeafSpec::new(client_name, Usage::Client).with_organizations(["system:nodes"]))
+            .unwrap();
+        let kubelet_conf = kubeconfig::render(
+            "kubernetes",
+            "https://cp.example:6443",
+            &ca.certificate_pem(),
+            client_name,
+            &client.certificate_pem,
+            &key(&client),
+        );
+        files::write_atomic(
+            &layout.kubeconfig_dir.join("kubelet.conf"),
+            kubelet_conf.as_bytes(),
+            files::PRIVATE_KEY_MODE,
+        )
+        .unwrap();
+        (ca, Refresher::new(layout, dir.join("state")))
     }
 
-    fn signed(cas: &ClusterCas, plan: &RefreshPlan) -> ApplyRequest {
+    fn signed(ca: &CertificateAuthority, plan: &RefreshPlan) -> ApplyRequest {
         let ttl = "1y".parse().unwrap();
         ApplyRequest {
             plan_id: plan.plan_id.clone(),
@@ -691,8 +646,8 @@ mod tests {
                 .requests
                 .iter()
                 .map(|r| {
-                    let signed = cas
-                        .get(r.ca)
+                    assert_eq!(r.ca, SigningCa::Cluster);
+                    let signed = ca
                         .sign_request(&r.csr_pem, &r.exact_policy(), &ttl)
                         .unwrap();
                     (r.name.clone(), signed.certificate_pem)
@@ -718,11 +673,11 @@ mod tests {
     #[test]
     fn a_write_failing_partway_restores_every_replaced_file() {
         let dir = tempfile::tempdir().unwrap();
-        let (cas, refresher) = worker(dir.path());
+        let (ca, refresher) = worker(dir.path());
         let before = node_files(refresher.layout());
         let plan = refresher.plan(&PlanRequest::default()).unwrap();
         assert_eq!(plan.requests.len(), 2, "kubelet.conf and kubelet");
-        let request = signed(&cas, &plan);
+        let request = signed(&ca, &plan);
 
         // The first slot is written for real, the second fails.
         let mut written = 0;

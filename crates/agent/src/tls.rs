@@ -1,69 +1,19 @@
-//! Mutual TLS between operator and agent. Both sides chain to the cluster CA; the agent accepts
-//! exactly one client identity (by certificate common name), checked during the handshake, so a
-//! wrong or missing client certificate gets nothing but a TLS alert.
+//! Mutual TLS between operator and agent, the agent's half: the server configuration, which
+//! accepts exactly one client identity (by certificate common name), checked during the
+//! handshake, so a wrong or missing client certificate gets nothing but a TLS alert. The
+//! client's half is `caretaker_agent_api::tls`.
 
 use std::sync::Arc;
 
+use caretaker_agent_api::tls::{
+    TlsError, certificates, install_crypto_provider, private_key, roots,
+};
 use caretaker_pki::CertificateInfo;
-use rustls::client::WebPkiServerVerifier;
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::client::danger::HandshakeSignatureValid;
+use rustls::pki_types::{CertificateDer, UnixTime};
 use rustls::server::WebPkiClientVerifier;
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
-use rustls::{
-    CertificateError, DigitallySignedStruct, DistinguishedName, RootCertStore, SignatureScheme,
-};
-
-/// The client identity the agent accepts unless told otherwise.
-pub const DEFAULT_ALLOWED_CLIENT: &str = "caretaker-operator";
-
-#[derive(Debug, thiserror::Error)]
-pub enum TlsError {
-    #[error("{what} is not valid PEM: {reason}")]
-    Pem { what: &'static str, reason: String },
-    #[error("{0}")]
-    Config(String),
-}
-
-/// Makes every rustls user in this process use aws-lc-rs. Safe to call more than once.
-pub fn install_crypto_provider() {
-    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
-}
-
-fn certificates(pem: &str, what: &'static str) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-    let certificates = CertificateDer::pem_slice_iter(pem.as_bytes())
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| TlsError::Pem {
-            what,
-            reason: e.to_string(),
-        })?;
-    if certificates.is_empty() {
-        return Err(TlsError::Pem {
-            what,
-            reason: "no certificate found".into(),
-        });
-    }
-    Ok(certificates)
-}
-
-fn private_key(pem: &str) -> Result<PrivateKeyDer<'static>, TlsError> {
-    // The error text of the PEM parser never includes the key, but say nothing specific anyway.
-    PrivateKeyDer::from_pem_slice(pem.as_bytes()).map_err(|_| TlsError::Pem {
-        what: "the private key",
-        reason: "no usable PKCS#8, SEC1 or PKCS#1 key found".into(),
-    })
-}
-
-fn roots(ca_pem: &str) -> Result<Arc<RootCertStore>, TlsError> {
-    let mut store = RootCertStore::empty();
-    for certificate in certificates(ca_pem, "the CA bundle")? {
-        store
-            .add(certificate)
-            .map_err(|e| TlsError::Config(format!("CA certificate: {e}")))?;
-    }
-    Ok(Arc::new(store))
-}
+use rustls::{DigitallySignedStruct, DistinguishedName, SignatureScheme};
 
 /// The agent's server configuration: its serving pair, the CA client certificates must chain
 /// to, and the one client common name it accepts.
@@ -90,153 +40,6 @@ pub fn server_config(
         .map_err(|e| TlsError::Config(format!("serving certificate and key: {e}")))?;
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(config)
-}
-
-/// The operator's client configuration: the cluster CA to trust and its client pair. The
-/// agent is verified by the URL's host; [`ClientIdentity::config_for_node`] verifies it by node.
-pub fn client_config(
-    ca_pem: &str,
-    cert_pem: &str,
-    key_pem: &str,
-) -> Result<rustls::ClientConfig, TlsError> {
-    ClientIdentity::from_pem(ca_pem, cert_pem, key_pem)?.config()
-}
-
-/// The operator's side of mutual TLS: the CA agents must chain to and its client pair, from
-/// which a client configuration is made for each agent it talks to.
-#[derive(Clone)]
-pub struct ClientIdentity {
-    roots: Arc<RootCertStore>,
-    chain: Vec<CertificateDer<'static>>,
-    key: Arc<PrivateKeyDer<'static>>,
-}
-
-impl std::fmt::Debug for ClientIdentity {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ClientIdentity").finish_non_exhaustive()
-    }
-}
-
-impl ClientIdentity {
-    pub fn from_pem(ca_pem: &str, cert_pem: &str, key_pem: &str) -> Result<Self, TlsError> {
-        install_crypto_provider();
-        Ok(Self {
-            roots: roots(ca_pem)?,
-            chain: certificates(cert_pem, "the client certificate")?,
-            key: Arc::new(private_key(key_pem)?),
-        })
-    }
-
-    /// A configuration that verifies the agent by the host of the URL it is reached at.
-    pub fn config(&self) -> Result<rustls::ClientConfig, TlsError> {
-        self.finish(rustls::ClientConfig::builder().with_root_certificates(self.roots.clone()))
-    }
-
-    /// A configuration that accepts only an agent whose serving certificate names one of
-    /// `names` (a node's name and addresses), wherever the URL points: a Machine's
-    /// `caretaker.dev/agent-endpoint` annotation cannot send its signing to another node.
-    pub fn config_for_node(&self, names: &[String]) -> Result<rustls::ClientConfig, TlsError> {
-        let inner = WebPkiServerVerifier::builder(self.roots.clone())
-            .build()
-            .map_err(|e| TlsError::Config(e.to_string()))?;
-        let names = names
-            .iter()
-            .filter_map(|n| ServerName::try_from(n.clone()).ok())
-            .collect();
-        let verifier = Arc::new(NodeVerifier { inner, names });
-        self.finish(
-            rustls::ClientConfig::builder()
-                .dangerous()
-                .with_custom_certificate_verifier(verifier),
-        )
-    }
-
-    fn finish(
-        &self,
-        builder: rustls::ConfigBuilder<rustls::ClientConfig, rustls::client::WantsClientCert>,
-    ) -> Result<rustls::ClientConfig, TlsError> {
-        let mut config = builder
-            .with_client_auth_cert(self.chain.clone(), self.key.clone_key())
-            .map_err(|e| TlsError::Config(format!("client certificate and key: {e}")))?;
-        config.alpn_protocols = vec![b"http/1.1".to_vec()];
-        Ok(config)
-    }
-}
-
-/// The agent's serving certificate names none of a node's names.
-#[derive(Debug, Clone, thiserror::Error)]
-#[error("its serving certificate names none of {}", .expected.join(", "))]
-pub struct NotTheNode {
-    pub expected: Vec<String>,
-}
-
-/// WebPKI chain verification, then a check that the certificate is valid for one of a node's
-/// names, whatever name the connection was made to.
-#[derive(Debug)]
-struct NodeVerifier {
-    inner: Arc<WebPkiServerVerifier>,
-    names: Vec<ServerName<'static>>,
-}
-
-impl ServerCertVerifier for NodeVerifier {
-    fn verify_server_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        ocsp_response: &[u8],
-        now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        for name in &self.names {
-            match self
-                .inner
-                .verify_server_cert(end_entity, intermediates, name, ocsp_response, now)
-            {
-                Ok(verified) => return Ok(verified),
-                Err(rustls::Error::InvalidCertificate(
-                    CertificateError::NotValidForName
-                    | CertificateError::NotValidForNameContext { .. },
-                )) => continue,
-                Err(other) => return Err(other),
-            }
-        }
-        let expected = self.names.iter().map(|n| n.to_str().into_owned()).collect();
-        Err(rustls::Error::InvalidCertificate(CertificateError::Other(
-            rustls::OtherError(Arc::new(NotTheNode { expected })),
-        )))
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls12_signature(message, cert, dss)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls13_signature(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.inner.supported_verify_schemes()
-    }
-}
-
-/// The node mismatch behind a failed handshake, if that is what failed it.
-pub fn not_the_node(error: &std::io::Error) -> Option<&NotTheNode> {
-    match error.get_ref()?.downcast_ref::<rustls::Error>()? {
-        rustls::Error::InvalidCertificate(CertificateError::Other(other)) => {
-            other.0.downcast_ref::<NotTheNode>()
-        }
-        _ => None,
-    }
 }
 
 /// WebPKI chain verification plus a check of the client's common name.

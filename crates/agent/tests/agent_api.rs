@@ -6,15 +6,19 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use caretaker_agent::api::{AgentClient, AgentError, AgentService, ServeLimits, serve_with};
 use caretaker_agent::command::CommandTemplate;
-use caretaker_agent::layout::{NodeLayout, SigningCa};
-use caretaker_agent::provision::{ClusterCas, NodeRole, NodeSpec, provision_node};
-use caretaker_agent::refresh::{ApplyRequest, PlanRequest, PlanStatus, RefreshPlan, Refresher};
-use caretaker_agent::tls;
-use caretaker_agent::upgrade::{OperationState, UpgradeRequest, Upgrader};
-use caretaker_agent::{inventory, kubeconfig};
+use caretaker_agent::layout::NodeLayout;
+use caretaker_agent::refresh::Refresher;
+use caretaker_agent::server::{AgentService, ServeLimits, serve_with};
+use caretaker_agent::upgrade::Upgrader;
+use caretaker_agent::{inventory, kubeconfig, tls};
+use caretaker_agent_api::client::{AgentClient, AgentError};
+use caretaker_agent_api::kubeadm::{NodeRole, SigningCa};
+use caretaker_agent_api::refresh::{ApplyRequest, PlanRequest, PlanStatus, RefreshPlan};
+use caretaker_agent_api::tls::{DEFAULT_ALLOWED_CLIENT, client_config};
+use caretaker_agent_api::upgrade::{Operation, OperationState, ReleaseOption, UpgradeRequest};
 use caretaker_pki::{CaSpec, CertificateAuthority, LeafSpec, SigningPolicy, Ttl, Usage};
+use caretaker_testkit::provision::{ClusterCas, NodeSpec, provision_node};
 
 struct Node {
     dir: tempfile::TempDir,
@@ -110,7 +114,7 @@ async fn start_node_with(
         &cert,
         &key,
         &cas.cluster.certificate_pem(),
-        tls::DEFAULT_ALLOWED_CLIENT,
+        DEFAULT_ALLOWED_CLIENT,
     )
     .unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -145,7 +149,7 @@ fn client_with_timeout(
     timeout: Duration,
 ) -> AgentClient {
     let (cert, key) = leaf_pair(signer, LeafSpec::new(cn, Usage::Client));
-    let config = tls::client_config(&trust.certificate_pem(), &cert, &key).unwrap();
+    let config = client_config(&trust.certificate_pem(), &cert, &key).unwrap();
     AgentClient::new(config, timeout)
 }
 
@@ -427,7 +431,7 @@ async fn plan_then_apply_refreshes_every_certificate_in_place() {
 
     // The plan is known as applied, with its outcome.
     match client.plan_status(&node.url, &plan.plan_id).await.unwrap() {
-        caretaker_agent::refresh::PlanStatus::Applied { outcome: recorded } => {
+        PlanStatus::Applied { outcome: recorded } => {
             assert_eq!(recorded, outcome)
         }
         other => panic!("expected applied, got {other:?}"),
@@ -563,7 +567,7 @@ async fn a_bad_certificate_in_apply_changes_nothing_on_disk() {
     // The plan is still there, staged: the right certificates apply afterwards.
     assert!(matches!(
         client.plan_status(&node.url, &plan.plan_id).await.unwrap(),
-        caretaker_agent::refresh::PlanStatus::Staged { .. }
+        PlanStatus::Staged { .. }
     ));
     client
         .apply(
@@ -748,7 +752,7 @@ async fn hooks_that_leave_a_child_holding_their_output_time_out_and_are_recorded
         "the restart hook's child was killed"
     );
     match client.plan_status(&node.url, &plan.plan_id).await.unwrap() {
-        caretaker_agent::refresh::PlanStatus::Applied { outcome: recorded } => {
+        PlanStatus::Applied { outcome: recorded } => {
             assert_eq!(recorded, outcome, "the record is written")
         }
         other => panic!("expected applied, got {other:?}"),
@@ -780,7 +784,7 @@ async fn hooks_that_leave_a_child_holding_their_output_time_out_and_are_recorded
         is_dead(&upgrade_child),
         "the upgrade hook's child was killed"
     );
-    let record: caretaker_agent::upgrade::Operation = serde_json::from_slice(
+    let record: Operation = serde_json::from_slice(
         &std::fs::read(node.state_dir().join(format!("operations/{}.json", op.id))).unwrap(),
     )
     .unwrap();
@@ -1007,11 +1011,7 @@ fn upgrade_script(dir: &Path) -> String {
     script.display().to_string()
 }
 
-async fn wait_finished(
-    client: &AgentClient,
-    url: &str,
-    id: &str,
-) -> caretaker_agent::upgrade::Operation {
+async fn wait_finished(client: &AgentClient, url: &str, id: &str) -> Operation {
     for _ in 0..200 {
         let op = client.operation(url, id).await.unwrap();
         if op.state.is_finished() {
@@ -1217,7 +1217,7 @@ async fn an_upgrade_running_when_the_agent_stopped_is_reported_failed_after_a_re
     assert!(reported.finished_at.is_some());
     assert_eq!(restarted.current_release(), None);
     // It is recorded so, not only reported.
-    let record: caretaker_agent::upgrade::Operation = serde_json::from_slice(
+    let record: Operation = serde_json::from_slice(
         &std::fs::read(node.state_dir().join(format!("operations/{}.json", op.id))).unwrap(),
     )
     .unwrap();
@@ -1262,9 +1262,7 @@ async fn hostile_release_options_are_refused_and_never_reach_the_hook() {
             )
             .await
             .unwrap_err();
-        let shown = caretaker_agent::upgrade::ReleaseOption::parse(&release)
-            .unwrap_err()
-            .to_string();
+        let shown = ReleaseOption::parse(&release).unwrap_err().to_string();
         assert!(
             matches!(&err, AgentError::Status { status: 400, message, .. } if *message == shown),
             "{release:?}: {err}"

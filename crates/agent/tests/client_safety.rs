@@ -10,10 +10,12 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::routing::get;
-use caretaker_agent::api::{AgentClient, AgentError, MAX_REPLY_BYTES, ServeLimits, serve_with};
-use caretaker_agent::provision::agent_serving_leaf;
-use caretaker_agent::tls::{self, ClientIdentity};
+use caretaker_agent::server::{ServeLimits, serve_with};
+use caretaker_agent::tls;
+use caretaker_agent_api::client::{AgentClient, AgentError, MAX_REPLY_BYTES};
+use caretaker_agent_api::tls::{ClientIdentity, DEFAULT_ALLOWED_CLIENT};
 use caretaker_pki::{CaSpec, CertificateAuthority, LeafSpec, Usage};
+use caretaker_testkit::provision::agent_serving_leaf;
 
 /// Serves `router` with mutual TLS as node `node` (address 127.0.0.1) under `ca`.
 async fn start(ca: &CertificateAuthority, node: &str, router: Router) -> String {
@@ -34,7 +36,7 @@ async fn start_with(
         &serving.certificate_pem,
         &serving.key.unwrap().to_pem(),
         &ca.certificate_pem(),
-        tls::DEFAULT_ALLOWED_CLIENT,
+        DEFAULT_ALLOWED_CLIENT,
     )
     .unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -48,7 +50,7 @@ async fn start_with(
 
 fn operator_identity(ca: &CertificateAuthority) -> ClientIdentity {
     let pair = ca
-        .issue(&LeafSpec::new(tls::DEFAULT_ALLOWED_CLIENT, Usage::Client))
+        .issue(&LeafSpec::new(DEFAULT_ALLOWED_CLIENT, Usage::Client))
         .unwrap();
     ClientIdentity::from_pem(
         &ca.certificate_pem(),

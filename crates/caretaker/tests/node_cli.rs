@@ -7,11 +7,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use caretaker_agent::NodeLayout;
-use caretaker_agent::api::AgentClient;
-use caretaker_agent::provision::{ClusterCas, NodeRole, NodeSpec, provision_node};
-use caretaker_agent::tls;
+use caretaker_agent_api::client::AgentClient;
+use caretaker_agent_api::kubeadm::NodeRole;
+use caretaker_agent_api::tls;
 use caretaker_pki::files;
 use caretaker_pki::{CaSpec, CertificateAuthority, LeafSpec, Usage};
+use caretaker_testkit::provision::{ClusterCas, NodeSpec, provision_node};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -149,7 +150,7 @@ fn renew_replaces_certificates_with_the_given_cas() {
         "{text}"
     );
     let after = caretaker_agent::offline::inventory(&layout);
-    let days = |inv: &caretaker_agent::inventory::Inventory, n: &str| {
+    let days = |inv: &caretaker_agent_api::inventory::Inventory, n: &str| {
         (inv.entry(n).unwrap().certificate.not_after - time::OffsetDateTime::now_utc()).whole_days()
     };
     assert!(days(&after, "apiserver") > 700);

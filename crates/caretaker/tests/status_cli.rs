@@ -6,9 +6,9 @@ use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use caretaker_agent::provision::ClusterCas;
 use caretaker_apiserver::{ApiServer, TestServer};
-use caretaker_operator::capi_objects::{self, ClusterObjects};
+use caretaker_testkit::capi_objects::{self, ClusterObjects};
+use caretaker_testkit::provision::ClusterCas;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use serde_json::json;
 

@@ -26,16 +26,16 @@ use std::time::{Duration, Instant};
 
 use caretaker_agent::NodeLayout;
 use caretaker_agent::command::CommandTemplate;
-use caretaker_agent::local::LocalAgent;
-use caretaker_agent::provision::{
-    ClusterCas, NodeRole, NodeSpec, agent_serving_leaf, provision_node,
-};
-use caretaker_agent::refresh::{ApplyRequest, PlanRequest, Refresher};
+use caretaker_agent::refresh::Refresher;
+use caretaker_agent_api::kubeadm::NodeRole;
+use caretaker_agent_api::refresh::{ApplyRequest, PlanRequest};
 use caretaker_apiserver::TestServer;
-use caretaker_operator::capi_objects::{self, ClusterObjects, MachineObject, MachineRole};
 use caretaker_operator::controllers;
 use caretaker_operator::{Context, Settings, machine, names};
 use caretaker_pki::Ttl;
+use caretaker_testkit::capi_objects::{self, ClusterObjects, MachineObject, MachineRole};
+use caretaker_testkit::local::LocalAgent;
+use caretaker_testkit::provision::{ClusterCas, NodeSpec, agent_serving_leaf, provision_node};
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use serde_json::json;
 

@@ -12,7 +12,7 @@ use kube::Client;
 use kube::Resource;
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 
-use caretaker_agent::api::AgentClient;
+use caretaker_agent_api::client::AgentClient;
 
 use crate::Error;
 use crate::Settings;

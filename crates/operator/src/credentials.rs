@@ -6,9 +6,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use caretaker_agent::SigningCa;
-use caretaker_agent::api::AgentClient;
-use caretaker_agent::tls::ClientIdentity;
+use caretaker_agent_api::client::AgentClient;
+use caretaker_agent_api::kubeadm::SigningCa;
+use caretaker_agent_api::tls::ClientIdentity;
 use caretaker_pki::{CertificateAuthority, LeafSpec, RotationPolicy, Ttl, Usage};
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
@@ -18,7 +18,7 @@ use tokio::sync::Mutex;
 use crate::Error;
 
 /// The client identity agents accept by default.
-pub const OPERATOR_CLIENT_NAME: &str = "caretaker-operator";
+pub const OPERATOR_CLIENT_NAME: &str = caretaker_agent_api::tls::DEFAULT_ALLOWED_CLIENT;
 /// The operator's client certificates live this long and are replaced after two thirds.
 const CLIENT_CERTIFICATE_LIFETIME: Duration = Duration::from_secs(7 * 24 * 3600);
 
@@ -205,10 +205,11 @@ async fn load(
 
 #[cfg(test)]
 mod tests {
-    use caretaker_agent::provision::ClusterCas;
+    use caretaker_pki::CaSpec;
+    use k8s_openapi::ByteString;
+    use kube::api::{ObjectMeta, PostParams};
 
     use super::*;
-    use crate::capi_objects::{self, ClusterObjects};
 
     #[test]
     fn ca_secret_names_map_back_to_their_cluster() {
@@ -226,13 +227,29 @@ mod tests {
 
     #[tokio::test]
     async fn the_client_certificate_is_replaced_after_two_thirds_of_its_life() {
-        caretaker_agent::tls::install_crypto_provider();
+        caretaker_agent_api::tls::install_crypto_provider();
         let server = caretaker_apiserver::TestServer::start().await;
         let client = server.client();
-        capi_objects::install_upstream_crds(&client).await.unwrap();
-        let cluster = ClusterObjects::new(&client, "default", "c1", "cp.example");
-        cluster
-            .create(&ClusterCas::create().unwrap())
+        // Only the cluster CA's Secret is required.
+        let ca = CertificateAuthority::create(&CaSpec::new("kubernetes")).unwrap();
+        let data = [
+            ("tls.crt", ca.certificate_pem()),
+            ("tls.key", ca.private_key_pem()),
+        ];
+        let secret = Secret {
+            metadata: ObjectMeta {
+                name: Some(secret_name("c1", SigningCa::Cluster)),
+                ..Default::default()
+            },
+            data: Some(
+                data.into_iter()
+                    .map(|(key, pem)| (key.to_string(), ByteString(pem.into_bytes())))
+                    .collect(),
+            ),
+            ..Default::default()
+        };
+        Api::<Secret>::namespaced(client.clone(), "default")
+            .create(&PostParams::default(), &secret)
             .await
             .unwrap();
         let store = CredentialStore::default();

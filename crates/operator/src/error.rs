@@ -6,8 +6,8 @@
 
 use std::time::Duration;
 
-use caretaker_agent::api::AgentError;
-use caretaker_agent::tls::TlsError;
+use caretaker_agent_api::client::AgentError;
+use caretaker_agent_api::tls::TlsError;
 use caretaker_pki::{PkiError, Ttl};
 
 use crate::schedule::Next;

@@ -5,10 +5,12 @@
 //! ([`signing`]). Plans are made of [`changes`] (annotations to write, events to publish) and
 //! [`schedule::Next`]; every name users see is in [`names`]. The kube-rs glue that observes and
 //! applies lives in [`controllers`], one module per controller, with shared plumbing in
-//! [`context`] and [`credentials`]. [`capi_objects`] writes the Cluster API objects that the
-//! demo, tests and benchmarks need where no Cluster API controllers run.
+//! [`context`] and [`credentials`].
+//!
+//! It talks to node agents through `caretaker-agent-api` (wire types, client, kubeadm facts)
+//! and must not depend on `caretaker-agent` itself, nor on `caretaker-testkit` outside its
+//! integration tests and benchmarks.
 
-pub mod capi_objects;
 pub mod changes;
 pub mod context;
 pub mod controllers;

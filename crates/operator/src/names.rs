@@ -114,6 +114,9 @@ pub mod rollout_state {
     pub const WAITING: &str = "caretaker.dev/rollout-waiting";
     /// A malformed auto-refresh value already reported, so it is reported once.
     pub const AUTO_REFRESH_REPORTED: &str = "caretaker.dev/auto-refresh-reported";
+    /// The malformed `max-parallel` values the rollout has reported (`Kind/name=value`, comma
+    /// separated), so each is reported once, whenever the rollout first reads it.
+    pub const LIMITS_REPORTED: &str = "caretaker.dev/malformed-limits-reported";
 }
 
 /// The two operations a trigger asks for, on a Machine or on a rollout's parent.

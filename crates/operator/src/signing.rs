@@ -10,9 +10,10 @@
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
-use caretaker_agent::SigningCa;
-use caretaker_agent::provision::{APISERVER_DNS_NAMES, APISERVER_SERVICE_IP, NodeRole};
-use caretaker_agent::refresh::PlannedCertificate;
+use caretaker_agent_api::kubeadm::{
+    APISERVER_DNS_NAMES, APISERVER_SERVICE_IP, NodeRole, SigningCa,
+};
+use caretaker_agent_api::refresh::PlannedCertificate;
 use caretaker_pki::{CertificateRequest, Refusal, SigningPolicy, Usage};
 
 use crate::machine::{MachineView, ObjectRef};
@@ -564,14 +565,14 @@ mod tests {
     #[test]
     fn the_table_covers_every_kubeadm_slot_once() {
         let names: BTreeSet<&str> = PROFILES.iter().map(|p| p.name).collect();
-        let slots: BTreeSet<&str> = caretaker_agent::layout::SLOTS
+        let slots: BTreeSet<&str> = caretaker_agent_api::kubeadm::SLOTS
             .iter()
             .map(|s| s.name)
             .collect();
         assert_eq!(names, slots);
         assert_eq!(names.len(), PROFILES.len());
         for p in PROFILES {
-            let slot = caretaker_agent::layout::slot(p.name).unwrap();
+            let slot = caretaker_agent_api::kubeadm::slot(p.name).unwrap();
             assert_eq!(
                 slot.ca, p.ca,
                 "{}: the agent's layout and the table agree",

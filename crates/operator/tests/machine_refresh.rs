@@ -7,7 +7,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use caretaker_agent::provision::NodeRole;
+use caretaker_agent_api::kubeadm::NodeRole;
 use caretaker_operator::{Context, names};
 use common::unanswering::{Unanswering, assert_three_backed_off_attempts, three_attempts};
 use common::{World, fast, unreachable_agent_url, world};
@@ -252,7 +252,7 @@ async fn refresh_behind_the_operators_back(
     url: &str,
     apply: bool,
 ) -> String {
-    use caretaker_agent::refresh::{ApplyRequest, PlanRequest};
+    use caretaker_agent_api::refresh::{ApplyRequest, PlanRequest};
     let agent = world.operator_client(node);
     let plan = agent.plan(url, &PlanRequest::default()).await.unwrap();
     if apply {

@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use caretaker_agent::command::CommandTemplate;
-use caretaker_agent::provision::NodeRole;
-use caretaker_agent::upgrade::UpgradeRequest;
+use caretaker_agent_api::kubeadm::NodeRole;
+use caretaker_agent_api::upgrade::UpgradeRequest;
 use caretaker_operator::Context;
 use caretaker_operator::names::{self, upgrade_state};
 use common::unanswering::{Unanswering, assert_three_backed_off_attempts, three_attempts};
@@ -183,7 +183,7 @@ async fn an_unknown_option_fails_at_once_listing_the_forms() {
             .wait_for("m-0", names::upgrade_state::TRIGGER, value)
             .await;
         assert_eq!(annotations[STATUS], names::STATUS_FAILED, "{value:?}");
-        let refusal = caretaker_agent::upgrade::ReleaseOption::parse(value)
+        let refusal = caretaker_agent_api::upgrade::ReleaseOption::parse(value)
             .unwrap_err()
             .to_string();
         let message =

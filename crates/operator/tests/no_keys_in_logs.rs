@@ -8,7 +8,7 @@ mod common;
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 
-use caretaker_agent::provision::NodeRole;
+use caretaker_agent_api::kubeadm::NodeRole;
 use caretaker_operator::names;
 use common::{fast, world};
 

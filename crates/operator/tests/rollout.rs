@@ -8,9 +8,9 @@ use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
 use caretaker_agent::command::CommandTemplate;
-use caretaker_agent::provision::NodeRole;
-use caretaker_operator::capi_objects::ClusterObjects;
+use caretaker_agent_api::kubeadm::NodeRole;
 use caretaker_operator::{machine, names};
+use caretaker_testkit::capi_objects::ClusterObjects;
 use common::{NS, World, fast, unreachable_agent_url, world};
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use serde_json::json;

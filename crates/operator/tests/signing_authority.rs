@@ -6,7 +6,7 @@ mod common;
 
 use caretaker_agent::NodeLayout;
 use caretaker_agent::inventory::discover;
-use caretaker_agent::provision::NodeRole;
+use caretaker_agent_api::kubeadm::NodeRole;
 use caretaker_pki::files;
 use caretaker_pki::{CaSpec, CertificateAuthority, LeafSpec, Usage};
 use common::{NS, World, fast, world};
@@ -20,7 +20,7 @@ use caretaker_operator::names;
 /// Writes a pair issued by a CA of the attacker's own, as a root user on the node could.
 fn plant_pair(layout: &NodeLayout, stem: &str, leaf: &LeafSpec) {
     let forger = CertificateAuthority::create(&CaSpec::new("attacker")).unwrap();
-    caretaker_agent::provision::write_pair(layout, stem, &forger, leaf).unwrap();
+    caretaker_testkit::provision::write_pair(layout, stem, &forger, leaf).unwrap();
 }
 
 /// Waits for the refresh to fail and returns its Warning event's message.
@@ -35,7 +35,7 @@ async fn refused(world: &World, machine: &str) -> String {
 }
 
 /// No certificate on the node is issued by one of the cluster's CAs that was not before.
-fn assert_unchanged(layout: &NodeLayout, before: &caretaker_agent::inventory::Inventory) {
+fn assert_unchanged(layout: &NodeLayout, before: &caretaker_agent_api::inventory::Inventory) {
     assert_eq!(&discover(layout), before, "nothing on the node changed");
 }
 

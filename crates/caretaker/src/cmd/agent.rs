@@ -5,11 +5,12 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use caretaker_agent::api::{AgentService, serve};
 use caretaker_agent::command::CommandTemplate;
 use caretaker_agent::refresh::Refresher;
+use caretaker_agent::server::{AgentService, serve};
 use caretaker_agent::upgrade::Upgrader;
 use caretaker_agent::{NodeLayout, tls};
+use caretaker_agent_api::tls::DEFAULT_ALLOWED_CLIENT;
 
 use super::Failure;
 use super::logging::{self, LogFormat};
@@ -42,7 +43,7 @@ pub struct AgentArgs {
     #[arg(long, value_name = "FILE")]
     client_ca: PathBuf,
     /// The client certificate common name accepted.
-    #[arg(long, value_name = "CN", default_value = tls::DEFAULT_ALLOWED_CLIENT)]
+    #[arg(long, value_name = "CN", default_value = DEFAULT_ALLOWED_CLIENT)]
     allowed_client: String,
     /// Command run after new certificates are written (split on spaces, no shell).
     #[arg(long, value_name = "COMMAND")]

@@ -3,9 +3,8 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use caretaker_agent::NodeLayout;
-use caretaker_agent::layout::SLOTS;
-use caretaker_agent::offline;
+use caretaker_agent::{NodeLayout, offline};
+use caretaker_agent_api::kubeadm::SLOTS;
 use clap::{Args, Subcommand};
 
 use super::Failure;
@@ -83,7 +82,7 @@ fn renew(args: RenewArgs) -> Result<ExitCode, Failure> {
         Vec::new()
     } else {
         for name in &args.names {
-            if caretaker_agent::layout::slot(name).is_none() {
+            if caretaker_agent_api::kubeadm::slot(name).is_none() {
                 let known: Vec<_> = SLOTS.iter().map(|s| s.name).collect();
                 return Err(Failure::from(format!(
                     "unknown certificate {name:?}; known: all, {}",

@@ -11,15 +11,14 @@ use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use caretaker_agent::NodeLayout;
-use caretaker_agent::provision::{
-    ClusterCas, NodeRole, NodeSpec, agent_serving_leaf, provision_node,
-};
+use caretaker_agent_api::kubeadm::NodeRole;
 use caretaker_apiserver::ApiServer;
-use caretaker_operator::capi_objects::{self, ClusterObjects, MachineObject, MachineRole};
 use caretaker_operator::machine;
 use caretaker_operator::machine::refresh::format_time;
 use caretaker_operator::names;
 use caretaker_pki::files;
+use caretaker_testkit::capi_objects::{self, ClusterObjects, MachineObject, MachineRole};
+use caretaker_testkit::provision::{ClusterCas, NodeSpec, agent_serving_leaf, provision_node};
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::GroupVersionKind;
 use serde_json::json;
@@ -173,10 +172,10 @@ struct DemoMachine {
 }
 
 async fn demo(args: DemoArgs) -> Result<Running, String> {
-    caretaker_agent::tls::install_crypto_provider();
+    caretaker_agent_api::tls::install_crypto_provider();
     let ttl = super::ttl("--refresh", &args.refresh)?;
     if let Some(option) = &args.upgrade_to {
-        caretaker_agent::upgrade::ReleaseOption::parse(option)
+        caretaker_agent_api::upgrade::ReleaseOption::parse(option)
             .map_err(|e| format!("invalid --upgrade-to: {e}"))?;
     }
     if args.control_planes == 0 {

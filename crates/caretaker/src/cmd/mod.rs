@@ -84,7 +84,7 @@ impl KubeconfigArg {
     /// A client from `--kubeconfig`, else the in-cluster configuration, then $KUBECONFIG or
     /// ~/.kube/config. Installs the process's TLS crypto provider first.
     pub async fn client(&self) -> Result<kube::Client, String> {
-        caretaker_agent::tls::install_crypto_provider();
+        caretaker_agent_api::tls::install_crypto_provider();
         let config = match self.kubeconfig.as_deref() {
             Some(path) => from_file(path).await?,
             None => kube::Config::infer()

@@ -5,10 +5,9 @@
 
 use std::collections::BTreeMap;
 
-use caretaker_agent::SigningCa;
-use caretaker_agent::api::AgentError;
-use caretaker_agent::provision::NodeRole;
-use caretaker_agent::refresh::{ApplyRequest, PlanRequest, PlanStatus, PlannedCertificate};
+use caretaker_agent_api::client::AgentError;
+use caretaker_agent_api::kubeadm::{NodeRole, SigningCa};
+use caretaker_agent_api::refresh::{ApplyRequest, PlanRequest, PlanStatus, PlannedCertificate};
 use caretaker_pki::Ttl;
 use serde_json::Value;
 use time::OffsetDateTime;

@@ -2,8 +2,8 @@
 //! the background; each records what [`upgrade::after_agent_call`] (or [`upgrade::cancelled`])
 //! decides.
 
-use caretaker_agent::api::AgentError;
-use caretaker_agent::upgrade::{OperationState, UpgradeRequest};
+use caretaker_agent_api::client::AgentError;
+use caretaker_agent_api::upgrade::{OperationState, UpgradeRequest};
 use time::OffsetDateTime;
 
 use super::machines::{MachineHandle, log_failed_call};

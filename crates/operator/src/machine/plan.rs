@@ -383,10 +383,10 @@ mod tests {
                 (names.trigger, "v1"),
                 (names.state.started_at, "2026-01-01T11:59:00Z"),
             ]);
-            let busy = Error::Agent(caretaker_agent::api::AgentError::Status {
+            let busy = Error::Agent(caretaker_agent_api::client::AgentError::Status {
                 url: "https://10.0.0.1:9443".into(),
                 status: 409,
-                reason: caretaker_agent::api::BUSY.into(),
+                reason: caretaker_agent_api::BUSY.into(),
                 message: "another step runs".into(),
             });
             let waiting = after_error(operation, &machine, 3, &busy, NOW, &settings);

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use caretaker_agent::refresh::ApplyOutcome;
+use caretaker_agent_api::refresh::ApplyOutcome;
 use caretaker_pki::Ttl;
 use time::OffsetDateTime;
 

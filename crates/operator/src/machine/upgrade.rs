@@ -5,7 +5,7 @@
 //! `v1beta2.k8sd.io/in-place-upgrade-change-id`, so a restarted operator follows the same
 //! operation instead of starting another.
 
-use caretaker_agent::upgrade::{Operation as NodeOperation, OperationState, ReleaseOption};
+use caretaker_agent_api::upgrade::{Operation as NodeOperation, OperationState, ReleaseOption};
 use time::OffsetDateTime;
 
 use super::MachineView;

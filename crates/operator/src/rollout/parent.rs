@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use caretaker_agent::upgrade::ReleaseOption;
+use caretaker_agent_api::upgrade::ReleaseOption;
 use caretaker_pki::Ttl;
 use kube::api::ApiResource;
 use time::OffsetDateTime;
@@ -207,16 +207,13 @@ fn start(
         parent.kind.api_resource().kind,
         parent.name
     );
-    let mut events = vec![Event::normal(names.rollout_events.in_progress, note)];
-    events.extend(
-        malformed_limits(parent)
-            .into_iter()
-            .map(|note| Event::warning(names.rollout_events.in_progress, note)),
-    );
-    ParentChanges {
-        events,
+    let mut changes = ParentChanges {
+        events: vec![Event::normal(names.rollout_events.in_progress, note)],
         ..ParentChanges::writing(changes)
-    }
+    };
+    // A new request names every malformed limit again, whatever an earlier one reported.
+    changes.report_malformed_limits(parent, names.rollout_events.in_progress, "");
+    changes
 }
 
 /// A `caretaker.dev/max-parallel` value, when it is a whole number of at least 1.
@@ -224,9 +221,15 @@ fn max_parallel(value: &str) -> Option<usize> {
     value.parse().ok().filter(|n| *n >= 1)
 }
 
-/// A note for each `caretaker.dev/max-parallel` a rollout of `parent` reads that is not a
-/// whole number of at least 1 (such a limit counts as 1).
-fn malformed_limits(parent: &ParentView) -> Vec<String> {
+/// A `caretaker.dev/max-parallel` a rollout of `parent` reads that is not a whole number of at
+/// least 1 (such a limit counts as 1).
+struct MalformedLimit {
+    /// `Kind/name=value`: what [`rollout_state::LIMITS_REPORTED`] records.
+    key: String,
+    note: String,
+}
+
+fn malformed_limits(parent: &ParentView) -> Vec<MalformedLimit> {
     if parent.kind == ParentKind::ControlPlane {
         return Vec::new(); // control-plane Machines always go one at a time
     }
@@ -240,11 +243,12 @@ fn malformed_limits(parent: &ParentView) -> Vec<String> {
     own.into_iter()
         .chain(deployments)
         .filter(|(_, _, value)| max_parallel(value).is_none())
-        .map(|(kind, name, value)| {
-            format!(
+        .map(|(kind, name, value)| MalformedLimit {
+            key: format!("{kind}/{name}={value}"),
+            note: format!(
                 "{} {value:?} on {kind} {name} is not a whole number of at least 1; its workers go one at a time",
                 names::MAX_PARALLEL,
-            )
+            ),
         })
         .collect()
 }
@@ -312,6 +316,13 @@ impl Rollout {
                     .filter_map(|name| machines.iter().find(|m| &m.name == name))
                     .map(|m| MachineStart::for_request(self.operation, value, &self.request_id, m))
                     .collect();
+                changes.report_malformed_limits(
+                    parent,
+                    reasons.in_progress,
+                    parent
+                        .annotation(rollout_state::LIMITS_REPORTED)
+                        .unwrap_or_default(),
+                );
                 if let Some(waiting) = waiting {
                     changes.report_waiting(
                         parent,
@@ -450,6 +461,40 @@ impl ParentChanges {
         Self {
             parent,
             ..Self::default()
+        }
+    }
+
+    /// Warns of each malformed limit the rollout reads that is not in `reported` (a
+    /// [`rollout_state::LIMITS_REPORTED`] value) and records the ones it reads now. Limits are
+    /// read at every pass, not only at the start: a MachineDeployment edited mid-rollout, or one
+    /// whose edit reached the operator's cache after the request started, is reported too.
+    fn report_malformed_limits(
+        &mut self,
+        parent: &ParentView,
+        reason: &'static str,
+        reported: &str,
+    ) {
+        let malformed = malformed_limits(parent);
+        let already: Vec<&str> = reported.split(',').collect();
+        for limit in &malformed {
+            if !already.contains(&limit.key.as_str()) {
+                self.events
+                    .push(Event::warning(reason, limit.note.as_str()));
+            }
+        }
+        let keys: Vec<&str> = malformed.iter().map(|l| l.key.as_str()).collect();
+        let keys = keys.join(",");
+        if parent
+            .annotation(rollout_state::LIMITS_REPORTED)
+            .unwrap_or_default()
+            != keys
+        {
+            if keys.is_empty() {
+                self.parent.remove(rollout_state::LIMITS_REPORTED);
+            } else {
+                self.parent
+                    .set(rollout_state::LIMITS_REPORTED, keys.as_str());
+            }
         }
     }
 

@@ -10,14 +10,13 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use caretaker_agent::NodeLayout;
-use caretaker_agent::local::LocalAgent;
-use caretaker_agent::provision::{
-    ClusterCas, NodeRole, NodeSpec, agent_serving_leaf, provision_node,
-};
+use caretaker_agent_api::kubeadm::NodeRole;
 use caretaker_apiserver::TestServer;
-use caretaker_operator::capi_objects::{self, ClusterObjects, MachineObject, MachineRole};
 use caretaker_operator::controllers;
 use caretaker_operator::{Context, Settings, machine, names};
+use caretaker_testkit::capi_objects::{self, ClusterObjects, MachineObject, MachineRole};
+use caretaker_testkit::local::LocalAgent;
+use caretaker_testkit::provision::{ClusterCas, NodeSpec, agent_serving_leaf, provision_node};
 use k8s_openapi::api::core::v1::Event;
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
 use serde_json::json;
@@ -169,22 +168,22 @@ impl World {
 
     /// A client as the operator has it for the agent of node `node_name`, to act behind the
     /// operator's back (as an operator that died right afterwards would have).
-    pub fn operator_client(&self, node_name: &str) -> caretaker_agent::api::AgentClient {
+    pub fn operator_client(&self, node_name: &str) -> caretaker_agent_api::client::AgentClient {
         let pair = self
             .cas
             .cluster
             .issue(&caretaker_pki::LeafSpec::new(
-                caretaker_agent::tls::DEFAULT_ALLOWED_CLIENT,
+                caretaker_agent_api::tls::DEFAULT_ALLOWED_CLIENT,
                 caretaker_pki::Usage::Client,
             ))
             .unwrap();
-        let identity = caretaker_agent::tls::ClientIdentity::from_pem(
+        let identity = caretaker_agent_api::tls::ClientIdentity::from_pem(
             &self.cas.cluster.certificate_pem(),
             &pair.certificate_pem,
             &pair.key.unwrap().to_pem(),
         )
         .unwrap();
-        caretaker_agent::api::AgentClient::for_node(
+        caretaker_agent_api::client::AgentClient::for_node(
             &identity,
             &[node_name.to_string()],
             Duration::from_secs(10),

@@ -6,8 +6,9 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use caretaker_agent::provision::{ClusterCas, agent_serving_leaf};
 use caretaker_agent::tls;
+use caretaker_agent_api::tls::DEFAULT_ALLOWED_CLIENT;
+use caretaker_testkit::provision::{ClusterCas, agent_serving_leaf};
 use tokio::io::AsyncReadExt;
 
 pub struct Unanswering {
@@ -34,7 +35,7 @@ impl Unanswering {
             &serving.certificate_pem,
             &serving.key.unwrap().to_pem(),
             &cas.cluster.certificate_pem(),
-            tls::DEFAULT_ALLOWED_CLIENT,
+            DEFAULT_ALLOWED_CLIENT,
         )
         .unwrap();
         let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));

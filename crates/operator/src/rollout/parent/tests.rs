@@ -156,6 +156,55 @@ fn malformed_limits_are_named_when_the_request_starts() {
     assert_eq!(changes.events.len(), 1);
 }
 
+/// A limit the running rollout reads malformed is reported once, when it first reads it:
+/// one that reached the operator's cache after the start, or was edited mid-rollout.
+#[test]
+fn a_malformed_limit_seen_after_the_start_is_reported_once() {
+    let operation = Operation::RefreshCertificates;
+    let names = operation.names();
+    let mut cluster = parent(ParentKind::Cluster, &[(names.trigger, "1y")]);
+    let ParentStep::Write(start) = ParentStep::of(operation, &cluster, NOW) else {
+        panic!("a new request");
+    };
+    cluster = written(&cluster, &start);
+    let ParentStep::Roll(rollout) = ParentStep::of(operation, &cluster, NOW) else {
+        panic!("a running request");
+    };
+    let worker = test_machine(&[]);
+    let warnings_of_a_pass = |cluster: &ParentView| {
+        let machines = [worker.clone()];
+        let plan = RolloutPlan::decide(&rollout.input(cluster, &machines));
+        let changes = rollout.changes(cluster, &machines, &plan, RETRY_BASE);
+        let warnings: Vec<String> = changes
+            .events
+            .iter()
+            .filter(|e| e.type_ == EventType::Warning)
+            .map(|e| e.note.clone())
+            .collect();
+        (warnings, written(cluster, &changes))
+    };
+    let (warnings, _) = warnings_of_a_pass(&cluster);
+    assert!(warnings.is_empty(), "{warnings:?}");
+
+    cluster.deployment_limits = BTreeMap::from([("md-b".to_string(), "many".to_string())]);
+    let (warnings, after) = warnings_of_a_pass(&cluster);
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(warnings[0].contains("\"many\" on MachineDeployment md-b"), "{warnings:?}");
+    let (warnings, after) = warnings_of_a_pass(&after);
+    assert!(warnings.is_empty(), "reported once: {warnings:?}");
+
+    // Another bad value is news; a fixed one is forgotten, so breaking it again is too.
+    let mut edited = after.clone();
+    edited.deployment_limits.insert("md-b".into(), "lots".into());
+    let (warnings, edited) = warnings_of_a_pass(&edited);
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    let mut fixed = edited.clone();
+    fixed.deployment_limits.insert("md-b".into(), "2".into());
+    let (warnings, fixed) = warnings_of_a_pass(&fixed);
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert_eq!(fixed.annotation(rollout_state::LIMITS_REPORTED), None);
+}
+
 #[test]
 fn ended_requests_are_forgotten_once_their_trigger_is_removed() {
     for op in OPS {

@@ -2,14 +2,15 @@
 //! certificate from the cluster CA. For tests and tools that need a real agent without a
 //! separate process.
 
+use caretaker_agent::command::CommandTemplate;
+use caretaker_agent::refresh::Refresher;
+use caretaker_agent::server::{AgentService, serve};
+use caretaker_agent::upgrade::Upgrader;
+use caretaker_agent::{NodeLayout, tls};
+use caretaker_agent_api::tls::DEFAULT_ALLOWED_CLIENT;
 use caretaker_pki::{CertificateAuthority, LeafSpec};
 
-use crate::api::{AgentService, serve};
-use crate::command::CommandTemplate;
 use crate::provision::agent_serving_leaf;
-use crate::refresh::Refresher;
-use crate::upgrade::Upgrader;
-use crate::{NodeLayout, tls};
 
 /// A running in-process agent; it stops when dropped.
 pub struct LocalAgent {
@@ -50,7 +51,7 @@ impl LocalAgent {
             &serving.certificate_pem,
             &key,
             &cluster_ca.certificate_pem(),
-            tls::DEFAULT_ALLOWED_CLIENT,
+            DEFAULT_ALLOWED_CLIENT,
         )
         .map_err(std::io::Error::other)?;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;

@@ -5,11 +5,12 @@
 use std::fs;
 use std::net::IpAddr;
 
+use caretaker_agent::{NodeLayout, kubeconfig};
+use caretaker_agent_api::kubeadm::{
+    APISERVER_DNS_NAMES, APISERVER_SERVICE_IP, NodeRole, SigningCa,
+};
 use caretaker_pki::files::{self, FileToWrite};
 use caretaker_pki::{CaSpec, CertificateAuthority, LeafSpec, PkiError, Ttl, Usage};
-
-use crate::kubeconfig;
-use crate::layout::{NodeLayout, SigningCa};
 
 /// The three CAs of a kubeadm cluster.
 #[derive(Debug)]
@@ -38,12 +39,6 @@ impl ClusterCas {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NodeRole {
-    ControlPlane,
-    Worker,
-}
-
 /// One node to provision.
 #[derive(Debug, Clone)]
 pub struct NodeSpec {
@@ -57,17 +52,6 @@ pub struct NodeSpec {
     /// Lifetime of every leaf.
     pub validity: Ttl,
 }
-
-/// The in-cluster names every kube-apiserver certificate carries.
-pub const APISERVER_DNS_NAMES: [&str; 4] = [
-    "kubernetes",
-    "kubernetes.default",
-    "kubernetes.default.svc",
-    "kubernetes.default.svc.cluster.local",
-];
-
-/// The first address of kubeadm's default service CIDR.
-pub const APISERVER_SERVICE_IP: &str = "10.96.0.1";
 
 /// The agent's serving certificate for a node, from the cluster CA: it names the node and its
 /// addresses, which is how the operator knows it reached that node's agent and no other.

@@ -1,3 +1,5 @@
+//! [`AgentClient`]: the operator's side of every call to an agent.
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,10 +13,11 @@ use serde::de::DeserializeOwned;
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 
-use super::{ErrorBody, Health};
 use crate::inventory::Inventory;
 use crate::refresh::{ApplyOutcome, ApplyRequest, PlanRequest, PlanStatus, RefreshPlan};
+use crate::tls::{ClientIdentity, NotTheNode, TlsError, not_the_node};
 use crate::upgrade::{Operation, UpgradeRequest};
+use crate::{BUSY, ErrorBody, Health};
 
 /// Why a call to an agent failed.
 #[derive(Debug, thiserror::Error)]
@@ -26,10 +29,7 @@ pub enum AgentError {
     #[error("TLS handshake with the agent at {url} failed: {source}")]
     Tls { url: String, source: std::io::Error },
     #[error("the agent at {url} is not this Machine's node's agent: {mismatch}")]
-    NotTheNode {
-        url: String,
-        mismatch: crate::tls::NotTheNode,
-    },
+    NotTheNode { url: String, mismatch: NotTheNode },
     #[error("the agent at {url} sent a reply larger than {limit} bytes; it was not read")]
     ReplyTooLarge { url: String, limit: usize },
     #[error("the agent at {url} did not answer within {}s", timeout.as_secs())]
@@ -60,6 +60,11 @@ impl AgentError {
             | AgentError::NotTheNode { .. }
             | AgentError::ReplyTooLarge { .. } => false,
         }
+    }
+
+    /// Whether the agent answered [`BUSY`]: the caller should wait, not count a failure.
+    pub fn is_busy(&self) -> bool {
+        matches!(self, AgentError::Status { status: 409, reason, .. } if reason == BUSY)
     }
 }
 
@@ -94,10 +99,10 @@ impl AgentClient {
     /// A client that talks only to an agent whose serving certificate names one of `names` (a
     /// node's name and addresses), wherever its URL points.
     pub fn for_node(
-        identity: &crate::tls::ClientIdentity,
+        identity: &ClientIdentity,
         names: &[String],
         timeout: Duration,
-    ) -> Result<Self, crate::tls::TlsError> {
+    ) -> Result<Self, TlsError> {
         Ok(Self::new(identity.config_for_node(names)?, timeout))
     }
 
@@ -200,7 +205,7 @@ impl AgentClient {
             .connector
             .connect(server_name, tcp)
             .await
-            .map_err(|source| match crate::tls::not_the_node(&source) {
+            .map_err(|source| match not_the_node(&source) {
                 Some(mismatch) => AgentError::NotTheNode {
                     url: base.into(),
                     mismatch: mismatch.clone(),

@@ -6,15 +6,18 @@
 
 use std::collections::BTreeMap;
 
-use caretaker_agent::provision::{ClusterCas, NodeRole};
+use caretaker_agent_api::kubeadm::NodeRole;
+use caretaker_operator::machine;
+use caretaker_operator::names::{
+    self, CLUSTER_NAME_LABEL, CONTROL_PLANE_NAME_LABEL, DEPLOYMENT_NAME_LABEL,
+};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ApiResource, DynamicObject, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
-use crate::machine;
-use crate::names::{self, CLUSTER_NAME_LABEL, CONTROL_PLANE_NAME_LABEL, DEPLOYMENT_NAME_LABEL};
+use crate::provision::ClusterCas;
 
 macro_rules! upstream_crd {
     ($file:literal) => {

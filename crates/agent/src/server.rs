@@ -1,3 +1,6 @@
+//! The agent's HTTPS API, mutual TLS only: the routes of the table in [`caretaker_agent_api`],
+//! one refresh step at a time, and bounds on what connections may cost.
+
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -13,10 +16,14 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
-use super::{ErrorBody, Health};
+use caretaker_agent_api::inventory::Inventory;
+use caretaker_agent_api::refresh::{ApplyRequest, PlanRequest, PlanStatus};
+use caretaker_agent_api::upgrade::UpgradeRequest;
+use caretaker_agent_api::{BUSY, ErrorBody, Health};
+
 use crate::inventory;
-use crate::refresh::{ApplyRequest, PlanRequest, PlanStatus, RefreshError, Refresher};
-use crate::upgrade::{UpgradeError, UpgradeRequest, Upgrader};
+use crate::refresh::{RefreshError, Refresher};
+use crate::upgrade::{UpgradeError, Upgrader};
 
 /// What the API serves.
 #[derive(Debug, Clone)]
@@ -64,7 +71,7 @@ impl AgentService {
             };
             return Err(ApiError(
                 StatusCode::CONFLICT,
-                super::BUSY,
+                BUSY,
                 format!("{what}; ask again when it has finished"),
             ));
         }
@@ -127,7 +134,7 @@ impl From<UpgradeError> for ApiError {
                 (StatusCode::BAD_REQUEST, "BadRequest")
             }
             UpgradeError::UnknownOperation(_) => (StatusCode::NOT_FOUND, "NotFound"),
-            UpgradeError::Busy(_) => (StatusCode::CONFLICT, super::BUSY),
+            UpgradeError::Busy(_) => (StatusCode::CONFLICT, BUSY),
             UpgradeError::NotConfigured | UpgradeError::Spawn(_) => {
                 (StatusCode::INTERNAL_SERVER_ERROR, "Internal")
             }
@@ -149,7 +156,7 @@ async fn health(State(s): State<AgentService>) -> Json<Health> {
     })
 }
 
-async fn certificates(State(s): State<AgentService>) -> Json<inventory::Inventory> {
+async fn certificates(State(s): State<AgentService>) -> Json<Inventory> {
     let layout = s.refresher.layout().clone();
     let inventory = tokio::task::spawn_blocking(move || inventory::discover(&layout))
         .await

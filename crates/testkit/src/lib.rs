@@ -1,0 +1,16 @@
+//! Fixtures for running caretaker without a real cluster: the demo, the integration tests and
+//! the benchmarks use them, production code never does.
+//!
+//! - [`provision`]: a kubeadm-layout node PKI in a directory, from a cluster's CAs.
+//! - [`local`]: a real agent serving such a directory on loopback, inside this process.
+//! - [`capi_objects`]: the Cluster API objects (Clusters, CA Secrets, control planes,
+//!   MachineDeployments, Machines) that Cluster API and its providers would write, and their
+//!   upstream CRDs.
+//!
+//! This crate sits above the crates it builds fixtures for; none of them may depend on it except
+//! as a dev-dependency of their integration tests (`tests/`), never from their unit tests
+//! (`#[cfg(test)]` in `src/`), which would see a second, incompatible copy of their own types.
+
+pub mod capi_objects;
+pub mod local;
+pub mod provision;
