@@ -297,6 +297,10 @@ async fn run(hook_ms: u64, workers: usize, max_parallel: usize, agent: AgentTime
     .await;
     let before = operator.requests();
     let (rss_before, _) = operator.memory();
+    let cpu_before = (
+        cpu_seconds(operator.child.id()),
+        cpu_seconds(std::process::id()),
+    );
 
     let timeline = Timeline::watch(machines_api.clone());
     let clusters: Api<DynamicObject> =
@@ -326,6 +330,8 @@ async fn run(hook_ms: u64, workers: usize, max_parallel: usize, agent: AgentTime
     }
     let wall = started.elapsed();
     let (rss, hwm) = operator.memory();
+    let cpu_operator = cpu_seconds(operator.child.id()) - cpu_before.0;
+    let cpu_rest = cpu_seconds(std::process::id()) - cpu_before.1;
     let one = machines_api.get("w-3").await.unwrap();
     let one_size = serde_json::to_vec(&one).unwrap().len();
     let after = operator.requests();
@@ -347,7 +353,7 @@ async fn run(hook_ms: u64, workers: usize, max_parallel: usize, agent: AgentTime
     let ratio = wall.as_secs_f64() / ideal.as_secs_f64();
     println!(
         "max-parallel {max_parallel:>2}: wall {:>6.2} s, ideal {:>6.2} s ({ratio:.2} x ideal), overhead {:>5.1} ms per Machine \
-         (beyond the agents' measured time: {beyond:>5.1} ms), {requests:.1} API requests per Machine",
+         (beyond the agents' measured time: {beyond:>5.1} ms), {requests:.2} API requests per Machine",
         wall.as_secs_f64(),
         ideal.as_secs_f64(),
         per_machine(ideal),
@@ -362,6 +368,14 @@ async fn run(hook_ms: u64, workers: usize, max_parallel: usize, agent: AgentTime
          {} managedFields entries)",
         one_size as f64 / 1024.0,
         one.metadata.managed_fields.as_ref().map_or(0, Vec::len)
+    );
+    println!(
+        "  CPU during the rollout: operator {cpu_operator:.2} s ({:.1} ms per Machine), API server + agents \
+         + this benchmark {cpu_rest:.2} s ({:.1} ms per Machine); {:.2} s of wall on {} cores",
+        cpu_operator * 1000.0 / total as f64,
+        cpu_rest * 1000.0 / total as f64,
+        wall.as_secs_f64(),
+        std::thread::available_parallelism().map_or(1, |n| n.get())
     );
     if max_parallel == 1 {
         timeline.print(agent);
@@ -380,13 +394,29 @@ async fn run(hook_ms: u64, workers: usize, max_parallel: usize, agent: AgentTime
         );
     }
     println!(
-        "  goal: API requests per Machine <= {GOAL_REQUESTS}: {} ({requests:.1})",
+        "  goal: API requests per Machine <= {GOAL_REQUESTS}: {} ({requests:.2})",
         verdict(requests <= GOAL_REQUESTS)
     );
     println!(
         "  goal: operator memory < {GOAL_MEMORY_MIB} MiB: {} (VmHWM {hwm:.1} MiB)",
         verdict(hwm < GOAL_MEMORY_MIB)
     );
+}
+
+/// User and system CPU time of process `pid` so far, in seconds.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name (which may hold spaces): utime and stime, fields 14 and
+    // 15 of the line, are the 12th and 13th after it; in clock ticks of 1/100 s on Linux.
+    let rest = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (ticks(11) + ticks(12)) / 100.0
 }
 
 fn ms(d: Duration) -> f64 {

@@ -44,7 +44,13 @@ pub struct Context {
     /// Parents (kind/namespace/name) this process wrote at a resourceVersion, and that version:
     /// a pass that still sees the parent at it sees it from before that write.
     parents_written_at: Mutex<HashMap<String, String>>,
+    /// Bounds the expiry reads running at once: at start every Machine without an expiry is
+    /// read, and a thousand TLS connections at once cost memory the process keeps.
+    pub expiry_reads: tokio::sync::Semaphore,
 }
+
+/// Expiry reads from agents at once.
+const EXPIRY_READS: usize = 16;
 
 impl Context {
     pub fn new(client: Client, settings: Settings) -> Arc<Self> {
@@ -55,6 +61,7 @@ impl Context {
             credentials: CredentialStore::default(),
             running: Mutex::default(),
             parents_written_at: Mutex::default(),
+            expiry_reads: tokio::sync::Semaphore::new(EXPIRY_READS),
         })
     }
 

@@ -35,8 +35,11 @@ pub(super) async fn run(machine: MachineHandle, work: RefreshWork) {
 /// Reads the earliest expiry of the node's certificates and records it.
 async fn observe_expiry(machine: &MachineHandle) {
     let result = async {
-        let agent = machine.ctx.agent_of(&machine.view).await?;
-        let inventory = agent.client.certificates(&agent.url).await?;
+        let inventory = {
+            let _permit = machine.ctx.expiry_reads.acquire().await;
+            let agent = machine.ctx.agent_of(&machine.view).await?;
+            agent.client.certificates(&agent.url).await?
+        };
         let update = refresh::expiry_observed(inventory.earliest_expiry());
         machine.record(update).await.map(drop)
     }
