@@ -189,13 +189,18 @@ fn a_malformed_limit_seen_after_the_start_is_reported_once() {
     cluster.deployment_limits = BTreeMap::from([("md-b".to_string(), "many".to_string())]);
     let (warnings, after) = warnings_of_a_pass(&cluster);
     assert_eq!(warnings.len(), 1, "{warnings:?}");
-    assert!(warnings[0].contains("\"many\" on MachineDeployment md-b"), "{warnings:?}");
+    assert!(
+        warnings[0].contains("\"many\" on MachineDeployment md-b"),
+        "{warnings:?}"
+    );
     let (warnings, after) = warnings_of_a_pass(&after);
     assert!(warnings.is_empty(), "reported once: {warnings:?}");
 
     // Another bad value is news; a fixed one is forgotten, so breaking it again is too.
     let mut edited = after.clone();
-    edited.deployment_limits.insert("md-b".into(), "lots".into());
+    edited
+        .deployment_limits
+        .insert("md-b".into(), "lots".into());
     let (warnings, edited) = warnings_of_a_pass(&edited);
     assert_eq!(warnings.len(), 1, "{warnings:?}");
     let mut fixed = edited.clone();
