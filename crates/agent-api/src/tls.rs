@@ -7,10 +7,10 @@
 use std::sync::Arc;
 
 use rustls::client::WebPkiServerVerifier;
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::client::danger::{ServerCertVerified, ServerCertVerifier};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
-use rustls::{CertificateError, DigitallySignedStruct, RootCertStore, SignatureScheme};
+use rustls::{CertificateError, RootCertStore};
 
 /// The client identity the agent accepts unless told otherwise.
 pub const DEFAULT_ALLOWED_CLIENT: &str = "caretaker-operator";
@@ -154,6 +154,36 @@ struct NodeVerifier {
     names: Vec<ServerName<'static>>,
 }
 
+/// The handshake-signature methods of a rustls certificate verifier (server or client side),
+/// delegated to its `inner` WebPKI verifier: caretaker's verifiers add checks on the
+/// certificate, never on signatures. The crate using it depends on `rustls`.
+#[macro_export]
+macro_rules! delegate_signature_checks {
+    () => {
+        fn verify_tls12_signature(
+            &self,
+            message: &[u8],
+            cert: &::rustls::pki_types::CertificateDer<'_>,
+            dss: &::rustls::DigitallySignedStruct,
+        ) -> Result<::rustls::client::danger::HandshakeSignatureValid, ::rustls::Error> {
+            self.inner.verify_tls12_signature(message, cert, dss)
+        }
+
+        fn verify_tls13_signature(
+            &self,
+            message: &[u8],
+            cert: &::rustls::pki_types::CertificateDer<'_>,
+            dss: &::rustls::DigitallySignedStruct,
+        ) -> Result<::rustls::client::danger::HandshakeSignatureValid, ::rustls::Error> {
+            self.inner.verify_tls13_signature(message, cert, dss)
+        }
+
+        fn supported_verify_schemes(&self) -> Vec<::rustls::SignatureScheme> {
+            self.inner.supported_verify_schemes()
+        }
+    };
+}
+
 impl ServerCertVerifier for NodeVerifier {
     fn verify_server_cert(
         &self,
@@ -182,27 +212,7 @@ impl ServerCertVerifier for NodeVerifier {
         )))
     }
 
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls12_signature(message, cert, dss)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls13_signature(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.inner.supported_verify_schemes()
-    }
+    crate::delegate_signature_checks!();
 }
 
 /// The node mismatch behind a failed handshake, if that is what failed it.

@@ -9,11 +9,10 @@ use caretaker_agent_api::tls::{
     TlsError, certificates, install_crypto_provider, private_key, roots,
 };
 use caretaker_pki::CertificateInfo;
-use rustls::client::danger::HandshakeSignatureValid;
+use rustls::DistinguishedName;
 use rustls::pki_types::{CertificateDer, UnixTime};
 use rustls::server::WebPkiClientVerifier;
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
-use rustls::{DigitallySignedStruct, DistinguishedName, SignatureScheme};
 
 /// The agent's server configuration: its serving pair, the CA client certificates must chain
 /// to, and the one client common name it accepts.
@@ -74,25 +73,5 @@ impl ClientCertVerifier for AllowedClient {
         }
     }
 
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls12_signature(message, cert, dss)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls13_signature(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.inner.supported_verify_schemes()
-    }
+    caretaker_agent_api::delegate_signature_checks!();
 }

@@ -89,17 +89,9 @@ impl ResourceDef {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn builtin(
-    group: &str,
-    version: &str,
-    plural: &str,
-    kind: &str,
-    namespaced: bool,
-    short_names: &[&str],
-    has_status: bool,
-    flavor: Flavor,
-) -> ResourceDef {
+/// A built-in kind of `group`/`version`: namespaced (else cluster-scoped), without a status
+/// subresource, stored under its own key, [`Flavor::Generic`]; the methods below say otherwise.
+fn builtin(group: &str, version: &str, plural: &str, kind: &str, namespaced: bool) -> ResourceDef {
     ResourceDef {
         group: group.into(),
         version: version.into(),
@@ -107,13 +99,41 @@ fn builtin(
         singular: kind.to_lowercase(),
         kind: kind.into(),
         namespaced,
-        short_names: short_names.iter().map(|s| s.to_string()).collect(),
+        short_names: vec![],
         categories: vec![],
-        has_status,
+        has_status: false,
         storage_key: format!("{group}/{plural}"),
-        flavor,
+        flavor: Flavor::Generic,
         schema: None,
         printer_columns: vec![],
+    }
+}
+
+/// Settings of a built-in kind, as [`builtins`] writes them.
+impl ResourceDef {
+    fn short_names(mut self, names: &[&str]) -> Self {
+        self.short_names = names.iter().map(|s| s.to_string()).collect();
+        self
+    }
+
+    fn with_status(mut self) -> Self {
+        self.has_status = true;
+        self
+    }
+
+    fn flavor(mut self, flavor: Flavor) -> Self {
+        self.flavor = flavor;
+        self
+    }
+
+    fn columns(mut self, columns: Vec<PrinterColumn>) -> Self {
+        self.printer_columns = columns;
+        self
+    }
+
+    fn api_extension(mut self) -> Self {
+        self.categories = vec!["api-extensions".into()];
+        self
     }
 }
 
@@ -128,136 +148,81 @@ fn column(name: &str, type_: &str, json_path: &str) -> PrinterColumn {
 }
 
 fn builtins() -> Vec<ResourceDef> {
-    let mut namespaces = builtin(
-        "",
-        "v1",
-        "namespaces",
-        "Namespace",
-        false,
-        &["ns"],
-        true,
-        Flavor::Namespace,
-    );
-    namespaces.printer_columns = vec![column("Status", "string", ".status.phase")];
-    let mut configmaps = builtin(
-        "",
-        "v1",
-        "configmaps",
-        "ConfigMap",
-        true,
-        &["cm"],
-        false,
-        Flavor::Generic,
-    );
-    configmaps.printer_columns = vec![column("Data", "integer", ".data")];
-    let mut secrets = builtin(
-        "",
-        "v1",
-        "secrets",
-        "Secret",
-        true,
-        &[],
-        false,
-        Flavor::Secret,
-    );
-    secrets.printer_columns = vec![
-        column("Type", "string", ".type"),
-        column("Data", "integer", ".data"),
-    ];
-    let mut core_events = builtin(
-        "",
-        "v1",
-        "events",
-        "Event",
-        true,
-        &["ev"],
-        false,
-        Flavor::CoreEvent,
-    );
-    core_events.printer_columns = vec![
-        column("Type", "string", ".type"),
-        column("Reason", "string", ".reason"),
-        column("Object", "string", ".involvedObject.name"),
-        column("Message", "string", ".message"),
-    ];
-    let mut v1_events = builtin(
-        "events.k8s.io",
-        "v1",
-        "events",
-        "Event",
-        true,
-        &["ev"],
-        false,
-        Flavor::EventsV1Event,
-    );
+    const NAMESPACED: bool = true;
+    const CLUSTER: bool = false;
+    let core_events = builtin("", "v1", "events", "Event", NAMESPACED)
+        .short_names(&["ev"])
+        .flavor(Flavor::CoreEvent)
+        .columns(vec![
+            column("Type", "string", ".type"),
+            column("Reason", "string", ".reason"),
+            column("Object", "string", ".involvedObject.name"),
+            column("Message", "string", ".message"),
+        ]);
+    let mut v1_events = builtin("events.k8s.io", "v1", "events", "Event", NAMESPACED)
+        .short_names(&["ev"])
+        .flavor(Flavor::EventsV1Event);
     // One store for both Event APIs, as in Kubernetes.
     v1_events.storage_key = core_events.storage_key.clone();
-    let mut leases = builtin(
-        "coordination.k8s.io",
-        "v1",
-        "leases",
-        "Lease",
-        true,
-        &[],
-        false,
-        Flavor::Generic,
-    );
-    leases.printer_columns = vec![column("Holder", "string", ".spec.holderIdentity")];
-    let mut crds = builtin(
-        "apiextensions.k8s.io",
-        "v1",
-        "customresourcedefinitions",
-        "CustomResourceDefinition",
-        false,
-        &["crd", "crds"],
-        true,
-        Flavor::CustomResourceDefinition,
-    );
-    crds.categories = vec!["api-extensions".into()];
-    let mut apiservices = builtin(
-        "apiregistration.k8s.io",
-        "v1",
-        "apiservices",
-        "APIService",
-        false,
-        &[],
-        true,
-        Flavor::Generic,
-    );
-    apiservices.categories = vec!["api-extensions".into()];
-    let mut vwc = builtin(
-        "admissionregistration.k8s.io",
-        "v1",
-        "validatingwebhookconfigurations",
-        "ValidatingWebhookConfiguration",
-        false,
-        &[],
-        false,
-        Flavor::Generic,
-    );
-    vwc.categories = vec!["api-extensions".into()];
-    let mut mwc = builtin(
-        "admissionregistration.k8s.io",
-        "v1",
-        "mutatingwebhookconfigurations",
-        "MutatingWebhookConfiguration",
-        false,
-        &[],
-        false,
-        Flavor::Generic,
-    );
-    mwc.categories = vec!["api-extensions".into()];
+    let webhooks = "admissionregistration.k8s.io";
     vec![
-        namespaces,
-        configmaps,
-        secrets,
+        builtin("", "v1", "namespaces", "Namespace", CLUSTER)
+            .short_names(&["ns"])
+            .with_status()
+            .flavor(Flavor::Namespace)
+            .columns(vec![column("Status", "string", ".status.phase")]),
+        builtin("", "v1", "configmaps", "ConfigMap", NAMESPACED)
+            .short_names(&["cm"])
+            .columns(vec![column("Data", "integer", ".data")]),
+        builtin("", "v1", "secrets", "Secret", NAMESPACED)
+            .flavor(Flavor::Secret)
+            .columns(vec![
+                column("Type", "string", ".type"),
+                column("Data", "integer", ".data"),
+            ]),
         core_events,
         v1_events,
-        leases,
-        crds,
-        apiservices,
-        vwc,
-        mwc,
+        builtin("coordination.k8s.io", "v1", "leases", "Lease", NAMESPACED).columns(vec![column(
+            "Holder",
+            "string",
+            ".spec.holderIdentity",
+        )]),
+        builtin(
+            "apiextensions.k8s.io",
+            "v1",
+            "customresourcedefinitions",
+            "CustomResourceDefinition",
+            CLUSTER,
+        )
+        .short_names(&["crd", "crds"])
+        .with_status()
+        .flavor(Flavor::CustomResourceDefinition)
+        .api_extension(),
+        builtin(
+            "apiregistration.k8s.io",
+            "v1",
+            "apiservices",
+            "APIService",
+            CLUSTER,
+        )
+        .with_status()
+        .api_extension(),
+        builtin(
+            webhooks,
+            "v1",
+            "validatingwebhookconfigurations",
+            "ValidatingWebhookConfiguration",
+            CLUSTER,
+        )
+        .api_extension(),
+        builtin(
+            webhooks,
+            "v1",
+            "mutatingwebhookconfigurations",
+            "MutatingWebhookConfiguration",
+            CLUSTER,
+        )
+        .api_extension(),
     ]
 }
 

@@ -576,7 +576,7 @@ async fn add_machine(
     let layout = provision(cas, root, name, role);
     let node = root.join(name);
     let restart = CommandTemplate::parse(hook.to_str().unwrap()).unwrap();
-    let agent = LocalAgent::start_as(
+    let agent = LocalAgent::start(
         &agent_serving_leaf(name, &["127.0.0.1".parse().unwrap()]),
         layout,
         &node.join("state"),

@@ -10,8 +10,6 @@ use caretaker_agent::{NodeLayout, tls};
 use caretaker_agent_api::tls::DEFAULT_ALLOWED_CLIENT;
 use caretaker_pki::{CertificateAuthority, LeafSpec};
 
-use crate::provision::agent_serving_leaf;
-
 /// A running in-process agent; it stops when dropped.
 pub struct LocalAgent {
     pub url: String,
@@ -19,21 +17,9 @@ pub struct LocalAgent {
 }
 
 impl LocalAgent {
-    /// Starts serving `layout` on 127.0.0.1 with an ephemeral port, as node `localhost`.
+    /// Starts serving `layout` on 127.0.0.1 with an ephemeral port, presenting a certificate
+    /// for `serving` (see [`crate::provision::agent_serving_leaf`]) signed by `cluster_ca`.
     pub async fn start(
-        layout: NodeLayout,
-        state_dir: &std::path::Path,
-        cluster_ca: &CertificateAuthority,
-        restart: Option<CommandTemplate>,
-        upgrade: Option<CommandTemplate>,
-    ) -> std::io::Result<Self> {
-        let localhost = agent_serving_leaf("localhost", &["127.0.0.1".parse().expect("valid")]);
-        Self::start_as(&localhost, layout, state_dir, cluster_ca, restart, upgrade).await
-    }
-
-    /// Like [`Self::start`], serving a certificate for `serving` (see
-    /// [`agent_serving_leaf`]) signed by `cluster_ca`.
-    pub async fn start_as(
         serving: &LeafSpec,
         layout: NodeLayout,
         state_dir: &std::path::Path,

@@ -12,7 +12,7 @@ use caretaker_pki::Ttl;
 use serde_json::Value;
 use time::OffsetDateTime;
 
-use super::machines::{MachineHandle, log_failed_call};
+use super::machine_handle::{MachineHandle, log_failed_call};
 use crate::Error;
 use crate::changes::AnnotationChanges;
 use crate::context::{Context, MachineAgent};

@@ -6,7 +6,7 @@ use caretaker_agent_api::client::AgentError;
 use caretaker_agent_api::upgrade::{OperationState, UpgradeRequest};
 use time::OffsetDateTime;
 
-use super::machines::{MachineHandle, log_failed_call};
+use super::machine_handle::{MachineHandle, log_failed_call};
 use crate::Error;
 use crate::context::Context;
 use crate::machine::MachineView;

@@ -7,6 +7,7 @@
 
 pub mod ca_secrets;
 pub mod cache;
+mod machine_handle;
 pub mod machine_refresh;
 pub mod machine_upgrade;
 pub mod machines;

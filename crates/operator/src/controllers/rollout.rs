@@ -270,8 +270,9 @@ pub enum Started {
 }
 
 /// Starts `machines` (as a plan observed them) for request `request_id` with trigger value
-/// `value`, as a pass does: [`MachineStart::for_request`] written by [`write_starts`]. Public so
-/// that tests can hand it a view that a lagging cache would hold.
+/// `value`, as a pass does: [`MachineStart::for_request`] written one by one, each on its
+/// observed `resourceVersion`. Public so that tests can hand it a view that a lagging cache
+/// would hold.
 pub async fn start_machines(
     client: &kube::Client,
     operation: Operation,

@@ -139,7 +139,7 @@ impl World {
             },
         )
         .unwrap();
-        let agent = LocalAgent::start_as(
+        let agent = LocalAgent::start(
             &agent_serving_leaf(&node_name, &[ip]),
             layout.clone(),
             &node_dir.join("state"),

@@ -1,33 +1,144 @@
-//! The crate's modules import each other without a circle.
+//! The workspace's structure, as `../README.md` ("Layout") describes it: crates depend on each
+//! other one way only, and inside every crate modules import each other without a circle.
 //!
 //! A circle makes every module in it depend on all the others: none can be read, tested or
-//! moved alone. This test reads `src/` as text, collects the `crate::`, `super::` and `self::`
-//! paths of every file (imports and inline paths, test modules included, comments not), and
-//! fails naming the circles it finds. Modules are compared with their siblings: `api::write`
-//! using `api::options` is an edge between those two, `handlers` using `api::write` an edge
-//! from `handlers` to `api`; a module using its own parent or child is no edge (a parent holds
-//! its children, whose `impl` blocks may name its types).
+//! moved alone. The module check reads each crate's `src/` as text, collects the `crate::`,
+//! `super::` and `self::` paths of every file (imports and inline paths, test modules
+//! included, comments not), and fails naming the circles it finds. Modules are compared with
+//! their siblings: `api::write` using `api::options` is an edge between those two, `handlers`
+//! using `api::write` an edge from `handlers` to `api`; a module using its own parent or child
+//! is no edge (a parent holds its children, whose `impl` blocks may name its types).
 //!
-//! Run `cargo test -p caretaker-apiserver --test module_graph -- --nocapture` to see the graph.
+//! Run `cargo test -p caretaker --test workspace_layout -- --nocapture` to see the graphs.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 type Module = Vec<String>;
 
-#[test]
-fn no_module_imports_itself_through_others() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let graph = graph(&rust_files(&src));
-    for (from, to) in graph.iter().filter(|(from, _)| !from.is_empty()) {
-        let to: Vec<String> = to.iter().map(|m| m.join("::")).collect();
-        println!("{} -> {}", from.join("::"), to.join(", "));
+/// The workspace's crates: (directory under `crates/`, package name).
+fn crates() -> Vec<(String, String)> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(&root).unwrap() {
+        let dir = entry.unwrap().path();
+        let Ok(manifest) = std::fs::read_to_string(dir.join("Cargo.toml")) else {
+            continue;
+        };
+        let name = section(&manifest, "package")
+            .into_iter()
+            .find_map(|(key, value)| (key == "name").then_some(value))
+            .unwrap();
+        let dir_name = dir.file_name().unwrap().to_string_lossy().into_owned();
+        out.push((dir_name, name.trim_matches('"').to_string()));
     }
-    let circles = circles(&graph);
+    out.sort();
+    out
+}
+
+/// The `key = value` lines of `[name]` in a manifest (keys as written, dotted keys whole).
+fn section(manifest: &str, name: &str) -> Vec<(String, String)> {
+    let header = format!("[{name}]");
+    manifest
+        .lines()
+        .skip_while(|l| l.trim() != header)
+        .skip(1)
+        .take_while(|l| !l.trim_start().starts_with('['))
+        .filter(|l| !l.trim_start().starts_with('#'))
+        .filter_map(|l| {
+            let (key, value) = l.split_once('=')?;
+            Some((key.trim().to_string(), value.trim().to_string()))
+        })
+        .collect()
+}
+
+/// The workspace crates a crate depends on to build (not its dev-dependencies).
+fn depends_on(dir: &str) -> BTreeSet<String> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let manifest = std::fs::read_to_string(root.join(dir).join("Cargo.toml")).unwrap();
+    section(&manifest, "dependencies")
+        .into_iter()
+        .map(|(key, _)| key.split('.').next().unwrap().to_string())
+        .filter(|name| name.starts_with("caretaker-"))
+        .collect()
+}
+
+/// Each crate depends on exactly the crates the layout allows, so no crate reaches into one
+/// above it: the API server knows no caretaker; the agent and the operator meet only in the
+/// agent API; fixtures live in the test kit, which production code other than the binary's
+/// demo never links.
+#[test]
+fn crates_depend_on_each_other_one_way() {
+    let allowed: BTreeMap<&str, &[&str]> = BTreeMap::from([
+        ("caretaker-pki", &[][..]),
+        ("caretaker-apiserver", &["caretaker-pki"][..]),
+        ("caretaker-agent-api", &["caretaker-pki"][..]),
+        (
+            "caretaker-agent",
+            &["caretaker-agent-api", "caretaker-pki"][..],
+        ),
+        (
+            "caretaker-operator",
+            &["caretaker-agent-api", "caretaker-pki"][..],
+        ),
+        (
+            "caretaker-testkit",
+            &[
+                "caretaker-agent",
+                "caretaker-agent-api",
+                "caretaker-operator",
+                "caretaker-pki",
+            ][..],
+        ),
+        (
+            "caretaker",
+            &[
+                "caretaker-agent",
+                "caretaker-agent-api",
+                "caretaker-apiserver",
+                "caretaker-operator",
+                "caretaker-pki",
+                "caretaker-testkit",
+            ][..],
+        ),
+    ]);
+    let crates = crates();
+    let names: BTreeSet<&str> = crates.iter().map(|(_, name)| name.as_str()).collect();
+    assert_eq!(
+        names,
+        allowed.keys().copied().collect(),
+        "a crate was added or removed: give it its place here and in the README's layout"
+    );
+    for (dir, name) in &crates {
+        let expected: BTreeSet<String> = allowed[name.as_str()]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        assert_eq!(
+            depends_on(dir),
+            expected,
+            "{name}'s [dependencies] on workspace crates"
+        );
+    }
+}
+
+#[test]
+fn no_crate_has_modules_importing_each_other_in_a_circle() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut found = Vec::new();
+    for (dir, name) in crates() {
+        let graph = graph(&rust_files(&root.join(dir).join("src")));
+        println!("{name}:");
+        for (from, to) in graph.iter().filter(|(from, _)| !from.is_empty()) {
+            let to: Vec<String> = to.iter().map(|m| m.join("::")).collect();
+            println!("  {} -> {}", from.join("::"), to.join(", "));
+        }
+        found.extend(circles(&graph).into_iter().map(|c| format!("{name}: {c}")));
+    }
     assert!(
-        circles.is_empty(),
+        found.is_empty(),
         "modules that import each other in a circle:\n{}",
-        circles.join("\n")
+        found.join("\n")
     );
 }
 
