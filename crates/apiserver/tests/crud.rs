@@ -6,7 +6,7 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 mod common;
-use common::{RawHttp, api_status};
+use common::{RawHttp, api_status, create_namespace};
 
 fn cm(name: &str, labels: serde_json::Value) -> ConfigMap {
     serde_json::from_value(
@@ -564,14 +564,7 @@ async fn deletecollection_deletes_exactly_the_selected_objects() {
 
     let server = TestServer::start().await;
     let client = server.client();
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    namespaces
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": "elsewhere"}})).unwrap(),
-        )
-        .await
-        .unwrap();
+    create_namespace(&client, "elsewhere", json!({})).await;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
     let pp = PostParams::default();
     for (name, team) in [("a-0", "a"), ("b-0", "b"), ("a-1", "a"), ("b-1", "b")] {

@@ -14,7 +14,7 @@ use kube::core::Status;
 use serde_json::{Value, json};
 
 mod common;
-use common::{RawHttp, api_status};
+use common::{RawHttp, api_status, create_namespace};
 
 fn widget_crd(scope: &str) -> CustomResourceDefinition {
     let schema = json!({"type": "object", "properties": {
@@ -306,14 +306,8 @@ async fn server_side_apply_ownership_conflicts_and_force() {
 async fn finalizers_garbage_collection_and_namespace_deletion() {
     let server = TestServer::start().await;
     let client = server.client();
+    create_namespace(&client, "gc", json!({})).await;
     let namespaces: Api<Namespace> = Api::all(client.clone());
-    namespaces
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": "gc"}})).unwrap(),
-        )
-        .await
-        .unwrap();
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "gc");
     let make = |name: &str, owner: Option<&ConfigMap>, finalizers: Vec<&str>| -> ConfigMap {
         let mut meta = json!({"name": name, "finalizers": finalizers});

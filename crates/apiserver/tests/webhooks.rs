@@ -20,7 +20,7 @@ use rustls::pki_types::pem::PemObject;
 use serde_json::{Value, json};
 
 mod common;
-use common::api_status;
+use common::{api_status, create_namespace};
 
 fn new_ca() -> CertificateAuthority {
     CertificateAuthority::create(&CaSpec::new("webhooks-ca")).unwrap()
@@ -454,14 +454,10 @@ async fn dry_run_all_persists_nothing_and_still_runs_admission() {
 async fn webhooks_are_called_only_for_their_namespace_and_object_selectors() {
     let f = Fixture::start().await;
     let pp = PostParams::default();
-    let namespaces: Api<Namespace> = Api::all(f.server.client());
     for (name, labels) in [("picked", json!({"hooks": "on"})), ("other", json!({}))] {
-        let ns = json!({"metadata": {"name": name, "labels": labels}});
-        namespaces
-            .create(&pp, &serde_json::from_value(ns).unwrap())
-            .await
-            .unwrap();
+        create_namespace(&f.server.client(), name, labels).await;
     }
+    let namespaces: Api<Namespace> = Api::all(f.server.client());
     let watched = json!({"matchLabels": {"watched": "yes"}});
     let mut objects = webhook(
         "objects.example.com",

@@ -1,12 +1,12 @@
-//! Helpers shared by the integration tests: a raw HTTP client, and the `Status` of a failed
-//! kube-rs request.
+//! Helpers shared by the integration tests: a raw HTTP client, the `Status` of a failed
+//! kube-rs request, and a namespace to work in.
 
 #![allow(dead_code)] // each test binary uses a different part
 
 use std::time::Duration;
 
 use kube::core::Status;
-use serde_json::Value;
+use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// The `Status` object a request failed with; panics on any other error (a transport failure
@@ -16,6 +16,20 @@ pub fn api_status(e: kube::Error) -> Status {
         kube::Error::Api(s) => *s,
         other => panic!("expected an API error, got {other:?}"),
     }
+}
+
+/// Creates namespace `name` with `labels` (a JSON object) through `client`.
+pub async fn create_namespace(client: &kube::Client, name: &str, labels: Value) {
+    let namespaces: kube::Api<k8s_openapi::api::core::v1::Namespace> =
+        kube::Api::all(client.clone());
+    let namespace = json!({"metadata": {"name": name, "labels": labels}});
+    namespaces
+        .create(
+            &kube::api::PostParams::default(),
+            &serde_json::from_value(namespace).unwrap(),
+        )
+        .await
+        .unwrap();
 }
 
 /// A minimal HTTP client: enough to send what typed clients refuse to build (malformed bodies,
