@@ -689,26 +689,11 @@ fn backgrounding_hook(dir: &Path) -> (String, PathBuf) {
     (script.display().to_string(), pid_file)
 }
 
-/// Whether process `pid` (from a file) is gone or a zombie nobody has reaped yet.
+/// Whether process `pid` (from a file) is gone, or a zombie nobody has reaped yet, within a
+/// moment.
 fn is_dead(pid_file: &Path) -> bool {
     let pid = std::fs::read_to_string(pid_file).unwrap();
-    for _ in 0..100 {
-        match std::fs::read_to_string(format!("/proc/{}/stat", pid.trim())) {
-            Err(_) => return true,
-            Ok(stat)
-                if stat
-                    .rsplit(')')
-                    .next()
-                    .unwrap()
-                    .trim_start()
-                    .starts_with('Z') =>
-            {
-                return true;
-            }
-            Ok(_) => std::thread::sleep(Duration::from_millis(20)),
-        }
-    }
-    false
+    caretaker_testkit::process::exits_soon(pid.trim().parse().unwrap())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,6 +7,7 @@ use std::path::Path;
 use std::process::Stdio;
 
 use caretaker_agent::NodeLayout;
+use caretaker_testkit::process::has_exited;
 use common::{assert_one_error_line, caretaker, caretaker_command, stderr, stdout};
 
 #[test]
@@ -44,8 +45,7 @@ fn the_demo_refreshes_every_machine_and_shows_before_and_after() {
     ] {
         let pid = std::fs::read_to_string(&pid_file).unwrap();
         assert!(
-            !std::path::Path::new(&format!("/proc/{}", pid.trim())).exists()
-                || is_zombie(pid.trim()),
+            has_exited(pid.trim().parse().unwrap()),
             "{} still runs",
             pid_file.display()
         );
@@ -87,12 +87,6 @@ fn run_small_demo(dir: &std::path::Path, extra: &[&str]) -> String {
         .unwrap();
     assert!(out.status.success(), "{}\n{}", stdout(&out), stderr(&out));
     stdout(&out)
-}
-
-fn is_zombie(pid: &str) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|s| s.contains(") Z "))
-        .unwrap_or(true)
 }
 
 #[test]
@@ -287,10 +281,7 @@ fn processes_naming(dir: &Path, except: i32) -> Vec<i32> {
         let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
             continue;
         };
-        if pid != except
-            && !is_zombie(&pid.to_string())
-            && String::from_utf8_lossy(&cmdline).contains(dir)
-        {
+        if pid != except && !has_exited(pid) && String::from_utf8_lossy(&cmdline).contains(dir) {
             found.push(pid);
         }
     }

@@ -47,27 +47,11 @@ async fn recorded_pid(file: &Path) -> i32 {
     panic!("{} was never written", file.display());
 }
 
-/// Whether process `pid` has exited (gone, or a zombie nobody has reaped yet), allowing it a
-/// moment to do so after its kill.
+/// Whether process `pid` exits within a moment (after its kill), waited for off the runtime.
 async fn has_exited(pid: i32) -> bool {
-    for _ in 0..100 {
-        match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-            Err(_) => return true,
-            // The state is the first field after the command name in parentheses.
-            Ok(stat)
-                if stat
-                    .rsplit(')')
-                    .next()
-                    .unwrap()
-                    .trim_start()
-                    .starts_with('Z') =>
-            {
-                return true;
-            }
-            Ok(_) => tokio::time::sleep(Duration::from_millis(20)).await,
-        }
-    }
-    false
+    tokio::task::spawn_blocking(move || caretaker_testkit::process::exits_soon(pid))
+        .await
+        .unwrap()
 }
 
 async fn machine_with_script(world: &mut World, name: &str, seconds: &str) -> PathBuf {

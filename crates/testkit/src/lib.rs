@@ -3,6 +3,7 @@
 //!
 //! - [`provision`]: a kubeadm-layout node PKI in a directory, from a cluster's CAs.
 //! - [`local`]: a real agent serving such a directory on loopback, inside this process.
+//! - [`process`]: whether a process a test started has gone.
 //! - [`capi_objects`]: the Cluster API objects (Clusters, CA Secrets, control planes,
 //!   MachineDeployments, Machines) that Cluster API and its providers would write, and their
 //!   upstream CRDs.
@@ -13,4 +14,5 @@
 
 pub mod capi_objects;
 pub mod local;
+pub mod process;
 pub mod provision;
