@@ -11,6 +11,7 @@
 //! and must not depend on `caretaker-agent` itself, nor on `caretaker-testkit` outside its
 //! integration tests and benchmarks.
 
+pub mod authority;
 pub mod changes;
 pub mod context;
 pub mod controllers;
