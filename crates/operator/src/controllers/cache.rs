@@ -6,8 +6,13 @@
 //! change that woke it. After a (re)list every cached Machine is passed on once the new state
 //! is complete, so nothing a reconcile decided on the old state is left waiting for an event
 //! that already went by.
+//!
+//! Beside the objects, the cache keeps each Machine's [`MachineView`], made once per version:
+//! a rollout pass reads every Machine its parent covers, and converting them all on every pass
+//! was most of the operator's work with a thousand Machines.
 
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, RwLock};
 
 use futures::{Stream, StreamExt};
 use kube::api::{Api, ApiResource, DynamicObject};
@@ -17,6 +22,7 @@ use kube::runtime::{WatchStreamExt, reflector, watcher};
 use tokio::sync::{mpsc, watch};
 
 use crate::Error;
+use crate::machine::MachineView;
 
 /// Machine changes waiting for a controller to take them.
 const CHANGES_BUFFER: usize = 1024;
@@ -26,6 +32,7 @@ const CHANGES_BUFFER: usize = 1024;
 pub struct Caches {
     machines: Store<DynamicObject>,
     deployments: Store<DynamicObject>,
+    views: Arc<RwLock<MachineViews>>,
     /// Whether each cache has had its first complete list. (kube's own
     /// `Store::wait_until_ready` wakes only one of several waiting tasks.)
     ready: [watch::Receiver<bool>; 2],
@@ -53,6 +60,7 @@ impl Caches {
         let caches = Caches {
             machines: machines_writer.as_reader(),
             deployments: deployments_writer.as_reader(),
+            views: Default::default(),
             ready: [machines_ready_rx, deployments_ready_rx],
         };
         let (senders, receivers): (Vec<_>, Vec<_>) = (0..subscribers)
@@ -60,20 +68,31 @@ impl Caches {
             .unzip();
 
         let (senders, machines_ready) = (Arc::new(senders), Arc::new(machines_ready));
-        let store = caches.machines.clone();
+        let (store, views) = (caches.machines.clone(), caches.views.clone());
         let keep_machines = reflector(
             machines_writer,
             watcher(machines, watcher::Config::default()).modify(forget_managed_fields),
         )
         .default_backoff()
         .for_each(move |event| {
-            let (senders, ready, store) = (senders.clone(), machines_ready.clone(), store.clone());
+            let (senders, ready) = (senders.clone(), machines_ready.clone());
+            let (store, views) = (store.clone(), views.clone());
             async move {
+                // The views change before anyone hears of the change, as the store does.
                 let changed = match event {
-                    Ok(watcher::Event::Apply(m) | watcher::Event::Delete(m)) => vec![Arc::new(m)],
+                    Ok(watcher::Event::Apply(m)) => {
+                        write(&views).apply(&m);
+                        vec![Arc::new(m)]
+                    }
+                    Ok(watcher::Event::Delete(m)) => {
+                        write(&views).delete(&m);
+                        vec![Arc::new(m)]
+                    }
                     Ok(watcher::Event::InitDone) => {
+                        let state = store.state();
+                        *write(&views) = MachineViews::of(&state);
                         ready.send_replace(true);
-                        store.state()
+                        state
                     }
                     Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => Vec::new(),
                     Err(e) => {
@@ -142,13 +161,17 @@ impl Caches {
         Ok(())
     }
 
-    /// The cached Machines of a namespace.
-    pub fn machines_in(&self, namespace: Option<&str>) -> Vec<Arc<DynamicObject>> {
-        self.machines
-            .state()
-            .into_iter()
-            .filter(|m| m.metadata.namespace.as_deref() == namespace)
-            .collect()
+    /// The cached Machines of a namespace, as views shared with every other reader.
+    pub fn machines_in(&self, namespace: &str) -> Vec<Arc<MachineView>> {
+        let views = self
+            .views
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        views
+            .by_namespace
+            .get(namespace)
+            .map(|machines| machines.values().cloned().collect())
+            .unwrap_or_default()
     }
 
     /// The cached MachineDeployments of a Cluster.
@@ -162,6 +185,51 @@ impl Caches {
             })
             .collect()
     }
+}
+
+/// One [`MachineView`] per cached Machine, by namespace and name.
+#[derive(Debug, Default)]
+struct MachineViews {
+    by_namespace: HashMap<String, BTreeMap<String, Arc<MachineView>>>,
+}
+
+impl MachineViews {
+    fn of(machines: &[Arc<DynamicObject>]) -> Self {
+        let mut views = Self::default();
+        for m in machines {
+            views.apply(m);
+        }
+        views
+    }
+
+    fn apply(&mut self, machine: &DynamicObject) {
+        let view = MachineView::from_object(machine);
+        self.by_namespace
+            .entry(view.namespace.clone())
+            .or_default()
+            .insert(view.name.clone(), Arc::new(view));
+    }
+
+    fn delete(&mut self, machine: &DynamicObject) {
+        let (Some(namespace), Some(name)) = (&machine.metadata.namespace, &machine.metadata.name)
+        else {
+            return;
+        };
+        if let Some(machines) = self.by_namespace.get_mut(namespace) {
+            machines.remove(name);
+            if machines.is_empty() {
+                self.by_namespace.remove(namespace);
+            }
+        }
+    }
+}
+
+/// The views for writing; a panic elsewhere while holding them leaves nothing half-written
+/// (each change is one insert or remove), so a poisoned lock is still good.
+fn write(views: &RwLock<MachineViews>) -> std::sync::RwLockWriteGuard<'_, MachineViews> {
+    views
+        .write()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Drops what no controller reads and the API server adds to every object it serves: its
@@ -178,6 +246,47 @@ mod tests {
     use super::*;
     use crate::machine;
 
+    fn machine_object(namespace: &str, name: &str, version: &str) -> DynamicObject {
+        let mut m = DynamicObject::new(name, &machine::api_resource()).within(namespace);
+        m.metadata.resource_version = Some(version.to_string());
+        m
+    }
+
+    #[test]
+    fn the_views_follow_every_change_by_namespace() {
+        let versions = |views: &MachineViews, namespace: &str| -> Vec<(String, String)> {
+            let machines = views
+                .by_namespace
+                .get(namespace)
+                .cloned()
+                .unwrap_or_default();
+            machines
+                .values()
+                .map(|m| (m.name.clone(), m.resource_version.clone().unwrap()))
+                .collect()
+        };
+        let mut views = MachineViews::of(&[
+            Arc::new(machine_object("a", "m-1", "1")),
+            Arc::new(machine_object("a", "m-2", "2")),
+            Arc::new(machine_object("b", "m-1", "3")),
+        ]);
+        views.apply(&machine_object("a", "m-1", "4"));
+        assert_eq!(
+            versions(&views, "a"),
+            [("m-1".into(), "4".into()), ("m-2".into(), "2".into())],
+            "a new version replaces the old, in its own namespace only"
+        );
+        assert_eq!(versions(&views, "b"), [("m-1".into(), "3".into())]);
+        views.delete(&machine_object("b", "m-1", "5"));
+        assert!(!views.by_namespace.contains_key("b"));
+        views.delete(&machine_object("a", "m-9", "6"));
+        assert_eq!(
+            versions(&views, "a").len(),
+            2,
+            "deleting an unknown Machine is harmless"
+        );
+    }
+
     #[tokio::test]
     async fn every_waiting_reconcile_wakes_when_the_caches_are_ready() {
         let (machines_ready, machines_rx) = watch::channel(false);
@@ -185,6 +294,7 @@ mod tests {
         let caches = Caches {
             machines: Writer::new(machine::api_resource()).as_reader(),
             deployments: Writer::new(machine::machine_deployment_api_resource()).as_reader(),
+            views: Default::default(),
             ready: [machines_rx, deployments_rx],
         };
         // One waiter per parent kind, as when all three reconcile before the first list ends.

@@ -168,13 +168,10 @@ fn covered_machines(
     parent: &DynamicObject,
     view: &ParentView,
     caches: &Caches,
-) -> Vec<MachineView> {
-    caches
-        .machines_in(parent.metadata.namespace.as_deref())
-        .iter()
-        .map(|m| MachineView::from_object(m))
-        .filter(|m| view.kind.covers(&view.name, m))
-        .collect()
+) -> Vec<Arc<MachineView>> {
+    let mut machines = caches.machines_in(parent.metadata.namespace.as_deref().unwrap_or_default());
+    machines.retain(|m| view.kind.covers(&view.name, m));
+    machines
 }
 
 /// The plan for a running request. Agents are asked for their health only when a
@@ -184,7 +181,7 @@ async fn plan_rollout(
     ctx: &Context,
     rollout: &Rollout,
     parent: &ParentView,
-    machines: &[MachineView],
+    machines: &[Arc<MachineView>],
 ) -> RolloutPlan {
     let mut input = rollout.input(parent, machines);
     let plan = RolloutPlan::decide(&input);

@@ -6,6 +6,7 @@
 //! and its Machines, and applies the changes.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use caretaker_agent_api::upgrade::ReleaseOption;
@@ -266,7 +267,7 @@ impl Rollout {
     /// What [`RolloutPlan::decide`] needs, from the parent and the Machines it covers (in the
     /// same order). Agent health is assumed good: the controller checks it when a
     /// control-plane Machine would start ([`RolloutPlan::starts_control_plane`]).
-    pub fn input(&self, parent: &ParentView, machines: &[MachineView]) -> RolloutInput {
+    pub fn input(&self, parent: &ParentView, machines: &[Arc<MachineView>]) -> RolloutInput {
         RolloutInput {
             cancelled: self.trigger.is_none(),
             max_parallel: parent
@@ -289,7 +290,7 @@ impl Rollout {
     pub fn changes(
         &self,
         parent: &ParentView,
-        machines: &[MachineView],
+        machines: &[Arc<MachineView>],
         plan: &RolloutPlan,
         retry_base: Duration,
     ) -> ParentChanges {
@@ -387,7 +388,7 @@ impl Rollout {
 fn observe(
     operation: Operation,
     request_id: &str,
-    views: &[MachineView],
+    views: &[Arc<MachineView>],
 ) -> Vec<MachineObservation> {
     let names = operation.names();
     views
@@ -561,7 +562,7 @@ impl MachineStart {
 /// it will be. A malformed value is reported once (per value).
 pub fn auto_refresh(
     cluster: &ParentView,
-    machines: &[MachineView],
+    machines: &[Arc<MachineView>],
     now: OffsetDateTime,
 ) -> ParentChanges {
     let Some(value) = cluster.annotation(names::AUTO_REFRESH_CERTIFICATES) else {

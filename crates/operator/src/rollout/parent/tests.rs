@@ -172,7 +172,7 @@ fn a_malformed_limit_seen_after_the_start_is_reported_once() {
     };
     let worker = test_machine(&[]);
     let warnings_of_a_pass = |cluster: &ParentView| {
-        let machines = [worker.clone()];
+        let machines = [Arc::new(worker.clone())];
         let plan = RolloutPlan::decide(&rollout.input(cluster, &machines));
         let changes = rollout.changes(cluster, &machines, &plan, RETRY_BASE);
         let warnings: Vec<String> = changes
@@ -279,7 +279,7 @@ fn a_started_machine_carries_no_result_of_an_earlier_request() {
                 earlier.push((names.state.last_error, "the earlier request's error"));
                 let mut before = test_machine(&earlier);
                 before.resource_version = Some("41".into());
-                let seen = observe(operation, "new", std::slice::from_ref(&before));
+                let seen = observe(operation, "new", &[Arc::new(before.clone())]);
                 assert_eq!(seen[0].progress, MachineProgress::Untouched, "{earlier:?}");
 
                 let start = MachineStart::for_request(operation, value, "new", &before);
@@ -289,7 +289,7 @@ fn a_started_machine_carries_no_result_of_an_earlier_request() {
                     "on the version seen"
                 );
                 let started = patched(&before, &start.annotations);
-                let seen = observe(operation, "new", std::slice::from_ref(&started));
+                let seen = observe(operation, "new", &[Arc::new(started.clone())]);
                 assert_eq!(seen[0].progress, MachineProgress::Running, "{earlier:?}");
                 let taken_up = match operation {
                     Operation::RefreshCertificates => {
@@ -370,7 +370,7 @@ fn observe_reads_each_machine_for_this_request_only() {
         let mut m = test_machine(annotations);
         m.labels
             .insert(names::DEPLOYMENT_NAME_LABEL.into(), "md-a".into());
-        let seen = observe(op, "new", std::slice::from_ref(&m));
+        let seen = observe(op, "new", &[Arc::new(m.clone())]);
         assert_eq!(seen[0].progress, progress, "{annotations:?}");
         assert_eq!(seen[0].failure.as_deref(), failure, "{annotations:?}");
         assert_eq!(
@@ -384,7 +384,7 @@ fn observe_reads_each_machine_for_this_request_only() {
     let mut plane = test_machine(&[]);
     plane.control_plane = true;
     plane.node_name = None;
-    let seen = observe(op, "new", &[plane]);
+    let seen = observe(op, "new", &[Arc::new(plane)]);
     assert_eq!(
         (seen[0].role.clone(), seen[0].has_node),
         (Role::ControlPlane, false)
@@ -401,7 +401,7 @@ fn starting_a_machine_keeps_a_running_status() {
         started.annotation(names::IN_PLACE_UPGRADE_STATUS),
         Some(names::STATUS_IN_PROGRESS)
     );
-    let seen = observe(Operation::InPlaceUpgrade, "new", &[started]);
+    let seen = observe(Operation::InPlaceUpgrade, "new", &[Arc::new(started)]);
     assert_eq!(seen[0].progress, MachineProgress::Running);
 }
 
@@ -539,7 +539,7 @@ fn automatic_refresh_starts_when_due_waits_until_then_and_reports_a_bad_value_on
         ParentStep::Idle
     );
 
-    let expiring = |at: &str| test_machine(&[(names::CERTIFICATES_EXPIRY, at)]);
+    let expiring = |at: &str| Arc::new(test_machine(&[(names::CERTIFICATES_EXPIRY, at)]));
     let soon = [
         expiring("2026-01-20T12:00:00Z"),
         expiring("2027-01-01T00:00:00Z"),
@@ -635,9 +635,9 @@ proptest! {
             .iter()
             .map(|(i, m)| MachineObservation { name: format!("m-{i}"), ..m.clone() })
             .collect();
-        let views: Vec<MachineView> = observed
+        let views: Vec<Arc<MachineView>> = observed
             .iter()
-            .map(|o| MachineView { name: o.name.clone(), resource_version: Some(format!("v-{}", o.name)), ..test_machine(&[]) })
+            .map(|o| Arc::new(MachineView { name: o.name.clone(), resource_version: Some(format!("v-{}", o.name)), ..test_machine(&[]) }))
             .collect();
         let plan = RolloutPlan::decide(&RolloutInput {
             cancelled,
