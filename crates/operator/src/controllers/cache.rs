@@ -38,6 +38,15 @@ pub struct Caches {
     ready: [watch::Receiver<bool>; 2],
 }
 
+/// Whether a controller hears of a Machine's change from the first view to the second. Every
+/// controller hears of new and deleted Machines and of every Machine after a (re)list.
+pub type ChangeFilter = fn(&MachineView, &MachineView) -> bool;
+
+/// The filter of a controller that hears of every change.
+pub fn every_change(_old: &MachineView, _new: &MachineView) -> bool {
+    true
+}
+
 /// A stream of Machine changes for one controller, as `Controller::for_stream` and
 /// `Controller::watches_stream` take it.
 pub type MachineChanges =
@@ -45,13 +54,14 @@ pub type MachineChanges =
 
 impl Caches {
     /// The caches over what `machines` and `deployments` can see, the future that keeps them
-    /// (run it beside the controllers) and `subscribers` streams of Machine changes.
+    /// (run it beside the controllers) and one stream of Machine changes per filter in
+    /// `subscribers`.
     pub fn new(
         machines: Api<DynamicObject>,
         machine_resource: ApiResource,
         deployments: Api<DynamicObject>,
         deployment_resource: ApiResource,
-        subscribers: usize,
+        subscribers: Vec<ChangeFilter>,
     ) -> (Self, impl Future<Output = ()> + Send, Vec<MachineChanges>) {
         let machines_writer = Writer::new(machine_resource);
         let deployments_writer = Writer::new(deployment_resource);
@@ -63,8 +73,12 @@ impl Caches {
             views: Default::default(),
             ready: [machines_ready_rx, deployments_ready_rx],
         };
-        let (senders, receivers): (Vec<_>, Vec<_>) = (0..subscribers)
-            .map(|_| mpsc::channel::<Arc<DynamicObject>>(CHANGES_BUFFER))
+        let (senders, receivers): (Vec<_>, Vec<_>) = subscribers
+            .into_iter()
+            .map(|filter| {
+                let (sender, receiver) = mpsc::channel::<Arc<DynamicObject>>(CHANGES_BUFFER);
+                ((filter, sender), receiver)
+            })
             .unzip();
 
         let (senders, machines_ready) = (Arc::new(senders), Arc::new(machines_ready));
@@ -79,30 +93,37 @@ impl Caches {
             let (store, views) = (store.clone(), views.clone());
             async move {
                 // The views change before anyone hears of the change, as the store does.
-                let changed = match event {
+                // (old, new) views of a changed Machine; `None` tells everyone.
+                let (changed, views_changed) = match event {
                     Ok(watcher::Event::Apply(m)) => {
-                        write(&views).apply(&m);
-                        vec![Arc::new(m)]
+                        let views_changed = write(&views).apply(&m);
+                        (vec![Arc::new(m)], Some(views_changed))
                     }
                     Ok(watcher::Event::Delete(m)) => {
                         write(&views).delete(&m);
-                        vec![Arc::new(m)]
+                        (vec![Arc::new(m)], None)
                     }
                     Ok(watcher::Event::InitDone) => {
                         let state = store.state();
                         *write(&views) = MachineViews::of(&state);
                         ready.send_replace(true);
-                        state
+                        (state, None)
                     }
-                    Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => Vec::new(),
+                    Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => (Vec::new(), None),
                     Err(e) => {
                         tracing::warn!(error = %e, "watching Machines failed; retrying");
-                        Vec::new()
+                        (Vec::new(), None)
                     }
                 };
                 for m in changed {
-                    for sender in senders.iter() {
-                        let _ = sender.send(m.clone()).await;
+                    for (filter, sender) in senders.iter() {
+                        let hears = match &views_changed {
+                            Some((Some(old), new)) => filter(old, new),
+                            Some((None, _)) | None => true,
+                        };
+                        if hears {
+                            let _ = sender.send(m.clone()).await;
+                        }
                     }
                 }
             }
@@ -202,12 +223,15 @@ impl MachineViews {
         views
     }
 
-    fn apply(&mut self, machine: &DynamicObject) {
-        let view = MachineView::from_object(machine);
-        self.by_namespace
+    /// Records the Machine's new version; returns the view it replaces and the new one.
+    fn apply(&mut self, machine: &DynamicObject) -> (Option<Arc<MachineView>>, Arc<MachineView>) {
+        let view = Arc::new(MachineView::from_object(machine));
+        let old = self
+            .by_namespace
             .entry(view.namespace.clone())
             .or_default()
-            .insert(view.name.clone(), Arc::new(view));
+            .insert(view.name.clone(), view.clone());
+        (old, view)
     }
 
     fn delete(&mut self, machine: &DynamicObject) {

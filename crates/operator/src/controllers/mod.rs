@@ -21,6 +21,7 @@ use kube::runtime::controller::Action;
 use crate::Error;
 use crate::context::Context;
 use crate::machine;
+use crate::rollout::parent::{ParentKind, matters_to_parents};
 use crate::schedule::Next;
 
 /// Runs every controller of the operator, over the Machines of `namespace` (all namespaces
@@ -41,7 +42,11 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
         machine_resource,
         api(&deployment_resource),
         deployment_resource,
-        1 + crate::rollout::parent::ParentKind::ALL.len(),
+        // The Machine controller hears of every change, each parent kind's only of those that
+        // can change a pass's decision.
+        std::iter::once(cache::every_change as cache::ChangeFilter)
+            .chain(ParentKind::ALL.map(|_| matters_to_parents as cache::ChangeFilter))
+            .collect(),
     );
     let machine_changes = changes.remove(0);
     let secrets = match &namespace {

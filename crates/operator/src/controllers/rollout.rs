@@ -90,6 +90,10 @@ fn parents_of(
         .collect()
 }
 
+/// How soon a pass whose view of a Machine was stale runs again, by when the cache has that
+/// Machine's new version.
+const STALE_RETRY: Duration = Duration::from_millis(100);
+
 /// Health checks of control-plane agents give up after this long.
 const HEALTH_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -214,8 +218,9 @@ async fn apply(
     changes: ParentChanges,
 ) -> Result<Next, Error> {
     if let Started::Stale(_) = write_starts(&ctx.client, &changes.start).await? {
-        // The Machine changed since the cache saw it; its watch event wakes us.
-        return Ok(Next::AwaitChange);
+        // The Machine changed since the cache saw it. Its watch event wakes the parent only
+        // if the change matters to parents, so look again shortly either way.
+        return Ok(Next::After(STALE_RETRY));
     }
     let resource = kind.api_resource();
     if !changes.parent.is_empty() {

@@ -254,6 +254,39 @@ fn malformed_limits(parent: &ParentView) -> Vec<MalformedLimit> {
         .collect()
 }
 
+/// Whether a Machine's change from `old` to `new` can change what a parent's pass decides:
+/// which parents cover it, its role, node and health check address, deletion, and the
+/// annotations a pass reads. Other changes (the agent's plan id, attempt counts, a new
+/// `resourceVersion` alone) do not wake the parents; a pass still reads the latest view.
+pub fn matters_to_parents(old: &MachineView, new: &MachineView) -> bool {
+    let mut read_by_parents =
+        PARENT_READS_ALWAYS
+            .into_iter()
+            .chain(Operation::ALL.into_iter().flat_map(|op| {
+                let names = op.names();
+                [
+                    names.trigger,
+                    names.status,
+                    names.rollout_request,
+                    names.state.last_error,
+                ]
+            }));
+    old.namespace != new.namespace
+        || old.name != new.name
+        || old.cluster_name != new.cluster_name
+        || old.node_name != new.node_name
+        || old.addresses != new.addresses
+        || old.control_plane != new.control_plane
+        || old.controller != new.controller
+        || old.being_deleted != new.being_deleted
+        || old.labels != new.labels
+        || read_by_parents.any(|key| old.annotation(key) != new.annotation(key))
+}
+
+/// Machine annotations a pass reads whatever the operation: the expiry (automatic refresh) and
+/// the agent's address (the control plane's health check).
+const PARENT_READS_ALWAYS: [&str; 2] = [names::CERTIFICATES_EXPIRY, names::AGENT_ENDPOINT];
+
 /// A request that runs on a parent, or is being cancelled.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rollout {

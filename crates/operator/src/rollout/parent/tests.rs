@@ -683,3 +683,132 @@ proptest! {
         }
     }
 }
+
+/// Every annotation key a Machine may carry that the operator knows, and one it does not.
+fn machine_annotation_keys() -> Vec<&'static str> {
+    let mut keys = vec![
+        names::CERTIFICATES_EXPIRY,
+        names::AGENT_ENDPOINT,
+        "example.com/unrelated",
+    ];
+    keys.extend(names::refresh_state::ALL);
+    keys.extend(names::upgrade_state::ALL);
+    for op in OPS {
+        let names = op.names();
+        keys.extend([
+            names.trigger,
+            names.status,
+            names.rollout_request,
+            names.rollout_trigger,
+        ]);
+    }
+    keys
+}
+
+fn arbitrary_machine_edit() -> impl Strategy<Value = (MachineView, MachineView)> {
+    let value = || {
+        prop::option::of(prop::sample::select(vec![
+            "1y",
+            "r1",
+            "r2",
+            names::STATUS_IN_PROGRESS,
+            names::STATUS_DONE,
+            names::STATUS_FAILED,
+            "2026-01-05T00:00:00Z",
+            "https://10.0.0.9:9443",
+        ]))
+    };
+    let annotations = move || {
+        prop::collection::vec(
+            (prop::sample::select(machine_annotation_keys()), value()),
+            0..4,
+        )
+    };
+    let rarely = || prop::bool::weighted(0.1);
+    let deployment = || prop::option::of(prop::sample::select(vec!["md-1", "md-2"]));
+    (
+        annotations(),
+        annotations(),
+        (any::<bool>(), rarely(), rarely()),
+        deployment(),
+        deployment(),
+    )
+        .prop_map(
+            move |(before, edits, (control_plane, deleting, moved), md_before, md_after)| {
+                let mut old = test_machine(&[]);
+                old.control_plane = control_plane;
+                for (key, value) in before.into_iter().filter_map(|(k, v)| Some((k, v?))) {
+                    old.annotations.insert(key.into(), value.into());
+                }
+                old.labels.extend(
+                    md_before.map(|md| (names::DEPLOYMENT_NAME_LABEL.to_string(), md.into())),
+                );
+                let mut new = old.clone();
+                for (key, value) in edits {
+                    match value {
+                        Some(value) => new.annotations.insert(key.into(), value.into()),
+                        None => new.annotations.remove(key),
+                    };
+                }
+                new.being_deleted = deleting;
+                if moved {
+                    new.labels.remove(names::DEPLOYMENT_NAME_LABEL);
+                    new.labels.extend(
+                        md_after.map(|md| (names::DEPLOYMENT_NAME_LABEL.to_string(), md.into())),
+                    );
+                }
+                new.resource_version = Some("2".into());
+                (old, new)
+            },
+        )
+}
+
+proptest! {
+    // Most random edits do matter; enough of them do not.
+    #![proptest_config(ProptestConfig { max_global_rejects: 100_000, ..ProptestConfig::default() })]
+
+    /// A Machine change that does not wake the parents changes nothing a pass would see or
+    /// write: which parents cover it, its observation for any request, its start, the
+    /// automatic refresh and the agent it is health-checked at.
+    #[test]
+    fn a_change_that_does_not_wake_the_parents_changes_no_decision((old, new) in arbitrary_machine_edit()) {
+        prop_assume!(!matters_to_parents(&old, &new));
+        for kind in ParentKind::ALL {
+            prop_assert_eq!(kind.parent_of(&old), kind.parent_of(&new));
+            for parent in ["c1", "md-1", "md-2"] {
+                prop_assert_eq!(kind.covers(parent, &old), kind.covers(parent, &new));
+            }
+        }
+        let (old, new) = (Arc::new(old), Arc::new(new));
+        for op in OPS {
+            for request in ["r1", "r2"] {
+                prop_assert_eq!(
+                    observe(op, request, std::slice::from_ref(&old)),
+                    observe(op, request, std::slice::from_ref(&new))
+                );
+                let start = |m: &MachineView| MachineStart::for_request(op, "1y", request, m).annotations;
+                prop_assert_eq!(start(&old), start(&new));
+            }
+        }
+        let auto = parent(ParentKind::Cluster, &[(names::AUTO_REFRESH_CERTIFICATES, "ttl=1y,before=30d")]);
+        prop_assert_eq!(auto_refresh(&auto, &[old.clone()], NOW), auto_refresh(&auto, &[new.clone()], NOW));
+        prop_assert_eq!(old.agent_url(9443), new.agent_url(9443));
+    }
+}
+
+#[test]
+fn the_agents_plan_id_does_not_wake_the_parents_and_a_result_does() {
+    let names = Operation::RefreshCertificates.names();
+    let running = test_machine(&[(names.trigger, "1y"), (names.rollout_request, "r1")]);
+    let mut planned = running.clone();
+    planned
+        .annotations
+        .insert(names::refresh_state::PLAN.into(), "plan-1".into());
+    planned.resource_version = Some("7".into());
+    assert!(!matters_to_parents(&running, &planned));
+    let mut done = planned.clone();
+    done.annotations.remove(names.trigger);
+    done.annotations
+        .insert(names.status.into(), names::STATUS_DONE.into());
+    assert!(matters_to_parents(&planned, &done));
+}
