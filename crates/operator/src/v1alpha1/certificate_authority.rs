@@ -57,12 +57,12 @@ pub struct CertificateAuthoritySpec {
     /// The ConfigMap the trust bundle is published in, under the key `ca-bundle.crt`: the
     /// current CA and every older one still trusted.
     pub bundle: NamespacedName,
-    /// Key algorithm of each new CA: ECDSA-P256, ECDSA-P384, Ed25519, RSA-2048, RSA-3072 or
-    /// RSA-4096.
+    /// Key algorithm of each new CA: ECDSA-P256 (the default), ECDSA-P384, Ed25519, RSA-2048,
+    /// RSA-3072 or RSA-4096.
     #[serde(default = "super::default_key_algorithm")]
     #[schemars(extend("enum" = ["ECDSA-P256", "ECDSA-P384", "Ed25519", "RSA-2048", "RSA-3072", "RSA-4096"]))]
     pub key_algorithm: String,
-    /// Lifetime of each CA certificate, a TTL such as 10y, 1y6mo, 90d or 12h.
+    /// Lifetime of each CA certificate, a TTL such as 10y (the default), 1y6mo, 90d or 12h.
     #[serde(default = "super::default_ca_validity")]
     pub validity: String,
     /// Rotate once this percentage of the lifetime has passed (1 to 100). Default 80 when
@@ -75,7 +75,7 @@ pub struct CertificateAuthoritySpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub renew_before: Option<String>,
     /// How long a new CA is published in the bundle and every injection point before it
-    /// signs anything, a TTL such as 5m; 0s signs at once.
+    /// signs anything, a TTL such as 5m (the default); 0s signs at once.
     #[serde(default = "super::default_trust_propagation")]
     pub trust_propagation: String,
 }

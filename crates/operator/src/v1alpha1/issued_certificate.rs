@@ -66,13 +66,13 @@ pub struct IssuedCertificateSpec {
     /// What the certificate is for: `server`, `client`, or both.
     #[schemars(schema_with = "usages_schema")]
     pub usages: Vec<String>,
-    /// Key algorithm of each new key: ECDSA-P256, ECDSA-P384, Ed25519, RSA-2048, RSA-3072 or
-    /// RSA-4096.
+    /// Key algorithm of each new key: ECDSA-P256 (the default), ECDSA-P384, Ed25519, RSA-2048,
+    /// RSA-3072 or RSA-4096.
     #[serde(default = "super::default_key_algorithm")]
     #[schemars(extend("enum" = ["ECDSA-P256", "ECDSA-P384", "Ed25519", "RSA-2048", "RSA-3072", "RSA-4096"]))]
     pub key_algorithm: String,
-    /// Lifetime of each certificate, a TTL such as 1y, 90d or 12h; cut to the issuer's own
-    /// expiry.
+    /// Lifetime of each certificate, a TTL such as 1y (the default), 90d or 12h; cut to the
+    /// issuer's own expiry.
     #[serde(default = "super::default_certificate_validity")]
     pub validity: String,
     /// Issue again once this percentage of the lifetime has passed (1 to 100). Default 80

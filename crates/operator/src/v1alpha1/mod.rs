@@ -7,7 +7,9 @@
 //! Defaults live twice, on purpose: in the CRD schema, so the API server fills them in and
 //! `kubectl explain` shows them, and in serde, so a spec read without them means the same.
 
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+    CustomResourceDefinition, JSONSchemaProps, JSONSchemaPropsOrArray,
+};
 use kube::CustomResourceExt;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -44,9 +46,48 @@ pub const DEFAULT_CA_VALIDITY: &str = "10y";
 pub const DEFAULT_CERTIFICATE_VALIDITY: &str = "1y";
 pub const DEFAULT_TRUST_PROPAGATION: &str = "5m";
 
-/// Both CustomResourceDefinitions, CertificateAuthority first.
+/// Both CustomResourceDefinitions, CertificateAuthority first, as `caretaker crds` prints
+/// them: [`CustomResourceExt::crd`] with descriptions reflowed.
 pub fn crds() -> Vec<CustomResourceDefinition> {
-    vec![CertificateAuthority::crd(), IssuedCertificate::crd()]
+    let mut crds = vec![CertificateAuthority::crd(), IssuedCertificate::crd()];
+    for version in crds.iter_mut().flat_map(|crd| crd.spec.versions.iter_mut()) {
+        let schema = version
+            .schema
+            .as_mut()
+            .and_then(|s| s.open_api_v3_schema.as_mut());
+        if let Some(schema) = schema {
+            reflow_descriptions(schema);
+        }
+    }
+    crds
+}
+
+/// Joins the lines of each paragraph of every description: doc comments are wrapped at the
+/// source's width, and `kubectl explain` would wrap those lines again, leaving ragged text.
+fn reflow_descriptions(schema: &mut JSONSchemaProps) {
+    if let Some(description) = &mut schema.description {
+        *description = description
+            .split("\n\n")
+            .map(|paragraph| {
+                paragraph
+                    .lines()
+                    .map(str::trim)
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            })
+            .collect::<Vec<_>>()
+            .join("\n\n");
+    }
+    for property in schema.properties.iter_mut().flat_map(|p| p.values_mut()) {
+        reflow_descriptions(property);
+    }
+    match &mut schema.items {
+        Some(JSONSchemaPropsOrArray::Schema(items)) => reflow_descriptions(items),
+        Some(JSONSchemaPropsOrArray::Schemas(items)) => {
+            items.iter_mut().for_each(reflow_descriptions)
+        }
+        None => {}
+    }
 }
 
 /// A namespaced object: a Secret or a ConfigMap.
@@ -137,6 +178,41 @@ mod tests {
             assert_eq!(version["name"], VERSION);
             assert_eq!(version["subresources"]["status"], json!({}));
         }
+    }
+
+    /// Every `description` string in `value`.
+    fn descriptions(value: &Value, found: &mut Vec<String>) {
+        match value {
+            Value::Object(map) => {
+                for (key, value) in map {
+                    match value {
+                        Value::String(text) if key == "description" => found.push(text.clone()),
+                        other => descriptions(other, found),
+                    }
+                }
+            }
+            Value::Array(items) => items.iter().for_each(|item| descriptions(item, found)),
+            _ => {}
+        }
+    }
+
+    #[test]
+    fn descriptions_are_reflowed_paragraphs() {
+        let mut found = Vec::new();
+        descriptions(&serde_json::to_value(crds()).unwrap(), &mut found);
+        assert!(found.len() > 40, "{}", found.len());
+        for description in found {
+            assert!(
+                !description.replace("\n\n", "").contains('\n'),
+                "{description:?}"
+            );
+        }
+        let spec = spec_schema("CertificateAuthority");
+        assert_eq!(
+            spec["properties"]["keyAlgorithm"]["description"],
+            "Key algorithm of each new CA: ECDSA-P256 (the default), ECDSA-P384, Ed25519, \
+             RSA-2048, RSA-3072 or RSA-4096."
+        );
     }
 
     #[test]
