@@ -74,6 +74,34 @@ fn crds_prints_the_types_crds_as_yaml_the_same_every_run() {
     );
 }
 
+#[test]
+fn the_reference_documents_every_field() {
+    let reference = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/reference.md"),
+    )
+    .unwrap();
+    for crd in crds() {
+        let kind = &crd.spec.names.kind;
+        let section = reference
+            .split(&format!("## {kind} ("))
+            .nth(1)
+            .unwrap_or_else(|| panic!("docs/reference.md has no section on {kind}"))
+            .split("\n## ")
+            .next()
+            .unwrap();
+        let schema = serde_json::to_value(&crd.spec.versions[0].schema).unwrap();
+        for part in ["spec", "status"] {
+            let properties = &schema["openAPIV3Schema"]["properties"][part]["properties"];
+            for field in properties.as_object().unwrap().keys() {
+                // IssuedCertificate's status refers to the CertificateAuthority's.
+                let documented = section.contains(&format!("`{part}.{field}"))
+                    || (part == "status" && reference.contains(&format!("`{part}.{field}")));
+                assert!(documented, "docs/reference.md: {kind} {part}.{field}");
+            }
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_applies_the_crds_then_lists_the_examples_with_their_columns() {
     let Some(kubectl) = Kubectl::find("kubectl_applies_the_crds") else {
