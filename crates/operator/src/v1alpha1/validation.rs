@@ -66,7 +66,7 @@ pub enum Problem {
     BothRenewalSettings,
     #[error("{0:?} is not a key algorithm; accepted: {accepted}", accepted = key_algorithm_names())]
     UnknownKeyAlgorithm(String),
-    #[error("no usage given; accepted: server, client, or both")]
+    #[error("no usage given; expected server, client, or both of them")]
     NoUsages,
     #[error("{0:?} is not a usage; accepted: server, client")]
     UnknownUsage(String),
