@@ -38,9 +38,13 @@ enum Command {
     /// Create CAs, issue certificates and inspect certificates by hand.
     #[command(subcommand)]
     Pki(cmd::pki::PkiCommand),
-    /// Print caretaker's CustomResourceDefinitions (not built yet).
-    #[command(long_about = cmd::planned::CRDS)]
-    Crds(cmd::planned::PlannedArgs),
+    /// Print caretaker's CustomResourceDefinitions, generated from its Rust types.
+    ///
+    /// Prints the CRDs of CertificateAuthority and IssuedCertificate (caretaker.dev/v1alpha1)
+    /// on stdout as one multi-document YAML stream, the same bytes on every run of the same
+    /// build. Install or update them with `caretaker crds | kubectl apply -f -`; docs/reference.md
+    /// describes every field.
+    Crds(cmd::crds::CrdsArgs),
 }
 
 fn main() -> ExitCode {
@@ -53,6 +57,6 @@ fn main() -> ExitCode {
         Command::Demo(args) => cmd::demo::run(args),
         Command::Status(command) => cmd::status::run(command),
         Command::Certs(command) => cmd::certs::run(command),
-        Command::Crds(_) => cmd::planned::not_built("crds"),
+        Command::Crds(args) => cmd::crds::run(args),
     }
 }

@@ -286,14 +286,6 @@ fn every_subcommand_explains_itself() {
 }
 
 #[test]
-fn the_command_not_built_yet_says_so_and_fails() {
-    // caretaker has no CRDs of its own yet (CertificateAuthority and friends come later).
-    let out = caretaker(&["crds"]);
-    assert_eq!(out.status.code(), Some(2));
-    assert!(stderr(&out).contains("not built yet"), "{}", stderr(&out));
-}
-
-#[test]
 fn a_leaf_ends_with_its_ca_and_is_backdated_for_clock_skew_but_not_before_the_ca() {
     let tmp = tempfile::tempdir().unwrap();
     let (ca, leaf) = (tmp.path().join("ca"), tmp.path().join("leaf"));

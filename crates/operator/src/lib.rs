@@ -5,7 +5,8 @@
 //! ([`signing`]). Plans are made of [`changes`] (annotations to write, events to publish) and
 //! [`schedule::Next`]; every name users see is in [`names`]. The kube-rs glue that observes and
 //! applies lives in [`controllers`], one module per controller, with shared plumbing in
-//! [`context`] and [`credentials`].
+//! [`context`] and [`credentials`]. caretaker's own API, `caretaker.dev/v1alpha1`, and the
+//! validation of its specs are in [`v1alpha1`].
 //!
 //! It talks to node agents through `caretaker-agent-api` (wire types, client, kubeadm facts)
 //! and must not depend on `caretaker-agent` itself, nor on `caretaker-testkit` outside its
@@ -24,6 +25,7 @@ pub mod schedule;
 mod settings;
 pub mod signing;
 pub mod timestamp;
+pub mod v1alpha1;
 
 pub use context::Context;
 pub use error::Error;

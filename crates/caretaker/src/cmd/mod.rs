@@ -11,11 +11,11 @@ use caretaker_pki::Ttl;
 pub mod agent;
 pub mod apiserver;
 pub mod certs;
+pub mod crds;
 pub mod demo;
 pub mod logging;
 pub mod operator;
 pub mod pki;
-pub mod planned;
 pub mod status;
 
 /// Why a command failed: one line for stderr, and the exit status (1 unless said otherwise).

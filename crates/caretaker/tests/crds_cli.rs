@@ -1,0 +1,480 @@
+//! `caretaker crds` as a user runs it: piped into the real kubectl against the embedded API
+//! server, then the issue's example objects created, listed and refused with kubectl.
+//!
+//! A missing kubectl fails the kubectl tests, because a skipped test would still show `ok`.
+//! CARETAKER_SKIP_KUBECTL=1 opts out explicitly, unless CARETAKER_REQUIRE_KUBECTL=1 (which CI
+//! sets) forbids that.
+
+mod common;
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+
+use caretaker_apiserver::{ApiServer, TestServer};
+use caretaker_operator::v1alpha1::{
+    CertificateAuthority, CertificateAuthorityStatus, Condition, IssuedCertificate,
+    IssuedCertificateStatus, crds,
+};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::{Value, json};
+
+use common::{caretaker, caretaker_command, stderr, stdout};
+
+/// The issue's example, exactly as users write it.
+const EXAMPLES: &str = "\
+apiVersion: caretaker.dev/v1alpha1
+kind: CertificateAuthority
+metadata: {name: webhooks}
+spec:
+  commonName: webhooks-ca
+  secret: {name: webhooks-ca, namespace: caretaker-system}          # type kubernetes.io/tls
+  bundle: {name: webhooks-ca-bundle, namespace: caretaker-system}   # ConfigMap, key ca-bundle.crt
+  keyAlgorithm: ECDSA-P256          # ECDSA-P384, Ed25519, RSA-2048/3072/4096
+  validity: 10y
+  renewAtPercent: 80                # or renewBefore: 60d (one of the two)
+  trustPropagation: 5m
+---
+apiVersion: caretaker.dev/v1alpha1
+kind: IssuedCertificate
+metadata: {name: webhook-server, namespace: demo}
+spec:
+  issuerRef: {name: webhooks}
+  secretName: webhook-server-tls
+  commonName: webhook.demo.svc
+  dnsNames: [webhook.demo.svc, webhook.demo.svc.cluster.local]
+  ipAddresses: [127.0.0.1]
+  usages: [server]                  # server, client
+  keyAlgorithm: ECDSA-P256
+  validity: 1y
+  renewAtPercent: 80                # or renewBefore: 30d
+";
+
+#[test]
+fn crds_prints_the_types_crds_as_yaml_the_same_every_run() {
+    let first = caretaker(&["crds"]);
+    assert!(first.status.success(), "{}", stderr(&first));
+    assert_eq!(stderr(&first), "");
+    let second = caretaker(&["crds"]);
+    assert_eq!(first.stdout, second.stdout);
+
+    let text = stdout(&first);
+    assert!(text.starts_with("---\napiVersion: apiextensions.k8s.io/v1\n"));
+    let printed: Vec<CustomResourceDefinition> = serde_saphyr::from_str_multiple(&text).unwrap();
+    let as_json = |crds: &[CustomResourceDefinition]| serde_json::to_value(crds).unwrap();
+    assert_eq!(as_json(&printed), as_json(&crds()));
+    let names: Vec<_> = printed.iter().map(|c| c.metadata.name.clone()).collect();
+    assert_eq!(
+        names,
+        [
+            Some("certificateauthorities.caretaker.dev".to_string()),
+            Some("issuedcertificates.caretaker.dev".to_string())
+        ]
+    );
+}
+
+#[test]
+fn the_reference_documents_every_field() {
+    let reference = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/reference.md"),
+    )
+    .unwrap();
+    for crd in crds() {
+        let kind = &crd.spec.names.kind;
+        let section = reference
+            .split(&format!("## {kind} ("))
+            .nth(1)
+            .unwrap_or_else(|| panic!("docs/reference.md has no section on {kind}"))
+            .split("\n## ")
+            .next()
+            .unwrap();
+        let schema = serde_json::to_value(&crd.spec.versions[0].schema).unwrap();
+        for part in ["spec", "status"] {
+            let properties = &schema["openAPIV3Schema"]["properties"][part]["properties"];
+            for field in properties.as_object().unwrap().keys() {
+                // IssuedCertificate's status refers to the CertificateAuthority's.
+                let documented = section.contains(&format!("`{part}.{field}"))
+                    || (part == "status" && reference.contains(&format!("`{part}.{field}")));
+                assert!(documented, "docs/reference.md: {kind} {part}.{field}");
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_applies_the_crds_then_lists_the_examples_with_their_columns() {
+    let Some(kubectl) = Kubectl::find("kubectl_applies_the_crds") else {
+        return;
+    };
+    let server = TestServer::start().await;
+    let kubectl = kubectl.against(&server);
+
+    let applied = kubectl.apply_crds().await;
+    assert!(
+        applied.contains("customresourcedefinition.apiextensions.k8s.io/certificateauthorities.caretaker.dev created"),
+        "{applied}"
+    );
+    assert!(
+        applied.contains("issuedcertificates.caretaker.dev created"),
+        "{applied}"
+    );
+    // Applying the same output again changes nothing.
+    assert!(kubectl.apply_crds().await.contains("unchanged"));
+
+    kubectl.ok(&["create", "namespace", "demo"], None).await;
+    let created = kubectl.ok(&["apply", "-f", "-"], Some(EXAMPLES)).await;
+    assert!(
+        created.contains("certificateauthority.caretaker.dev/webhooks created"),
+        "{created}"
+    );
+    assert!(
+        created.contains("issuedcertificate.caretaker.dev/webhook-server created"),
+        "{created}"
+    );
+
+    // What the API server stored reads back as the Rust types, and validates.
+    let client = server.client();
+    let cas: Api<CertificateAuthority> = Api::all(client.clone());
+    let certificates: Api<IssuedCertificate> = Api::namespaced(client, "demo");
+    let ca = cas.get("webhooks").await.unwrap();
+    assert_eq!(ca.spec.policy().unwrap().ca.common_name, "webhooks-ca");
+    let certificate = certificates.get("webhook-server").await.unwrap();
+    assert_eq!(certificate.spec.ip_addresses, ["127.0.0.1"]);
+    certificate.spec.policy().unwrap();
+
+    // Before any status: the columns are there, empty.
+    let table = kubectl.ok(&["get", "certificateauthorities"], None).await;
+    assert_columns(&table);
+    assert!(
+        table.lines().nth(1).unwrap().starts_with("webhooks "),
+        "{table}"
+    );
+    let table = kubectl
+        .ok(&["get", "issuedcertificates", "-n", "demo"], None)
+        .await;
+    assert_columns(&table);
+    assert!(
+        table.lines().nth(1).unwrap().starts_with("webhook-server "),
+        "{table}"
+    );
+
+    // With a status, as the controller will write it.
+    let ready = Condition {
+        type_: "Ready".into(),
+        status: "True".into(),
+        reason: "Issued".into(),
+        message: "current".into(),
+        last_transition_time: "2025-01-01T00:00:00Z".into(),
+        observed_generation: Some(1),
+    };
+    let ca_status = CertificateAuthorityStatus {
+        conditions: vec![ready.clone()],
+        serial_number: Some("01:02".into()),
+        not_before: Some("2025-01-01T00:00:00Z".into()),
+        not_after: Some("2035-01-01T00:00:00Z".into()),
+        next_rotation: Some("2033-01-01T00:00:00Z".into()),
+        observed_generation: Some(1),
+        ..Default::default()
+    };
+    let params = PatchParams::default();
+    let patch = json!({ "status": ca_status });
+    cas.patch_status("webhooks", &params, &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    let certificate_status = IssuedCertificateStatus {
+        conditions: vec![ready],
+        not_after: Some("2026-01-01T00:00:00Z".into()),
+        next_rotation: Some("2025-10-20T00:00:00Z".into()),
+        ..Default::default()
+    };
+    let patch = json!({ "status": certificate_status });
+    certificates
+        .patch_status("webhook-server", &params, &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    assert_eq!(cas.get("webhooks").await.unwrap().status, Some(ca_status));
+
+    let row = kubectl
+        .ok(&["get", "certificateauthority", "webhooks"], None)
+        .await;
+    assert_eq!(
+        &cells(&row)[..4],
+        [
+            "webhooks",
+            "True",
+            "2035-01-01T00:00:00Z",
+            "2033-01-01T00:00:00Z"
+        ],
+        "{row}"
+    );
+    let row = kubectl
+        .ok(
+            &["get", "issuedcertificate", "webhook-server", "-n", "demo"],
+            None,
+        )
+        .await;
+    assert_eq!(
+        &cells(&row)[..4],
+        [
+            "webhook-server",
+            "True",
+            "2026-01-01T00:00:00Z",
+            "2025-10-20T00:00:00Z"
+        ],
+        "{row}"
+    );
+
+    // The schema's descriptions reach users.
+    let explained = kubectl
+        .ok(
+            &["explain", "certificateauthorities.spec.trustPropagation"],
+            None,
+        )
+        .await;
+    assert!(explained.contains("before it"), "{explained}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_schema_defaults_omitted_fields_and_refuses_wrong_types() {
+    let Some(kubectl) = Kubectl::find("the_schema_defaults_omitted_fields") else {
+        return;
+    };
+    let server = TestServer::start().await;
+    let kubectl = kubectl.against(&server);
+    kubectl.apply_crds().await;
+    kubectl.ok(&["create", "namespace", "demo"], None).await;
+
+    let minimal = "\
+apiVersion: caretaker.dev/v1alpha1
+kind: CertificateAuthority
+metadata: {name: minimal}
+spec:
+  commonName: minimal-ca
+  secret: {name: minimal-ca, namespace: caretaker-system}
+  bundle: {name: minimal-ca-bundle, namespace: caretaker-system}
+  renewBefore: 60d
+---
+apiVersion: caretaker.dev/v1alpha1
+kind: IssuedCertificate
+metadata: {name: minimal, namespace: demo}
+spec:
+  issuerRef: {name: minimal}
+  secretName: minimal-tls
+  commonName: client-1
+  usages: [client]
+";
+    kubectl.ok(&["apply", "-f", "-"], Some(minimal)).await;
+    let ca = kubectl
+        .json(&["get", "certificateauthority", "minimal"])
+        .await;
+    assert_eq!(
+        ca["spec"],
+        json!({
+            "commonName": "minimal-ca",
+            "secret": {"name": "minimal-ca", "namespace": "caretaker-system"},
+            "bundle": {"name": "minimal-ca-bundle", "namespace": "caretaker-system"},
+            "keyAlgorithm": "ECDSA-P256",
+            "validity": "10y",
+            "renewBefore": "60d",
+            "trustPropagation": "5m",
+        })
+    );
+    let certificate = kubectl
+        .json(&["get", "issuedcertificate", "minimal", "-n", "demo"])
+        .await;
+    assert_eq!(certificate["spec"]["validity"], "1y");
+    assert_eq!(certificate["spec"]["keyAlgorithm"], "ECDSA-P256");
+    assert_eq!(certificate["spec"].get("renewAtPercent"), None);
+
+    // What the schema can say is wrong, the API server refuses, naming the field.
+    let wrong = |field: &str, value: Value| {
+        let mut spec = json!({
+            "issuerRef": {"name": "minimal"},
+            "secretName": "wrong-tls",
+            "commonName": "wrong",
+            "usages": ["server"],
+        });
+        spec[field] = value;
+        json!({
+            "apiVersion": "caretaker.dev/v1alpha1",
+            "kind": "IssuedCertificate",
+            "metadata": {"name": "wrong", "namespace": "demo"},
+            "spec": spec,
+        })
+        .to_string()
+    };
+    for (field, value) in [
+        ("renewAtPercent", json!("eighty")),
+        ("renewAtPercent", json!(0)),
+        ("keyAlgorithm", json!("RSA-1024")),
+        ("usages", json!(["both"])),
+        ("usages", json!([])),
+    ] {
+        let refused = kubectl
+            .fails(&["apply", "-f", "-"], Some(&wrong(field, value.clone())))
+            .await;
+        assert!(
+            refused.contains(&format!("spec.{field}")),
+            "{field}: {value}: {refused}"
+        );
+    }
+    let refused = kubectl
+        .fails(
+            &["apply", "-f", "-"],
+            Some(&wrong("renewAtPercent", json!("eighty"))),
+        )
+        .await;
+    assert!(refused.contains("integer"), "{refused}");
+    // Nothing was stored.
+    let listed = kubectl
+        .json(&["get", "issuedcertificates", "-n", "demo"])
+        .await;
+    assert_eq!(listed["items"].as_array().unwrap().len(), 1, "{listed}");
+}
+
+fn assert_columns(table: &str) {
+    let header: Vec<&str> = table
+        .lines()
+        .next()
+        .unwrap()
+        .split("  ")
+        .filter(|c| !c.is_empty())
+        .map(str::trim)
+        .collect();
+    assert_eq!(
+        header,
+        ["NAME", "READY", "NOT AFTER", "NEXT ROTATION", "AGE"],
+        "{table}"
+    );
+}
+
+/// The cells of a table's first row (cells here hold no spaces).
+fn cells(table: &str) -> Vec<&str> {
+    table.lines().nth(1).unwrap().split_whitespace().collect()
+}
+
+/// The real kubectl, with a kubeconfig for one server and a private discovery cache.
+struct Kubectl {
+    bin: PathBuf,
+    dir: tempfile::TempDir,
+}
+
+impl Kubectl {
+    /// kubectl, or None (after saying why) when CARETAKER_SKIP_KUBECTL=1 opts out.
+    fn find(test: &str) -> Option<Kubectl> {
+        let set = |var: &str| std::env::var(var).as_deref() == Ok("1");
+        let missing = "kubectl not found ($KUBECTL, PATH)";
+        let bin = std::env::var_os("KUBECTL")
+            .map(PathBuf::from)
+            .into_iter()
+            .chain(std::env::var_os("PATH").iter().flat_map(|paths| {
+                std::env::split_paths(paths)
+                    .map(|dir| dir.join("kubectl"))
+                    .collect::<Vec<_>>()
+            }))
+            .find(|p| p.is_file());
+        match bin {
+            Some(bin) => Some(Kubectl {
+                bin,
+                dir: tempfile::tempdir().unwrap(),
+            }),
+            None if set("CARETAKER_REQUIRE_KUBECTL") => {
+                panic!("{test}: {missing} and CARETAKER_REQUIRE_KUBECTL=1")
+            }
+            None if set("CARETAKER_SKIP_KUBECTL") => {
+                eprintln!("SKIPPED {test}: {missing}; CARETAKER_SKIP_KUBECTL=1");
+                None
+            }
+            None => panic!(
+                "{test}: {missing}; install kubectl, or set CARETAKER_SKIP_KUBECTL=1 to skip the kubectl tests"
+            ),
+        }
+    }
+
+    fn against(self, server: &ApiServer) -> Self {
+        server
+            .write_kubeconfig(self.dir.path().join("kubeconfig"))
+            .unwrap();
+        self
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let mut command = Command::new(&self.bin);
+        command
+            .arg("--kubeconfig")
+            .arg(self.dir.path().join("kubeconfig"))
+            .arg("--cache-dir")
+            .arg(self.dir.path().join("cache"))
+            .args(args);
+        command
+    }
+
+    /// `caretaker crds | kubectl apply -f -`, through a real pipe; kubectl's stdout.
+    async fn apply_crds(&self) -> String {
+        let mut apply = self.command(&["apply", "-f", "-"]);
+        let output = tokio::task::spawn_blocking(move || {
+            let mut crds = caretaker_command()
+                .arg("crds")
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap();
+            let output = apply.stdin(crds.stdout.take().unwrap()).output().unwrap();
+            assert!(crds.wait().unwrap().success());
+            output
+        })
+        .await
+        .unwrap();
+        assert!(output.status.success(), "{}", stderr(&output));
+        stdout(&output)
+    }
+
+    /// Runs kubectl with `stdin`, off the runtime that serves the API server.
+    async fn run(&self, args: &[&str], stdin: Option<&str>) -> Output {
+        let mut command = self.command(args);
+        let stdin = stdin.map(String::from);
+        tokio::task::spawn_blocking(move || {
+            command
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            let mut child = command.spawn().expect("run kubectl");
+            let mut input = child.stdin.take().unwrap();
+            input
+                .write_all(stdin.unwrap_or_default().as_bytes())
+                .unwrap();
+            drop(input);
+            child.wait_with_output().unwrap()
+        })
+        .await
+        .unwrap()
+    }
+
+    async fn ok(&self, args: &[&str], stdin: Option<&str>) -> String {
+        let output = self.run(args, stdin).await;
+        assert!(
+            output.status.success(),
+            "kubectl {args:?}: {}{}",
+            stdout(&output),
+            stderr(&output)
+        );
+        stdout(&output)
+    }
+
+    /// kubectl's stderr, after checking that it failed.
+    async fn fails(&self, args: &[&str], stdin: Option<&str>) -> String {
+        let output = self.run(args, stdin).await;
+        assert!(
+            !output.status.success(),
+            "kubectl {args:?} should have failed: {}",
+            stdout(&output)
+        );
+        stderr(&output)
+    }
+
+    async fn json(&self, args: &[&str]) -> Value {
+        let mut all = args.to_vec();
+        all.extend(["-o", "json"]);
+        serde_json::from_str(&self.ok(&all, None).await).unwrap()
+    }
+}
