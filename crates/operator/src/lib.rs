@@ -6,7 +6,8 @@
 //! [`schedule::Next`]; every name users see is in [`names`]. The kube-rs glue that observes and
 //! applies lives in [`controllers`], one module per controller, with shared plumbing in
 //! [`context`] and [`credentials`]. caretaker's own API, `caretaker.dev/v1alpha1`, and the
-//! validation of its specs are in [`v1alpha1`].
+//! validation of its specs are in [`v1alpha1`]; the admission webhook that applies that validation
+//! to every write is [`webhook`].
 //!
 //! It talks to node agents through `caretaker-agent-api` (wire types, client, kubeadm facts)
 //! and must not depend on `caretaker-agent` itself, nor on `caretaker-testkit` outside its
@@ -26,7 +27,8 @@ mod settings;
 pub mod signing;
 pub mod timestamp;
 pub mod v1alpha1;
+pub mod webhook;
 
 pub use context::Context;
 pub use error::Error;
-pub use settings::Settings;
+pub use settings::{BindAddress, Settings};

@@ -1,0 +1,424 @@
+//! The webhook's HTTPS server: TLS only (rustls with aws-lc-rs, the certificate from a
+//! [`ServingCertificate`]), HTTP/1.1, one POST path per kind ([`Served::path`]), and bounds on
+//! what a client may cost it ([`Limits`]).
+//!
+//! Answers: 200 with the AdmissionReview; 400 for a body that is not a review; 404 for another
+//! path; 405 for another method; 413 for a body over the limit, refused from its
+//! `Content-Length` before any of it is read, or as soon as a body without one passes the
+//! limit; 415 for a body that is not JSON; 503 for a review not answered within the request
+//! timeout.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use hyper::body::Incoming;
+use hyper::header::{self, HeaderValue};
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::TlsAcceptor;
+
+use super::admit::{Issuers, Served, review};
+use super::certificate::ServingCertificate;
+
+/// Bounds on what clients may cost the webhook.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// The largest request body read: kube-apiserver stores objects up to about 1.5 MiB, and
+    /// a review of an UPDATE carries two of them.
+    pub max_body_bytes: usize,
+    /// How long a request may take from its headers to its answer (reading the body
+    /// included).
+    pub request_timeout: Duration,
+    /// How long a client may take to finish the TLS handshake.
+    pub handshake_timeout: Duration,
+    /// How long a connection may wait for a request's headers to arrive in full, idle
+    /// keep-alive connections included.
+    pub header_read_timeout: Duration,
+    /// Connections open at once. A new connection over the limit closes the oldest one that
+    /// is still in its handshake, or else the oldest between requests: idle connections
+    /// cannot keep a real review out. Only when every connection is in the middle of a
+    /// request is the new one refused.
+    pub max_connections: usize,
+    /// How long to pause after a failed accept (out of file descriptors) before the next.
+    pub accept_retry: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_body_bytes: 3 * 1024 * 1024,
+            request_timeout: Duration::from_secs(10),
+            handshake_timeout: Duration::from_secs(10),
+            header_read_timeout: Duration::from_secs(30),
+            max_connections: 256,
+            accept_retry: Duration::from_millis(200),
+        }
+    }
+}
+
+/// The server's TLS configuration: no client certificates (kube-apiserver presents none
+/// unless configured to), HTTP/1.1, the certificate `certificate` holds at each handshake.
+pub fn tls_config(certificate: Arc<ServingCertificate>) -> rustls::ServerConfig {
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("aws-lc-rs supports the default TLS versions")
+        .with_no_client_auth()
+        .with_cert_resolver(certificate);
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    config
+}
+
+/// Serves the webhook on `listener` until the task is dropped; never ends by itself (a failed
+/// accept is logged and tried again).
+pub async fn serve<I: Issuers + 'static>(
+    listener: TcpListener,
+    certificate: Arc<ServingCertificate>,
+    issuers: I,
+    limits: Limits,
+) {
+    let acceptor = TlsAcceptor::from(Arc::new(tls_config(certificate.clone())));
+    let handler = Arc::new(Handler { issuers, limits });
+    let connections = Arc::new(Connections::new(limits.max_connections));
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                tracing::warn!(error = %e, "webhook: cannot accept a connection; trying again shortly");
+                tokio::time::sleep(limits.accept_retry).await;
+                continue;
+            }
+        };
+        let Some(slot) = connections.open() else {
+            tracing::warn!(%peer, limit = limits.max_connections,
+                "webhook: refused a connection: every connection is in the middle of a request");
+            continue;
+        };
+        let (acceptor, handler, certificate) =
+            (acceptor.clone(), handler.clone(), certificate.clone());
+        tokio::spawn(async move {
+            let closed = slot.state.close.clone();
+            tokio::select! {
+                () = connection(acceptor, stream, peer, &slot, handler, &certificate) => {}
+                () = closed.notified() => {
+                    tracing::debug!(%peer, "webhook: closed an idle connection to make room for a new one");
+                }
+            }
+        });
+    }
+}
+
+async fn connection<I: Issuers + 'static>(
+    acceptor: TlsAcceptor,
+    stream: TcpStream,
+    peer: SocketAddr,
+    slot: &Slot,
+    handler: Arc<Handler<I>>,
+    certificate: &ServingCertificate,
+) {
+    let limits = handler.limits;
+    let tls = match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(stream)).await {
+        Ok(Ok(tls)) => tls,
+        Ok(Err(e)) if !certificate.is_set() => {
+            tracing::warn!(%peer, error = %e,
+                "webhook: refused a TLS handshake: no serving certificate has been loaded yet");
+            return;
+        }
+        Ok(Err(e)) => {
+            tracing::info!(%peer, error = %e, "webhook: refused a TLS connection");
+            return;
+        }
+        Err(_) => {
+            tracing::info!(%peer, "webhook: TLS handshake timed out");
+            return;
+        }
+    };
+    slot.state.established.store(true, Ordering::SeqCst);
+    let state = slot.state.clone();
+    let service = hyper::service::service_fn(move |request| {
+        let (handler, busy) = (handler.clone(), Busy::new(&state));
+        async move {
+            let response = handler.respond(request).await;
+            drop(busy);
+            Ok::<_, Infallible>(response)
+        }
+    });
+    let served = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .serve_connection(TokioIo::new(tls), service)
+        .await;
+    if let Err(e) = served {
+        tracing::debug!(%peer, error = %e, "webhook: connection ended with an error");
+    }
+}
+
+/// What answers requests.
+struct Handler<I> {
+    issuers: I,
+    limits: Limits,
+}
+
+impl<I: Issuers> Handler<I> {
+    async fn respond(&self, request: Request<Incoming>) -> Response<Full<Bytes>> {
+        let timeout = self.limits.request_timeout;
+        match tokio::time::timeout(timeout, self.answer(request)).await {
+            Ok(response) => response,
+            Err(_) => {
+                tracing::warn!(?timeout, "webhook: a request was not answered in time");
+                closing(text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("the request was not answered within {timeout:?}"),
+                ))
+            }
+        }
+    }
+
+    async fn answer(&self, request: Request<Incoming>) -> Response<Full<Bytes>> {
+        let Some(served) = Served::at(request.uri().path()) else {
+            let paths: Vec<&str> = Served::ALL.iter().map(|s| s.path()).collect();
+            return text(
+                StatusCode::NOT_FOUND,
+                format!(
+                    "no webhook at {}; served: {}",
+                    request.uri().path(),
+                    paths.join(", ")
+                ),
+            );
+        };
+        if request.method() != Method::POST {
+            let mut response = text(StatusCode::METHOD_NOT_ALLOWED, "only POST".into());
+            response
+                .headers_mut()
+                .insert(header::ALLOW, HeaderValue::from_static("POST"));
+            return closing(response);
+        }
+        if !is_json(request.headers().get(header::CONTENT_TYPE)) {
+            return closing(text(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "expected Content-Type: application/json".into(),
+            ));
+        }
+        let max = self.limits.max_body_bytes;
+        let too_large = || {
+            closing(text(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("the body is larger than {max} bytes"),
+            ))
+        };
+        let declared = request
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if declared.is_some_and(|length| length > max as u64) {
+            return too_large();
+        }
+        let body = match Limited::new(request.into_body(), max).collect().await {
+            Ok(body) => body.to_bytes(),
+            Err(e) if e.is::<LengthLimitError>() => return too_large(),
+            Err(e) => {
+                return closing(text(
+                    StatusCode::BAD_REQUEST,
+                    format!("cannot read the body: {e}"),
+                ));
+            }
+        };
+        match review(&body, served, &self.issuers).await {
+            Ok(answer) => {
+                if let Some(response) = &answer.response
+                    && let Some(status) = &response.status
+                {
+                    tracing::info!(kind = served.kind(), uid = %response.uid, code = status.code,
+                        message = %status.message, "webhook: denied");
+                }
+                let json = serde_json::to_vec(&answer).expect("a review serializes");
+                let mut response = Response::new(Full::new(Bytes::from(json)));
+                response.headers_mut().insert(
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static("application/json"),
+                );
+                response
+            }
+            Err(e) => {
+                tracing::info!(kind = served.kind(), error = %e, "webhook: bad request");
+                text(StatusCode::BAD_REQUEST, e.to_string())
+            }
+        }
+    }
+}
+
+/// `application/json`, with or without parameters (`; charset=utf-8`).
+fn is_json(content_type: Option<&HeaderValue>) -> bool {
+    content_type
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("application/json"))
+}
+
+fn text(status: StatusCode, message: String) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(message + "\n")));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    response
+}
+
+/// `response`, after which the connection is closed: the body may not have been read.
+fn closing(mut response: Response<Full<Bytes>>) -> Response<Full<Bytes>> {
+    response
+        .headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    response
+}
+
+/// The open connections, oldest first.
+struct Connections {
+    limit: usize,
+    open: Mutex<BTreeMap<u64, Arc<ConnectionState>>>,
+    next: AtomicU64,
+}
+
+#[derive(Default)]
+struct ConnectionState {
+    /// The TLS handshake is over.
+    established: AtomicBool,
+    /// Requests being answered (one at most with HTTP/1.1).
+    busy: AtomicUsize,
+    /// Told to close, to make room.
+    close: Arc<tokio::sync::Notify>,
+}
+
+impl Connections {
+    fn new(limit: usize) -> Self {
+        Connections {
+            limit: limit.max(1),
+            open: Mutex::default(),
+            next: AtomicU64::new(0),
+        }
+    }
+
+    /// Room for a new connection, made by closing the oldest idle one if need be; `None`
+    /// when every connection is answering a request.
+    fn open(self: &Arc<Self>) -> Option<Slot> {
+        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        if open.len() >= self.limit {
+            let idle = |state: &ConnectionState| state.busy.load(Ordering::SeqCst) == 0;
+            let oldest = open
+                .iter()
+                .find(|(_, state)| !state.established.load(Ordering::SeqCst) && idle(state))
+                .or_else(|| open.iter().find(|(_, state)| idle(state)))
+                .map(|(id, _)| *id)?;
+            if let Some(state) = open.remove(&oldest) {
+                state.close.notify_one();
+            }
+        }
+        let id = self.next.fetch_add(1, Ordering::SeqCst);
+        let state = Arc::new(ConnectionState::default());
+        open.insert(id, state.clone());
+        Some(Slot {
+            connections: self.clone(),
+            id,
+            state,
+        })
+    }
+}
+
+/// One open connection; it leaves [`Connections`] when dropped.
+struct Slot {
+    connections: Arc<Connections>,
+    id: u64,
+    state: Arc<ConnectionState>,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut open = self
+            .connections
+            .open
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        open.remove(&self.id);
+    }
+}
+
+/// A request being answered on a connection.
+struct Busy(Arc<ConnectionState>);
+
+impl Busy {
+    fn new(state: &Arc<ConnectionState>) -> Self {
+        state.busy.fetch_add(1, Ordering::SeqCst);
+        Busy(state.clone())
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.busy.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn content_types() {
+        let json = |v: &'static str| is_json(Some(&HeaderValue::from_static(v)));
+        assert!(json("application/json"));
+        assert!(json("application/json; charset=utf-8"));
+        assert!(json("Application/JSON"));
+        assert!(!json("application/yaml"));
+        assert!(!json("text/plain"));
+        assert!(!is_json(None));
+    }
+
+    #[test]
+    fn a_full_house_closes_the_oldest_idle_connection_handshakes_first() {
+        let connections = Arc::new(Connections::new(3));
+        let a = connections.open().unwrap();
+        let b = connections.open().unwrap();
+        let c = connections.open().unwrap();
+        a.state.established.store(true, Ordering::SeqCst);
+        b.state.established.store(true, Ordering::SeqCst);
+        // c is still in its handshake: it goes first, though a and b are older.
+        let d = connections.open().unwrap();
+        assert!(is_told_to_close(&c) && !is_told_to_close(&a) && !is_told_to_close(&b));
+        // Then the oldest idle one: a is busy, so b.
+        let busy = Busy::new(&a.state);
+        d.state.established.store(true, Ordering::SeqCst);
+        let e = connections.open().unwrap();
+        assert!(is_told_to_close(&b) && !is_told_to_close(&a));
+        // All busy: a new connection is refused.
+        let _busy = (Busy::new(&d.state), Busy::new(&e.state));
+        assert!(connections.open().is_none());
+        drop(busy);
+        assert!(connections.open().is_some());
+        assert!(is_told_to_close(&a));
+    }
+
+    #[test]
+    fn closed_connections_free_their_room() {
+        let connections = Arc::new(Connections::new(2));
+        let a = connections.open().unwrap();
+        let b = connections.open().unwrap();
+        let _busy = (Busy::new(&a.state), Busy::new(&b.state));
+        assert!(connections.open().is_none());
+        drop(b);
+        assert!(connections.open().is_some());
+    }
+
+    /// Whether `slot` was told to close (consumes the notification).
+    fn is_told_to_close(slot: &Slot) -> bool {
+        futures::FutureExt::now_or_never(slot.state.close.notified()).is_some()
+    }
+}
