@@ -1,21 +1,18 @@
 //! `caretaker crds` as a user runs it: piped into the real kubectl against the embedded API
 //! server, then the issue's example objects created, listed and refused with kubectl.
 //!
-//! A missing kubectl fails the kubectl tests, because a skipped test would still show `ok`.
-//! CARETAKER_SKIP_KUBECTL=1 opts out explicitly, unless CARETAKER_REQUIRE_KUBECTL=1 (which CI
-//! sets) forbids that.
+//! A missing kubectl fails the kubectl tests (see [`caretaker_testkit::kubectl`]).
 
 mod common;
 
-use std::io::Write;
-use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
+use std::process::Stdio;
 
-use caretaker_apiserver::{ApiServer, TestServer};
+use caretaker_apiserver::TestServer;
 use caretaker_operator::v1alpha1::{
     CertificateAuthority, CertificateAuthorityStatus, Condition, IssuedCertificate,
     IssuedCertificateStatus, crds,
 };
+use caretaker_testkit::kubectl::Kubectl;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
@@ -108,9 +105,9 @@ async fn kubectl_applies_the_crds_then_lists_the_examples_with_their_columns() {
         return;
     };
     let server = TestServer::start().await;
-    let kubectl = kubectl.against(&server);
+    let kubectl = kubectl.against(&server.kubeconfig());
 
-    let applied = kubectl.apply_crds().await;
+    let applied = apply_crds(&kubectl).await;
     assert!(
         applied.contains("customresourcedefinition.apiextensions.k8s.io/certificateauthorities.caretaker.dev created"),
         "{applied}"
@@ -120,7 +117,7 @@ async fn kubectl_applies_the_crds_then_lists_the_examples_with_their_columns() {
         "{applied}"
     );
     // Applying the same output again changes nothing.
-    assert!(kubectl.apply_crds().await.contains("unchanged"));
+    assert!(apply_crds(&kubectl).await.contains("unchanged"));
 
     kubectl.ok(&["create", "namespace", "demo"], None).await;
     let created = kubectl.ok(&["apply", "-f", "-"], Some(EXAMPLES)).await;
@@ -241,8 +238,8 @@ async fn the_schema_defaults_omitted_fields_and_refuses_wrong_types() {
         return;
     };
     let server = TestServer::start().await;
-    let kubectl = kubectl.against(&server);
-    kubectl.apply_crds().await;
+    let kubectl = kubectl.against(&server.kubeconfig());
+    apply_crds(&kubectl).await;
     kubectl.ok(&["create", "namespace", "demo"], None).await;
 
     let minimal = "\
@@ -354,127 +351,21 @@ fn cells(table: &str) -> Vec<&str> {
     table.lines().nth(1).unwrap().split_whitespace().collect()
 }
 
-/// The real kubectl, with a kubeconfig for one server and a private discovery cache.
-struct Kubectl {
-    bin: PathBuf,
-    dir: tempfile::TempDir,
-}
-
-impl Kubectl {
-    /// kubectl, or None (after saying why) when CARETAKER_SKIP_KUBECTL=1 opts out.
-    fn find(test: &str) -> Option<Kubectl> {
-        let set = |var: &str| std::env::var(var).as_deref() == Ok("1");
-        let missing = "kubectl not found ($KUBECTL, PATH)";
-        let bin = std::env::var_os("KUBECTL")
-            .map(PathBuf::from)
-            .into_iter()
-            .chain(std::env::var_os("PATH").iter().flat_map(|paths| {
-                std::env::split_paths(paths)
-                    .map(|dir| dir.join("kubectl"))
-                    .collect::<Vec<_>>()
-            }))
-            .find(|p| p.is_file());
-        match bin {
-            Some(bin) => Some(Kubectl {
-                bin,
-                dir: tempfile::tempdir().unwrap(),
-            }),
-            None if set("CARETAKER_REQUIRE_KUBECTL") => {
-                panic!("{test}: {missing} and CARETAKER_REQUIRE_KUBECTL=1")
-            }
-            None if set("CARETAKER_SKIP_KUBECTL") => {
-                eprintln!("SKIPPED {test}: {missing}; CARETAKER_SKIP_KUBECTL=1");
-                None
-            }
-            None => panic!(
-                "{test}: {missing}; install kubectl, or set CARETAKER_SKIP_KUBECTL=1 to skip the kubectl tests"
-            ),
-        }
-    }
-
-    fn against(self, server: &ApiServer) -> Self {
-        server
-            .write_kubeconfig(self.dir.path().join("kubeconfig"))
+/// `caretaker crds | kubectl apply -f -`, through a real pipe; kubectl's stdout.
+async fn apply_crds(kubectl: &Kubectl) -> String {
+    let mut apply = kubectl.command(&["apply", "-f", "-"]);
+    let output = tokio::task::spawn_blocking(move || {
+        let mut crds = caretaker_command()
+            .arg("crds")
+            .stdout(Stdio::piped())
+            .spawn()
             .unwrap();
-        self
-    }
-
-    fn command(&self, args: &[&str]) -> Command {
-        let mut command = Command::new(&self.bin);
-        command
-            .arg("--kubeconfig")
-            .arg(self.dir.path().join("kubeconfig"))
-            .arg("--cache-dir")
-            .arg(self.dir.path().join("cache"))
-            .args(args);
-        command
-    }
-
-    /// `caretaker crds | kubectl apply -f -`, through a real pipe; kubectl's stdout.
-    async fn apply_crds(&self) -> String {
-        let mut apply = self.command(&["apply", "-f", "-"]);
-        let output = tokio::task::spawn_blocking(move || {
-            let mut crds = caretaker_command()
-                .arg("crds")
-                .stdout(Stdio::piped())
-                .spawn()
-                .unwrap();
-            let output = apply.stdin(crds.stdout.take().unwrap()).output().unwrap();
-            assert!(crds.wait().unwrap().success());
-            output
-        })
-        .await
-        .unwrap();
-        assert!(output.status.success(), "{}", stderr(&output));
-        stdout(&output)
-    }
-
-    /// Runs kubectl with `stdin`, off the runtime that serves the API server.
-    async fn run(&self, args: &[&str], stdin: Option<&str>) -> Output {
-        let mut command = self.command(args);
-        let stdin = stdin.map(String::from);
-        tokio::task::spawn_blocking(move || {
-            command
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped());
-            let mut child = command.spawn().expect("run kubectl");
-            let mut input = child.stdin.take().unwrap();
-            input
-                .write_all(stdin.unwrap_or_default().as_bytes())
-                .unwrap();
-            drop(input);
-            child.wait_with_output().unwrap()
-        })
-        .await
-        .unwrap()
-    }
-
-    async fn ok(&self, args: &[&str], stdin: Option<&str>) -> String {
-        let output = self.run(args, stdin).await;
-        assert!(
-            output.status.success(),
-            "kubectl {args:?}: {}{}",
-            stdout(&output),
-            stderr(&output)
-        );
-        stdout(&output)
-    }
-
-    /// kubectl's stderr, after checking that it failed.
-    async fn fails(&self, args: &[&str], stdin: Option<&str>) -> String {
-        let output = self.run(args, stdin).await;
-        assert!(
-            !output.status.success(),
-            "kubectl {args:?} should have failed: {}",
-            stdout(&output)
-        );
-        stderr(&output)
-    }
-
-    async fn json(&self, args: &[&str]) -> Value {
-        let mut all = args.to_vec();
-        all.extend(["-o", "json"]);
-        serde_json::from_str(&self.ok(&all, None).await).unwrap()
-    }
+        let output = apply.stdin(crds.stdout.take().unwrap()).output().unwrap();
+        assert!(crds.wait().unwrap().success());
+        output
+    })
+    .await
+    .unwrap();
+    assert!(output.status.success(), "{}", stderr(&output));
+    stdout(&output)
 }

@@ -4,6 +4,7 @@
 //! - [`provision`]: a kubeadm-layout node PKI in a directory, from a cluster's CAs.
 //! - [`local`]: a real agent serving such a directory on loopback, inside this process.
 //! - [`process`]: whether a process a test started has gone.
+//! - [`kubectl`]: the real kubectl, against one server, for tests of what users see.
 //! - [`capi_objects`]: the Cluster API objects (Clusters, CA Secrets, control planes,
 //!   MachineDeployments, Machines) that Cluster API and its providers would write, and their
 //!   upstream CRDs.
@@ -13,6 +14,7 @@
 //! (`#[cfg(test)]` in `src/`), which would see a second, incompatible copy of their own types.
 
 pub mod capi_objects;
+pub mod kubectl;
 pub mod local;
 pub mod process;
 pub mod provision;
