@@ -116,10 +116,7 @@ pub async fn admit(
     served: Served,
     issuers: &impl Issuers,
 ) -> AdmissionResponse {
-    let verdict = match verdict(request, served, issuers).await {
-        Ok(()) => None,
-        Err(status) => Some(status),
-    };
+    let verdict = verdict(request, served, issuers).await.err();
     AdmissionResponse {
         uid: request.uid.clone(),
         allowed: verdict.is_none(),

@@ -21,15 +21,21 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use k8s_openapi::ByteString;
+use k8s_openapi::api::admissionregistration::v1::{
+    RuleWithOperations, ServiceReference, ValidatingWebhook, ValidatingWebhookConfiguration,
+    WebhookClientConfig,
+};
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
+use kube::api::ObjectMeta;
 
 pub use admit::{BadReview, Issuers, Served};
 pub use certificate::{CertificateError, CertificatePair, ServingCertificate};
 pub use serve::Limits;
 
 use crate::settings::BindAddress;
-use crate::v1alpha1::CertificateAuthority;
+use crate::v1alpha1::{self, CertificateAuthority};
 
 /// Where the serving certificate comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,6 +54,83 @@ impl std::fmt::Display for CertificateSource {
                 write!(f, "files {} and {}", certificate.display(), key.display())
             }
         }
+    }
+}
+
+/// Where the API server reaches the webhook.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Endpoint {
+    /// `https://HOST:PORT`, without a path.
+    Url(String),
+    /// A Service in front of the operator.
+    Service {
+        namespace: String,
+        name: String,
+        port: i32,
+    },
+}
+
+/// A ValidatingWebhookConfiguration named `name` that sends this webhook every CREATE and
+/// UPDATE of a CertificateAuthority and an IssuedCertificate, one webhook per kind (named
+/// after its resource, as `certificateauthorities.caretaker.dev`), each at its path of
+/// `endpoint`, trusting the CA certificates of `ca_bundle` (PEM). Calls that fail are
+/// refused (`failurePolicy: Fail`): an object of these kinds is never stored unchecked.
+pub fn configuration(
+    name: &str,
+    endpoint: &Endpoint,
+    ca_bundle: &str,
+) -> ValidatingWebhookConfiguration {
+    let webhook = |served: Served| {
+        let mut client_config = WebhookClientConfig {
+            ca_bundle: Some(ByteString(ca_bundle.as_bytes().to_vec())),
+            ..Default::default()
+        };
+        match endpoint {
+            Endpoint::Url(base) => {
+                client_config.url = Some(format!("{}{}", base.trim_end_matches('/'), served.path()))
+            }
+            Endpoint::Service {
+                namespace,
+                name,
+                port,
+            } => {
+                client_config.service = Some(ServiceReference {
+                    namespace: namespace.clone(),
+                    name: name.clone(),
+                    path: Some(served.path().into()),
+                    port: Some(*port),
+                })
+            }
+        }
+        ValidatingWebhook {
+            name: format!("{}.{}", served.resource(), v1alpha1::GROUP),
+            admission_review_versions: vec!["v1".into()],
+            client_config,
+            failure_policy: Some("Fail".into()),
+            side_effects: "None".into(),
+            timeout_seconds: Some(10),
+            rules: Some(vec![RuleWithOperations {
+                api_groups: Some(vec![v1alpha1::GROUP.into()]),
+                api_versions: Some(vec![v1alpha1::VERSION.into()]),
+                operations: Some(vec!["CREATE".into(), "UPDATE".into()]),
+                resources: Some(vec![served.resource().into()]),
+                scope: Some(
+                    match served {
+                        Served::CertificateAuthority => "Cluster",
+                        Served::IssuedCertificate => "Namespaced",
+                    }
+                    .into(),
+                ),
+            }]),
+            ..Default::default()
+        }
+    };
+    ValidatingWebhookConfiguration {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        webhooks: Some(Served::ALL.into_iter().map(webhook).collect()),
     }
 }
 
@@ -73,11 +156,9 @@ pub enum WebhookError {
         address: BindAddress,
         source: std::io::Error,
     },
-    #[error("the serving certificate from {source_}: {error}")]
-    Certificate {
-        source_: CertificateSource,
-        error: CertificateError,
-    },
+    /// Files that cannot serve (their errors name them).
+    #[error("serving certificate: {0}")]
+    Certificate(CertificateError),
 }
 
 /// The webhook, listening, with its certificate source.
@@ -104,12 +185,7 @@ impl Webhook {
             key,
         } = &source
         {
-            let pair = CertificatePair::from_files(cert, key).map_err(|error| {
-                WebhookError::Certificate {
-                    source_: source.clone(),
-                    error,
-                }
-            })?;
+            let pair = CertificatePair::from_files(cert, key).map_err(WebhookError::Certificate)?;
             certificate.set(pair);
         }
         let listener = address
@@ -158,5 +234,53 @@ impl Webhook {
             }
             CertificateSource::Files { .. } => server.await,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn the_configuration_sends_each_kind_to_its_path() {
+        let config = configuration(
+            "caretaker",
+            &Endpoint::Service {
+                namespace: "caretaker-system".into(),
+                name: "caretaker-webhook".into(),
+                port: 443,
+            },
+            "PEM",
+        );
+        let value = serde_json::to_value(&config).unwrap();
+        assert_eq!(value["metadata"]["name"], "caretaker");
+        let webhook = &value["webhooks"][1];
+        assert_eq!(webhook["name"], "issuedcertificates.caretaker.dev");
+        assert_eq!(
+            webhook["clientConfig"],
+            json!({"caBundle": "UEVN", "service": {"namespace": "caretaker-system",
+                   "name": "caretaker-webhook", "port": 443,
+                   "path": "/validate-caretaker-dev-v1alpha1-issuedcertificate"}})
+        );
+        assert_eq!(
+            webhook["rules"],
+            json!([{"apiGroups": ["caretaker.dev"], "apiVersions": ["v1alpha1"],
+                    "operations": ["CREATE", "UPDATE"], "resources": ["issuedcertificates"],
+                    "scope": "Namespaced"}])
+        );
+        assert_eq!(webhook["failurePolicy"], "Fail");
+        assert_eq!(webhook["sideEffects"], "None");
+        assert_eq!(webhook["admissionReviewVersions"], json!(["v1"]));
+
+        let config = configuration("c", &Endpoint::Url("https://127.0.0.1:9443/".into()), "");
+        let webhook = &serde_json::to_value(&config).unwrap()["webhooks"][0];
+        assert_eq!(webhook["name"], "certificateauthorities.caretaker.dev");
+        assert_eq!(
+            webhook["clientConfig"]["url"],
+            "https://127.0.0.1:9443/validate-caretaker-dev-v1alpha1-certificateauthority"
+        );
+        assert_eq!(webhook["rules"][0]["scope"], "Cluster");
     }
 }

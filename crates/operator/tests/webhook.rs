@@ -1,0 +1,761 @@
+//! caretaker's admission webhook as the API server calls it: the embedded API server with
+//! caretaker's CRDs and a ValidatingWebhookConfiguration (from `webhook::configuration`)
+//! pointing at the webhook over real TLS, its serving certificate in a `kubernetes.io/tls`
+//! Secret it watches. Then what users meet (kubectl), a certificate rotated under a stream of
+//! reviews, and what hostile clients can do to the server.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use caretaker_apiserver::{ApiServer, TestServer};
+use caretaker_operator::BindAddress;
+use caretaker_operator::v1alpha1::{CertificateAuthority as CaObject, crds};
+use caretaker_operator::webhook::{
+    self, CertificateSource, Endpoint, Limits, ServingCertificate, Webhook,
+};
+use caretaker_pki::{CaSpec, CertificateAuthority, LeafSpec, Usage};
+use caretaker_testkit::kubectl::Kubectl;
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+use k8s_openapi::ByteString;
+use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use rustls::pki_types::ServerName;
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
+
+const NAMESPACE: &str = "caretaker-system";
+const SECRET: &str = "caretaker-webhook-tls";
+const CONFIGURATION: &str = "caretaker";
+const CA_PATH: &str = "/validate-caretaker-dev-v1alpha1-certificateauthority";
+
+fn new_ca(name: &str) -> CertificateAuthority {
+    CertificateAuthority::create(&CaSpec::new(name)).unwrap()
+}
+
+/// A `kubernetes.io/tls` Secret with a serving certificate for 127.0.0.1 signed by `ca`.
+fn tls_secret(ca: &CertificateAuthority) -> Secret {
+    let leaf = ca
+        .issue(
+            &LeafSpec::new("caretaker-webhook", Usage::Server)
+                .with_ip_addresses(["127.0.0.1".parse().unwrap()]),
+        )
+        .unwrap();
+    let key = leaf.key.as_ref().unwrap().to_pem();
+    serde_json::from_value(json!({
+        "metadata": {"name": SECRET, "namespace": NAMESPACE},
+        "type": "kubernetes.io/tls",
+        "data": {
+            "tls.crt": ByteString(leaf.certificate_pem.into_bytes()),
+            "tls.key": ByteString(key.into_bytes()),
+        },
+    }))
+    .unwrap()
+}
+
+/// The API server, caretaker's CRDs, and the webhook serving from its Secret.
+struct Fixture {
+    server: ApiServer,
+    client: kube::Client,
+    /// The CA of the serving certificate the Secret was created with, if it was.
+    ca: CertificateAuthority,
+    addr: SocketAddr,
+    certificate: Arc<ServingCertificate>,
+    webhook: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        self.webhook.abort();
+    }
+}
+
+impl Fixture {
+    /// Everything running, the Secret created (unless `without_secret`) and its certificate
+    /// served, the webhook configuration trusting its CA.
+    async fn start(limits: Limits, without_secret: bool) -> Fixture {
+        caretaker_apiserver::install_crypto_provider();
+        let server = TestServer::start().await;
+        let client = server.client();
+        let definitions: Api<CustomResourceDefinition> = Api::all(client.clone());
+        for crd in crds() {
+            definitions
+                .create(&PostParams::default(), &crd)
+                .await
+                .unwrap();
+        }
+        for namespace in [NAMESPACE, "demo"] {
+            let namespace: Namespace =
+                serde_json::from_value(json!({"metadata": {"name": namespace}})).unwrap();
+            Api::all(client.clone())
+                .create(&PostParams::default(), &namespace)
+                .await
+                .unwrap();
+        }
+        let ca = new_ca("webhook-ca-1");
+        if !without_secret {
+            secrets(&client)
+                .create(&PostParams::default(), &tls_secret(&ca))
+                .await
+                .unwrap();
+        }
+        let source = CertificateSource::Secret {
+            namespace: NAMESPACE.into(),
+            name: SECRET.into(),
+        };
+        let address: BindAddress = "127.0.0.1:0".parse().unwrap();
+        let webhook = Webhook::bind(&address, source, limits).await.unwrap();
+        let addr = webhook.local_addr().unwrap();
+        let certificate = webhook.certificate();
+        let webhook = tokio::spawn(webhook.run(client.clone()));
+        let fixture = Fixture {
+            server,
+            client,
+            ca,
+            addr,
+            certificate,
+            webhook,
+        };
+        if !without_secret {
+            eventually("the Secret's certificate is served", || {
+                fixture.certificate.is_set()
+            })
+            .await;
+        }
+        let configuration = webhook::configuration(
+            CONFIGURATION,
+            &fixture.endpoint(),
+            &fixture.ca.certificate_pem(),
+        );
+        configurations(&fixture.client)
+            .create(&PostParams::default(), &configuration)
+            .await
+            .unwrap();
+        fixture
+    }
+
+    fn endpoint(&self) -> Endpoint {
+        Endpoint::Url(format!("https://127.0.0.1:{}", self.addr.port()))
+    }
+
+    /// Makes the webhook configuration trust `bundle` (PEM) instead.
+    async fn trust(&self, bundle: &str) {
+        let configuration = webhook::configuration(CONFIGURATION, &self.endpoint(), bundle);
+        configurations(&self.client)
+            .patch(
+                CONFIGURATION,
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "webhooks": configuration.webhooks })),
+            )
+            .await
+            .unwrap();
+    }
+
+    fn certificate_authorities(&self) -> Api<CaObject> {
+        Api::all(self.client.clone())
+    }
+}
+
+fn secrets(client: &kube::Client) -> Api<Secret> {
+    Api::namespaced(client.clone(), NAMESPACE)
+}
+
+fn configurations(client: &kube::Client) -> Api<ValidatingWebhookConfiguration> {
+    Api::all(client.clone())
+}
+
+/// Waits up to 10 s for `done`.
+async fn eventually(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn certificate_authority(name: &str, spec: Value) -> CaObject {
+    let mut full = json!({
+        "commonName": format!("{name}-ca"),
+        "secret": {"name": format!("{name}-ca"), "namespace": NAMESPACE},
+        "bundle": {"name": format!("{name}-ca-bundle"), "namespace": NAMESPACE},
+    });
+    for (key, value) in spec.as_object().unwrap() {
+        full[key] = value.clone();
+    }
+    serde_json::from_value(json!({
+        "apiVersion": "caretaker.dev/v1alpha1", "kind": "CertificateAuthority",
+        "metadata": {"name": name}, "spec": full,
+    }))
+    .unwrap()
+}
+
+/// The message of a write the API server refused.
+fn refusal<T: std::fmt::Debug>(result: Result<T, kube::Error>) -> String {
+    match result {
+        Err(kube::Error::Api(status)) => format!("{} {}", status.code, status.message),
+        other => panic!("expected the API server to refuse, got {other:?}"),
+    }
+}
+
+/// A TLS connection to the webhook, trusting only `ca_pem`.
+async fn tls(addr: SocketAddr, ca_pem: &str) -> std::io::Result<TlsStream<TcpStream>> {
+    let mut roots = rustls::RootCertStore::empty();
+    for certificate in caretaker_agent_api::tls::certificates(ca_pem, "CA").unwrap() {
+        roots.add(certificate).unwrap();
+    }
+    let config = rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let tcp = TcpStream::connect(addr).await?;
+    let name = ServerName::IpAddress("127.0.0.1".parse::<std::net::IpAddr>().unwrap().into());
+    tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(name, tcp)
+        .await
+}
+
+/// One HTTP/1.1 request over a new TLS connection: the status and the body as text.
+async fn request(
+    fixture: &Fixture,
+    method: &str,
+    path: &str,
+    content_type: &str,
+    body: impl Into<Bytes>,
+) -> (u16, String) {
+    let stream = tls(fixture.addr, &fixture.ca.certificate_pem())
+        .await
+        .unwrap();
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let request = hyper::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", "127.0.0.1")
+        .header("content-type", content_type)
+        .body(Full::new(body.into()))
+        .unwrap();
+    let response = sender.send_request(request).await.unwrap();
+    let status = response.status().as_u16();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+/// Everything the server sends until it closes the connection (at most 10 s).
+async fn read_to_close(stream: &mut (impl AsyncReadExt + Unpin)) -> String {
+    let mut reply = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut reply))
+        .await
+        .expect("the server closes the connection")
+        .ok();
+    String::from_utf8_lossy(&reply).into_owned()
+}
+
+fn limits() -> Limits {
+    Limits::default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_apply_of_a_bad_spec_is_refused_naming_field_and_value() {
+    let Some(kubectl) = Kubectl::find("kubectl_apply_of_a_bad_spec_is_refused") else {
+        return;
+    };
+    let fixture = Fixture::start(limits(), false).await;
+    let kubectl = kubectl.against(&fixture.server.kubeconfig());
+
+    let bad = "\
+apiVersion: caretaker.dev/v1alpha1
+kind: CertificateAuthority
+metadata: {name: bad-validity}
+spec:
+  commonName: bad-ca
+  secret: {name: bad-ca, namespace: caretaker-system}
+  bundle: {name: bad-ca-bundle, namespace: caretaker-system}
+  validity: 10x
+  trustPropagation: soon
+---
+apiVersion: caretaker.dev/v1alpha1
+kind: CertificateAuthority
+metadata: {name: bad-renewal}
+spec:
+  commonName: bad-ca
+  secret: {name: bad-ca, namespace: caretaker-system}
+  bundle: {name: bad-ca-bundle, namespace: caretaker-system}
+  validity: 1y
+  renewBefore: 2y
+---
+apiVersion: caretaker.dev/v1alpha1
+kind: IssuedCertificate
+metadata: {name: bad-sans, namespace: demo}
+spec:
+  issuerRef: {name: nowhere}
+  secretName: bad-sans-tls
+  commonName: web.demo.svc
+  dnsNames: [web.demo.svc, not_a.dns.name]
+  ipAddresses: [127.0.0.1, 10.0.0.300]
+  usages: [server]
+";
+    for dry_run in [&["--dry-run=server"][..], &[]] {
+        let mut args = vec!["apply", "-f", "-"];
+        args.extend(dry_run);
+        let refused = kubectl.fails(&args, Some(bad)).await;
+        for expected in [
+            "admission webhook \"certificateauthorities.caretaker.dev\" denied the request: \
+             CertificateAuthority \"bad-validity\" is invalid: spec.validity: invalid TTL \"10x\"",
+            "spec.trustPropagation: invalid TTL \"soon\"",
+            "CertificateAuthority \"bad-renewal\" is invalid: spec.renewBefore: \"2y\" is not \
+             shorter than spec.validity \"1y\"",
+            "admission webhook \"issuedcertificates.caretaker.dev\" denied the request: \
+             IssuedCertificate \"bad-sans\" is invalid: spec.dnsNames[1]: \"not_a.dns.name\" \
+             is not a DNS name",
+            "spec.ipAddresses[1]: \"10.0.0.300\" is not an IP address",
+            "spec.issuerRef.name: no CertificateAuthority is named \"nowhere\"",
+        ] {
+            assert!(
+                refused.contains(expected),
+                "{dry_run:?}: {expected}\n{refused}"
+            );
+        }
+    }
+
+    let good = "\
+apiVersion: caretaker.dev/v1alpha1
+kind: CertificateAuthority
+metadata: {name: webhooks}
+spec:
+  commonName: webhooks-ca
+  secret: {name: webhooks-ca, namespace: caretaker-system}
+  bundle: {name: webhooks-ca-bundle, namespace: caretaker-system}
+  validity: 1y
+  renewBefore: 60d
+---
+apiVersion: caretaker.dev/v1alpha1
+kind: IssuedCertificate
+metadata: {name: web, namespace: demo}
+spec:
+  issuerRef: {name: webhooks}
+  secretName: web-tls
+  commonName: web.demo.svc
+  dnsNames: [web.demo.svc]
+  ipAddresses: [127.0.0.1, '::1']
+  usages: [server]
+";
+    // The CertificateAuthority is found by the IssuedCertificate created just after it.
+    let applied = kubectl.ok(&["apply", "-f", "-"], Some(good)).await;
+    assert!(
+        applied.contains("certificateauthority.caretaker.dev/webhooks created")
+            && applied.contains("issuedcertificate.caretaker.dev/web created"),
+        "{applied}"
+    );
+    // Nothing bad was stored.
+    let stored = kubectl.json(&["get", "certificateauthorities"]).await;
+    assert_eq!(stored["items"].as_array().unwrap().len(), 1, "{stored}");
+
+    // An update is checked too; a change that leaves the spec alone is not refused.
+    let refused = kubectl
+        .fails(
+            &[
+                "patch",
+                "issuedcertificate",
+                "web",
+                "-n",
+                "demo",
+                "--type=merge",
+                "-p",
+                r#"{"spec": {"ipAddresses": ["localhost"]}}"#,
+            ],
+            None,
+        )
+        .await;
+    assert!(
+        refused.contains("spec.ipAddresses[0]: \"localhost\" is not an IP address"),
+        "{refused}"
+    );
+    kubectl
+        .ok(
+            &["label", "issuedcertificate", "web", "-n", "demo", "team=a"],
+            None,
+        )
+        .await;
+    kubectl
+        .ok(&["delete", "certificateauthority", "webhooks"], None)
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_certificate_in_the_secret_is_served_without_a_restart() {
+    let fixture = Fixture::start(limits(), false).await;
+    let cas = fixture.certificate_authorities();
+    // Reviews all along: each must be answered by the webhook (a denial naming the field),
+    // never fail to reach it.
+    let stop = Arc::new(AtomicBool::new(false));
+    let reviews = tokio::spawn({
+        let (cas, stop) = (cas.clone(), stop.clone());
+        async move {
+            let (mut answered, mut failed) = (0, Vec::new());
+            let params = PostParams {
+                dry_run: true,
+                ..Default::default()
+            };
+            let bad = certificate_authority("rotating", json!({"validity": "10x"}));
+            while !stop.load(Ordering::SeqCst) {
+                let message = refusal(cas.create(&params, &bad).await);
+                if message.contains("denied the request") && message.contains("spec.validity") {
+                    answered += 1;
+                } else {
+                    failed.push(message);
+                }
+            }
+            (answered, failed)
+        }
+    });
+    let served_serial = || fixture.certificate.info().unwrap().serial;
+    let first = served_serial();
+
+    // Trust before serving: both CAs in the bundle, then the new certificate, then the new
+    // CA alone.
+    let ca2 = new_ca("webhook-ca-2");
+    let both = format!("{}{}", fixture.ca.certificate_pem(), ca2.certificate_pem());
+    fixture.trust(&both).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let secrets = secrets(&fixture.client);
+    let rotated = tls_secret(&ca2);
+    secrets
+        .patch(
+            SECRET,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": rotated.data})),
+        )
+        .await
+        .unwrap();
+    let ca2_subject = ca2.info().subject.clone();
+    eventually("the new certificate is served", || {
+        fixture.certificate.info().unwrap().issuer == ca2_subject
+    })
+    .await;
+    assert_ne!(served_serial(), first);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    fixture.trust(&ca2.certificate_pem()).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, Ordering::SeqCst);
+    let (answered, failed) = reviews.await.unwrap();
+    assert!(
+        failed.is_empty(),
+        "{} of {} reviews failed, the first: {}",
+        failed.len(),
+        failed.len() + answered,
+        failed[0]
+    );
+    assert!(answered >= 10, "only {answered} reviews");
+
+    // Admission works with the new CA alone; the old CA's handshake fails.
+    let refused = refusal(
+        cas.create(
+            &PostParams::default(),
+            &certificate_authority("bad", json!({"validity": "1h", "trustPropagation": "15m"})),
+        )
+        .await,
+    );
+    assert!(
+        refused.contains("spec.trustPropagation: \"15m\" is not shorter than"),
+        "{refused}"
+    );
+    cas.create(
+        &PostParams::default(),
+        &certificate_authority("good", json!({})),
+    )
+    .await
+    .unwrap();
+    let old = tls(fixture.addr, &fixture.ca.certificate_pem()).await;
+    assert!(
+        old.is_err(),
+        "a handshake trusting only the old CA succeeded"
+    );
+    tls(fixture.addr, &ca2.certificate_pem()).await.unwrap();
+
+    // An unusable Secret (a key of another certificate) keeps the last good certificate.
+    let serving = served_serial();
+    let other_key = tls_secret(&ca2).data.unwrap().remove("tls.key").unwrap();
+    secrets
+        .patch(
+            SECRET,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {"tls.key": other_key}})),
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(served_serial(), serving);
+    tls(fixture.addr, &ca2.certificate_pem()).await.unwrap();
+    // So does a deleted one; the one created again is served.
+    secrets
+        .delete(SECRET, &DeleteParams::default())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(served_serial(), serving);
+    tls(fixture.addr, &ca2.certificate_pem()).await.unwrap();
+    secrets
+        .create(&PostParams::default(), &tls_secret(&ca2))
+        .await
+        .unwrap();
+    eventually("the re-created Secret's certificate is served", || {
+        served_serial() != serving
+    })
+    .await;
+    let refused = refusal(
+        cas.create(
+            &PostParams::default(),
+            &certificate_authority("bad", json!({"validity": "0s"})),
+        )
+        .await,
+    );
+    assert!(refused.contains("spec.validity"), "{refused}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_handshake_before_the_secret_holds_a_certificate() {
+    let fixture = Fixture::start(limits(), true).await;
+    let ca_pem = fixture.ca.certificate_pem();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!fixture.certificate.is_set());
+    assert!(tls(fixture.addr, &ca_pem).await.is_err());
+    // Meanwhile the API server refuses writes of caretaker's kinds (failurePolicy Fail).
+    let cas = fixture.certificate_authorities();
+    let refused = refusal(
+        cas.create(
+            &PostParams::default(),
+            &certificate_authority("early", json!({})),
+        )
+        .await,
+    );
+    assert!(refused.contains("failed calling webhook"), "{refused}");
+
+    secrets(&fixture.client)
+        .create(&PostParams::default(), &tls_secret(&fixture.ca))
+        .await
+        .unwrap();
+    eventually("the certificate is served", || fixture.certificate.is_set()).await;
+    tls(fixture.addr, &ca_pem).await.unwrap();
+    cas.create(
+        &PostParams::default(),
+        &certificate_authority("early", json!({})),
+    )
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_configuration_that_sends_other_kinds_fails_loudly() {
+    let fixture = Fixture::start(limits(), false).await;
+    let mut configuration =
+        webhook::configuration("wrong", &fixture.endpoint(), &fixture.ca.certificate_pem());
+    let hook = &mut configuration.webhooks.as_mut().unwrap()[0];
+    hook.name = "configmaps.wrong.example".into();
+    let rule = &mut hook.rules.as_mut().unwrap()[0];
+    rule.api_groups = Some(vec!["".into()]);
+    rule.api_versions = Some(vec!["v1".into()]);
+    rule.resources = Some(vec!["configmaps".into()]);
+    rule.scope = Some("*".into());
+    configuration.webhooks.as_mut().unwrap().truncate(1);
+    configurations(&fixture.client)
+        .create(&PostParams::default(), &configuration)
+        .await
+        .unwrap();
+    let configmap: ConfigMap =
+        serde_json::from_value(json!({"metadata": {"name": "x"}, "data": {"a": "b"}})).unwrap();
+    let refused = refusal(
+        Api::<ConfigMap>::namespaced(fixture.client.clone(), "demo")
+            .create(&PostParams::default(), &configmap)
+            .await,
+    );
+    assert!(
+        refused.starts_with(
+            "400 admission webhook \"configmaps.wrong.example\" denied the request: \
+             caretaker's webhook validates only caretaker.dev/v1alpha1 CertificateAuthority and \
+             IssuedCertificate"
+        ) && refused.contains("it was sent v1 ConfigMap"),
+        "{refused}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_is_not_a_review_is_refused_by_status() {
+    let fixture = Fixture::start(limits(), false).await;
+    let json = "application/json";
+    let (status, body) = request(&fixture, "POST", CA_PATH, json, "{not json").await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body.starts_with("not an admission.k8s.io/v1 AdmissionReview request: "),
+        "{body}"
+    );
+    let (status, _) = request(&fixture, "POST", CA_PATH, json, "{}").await;
+    assert_eq!(status, 400);
+    let (status, body) = request(&fixture, "POST", "/validate", json, "{}").await;
+    assert_eq!(status, 404);
+    assert!(body.contains(CA_PATH), "{body}");
+    let (status, _) = request(&fixture, "GET", CA_PATH, json, "").await;
+    assert_eq!(status, 405);
+    let (status, _) = request(&fixture, "POST", CA_PATH, "application/yaml", "{}").await;
+    assert_eq!(status, 415);
+    // A review, straight: answered with its uid.
+    let review = json!({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {"uid": "u-7", "kind": {"group": "caretaker.dev", "version": "v1alpha1",
+                    "kind": "CertificateAuthority"}, "operation": "CREATE",
+                    "object": certificate_authority("x", json!({"validity": "2"}))},
+    });
+    let (status, body) = request(&fixture, "POST", CA_PATH, json, review.to_string()).await;
+    assert_eq!(status, 200);
+    let answer: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(answer["response"]["uid"], "u-7");
+    assert_eq!(answer["response"]["allowed"], false);
+    assert_eq!(answer["response"]["status"]["code"], 422);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_over_the_limit_is_refused_without_reading_it() {
+    let limits = Limits {
+        max_body_bytes: 64 * 1024,
+        ..limits()
+    };
+    let fixture = Fixture::start(limits, false).await;
+    let ca_pem = fixture.ca.certificate_pem();
+    let head = |length: &str| {
+        format!(
+            "POST {CA_PATH} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n{length}\r\n"
+        )
+    };
+
+    // Declared too large: refused at once, with 10 of its 3 MiB sent.
+    let mut stream = tls(fixture.addr, &ca_pem).await.unwrap();
+    let declared = head("Content-Length: 3145728\r\n");
+    stream.write_all(declared.as_bytes()).await.unwrap();
+    stream.write_all(b"{\"apiVersi").await.unwrap();
+    let reply = read_to_close(&mut stream).await;
+    assert!(reply.starts_with("HTTP/1.1 413 "), "{reply}");
+    assert!(reply.contains("larger than 65536 bytes"), "{reply}");
+
+    // Not declared (chunked): refused once the limit is passed; the rest is never read.
+    let stream = tls(fixture.addr, &ca_pem).await.unwrap();
+    let (mut reader, mut writer) = tokio::io::split(stream);
+    writer
+        .write_all(head("Transfer-Encoding: chunked\r\n").as_bytes())
+        .await
+        .unwrap();
+    let sender = tokio::spawn(async move {
+        let chunk = format!("4000\r\n{}\r\n", " ".repeat(0x4000));
+        let mut sent = 0usize;
+        // 64 MiB at most, far more than the server could buffer unread.
+        while sent < 64 << 20 {
+            if writer.write_all(chunk.as_bytes()).await.is_err() {
+                return (sent, true);
+            }
+            sent += 0x4000;
+        }
+        (sent, false)
+    });
+    let reply = read_to_close(&mut reader).await;
+    assert!(reply.starts_with("HTTP/1.1 413 "), "{reply}");
+    let (sent, cut_off) = tokio::time::timeout(Duration::from_secs(10), sender)
+        .await
+        .expect("the server stops reading")
+        .unwrap();
+    assert!(cut_off, "the server read all {sent} bytes");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_never_ends_times_out() {
+    let limits = Limits {
+        request_timeout: Duration::from_millis(500),
+        ..limits()
+    };
+    let fixture = Fixture::start(limits, false).await;
+    let mut stream = tls(fixture.addr, &fixture.ca.certificate_pem())
+        .await
+        .unwrap();
+    let head = format!(
+        "POST {CA_PATH} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{{"
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let started = Instant::now();
+    let reply = read_to_close(&mut stream).await;
+    assert!(reply.starts_with("HTTP/1.1 503 "), "{reply}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_do_not_keep_a_review_out() {
+    let limits = Limits {
+        max_connections: 8,
+        // Only making room, not timeouts, can let the review in.
+        handshake_timeout: Duration::from_secs(120),
+        header_read_timeout: Duration::from_secs(120),
+        ..limits()
+    };
+    let fixture = Fixture::start(limits, false).await;
+    let ca_pem = fixture.ca.certificate_pem();
+    // Connections that never start their handshake, then some that finish it and say nothing.
+    let mut silent = Vec::new();
+    for _ in 0..40 {
+        silent.push(TcpStream::connect(fixture.addr).await.unwrap());
+    }
+    let mut idle = Vec::new();
+    for _ in 0..8 {
+        idle.push(tls(fixture.addr, &ca_pem).await.unwrap());
+    }
+    let started = Instant::now();
+    let refused = refusal(
+        fixture
+            .certificate_authorities()
+            .create(
+                &PostParams::default(),
+                &certificate_authority("flooded", json!({"validity": "1"})),
+            )
+            .await,
+    );
+    assert!(
+        refused.contains("denied the request") && refused.contains("spec.validity"),
+        "{refused}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    // The server closed the oldest to make room: it holds no more than its limit.
+    let closed = read_to_close(&mut silent[0]).await;
+    assert_eq!(closed, "");
+    assert!(read_to_close(&mut idle[0]).await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_http_is_refused() {
+    let fixture = Fixture::start(limits(), false).await;
+    let mut stream = TcpStream::connect(fixture.addr).await.unwrap();
+    let review =
+        json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"}).to_string();
+    let request = format!(
+        "POST {CA_PATH} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{review}",
+        review.len()
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut reply = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut reply))
+        .await
+        .expect("the server closes the connection")
+        .ok();
+    // Nothing but, at most, a TLS alert record (content type 21).
+    assert!(
+        reply.is_empty() || reply[0] == 21,
+        "{:?}",
+        String::from_utf8_lossy(&reply)
+    );
+}
