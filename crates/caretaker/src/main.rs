@@ -21,6 +21,33 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the controllers against a cluster.
+    ///
+    /// Per-Machine certificate refresh: set `v1beta2.k8sd.io/refresh-certificates: <ttl>`
+    /// on a Cluster API Machine; the operator asks the Machine's agent for CSRs, checks each
+    /// against what the Machine may hold, signs them with the Cluster API CA Secrets
+    /// (`<cluster>-ca`, `-etcd`, `-proxy`), has the agent install them, and reports through the
+    /// `v1beta2.k8sd.io/refresh-certificates-status` annotation and Events. Every Machine with a
+    /// node also gets `machine.cluster.x-k8s.io/certificates-expiry`.
+    ///
+    /// Per-Machine in-place upgrade: set `v1beta2.k8sd.io/in-place-upgrade-to: <option>`
+    /// (channel=…, revision=… or localPath=…); the agent runs its upgrade command as an operation
+    /// whose id lands in `v1beta2.k8sd.io/in-place-upgrade-change-id`; removing the trigger while it
+    /// runs cancels it.
+    ///
+    /// Cluster-wide: the same trigger annotations on a Cluster, a CK8sControlPlane or a
+    /// MachineDeployment roll the operation out over their Machines: control plane first, one at a
+    /// time and only while all control-plane agents are healthy, then workers
+    /// (`caretaker.dev/max-parallel` at once); the first failure stops the rollout; removing the
+    /// trigger cancels it; `caretaker.dev/progress` shows DONE/TOTAL.
+    ///
+    /// Admission webhook: with a serving certificate (--webhook-secret, or --webhook-cert-path),
+    /// the operator validates every CREATE and UPDATE of a CertificateAuthority at
+    /// /validate-caretaker-dev-v1alpha1-certificateauthority and of an IssuedCertificate at
+    /// /validate-caretaker-dev-v1alpha1-issuedcertificate (HTTPS on --webhook-bind-address),
+    /// refusing a bad spec with every bad field and value named, and an IssuedCertificate whose
+    /// issuerRef names no CertificateAuthority. A ValidatingWebhookConfiguration sends it the
+    /// reviews. A new certificate in the Secret is served from the next connection on, without a
+    /// restart.
     Operator(cmd::operator::OperatorArgs),
     /// Run the node agent that refreshes a node's certificates and upgrades it.
     Agent(cmd::agent::AgentArgs),

@@ -1,32 +1,16 @@
 //! `caretaker operator`: the controllers.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use caretaker_operator::controllers;
-use caretaker_operator::{Context, Settings};
+use caretaker_operator::webhook::{CertificateSource, Limits, Webhook};
+use caretaker_operator::{BindAddress, Context, Settings};
 
 use super::logging::{self, LogFormat};
 
-/// Run caretaker's controllers against a cluster.
-///
-/// Per-Machine certificate refresh: set `v1beta2.k8sd.io/refresh-certificates: <ttl>`
-/// on a Cluster API Machine; the operator asks the Machine's agent for CSRs, checks each
-/// against what the Machine may hold, signs them with the Cluster API CA Secrets
-/// (`<cluster>-ca`, `-etcd`, `-proxy`), has the agent install them, and reports through the
-/// `v1beta2.k8sd.io/refresh-certificates-status` annotation and Events. Every Machine with a
-/// node also gets `machine.cluster.x-k8s.io/certificates-expiry`.
-///
-/// Per-Machine in-place upgrade: set `v1beta2.k8sd.io/in-place-upgrade-to: <option>`
-/// (channel=…, revision=… or localPath=…); the agent runs its upgrade command as an operation
-/// whose id lands in `v1beta2.k8sd.io/in-place-upgrade-change-id`; removing the trigger while it
-/// runs cancels it.
-///
-/// Cluster-wide: the same trigger annotations on a Cluster, a CK8sControlPlane or a
-/// MachineDeployment roll the operation out over their Machines: control plane first, one at a
-/// time and only while all control-plane agents are healthy, then workers
-/// (`caretaker.dev/max-parallel` at once); the first failure stops the rollout; removing the
-/// trigger cancels it; `caretaker.dev/progress` shows DONE/TOTAL.
+/// `caretaker operator`'s flags; what the command does is in its help, on `Command::Operator`.
 #[derive(Debug, clap::Args)]
 pub struct OperatorArgs {
     #[command(flatten)]
@@ -49,9 +33,82 @@ pub struct OperatorArgs {
     /// How often a running in-place upgrade is read from its agent (e.g. 2s, 500ms).
     #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = super::duration)]
     upgrade_poll: Duration,
+    /// Where the admission webhook listens (HTTPS): HOST:PORT, [IPv6]:PORT, or :PORT for every
+    /// address; 0 turns it off. It is served only with --webhook-secret or --webhook-cert-path.
+    #[arg(long, value_name = "ADDRESS", default_value = ":9443", value_parser = listen)]
+    webhook_bind_address: Listen,
+    /// The webhook's serving certificate and key: the tls.crt and tls.key of this
+    /// kubernetes.io/tls Secret, watched. A new certificate is served from the next handshake
+    /// on; an unusable or deleted Secret keeps the last good one; until the Secret holds a good
+    /// one, handshakes are refused.
+    #[arg(long, value_name = "NAMESPACE/NAME", value_parser = namespaced_name, conflicts_with = "webhook_cert_path")]
+    webhook_secret: Option<(String, String)>,
+    /// Instead of --webhook-secret: the directory of the webhook's certificate and key files
+    /// (PEM), read once at start.
+    #[arg(long, value_name = "DIR")]
+    webhook_cert_path: Option<PathBuf>,
+    /// The certificate file in --webhook-cert-path, leaf first.
+    #[arg(
+        long,
+        value_name = "FILE",
+        default_value = "tls.crt",
+        requires = "webhook_cert_path"
+    )]
+    webhook_cert_name: String,
+    /// The private key file in --webhook-cert-path.
+    #[arg(
+        long,
+        value_name = "FILE",
+        default_value = "tls.key",
+        requires = "webhook_cert_path"
+    )]
+    webhook_cert_key: String,
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
+}
+
+/// `--webhook-bind-address`: an address, or 0 for none.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Listen {
+    Off,
+    On(BindAddress),
+}
+
+fn listen(value: &str) -> Result<Listen, String> {
+    match value {
+        "0" => Ok(Listen::Off),
+        address => address.parse().map(Listen::On),
+    }
+}
+
+/// `NAMESPACE/NAME`.
+fn namespaced_name(value: &str) -> Result<(String, String), String> {
+    match value.split_once('/') {
+        Some((namespace, name))
+            if !namespace.is_empty() && !name.is_empty() && !name.contains('/') =>
+        {
+            Ok((namespace.to_string(), name.to_string()))
+        }
+        _ => Err("expected NAMESPACE/NAME".into()),
+    }
+}
+
+impl OperatorArgs {
+    /// Where the webhook's certificate comes from, if from anywhere.
+    fn webhook_certificate(&self) -> Option<CertificateSource> {
+        if let Some((namespace, name)) = &self.webhook_secret {
+            return Some(CertificateSource::Secret {
+                namespace: namespace.clone(),
+                name: name.clone(),
+            });
+        }
+        let dir = self.webhook_cert_path.as_ref()?;
+        Some(CertificateSource::Files {
+            certificate: dir.join(&self.webhook_cert_name),
+            key: dir.join(&self.webhook_cert_key),
+        })
+    }
 }
 
 pub fn run(args: OperatorArgs) -> ExitCode {
@@ -65,10 +122,34 @@ pub fn run(args: OperatorArgs) -> ExitCode {
     };
     super::run_async("operator", async move {
         let client = args.kubeconfig.client().await?;
+        let webhook = match (&args.webhook_bind_address, args.webhook_certificate()) {
+            (Listen::Off, _) => {
+                tracing::info!("admission webhook off (--webhook-bind-address 0)");
+                None
+            }
+            (Listen::On(_), None) => {
+                tracing::info!(
+                    "admission webhook not served: no --webhook-secret or --webhook-cert-path"
+                );
+                None
+            }
+            (Listen::On(address), Some(source)) => Some(
+                Webhook::bind(address, source, Limits::default())
+                    .await
+                    .map_err(|e| format!("admission webhook: {e}"))?,
+            ),
+        };
         tracing::info!(namespace = ?args.namespace, "operator starting");
-        let ctx = Context::new(client, settings);
+        let webhook = async {
+            match webhook {
+                Some(webhook) => webhook.run(client.clone()).await,
+                None => std::future::pending().await,
+            }
+        };
+        let ctx = Context::new(client.clone(), settings);
         tokio::select! {
             _ = controllers::run(ctx, args.namespace.clone()) => {}
+            _ = webhook => {}
             _ = tokio::signal::ctrl_c() => tracing::info!("stopping"),
         }
         Ok(ExitCode::SUCCESS)

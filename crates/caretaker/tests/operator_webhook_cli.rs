@@ -1,0 +1,247 @@
+//! `caretaker operator`'s admission webhook flags, as a user runs the binary: the help that
+//! explains them, the usage errors, and the webhook served from a Secret, called by the
+//! embedded API server.
+
+mod common;
+
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use caretaker_apiserver::TestServer;
+use caretaker_operator::v1alpha1::{CertificateAuthority as CaObject, crds};
+use caretaker_operator::webhook::{self, Endpoint};
+use caretaker_pki::{CaSpec, CertificateAuthority, LeafSpec, Usage};
+use k8s_openapi::ByteString;
+use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, PostParams};
+use serde_json::json;
+
+use common::{assert_one_error_line, caretaker, caretaker_command, path, stderr, stdout};
+
+#[test]
+fn the_help_explains_the_webhook_flags_and_paths() {
+    let out = caretaker(&["operator", "--help"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let help = stdout(&out);
+    for expected in [
+        "--webhook-bind-address <ADDRESS>",
+        "[default: :9443]",
+        "--webhook-secret <NAMESPACE/NAME>",
+        "--webhook-cert-path <DIR>",
+        "--webhook-cert-name <FILE>",
+        "--webhook-cert-key <FILE>",
+        "/validate-caretaker-dev-v1alpha1-certificateauthority",
+        "/validate-caretaker-dev-v1alpha1-issuedcertificate",
+        "kubernetes.io/tls",
+    ] {
+        assert!(help.contains(expected), "{expected}:\n{help}");
+    }
+}
+
+#[test]
+fn bad_webhook_flags_are_usage_errors() {
+    for (args, says) in [
+        (
+            &["--webhook-secret", "webhook-tls"][..],
+            "invalid value 'webhook-tls' for '--webhook-secret <NAMESPACE/NAME>': expected NAMESPACE/NAME",
+        ),
+        (&["--webhook-secret", "ns/"][..], "expected NAMESPACE/NAME"),
+        (
+            &["--webhook-bind-address", "9443"][..],
+            "invalid value '9443' for '--webhook-bind-address <ADDRESS>': no port",
+        ),
+        (
+            &["--webhook-secret", "ns/tls", "--webhook-cert-path", "/tmp"][..],
+            "cannot be used with",
+        ),
+        (
+            &["--webhook-cert-name", "cert.pem"][..],
+            "--webhook-cert-path <DIR>",
+        ),
+    ] {
+        let mut all = vec!["operator"];
+        all.extend(args);
+        let out = caretaker(&all);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(says), "{args:?}: {}", stderr(&out));
+    }
+}
+
+/// A kubeconfig for a server that is never reached: the commands below fail before.
+fn unreached_kubeconfig(dir: &std::path::Path) -> std::path::PathBuf {
+    let file = dir.join("kubeconfig");
+    std::fs::write(
+        &file,
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {server: 'https://127.0.0.1:1'}\n\
+         users:\n- name: u\n  user: {token: t}\ncontexts:\n- name: c\n  context: {cluster: c, user: u}\n\
+         current-context: c\n",
+    )
+    .unwrap();
+    file
+}
+
+#[test]
+fn a_webhook_that_cannot_start_stops_the_operator_saying_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = unreached_kubeconfig(dir.path());
+    let missing = dir.path().join("missing");
+    let out = caretaker(&[
+        "operator",
+        "--kubeconfig",
+        path(&kubeconfig),
+        "--webhook-cert-path",
+        path(&missing),
+    ]);
+    let line = assert_one_error_line(&out, path(&missing.join("tls.crt")));
+    assert!(
+        line.starts_with("caretaker operator: admission webhook: "),
+        "{line}"
+    );
+
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = taken.local_addr().unwrap().to_string();
+    let out = caretaker(&[
+        "operator",
+        "--kubeconfig",
+        path(&kubeconfig),
+        "--webhook-bind-address",
+        &address,
+        "--webhook-secret",
+        "caretaker-system/webhook-tls",
+    ]);
+    let line = assert_one_error_line(&out, &format!("cannot listen on {address}"));
+    assert!(line.contains("in use"), "{line}");
+}
+
+/// The operator process; killed when dropped.
+struct Running(Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_operator_serves_its_webhook_from_a_secret() {
+    let server = TestServer::start().await;
+    let client = server.client();
+    let definitions: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in crds() {
+        definitions
+            .create(&PostParams::default(), &crd)
+            .await
+            .unwrap();
+    }
+    let namespace: Namespace =
+        serde_json::from_value(json!({"metadata": {"name": "caretaker-system"}})).unwrap();
+    Api::all(client.clone())
+        .create(&PostParams::default(), &namespace)
+        .await
+        .unwrap();
+    let ca = CertificateAuthority::create(&CaSpec::new("webhook-ca")).unwrap();
+    let leaf = ca
+        .issue(
+            &LeafSpec::new("caretaker-webhook", Usage::Server)
+                .with_ip_addresses(["127.0.0.1".parse().unwrap()]),
+        )
+        .unwrap();
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "webhook-tls", "namespace": "caretaker-system"},
+        "type": "kubernetes.io/tls",
+        "data": {
+            "tls.crt": ByteString(leaf.certificate_pem.clone().into_bytes()),
+            "tls.key": ByteString(leaf.key.as_ref().unwrap().to_pem().into_bytes()),
+        },
+    }))
+    .unwrap();
+    Api::namespaced(client.clone(), "caretaker-system")
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    server.write_kubeconfig(&kubeconfig).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let log = dir.path().join("operator.log");
+    let operator = Running(
+        caretaker_command()
+            .args([
+                "operator",
+                "--kubeconfig",
+                path(&kubeconfig),
+                "--webhook-bind-address",
+                &format!("127.0.0.1:{port}"),
+                "--webhook-secret",
+                "caretaker-system/webhook-tls",
+            ])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let configuration = webhook::configuration(
+        "caretaker",
+        &Endpoint::Url(format!("https://127.0.0.1:{port}")),
+        &ca.certificate_pem(),
+    );
+    Api::<ValidatingWebhookConfiguration>::all(client.clone())
+        .create(&PostParams::default(), &configuration)
+        .await
+        .unwrap();
+
+    let cas: Api<CaObject> = Api::all(client.clone());
+    let ca_object = |name: &str, validity: &str| -> CaObject {
+        serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {"commonName": name, "validity": validity,
+                     "secret": {"name": name, "namespace": "caretaker-system"},
+                     "bundle": {"name": name, "namespace": "caretaker-system"}},
+        }))
+        .unwrap()
+    };
+    // Until the operator listens, the API server cannot call it and refuses the write.
+    let started = Instant::now();
+    let refused = loop {
+        let message = match cas
+            .create(&PostParams::default(), &ca_object("bad", "10x"))
+            .await
+        {
+            Err(kube::Error::Api(status)) => status.message,
+            other => panic!("the bad CertificateAuthority was not refused: {other:?}"),
+        };
+        if message.contains("denied the request") {
+            break message;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the webhook never answered: {message}\n{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(
+        refused.contains(
+            "CertificateAuthority \"bad\" is invalid: spec.validity: invalid TTL \"10x\""
+        ),
+        "{refused}"
+    );
+    cas.create(&PostParams::default(), &ca_object("good", "1y"))
+        .await
+        .unwrap();
+    drop(operator);
+    let log = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        log.contains("the webhook serves a new certificate from its Secret"),
+        "{log}"
+    );
+    assert!(!log.contains("PRIVATE KEY"), "{log}");
+}
