@@ -7,6 +7,7 @@ mod common;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
+use base64::Engine;
 use caretaker_apiserver::TestServer;
 use caretaker_operator::v1alpha1::{CertificateAuthority as CaObject, crds};
 use caretaker_operator::webhook::{self, Endpoint};
@@ -149,12 +150,13 @@ async fn the_operator_serves_its_webhook_from_a_secret() {
                 .with_ip_addresses(["127.0.0.1".parse().unwrap()]),
         )
         .unwrap();
+    let key_pem = leaf.key.as_ref().unwrap().to_pem();
     let secret: Secret = serde_json::from_value(json!({
         "metadata": {"name": "webhook-tls", "namespace": "caretaker-system"},
         "type": "kubernetes.io/tls",
         "data": {
             "tls.crt": ByteString(leaf.certificate_pem.clone().into_bytes()),
-            "tls.key": ByteString(leaf.key.as_ref().unwrap().to_pem().into_bytes()),
+            "tls.key": ByteString(key_pem.clone().into_bytes()),
         },
     }))
     .unwrap();
@@ -183,6 +185,9 @@ async fn the_operator_serves_its_webhook_from_a_secret() {
                 "--webhook-secret",
                 "caretaker-system/webhook-tls",
             ])
+            // Everything, to show that not even trace lines (kube-rs, hyper, rustls) carry the
+            // key.
+            .env("RUST_LOG", "trace")
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
@@ -243,5 +248,65 @@ async fn the_operator_serves_its_webhook_from_a_secret() {
         log.contains("the webhook serves a new certificate from its Secret"),
         "{log}"
     );
-    assert!(!log.contains("PRIVATE KEY"), "{log}");
+    assert!(log.contains("TRACE"));
+    // The key, as PEM lines and as the base64 of the Secret's data on the wire.
+    let on_the_wire = base64::engine::general_purpose::STANDARD.encode(&key_pem);
+    let mut secrets: Vec<&str> = key_pem
+        .lines()
+        .filter(|line| !line.starts_with("-----") && line.len() >= 16)
+        .collect();
+    secrets.extend(
+        on_the_wire
+            .as_bytes()
+            .chunks(32)
+            .skip(1)
+            .map(|c| std::str::from_utf8(c).unwrap()),
+    );
+    for secret in secrets {
+        assert!(
+            !log.contains(secret),
+            "the log holds the private key ({secret})"
+        );
+    }
+}
+
+/// The configuration docs/reference.md shows is the one `webhook::configuration` makes (but
+/// for the placeholder caBundle), so users who copy it get the rules the webhook expects.
+#[test]
+fn the_reference_shows_the_configuration_the_webhook_expects() {
+    let reference = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/reference.md"),
+    )
+    .unwrap();
+    let section = reference
+        .split("## The admission webhook (`caretaker operator`)")
+        .nth(1)
+        .expect("docs/reference.md has a section on the admission webhook");
+    let yaml = section
+        .split("```yaml\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("a YAML example");
+    let mut shown: serde_json::Value = serde_saphyr::from_str(yaml).unwrap();
+    let expected = webhook::configuration(
+        "caretaker",
+        &Endpoint::Service {
+            namespace: "caretaker-system".into(),
+            name: "caretaker-webhook".into(),
+            port: 443,
+        },
+        "",
+    );
+    let mut expected = serde_json::to_value(expected).unwrap();
+    for configuration in [&mut shown, &mut expected] {
+        for hook in configuration["webhooks"].as_array_mut().unwrap() {
+            hook["clientConfig"]
+                .as_object_mut()
+                .unwrap()
+                .remove("caBundle");
+        }
+    }
+    expected["apiVersion"] = json!("admissionregistration.k8s.io/v1");
+    expected["kind"] = json!("ValidatingWebhookConfiguration");
+    assert_eq!(shown, expected);
 }
