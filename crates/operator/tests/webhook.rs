@@ -730,10 +730,25 @@ async fn idle_connections_do_not_keep_a_review_out() {
         "{:?}",
         started.elapsed()
     );
-    // The server closed the oldest to make room: it holds no more than its limit.
-    let closed = read_to_close(&mut silent[0]).await;
-    assert_eq!(closed, "");
-    assert!(read_to_close(&mut idle[0]).await.is_empty());
+    // The server closed connections to make room: every silent one (the handshaking ones
+    // went first), then at least one idle one for the review.
+    let silent = futures::future::join_all(silent.iter_mut().map(is_closed)).await;
+    assert!(silent.iter().all(|closed| *closed));
+    let idle = futures::future::join_all(idle.iter_mut().map(is_closed)).await;
+    let closed = idle.iter().filter(|closed| **closed).count();
+    assert!((1..8).contains(&closed), "{closed} idle connections closed");
+}
+
+/// Whether the server has closed `stream` (or does within a second), having sent nothing.
+async fn is_closed(stream: &mut (impl AsyncReadExt + Unpin)) -> bool {
+    let mut reply = Vec::new();
+    match tokio::time::timeout(Duration::from_secs(1), stream.read_to_end(&mut reply)).await {
+        Ok(_) => {
+            assert!(reply.is_empty(), "{reply:?}");
+            true
+        }
+        Err(_) => false,
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

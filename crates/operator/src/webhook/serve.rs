@@ -184,14 +184,14 @@ impl<I: Issuers> Handler<I> {
     async fn answer(&self, request: Request<Incoming>) -> Response<Full<Bytes>> {
         let Some(served) = Served::at(request.uri().path()) else {
             let paths: Vec<&str> = Served::ALL.iter().map(|s| s.path()).collect();
-            return text(
+            return closing(text(
                 StatusCode::NOT_FOUND,
                 format!(
                     "no webhook at {}; served: {}",
                     request.uri().path(),
                     paths.join(", ")
                 ),
-            );
+            ));
         };
         if request.method() != Method::POST {
             let mut response = text(StatusCode::METHOD_NOT_ALLOWED, "only POST".into());
@@ -273,7 +273,8 @@ fn text(status: StatusCode, message: String) -> Response<Full<Bytes>> {
     response
 }
 
-/// `response`, after which the connection is closed: the body may not have been read.
+/// `response`, after which the connection is closed: the request's body was not read (or not
+/// all of it), and is not going to be.
 fn closing(mut response: Response<Full<Bytes>>) -> Response<Full<Bytes>> {
     response
         .headers_mut()
