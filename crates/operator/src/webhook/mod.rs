@@ -215,9 +215,9 @@ impl Webhook {
     /// Serves until the task is dropped, reading CertificateAuthorities and the certificate's
     /// Secret with `client`.
     pub async fn run(self, client: kube::Client) {
-        let address = self.local_addr().ok();
+        let address = self.local_addr().map(|a| a.to_string()).unwrap_or_default();
         let paths: Vec<&str> = Served::ALL.iter().map(|s| s.path()).collect();
-        tracing::info!(?address, certificate = %self.source, paths = %paths.join(" "),
+        tracing::info!(%address, certificate = %self.source, paths = %paths.join(" "),
             "webhook serving");
         let issuers = ApiIssuers(Api::all(client.clone()));
         let server = serve::serve(
