@@ -791,7 +791,7 @@ proptest! {
             }
         }
         let auto = parent(ParentKind::Cluster, &[(names::AUTO_REFRESH_CERTIFICATES, "ttl=1y,before=30d")]);
-        prop_assert_eq!(auto_refresh(&auto, &[old.clone()], NOW), auto_refresh(&auto, &[new.clone()], NOW));
+        prop_assert_eq!(auto_refresh(&auto, std::slice::from_ref(&old), NOW), auto_refresh(&auto, std::slice::from_ref(&new), NOW));
         prop_assert_eq!(old.agent_url(9443), new.agent_url(9443));
     }
 }
