@@ -124,7 +124,8 @@ struct Injector {
     /// Whether the CertificateAuthority CRD is installed; `None` until the CRDs are listed.
     authority_crd: watch::Receiver<Option<bool>>,
     /// The last Warning published about each target (kind/name), so that the same one is
-    /// published once, not on every pass a source change or a relist brings.
+    /// published once, not on every pass a source change or a relist brings; forgotten when
+    /// the target is served or deleted.
     warned: Mutex<HashMap<String, (&'static str, String)>>,
 }
 
@@ -146,6 +147,11 @@ impl Injector {
             .unwrap_or_else(|p| p.into_inner())
             .remove(key);
     }
+}
+
+/// Names a target in [`Injector::warned`].
+fn warning_key(kind: TargetKind, name: &str) -> String {
+    format!("{}/{name}", kind.kind())
 }
 
 fn authority_resource() -> ApiResource {
@@ -391,6 +397,7 @@ async fn run_kind(
         installed,
         listed: false,
     });
+    let forgetting = injector.clone();
     let watched = reflector(
         writer,
         watcher(api, watcher::Config::default()).modify(trim(kind)),
@@ -402,6 +409,9 @@ async fn run_kind(
                 failing.recovered();
                 if let Some(crd) = &mut authority_crd {
                     crd.observe(&event);
+                }
+                if let watcher::Event::Delete(target) = &event {
+                    forgetting.forget_warning(&warning_key(kind, &target.name_any()));
                 }
                 Some(Ok(event))
             }
@@ -551,7 +561,7 @@ async fn apply(
     decision: Decision,
 ) -> Result<(), Error> {
     let name = target.name_any();
-    let key = format!("{}/{name}", kind.kind());
+    let key = warning_key(kind, &name);
     let resource = kind.api_resource();
     let event = match decision {
         Decision::Idle => {
