@@ -599,3 +599,124 @@ async fn apply(
         .await;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn crd(name: &str) -> DynamicObject {
+        DynamicObject::new(name, &TargetKind::CustomResourceDefinition.api_resource())
+    }
+
+    #[test]
+    fn the_certificate_authority_crd_is_seen_coming_and_going() {
+        let (installed, seen) = watch::channel(None);
+        let mut crd_watch = AuthorityCrd {
+            name: authority_crd_name(),
+            installed,
+            listed: false,
+        };
+        assert_eq!(crd_watch.name, "certificateauthorities.caretaker.dev");
+        let mut feed = |event: watcher::Event<DynamicObject>| {
+            crd_watch.observe(&event);
+            *seen.borrow()
+        };
+        assert_eq!(feed(watcher::Event::Init), None);
+        assert_eq!(
+            feed(watcher::Event::InitApply(crd("machines.cluster.x-k8s.io"))),
+            None,
+            "unknown until the list is complete"
+        );
+        assert_eq!(feed(watcher::Event::InitDone), Some(false));
+        assert_eq!(
+            feed(watcher::Event::Apply(crd("widgets.example.com"))),
+            Some(false)
+        );
+        assert_eq!(
+            feed(watcher::Event::Apply(crd(&authority_crd_name()))),
+            Some(true)
+        );
+        // A relist that still shows it changes nothing; one that does not, removes it.
+        assert_eq!(feed(watcher::Event::Init), Some(true));
+        assert_eq!(
+            feed(watcher::Event::InitApply(crd(&authority_crd_name()))),
+            Some(true)
+        );
+        assert_eq!(feed(watcher::Event::InitDone), Some(true));
+        assert_eq!(feed(watcher::Event::Init), Some(true));
+        assert_eq!(feed(watcher::Event::InitDone), Some(false));
+        assert_eq!(
+            feed(watcher::Event::Apply(crd(&authority_crd_name()))),
+            Some(true)
+        );
+        assert_eq!(
+            feed(watcher::Event::Delete(crd(&authority_crd_name()))),
+            Some(false)
+        );
+    }
+
+    #[test]
+    fn trimmed_targets_keep_everything_injection_reads() {
+        let bundle = caretaker_pki::CertificateAuthority::create(&caretaker_pki::CaSpec::new("x"))
+            .unwrap()
+            .certificate_pem();
+        let kind = TargetKind::CustomResourceDefinition;
+        let mut target: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "apiextensions.k8s.io/v1",
+            "kind": "CustomResourceDefinition",
+            "metadata": {
+                "name": "widgets.example.com",
+                "resourceVersion": "7",
+                "annotations": {
+                    "caretaker.dev/inject-ca-from": "webhooks",
+                    "kubectl.kubernetes.io/last-applied-configuration": "{\"huge\": true}",
+                },
+                "managedFields": [{ "manager": "kubectl", "operation": "Update" }],
+            },
+            "spec": {
+                "group": "example.com",
+                "versions": [{ "name": "v1", "schema": { "openAPIV3Schema": { "type": "object" } } }],
+                "conversion": { "strategy": "Webhook", "webhook": { "clientConfig": {
+                    "caBundle": base64::Engine::encode(
+                        &base64::engine::general_purpose::STANDARD, &bundle),
+                } } },
+            },
+            "status": { "acceptedNames": { "kind": "Widget" } },
+        }))
+        .unwrap();
+        let full = target.clone();
+        trim(kind)(&mut target);
+        assert_eq!(target.metadata.managed_fields, None);
+        assert_eq!(
+            target
+                .metadata
+                .annotations
+                .as_ref()
+                .unwrap()
+                .keys()
+                .collect::<Vec<_>>(),
+            ["caretaker.dev/inject-ca-from"]
+        );
+        assert_eq!(
+            target.data,
+            json!({ "spec": { "conversion": full.data["spec"]["conversion"] } })
+        );
+        assert_eq!(target.metadata.resource_version.as_deref(), Some("7"));
+        assert_eq!(
+            injection::request(kind, &target),
+            injection::request(kind, &full)
+        );
+        assert!(injection::holds_bundle(kind, &target, bundle.as_bytes()));
+
+        // Webhook configurations keep their webhooks whole: the patch writes the list back.
+        let kind = TargetKind::ValidatingWebhookConfiguration;
+        let webhooks = json!([{ "name": "a", "rules": [{ "operations": ["CREATE"] }],
+                                "clientConfig": { "url": "https://a" } }]);
+        let mut target = DynamicObject::new("v", &kind.api_resource());
+        target.data = json!({ "webhooks": webhooks });
+        trim(kind)(&mut target);
+        assert_eq!(target.data, json!({ "webhooks": webhooks }));
+    }
+}
