@@ -1,8 +1,8 @@
 //! caretaker's controllers. Decisions are pure functions from observed state to a plan of
 //! actions, tested without Kubernetes: a Machine's refresh and upgrade ([`machine::refresh`],
 //! [`machine::upgrade`], their common pieces in [`machine::plan`]), cluster-wide rollouts
-//! ([`rollout`], a pass over a parent in [`rollout::parent`]) and what may be signed
-//! ([`signing`]). Plans are made of [`changes`] (annotations to write, events to publish) and
+//! ([`rollout`], a pass over a parent in [`rollout::parent`]), what may be signed
+//! ([`signing`]) and which trust bundle goes into which `caBundle` field ([`injection`]). Plans are made of [`changes`] (annotations to write, events to publish) and
 //! [`schedule::Next`]; every name users see is in [`names`]. The kube-rs glue that observes and
 //! applies lives in [`controllers`], one module per controller, with shared plumbing in
 //! [`context`] and [`credentials`]. caretaker's own API, `caretaker.dev/v1alpha1`, and the
@@ -19,6 +19,7 @@ pub mod context;
 pub mod controllers;
 pub mod credentials;
 mod error;
+pub mod injection;
 pub mod machine;
 pub mod names;
 pub mod rollout;

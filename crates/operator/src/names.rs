@@ -246,3 +246,28 @@ pub const UPGRADE: OperationNames = OperationNames {
         last_error: upgrade_state::LAST_ERROR,
     },
 };
+
+/// CA-bundle injection into webhook configurations, CRD conversion webhooks and APIServices
+/// (see `injection`). The `cert-manager.io` names are cert-manager's cainjector's, exactly as
+/// `pkg/apis/certmanager/v1/types.go` spells them, so manifests written for it work unchanged.
+pub mod injection {
+    /// On a target: the name of the CertificateAuthority whose trust bundle it holds.
+    pub const INJECT_CA_FROM: &str = "caretaker.dev/inject-ca-from";
+    /// On a target: `<namespace>/<name>` of a Secret whose `ca.crt` it holds (cainjector's).
+    pub const INJECT_CA_FROM_SECRET: &str = "cert-manager.io/inject-ca-from-secret";
+    /// On that Secret: must be `"true"`, or nothing is injected from it (cainjector's).
+    pub const ALLOW_DIRECT_INJECTION: &str = "cert-manager.io/allow-direct-injection";
+    /// The key of the CA certificates in such a Secret.
+    pub const SECRET_CA_KEY: &str = "ca.crt";
+
+    /// Normal, on a target: caretaker wrote its caBundle fields.
+    pub const EVENT_INJECTED: &str = "CABundleInjected";
+    /// Warning, on a target: what it names to inject from is not there (CertificateAuthority,
+    /// bundle ConfigMap or its key, Secret or its `ca.crt`); the target was left untouched.
+    pub const EVENT_SOURCE_MISSING: &str = "CABundleSourceMissing";
+    /// Warning, on a target: caretaker will not inject what it asks for (a malformed or
+    /// ambiguous annotation, a Secret that does not allow direct injection, a source outside
+    /// the namespace the operator watches, a source that is not a bundle of certificates);
+    /// the target was left untouched.
+    pub const EVENT_REFUSED: &str = "CABundleInjectionRefused";
+}

@@ -2,9 +2,11 @@
 //! carries out each per-Machine capability in turn: [`machine_refresh`] and
 //! [`machine_upgrade`]. [`rollout`] runs one Controller per parent kind (Cluster,
 //! CK8sControlPlane, MachineDeployment). All of them read Machines from one watch-fed
-//! [`cache`]. [`ca_secrets`] drops cached CAs when their Secrets change. [`run`] starts
-//! everything.
+//! [`cache`]. [`ca_secrets`] drops cached CAs when their Secrets change. [`ca_injection`]
+//! keeps trust bundles in the `caBundle` fields of webhook configurations, CRD conversion
+//! webhooks and APIServices. [`run`] starts everything.
 
+pub mod ca_injection;
 pub mod ca_secrets;
 pub mod cache;
 mod machine_handle;
@@ -54,6 +56,7 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
         None => Api::all(ctx.client.clone()),
     };
     futures::join!(
+        ca_injection::run(ctx.clone(), namespace.clone()),
         ca_secrets::run(ctx.clone(), secrets),
         keep_caches,
         machines::run(ctx.clone(), caches.machines(), machine_changes),

@@ -24,6 +24,8 @@ pub use certificate_authority::{
 pub use issued_certificate::{
     IssuedCertificate, IssuedCertificateSpec, IssuedCertificateStatus, IssuerReference,
 };
+/// Object names as the API server checks them, for other parts of the operator too.
+pub(crate) use validation::is_rfc1123;
 pub use validation::{FieldError, KEY_ALGORITHMS, Problem, SpecError, USAGES};
 
 pub const GROUP: &str = "caretaker.dev";

@@ -329,7 +329,7 @@ fn describe(duration: Duration) -> String {
 }
 
 /// Kubernetes' object-name rules: lowercase RFC 1123 labels, joined by dots if `dots`.
-fn is_rfc1123(value: &str, max_len: usize, dots: bool) -> bool {
+pub(crate) fn is_rfc1123(value: &str, max_len: usize, dots: bool) -> bool {
     let label_ok = |label: &str| {
         !label.is_empty()
             && label.len() <= 63
