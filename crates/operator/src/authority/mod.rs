@@ -1,15 +1,115 @@
 //! Self-managed certificate authorities (`CertificateAuthority`, `IssuedCertificate`): when a CA
-//! rotates, what its trust bundle holds, when a certificate it signed is issued again. Pure
-//! decisions from observed state and the clock, no Kubernetes; the glue in
-//! `controllers::authority` observes and applies them.
+//! rotates, what its trust bundle holds, when a certificate it signed is issued again. Decisions
+//! from observed state and the clock, no Kubernetes; the glue in `controllers::authority`
+//! observes and applies them.
 //!
 //! Trust before sign: a new CA is first published in the bundle (beside every older CA that has
 //! not expired) and in every injection point; only once `trust_propagation` has passed since
 //! does it sign anything. Until then the CA it replaces keeps signing.
+//!
+//! # Layers
+//!
+//! - *Observation* turns a Secret's `data` and annotations, or a ConfigMap's, into facts:
+//!   [`ca::CaSecretState::observe`], [`bundle::BundleState::observe`],
+//!   [`leaf::LeafSecretState::observe`]. Only this layer parses certificates and keys.
+//! - *Decisions* go from facts and `now` to a plan: [`ca::plan`] → [`ca::CaPlan`],
+//!   [`leaf::plan`] → [`leaf::LeafPlan`]. The one thing they draw from outside is fresh key
+//!   material, from a [`Mint`] ([`PkiMint`] in the operator, a model in the tests), and only
+//!   when they decide to make a CA or a certificate.
+//! - *Writes*: a plan's steps are complete object contents, in the order they must be
+//!   written; the glue writes them one after the other and stops at the first failure (the
+//!   next pass starts again from what is stored). Each step renders itself as Secret `data`
+//!   ([`SecretData`]) or ConfigMap `data`, plus [`AnnotationChanges`]; both are merge
+//!   patches: keys not named are left alone.
+//!
+//! A plan brings the objects to the state the observations and `now` call for in one pass:
+//! deciding again on what its writes produce writes nothing. What is left is only what waits
+//! for time ([`ca::CaPlan::wake_at`], [`leaf::LeafPlan::wake_at`]: exact moments, nothing
+//! periodic) or for someone else (the injection points taking up a new bundle, a person fixing
+//! a Secret).
+//!
+//! # Storage
+//!
+//! Every fact needed after a restart is in the objects; nothing lives only in memory or in a
+//! status.
+//!
+//! **CA Secret** (`spec.secret`, type `kubernetes.io/tls`):
+//! - `tls.crt`, `tls.key`: the CA that signs now. Both empty only while a re-created CA (see
+//!   below) waits to be trusted: then nothing signs.
+//! - `next.crt`, `next.key`: the CA a rotation introduces, stored here before anything
+//!   publishes it, so a restart mid-rotation finds it and never makes a second one. Present
+//!   only during a rotation.
+//! - `previous.crt`: the certificates (never keys) of older CAs still trusted, in bundle order.
+//!   Absent when there are none.
+//! - annotation `caretaker.dev/next-trusted-at` ([`names::authority_state::NEXT_TRUSTED_AT`]):
+//!   when the next CA was first seen in the bundle ConfigMap and in every injection point
+//!   (RFC 3339, rounded up to the second). Once `trust_propagation` has passed since, the next
+//!   CA is promoted: it becomes `tls.crt`/`tls.key`, the CA it replaces moves to
+//!   `previous.crt`, and `next.*` and this annotation go.
+//! - annotation `caretaker.dev/unused-since` ([`names::authority_state::UNUSED_SINCE`]): for
+//!   each older CA that no managed certificate is signed by any more, since when
+//!   (`<SHA-256 fingerprint>=<RFC 3339>`, comma separated). It leaves the bundle once
+//!   `trust_propagation` has passed since, or when it expires, whichever comes first; a
+//!   certificate signed by it seen again clears its entry.
+//! - library-go's annotations (below) describe `tls.crt`. Removing `certificate-not-after` or
+//!   `certificate-not-before`, or editing either so that it no longer says what the
+//!   certificate says, starts a rotation at once (library-go's forced rotation); the new CA
+//!   still waits to be trusted before it signs.
+//!
+//! **Bundle ConfigMap** (`spec.bundle`): `ca-bundle.crt` holds the CA that signs now, the next
+//! CA and every older CA of `previous.crt`, de-duplicated, expired ones dropped, in
+//! `caretaker_pki::TrustBundle`'s order, so the same set always renders the same bytes. It is
+//! written from the CA Secret and read back only to find out whether it already says that
+//! (and, when the CA Secret is gone, which CAs were trusted). Its library-go annotations
+//! describe the CA that signs now.
+//!
+//! **Certificate Secret** (`IssuedCertificate`'s `secretName`, type `kubernetes.io/tls`):
+//! `tls.crt` (the leaf alone), `tls.key`, `ca.crt` (the issuer's bundle, as above), and
+//! library-go's annotations, `certificate-hostnames` only on serving certificates.
+//!
+//! library-go's annotations ([`names::CERTIFICATE_NOT_BEFORE`], [`names::CERTIFICATE_NOT_AFTER`],
+//! [`names::CERTIFICATE_ISSUER`], [`names::CERTIFICATE_HOSTNAMES`]) have library-go's formats:
+//! times in RFC 3339 (UTC, whole seconds), the issuer as the signing CA's common name, and
+//! hostnames as the sorted, de-duplicated DNS names and IP addresses joined with `,`.
+//!
+//! # A CA Secret that is not what caretaker wrote
+//!
+//! - **Unreadable or tampered with** (a certificate or key that does not parse, a key that
+//!   does not belong to its certificate, a certificate that is not a CA, half a key pair):
+//!   nothing is regenerated and nothing is written. The CA keeps being what the glue last saw
+//!   valid ([`ca::AuthorityObserved::last_good`]; after a restart there is none, and nothing
+//!   signs), `Degraded` says why, and a Warning event says it once.
+//! - **Absent** (deleted on purpose, or never made): a new CA is made, with an event. The CAs
+//!   the bundle ConfigMap still holds stay trusted (they are copied into `previous.crt`). If
+//!   there are any, the new CA enters as the *next* CA and follows trust before sign: nothing
+//!   signs until it is promoted (the old key is gone with the Secret, and a certificate from an
+//!   untrusted CA would break every client; certificates already issued keep working, since
+//!   their CAs stay in the bundle). If there are none, nothing trusts anything yet and there
+//!   is nothing to break: the new CA signs at once (first start).
 
+pub mod bundle;
+pub mod ca;
+pub mod leaf;
+#[cfg(test)]
+mod model;
+#[cfg(test)]
+mod timeline;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
-use caretaker_pki::{CaSpec, LeafSpec, RotationPolicy};
+use caretaker_pki::bundle::BundleCertificate;
+use caretaker_pki::{
+    CaSpec, CertificateAuthority, CertificateInfo, KeyAlgorithm, LeafSpec, PkiError,
+    RotationPolicy, Usage,
+};
+use time::OffsetDateTime;
+
+use crate::changes::AnnotationChanges;
+use crate::names;
+use crate::timestamp::{format_time, parse_time};
 
 /// What a `CertificateAuthority` asks for, validated.
 #[derive(Debug, Clone, PartialEq)]
@@ -29,4 +129,511 @@ pub struct CertificatePolicy {
     pub leaf: LeafSpec,
     /// When a certificate is due to be issued again.
     pub rotation: RotationPolicy,
+}
+
+/// The type of every Secret written here.
+pub const SECRET_TYPE_TLS: &str = "kubernetes.io/tls";
+/// Secret key: the certificate (the CA that signs now, or the leaf alone).
+pub const TLS_CRT: &str = "tls.crt";
+/// Secret key: the private key of `tls.crt`.
+pub const TLS_KEY: &str = "tls.key";
+/// Certificate Secret key: the issuer's trust bundle.
+pub const CA_CRT: &str = "ca.crt";
+/// CA Secret key: the CA a rotation introduces.
+pub const NEXT_CRT: &str = "next.crt";
+/// CA Secret key: the private key of `next.crt`.
+pub const NEXT_KEY: &str = "next.key";
+/// CA Secret key: older CAs still trusted (certificates only).
+pub const PREVIOUS_CRT: &str = "previous.crt";
+/// Bundle ConfigMap key (library-go's and cainjector's name).
+pub const CA_BUNDLE_CRT: &str = "ca-bundle.crt";
+
+/// A Secret or ConfigMap, for messages.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectName {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl ObjectName {
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        Self {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+
+    /// As library-go's event messages name an object: `"name" in "namespace"`.
+    fn quoted(&self) -> String {
+        format!("{:?} in {:?}", self.name, self.namespace)
+    }
+}
+
+impl fmt::Display for ObjectName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// A Secret as the glue reads it: its `data` and its annotations.
+pub type SecretContent<'a> = (&'a BTreeMap<String, Vec<u8>>, &'a BTreeMap<String, String>);
+/// A ConfigMap as the glue reads it: its `data` and its annotations.
+pub type ConfigMapContent<'a> = (&'a BTreeMap<String, String>, &'a BTreeMap<String, String>);
+
+/// One X.509 certificate, without any key: a CA in a bundle, or a leaf. Shared, so copies
+/// (one per certificate Secret's `ca.crt`, say) cost a pointer.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Certificate(Arc<Parsed>);
+
+#[derive(PartialEq, Eq)]
+struct Parsed {
+    pem: String,
+    der: Vec<u8>,
+    info: CertificateInfo,
+}
+
+impl Certificate {
+    /// Reads one DER certificate; its PEM is rendered canonically, so equal certificates
+    /// always render equal bytes.
+    pub fn from_der(der: Vec<u8>) -> Result<Self, PkiError> {
+        Ok(Self::from_bundle_certificate(&BundleCertificate::from_der(
+            der,
+        )?))
+    }
+
+    fn from_bundle_certificate(certificate: &BundleCertificate) -> Self {
+        Self(Arc::new(Parsed {
+            pem: certificate.to_pem(),
+            der: certificate.der().to_vec(),
+            info: certificate.info().clone(),
+        }))
+    }
+
+    /// Every certificate of a PEM text, strictly (a key or anything else in it is an error
+    /// that never echoes it).
+    pub fn parse_pem(text: &str) -> Result<Vec<Self>, PkiError> {
+        Ok(caretaker_pki::bundle::parse(text)?
+            .iter()
+            .map(Self::from_bundle_certificate)
+            .collect())
+    }
+
+    pub fn pem(&self) -> &str {
+        &self.0.pem
+    }
+
+    pub fn der(&self) -> &[u8] {
+        &self.0.der
+    }
+
+    pub fn info(&self) -> &CertificateInfo {
+        &self.0.info
+    }
+
+    /// The SHA-256 fingerprint of the DER, as `caretaker_pki` prints it: what identifies a
+    /// certificate everywhere here.
+    pub fn fingerprint(&self) -> &str {
+        &self.0.info.sha256_fingerprint
+    }
+
+    pub fn serial(&self) -> &str {
+        &self.0.info.serial
+    }
+
+    pub fn not_before(&self) -> OffsetDateTime {
+        self.0.info.not_before
+    }
+
+    pub fn not_after(&self) -> OffsetDateTime {
+        self.0.info.not_after
+    }
+
+    /// The subject's common name (empty when it has none).
+    pub fn common_name(&self) -> &str {
+        self.0.info.common_name.as_deref().unwrap_or_default()
+    }
+
+    /// Expired at `now`: past its notAfter (as `caretaker_pki::TrustBundle` prunes).
+    pub fn expired_at(&self, now: OffsetDateTime) -> bool {
+        self.0.info.not_after < now
+    }
+
+    /// Certificate-only parts, for tests that model certificates without signing any.
+    #[cfg(test)]
+    pub(crate) fn from_parts(pem: String, der: Vec<u8>, info: CertificateInfo) -> Self {
+        Self(Arc::new(Parsed { pem, der, info }))
+    }
+}
+
+impl fmt::Debug for Certificate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Certificate")
+            .field("subject", &self.0.info.subject)
+            .field("serial", &self.0.info.serial)
+            .field("not_after", &self.0.info.not_after)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A private key in PEM. It never prints: `Debug` shows only that it is there, and there is
+/// no `Display`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct KeyPem(String);
+
+impl KeyPem {
+    pub fn new(pem: String) -> Self {
+        Self(pem)
+    }
+
+    /// The PEM, for writing to a Secret or loading a signer.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for KeyPem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("KeyPem(<redacted>)")
+    }
+}
+
+/// A CA: its certificate, its key and the key's algorithm.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CaKeyPair {
+    pub certificate: Certificate,
+    pub key: KeyPem,
+    pub algorithm: KeyAlgorithm,
+}
+
+impl CaKeyPair {
+    /// Reads a CA from PEM, checking that the certificate is a CA and the key is its own.
+    pub fn from_pem(certificate_pem: &str, key_pem: &str) -> Result<Self, PkiError> {
+        let authority = CertificateAuthority::from_pem(certificate_pem, key_pem)?;
+        Self::from_authority(&authority)
+    }
+
+    pub fn from_authority(authority: &CertificateAuthority) -> Result<Self, PkiError> {
+        Ok(Self {
+            certificate: Certificate::from_der(authority.certificate_der().to_vec())?,
+            key: KeyPem(authority.private_key_pem()),
+            algorithm: authority.algorithm(),
+        })
+    }
+
+    /// The CA, ready to sign.
+    pub fn authority(&self) -> Result<CertificateAuthority, PkiError> {
+        CertificateAuthority::from_pem(self.certificate.pem(), self.key.expose())
+    }
+
+    pub fn fingerprint(&self) -> &str {
+        self.certificate.fingerprint()
+    }
+}
+
+/// A certificate freshly issued, with its new key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IssuedLeaf {
+    pub certificate: Certificate,
+    pub key: KeyPem,
+    pub algorithm: KeyAlgorithm,
+}
+
+/// Where fresh key material comes from: the one input of a decision that is not observed.
+pub trait Mint {
+    /// A new self-signed CA as `spec` says.
+    fn create_ca(&self, spec: &CaSpec) -> Result<CaKeyPair, PkiError>;
+    /// A new certificate and key as `spec` says, signed by `signer`.
+    fn issue(&self, signer: &CaKeyPair, spec: &LeafSpec) -> Result<IssuedLeaf, PkiError>;
+}
+
+/// The operator's [`Mint`]: `caretaker_pki`, at the real time.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PkiMint;
+
+impl Mint for PkiMint {
+    fn create_ca(&self, spec: &CaSpec) -> Result<CaKeyPair, PkiError> {
+        CaKeyPair::from_authority(&CertificateAuthority::create(spec)?)
+    }
+
+    fn issue(&self, signer: &CaKeyPair, spec: &LeafSpec) -> Result<IssuedLeaf, PkiError> {
+        let issued = signer.authority()?.issue(spec)?;
+        let key = issued.key.as_ref().expect("issue makes a key");
+        Ok(IssuedLeaf {
+            certificate: Certificate::from_der(issued.certificate_der.clone())?,
+            key: KeyPem(key.to_pem()),
+            algorithm: key.algorithm(),
+        })
+    }
+}
+
+/// library-go's annotations, as found on an object or as they must be.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TlsAnnotations {
+    pub not_before: Option<String>,
+    pub not_after: Option<String>,
+    pub issuer: Option<String>,
+    /// Serving certificates only.
+    pub hostnames: Option<String>,
+}
+
+impl TlsAnnotations {
+    /// The values found in `annotations`; `hostnames` only when `serving`.
+    pub fn read(annotations: &BTreeMap<String, String>, serving: bool) -> Self {
+        let get = |key: &str| annotations.get(key).cloned();
+        Self {
+            not_before: get(names::CERTIFICATE_NOT_BEFORE),
+            not_after: get(names::CERTIFICATE_NOT_AFTER),
+            issuer: get(names::CERTIFICATE_ISSUER),
+            hostnames: if serving {
+                get(names::CERTIFICATE_HOSTNAMES)
+            } else {
+                None
+            },
+        }
+    }
+
+    /// What they must say of `certificate`, signed by a CA named `issuer`.
+    pub fn describing(certificate: &Certificate, issuer: &str, serving: bool) -> Self {
+        Self {
+            not_before: Some(format_time(certificate.not_before())),
+            not_after: Some(format_time(certificate.not_after())),
+            issuer: Some(issuer.to_string()),
+            hostnames: serving.then(|| hostnames(certificate.info()).join(",")),
+        }
+    }
+
+    /// The changes that make an object's annotations say this: set what is here, remove
+    /// what is not.
+    pub fn changes(&self) -> AnnotationChanges {
+        let mut changes = AnnotationChanges::default();
+        for (key, value) in [
+            (names::CERTIFICATE_NOT_BEFORE, &self.not_before),
+            (names::CERTIFICATE_NOT_AFTER, &self.not_after),
+            (names::CERTIFICATE_ISSUER, &self.issuer),
+            (names::CERTIFICATE_HOSTNAMES, &self.hostnames),
+        ] {
+            match value {
+                Some(value) => changes.set(key, value.clone()),
+                None => changes.remove(key),
+            };
+        }
+        changes
+    }
+
+    /// Why the validity annotations force a new certificate, in library-go's words where it
+    /// has them: missing, malformed, or not what `certificate` says.
+    fn validity_problem(&self, certificate: &Certificate) -> Option<String> {
+        for (name, found, actual) in [
+            ("notAfter", &self.not_after, certificate.not_after()),
+            ("notBefore", &self.not_before, certificate.not_before()),
+        ] {
+            let Some(found) = found else {
+                return Some(format!("missing {name}"));
+            };
+            match parse_time(Some(found)) {
+                None => return Some(format!("bad expiry: {found:?}")),
+                Some(t) if t != actual => {
+                    return Some(format!(
+                        "{name} annotation {found:?} does not say what the certificate says ({})",
+                        format_time(actual)
+                    ));
+                }
+                Some(_) => {}
+            }
+        }
+        None
+    }
+}
+
+/// A certificate's DNS names and IP addresses, sorted and de-duplicated, as library-go writes
+/// them (IPv4-mapped IPv6 addresses as IPv4, as Go prints them).
+pub fn hostnames(info: &CertificateInfo) -> Vec<String> {
+    let names: BTreeSet<String> = info
+        .ip_addresses
+        .iter()
+        .map(|ip| ip.to_canonical().to_string())
+        .chain(info.dns_names.iter().cloned())
+        .collect();
+    names.into_iter().collect()
+}
+
+/// The hostnames a [`LeafSpec`] asks for, as [`hostnames`] writes them.
+fn wanted_hostnames(spec: &LeafSpec) -> Vec<String> {
+    let names: BTreeSet<String> = spec
+        .ip_addresses
+        .iter()
+        .map(|ip| ip.to_canonical().to_string())
+        .chain(spec.dns_names.iter().cloned())
+        .collect();
+    names.into_iter().collect()
+}
+
+/// Whether certificates of `usage` serve TLS (and so carry the hostnames annotation).
+fn serving(usage: Usage) -> bool {
+    matches!(usage, Usage::Server | Usage::Both)
+}
+
+/// Secret `data` to write: each key set to a value or removed, as one merge patch. `Debug`
+/// shows the keys and sizes, never a value.
+#[derive(Clone, PartialEq, Eq, Default)]
+pub struct SecretData(BTreeMap<&'static str, Option<String>>);
+
+impl SecretData {
+    pub fn set(&mut self, key: &'static str, value: impl Into<String>) -> &mut Self {
+        self.0.insert(key, Some(value.into()));
+        self
+    }
+
+    pub fn remove(&mut self, key: &'static str) -> &mut Self {
+        self.0.insert(key, None);
+        self
+    }
+
+    /// What the write does to `key`: `Some(None)` removes it, `None` leaves it alone.
+    pub fn get(&self, key: &str) -> Option<Option<&str>> {
+        self.0.get(key).map(Option::as_deref)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&'static str, Option<&str>)> {
+        self.0.iter().map(|(k, v)| (*k, v.as_deref()))
+    }
+
+    /// Applies the write to a Secret's `data`, as the API server would.
+    pub fn apply_to(&self, data: &mut BTreeMap<String, Vec<u8>>) {
+        for (key, value) in &self.0 {
+            match value {
+                Some(value) => data.insert(key.to_string(), value.as_bytes().to_vec()),
+                None => data.remove(*key),
+            };
+        }
+    }
+}
+
+impl fmt::Debug for SecretData {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut map = f.debug_map();
+        for (key, value) in &self.0 {
+            match value {
+                Some(value) => map.entry(key, &format_args!("<{} bytes>", value.len())),
+                None => map.entry(key, &format_args!("<removed>")),
+            };
+        }
+        map.finish()
+    }
+}
+
+/// A condition of a status.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Condition {
+    pub status: bool,
+    pub reason: &'static str,
+    pub message: String,
+}
+
+impl Condition {
+    fn new(status: bool, reason: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            reason,
+            message: message.into(),
+        }
+    }
+
+    fn as_expected() -> Self {
+        Self::new(false, names::REASON_AS_EXPECTED, "")
+    }
+}
+
+/// The first moment at or after `t` that an annotation can hold (whole seconds): recorded
+/// moments are rounded up, so waits counted from them are never shortened.
+fn ceil_second(t: OffsetDateTime) -> OffsetDateTime {
+    match t.nanosecond() {
+        0 => t,
+        _ => t.replace_nanosecond(0).unwrap_or(t) + time::Duration::SECOND,
+    }
+}
+
+/// `t + d`, saturating at the end of time.
+fn later(t: OffsetDateTime, d: Duration) -> OffsetDateTime {
+    time::Duration::try_from(d)
+        .ok()
+        .and_then(|d| t.checked_add(d))
+        .unwrap_or(time::PrimitiveDateTime::MAX.assume_utc())
+}
+
+/// When a certificate falls due under `policy`, and the words for it.
+fn due(policy: &RotationPolicy, certificate: &Certificate) -> OffsetDateTime {
+    policy.due_at(certificate.not_before(), certificate.not_after())
+}
+
+/// Why a certificate at or past its due time must be replaced, in words that say "expiring".
+fn expiring(policy: &RotationPolicy, certificate: &Certificate, now: OffsetDateTime) -> String {
+    if certificate.expired_at(now) {
+        return format!(
+            "already expired (notAfter {})",
+            format_time(certificate.not_after())
+        );
+    }
+    let at = format_time(due(policy, certificate));
+    match policy {
+        RotationPolicy::Fraction(f) => {
+            let percent = (f * 1000.0).round() / 10.0;
+            format!("expiring: past its refresh time {at} ({percent}% of its validity)")
+        }
+        RotationPolicy::Before(before) => {
+            let before = caretaker_pki::Ttl::from_duration(*before)
+                .map(|t| t.to_string())
+                .unwrap_or_else(|_| format!("{before:?}"));
+            format!("expiring: past its refresh time {at} ({before} before notAfter)")
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_never_print() {
+        let key = KeyPem::new("-----BEGIN PRIVATE KEY-----\nsecret\n".into());
+        assert_eq!(format!("{key:?}"), "KeyPem(<redacted>)");
+        let mut data = SecretData::default();
+        data.set(TLS_KEY, key.expose()).remove(NEXT_KEY);
+        let shown = format!("{data:?}");
+        assert!(!shown.contains("secret"), "{shown}");
+        assert_eq!(shown, r#"{"next.key": <removed>, "tls.key": <35 bytes>}"#);
+    }
+
+    #[test]
+    fn secret_data_applies_as_a_merge_patch() {
+        let mut data = SecretData::default();
+        data.set(TLS_CRT, "c").remove(NEXT_CRT);
+        let mut stored = BTreeMap::from([
+            (NEXT_CRT.to_string(), b"n".to_vec()),
+            ("other".to_string(), b"o".to_vec()),
+        ]);
+        data.apply_to(&mut stored);
+        assert_eq!(
+            stored,
+            BTreeMap::from([
+                (TLS_CRT.to_string(), b"c".to_vec()),
+                ("other".to_string(), b"o".to_vec()),
+            ])
+        );
+        assert_eq!(data.get(NEXT_CRT), Some(None));
+        assert_eq!(data.get(TLS_KEY), None);
+    }
+
+    #[test]
+    fn recorded_moments_round_up_to_the_second() {
+        use time::macros::datetime;
+        assert_eq!(
+            ceil_second(datetime!(2026-01-01 12:00:00.2 UTC)),
+            datetime!(2026-01-01 12:00:01 UTC)
+        );
+        assert_eq!(
+            ceil_second(datetime!(2026-01-01 12:00:00 UTC)),
+            datetime!(2026-01-01 12:00:00 UTC)
+        );
+    }
 }
