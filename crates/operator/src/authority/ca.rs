@@ -392,99 +392,99 @@ pub fn plan(
         None => recreate(seen, policy, now, mint, &mut events)?,
     };
 
-    // 1. A rotation starts: its CA is stored before anything publishes it.
-    if desired.next.is_none()
-        && let Some(current) = &desired.current
-        && let Some(reason) = rotation_reason(&desired, current, policy, now)
-    {
-        let next = mint.create_ca(&policy.ca)?;
-        events.push(Event::normal(
-            names::EVENT_SIGNER_UPDATE_REQUIRED,
-            format!(
-                "{} requires a new signing cert/key pair: {reason}; the new CA (serial {}) signs once trusted everywhere for {}",
-                seen.secret_name.quoted(),
-                next.certificate.serial(),
-                duration(prop)
-            ),
-        ));
-        desired.next = Some(next);
-    }
-    let mut dropped = retire(&mut desired, &seen.in_use, prop, now);
-    desired.annotations = annotations_of(desired.current.as_ref());
-    let published = desired.clone();
-    let bundle_published = bundle_configmap(&published, now);
+    // The writes so far (a Secret is always written before the bundle), and what the objects
+    // hold once they are in place.
+    let mut steps = Vec::new();
+    let mut secret_now = stored.cloned();
+    let mut bundle_now = seen.bundle.present().cloned();
+    let mut dropped = Vec::new();
+    // At most: a rotation's CA trusted and promoted, a promoted CA already due (after a long
+    // pause) rotated in turn, and that one promoted at once.
+    for _ in 0..3 {
+        // 1. A rotation starts: its CA is stored before anything publishes it.
+        if desired.next.is_none()
+            && let Some(current) = &desired.current
+            && let Some(reason) = rotation_reason(&desired, current, policy, now)
+        {
+            let next = mint.create_ca(&policy.ca)?;
+            events.push(Event::normal(
+                names::EVENT_SIGNER_UPDATE_REQUIRED,
+                format!(
+                    "{} requires a new signing cert/key pair: {reason}; the new CA (serial {}) signs once trusted everywhere for {}",
+                    seen.secret_name.quoted(),
+                    next.certificate.serial(),
+                    duration(prop)
+                ),
+            ));
+            desired.next = Some(next);
+        }
+        dropped.extend(retire(&mut desired, &seen.in_use, prop, now));
+        desired.annotations = annotations_of(desired.current.as_ref());
 
-    // 2 and 3. Once the writes so far are in place, the next CA is in the bundle ConfigMap;
-    // with it in every injection point too, it is trusted from now, and it signs once
-    // trusted for `trust_propagation`.
-    if let Some(next) = &desired.next {
+        // 2. The bundle is published, after the Secret that holds its CAs is stored. (What
+        // is stored here never claims more than is true: the moment a CA is trusted is only
+        // set below, once the bundle holding it is written.)
+        let published = bundle_configmap(&desired, now);
+        if bundle_now.as_ref() != Some(&published) {
+            if secret_now.as_ref() != Some(&desired) {
+                steps.push(AuthorityStep::WriteSecret(desired.clone()));
+                secret_now = Some(desired.clone());
+            }
+            steps.push(AuthorityStep::WriteBundle(published.clone()));
+            bundle_now = Some(published);
+        }
+
+        // 3. Once the writes so far are in place, the next CA is in the bundle ConfigMap;
+        // with it in every injection point too, it is trusted from now (recorded after the
+        // ConfigMap is written), and it signs once trusted for `trust_propagation`.
+        let Some(next) = &desired.next else { break };
         let injected = seen
             .injected
             .as_ref()
             .is_none_or(|trusted| trusted.contains(next.fingerprint()));
-        let in_bundle = bundle_published
-            .certificates
-            .iter()
-            .any(|c| c.fingerprint() == next.fingerprint());
+        let in_bundle = bundle_now.as_ref().is_some_and(|b| {
+            b.certificates
+                .iter()
+                .any(|c| c.fingerprint() == next.fingerprint())
+        });
         if desired.next_trusted_at.is_none() && injected && in_bundle {
             desired.next_trusted_at = Some(ceil_second(now));
         }
-        if let Some(trusted_at) = desired.next_trusted_at
-            && later(trusted_at, prop) <= now
-        {
-            let next = desired.next.take().expect("checked above");
-            let replaced = desired.current.replace(next.clone());
-            desired.next_trusted_at = None;
-            let stays = match replaced {
-                Some(old) => {
-                    let note = format!(
-                        "; CA serial {} stays trusted while certificates it signed remain",
-                        old.certificate.serial()
-                    );
-                    desired.previous.push(old.certificate);
-                    note
-                }
-                None => String::new(),
-            };
-            events.push(Event::normal(
-                names::EVENT_SIGNER_PROMOTED,
-                format!(
-                    "CA serial {} (notAfter {}) signs from now on, trusted everywhere since {}{stays}",
-                    next.certificate.serial(),
-                    format_time(next.certificate.not_after()),
-                    format_time(trusted_at)
-                ),
-            ));
-            dropped.extend(retire(&mut desired, &seen.in_use, prop, now));
-            desired.annotations = annotations_of(desired.current.as_ref());
-        }
+        let Some(trusted_at) = desired.next_trusted_at.filter(|t| later(*t, prop) <= now) else {
+            break;
+        };
+        let next = desired.next.take().expect("checked above");
+        let replaced = desired.current.replace(next.clone());
+        desired.next_trusted_at = None;
+        let stays = match replaced {
+            Some(old) => {
+                let note = format!(
+                    "; CA serial {} stays trusted while certificates it signed remain",
+                    old.certificate.serial()
+                );
+                desired.previous.push(old.certificate);
+                note
+            }
+            None => String::new(),
+        };
+        events.push(Event::normal(
+            names::EVENT_SIGNER_PROMOTED,
+            format!(
+                "CA serial {} (notAfter {}) signs from now on, trusted everywhere since {}{stays}",
+                next.certificate.serial(),
+                format_time(next.certificate.not_after()),
+                format_time(trusted_at)
+            ),
+        ));
+        // The promoted CA's own annotations: a rotation it needs comes from its dates.
+        desired.annotations = annotations_of(desired.current.as_ref());
     }
-    let bundle_final = bundle_configmap(&desired, now);
-
-    // The writes: a CA is stored before it is published, and the moment it is trusted is
-    // recorded only after the ConfigMap holding it is written.
-    let mut steps = Vec::new();
-    let mut secret_now = stored.cloned();
-    let mut bundle_now = seen.bundle.present().cloned();
-    if bundle_now.as_ref() != Some(&bundle_published) {
-        let stored_cas: BTreeSet<&str> = secret_now
-            .iter()
-            .flat_map(|s| s.certificates().map(Certificate::fingerprint))
-            .collect();
-        let unstored = bundle_published
-            .certificates
-            .iter()
-            .any(|c| !stored_cas.contains(c.fingerprint()));
-        if unstored && secret_now.as_ref() != Some(&published) {
-            steps.push(AuthorityStep::WriteSecret(published.clone()));
-            secret_now = Some(published);
-        }
-        steps.push(AuthorityStep::WriteBundle(bundle_published.clone()));
-        bundle_now = Some(bundle_published);
-    }
+    dropped.extend(retire(&mut desired, &seen.in_use, prop, now));
+    desired.annotations = annotations_of(desired.current.as_ref());
     if secret_now.as_ref() != Some(&desired) {
         steps.push(AuthorityStep::WriteSecret(desired.clone()));
     }
+    let bundle_final = bundle_configmap(&desired, now);
     if bundle_now.as_ref() != Some(&bundle_final) {
         steps.push(AuthorityStep::WriteBundle(bundle_final.clone()));
     }

@@ -197,7 +197,8 @@ pub struct LeafPlan {
     pub events: Vec<Event>,
     pub status: CertificateStatus,
     /// When the certificate falls due (or, when issuing again would not help before its
-    /// issuer rotates, when it expires); `None`: only a change matters.
+    /// issuer rotates, when it expires), or a CA of its bundle expires, whichever is first;
+    /// `None`: only a change matters.
     pub wake_at: Option<OffsetDateTime>,
 }
 
@@ -210,6 +211,29 @@ impl LeafPlan {
 /// Decides a pass over an IssuedCertificate at `now`. `mint` is asked for a certificate only
 /// when one must be issued and `issuer` can sign.
 pub fn plan(
+    seen: &LeafObserved,
+    policy: &CertificatePolicy,
+    issuer: &IssuerView,
+    now: OffsetDateTime,
+    mint: &dyn Mint,
+) -> Result<LeafPlan, PkiError> {
+    let mut plan = pass(seen, policy, issuer, now, mint)?;
+    // `ca.crt` follows the bundle, which loses a CA the moment it expires.
+    let bundle_changes = issuer
+        .bundle
+        .iter()
+        .flat_map(|b| b.certificates())
+        .map(|c| c.not_after() + time::Duration::SECOND);
+    plan.wake_at = plan
+        .wake_at
+        .into_iter()
+        .chain(bundle_changes)
+        .filter(|t| *t > now)
+        .min();
+    Ok(plan)
+}
+
+fn pass(
     seen: &LeafObserved,
     policy: &CertificatePolicy,
     issuer: &IssuerView,
@@ -338,7 +362,7 @@ fn issue(
             not_after: Some(certificate.not_after()),
             next_rotation: Some(due_at),
         },
-        wake_at: Some(due_at.max(now)),
+        wake_at: Some(due_at),
     })
 }
 

@@ -432,7 +432,8 @@ impl TlsAnnotations {
             };
             match parse_time(Some(found)) {
                 None => return Some(format!("bad expiry: {found:?}")),
-                Some(t) if t != actual => {
+                // Certificates hold whole seconds, and so do the annotations.
+                Some(t) if format_time(t) != format_time(actual) => {
                     return Some(format!(
                         "{name} annotation {found:?} does not say what the certificate says ({})",
                         format_time(actual)

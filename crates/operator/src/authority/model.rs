@@ -60,8 +60,10 @@ impl Model {
         self.now.set(now);
     }
 
+    /// The clock, in whole seconds as pki stamps certificates.
     pub fn now(&self) -> OffsetDateTime {
-        self.now.get()
+        let now = self.now.get();
+        now.replace_nanosecond(0).unwrap_or(now)
     }
 
     fn next_serial(&self) -> u64 {

@@ -364,12 +364,10 @@ fn an_older_ca_stays_while_a_certificate_it_signed_remains_and_for_the_propagati
     assert_settled(&seen, &policy, t + DAY);
     assert!(decide(&seen, &policy, &model, t + DAY + 299).writes_nothing());
 
-    // Dropped from what is published first, then from what is stored: a pass cut short
-    // between the two finds it still stored, unused long enough, and drops it again.
     let gone = decide(&seen, &policy, &model, t + DAY + 300);
     let [
-        AuthorityStep::WriteBundle(published),
         AuthorityStep::WriteSecret(pruned),
+        AuthorityStep::WriteBundle(published),
     ] = gone.steps.as_slice()
     else {
         panic!("{:?}", gone.steps)
@@ -905,4 +903,53 @@ fn a_ca_expired_before_its_successor_is_trusted_signs_nothing() {
     let status = plan(&seen, &policy, at(expiry + 2), &NoMint).unwrap();
     assert_eq!(status.status.ready.reason, names::REASON_EXPIRED);
     assert!(status.issuer.signer.is_err());
+}
+
+#[test]
+fn after_a_long_pause_a_trusted_next_ca_is_promoted_and_if_due_rotated_in_the_same_pass() {
+    let (policy, model) = (policy(), Model::new(at(0)));
+    let mut seen = started(&policy, &model);
+    let old = secret(&seen).current.clone().unwrap();
+    let first_due = due_of(&seen, &policy);
+    let rotation = decide(&seen, &policy, &model, first_due);
+    apply(&mut seen, &rotation);
+    let next = secret(&seen).next.clone().unwrap();
+    assert!(secret(&seen).next_trusted_at.is_some());
+    // The operator (or the Secret, tampered with) was away until the next CA is itself due.
+    let next_due = (due(&policy.rotation, &next.certificate) - at(0)).whole_seconds();
+    seen.injected = Some(BTreeSet::from([next.fingerprint().to_string()]));
+    let back = decide(&seen, &policy, &model, next_due + 60);
+    let secrets: Vec<&CaSecret> = back
+        .steps
+        .iter()
+        .filter_map(|s| match s {
+            AuthorityStep::WriteSecret(s) => Some(s),
+            AuthorityStep::WriteBundle(_) => None,
+        })
+        .collect();
+    let last = secrets.last().unwrap();
+    assert_eq!(last.current, Some(next.clone()), "promoted");
+    let newest = last.next.clone().expect("and rotated at once");
+    assert!(
+        !last.previous.contains(&old.certificate),
+        "the expired CA is gone"
+    );
+    assert_eq!(
+        last.next_trusted_at, None,
+        "the newest CA is not in the injection point yet"
+    );
+    let published = back
+        .steps
+        .iter()
+        .rev()
+        .find_map(|s| match s {
+            AuthorityStep::WriteBundle(b) => Some(b),
+            AuthorityStep::WriteSecret(_) => None,
+        })
+        .unwrap();
+    assert!(published.certificates.contains(&newest.certificate));
+    assert_eq!(back.issuer.signer, Ok(next));
+    assert_eq!(model.log.borrow().len(), 3);
+    apply(&mut seen, &back);
+    assert_settled(&seen, &policy, next_due + 60);
 }

@@ -440,7 +440,11 @@ fn a_needed_certificate_waits_while_nothing_signs() {
         assert!(due.status.ready.status, "still usable");
         assert!(due.status.ready.message.contains("nothing signs"));
         assert_eq!(due.status.degraded.status, degraded);
-        assert_eq!(due.wake_at, None);
+        assert_eq!(
+            due.wake_at,
+            Some(ca.certificate.not_after() + time::Duration::SECOND),
+            "only when its bundle changes by itself"
+        );
         // No certificate at all: not ready.
         let none = plan(&absent(), &policy(), &no_signer, at(due_at), &NoMint).unwrap();
         assert!(none.steps.is_empty());
