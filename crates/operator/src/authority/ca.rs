@@ -235,6 +235,11 @@ pub struct AuthorityObserved {
     /// [`super::leaf::LeafSecret::issuer`]). It must come from a complete view of them (a
     /// synced cache): a CA missing here is taken for unused.
     pub in_use: BTreeSet<String>,
+    /// Some IssuedCertificate naming this CA has no readable certificate in its Secret (it
+    /// was deleted, say, and waits for a CA that signs). What its workload still serves is
+    /// then unknown, so no CA starts counting as unused until every one has a certificate
+    /// again (CAs already counting go on).
+    pub certificates_missing: bool,
     /// The last CA this process saw valid in the CA Secret, if any: it keeps signing while
     /// the Secret is invalid.
     pub last_good: Option<CaKeyPair>,
@@ -418,7 +423,7 @@ pub fn plan(
             ));
             desired.next = Some(next);
         }
-        dropped.extend(retire(&mut desired, &seen.in_use, prop, now));
+        dropped.extend(retire(&mut desired, seen, prop, now));
         desired.annotations = annotations_of(desired.current.as_ref());
 
         // 2. The bundle is published, after the Secret that holds its CAs is stored. (What
@@ -479,7 +484,7 @@ pub fn plan(
         // The promoted CA's own annotations: a rotation it needs comes from its dates.
         desired.annotations = annotations_of(desired.current.as_ref());
     }
-    dropped.extend(retire(&mut desired, &seen.in_use, prop, now));
+    dropped.extend(retire(&mut desired, seen, prop, now));
     desired.annotations = annotations_of(desired.current.as_ref());
     if secret_now.as_ref() != Some(&desired) {
         steps.push(AuthorityStep::WriteSecret(desired.clone()));
@@ -587,10 +592,11 @@ fn rotation_reason(
 /// dropped, and why.
 fn retire(
     secret: &mut CaSecret,
-    in_use: &BTreeSet<String>,
+    observed: &AuthorityObserved,
     prop: Duration,
     now: OffsetDateTime,
 ) -> Vec<(Certificate, String)> {
+    let in_use = &observed.in_use;
     let mut seen: BTreeSet<String> = secret
         .current
         .iter()
@@ -613,10 +619,17 @@ fn retire(
             kept.push(certificate);
             continue;
         }
-        let since = *secret
-            .unused_since
-            .entry(fingerprint)
-            .or_insert_with(|| ceil_second(now));
+        let since = match secret.unused_since.get(&fingerprint) {
+            Some(since) => *since,
+            None if observed.certificates_missing => {
+                kept.push(certificate);
+                continue;
+            }
+            None => *secret
+                .unused_since
+                .entry(fingerprint)
+                .or_insert_with(|| ceil_second(now)),
+        };
         if later(since, prop) <= now {
             let why = format!(
                 "no managed certificate signed by it since {}",

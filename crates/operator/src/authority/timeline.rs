@@ -6,7 +6,10 @@
 //! jumps from one wake-up to the next. Checked throughout:
 //!
 //! - trust is never broken: after every single write, the bundle ConfigMap and the injection
-//!   point hold the issuer of every certificate valid at that moment;
+//!   point hold the issuer of every certificate valid at that moment, both those in the
+//!   Secrets and those still served (a workload takes up a new certificate within half of
+//!   `trust_propagation`: that wait covers servers reloading as well as clients' bundles; with
+//!   no propagation time there is no such promise);
 //! - trust before sign: a CA signs a certificate only once it has been in the ConfigMap and
 //!   the injection point for `trust_propagation` (the very first CA, made when nothing was
 //!   trusted, excepted);
@@ -51,8 +54,9 @@ enum Disturbance {
     DeleteBundle,
     /// The operator restarts: what it held in memory (the last good CA) is gone.
     Restart,
-    /// The operator stops after this many writes of its next CA pass (and restarts).
-    CutShort(usize),
+    /// The operator stops after this many writes of its next CA pass, and starts again this
+    /// many seconds later.
+    CutShort(usize, i64),
     /// A person removes one of library-go's annotations of a certificate Secret.
     RemoveLeafAnnotation(usize, usize),
     DeleteLeafKey(usize),
@@ -83,7 +87,8 @@ fn disturbance() -> impl Strategy<Value = Disturbance> {
         Just(Disturbance::RemoveCaNotAfter),
         Just(Disturbance::DeleteBundle),
         Just(Disturbance::Restart),
-        (1usize..3).prop_map(Disturbance::CutShort),
+        (1usize..3, prop_oneof![Just(0i64), 1i64..=6 * 3600])
+            .prop_map(|(k, down)| Disturbance::CutShort(k, down)),
         (0usize..3, 0usize..4).prop_map(|(i, a)| Disturbance::RemoveLeafAnnotation(i, a)),
         (0usize..3).prop_map(Disturbance::DeleteLeafKey),
         (0usize..3).prop_map(Disturbance::DeleteLeafSecret),
@@ -177,9 +182,14 @@ struct World {
     injector_due: Option<OffsetDateTime>,
     /// Each certificate Secret, its `issuer` the CA that really signed it.
     leaves: Vec<LeafSecretState>,
+    /// The certificate each workload serves (and its issuer), and the one it takes up next.
+    served: Vec<Option<(Certificate, String)>>,
+    reloads: Vec<Option<(OffsetDateTime, Certificate, String)>>,
     last_good: Option<CaKeyPair>,
     reported_degraded: Option<String>,
-    cut_short: Option<usize>,
+    cut_short: Option<(usize, i64)>,
+    /// The operator is stopped until then.
+    down_until: Option<OffsetDateTime>,
     // What the checks need to remember.
     published: BTreeSet<String>,
     injected_ever: BTreeSet<String>,
@@ -222,9 +232,12 @@ impl World {
             injected: scenario.injection_lag.map(|_| BTreeSet::new()),
             injector_due: None,
             leaves: vec![LeafSecretState::Absent; scenario.leaves],
+            served: vec![None; scenario.leaves],
+            reloads: vec![None; scenario.leaves],
             last_good: None,
             reported_degraded: None,
             cut_short: None,
+            down_until: None,
             published: BTreeSet::new(),
             injected_ever: BTreeSet::new(),
             trusted_since: BTreeMap::new(),
@@ -260,16 +273,19 @@ impl World {
             },
             injected: self.injected.clone(),
             in_use: BTreeSet::new(),
+            certificates_missing: false,
             last_good: self.last_good.clone(),
             reported_degraded: self.reported_degraded.clone(),
         };
         let issuer = IssuerView::observed(&seen, self.now);
-        seen.in_use = (0..self.leaves.len())
-            .filter_map(|i| match self.leaf_observed(i, &issuer).secret {
-                LeafSecretState::Present(s) if s.certificate.is_ok() => s.issuer,
-                _ => None,
-            })
-            .collect();
+        for i in 0..self.leaves.len() {
+            match self.leaf_observed(i, &issuer).secret {
+                LeafSecretState::Present(s) if s.certificate.is_ok() => {
+                    seen.in_use.extend(s.issuer)
+                }
+                _ => seen.certificates_missing = true,
+            }
+        }
         seen
     }
 
@@ -302,10 +318,17 @@ impl World {
     /// Trust is never broken: the published bundle and the injection point hold the issuer of
     /// every certificate valid now (a first CA excepted until it is first published there).
     fn check_trust(&self, after: &str) -> Result<(), TestCaseError> {
-        for i in 0..self.leaves.len() {
-            let Some((certificate, signer)) = self.true_issuer(i) else {
-                continue;
-            };
+        let stored =
+            (0..self.leaves.len()).filter_map(|i| self.true_issuer(i).map(|(c, s)| (i, c, s)));
+        // With no propagation time at all, no workload can be waited for.
+        let waits = !self.policy.trust_propagation.is_zero();
+        let served = self
+            .served
+            .iter()
+            .enumerate()
+            .filter(|_| waits)
+            .filter_map(|(i, s)| s.as_ref().map(|(c, s)| (i, c, s.as_str())));
+        for (i, certificate, signer) in stored.chain(served) {
             if !certificate.info().is_valid_at(self.now) {
                 continue;
             }
@@ -345,6 +368,22 @@ impl World {
                 self.trusted_since.entry(fp).or_insert(self.now);
             }
         }
+    }
+
+    /// Workloads take up the certificates written `reload` ago.
+    fn run_reloads(&mut self) {
+        for i in 0..self.leaves.len() {
+            if let Some((due, certificate, signer)) = self.reloads[i].clone()
+                && due <= self.now
+            {
+                self.served[i] = Some((certificate, signer));
+                self.reloads[i] = None;
+            }
+        }
+    }
+
+    fn reload_lag(&self) -> time::Duration {
+        time::Duration::seconds(self.policy.trust_propagation.as_secs() as i64 / 2)
     }
 
     fn run_injector(&mut self) {
@@ -452,15 +491,16 @@ impl World {
         if matches!(self.secret, Stored::Tampered(_)) {
             prop_assert!(plan.steps.is_empty(), "wrote over a tampered CA Secret");
         }
-        let cut = self.cut_short.filter(|k| *k < plan.steps.len());
-        let writes = cut.unwrap_or(plan.steps.len());
+        let cut = self.cut_short.filter(|(k, _)| *k < plan.steps.len());
+        let writes = cut.map_or(plan.steps.len(), |(k, _)| k);
         for step in &plan.steps[..writes] {
             self.write_ca(step)?;
         }
-        if cut.is_some() {
-            // Stopped between two writes, and started again.
+        if let Some((_, down)) = cut {
+            // Stopped between two writes; it starts again, with nothing in memory, later.
             self.cut_short = None;
             self.last_good = None;
+            self.down_until = Some(self.now + time::Duration::seconds(down));
             return Ok(writes > 0);
         }
         self.reported_degraded = plan
@@ -495,6 +535,15 @@ impl World {
         for step in &plan.steps {
             if let CertificateStep::Issue(issued) = step {
                 self.issued += 1;
+                let taken_up = (issued.leaf.certificate.clone(), issued.issuer.clone());
+                match self.served[i] {
+                    // A workload starting with it.
+                    None => self.served[i] = Some(taken_up),
+                    Some(_) => {
+                        let at = self.now + self.reload_lag();
+                        self.reloads[i] = Some((at, taken_up.0, taken_up.1));
+                    }
+                }
                 let signer = &issued.issuer;
                 if !self.first.contains(signer) {
                     let since = self.trusted_since.get(signer).copied();
@@ -528,6 +577,10 @@ impl World {
         self.mint.set_now(self.now);
         for _ in 0..8 {
             self.run_injector();
+            self.run_reloads();
+            if self.down_until.is_some_and(|t| t > self.now) {
+                return Ok(());
+            }
             let mut wrote = self.ca_pass()?;
             for i in 0..self.leaves.len() {
                 wrote |= self.leaf_pass(i)?;
@@ -545,8 +598,13 @@ impl World {
         let plan = ca::plan(&seen, &self.policy, self.now, &NoMint)
             .map_err(|e| fail("the CA's wake-up", e))?;
         let issuer = IssuerView::observed(&seen, self.now);
-        let mut wakes: Vec<OffsetDateTime> =
-            plan.wake_at.into_iter().chain(self.injector_due).collect();
+        let reloads = self.reloads.iter().flatten().map(|(at, _, _)| *at);
+        let mut wakes: Vec<OffsetDateTime> = plan
+            .wake_at
+            .into_iter()
+            .chain(self.injector_due)
+            .chain(reloads)
+            .collect();
         for i in 0..self.leaves.len() {
             let seen = self.leaf_observed(i, &issuer);
             let plan = leaf::plan(&seen, &self.leaf_policies[i], &issuer, self.now, &NoMint)
@@ -605,7 +663,7 @@ impl World {
                 }
             }
             Disturbance::Restart => self.last_good = None,
-            Disturbance::CutShort(k) => self.cut_short = Some(k),
+            Disturbance::CutShort(k, down) => self.cut_short = Some((k, down)),
             Disturbance::RemoveLeafAnnotation(i, which) => {
                 if let LeafSecretState::Present(s) = &mut self.leaves[i % n] {
                     let a = &mut s.annotations;
@@ -691,7 +749,20 @@ fn run(scenario: Scenario) -> Result<(), TestCaseError> {
         if world.now >= end {
             break;
         }
-        let wake = world.next_wake()?;
+        let down = world.down_until.filter(|t| *t > world.now);
+        let wake = match down {
+            // Stopped: only the injector and the workloads go on.
+            Some(up) => world
+                .reloads
+                .iter()
+                .flatten()
+                .map(|(at, _, _)| *at)
+                .chain(world.injector_due)
+                .chain([up])
+                .filter(|t| *t > world.now)
+                .min(),
+            None => world.next_wake()?,
+        };
         let next = wake
             .into_iter()
             .chain(pending.peek().map(|(t, _)| at(*t)))
@@ -700,7 +771,9 @@ fn run(scenario: Scenario) -> Result<(), TestCaseError> {
             .min()
             .unwrap();
         // Timers are exact: nothing is due before the earliest wake-up.
-        if let Some(wake) = wake {
+        if let Some(wake) = wake
+            && down.is_none()
+        {
             for t in [
                 world.now + time::Duration::SECOND,
                 wake - time::Duration::SECOND,
@@ -746,7 +819,7 @@ fn run(scenario: Scenario) -> Result<(), TestCaseError> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(64))]
+    #![proptest_config(ProptestConfig::with_cases(128))]
 
     #[test]
     fn trust_is_never_broken_over_timelines_with_disturbances(scenario in scenario()) {

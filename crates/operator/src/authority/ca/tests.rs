@@ -34,6 +34,7 @@ fn nothing() -> AuthorityObserved {
         bundle: BundleState::Absent,
         injected: None,
         in_use: BTreeSet::new(),
+        certificates_missing: false,
         last_good: None,
         reported_degraded: None,
     }
@@ -301,6 +302,13 @@ fn with_no_injection_point_and_no_propagation_a_rotation_takes_one_pass() {
         .collect();
     // Stored, published, and only then trusted and promoted; the bundle's annotations follow.
     assert_eq!(kinds, ["store next", "publish", "promote", "publish"]);
+    let AuthorityStep::WriteSecret(stored) = &rotation.steps[0] else {
+        unreachable!()
+    };
+    assert_eq!(
+        stored.next_trusted_at, None,
+        "the moment of trust is written only after the bundle"
+    );
     apply(&mut seen, &rotation);
     assert_settled(&seen, &policy, due);
     assert_ne!(secret(&seen).current, Some(old.clone()));
@@ -952,4 +960,34 @@ fn after_a_long_pause_a_trusted_next_ca_is_promoted_and_if_due_rotated_in_the_sa
     assert_eq!(model.log.borrow().len(), 3);
     apply(&mut seen, &back);
     assert_settled(&seen, &policy, next_due + 60);
+}
+
+#[test]
+fn while_a_certificate_is_missing_no_older_ca_starts_counting_as_unused() {
+    let (policy, model) = (policy(), Model::new(at(0)));
+    let (mut seen, old, t) = rotated(&policy, &model);
+    // The one certificate's Secret is gone: its workload may still serve what the old CA
+    // signed, until a new certificate is issued and taken up.
+    seen.in_use.clear();
+    seen.certificates_missing = true;
+    let waiting = decide(&seen, &policy, &model, t + DAY);
+    assert!(waiting.writes_nothing(), "{:?}", waiting.steps);
+    assert!(decide(&seen, &policy, &model, t + 2 * DAY).writes_nothing());
+    // Issued again: from then on it counts.
+    seen.certificates_missing = false;
+    let counting = decide(&seen, &policy, &model, t + 2 * DAY);
+    let [AuthorityStep::WriteSecret(recorded)] = counting.steps.as_slice() else {
+        panic!("{:?}", counting.steps)
+    };
+    assert_eq!(
+        recorded.unused_since.get(old.fingerprint()),
+        Some(&at(t + 2 * DAY))
+    );
+    // A CA already counting goes on while a certificate goes missing.
+    apply(&mut seen, &counting);
+    seen.certificates_missing = true;
+    let gone = decide(&seen, &policy, &model, t + 2 * DAY + 300);
+    assert!(
+        matches!(gone.steps.as_slice(), [AuthorityStep::WriteSecret(s), _] if s.previous.is_empty())
+    );
 }
