@@ -20,13 +20,42 @@
 //!   written; the glue writes them one after the other and stops at the first failure (the
 //!   next pass starts again from what is stored). Each step renders itself as Secret `data`
 //!   ([`SecretData`]) or ConfigMap `data`, plus [`AnnotationChanges`]; both are merge
-//!   patches: keys not named are left alone.
+//!   patches: keys not named are left alone. The CA Secret is always written before the
+//!   bundle ConfigMap (a CA is stored before anything publishes it), and the moment a next CA
+//!   is trusted is written only in a Secret write that follows the ConfigMap write holding
+//!   it; so a pass cut short anywhere leaves nothing that claims more than is true.
 //!
 //! A plan brings the objects to the state the observations and `now` call for in one pass:
 //! deciding again on what its writes produce writes nothing. What is left is only what waits
 //! for time ([`ca::CaPlan::wake_at`], [`leaf::LeafPlan::wake_at`]: exact moments, nothing
 //! periodic) or for someone else (the injection points taking up a new bundle, a person fixing
 //! a Secret).
+//!
+//! # For the glue
+//!
+//! ```text
+//! // A CertificateAuthority (woken by its objects, its injection points, its certificates'
+//! // Secrets, and at plan.wake_at):
+//! seen = AuthorityObserved {
+//!     secret: CaSecretState::observe(ca secret's (data, annotations)),
+//!     bundle: BundleState::observe(bundle configmap's (data, annotations)),
+//!     injected: fingerprints every injection point naming the CA holds (None if none does),
+//!     in_use / certificates_missing: from LeafSecretState::observe of every IssuedCertificate
+//!         naming it, with IssuerView::observed(&seen, now)'s bundle and signer as candidates,
+//!     last_good: the last CaSecretState::Valid current this process saw,
+//!     reported_degraded: the Degraded condition's message in its status, ..
+//! }
+//! plan = ca::plan(&seen, &policy, now, &PkiMint)?
+//! for step in plan.steps: write it (WriteSecret: type kubernetes.io/tls, data(),
+//!     annotation_changes(); WriteBundle: data(), annotation_changes()); stop at a failure
+//! publish plan.events on the CertificateAuthority; write plan.status; requeue at plan.wake_at
+//!
+//! // An IssuedCertificate (woken by its Secret, its CA's objects, and at plan.wake_at):
+//! issuer = IssuerView::observed(&its CA's AuthorityObserved, now)
+//! seen = LeafObserved { secret: LeafSecretState::observe(.., serving, candidates), .. }
+//! plan = leaf::plan(&seen, &policy, &issuer, now, &PkiMint)?
+//! at most one step: write data() and annotation_changes(); events, status, wake_at as above
+//! ```
 //!
 //! # Storage
 //!
@@ -49,8 +78,11 @@
 //! - annotation `caretaker.dev/unused-since` ([`names::authority_state::UNUSED_SINCE`]): for
 //!   each older CA that no managed certificate is signed by any more, since when
 //!   (`<SHA-256 fingerprint>=<RFC 3339>`, comma separated). It leaves the bundle once
-//!   `trust_propagation` has passed since, or when it expires, whichever comes first; a
-//!   certificate signed by it seen again clears its entry.
+//!   `trust_propagation` has passed since (time for workloads to take up their new
+//!   certificates), or when it expires, whichever comes first; a certificate signed by it seen
+//!   again clears its entry. While some managed certificate is missing altogether (its
+//!   Secret deleted, say), what its workload still serves is unknown, and no CA starts
+//!   counting.
 //! - library-go's annotations (below) describe `tls.crt`. Removing `certificate-not-after` or
 //!   `certificate-not-before`, or editing either so that it no longer says what the
 //!   certificate says, starts a rotation at once (library-go's forced rotation); the new CA

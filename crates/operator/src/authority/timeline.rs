@@ -41,7 +41,8 @@ const DAY: i64 = 86_400;
 /// Something that happens to the objects besides the controllers.
 #[derive(Debug, Clone, PartialEq)]
 enum Disturbance {
-    /// A person deletes the CA Secret.
+    /// A person deletes the CA Secret (only while the bundle ConfigMap exists: see
+    /// `DeleteBundle`).
     DeleteCaSecret,
     /// A person spoils the CA Secret (caretaker sees it invalid)...
     TamperCaSecret,
@@ -641,7 +642,11 @@ impl World {
     fn disturb(&mut self, d: &Disturbance) {
         let n = self.leaves.len();
         match d.clone() {
-            Disturbance::DeleteCaSecret => self.secret = Stored::Absent,
+            Disturbance::DeleteCaSecret => {
+                if self.bundle.is_some() {
+                    self.secret = Stored::Absent;
+                }
+            }
             Disturbance::TamperCaSecret => {
                 if let Stored::Valid(s) = &self.secret {
                     self.secret = Stored::Tampered(s.clone());
