@@ -452,10 +452,17 @@ pub fn plan(
                 .iter()
                 .any(|c| c.fingerprint() == next.fingerprint())
         });
-        if desired.next_trusted_at.is_none() && injected && in_bundle {
-            desired.next_trusted_at = Some(ceil_second(now));
-        }
-        let Some(trusted_at) = desired.next_trusted_at.filter(|t| later(*t, prop) <= now) else {
+        // Stored rounded up to the second; the wait counts from the exact moment in this
+        // pass, and from the stored one after.
+        let trusted_at = match desired.next_trusted_at {
+            Some(stored) => Some(stored),
+            None if injected && in_bundle => {
+                desired.next_trusted_at = Some(ceil_second(now));
+                Some(now)
+            }
+            None => None,
+        };
+        let Some(trusted_at) = trusted_at.filter(|t| later(*t, prop) <= now) else {
             break;
         };
         let next = desired.next.take().expect("checked above");
@@ -619,16 +626,18 @@ fn retire(
             kept.push(certificate);
             continue;
         }
+        // Stored rounded up to the second; the wait counts from the exact moment in this
+        // pass, and from the stored one after.
         let since = match secret.unused_since.get(&fingerprint) {
             Some(since) => *since,
             None if observed.certificates_missing => {
                 kept.push(certificate);
                 continue;
             }
-            None => *secret
-                .unused_since
-                .entry(fingerprint)
-                .or_insert_with(|| ceil_second(now)),
+            None => {
+                secret.unused_since.insert(fingerprint, ceil_second(now));
+                now
+            }
         };
         if later(since, prop) <= now {
             let why = format!(

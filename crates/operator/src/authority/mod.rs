@@ -669,4 +669,185 @@ pub(crate) mod tests {
             datetime!(2026-01-01 12:00:00 UTC)
         );
     }
+    /// A Secret's `data` and annotations.
+    type Secret = (BTreeMap<String, Vec<u8>>, BTreeMap<String, String>);
+    /// A ConfigMap's `data` and annotations.
+    type ConfigMap = (BTreeMap<String, String>, BTreeMap<String, String>);
+
+    /// Objects as the API server holds them.
+    #[derive(Default)]
+    struct Objects {
+        ca: Option<Secret>,
+        bundle: Option<ConfigMap>,
+        leaf: Option<Secret>,
+    }
+
+    impl Objects {
+        fn secret(o: &Option<Secret>) -> Option<SecretContent<'_>> {
+            o.as_ref().map(|(d, a)| (d, a))
+        }
+
+        fn authority(&self, last_good: Option<CaKeyPair>) -> ca::AuthorityObserved {
+            let mut seen = ca::AuthorityObserved {
+                secret_name: ObjectName::new("caretaker-system", "webhooks-ca"),
+                bundle_name: ObjectName::new("caretaker-system", "webhooks-ca-bundle"),
+                secret: ca::CaSecretState::observe(Self::secret(&self.ca)),
+                bundle: bundle::BundleState::observe(self.bundle.as_ref().map(|(d, a)| (d, a))),
+                injected: None,
+                in_use: BTreeSet::new(),
+                certificates_missing: false,
+                last_good,
+                reported_degraded: None,
+            };
+            match self.certificate(&ca::IssuerView::observed(&seen, OffsetDateTime::now_utc())) {
+                leaf::LeafSecretState::Present(s) if s.certificate.is_ok() => {
+                    seen.in_use.extend(s.issuer)
+                }
+                _ => seen.certificates_missing = true,
+            }
+            seen
+        }
+
+        fn certificate(&self, issuer: &ca::IssuerView) -> leaf::LeafSecretState {
+            let candidates = issuer
+                .bundle
+                .iter()
+                .flat_map(|b| b.certificates())
+                .chain(issuer.signer.as_ref().ok().map(|s| &s.certificate));
+            leaf::LeafSecretState::observe(Self::secret(&self.leaf), true, candidates)
+        }
+
+        /// One pass of both controllers, as the glue runs them; the events they publish.
+        fn pass(
+            &mut self,
+            policy: &AuthorityPolicy,
+            certificate: &CertificatePolicy,
+        ) -> Vec<String> {
+            let now = OffsetDateTime::now_utc();
+            let seen = self.authority(None);
+            let plan = ca::plan(&seen, policy, now, &PkiMint).unwrap();
+            for step in &plan.steps {
+                match step {
+                    ca::AuthorityStep::WriteSecret(s) => {
+                        let (data, annotations) = self.ca.get_or_insert_default();
+                        s.data().apply_to(data);
+                        s.annotation_changes().apply_to(annotations);
+                    }
+                    ca::AuthorityStep::WriteBundle(b) => {
+                        let (data, annotations) = self.bundle.get_or_insert_default();
+                        data.extend(b.data().into_iter().map(|(k, v)| (k.to_string(), v)));
+                        b.annotation_changes().apply_to(annotations);
+                    }
+                }
+            }
+            let issuer = ca::IssuerView::observed(&self.authority(None), now);
+            let seen = leaf::LeafObserved {
+                secret_name: ObjectName::new("demo", "web-tls"),
+                secret: self.certificate(&issuer),
+            };
+            let leaf_plan = leaf::plan(&seen, certificate, &issuer, now, &PkiMint).unwrap();
+            for step in &leaf_plan.steps {
+                let (data, annotations) = self.leaf.get_or_insert_default();
+                step.data().apply_to(data);
+                step.annotation_changes().apply_to(annotations);
+            }
+            plan.events
+                .iter()
+                .chain(&leaf_plan.events)
+                .map(|e| e.reason.to_string())
+                .collect()
+        }
+
+        fn bundle_text(&self) -> &str {
+            &self.bundle.as_ref().unwrap().0[CA_BUNDLE_CRT]
+        }
+    }
+
+    /// The whole way on real certificates, through Secret and ConfigMap data as the glue will
+    /// read and write it: a first CA and certificate, a rotation forced by removing
+    /// `certificate-not-after` (no propagation time, no injection point), the certificate
+    /// issued again by the new CA, the old CA leaving the bundle, then nothing more to do.
+    #[test]
+    fn real_certificates_through_secret_data_from_first_start_to_a_forced_rotation() {
+        let policy = AuthorityPolicy {
+            ca: CaSpec::new("webhooks-ca"),
+            rotation: RotationPolicy::fraction(0.8).unwrap(),
+            trust_propagation: Duration::ZERO,
+        };
+        let certificate = CertificatePolicy {
+            leaf: LeafSpec::new("web.demo.svc", Usage::Server).with_dns_names(["web.demo.svc"]),
+            rotation: RotationPolicy::fraction(0.8).unwrap(),
+        };
+        let mut objects = Objects::default();
+        assert_eq!(
+            objects.pass(&policy, &certificate),
+            [
+                names::EVENT_SIGNER_UPDATE_REQUIRED,
+                names::EVENT_CA_BUNDLE_UPDATE_REQUIRED,
+                names::EVENT_TARGET_UPDATE_REQUIRED
+            ]
+        );
+        let first = objects.bundle_text().to_string();
+        let leaf_data = objects.leaf.as_ref().unwrap().0.clone();
+        assert_eq!(leaf_data[CA_CRT], first.as_bytes());
+        let old_leaf = leaf_data[TLS_CRT].clone();
+        let annotations = &objects.leaf.as_ref().unwrap().1;
+        assert_eq!(annotations[names::CERTIFICATE_ISSUER], "webhooks-ca");
+        assert_eq!(annotations[names::CERTIFICATE_HOSTNAMES], "web.demo.svc");
+        assert!(
+            objects.pass(&policy, &certificate).is_empty(),
+            "steady state"
+        );
+
+        objects
+            .ca
+            .as_mut()
+            .unwrap()
+            .1
+            .remove(names::CERTIFICATE_NOT_AFTER);
+        assert_eq!(
+            objects.pass(&policy, &certificate),
+            [
+                names::EVENT_SIGNER_UPDATE_REQUIRED,
+                names::EVENT_SIGNER_PROMOTED,
+                names::EVENT_CA_BUNDLE_UPDATE_REQUIRED,
+                names::EVENT_TARGET_UPDATE_REQUIRED
+            ]
+        );
+        let both = Certificate::parse_pem(objects.bundle_text()).unwrap();
+        assert_eq!(both.len(), 2, "old and new CA trusted");
+        let leaf_data = objects.leaf.as_ref().unwrap().0.clone();
+        assert_ne!(leaf_data[TLS_CRT], old_leaf);
+        let new_leaf = Certificate::parse_pem(std::str::from_utf8(&leaf_data[TLS_CRT]).unwrap())
+            .unwrap()
+            .remove(0);
+        let ca_data = &objects.ca.as_ref().unwrap().0;
+        let signer = Certificate::parse_pem(std::str::from_utf8(&ca_data[TLS_CRT]).unwrap())
+            .unwrap()
+            .remove(0);
+        assert!(caretaker_pki::is_issued_by(new_leaf.der(), signer.der()).unwrap());
+        assert!(ca_data.contains_key(PREVIOUS_CRT));
+
+        // The old CA signs nothing any more: it goes, and ca.crt follows.
+        assert_eq!(
+            objects.pass(&policy, &certificate),
+            [
+                names::EVENT_CA_BUNDLE_UPDATE_REQUIRED,
+                names::EVENT_CA_BUNDLE_UPDATE_REQUIRED
+            ]
+        );
+        assert_eq!(
+            Certificate::parse_pem(objects.bundle_text()).unwrap(),
+            [signer]
+        );
+        assert_eq!(
+            objects.leaf.as_ref().unwrap().0[CA_CRT],
+            objects.bundle_text().as_bytes()
+        );
+        assert!(!objects.ca.as_ref().unwrap().0.contains_key(PREVIOUS_CRT));
+        assert!(
+            objects.pass(&policy, &certificate).is_empty(),
+            "steady state"
+        );
+    }
 }
