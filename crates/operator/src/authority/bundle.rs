@@ -84,7 +84,7 @@ impl BundleConfigMap {
         Self {
             certificates: bundle.certificates().to_vec(),
             annotations: signer
-                .map(|c| TlsAnnotations::describing(c, super::ca::issuer_name(c), false))
+                .map(|c| TlsAnnotations::describing(c, super::issuer_name(c), false))
                 .unwrap_or_default(),
         }
     }

@@ -26,7 +26,7 @@ use super::bundle::{Bundle, BundleConfigMap, BundleState};
 use super::{
     AuthorityPolicy, CaKeyPair, Certificate, Condition, Mint, NEXT_CRT, NEXT_KEY, ObjectName,
     PREVIOUS_CRT, SecretContent, SecretData, TLS_CRT, TLS_KEY, TlsAnnotations, ceil_second, due,
-    expiring, later,
+    expiring, issuer_name, later,
 };
 use crate::changes::{AnnotationChanges, Event};
 use crate::names::{self, authority_state};
@@ -665,19 +665,6 @@ fn retire(
 fn annotations_of(current: Option<&CaKeyPair>) -> TlsAnnotations {
     current
         .map(|ca| TlsAnnotations::describing(&ca.certificate, issuer_name(&ca.certificate), false))
-        .unwrap_or_default()
-}
-
-/// The issuer's common name, as library-go records it: a self-signed CA's own name, else the
-/// `CN=` of its issuer's name.
-pub(crate) fn issuer_name(certificate: &Certificate) -> &str {
-    let info = certificate.info();
-    if info.issuer == info.subject {
-        return certificate.common_name();
-    }
-    info.issuer
-        .split(", ")
-        .find_map(|part| part.strip_prefix("CN="))
         .unwrap_or_default()
 }
 

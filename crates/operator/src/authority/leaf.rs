@@ -126,6 +126,38 @@ impl LeafSecretState {
     }
 }
 
+#[cfg(test)]
+impl LeafSecretState {
+    /// A certificate Secret once `step` is written over `before`, as observing it would find it
+    /// (`a_written_certificate_reads_back_as_the_model_says` holds this to real certificates).
+    pub(crate) fn after(&self, step: &CertificateStep) -> LeafSecretState {
+        match step {
+            CertificateStep::Issue(issued) => LeafSecretState::Present(LeafSecret {
+                certificate: Ok(issued.leaf.certificate.clone()),
+                extra_certificates: 0,
+                key: KeyState::Matches(issued.leaf.algorithm),
+                issuer: Some(issued.issuer.clone()),
+                ca_bundle: Some(issued.ca_bundle.fingerprints()),
+                annotations: issued.annotations.clone(),
+            }),
+            CertificateStep::UpdateCaBundle(bundle) => match self {
+                LeafSecretState::Present(secret) => LeafSecretState::Present(LeafSecret {
+                    ca_bundle: Some(bundle.fingerprints()),
+                    ..secret.clone()
+                }),
+                LeafSecretState::Absent => LeafSecretState::Present(LeafSecret {
+                    certificate: Err("certificate missing".into()),
+                    extra_certificates: 0,
+                    key: KeyState::Missing,
+                    issuer: None,
+                    ca_bundle: Some(bundle.fingerprints()),
+                    annotations: Default::default(),
+                }),
+            },
+        }
+    }
+}
+
 /// Everything an IssuedCertificate's decision reads besides its issuer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeafObserved {

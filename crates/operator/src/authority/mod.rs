@@ -490,6 +490,19 @@ pub fn hostnames(info: &CertificateInfo) -> Vec<String> {
     names.into_iter().collect()
 }
 
+/// The issuer's common name, as library-go records it: a self-signed CA's own name, else the
+/// `CN=` of its issuer's name.
+fn issuer_name(certificate: &Certificate) -> &str {
+    let info = certificate.info();
+    if info.issuer == info.subject {
+        return certificate.common_name();
+    }
+    info.issuer
+        .split(", ")
+        .find_map(|part| part.strip_prefix("CN="))
+        .unwrap_or_default()
+}
+
 /// The hostnames a [`LeafSpec`] asks for, as [`hostnames`] writes them.
 fn wanted_hostnames(spec: &LeafSpec) -> Vec<String> {
     let names: BTreeSet<String> = spec

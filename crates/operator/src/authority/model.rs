@@ -11,7 +11,6 @@ use caretaker_pki::{CaSpec, CertificateInfo, LeafSpec, PkiError, Usage};
 use time::OffsetDateTime;
 use time::macros::datetime;
 
-use super::leaf::{CertificateStep, KeyState, LeafSecret, LeafSecretState};
 use super::{CaKeyPair, Certificate, IssuedLeaf, KeyPem, Mint};
 
 /// Where model time starts.
@@ -209,33 +208,4 @@ fn certificate(facts: Facts<'_>) -> Certificate {
         fingerprint.into_bytes(),
         info,
     )
-}
-
-/// A certificate Secret once `step` is written over `before`, as observing it would find it
-/// (`a_written_certificate_reads_back_as_the_model_says` holds this to real certificates).
-pub fn leaf_after(before: &LeafSecretState, step: &CertificateStep) -> LeafSecretState {
-    match step {
-        CertificateStep::Issue(issued) => LeafSecretState::Present(LeafSecret {
-            certificate: Ok(issued.leaf.certificate.clone()),
-            extra_certificates: 0,
-            key: KeyState::Matches(issued.leaf.algorithm),
-            issuer: Some(issued.issuer.clone()),
-            ca_bundle: Some(issued.ca_bundle.fingerprints()),
-            annotations: issued.annotations.clone(),
-        }),
-        CertificateStep::UpdateCaBundle(bundle) => match before {
-            LeafSecretState::Present(secret) => LeafSecretState::Present(LeafSecret {
-                ca_bundle: Some(bundle.fingerprints()),
-                ..secret.clone()
-            }),
-            LeafSecretState::Absent => LeafSecretState::Present(LeafSecret {
-                certificate: Err("certificate missing".into()),
-                extra_certificates: 0,
-                key: KeyState::Missing,
-                issuer: None,
-                ca_bundle: Some(bundle.fingerprints()),
-                annotations: Default::default(),
-            }),
-        },
-    }
 }

@@ -31,7 +31,7 @@ use time::OffsetDateTime;
 use super::bundle::{BundleConfigMap, BundleState};
 use super::ca::{self, AuthorityObserved, AuthorityStep, CaSecret, CaSecretState, IssuerView};
 use super::leaf::{self, CertificateStep, KeyState, LeafObserved, LeafSecretState};
-use super::model::{Minted, Model, at, leaf_after};
+use super::model::{Minted, Model, at};
 use super::{
     AuthorityPolicy, CaKeyPair, Certificate, CertificatePolicy, IssuedLeaf, Mint, ObjectName,
 };
@@ -555,7 +555,7 @@ impl World {
                     );
                 }
             }
-            self.leaves[i] = leaf_after(&self.leaves[i], step);
+            self.leaves[i] = self.leaves[i].after(step);
             self.check_trust("a certificate write")?;
         }
         if !plan.steps.is_empty() {

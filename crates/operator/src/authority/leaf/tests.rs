@@ -6,7 +6,7 @@ use std::net::IpAddr;
 
 use super::*;
 use crate::authority::PkiMint;
-use crate::authority::model::{Model, at, leaf_after};
+use crate::authority::model::{Model, at};
 use caretaker_pki::{CaSpec, LeafSpec, RotationPolicy, Ttl};
 
 const DAY: i64 = 86_400;
@@ -72,7 +72,7 @@ fn decide(
 
 fn apply(seen: &mut LeafObserved, plan: &LeafPlan) {
     for step in &plan.steps {
-        seen.secret = leaf_after(&seen.secret, step);
+        seen.secret = seen.secret.after(step);
     }
 }
 
@@ -485,7 +485,7 @@ fn a_written_certificate_reads_back_as_the_model_says() {
         let serving = serving(policy.leaf.usage);
         let candidates = issuer.bundle.as_ref().unwrap().certificates();
         let read = LeafSecretState::observe(Some((&data, &annotations)), serving, candidates);
-        assert_eq!(read, leaf_after(&LeafSecretState::Absent, step));
+        assert_eq!(read, LeafSecretState::Absent.after(step));
         let seen = LeafObserved {
             secret_name: name(),
             secret: read,
