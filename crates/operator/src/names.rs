@@ -119,6 +119,59 @@ pub mod rollout_state {
     pub const LIMITS_REPORTED: &str = "caretaker.dev/malformed-limits-reported";
 }
 
+// Self-managed CAs (`CertificateAuthority`, `IssuedCertificate`; see `authority`).
+
+/// library-go's annotations on every Secret and bundle ConfigMap caretaker manages, exactly as
+/// openshift/library-go `pkg/operator/certrotation/annotations.go` names them. Times are RFC
+/// 3339; the issuer is the signing CA's common name; hostnames (serving certificates only) are
+/// the sorted DNS names and IP addresses joined with `,`.
+pub const CERTIFICATE_NOT_BEFORE: &str = "auth.openshift.io/certificate-not-before";
+pub const CERTIFICATE_NOT_AFTER: &str = "auth.openshift.io/certificate-not-after";
+pub const CERTIFICATE_ISSUER: &str = "auth.openshift.io/certificate-issuer";
+pub const CERTIFICATE_HOSTNAMES: &str = "auth.openshift.io/certificate-hostnames";
+
+/// library-go's event reasons: a CA needs a new key pair (a rotation starts, or its Secret is
+/// gone).
+pub const EVENT_SIGNER_UPDATE_REQUIRED: &str = "SignerUpdateRequired";
+/// A certificate needs a new key pair.
+pub const EVENT_TARGET_UPDATE_REQUIRED: &str = "TargetUpdateRequired";
+/// A bundle (the ConfigMap, or a certificate Secret's `ca.crt`) needs new content.
+pub const EVENT_CA_BUNDLE_UPDATE_REQUIRED: &str = "CABundleUpdateRequired";
+/// caretaker's own: the next CA, trusted everywhere for `trustPropagation`, now signs.
+pub const EVENT_SIGNER_PROMOTED: &str = "SignerPromoted";
+/// caretaker's own (Warning): a CA Secret is unreadable or was tampered with; nothing was
+/// regenerated.
+pub const EVENT_CA_SECRET_INVALID: &str = "CASecretInvalid";
+
+/// Bookkeeping of a CertificateAuthority's rotation, on its CA Secret.
+pub mod authority_state {
+    /// When the next CA was first seen in the bundle and every injection point (RFC 3339).
+    pub const NEXT_TRUSTED_AT: &str = "caretaker.dev/next-trusted-at";
+    /// Older CAs no managed certificate is signed by, and since when:
+    /// `<SHA-256 fingerprint>=<RFC 3339>`, comma separated.
+    pub const UNUSED_SINCE: &str = "caretaker.dev/unused-since";
+}
+
+/// Condition types of CertificateAuthority and IssuedCertificate.
+pub const CONDITION_READY: &str = "Ready";
+pub const CONDITION_DEGRADED: &str = "Degraded";
+/// Condition reasons. Ready: a CA signs / a certificate is in place.
+pub const REASON_SIGNING: &str = "Signing";
+/// Ready false: a re-created CA waits to be trusted everywhere before it signs.
+pub const REASON_WAITING_FOR_TRUST: &str = "WaitingForTrust";
+/// Ready false: the CA expired and its successor is not trusted long enough yet.
+pub const REASON_EXPIRED: &str = "Expired";
+/// Degraded (and Ready false when no last good CA is known): see [`EVENT_CA_SECRET_INVALID`].
+pub const REASON_CA_SECRET_INVALID: &str = "CASecretInvalid";
+/// Degraded false.
+pub const REASON_AS_EXPECTED: &str = "AsExpected";
+/// Ready: the certificate Secret holds a valid certificate from a trusted CA.
+pub const REASON_ISSUED: &str = "Issued";
+/// Ready false: no usable certificate, and its issuer cannot sign one now.
+pub const REASON_WAITING_FOR_ISSUER: &str = "WaitingForIssuer";
+/// Degraded: a certificate needs a new key pair and its issuer is degraded.
+pub const REASON_ISSUER_DEGRADED: &str = "IssuerDegraded";
+
 /// The two operations a trigger asks for, on a Machine or on a rollout's parent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Operation {

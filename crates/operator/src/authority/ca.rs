@@ -1,0 +1,879 @@
+//! A CertificateAuthority's rotation as one decision: [`plan`] reads the CA Secret, the bundle
+//! ConfigMap, the injection points and which CAs still sign a managed certificate, and says
+//! what to write, in order, so that trust is never broken:
+//!
+//! 1. a CA due for rotation (or whose library-go validity annotations were removed, or whose
+//!    spec asks for another name or key algorithm) gets a successor, stored as the *next* CA
+//!    in the CA Secret before anything publishes it;
+//! 2. the bundle (the CA that signs now, the next CA, every older CA still trusted) is
+//!    published in the ConfigMap; the moment the next CA is in it and in every injection
+//!    point is recorded;
+//! 3. once `trust_propagation` has passed since, the next CA is promoted: it signs from then
+//!    on, and the CA it replaces stays trusted;
+//! 4. an older CA leaves the bundle when it expires, or once no managed certificate has been
+//!    signed by it for `trust_propagation`.
+//!
+//! A CA Secret that does not read as caretaker wrote it is never regenerated (see the
+//! module documentation of [`crate::authority`]).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use caretaker_pki::PkiError;
+use time::OffsetDateTime;
+
+use super::bundle::{Bundle, BundleConfigMap, BundleState};
+use super::{
+    AuthorityPolicy, CaKeyPair, Certificate, Condition, Mint, NEXT_CRT, NEXT_KEY, ObjectName,
+    PREVIOUS_CRT, SecretContent, SecretData, TLS_CRT, TLS_KEY, TlsAnnotations, ceil_second, due,
+    expiring, issuer_name, later,
+};
+use crate::changes::{AnnotationChanges, Event};
+use crate::names::{self, authority_state};
+use crate::timestamp::{format_time, parse_time};
+
+/// What the CA Secret holds, or must hold.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct CaSecret {
+    /// `tls.crt`/`tls.key`: the CA that signs now. `None` only while a re-created CA waits
+    /// to be trusted (then `next` is set).
+    pub current: Option<CaKeyPair>,
+    /// `next.crt`/`next.key`: the CA a rotation introduces.
+    pub next: Option<CaKeyPair>,
+    /// `previous.crt`: older CAs still trusted, in bundle order.
+    pub previous: Vec<Certificate>,
+    /// `caretaker.dev/next-trusted-at`.
+    pub next_trusted_at: Option<OffsetDateTime>,
+    /// `caretaker.dev/unused-since`, by fingerprint.
+    pub unused_since: BTreeMap<String, OffsetDateTime>,
+    /// library-go's annotations (describing `current`).
+    pub annotations: TlsAnnotations,
+}
+
+impl CaSecret {
+    /// Every CA it holds, current first.
+    fn certificates(&self) -> impl Iterator<Item = &Certificate> {
+        self.current
+            .iter()
+            .chain(&self.next)
+            .map(|ca| &ca.certificate)
+            .chain(&self.previous)
+    }
+
+    /// The trust bundle of these CAs at `now`.
+    pub fn bundle(&self, now: OffsetDateTime) -> Bundle {
+        Bundle::of(self.certificates().cloned(), now)
+    }
+
+    /// The Secret `data` to write (a merge patch: absent parts are removed, other keys left
+    /// alone). `tls.crt` and `tls.key` are always written, empty while nothing signs, since a
+    /// `kubernetes.io/tls` Secret must have both.
+    pub fn data(&self) -> SecretData {
+        let mut data = SecretData::default();
+        match &self.current {
+            Some(ca) => data
+                .set(TLS_CRT, ca.certificate.pem())
+                .set(TLS_KEY, ca.key.expose()),
+            None => data.set(TLS_CRT, "").set(TLS_KEY, ""),
+        };
+        match &self.next {
+            Some(ca) => data
+                .set(NEXT_CRT, ca.certificate.pem())
+                .set(NEXT_KEY, ca.key.expose()),
+            None => data.remove(NEXT_CRT).remove(NEXT_KEY),
+        };
+        match self.previous.is_empty() {
+            true => data.remove(PREVIOUS_CRT),
+            false => data.set(
+                PREVIOUS_CRT,
+                self.previous
+                    .iter()
+                    .map(Certificate::pem)
+                    .collect::<String>(),
+            ),
+        };
+        data
+    }
+
+    /// The annotations to write: library-go's and the rotation's bookkeeping.
+    pub fn annotation_changes(&self) -> AnnotationChanges {
+        let mut changes = self.annotations.changes();
+        match self.next_trusted_at {
+            Some(t) => changes.set(authority_state::NEXT_TRUSTED_AT, format_time(t)),
+            None => changes.remove(authority_state::NEXT_TRUSTED_AT),
+        };
+        match self.unused_since.is_empty() {
+            true => changes.remove(authority_state::UNUSED_SINCE),
+            false => changes.set(
+                authority_state::UNUSED_SINCE,
+                self.unused_since
+                    .iter()
+                    .map(|(fp, t)| format!("{fp}={}", format_time(*t)))
+                    .collect::<Vec<_>>()
+                    .join(","),
+            ),
+        };
+        changes
+    }
+
+    fn observe(
+        data: &BTreeMap<String, Vec<u8>>,
+        annotations: &BTreeMap<String, String>,
+    ) -> Result<Self, String> {
+        let current = key_pair(data, TLS_CRT, TLS_KEY)?;
+        let next = key_pair(data, NEXT_CRT, NEXT_KEY)?;
+        if current.is_none() && next.is_none() {
+            return Err(format!("{TLS_CRT} and {TLS_KEY} are empty"));
+        }
+        let previous = match text(data, PREVIOUS_CRT) {
+            None => Vec::new(),
+            Some(pem) => {
+                let certificates =
+                    Certificate::parse_pem(pem).map_err(|e| format!("{PREVIOUS_CRT}: {e}"))?;
+                if let Some(c) = certificates.iter().find(|c| !c.info().is_ca) {
+                    return Err(format!(
+                        "{PREVIOUS_CRT} holds {}, which is not a CA certificate",
+                        c.info().subject
+                    ));
+                }
+                certificates
+            }
+        };
+        let unused_since = annotations
+            .get(authority_state::UNUSED_SINCE)
+            .map(|value| {
+                value
+                    .split(',')
+                    .filter_map(|entry| {
+                        let (fp, t) = entry.trim().split_once('=')?;
+                        Some((fp.to_string(), parse_time(Some(t))?))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        Ok(Self {
+            current,
+            next,
+            previous,
+            next_trusted_at: parse_time(
+                annotations
+                    .get(authority_state::NEXT_TRUSTED_AT)
+                    .map(String::as_str),
+            ),
+            unused_since,
+            annotations: TlsAnnotations::read(annotations, false),
+        })
+    }
+}
+
+/// The non-blank text of `key`.
+fn text<'a>(data: &'a BTreeMap<String, Vec<u8>>, key: &str) -> Option<&'a str> {
+    let bytes = data.get(key)?;
+    match std::str::from_utf8(bytes) {
+        Ok(s) if s.trim().is_empty() => None,
+        Ok(s) => Some(s),
+        // Not UTF-8: certainly not PEM; let the parser say so.
+        Err(_) => Some("\u{fffd}"),
+    }
+}
+
+/// The key pair under `crt`/`key`: both blank is none; one without the other, or a pair that
+/// does not hold together, is an error naming what is wrong (never the key).
+fn key_pair(
+    data: &BTreeMap<String, Vec<u8>>,
+    crt: &str,
+    key: &str,
+) -> Result<Option<CaKeyPair>, String> {
+    match (text(data, crt), text(data, key)) {
+        (None, None) => Ok(None),
+        (Some(_), None) => Err(format!("{key} is missing or empty while {crt} is set")),
+        (None, Some(_)) => Err(format!("{crt} is missing or empty while {key} is set")),
+        (Some(c), Some(k)) => CaKeyPair::from_pem(c, k)
+            .map(Some)
+            .map_err(|e| format!("{crt}/{key}: {e}")),
+    }
+}
+
+/// The CA Secret as observed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CaSecretState {
+    Absent,
+    /// Unreadable or tampered with: the reason names what is wrong, never key material.
+    Invalid {
+        reason: String,
+    },
+    Valid(Box<CaSecret>),
+}
+
+impl CaSecretState {
+    /// Reads a Secret's `data` and annotations (`None`: there is no such Secret).
+    pub fn observe(secret: Option<SecretContent<'_>>) -> Self {
+        match secret {
+            None => CaSecretState::Absent,
+            Some((data, annotations)) => match CaSecret::observe(data, annotations) {
+                Ok(secret) => CaSecretState::Valid(Box::new(secret)),
+                Err(reason) => CaSecretState::Invalid { reason },
+            },
+        }
+    }
+}
+
+/// Everything a CertificateAuthority's decision reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuthorityObserved {
+    /// `spec.secret`, for messages.
+    pub secret_name: ObjectName,
+    /// `spec.bundle`, for messages.
+    pub bundle_name: ObjectName,
+    pub secret: CaSecretState,
+    pub bundle: BundleState,
+    /// The CAs (fingerprints) that every injection point naming this CA trusts now (the
+    /// intersection over them); `None` when no injection point names it.
+    pub injected: Option<BTreeSet<String>>,
+    /// The CAs (fingerprints) that signed a certificate caretaker manages for this CA and
+    /// that exists now, from every IssuedCertificate naming it (its Secret's
+    /// [`super::leaf::LeafSecret::issuer`]). It must come from a complete view of them (a
+    /// synced cache): a CA missing here is taken for unused.
+    pub in_use: BTreeSet<String>,
+    /// Some IssuedCertificate naming this CA has no readable certificate in its Secret (it
+    /// was deleted, say, and waits for a CA that signs). What its workload still serves is
+    /// then unknown, so no CA starts counting as unused until every one has a certificate
+    /// again (CAs already counting go on).
+    pub certificates_missing: bool,
+    /// The last CA this process saw valid in the CA Secret, if any: it keeps signing while
+    /// the Secret is invalid.
+    pub last_good: Option<CaKeyPair>,
+    /// The `Degraded` message the status shows now (`None` when not degraded), so that a
+    /// Warning event is said once per problem.
+    pub reported_degraded: Option<String>,
+}
+
+/// One write of a CertificateAuthority's plan.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AuthorityStep {
+    /// Create or update the CA Secret (type `kubernetes.io/tls`) with
+    /// [`CaSecret::data`] and [`CaSecret::annotation_changes`].
+    WriteSecret(CaSecret),
+    /// Create or update the bundle ConfigMap with [`BundleConfigMap::data`] and
+    /// [`BundleConfigMap::annotation_changes`].
+    WriteBundle(BundleConfigMap),
+}
+
+/// A CA as the status lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TrustedCa {
+    pub serial: String,
+    pub not_after: OffsetDateTime,
+}
+
+impl TrustedCa {
+    fn of(certificate: &Certificate) -> Self {
+        Self {
+            serial: certificate.serial().to_string(),
+            not_after: certificate.not_after(),
+        }
+    }
+}
+
+/// What the CertificateAuthority's status says once the plan's writes are in place.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuthorityStatus {
+    pub ready: Condition,
+    pub degraded: Condition,
+    /// The CA that signs now (the last good one while the Secret is invalid).
+    pub serial: Option<String>,
+    pub not_after: Option<OffsetDateTime>,
+    /// The CA a rotation in progress introduces.
+    pub next: Option<TrustedCa>,
+    /// Older CAs still trusted.
+    pub previous: Vec<TrustedCa>,
+    /// When the CA that signs now is due to be replaced; during a rotation, when the next CA
+    /// will be promoted (unknown while it is not yet trusted everywhere).
+    pub next_rotation: Option<OffsetDateTime>,
+}
+
+/// Why no CA signs now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NoSigner {
+    pub message: String,
+    /// The CA is degraded (a person must act), rather than waiting for time.
+    pub degraded: bool,
+}
+
+/// What the certificates of a CA are issued from: the CA that signs now and the bundle their
+/// `ca.crt` carries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IssuerView {
+    pub signer: Result<CaKeyPair, NoSigner>,
+    /// `None` when unknown (nothing readable to go by): `ca.crt` is then left alone.
+    pub bundle: Option<Bundle>,
+}
+
+impl IssuerView {
+    /// The issuer as the CA Secret `secret` says at `now`.
+    pub fn of(secret: &CaSecret, now: OffsetDateTime) -> Self {
+        let signer = match &secret.current {
+            Some(ca) if !ca.certificate.expired_at(now) => Ok(ca.clone()),
+            Some(ca) => Err(NoSigner {
+                message: format!(
+                    "the CA (serial {}) expired at {}; its successor signs once trusted everywhere",
+                    ca.certificate.serial(),
+                    format_time(ca.certificate.not_after())
+                ),
+                degraded: false,
+            }),
+            None => Err(NoSigner {
+                message: "a re-created CA waits to be trusted everywhere before it signs".into(),
+                degraded: false,
+            }),
+        };
+        Self {
+            signer,
+            bundle: Some(secret.bundle(now)),
+        }
+    }
+
+    /// The issuer as stored now, without deciding anything (for a controller of certificates
+    /// that does not run the CA's plan): what the CA Secret says, or, while it is invalid,
+    /// the last good CA and the published bundle.
+    pub fn observed(seen: &AuthorityObserved, now: OffsetDateTime) -> Self {
+        match &seen.secret {
+            CaSecretState::Valid(secret) => Self::of(secret, now),
+            CaSecretState::Invalid { reason } => {
+                fallback(seen, &invalid_message(seen, reason), now)
+            }
+            CaSecretState::Absent => Self {
+                signer: Err(NoSigner {
+                    message: format!("the CA Secret {} does not exist yet", seen.secret_name),
+                    degraded: false,
+                }),
+                bundle: seen
+                    .bundle
+                    .present()
+                    .map(|b| Bundle::of(b.certificates.iter().cloned(), now)),
+            },
+        }
+    }
+}
+
+/// A pass over a CertificateAuthority.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CaPlan {
+    /// Writes, in order; the glue stops at the first that fails.
+    pub steps: Vec<AuthorityStep>,
+    pub events: Vec<Event>,
+    pub status: AuthorityStatus,
+    /// What its certificates are issued from once the writes are in place.
+    pub issuer: IssuerView,
+    /// The next moment something is due without anything changing (a rotation, a promotion,
+    /// an older CA expiring or unused long enough); `None`: only a change of the objects
+    /// matters.
+    pub wake_at: Option<OffsetDateTime>,
+}
+
+impl CaPlan {
+    pub fn writes_nothing(&self) -> bool {
+        self.steps.is_empty()
+    }
+}
+
+/// Decides a pass over a CertificateAuthority at `now`. `mint` is asked for a new CA only when
+/// one must be made (a rotation starts, or the Secret is gone).
+pub fn plan(
+    seen: &AuthorityObserved,
+    policy: &AuthorityPolicy,
+    now: OffsetDateTime,
+    mint: &dyn Mint,
+) -> Result<CaPlan, PkiError> {
+    let prop = policy.trust_propagation;
+    let mut events = Vec::new();
+    let stored = match &seen.secret {
+        CaSecretState::Invalid { reason } => return Ok(invalid(seen, reason, now)),
+        CaSecretState::Absent => None,
+        CaSecretState::Valid(secret) => Some(&**secret),
+    };
+    let mut desired = match stored {
+        Some(secret) => secret.clone(),
+        None => recreate(seen, policy, now, mint, &mut events)?,
+    };
+
+    // The writes so far (a Secret is always written before the bundle), and what the objects
+    // hold once they are in place.
+    let mut steps = Vec::new();
+    let mut secret_now = stored.cloned();
+    let mut bundle_now = seen.bundle.present().cloned();
+    let mut dropped = Vec::new();
+    // At most: a rotation's CA trusted and promoted, a promoted CA already due (after a long
+    // pause) rotated in turn, and that one promoted at once.
+    for _ in 0..3 {
+        // 1. A rotation starts: its CA is stored before anything publishes it.
+        if desired.next.is_none()
+            && let Some(current) = &desired.current
+            && let Some(reason) = rotation_reason(&desired, current, policy, now)
+        {
+            let next = mint.create_ca(&policy.ca)?;
+            events.push(Event::normal(
+                names::EVENT_SIGNER_UPDATE_REQUIRED,
+                format!(
+                    "{} requires a new signing cert/key pair: {reason}; the new CA (serial {}) signs once trusted everywhere for {}",
+                    seen.secret_name.quoted(),
+                    next.certificate.serial(),
+                    duration(prop)
+                ),
+            ));
+            desired.next = Some(next);
+        }
+        dropped.extend(retire(&mut desired, seen, prop, now));
+        desired.annotations = annotations_of(desired.current.as_ref());
+
+        // 2. The bundle is published, after the Secret that holds its CAs is stored. (What
+        // is stored here never claims more than is true: the moment a CA is trusted is only
+        // set below, once the bundle holding it is written.)
+        let published = bundle_configmap(&desired, now);
+        if bundle_now.as_ref() != Some(&published) {
+            if secret_now.as_ref() != Some(&desired) {
+                steps.push(AuthorityStep::WriteSecret(desired.clone()));
+                secret_now = Some(desired.clone());
+            }
+            steps.push(AuthorityStep::WriteBundle(published.clone()));
+            bundle_now = Some(published);
+        }
+
+        // 3. Once the writes so far are in place, the next CA is in the bundle ConfigMap;
+        // with it in every injection point too, it is trusted from now (recorded after the
+        // ConfigMap is written), and it signs once trusted for `trust_propagation`.
+        let Some(next) = &desired.next else { break };
+        let injected = seen
+            .injected
+            .as_ref()
+            .is_none_or(|trusted| trusted.contains(next.fingerprint()));
+        let in_bundle = bundle_now.as_ref().is_some_and(|b| {
+            b.certificates
+                .iter()
+                .any(|c| c.fingerprint() == next.fingerprint())
+        });
+        // Stored rounded up to the second; the wait counts from the exact moment in this
+        // pass, and from the stored one after.
+        let trusted_at = match desired.next_trusted_at {
+            Some(stored) => Some(stored),
+            None if injected && in_bundle => {
+                desired.next_trusted_at = Some(ceil_second(now));
+                Some(now)
+            }
+            None => None,
+        };
+        let Some(trusted_at) = trusted_at.filter(|t| later(*t, prop) <= now) else {
+            break;
+        };
+        let next = desired.next.take().expect("checked above");
+        let replaced = desired.current.replace(next.clone());
+        desired.next_trusted_at = None;
+        let stays = match replaced {
+            Some(old) => {
+                let note = format!(
+                    "; CA serial {} stays trusted while certificates it signed remain",
+                    old.certificate.serial()
+                );
+                desired.previous.push(old.certificate);
+                note
+            }
+            None => String::new(),
+        };
+        events.push(Event::normal(
+            names::EVENT_SIGNER_PROMOTED,
+            format!(
+                "CA serial {} (notAfter {}) signs from now on, trusted everywhere since {}{stays}",
+                next.certificate.serial(),
+                format_time(next.certificate.not_after()),
+                format_time(trusted_at)
+            ),
+        ));
+        // The promoted CA's own annotations: a rotation it needs comes from its dates.
+        desired.annotations = annotations_of(desired.current.as_ref());
+    }
+    dropped.extend(retire(&mut desired, seen, prop, now));
+    desired.annotations = annotations_of(desired.current.as_ref());
+    if secret_now.as_ref() != Some(&desired) {
+        steps.push(AuthorityStep::WriteSecret(desired.clone()));
+    }
+    let bundle_final = bundle_configmap(&desired, now);
+    if bundle_now.as_ref() != Some(&bundle_final) {
+        steps.push(AuthorityStep::WriteBundle(bundle_final.clone()));
+    }
+    if steps
+        .iter()
+        .any(|s| matches!(s, AuthorityStep::WriteBundle(_)))
+    {
+        events.push(Event::normal(
+            names::EVENT_CA_BUNDLE_UPDATE_REQUIRED,
+            format!(
+                "{} requires a new cert: {}",
+                seen.bundle_name.quoted(),
+                bundle_change(&seen.bundle, &bundle_final, &dropped)
+            ),
+        ));
+    }
+
+    Ok(CaPlan {
+        steps,
+        events,
+        status: status_of(&desired, policy, now),
+        issuer: IssuerView::of(&desired, now),
+        wake_at: wake_at(&desired, &seen.in_use, policy, now),
+    })
+}
+
+/// The CA Secret is gone: a new one, with a new CA. The CAs the bundle still holds stay
+/// trusted; if there are any, the new CA enters as the next CA (trust before sign), else it
+/// is the first and signs at once.
+fn recreate(
+    seen: &AuthorityObserved,
+    policy: &AuthorityPolicy,
+    now: OffsetDateTime,
+    mint: &dyn Mint,
+    events: &mut Vec<Event>,
+) -> Result<CaSecret, PkiError> {
+    let trusted = Bundle::of(seen.bundle.certificates().iter().cloned(), now);
+    let ca = mint.create_ca(&policy.ca)?;
+    let serial = ca.certificate.serial().to_string();
+    let mut secret = CaSecret {
+        previous: trusted.certificates().to_vec(),
+        ..CaSecret::default()
+    };
+    let what = if trusted.is_empty() {
+        secret.current = Some(ca);
+        format!("no CA was trusted before, so the new CA (serial {serial}) signs at once")
+    } else {
+        secret.next = Some(ca);
+        format!(
+            "the {} CAs the bundle holds stay trusted, and the new CA (serial {serial}) signs once trusted everywhere for {}; until then nothing signs",
+            trusted.certificates().len(),
+            duration(policy.trust_propagation)
+        )
+    };
+    secret.annotations = annotations_of(secret.current.as_ref());
+    events.push(Event::normal(
+        names::EVENT_SIGNER_UPDATE_REQUIRED,
+        format!(
+            "{} requires a new signing cert/key pair: secret doesn't exist; {what}",
+            seen.secret_name.quoted()
+        ),
+    ));
+    Ok(secret)
+}
+
+/// Why the CA that signs now must be replaced, if it must.
+fn rotation_reason(
+    secret: &CaSecret,
+    current: &CaKeyPair,
+    policy: &AuthorityPolicy,
+    now: OffsetDateTime,
+) -> Option<String> {
+    let certificate = &current.certificate;
+    if certificate.expired_at(now) {
+        return Some(expiring(&policy.rotation, certificate, now));
+    }
+    if let Some(problem) = secret.annotations.validity_problem(certificate) {
+        return Some(problem);
+    }
+    if now >= due(&policy.rotation, certificate) {
+        return Some(expiring(&policy.rotation, certificate, now));
+    }
+    if certificate.common_name() != policy.ca.common_name {
+        return Some(format!(
+            "common name changed: {:?} -> {:?}",
+            certificate.common_name(),
+            policy.ca.common_name
+        ));
+    }
+    if current.algorithm != policy.ca.algorithm {
+        return Some(format!(
+            "key algorithm changed: {} -> {}",
+            current.algorithm, policy.ca.algorithm
+        ));
+    }
+    None
+}
+
+/// Keeps the older CAs that stay trusted and records since when each is unused; returns those
+/// dropped, and why.
+fn retire(
+    secret: &mut CaSecret,
+    observed: &AuthorityObserved,
+    prop: Duration,
+    now: OffsetDateTime,
+) -> Vec<(Certificate, String)> {
+    let in_use = &observed.in_use;
+    let mut seen: BTreeSet<String> = secret
+        .current
+        .iter()
+        .chain(&secret.next)
+        .map(|ca| ca.fingerprint().to_string())
+        .collect();
+    let mut kept = Vec::new();
+    let mut dropped = Vec::new();
+    for certificate in std::mem::take(&mut secret.previous) {
+        let fingerprint = certificate.fingerprint().to_string();
+        if !seen.insert(fingerprint.clone()) {
+            continue;
+        }
+        if certificate.expired_at(now) {
+            let why = format!("expired at {}", format_time(certificate.not_after()));
+            dropped.push((certificate, why));
+            continue;
+        }
+        if in_use.contains(&fingerprint) {
+            kept.push(certificate);
+            continue;
+        }
+        // Stored rounded up to the second; the wait counts from the exact moment in this
+        // pass, and from the stored one after.
+        let since = match secret.unused_since.get(&fingerprint) {
+            Some(since) => *since,
+            None if observed.certificates_missing => {
+                kept.push(certificate);
+                continue;
+            }
+            None => {
+                secret.unused_since.insert(fingerprint, ceil_second(now));
+                now
+            }
+        };
+        if later(since, prop) <= now {
+            let why = format!(
+                "no managed certificate signed by it since {}",
+                format_time(since)
+            );
+            dropped.push((certificate, why));
+        } else {
+            kept.push(certificate);
+        }
+    }
+    let unused: BTreeSet<&str> = kept
+        .iter()
+        .map(Certificate::fingerprint)
+        .filter(|fp| !in_use.contains(*fp))
+        .collect();
+    secret
+        .unused_since
+        .retain(|fp, _| unused.contains(fp.as_str()));
+    secret.previous = Bundle::of(kept, now).certificates().to_vec();
+    dropped
+}
+
+/// What library-go's annotations say of the CA Secret: its signing CA, or nothing.
+fn annotations_of(current: Option<&CaKeyPair>) -> TlsAnnotations {
+    current
+        .map(|ca| TlsAnnotations::describing(&ca.certificate, issuer_name(&ca.certificate), false))
+        .unwrap_or_default()
+}
+
+fn bundle_configmap(secret: &CaSecret, now: OffsetDateTime) -> BundleConfigMap {
+    BundleConfigMap::of(
+        &secret.bundle(now),
+        secret.current.as_ref().map(|ca| &ca.certificate),
+    )
+}
+
+/// Why the bundle ConfigMap is written, in words.
+fn bundle_change(
+    observed: &BundleState,
+    wanted: &BundleConfigMap,
+    dropped: &[(Certificate, String)],
+) -> String {
+    let found = match observed {
+        BundleState::Absent => return "configmap doesn't exist".into(),
+        BundleState::Unusable { reason } => return format!("configmap is unusable: {reason}"),
+        BundleState::Present(found) => found,
+    };
+    let had: BTreeSet<String> = found.fingerprints().into_iter().collect();
+    let has: BTreeSet<String> = wanted.fingerprints().into_iter().collect();
+    let mut parts: Vec<String> = wanted
+        .certificates
+        .iter()
+        .filter(|c| !had.contains(c.fingerprint()))
+        .map(|c| format!("CA serial {} added", c.serial()))
+        .collect();
+    for certificate in found
+        .certificates
+        .iter()
+        .filter(|c| !has.contains(c.fingerprint()))
+    {
+        let why = dropped
+            .iter()
+            .find(|(d, _)| d.fingerprint() == certificate.fingerprint())
+            .map(|(_, why)| why.as_str())
+            .unwrap_or("not a CA of this CertificateAuthority");
+        parts.push(format!("CA serial {} removed: {why}", certificate.serial()));
+    }
+    if parts.is_empty() {
+        parts.push("its content or annotations differ from the CA's".into());
+    }
+    parts.join("; ")
+}
+
+fn status_of(secret: &CaSecret, policy: &AuthorityPolicy, now: OffsetDateTime) -> AuthorityStatus {
+    let prop = policy.trust_propagation;
+    let ready = match (&secret.current, &secret.next) {
+        (Some(ca), _) if !ca.certificate.expired_at(now) => Condition::new(
+            true,
+            names::REASON_SIGNING,
+            format!(
+                "CA serial {} signs until {}",
+                ca.certificate.serial(),
+                format_time(ca.certificate.not_after())
+            ),
+        ),
+        (Some(ca), _) => Condition::new(
+            false,
+            names::REASON_EXPIRED,
+            format!(
+                "CA serial {} expired at {}; its successor signs once trusted everywhere for {}",
+                ca.certificate.serial(),
+                format_time(ca.certificate.not_after()),
+                duration(prop)
+            ),
+        ),
+        (None, next) => Condition::new(
+            false,
+            names::REASON_WAITING_FOR_TRUST,
+            format!(
+                "the re-created CA (serial {}) signs once trusted everywhere for {}",
+                next.as_ref().map_or("?", |ca| ca.certificate.serial()),
+                duration(prop)
+            ),
+        ),
+    };
+    let next_rotation = match (&secret.current, &secret.next) {
+        (_, Some(_)) => secret.next_trusted_at.map(|t| later(t, prop)),
+        (Some(ca), None) => Some(due(&policy.rotation, &ca.certificate)),
+        (None, None) => None,
+    };
+    AuthorityStatus {
+        ready,
+        degraded: Condition::as_expected(),
+        serial: secret
+            .current
+            .as_ref()
+            .map(|ca| ca.certificate.serial().to_string()),
+        not_after: secret.current.as_ref().map(|ca| ca.certificate.not_after()),
+        next: secret
+            .next
+            .as_ref()
+            .map(|ca| TrustedCa::of(&ca.certificate)),
+        previous: secret.previous.iter().map(TrustedCa::of).collect(),
+        next_rotation,
+    }
+}
+
+/// The earliest moment after `now` at which this state calls for something.
+fn wake_at(
+    secret: &CaSecret,
+    in_use: &BTreeSet<String>,
+    policy: &AuthorityPolicy,
+    now: OffsetDateTime,
+) -> Option<OffsetDateTime> {
+    let prop = policy.trust_propagation;
+    let expiry = |c: &Certificate| c.not_after() + time::Duration::SECOND;
+    let mut moments = Vec::new();
+    match (&secret.current, &secret.next) {
+        (Some(current), None) => moments.push(due(&policy.rotation, &current.certificate)),
+        (current, Some(_)) => {
+            moments.extend(secret.next_trusted_at.map(|t| later(t, prop)));
+            moments.extend(current.as_ref().map(|ca| expiry(&ca.certificate)));
+        }
+        (None, None) => {}
+    }
+    for certificate in &secret.previous {
+        moments.push(expiry(certificate));
+        if !in_use.contains(certificate.fingerprint())
+            && let Some(since) = secret.unused_since.get(certificate.fingerprint())
+        {
+            moments.push(later(*since, prop));
+        }
+    }
+    moments.into_iter().filter(|t| *t > now).min()
+}
+
+fn invalid_message(seen: &AuthorityObserved, reason: &str) -> String {
+    format!(
+        "the CA Secret {} is invalid: {reason}; nothing was regenerated or written: restore it, or delete it to have a new CA made",
+        seen.secret_name
+    )
+}
+
+/// The issuer while the CA Secret is invalid: the last good CA, and the published bundle with
+/// it.
+fn fallback(seen: &AuthorityObserved, message: &str, now: OffsetDateTime) -> IssuerView {
+    let last_good = seen
+        .last_good
+        .clone()
+        .filter(|ca| !ca.certificate.expired_at(now));
+    let published = seen.bundle.certificates().iter().cloned();
+    let bundle = match &last_good {
+        Some(ca) => Some(Bundle::of(published.chain([ca.certificate.clone()]), now)),
+        None => seen.bundle.present().map(|_| Bundle::of(published, now)),
+    };
+    IssuerView {
+        signer: last_good.ok_or_else(|| NoSigner {
+            message: message.to_string(),
+            degraded: true,
+        }),
+        bundle,
+    }
+}
+
+/// An invalid CA Secret: nothing written, the last good CA (if any) keeps signing, Degraded,
+/// and a Warning once.
+fn invalid(seen: &AuthorityObserved, reason: &str, now: OffsetDateTime) -> CaPlan {
+    let message = invalid_message(seen, reason);
+    let issuer = fallback(seen, &message, now);
+    let events = if seen.reported_degraded.as_deref() == Some(message.as_str()) {
+        Vec::new()
+    } else {
+        vec![Event::warning(
+            names::EVENT_CA_SECRET_INVALID,
+            message.clone(),
+        )]
+    };
+    let signer = issuer.signer.as_ref().ok();
+    let ready = match signer {
+        Some(ca) => Condition::new(
+            true,
+            names::REASON_SIGNING,
+            format!(
+                "the last good CA (serial {}) signs while the CA Secret is invalid",
+                ca.certificate.serial()
+            ),
+        ),
+        None => Condition::new(false, names::REASON_CA_SECRET_INVALID, message.clone()),
+    };
+    CaPlan {
+        steps: Vec::new(),
+        events,
+        status: AuthorityStatus {
+            ready,
+            degraded: Condition::new(true, names::REASON_CA_SECRET_INVALID, message),
+            serial: signer.map(|ca| ca.certificate.serial().to_string()),
+            not_after: signer.map(|ca| ca.certificate.not_after()),
+            next: None,
+            previous: Vec::new(),
+            next_rotation: None,
+        },
+        issuer,
+        wake_at: None,
+    }
+}
+
+/// A duration as a TTL (`5m`, `720h`).
+fn duration(d: Duration) -> String {
+    if d.is_zero() {
+        return "0s".into();
+    }
+    caretaker_pki::Ttl::from_duration(d)
+        .map(|t| t.to_string())
+        .unwrap_or_else(|_| format!("{d:?}"))
+}
+
+#[cfg(test)]
+mod tests;
