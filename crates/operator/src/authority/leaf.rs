@@ -221,6 +221,27 @@ pub struct CertificateStatus {
     pub next_rotation: Option<OffsetDateTime>,
 }
 
+impl CertificateStatus {
+    /// Ready with `certificate` in place, due again at `due_at`.
+    fn issued(certificate: &Certificate, due_at: OffsetDateTime) -> Self {
+        Self {
+            ready: Condition::new(
+                true,
+                names::REASON_ISSUED,
+                format!(
+                    "certificate serial {} valid until {}",
+                    certificate.serial(),
+                    format_time(certificate.not_after())
+                ),
+            ),
+            degraded: Condition::as_expected(),
+            serial: Some(certificate.serial().to_string()),
+            not_after: Some(certificate.not_after()),
+            next_rotation: Some(due_at),
+        }
+    }
+}
+
 /// A pass over an IssuedCertificate.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeafPlan {
@@ -322,21 +343,7 @@ fn pass(
     Ok(LeafPlan {
         steps,
         events,
-        status: CertificateStatus {
-            ready: Condition::new(
-                true,
-                names::REASON_ISSUED,
-                format!(
-                    "certificate serial {} valid until {}",
-                    certificate.serial(),
-                    format_time(certificate.not_after())
-                ),
-            ),
-            degraded: Condition::as_expected(),
-            serial: Some(certificate.serial().to_string()),
-            not_after: Some(certificate.not_after()),
-            next_rotation: Some(due_at),
-        },
+        status: CertificateStatus::issued(&certificate, due_at),
         wake_at: Some(wake_at),
     })
 }
@@ -379,21 +386,7 @@ fn issue(
             annotations,
         })],
         events: vec![event],
-        status: CertificateStatus {
-            ready: Condition::new(
-                true,
-                names::REASON_ISSUED,
-                format!(
-                    "certificate serial {} valid until {}",
-                    certificate.serial(),
-                    format_time(certificate.not_after())
-                ),
-            ),
-            degraded: Condition::as_expected(),
-            serial: Some(certificate.serial().to_string()),
-            not_after: Some(certificate.not_after()),
-            next_rotation: Some(due_at),
-        },
+        status: CertificateStatus::issued(&certificate, due_at),
         wake_at: Some(due_at),
     })
 }
