@@ -343,7 +343,7 @@ fn pass(
     Ok(LeafPlan {
         steps,
         events,
-        status: CertificateStatus::issued(&certificate, due_at),
+        status: CertificateStatus::issued(certificate, due_at),
         wake_at: Some(wake_at),
     })
 }
