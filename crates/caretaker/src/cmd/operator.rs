@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use caretaker_operator::controllers;
+use caretaker_operator::metrics::{self, serve_health, serve_metrics};
 use caretaker_operator::webhook::{CertificateSource, Limits, Webhook};
 use caretaker_operator::{BindAddress, Context, Settings};
 
@@ -63,12 +64,24 @@ pub struct OperatorArgs {
         requires = "webhook_cert_path"
     )]
     webhook_cert_key: String,
+    /// Where /metrics is served, in the Prometheus (OpenMetrics) text format, over plain HTTP:
+    /// HOST:PORT, [IPv6]:PORT, or :PORT for every address; 0 turns it off. It holds no secret
+    /// (counts, durations, expiry dates, object names); bind it to 127.0.0.1:PORT where only
+    /// a scraper on the same host may read it.
+    #[arg(long, value_name = "ADDRESS", default_value = ":8080", value_parser = listen)]
+    metrics_bind_address: Listen,
+    /// Where the kubelet's probes are answered, over plain HTTP: /healthz (200 while the
+    /// process runs) and /readyz (200 once the operator's caches of Machines and
+    /// MachineDeployments have synced, 503 before); 0 turns them off.
+    #[arg(long, value_name = "ADDRESS", default_value = ":8081", value_parser = listen)]
+    health_probe_bind_address: Listen,
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
 }
 
-/// `--webhook-bind-address`: an address, or 0 for none.
+/// `--webhook-bind-address`, `--metrics-bind-address`, `--health-probe-bind-address`: an
+/// address, or 0 for none.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Listen {
     Off,
@@ -91,6 +104,29 @@ fn namespaced_name(value: &str) -> Result<(String, String), String> {
             Ok((namespace.to_string(), name.to_string()))
         }
         _ => Err("expected NAMESPACE/NAME".into()),
+    }
+}
+
+/// A listener on `address` for the server `flag` places, or `None` when it is off.
+async fn bind(flag: &str, address: &Listen) -> Result<Option<tokio::net::TcpListener>, String> {
+    match address {
+        Listen::Off => {
+            tracing::info!("{flag} 0: not served");
+            Ok(None)
+        }
+        Listen::On(address) => address
+            .listen()
+            .await
+            .map(Some)
+            .map_err(|e| format!("{flag}: cannot listen on {address}: {e}")),
+    }
+}
+
+/// Runs `server` if there is one; otherwise never ends.
+async fn serve_if(server: Option<impl Future<Output = ()>>) {
+    match server {
+        Some(server) => server.await,
+        None => std::future::pending().await,
     }
 }
 
@@ -139,17 +175,27 @@ pub fn run(args: OperatorArgs) -> ExitCode {
                     .map_err(|e| format!("admission webhook: {e}"))?,
             ),
         };
+        let metrics_listener = bind("--metrics-bind-address", &args.metrics_bind_address).await?;
+        let health_listener = bind(
+            "--health-probe-bind-address",
+            &args.health_probe_bind_address,
+        )
+        .await?;
         tracing::info!(namespace = ?args.namespace, "operator starting");
-        let webhook = async {
-            match webhook {
-                Some(webhook) => webhook.run(client.clone()).await,
-                None => std::future::pending().await,
-            }
-        };
+        let webhook = serve_if(webhook.map(|webhook| webhook.run(client.clone())));
         let ctx = Context::new(client.clone(), settings);
+        let limits = metrics::Limits::default();
+        let metrics = serve_if(
+            metrics_listener.map(|listener| serve_metrics(listener, ctx.metrics.clone(), limits)),
+        );
+        let health = serve_if(
+            health_listener.map(|listener| serve_health(listener, ctx.readiness.clone(), limits)),
+        );
         tokio::select! {
             _ = controllers::run(ctx, args.namespace.clone()) => {}
             _ = webhook => {}
+            _ = metrics => {}
+            _ = health => {}
             _ = tokio::signal::ctrl_c() => tracing::info!("stopping"),
         }
         Ok(ExitCode::SUCCESS)
