@@ -436,3 +436,43 @@ async fn a_scrape_is_the_text_format_prometheus_reads() {
         Some(1.0)
     );
 }
+
+/// docs/reference.md lists every family a scrape can show, with its type.
+#[test]
+fn the_reference_lists_every_metric() {
+    let reference = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/reference.md"),
+    )
+    .unwrap();
+    let section = reference
+        .split("## Metrics and health probes (`caretaker operator`)")
+        .nth(1)
+        .and_then(|rest| rest.split("\n## ").next())
+        .expect("docs/reference.md has a section on metrics");
+    let metrics = Metrics::new();
+    let error = caretaker_operator::Error::CacheStopped;
+    metrics.set_certificate_expiry(
+        metrics::CertificateKind::CertificateAuthority,
+        "",
+        "ca",
+        time::OffsetDateTime::now_utc(),
+    );
+    metrics.rotation_failed(metrics::CertificateKind::Machine, &error);
+    metrics.reconciled("machine", Duration::from_millis(1));
+    metrics.reconcile_failed("machine", &error);
+    let exposition = openmetrics::parse(&metrics.encode()).unwrap();
+    assert_eq!(exposition.types.len(), 7);
+    for (family, kind) in &exposition.types {
+        let name = match kind.as_str() {
+            "counter" => format!("{family}_total"),
+            _ => family.clone(),
+        };
+        assert!(
+            section.contains(&format!("| `{name}` | {kind} |")),
+            "{name} ({kind}) is not in the reference"
+        );
+    }
+    for category in ["kube", "cache_stopped", "signing_refused"] {
+        assert!(section.contains(&format!("`{category}`")), "{category}");
+    }
+}
