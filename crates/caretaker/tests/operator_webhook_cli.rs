@@ -55,6 +55,9 @@ fn the_help_explains_the_metrics_and_probe_flags() {
         "/readyz",
         "127.0.0.1:PORT",
         "0 turns it off",
+        "--metrics-cert-path <DIR>",
+        "--metrics-client-ca <FILE>",
+        "mutual TLS",
     ] {
         assert!(help.contains(expected), "{expected}:\n{help}");
     }
@@ -83,6 +86,14 @@ fn bad_webhook_flags_are_usage_errors() {
         (
             &["--health-probe-bind-address", "::1:8081"][..],
             "take brackets",
+        ),
+        (
+            &["--metrics-cert-path", "/tmp"][..],
+            "--metrics-client-ca <FILE>",
+        ),
+        (
+            &["--metrics-client-ca", "/tmp/ca.crt"][..],
+            "--metrics-cert-path <DIR>",
         ),
         (
             &["--webhook-cert-name", "cert.pem"][..],
@@ -157,6 +168,34 @@ fn a_webhook_that_cannot_start_stops_the_operator_saying_why() {
         let line = assert_one_error_line(&out, &format!("{flag}: cannot listen on {address}"));
         assert!(line.contains("in use"), "{line}");
     }
+
+    // Mutual TLS for /metrics from files that are not there, or do not serve.
+    let certs = dir.path().join("metrics-tls");
+    std::fs::create_dir(&certs).unwrap();
+    std::fs::write(certs.join("ca.crt"), "not a CA").unwrap();
+    let with_tls = |certs: &std::path::Path| {
+        caretaker_command()
+            .args(["operator", "--kubeconfig", path(&kubeconfig)])
+            .args(["--metrics-bind-address", "127.0.0.1:0"])
+            .args(["--health-probe-bind-address", "0"])
+            .args(["--metrics-cert-path", path(certs)])
+            .args(["--metrics-client-ca", path(&certs.join("ca.crt"))])
+            .env("RUST_LOG", "error")
+            .output()
+            .unwrap()
+    };
+    let out = with_tls(&certs);
+    let line = assert_one_error_line(&out, path(&certs.join("tls.crt")));
+    assert!(line.contains("--metrics-cert-path: cannot read"), "{line}");
+    let ca = CertificateAuthority::create(&CaSpec::new("metrics-ca")).unwrap();
+    let leaf = ca
+        .issue(&LeafSpec::new("caretaker-metrics", Usage::Server))
+        .unwrap();
+    std::fs::write(certs.join("tls.crt"), &leaf.certificate_pem).unwrap();
+    std::fs::write(certs.join("tls.key"), leaf.key.unwrap().to_pem()).unwrap();
+    let out = with_tls(&certs);
+    let line = assert_one_error_line(&out, "--metrics-cert-path: client CA: ");
+    assert!(line.contains("not valid PEM"), "{line}");
 }
 
 /// A free loopback port (free a moment ago).

@@ -12,9 +12,12 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use caretaker_agent_api::kubeadm::NodeRole;
 use caretaker_apiserver::TestServer;
-use caretaker_operator::metrics::{self, Limits, Metrics, Readiness, serve_health, serve_metrics};
+use caretaker_operator::metrics::{
+    self, Limits, Metrics, Readiness, mutual_tls, serve_health, serve_metrics, serve_metrics_tls,
+};
 use caretaker_operator::timestamp::parse_time;
 use caretaker_operator::{Context, controllers, names};
+use caretaker_pki::{CaSpec, CertificateAuthority, LeafSpec, Usage};
 use http_body_util::{BodyExt, Full};
 use hyper::{HeaderMap, Request, StatusCode};
 use hyper_util::rt::TokioIo;
@@ -475,4 +478,109 @@ fn the_reference_lists_every_metric() {
     for category in ["kube", "cache_stopped", "signing_refused"] {
         assert!(section.contains(&format!("`{category}`")), "{category}");
     }
+}
+
+/// GET `/metrics` over TLS with `client`: the status, or why there was none.
+async fn get_over_tls(
+    address: SocketAddr,
+    client: rustls::ClientConfig,
+) -> Result<StatusCode, String> {
+    let stream = TcpStream::connect(address).await.unwrap();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(client));
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+    let tls = connector
+        .connect(name, stream)
+        .await
+        .map_err(|e| format!("handshake: {e}"))?;
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+        .await
+        .map_err(|e| format!("HTTP: {e}"))?;
+    tokio::spawn(connection);
+    let request = Request::get("/metrics")
+        .header("host", "127.0.0.1")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let response = tokio::time::timeout(Duration::from_secs(10), sender.send_request(request))
+        .await
+        .map_err(|_| "no answer in 10 s".to_string())?
+        .map_err(|e| format!("request: {e}"))?;
+    Ok(response.status())
+}
+
+#[tokio::test]
+async fn over_mutual_tls_only_clients_of_the_ca_are_answered() {
+    caretaker_agent_api::tls::install_crypto_provider();
+    let ca = CertificateAuthority::create(&CaSpec::new("metrics-ca")).unwrap();
+    let serving = ca
+        .issue(
+            &LeafSpec::new("caretaker-metrics", Usage::Server)
+                .with_ip_addresses(["127.0.0.1".parse().unwrap()]),
+        )
+        .unwrap();
+    let tls = mutual_tls(
+        &serving.certificate_pem,
+        &serving.key.as_ref().unwrap().to_pem(),
+        &ca.certificate_pem(),
+    )
+    .unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(serve_metrics_tls(
+        listener,
+        Metrics::new(),
+        Limits::default(),
+        tls,
+    ));
+
+    let client_of = |ca: &CertificateAuthority| {
+        let pair = ca
+            .issue(&LeafSpec::new("prometheus", Usage::Client))
+            .unwrap();
+        caretaker_agent_api::tls::ClientIdentity::from_pem(
+            &ca.certificate_pem(),
+            &pair.certificate_pem,
+            &pair.key.unwrap().to_pem(),
+        )
+        .unwrap()
+    };
+    // A client of the CA: answered.
+    let prometheus = client_of(&ca).config().unwrap();
+    assert_eq!(get_over_tls(address, prometheus).await, Ok(StatusCode::OK));
+
+    // No client certificate, or one of another CA: refused, whatever the request.
+    let roots = caretaker_agent_api::tls::roots(&ca.certificate_pem()).unwrap();
+    let anonymous = rustls::ClientConfig::builder()
+        .with_root_certificates(roots.clone())
+        .with_no_client_auth();
+    let refused = get_over_tls(address, anonymous).await;
+    assert!(refused.is_err(), "{refused:?}");
+    // It trusts the server's CA, but presents a certificate of another CA.
+    let other = CertificateAuthority::create(&CaSpec::new("other-ca")).unwrap();
+    let pair = other
+        .issue(&LeafSpec::new("prometheus", Usage::Client))
+        .unwrap();
+    let stranger_config = rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_client_auth_cert(
+            caretaker_agent_api::tls::certificates(&pair.certificate_pem, "c").unwrap(),
+            caretaker_agent_api::tls::private_key(&pair.key.unwrap().to_pem()).unwrap(),
+        )
+        .unwrap();
+    let refused = get_over_tls(address, stranger_config).await;
+    assert!(refused.is_err(), "{refused:?}");
+    // Plain HTTP: no answer.
+    let answer = raw(address, b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n").await;
+    assert!(!answer.contains("HTTP/1.1 200"), "{answer}");
+
+    // Bad PEM is refused at start, naming what is wrong, never the key.
+    let error =
+        mutual_tls(&serving.certificate_pem, "not a key", &ca.certificate_pem()).unwrap_err();
+    assert!(error.contains("private key"), "{error}");
+    let error = mutual_tls(
+        &serving.certificate_pem,
+        &serving.key.as_ref().unwrap().to_pem(),
+        "no CA",
+    )
+    .unwrap_err();
+    assert!(error.starts_with("client CA: "), "{error}");
 }

@@ -1,11 +1,11 @@
 //! `caretaker operator`: the controllers.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
 use caretaker_operator::controllers;
-use caretaker_operator::metrics::{self, serve_health, serve_metrics};
+use caretaker_operator::metrics::{self, serve_health, serve_metrics, serve_metrics_tls};
 use caretaker_operator::webhook::{CertificateSource, Limits, Webhook};
 use caretaker_operator::{BindAddress, Context, Settings};
 
@@ -64,12 +64,21 @@ pub struct OperatorArgs {
         requires = "webhook_cert_path"
     )]
     webhook_cert_key: String,
-    /// Where /metrics is served, in the Prometheus (OpenMetrics) text format, over plain HTTP:
-    /// HOST:PORT, [IPv6]:PORT, or :PORT for every address; 0 turns it off. It holds no secret
-    /// (counts, durations, expiry dates, object names); bind it to 127.0.0.1:PORT where only
-    /// a scraper on the same host may read it.
+    /// Where /metrics is served, in the Prometheus (OpenMetrics) text format, over plain HTTP
+    /// unless --metrics-cert-path: HOST:PORT, [IPv6]:PORT, or :PORT for every address; 0 turns
+    /// it off. It holds no secret (counts, durations, expiry dates, object names); bind it to
+    /// 127.0.0.1:PORT where only a scraper on the same host may read it.
     #[arg(long, value_name = "ADDRESS", default_value = ":8080", value_parser = listen)]
     metrics_bind_address: Listen,
+    /// Serve /metrics over mutual TLS instead, with the certificate and key of this directory
+    /// (tls.crt, leaf first, and tls.key; PEM, read once at start); requires
+    /// --metrics-client-ca.
+    #[arg(long, value_name = "DIR", requires = "metrics_client_ca")]
+    metrics_cert_path: Option<PathBuf>,
+    /// With --metrics-cert-path: the CA bundle (PEM) that scrapers' client certificates must
+    /// chain to; a client without such a certificate gets nothing but a TLS alert.
+    #[arg(long, value_name = "FILE", requires = "metrics_cert_path")]
+    metrics_client_ca: Option<PathBuf>,
     /// Where the kubelet's probes are answered, over plain HTTP: /healthz (200 while the
     /// process runs) and /readyz (200 once the operator's caches of Machines and
     /// MachineDeployments have synced, 503 before); 0 turns them off.
@@ -131,6 +140,25 @@ async fn serve_if(server: Option<impl Future<Output = ()>>) {
 }
 
 impl OperatorArgs {
+    /// The mutual TLS of `/metrics`, if asked for; files that cannot serve stop the operator at
+    /// start.
+    fn metrics_tls(&self) -> Result<Option<metrics::TlsConfig>, String> {
+        let (Some(dir), Some(client_ca)) = (&self.metrics_cert_path, &self.metrics_client_ca)
+        else {
+            return Ok(None);
+        };
+        let read = |path: &Path| {
+            std::fs::read_to_string(path)
+                .map_err(|e| format!("cannot read {}: {e}", path.display()))
+        };
+        let (certificate, key, client_ca) = (
+            read(&dir.join("tls.crt"))?,
+            read(&dir.join("tls.key"))?,
+            read(client_ca)?,
+        );
+        metrics::mutual_tls(&certificate, &key, &client_ca).map(Some)
+    }
+
     /// Where the webhook's certificate comes from, if from anywhere.
     fn webhook_certificate(&self) -> Option<CertificateSource> {
         if let Some((namespace, name)) = &self.webhook_secret {
@@ -176,6 +204,9 @@ pub fn run(args: OperatorArgs) -> ExitCode {
             ),
         };
         let metrics_listener = bind("--metrics-bind-address", &args.metrics_bind_address).await?;
+        let metrics_tls = args
+            .metrics_tls()
+            .map_err(|e| format!("--metrics-cert-path: {e}"))?;
         let health_listener = bind(
             "--health-probe-bind-address",
             &args.health_probe_bind_address,
@@ -185,9 +216,15 @@ pub fn run(args: OperatorArgs) -> ExitCode {
         let webhook = serve_if(webhook.map(|webhook| webhook.run(client.clone())));
         let ctx = Context::new(client.clone(), settings);
         let limits = metrics::Limits::default();
-        let metrics = serve_if(
-            metrics_listener.map(|listener| serve_metrics(listener, ctx.metrics.clone(), limits)),
-        );
+        let metrics = serve_if(metrics_listener.map(|listener| {
+            let metrics = ctx.metrics.clone();
+            async move {
+                match metrics_tls {
+                    Some(tls) => serve_metrics_tls(listener, metrics, limits, tls).await,
+                    None => serve_metrics(listener, metrics, limits).await,
+                }
+            }
+        }));
         let health = serve_if(
             health_listener.map(|listener| serve_health(listener, ctx.readiness.clone(), limits)),
         );

@@ -1,6 +1,6 @@
 //! The operator's metrics, in one registry per process ([`Metrics`], held by the
-//! [`crate::Context`]), and the plain-HTTP servers of `/metrics`, `/healthz` and `/readyz`
-//! ([`server`]).
+//! [`crate::Context`]), and the servers of `/metrics` (plain HTTP, or mutual TLS), `/healthz`
+//! and `/readyz` ([`server`]).
 //!
 //! | family | type | labels |
 //! |---|---|---|
@@ -33,7 +33,9 @@ use time::OffsetDateTime;
 
 use crate::Error;
 
-pub use server::{Limits, Readiness, serve_health, serve_metrics};
+pub use server::{
+    Limits, Readiness, TlsConfig, mutual_tls, serve_health, serve_metrics, serve_metrics_tls,
+};
 
 /// The `Content-Type` of `/metrics`: the OpenMetrics text format prometheus-client writes.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";

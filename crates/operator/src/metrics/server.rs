@@ -20,8 +20,9 @@
 //!   probe out.
 //!
 //! Where the network is not trusted, bind `--metrics-bind-address` to `127.0.0.1:8080` (a
-//! sidecar scrapes it) or turn it off with `0`. Serving `/metrics` over mutual TLS is not built
-//! yet.
+//! sidecar scrapes it), turn it off with `0`, or serve `/metrics` over mutual TLS
+//! ([`serve_metrics_tls`] with a [`mutual_tls`] configuration): then only a client whose
+//! certificate chains to the given CA gets past the handshake.
 
 use std::convert::Infallible;
 use std::io;
@@ -39,6 +40,7 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::TlsAcceptor;
 
 use super::{CONTENT_TYPE, Metrics};
 use crate::connections::{Busy, Connections, Slot};
@@ -52,6 +54,8 @@ pub struct Limits {
     pub header_read_timeout: Duration,
     /// How long a write of an answer may wait on a client that reads nothing.
     pub write_timeout: Duration,
+    /// How long a client may take to finish the TLS handshake (mutual TLS only).
+    pub handshake_timeout: Duration,
     /// The largest request head (request line and headers) read, in bytes.
     pub max_header_bytes: usize,
     /// Connections open at once; see [`crate::connections`].
@@ -65,6 +69,7 @@ impl Default for Limits {
         Limits {
             header_read_timeout: Duration::from_secs(30),
             write_timeout: Duration::from_secs(10),
+            handshake_timeout: Duration::from_secs(10),
             max_header_bytes: 8 * 1024,
             max_connections: 64,
             accept_retry: Duration::from_millis(200),
@@ -98,13 +103,56 @@ impl Readiness {
 
 /// Serves `/metrics` on `listener` until the task is dropped; never ends by itself.
 pub async fn serve_metrics(listener: TcpListener, metrics: Arc<Metrics>, limits: Limits) {
-    serve(listener, Routes::Metrics(metrics), limits).await
+    serve(listener, Routes::Metrics(metrics), limits, None).await
+}
+
+/// The TLS configuration of `/metrics` over mutual TLS, made by [`mutual_tls`].
+pub type TlsConfig = Arc<rustls::ServerConfig>;
+
+/// [`serve_metrics`] over TLS with `tls`, made by [`mutual_tls`].
+pub async fn serve_metrics_tls(
+    listener: TcpListener,
+    metrics: Arc<Metrics>,
+    limits: Limits,
+    tls: TlsConfig,
+) {
+    let acceptor = TlsAcceptor::from(tls);
+    serve(listener, Routes::Metrics(metrics), limits, Some(acceptor)).await
 }
 
 /// Serves `/healthz` and `/readyz` on `listener` until the task is dropped; never ends by
 /// itself.
 pub async fn serve_health(listener: TcpListener, readiness: Arc<Readiness>, limits: Limits) {
-    serve(listener, Routes::Health(readiness), limits).await
+    serve(listener, Routes::Health(readiness), limits, None).await
+}
+
+/// A TLS configuration for `/metrics` (TLS 1.2 and 1.3, HTTP/1.1) serving `certificate_pem`
+/// (leaf first) with `key_pem`, that takes only clients whose certificate chains to a CA of
+/// `client_ca_pem`: a client without one, or with another, gets nothing but a TLS alert.
+/// Errors name the PEM that is wrong, never repeating the key.
+pub fn mutual_tls(
+    certificate_pem: &str,
+    key_pem: &str,
+    client_ca_pem: &str,
+) -> Result<TlsConfig, String> {
+    use caretaker_agent_api::tls::{certificates, private_key, roots};
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let roots = roots(client_ca_pem).map_err(|e| format!("client CA: {e}"))?;
+    let verifier =
+        rustls::server::WebPkiClientVerifier::builder_with_provider(roots, provider.clone())
+            .build()
+            .map_err(|e| format!("client CA: {e}"))?;
+    let chain =
+        certificates(certificate_pem, "the serving certificate").map_err(|e| e.to_string())?;
+    let key = private_key(key_pem).map_err(|e| e.to_string())?;
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(chain, key)
+        .map_err(|e| format!("serving certificate and key: {e}"))?;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
 }
 
 /// What one server answers.
@@ -182,10 +230,15 @@ fn has_body<B>(request: &Request<B>) -> bool {
             .any(|length| length.as_bytes() != b"0")
 }
 
-async fn serve(listener: TcpListener, routes: Routes, limits: Limits) {
+async fn serve(listener: TcpListener, routes: Routes, limits: Limits, tls: Option<TlsAcceptor>) {
     let server = routes.name();
     if let Ok(address) = listener.local_addr() {
-        tracing::info!(%address, paths = %routes.paths().join(" "), "{server}: serving plain HTTP");
+        let over = if tls.is_some() {
+            "mutual TLS"
+        } else {
+            "plain HTTP"
+        };
+        tracing::info!(%address, paths = %routes.paths().join(" "), "{server}: serving over {over}");
     }
     let routes = Arc::new(routes);
     let connections = Arc::new(Connections::new(limits.max_connections));
@@ -203,13 +256,11 @@ async fn serve(listener: TcpListener, routes: Routes, limits: Limits) {
                 "{server}: refused a connection: every connection is in the middle of a request");
             continue;
         };
-        // No handshake: the connection can be asked for a request at once.
-        slot.state.established.store(true, Ordering::SeqCst);
-        let routes = routes.clone();
+        let (routes, tls) = (routes.clone(), tls.clone());
         tokio::spawn(async move {
             let closed = slot.state.close.clone();
             tokio::select! {
-                () = connection(stream, &slot, routes, limits) => {}
+                () = connection(stream, &slot, routes, limits, tls) => {}
                 () = closed.notified() => {
                     tracing::debug!(%peer, "{server}: closed an idle connection to make room for a new one");
                 }
@@ -218,7 +269,34 @@ async fn serve(listener: TcpListener, routes: Routes, limits: Limits) {
     }
 }
 
-async fn connection(stream: TcpStream, slot: &Slot, routes: Arc<Routes>, limits: Limits) {
+async fn connection(
+    stream: TcpStream,
+    slot: &Slot,
+    routes: Arc<Routes>,
+    limits: Limits,
+    tls: Option<TlsAcceptor>,
+) {
+    let stream = WriteTimeout::new(stream, limits.write_timeout);
+    let Some(acceptor) = tls else {
+        // No handshake: the connection can be asked for a request at once.
+        slot.state.established.store(true, Ordering::SeqCst);
+        return http(stream, slot, routes, limits).await;
+    };
+    match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(stream)).await {
+        Ok(Ok(tls)) => {
+            slot.state.established.store(true, Ordering::SeqCst);
+            http(tls, slot, routes, limits).await
+        }
+        Ok(Err(e)) => tracing::info!(error = %e, "metrics: refused a TLS connection"),
+        Err(_) => tracing::info!("metrics: a TLS handshake timed out"),
+    }
+}
+
+/// Answers the requests of one connection, ready for them.
+async fn http<I>(io: I, slot: &Slot, routes: Arc<Routes>, limits: Limits)
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let state = slot.state.clone();
     let service = hyper::service::service_fn(move |request: Request<Incoming>| {
         let busy = Busy::new(&state);
@@ -226,7 +304,7 @@ async fn connection(stream: TcpStream, slot: &Slot, routes: Arc<Routes>, limits:
         drop(busy);
         std::future::ready(Ok::<_, Infallible>(response))
     });
-    let io = TokioIo::new(WriteTimeout::new(stream, limits.write_timeout));
+    let io = TokioIo::new(io);
     let served = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_read_timeout)
