@@ -48,6 +48,12 @@ enum Command {
     /// issuerRef names no CertificateAuthority. A ValidatingWebhookConfiguration sends it the
     /// reviews. A new certificate in the Secret is served from the next connection on, without a
     /// restart.
+    ///
+    /// Metrics and probes, over plain HTTP as controller-runtime serves them: /metrics on
+    /// --metrics-bind-address (reconciles, their errors by category and durations, certificate
+    /// expiry, rotations; over mutual TLS with --metrics-cert-path and --metrics-client-ca),
+    /// /healthz and /readyz on --health-probe-bind-address. Only GET and HEAD on those paths
+    /// are answered; nothing secret is in them.
     Operator(cmd::operator::OperatorArgs),
     /// Run the node agent that refreshes a node's certificates and upgrades it.
     Agent(cmd::agent::AgentArgs),

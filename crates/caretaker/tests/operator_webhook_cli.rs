@@ -1,6 +1,6 @@
-//! `caretaker operator`'s admission webhook flags, as a user runs the binary: the help that
-//! explains them, the usage errors, and the webhook served from a Secret, called by the
-//! embedded API server.
+//! `caretaker operator`'s admission webhook, metrics and probe flags, as a user runs the
+//! binary: the help that explains them, the usage errors, and the webhook served from a
+//! Secret, called by the embedded API server, beside `/metrics`, `/healthz` and `/readyz`.
 
 mod common;
 
@@ -42,6 +42,28 @@ fn the_help_explains_the_webhook_flags_and_paths() {
 }
 
 #[test]
+fn the_help_explains_the_metrics_and_probe_flags() {
+    let out = caretaker(&["operator", "--help"]);
+    let help = stdout(&out);
+    for expected in [
+        "--metrics-bind-address <ADDRESS>",
+        "[default: :8080]",
+        "--health-probe-bind-address <ADDRESS>",
+        "[default: :8081]",
+        "/metrics",
+        "/healthz",
+        "/readyz",
+        "127.0.0.1:PORT",
+        "0 turns it off",
+        "--metrics-cert-path <DIR>",
+        "--metrics-client-ca <FILE>",
+        "mutual TLS",
+    ] {
+        assert!(help.contains(expected), "{expected}:\n{help}");
+    }
+}
+
+#[test]
 fn bad_webhook_flags_are_usage_errors() {
     for (args, says) in [
         (
@@ -56,6 +78,22 @@ fn bad_webhook_flags_are_usage_errors() {
         (
             &["--webhook-secret", "ns/tls", "--webhook-cert-path", "/tmp"][..],
             "cannot be used with",
+        ),
+        (
+            &["--metrics-bind-address", "8080"][..],
+            "invalid value '8080' for '--metrics-bind-address <ADDRESS>': no port",
+        ),
+        (
+            &["--health-probe-bind-address", "::1:8081"][..],
+            "take brackets",
+        ),
+        (
+            &["--metrics-cert-path", "/tmp"][..],
+            "--metrics-client-ca <FILE>",
+        ),
+        (
+            &["--metrics-client-ca", "/tmp/ca.crt"][..],
+            "--metrics-cert-path <DIR>",
         ),
         (
             &["--webhook-cert-name", "cert.pem"][..],
@@ -114,6 +152,80 @@ fn a_webhook_that_cannot_start_stops_the_operator_saying_why() {
     ]);
     let line = assert_one_error_line(&out, &format!("cannot listen on {address}"));
     assert!(line.contains("in use"), "{line}");
+
+    // Each server's own flag is named; the other one is off, not on its default port.
+    for (flag, other) in [
+        ("--metrics-bind-address", "--health-probe-bind-address"),
+        ("--health-probe-bind-address", "--metrics-bind-address"),
+    ] {
+        let out = caretaker_command()
+            .args(["operator", "--kubeconfig", path(&kubeconfig)])
+            .args([other, "0", flag, &address])
+            // Not the lines saying what is off.
+            .env("RUST_LOG", "error")
+            .output()
+            .unwrap();
+        let line = assert_one_error_line(&out, &format!("{flag}: cannot listen on {address}"));
+        assert!(line.contains("in use"), "{line}");
+    }
+
+    // Mutual TLS for /metrics from files that are not there, or do not serve.
+    let certs = dir.path().join("metrics-tls");
+    std::fs::create_dir(&certs).unwrap();
+    std::fs::write(certs.join("ca.crt"), "not a CA").unwrap();
+    let with_tls = |certs: &std::path::Path| {
+        caretaker_command()
+            .args(["operator", "--kubeconfig", path(&kubeconfig)])
+            .args(["--metrics-bind-address", "127.0.0.1:0"])
+            .args(["--health-probe-bind-address", "0"])
+            .args(["--metrics-cert-path", path(certs)])
+            .args(["--metrics-client-ca", path(&certs.join("ca.crt"))])
+            .env("RUST_LOG", "error")
+            .output()
+            .unwrap()
+    };
+    let out = with_tls(&certs);
+    let line = assert_one_error_line(&out, path(&certs.join("tls.crt")));
+    assert!(line.contains("--metrics-cert-path: cannot read"), "{line}");
+    let ca = CertificateAuthority::create(&CaSpec::new("metrics-ca")).unwrap();
+    let leaf = ca
+        .issue(&LeafSpec::new("caretaker-metrics", Usage::Server))
+        .unwrap();
+    std::fs::write(certs.join("tls.crt"), &leaf.certificate_pem).unwrap();
+    std::fs::write(certs.join("tls.key"), leaf.key.unwrap().to_pem()).unwrap();
+    let out = with_tls(&certs);
+    let line = assert_one_error_line(&out, "--metrics-cert-path: client CA: ");
+    assert!(line.contains("not valid PEM"), "{line}");
+}
+
+/// A free loopback port (free a moment ago).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// GET `path` on `127.0.0.1:port`: the status line and the body.
+async fn http_get(port: u16, path: &str) -> (String, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    stream
+        .write_all(
+            format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await.unwrap();
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
+    (
+        head.lines().next().unwrap_or_default().to_string(),
+        body.to_string(),
+    )
 }
 
 /// The operator process; killed when dropped.
@@ -168,11 +280,8 @@ async fn the_operator_serves_its_webhook_from_a_secret() {
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = dir.path().join("kubeconfig");
     server.write_kubeconfig(&kubeconfig).unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
+    let (metrics_port, health_port) = (free_port(), free_port());
     let log = dir.path().join("operator.log");
     let operator = Running(
         caretaker_command()
@@ -184,6 +293,10 @@ async fn the_operator_serves_its_webhook_from_a_secret() {
                 &format!("127.0.0.1:{port}"),
                 "--webhook-secret",
                 "caretaker-system/webhook-tls",
+                "--metrics-bind-address",
+                &format!("127.0.0.1:{metrics_port}"),
+                "--health-probe-bind-address",
+                &format!("127.0.0.1:{health_port}"),
             ])
             // Everything, to show that not even trace lines (kube-rs, hyper, rustls) carry the
             // key.
@@ -242,6 +355,28 @@ async fn the_operator_serves_its_webhook_from_a_secret() {
     cas.create(&PostParams::default(), &ca_object("good", "1y"))
         .await
         .unwrap();
+
+    // The probes: alive; ready once the Cluster API CRDs exist and the caches have listed.
+    assert_eq!(
+        http_get(health_port, "/healthz").await,
+        ("HTTP/1.1 200 OK".into(), "ok\n".into())
+    );
+    caretaker_testkit::capi_objects::install_upstream_crds(&client)
+        .await
+        .unwrap();
+    let started = Instant::now();
+    while http_get(health_port, "/readyz").await.0 != "HTTP/1.1 200 OK" {
+        assert!(started.elapsed() < Duration::from_secs(60), "never ready");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // The webhook configuration was reconciled by the CA-injection controllers.
+    let (status, metrics) = http_get(metrics_port, "/metrics").await;
+    assert_eq!(status, "HTTP/1.1 200 OK");
+    assert!(
+        metrics.contains("caretaker_reconcile_total{controller=\"ca_injection\"}"),
+        "{metrics}"
+    );
+    assert!(metrics.ends_with("# EOF\n"), "{metrics}");
     drop(operator);
     let log = std::fs::read_to_string(&log).unwrap();
     assert!(

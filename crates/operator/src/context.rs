@@ -1,5 +1,5 @@
 //! Shared plumbing of the controllers: the Kubernetes client, the event recorder, the work
-//! running in this process and the cluster credentials.
+//! running in this process, the cluster credentials, the metrics and the readiness.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -19,6 +19,7 @@ use crate::Settings;
 use crate::changes::{AnnotationChanges, Event, EventType};
 use crate::machine::MachineView;
 use crate::machine::plan::end_patch;
+use crate::metrics::{Metrics, Readiness};
 use crate::names::Operation;
 
 use crate::credentials::{ClusterCredentials, CredentialStore};
@@ -47,6 +48,10 @@ pub struct Context {
     /// Bounds the expiry reads running at once: at start every Machine without an expiry is
     /// read, and a thousand TLS connections at once cost memory the process keeps.
     pub expiry_reads: tokio::sync::Semaphore,
+    /// The process's metrics, served on `/metrics`.
+    pub metrics: Arc<Metrics>,
+    /// What `/readyz` answers.
+    pub readiness: Arc<Readiness>,
 }
 
 /// Expiry reads from agents at once.
@@ -62,6 +67,8 @@ impl Context {
             running: Mutex::default(),
             parents_written_at: Mutex::default(),
             expiry_reads: tokio::sync::Semaphore::new(EXPIRY_READS),
+            metrics: Metrics::new(),
+            readiness: Readiness::new(),
         })
     }
 

@@ -7,7 +7,8 @@
 //! applies lives in [`controllers`], one module per controller, with shared plumbing in
 //! [`context`] and [`credentials`]. caretaker's own API, `caretaker.dev/v1alpha1`, and the
 //! validation of its specs are in [`v1alpha1`]; the admission webhook that applies that validation
-//! to every write is [`webhook`].
+//! to every write is [`webhook`]. [`metrics`] holds the metric families and the servers of
+//! `/metrics`, `/healthz` and `/readyz`.
 //!
 //! It talks to node agents through `caretaker-agent-api` (wire types, client, kubeadm facts)
 //! and must not depend on `caretaker-agent` itself, nor on `caretaker-testkit` outside its
@@ -15,12 +16,14 @@
 
 pub mod authority;
 pub mod changes;
+mod connections;
 pub mod context;
 pub mod controllers;
 pub mod credentials;
 mod error;
 pub mod injection;
 pub mod machine;
+pub mod metrics;
 pub mod names;
 pub mod rollout;
 pub mod schedule;

@@ -248,6 +248,9 @@ async fn demo(args: DemoArgs) -> Result<Running, String> {
             .args(["operator", "--kubeconfig"])
             .arg(dir.join("kubeconfig"))
             .args(["--retry-base", "2s"])
+            // Loopback, on ports of its own: the log says which.
+            .args(["--metrics-bind-address", "127.0.0.1:0"])
+            .args(["--health-probe-bind-address", "127.0.0.1:0"])
             .stdout(log.try_clone().map_err(|e| e.to_string())?)
             .stderr(log)
             .spawn()

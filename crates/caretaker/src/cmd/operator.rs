@@ -1,10 +1,11 @@
 //! `caretaker operator`: the controllers.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
 use caretaker_operator::controllers;
+use caretaker_operator::metrics::{self, serve_health, serve_metrics, serve_metrics_tls};
 use caretaker_operator::webhook::{CertificateSource, Limits, Webhook};
 use caretaker_operator::{BindAddress, Context, Settings};
 
@@ -63,12 +64,33 @@ pub struct OperatorArgs {
         requires = "webhook_cert_path"
     )]
     webhook_cert_key: String,
+    /// Where /metrics is served, in the Prometheus (OpenMetrics) text format, over plain HTTP
+    /// unless --metrics-cert-path: HOST:PORT, [IPv6]:PORT, or :PORT for every address; 0 turns
+    /// it off. It holds no secret (counts, durations, expiry dates, object names); bind it to
+    /// 127.0.0.1:PORT where only a scraper on the same host may read it.
+    #[arg(long, value_name = "ADDRESS", default_value = ":8080", value_parser = listen)]
+    metrics_bind_address: Listen,
+    /// Serve /metrics over mutual TLS instead, with the certificate and key of this directory
+    /// (tls.crt, leaf first, and tls.key; PEM, read once at start); requires
+    /// --metrics-client-ca.
+    #[arg(long, value_name = "DIR", requires = "metrics_client_ca")]
+    metrics_cert_path: Option<PathBuf>,
+    /// With --metrics-cert-path: the CA bundle (PEM) that scrapers' client certificates must
+    /// chain to; a client without such a certificate gets nothing but a TLS alert.
+    #[arg(long, value_name = "FILE", requires = "metrics_cert_path")]
+    metrics_client_ca: Option<PathBuf>,
+    /// Where the kubelet's probes are answered, over plain HTTP: /healthz (200 while the
+    /// process runs) and /readyz (200 once the operator's caches of Machines and
+    /// MachineDeployments have synced, 503 before); 0 turns them off.
+    #[arg(long, value_name = "ADDRESS", default_value = ":8081", value_parser = listen)]
+    health_probe_bind_address: Listen,
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
 }
 
-/// `--webhook-bind-address`: an address, or 0 for none.
+/// `--webhook-bind-address`, `--metrics-bind-address`, `--health-probe-bind-address`: an
+/// address, or 0 for none.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Listen {
     Off,
@@ -94,7 +116,49 @@ fn namespaced_name(value: &str) -> Result<(String, String), String> {
     }
 }
 
+/// A listener on `address` for the server `flag` places, or `None` when it is off.
+async fn bind(flag: &str, address: &Listen) -> Result<Option<tokio::net::TcpListener>, String> {
+    match address {
+        Listen::Off => {
+            tracing::info!("{flag} 0: not served");
+            Ok(None)
+        }
+        Listen::On(address) => address
+            .listen()
+            .await
+            .map(Some)
+            .map_err(|e| format!("{flag}: cannot listen on {address}: {e}")),
+    }
+}
+
+/// Runs `server` if there is one; otherwise never ends.
+async fn serve_if(server: Option<impl Future<Output = ()>>) {
+    match server {
+        Some(server) => server.await,
+        None => std::future::pending().await,
+    }
+}
+
 impl OperatorArgs {
+    /// The mutual TLS of `/metrics`, if asked for; files that cannot serve stop the operator at
+    /// start.
+    fn metrics_tls(&self) -> Result<Option<metrics::TlsConfig>, String> {
+        let (Some(dir), Some(client_ca)) = (&self.metrics_cert_path, &self.metrics_client_ca)
+        else {
+            return Ok(None);
+        };
+        let read = |path: &Path| {
+            std::fs::read_to_string(path)
+                .map_err(|e| format!("cannot read {}: {e}", path.display()))
+        };
+        let (certificate, key, client_ca) = (
+            read(&dir.join("tls.crt"))?,
+            read(&dir.join("tls.key"))?,
+            read(client_ca)?,
+        );
+        metrics::mutual_tls(&certificate, &key, &client_ca).map(Some)
+    }
+
     /// Where the webhook's certificate comes from, if from anywhere.
     fn webhook_certificate(&self) -> Option<CertificateSource> {
         if let Some((namespace, name)) = &self.webhook_secret {
@@ -139,17 +203,36 @@ pub fn run(args: OperatorArgs) -> ExitCode {
                     .map_err(|e| format!("admission webhook: {e}"))?,
             ),
         };
+        let metrics_listener = bind("--metrics-bind-address", &args.metrics_bind_address).await?;
+        let metrics_tls = args
+            .metrics_tls()
+            .map_err(|e| format!("--metrics-cert-path: {e}"))?;
+        let health_listener = bind(
+            "--health-probe-bind-address",
+            &args.health_probe_bind_address,
+        )
+        .await?;
         tracing::info!(namespace = ?args.namespace, "operator starting");
-        let webhook = async {
-            match webhook {
-                Some(webhook) => webhook.run(client.clone()).await,
-                None => std::future::pending().await,
-            }
-        };
+        let webhook = serve_if(webhook.map(|webhook| webhook.run(client.clone())));
         let ctx = Context::new(client.clone(), settings);
+        let limits = metrics::Limits::default();
+        let metrics = serve_if(metrics_listener.map(|listener| {
+            let metrics = ctx.metrics.clone();
+            async move {
+                match metrics_tls {
+                    Some(tls) => serve_metrics_tls(listener, metrics, limits, tls).await,
+                    None => serve_metrics(listener, metrics, limits).await,
+                }
+            }
+        }));
+        let health = serve_if(
+            health_listener.map(|listener| serve_health(listener, ctx.readiness.clone(), limits)),
+        );
         tokio::select! {
             _ = controllers::run(ctx, args.namespace.clone()) => {}
             _ = webhook => {}
+            _ = metrics => {}
+            _ = health => {}
             _ = tokio::signal::ctrl_c() => tracing::info!("stopping"),
         }
         Ok(ExitCode::SUCCESS)

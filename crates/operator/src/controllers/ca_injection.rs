@@ -486,8 +486,11 @@ fn authority_change(change: DynamicObject) -> Option<SourceChange> {
     })
 }
 
+/// The controllers' name in logs and metrics (one for the four target kinds).
+const CONTROLLER: &str = "ca_injection";
+
 fn error_policy(_target: Arc<DynamicObject>, error: &Error, injector: Arc<Injector>) -> Action {
-    super::requeue_after("ca_injection", error, &injector.ctx)
+    super::requeue_after(CONTROLLER, error, &injector.ctx)
 }
 
 /// One pass over a target: what it asks for, its source read fresh, the decision carried out.
@@ -496,6 +499,7 @@ async fn reconcile(
     injector: Arc<Injector>,
     kind: TargetKind,
 ) -> Result<Action, Error> {
+    let _timer = injector.ctx.metrics.reconcile_started(CONTROLLER);
     // As cainjector: an object on its way out is left alone.
     if target.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());

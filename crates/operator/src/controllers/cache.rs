@@ -5,7 +5,8 @@
 //! Machine controller and the three parent kinds), so a reconcile always sees at least the
 //! change that woke it. After a (re)list every cached Machine is passed on once the new state
 //! is complete, so nothing a reconcile decided on the old state is left waiting for an event
-//! that already went by.
+//! that already went by; so is every Machine the relist found gone (deleted while the watch
+//! was down), as it was last seen, so that what was kept about it (its metrics) goes too.
 //!
 //! Beside the objects, the cache keeps each Machine's [`MachineView`], made once per version:
 //! a rollout pass reads every Machine its parent covers, and converting them all on every pass
@@ -104,9 +105,10 @@ impl Caches {
                         (vec![Arc::new(m)], None)
                     }
                     Ok(watcher::Event::InitDone) => {
-                        let state = store.state();
-                        *write(&views) = MachineViews::of(&state);
+                        let mut state = store.state();
+                        let gone = write(&views).replace(MachineViews::of(&state));
                         ready.send_replace(true);
+                        state.extend(gone);
                         (state, None)
                     }
                     Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => (Vec::new(), None),
@@ -234,6 +236,28 @@ impl MachineViews {
         (old, view)
     }
 
+    /// Replaces every view with `fresh`'s; returns the Machines only the old views had, as
+    /// objects with their last known name, namespace, labels and cluster (enough to say who
+    /// they concerned).
+    fn replace(&mut self, fresh: MachineViews) -> Vec<Arc<DynamicObject>> {
+        let old = std::mem::replace(self, fresh);
+        let mut gone = Vec::new();
+        for (namespace, machines) in old.by_namespace {
+            let now = self.by_namespace.get(&namespace);
+            for (name, view) in machines {
+                if now.is_some_and(|now| now.contains_key(&name)) {
+                    continue;
+                }
+                let mut object = DynamicObject::new(&name, &crate::machine::api_resource())
+                    .within(&namespace)
+                    .data(serde_json::json!({ "spec": { "clusterName": view.cluster_name } }));
+                object.metadata.labels = Some(view.labels.clone());
+                gone.push(Arc::new(object));
+            }
+        }
+        gone
+    }
+
     fn delete(&mut self, machine: &DynamicObject) {
         let (Some(namespace), Some(name)) = (&machine.metadata.namespace, &machine.metadata.name)
         else {
@@ -309,6 +333,35 @@ mod tests {
             2,
             "deleting an unknown Machine is harmless"
         );
+    }
+
+    #[test]
+    fn a_relist_names_the_machines_it_found_gone() {
+        let mut kept = machine_object("a", "m-1", "1");
+        kept.metadata.labels = Some([("role".to_string(), "worker".to_string())].into());
+        let mut gone = machine_object("a", "m-2", "2");
+        gone.metadata.labels = Some([("role".to_string(), "control-plane".to_string())].into());
+        gone.data = serde_json::json!({ "spec": { "clusterName": "c1" } });
+        let mut views = MachineViews::of(&[
+            Arc::new(kept.clone()),
+            Arc::new(gone),
+            Arc::new(machine_object("b", "m-1", "3")),
+        ]);
+        let found_gone = views.replace(MachineViews::of(&[Arc::new(kept)]));
+        let mut found_gone: Vec<MachineView> = found_gone
+            .iter()
+            .map(|m| MachineView::from_object(m))
+            .collect();
+        found_gone.sort_by(|x, y| (&x.namespace, &x.name).cmp(&(&y.namespace, &y.name)));
+        let names: Vec<(&str, &str)> = found_gone
+            .iter()
+            .map(|m| (m.namespace.as_str(), m.name.as_str()))
+            .collect();
+        assert_eq!(names, [("a", "m-2"), ("b", "m-1")]);
+        assert_eq!(found_gone[0].cluster_name, "c1", "its parents can be found");
+        assert_eq!(found_gone[0].labels["role"], "control-plane");
+        assert_eq!(views.by_namespace.len(), 1);
+        assert!(views.replace(MachineViews::default()).len() == 1);
     }
 
     #[tokio::test]

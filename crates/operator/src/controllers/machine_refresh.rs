@@ -19,6 +19,7 @@ use crate::context::{Context, MachineAgent};
 use crate::credentials::ClusterCredentials;
 use crate::machine::refresh::{self, RefreshStep, RefreshWork, Refreshed};
 use crate::machine::{self, MachineView, ObjectRef};
+use crate::metrics::CertificateKind;
 use crate::names::{Operation, refresh_state};
 use crate::signing::{MachineIdentity, verified_role};
 
@@ -84,8 +85,11 @@ async fn attempt(machine: MachineHandle) {
         Ok(Refreshed::AgentBusy(why)) => {
             tracing::info!(machine = %name, reason = %why, "the agent is busy; waiting");
         }
-        Err(e) => log_failed_call(REFRESH, &fresh, attempt, e),
-        Ok(Refreshed::Done { .. }) => {}
+        Err(e) => {
+            log_failed_call(REFRESH, &fresh, attempt, e);
+            ctx.metrics.rotation_failed(CertificateKind::Machine, e);
+        }
+        Ok(Refreshed::Done { .. }) => ctx.metrics.rotated(CertificateKind::Machine),
     }
     let now = OffsetDateTime::now_utc();
     let update = refresh::after_attempt(&fresh, attempt, outcome, now, &ctx.settings);

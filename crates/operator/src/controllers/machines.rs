@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use kube::api::DynamicObject;
-use kube::runtime::controller::{Action, Controller};
+use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::reflector::Store;
 use time::OffsetDateTime;
 
@@ -19,27 +19,44 @@ use super::{machine_refresh, machine_upgrade};
 use crate::context::Context;
 use crate::machine::plan::{MachinePlan, Observed};
 use crate::machine::{self, MachineView, refresh, upgrade};
-use crate::names::Operation;
+use crate::metrics::CertificateKind;
+use crate::names::{self, Operation};
 use crate::schedule::{Next, busy_retry};
+use crate::timestamp::parse_time;
 use crate::{Error, Settings};
 
 const REFRESH: Operation = Operation::RefreshCertificates;
 const UPGRADE: Operation = Operation::InPlaceUpgrade;
 
+/// The controller's name in logs and metrics.
+const CONTROLLER: &str = "machine";
+
 /// Runs the controller over the shared Machine cache until its stream of changes ends.
 pub async fn run(ctx: Arc<Context>, machines: Store<DynamicObject>, changes: MachineChanges) {
+    let metrics = ctx.metrics.clone();
     Controller::for_stream_with(changes, machines, machine::api_resource())
         .run(reconcile, error_policy, ctx)
-        .for_each(|result| async move {
-            if let Err(e) = result {
-                tracing::debug!(error = %e, "reconcile failed");
+        .for_each(|result| {
+            match result {
+                // A change of a Machine no longer in the cache: it is gone, and its expiry
+                // with it.
+                Err(controller::Error::ObjectNotFound(gone)) => metrics.remove_certificate_expiry(
+                    CertificateKind::Machine,
+                    gone.namespace.as_deref().unwrap_or_default(),
+                    &gone.name,
+                ),
+                Err(e) => tracing::debug!(error = %e, "reconcile failed"),
+                Ok(_) => {}
             }
+            std::future::ready(())
         })
         .await;
 }
 
 async fn reconcile(object: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let _timer = ctx.metrics.reconcile_started(CONTROLLER);
     let view = MachineView::from_object(&object);
+    follow_expiry(&ctx, &view);
     let machine = MachineHandle {
         ctx,
         object,
@@ -52,7 +69,19 @@ async fn reconcile(object: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Acti
 }
 
 fn error_policy(_machine: Arc<DynamicObject>, error: &Error, ctx: Arc<Context>) -> Action {
-    super::requeue_after("machine", error, &ctx)
+    super::requeue_after(CONTROLLER, error, &ctx)
+}
+
+/// The Machine's series of `caretaker_certificate_expiration_seconds`: its certificates'
+/// earliest expiry as its annotation says, or none while it has none.
+fn follow_expiry(ctx: &Context, view: &MachineView) {
+    let (kind, namespace, name) = (CertificateKind::Machine, &view.namespace, &view.name);
+    match parse_time(view.annotation(names::CERTIFICATES_EXPIRY)) {
+        Some(expiry) => ctx
+            .metrics
+            .set_certificate_expiry(kind, namespace, name, expiry),
+        None => ctx.metrics.remove_certificate_expiry(kind, namespace, name),
+    }
 }
 
 /// One pass of `operation` over a Machine: observe it, decide with `plan` (pure), and carry

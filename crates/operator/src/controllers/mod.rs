@@ -4,7 +4,9 @@
 //! CK8sControlPlane, MachineDeployment). All of them read Machines from one watch-fed
 //! [`cache`]. [`ca_secrets`] drops cached CAs when their Secrets change. [`ca_injection`]
 //! keeps trust bundles in the `caBundle` fields of webhook configurations, CRD conversion
-//! webhooks and APIServices. [`run`] starts everything.
+//! webhooks and APIServices. [`run`] starts everything, and tells the readiness
+//! ([`crate::metrics::Readiness`]) when the caches have synced. Every reconcile is counted and
+//! timed in [`crate::metrics`] under its controller's name, every failed one by its category.
 
 pub mod ca_injection;
 pub mod ca_secrets;
@@ -51,6 +53,15 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
             .collect(),
     );
     let machine_changes = changes.remove(0);
+    // `/readyz` says ready once the controllers stop waiting on the caches.
+    let ready = {
+        let (caches, readiness) = (caches.clone(), ctx.readiness.clone());
+        async move {
+            if caches.wait_until_ready().await.is_ok() {
+                readiness.caches_synced();
+            }
+        }
+    };
     let secrets = match &namespace {
         Some(ns) => Api::namespaced(ctx.client.clone(), ns),
         None => Api::all(ctx.client.clone()),
@@ -59,6 +70,7 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
         ca_injection::run(ctx.clone(), namespace.clone()),
         ca_secrets::run(ctx.clone(), secrets),
         keep_caches,
+        ready,
         machines::run(ctx.clone(), caches.machines(), machine_changes),
         rollout::run(ctx.clone(), api, caches, changes),
     );
@@ -73,9 +85,10 @@ impl From<Next> for Action {
     }
 }
 
-/// After a failed reconcile of one of `controller`'s objects: the error's category decides
-/// when it runs again.
+/// After a failed reconcile of one of `controller`'s objects: counted by the error's
+/// category, which decides when it runs again.
 fn requeue_after(controller: &'static str, error: &Error, ctx: &Context) -> Action {
     tracing::warn!(controller, error = %error, category = error.metric_label(), "reconcile failed");
+    ctx.metrics.reconcile_failed(controller, error);
     error.requeue(ctx.settings.retry_base).into()
 }

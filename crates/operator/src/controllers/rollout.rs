@@ -97,8 +97,11 @@ const STALE_RETRY: Duration = Duration::from_millis(100);
 /// Health checks of control-plane agents give up after this long.
 const HEALTH_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// The controllers' name in logs and metrics (one for the three parent kinds).
+const CONTROLLER: &str = "rollout";
+
 fn error_policy(_parent: Arc<DynamicObject>, error: &Error, ctx: Arc<Context>) -> Action {
-    super::requeue_after("rollout", error, &ctx)
+    super::requeue_after(CONTROLLER, error, &ctx)
 }
 
 async fn reconcile(
@@ -107,6 +110,7 @@ async fn reconcile(
     kind: ParentKind,
     caches: Caches,
 ) -> Result<Action, Error> {
+    let _timer = ctx.metrics.reconcile_started(CONTROLLER);
     // An empty cache would read as a rollout with no Machines, and so as done.
     caches.wait_until_ready().await?;
     let view = observe_parent(kind, &parent, &caches);

@@ -1,0 +1,107 @@
+//! The certificates caretaker follows and when each expires, encoded at each scrape as two
+//! gauges:
+//!
+//! - `caretaker_certificate_expiration_seconds{kind, namespace, name}`: the notAfter, in
+//!   seconds since the Unix epoch, as cert-manager's
+//!   `certmanager_certificate_expiration_timestamp_seconds` gives it. Alert on
+//!   `caretaker_certificate_expiration_seconds - time() < 7 * 86400`.
+//! - `caretaker_ca_expiration_days{name}`: per CertificateAuthority, the days from the scrape to
+//!   its current CA's notAfter, fractional and negative once expired, as the OpenShift etcd
+//!   operator's `openshift_etcd_operator_signer_expiration_days` computes them (notAfter minus
+//!   now, in hours, over 24). That operator sets its gauge at each sync, once a minute; here it
+//!   is computed at the scrape, from the stored notAfter, so it is never older than the scrape.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::gauge::ConstGauge;
+use time::OffsetDateTime;
+
+use super::CertificateKind;
+
+pub(super) const CERTIFICATE_EXPIRATION: &str = "caretaker_certificate_expiration_seconds";
+pub(super) const CA_EXPIRATION_DAYS: &str = "caretaker_ca_expiration_days";
+
+/// (kind, namespace, name): one certificate-holding object.
+type Series = (CertificateKind, String, String);
+
+/// Each followed object's notAfter, in seconds since the Unix epoch.
+#[derive(Debug, Default)]
+pub(super) struct Expiries(Mutex<BTreeMap<Series, i64>>);
+
+impl Expiries {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<Series, i64>> {
+        // Each change is one insert or remove: a panic elsewhere leaves nothing half-written.
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    pub(super) fn set(
+        &self,
+        kind: CertificateKind,
+        namespace: &str,
+        name: &str,
+        not_after: OffsetDateTime,
+    ) {
+        self.lock().insert(
+            (kind, namespace.to_string(), name.to_string()),
+            not_after.unix_timestamp(),
+        );
+    }
+
+    pub(super) fn remove(&self, kind: CertificateKind, namespace: &str, name: &str) {
+        self.lock()
+            .remove(&(kind, namespace.to_string(), name.to_string()));
+    }
+}
+
+/// Encodes [`Expiries`] at each scrape, the days left counted from `clock`'s time.
+#[derive(Debug)]
+pub(super) struct Collector {
+    pub(super) expiries: std::sync::Arc<Expiries>,
+    pub(super) clock: fn() -> OffsetDateTime,
+}
+
+const SECONDS_PER_DAY: f64 = 86_400.0;
+
+impl prometheus_client::collector::Collector for Collector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        // A copy, so that no controller waits on the lock while the scrape is written.
+        let expiries = self.expiries.lock().clone();
+        let now = (self.clock)();
+        let now = now.unix_timestamp() as f64 + f64::from(now.nanosecond()) / 1e9;
+        {
+            let mut family = encoder.encode_descriptor(
+                CERTIFICATE_EXPIRATION,
+                "When the certificate of a CertificateAuthority, IssuedCertificate or Machine expires (its notAfter), in seconds since the Unix epoch.",
+                None,
+                MetricType::Gauge,
+            )?;
+            for ((kind, namespace, name), not_after) in &expiries {
+                let labels = [
+                    ("kind", kind.as_str()),
+                    ("namespace", namespace.as_str()),
+                    ("name", name.as_str()),
+                ];
+                ConstGauge::new(*not_after).encode(family.encode_family(&labels)?)?;
+            }
+        }
+        let mut family = encoder.encode_descriptor(
+            CA_EXPIRATION_DAYS,
+            "Days from now until the current CA of a CertificateAuthority expires; negative once it has.",
+            None,
+            MetricType::Gauge,
+        )?;
+        for ((kind, _, name), not_after) in &expiries {
+            if *kind != CertificateKind::CertificateAuthority {
+                continue;
+            }
+            let days = (*not_after as f64 - now) / SECONDS_PER_DAY;
+            ConstGauge::new(days).encode(family.encode_family(&[("name", name.as_str())])?)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,277 @@
+//! The operator's metrics, in one registry per process ([`Metrics`], held by the
+//! [`crate::Context`]), and the servers of `/metrics` (plain HTTP, or mutual TLS), `/healthz`
+//! and `/readyz` ([`server`]).
+//!
+//! | family | type | labels |
+//! |---|---|---|
+//! | `caretaker_certificate_expiration_seconds` | gauge | `kind`, `namespace`, `name` |
+//! | `caretaker_ca_expiration_days` | gauge | `name` |
+//! | `caretaker_certificate_rotations_total` | counter | `kind` |
+//! | `caretaker_certificate_rotation_failures_total` | counter | `kind`, `category` |
+//! | `caretaker_reconcile_total` | counter | `controller` |
+//! | `caretaker_reconcile_errors_total` | counter | `controller`, `category` |
+//! | `caretaker_reconcile_duration_seconds` | histogram | `controller` |
+//!
+//! The two expiry gauges come from one table of certificates and their notAfter
+//! ([`expiry`]), read at each scrape: the days left are computed then, never stored, so they
+//! cannot go stale between two reconciles. Every label value is bounded: a kind, a controller,
+//! an [`Error::metric_label`] category, or the name of an object caretaker manages (whose
+//! series goes when the object does). Nothing secret is in any of them.
+
+mod expiry;
+pub mod server;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::{Registry, Unit};
+use time::OffsetDateTime;
+
+use crate::Error;
+
+pub use server::{
+    Limits, Readiness, TlsConfig, mutual_tls, serve_health, serve_metrics, serve_metrics_tls,
+};
+
+/// The `Content-Type` of `/metrics`: the OpenMetrics text format prometheus-client writes.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// The kinds of object whose certificates the expiry gauge follows.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelValue)]
+pub enum CertificateKind {
+    /// A `CertificateAuthority` (cluster-scoped: its namespace is empty): its current CA.
+    CertificateAuthority,
+    /// An `IssuedCertificate`: the leaf in its Secret.
+    IssuedCertificate,
+    /// A Cluster API Machine: the earliest notAfter of its node's certificates.
+    Machine,
+}
+
+impl CertificateKind {
+    pub const ALL: [CertificateKind; 3] = [
+        CertificateKind::CertificateAuthority,
+        CertificateKind::IssuedCertificate,
+        CertificateKind::Machine,
+    ];
+
+    /// The kind as the `kind` label writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CertificateKind::CertificateAuthority => "CertificateAuthority",
+            CertificateKind::IssuedCertificate => "IssuedCertificate",
+            CertificateKind::Machine => "Machine",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabels {
+    kind: CertificateKind,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindErrorLabels {
+    kind: CertificateKind,
+    category: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ControllerLabels {
+    controller: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ControllerErrorLabels {
+    controller: &'static str,
+    category: &'static str,
+}
+
+type Histograms = Family<ControllerLabels, Histogram, fn() -> Histogram>;
+
+/// Reconcile durations, in seconds: from a cache read of a few microseconds to a pass that
+/// waited on the API server for a minute.
+const DURATION_BUCKETS: [f64; 14] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 60.0,
+];
+
+fn duration_histogram() -> Histogram {
+    Histogram::new(DURATION_BUCKETS)
+}
+
+/// The operator's metric families and the registry that encodes them. A family with no
+/// series yet (no reconcile has failed) is left out of the text until it has one.
+pub struct Metrics {
+    registry: Registry,
+    expiries: Arc<expiry::Expiries>,
+    rotations: Family<KindLabels, Counter>,
+    rotation_failures: Family<KindErrorLabels, Counter>,
+    reconciles: Family<ControllerLabels, Counter>,
+    reconcile_errors: Family<ControllerErrorLabels, Counter>,
+    reconcile_duration: Histograms,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::with_clock(OffsetDateTime::now_utc)
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+
+    /// Metrics whose scrape-time values (the days left of each CA) are computed at `clock`'s
+    /// time.
+    pub fn with_clock(clock: fn() -> OffsetDateTime) -> Self {
+        let mut registry = Registry::default();
+        let expiries = Arc::new(expiry::Expiries::default());
+        registry.register_collector(Box::new(expiry::Collector {
+            expiries: expiries.clone(),
+            clock,
+        }));
+        let rotations = Family::<KindLabels, Counter>::default();
+        registry.register(
+            "caretaker_certificate_rotations",
+            "Certificates caretaker replaced (a CA rotated, a leaf re-issued, a Machine's node certificates refreshed), by kind",
+            rotations.clone(),
+        );
+        // Known from the start, so that a rate over them has a beginning.
+        for kind in CertificateKind::ALL {
+            let _ = rotations.get_or_create(&KindLabels { kind });
+        }
+        let rotation_failures = Family::<KindErrorLabels, Counter>::default();
+        registry.register(
+            "caretaker_certificate_rotation_failures",
+            "Attempts to replace a certificate that failed, by kind and error category",
+            rotation_failures.clone(),
+        );
+        let reconciles = Family::<ControllerLabels, Counter>::default();
+        registry.register(
+            "caretaker_reconcile",
+            "Reconciles run, by controller, whatever their result",
+            reconciles.clone(),
+        );
+        let reconcile_errors = Family::<ControllerErrorLabels, Counter>::default();
+        registry.register(
+            "caretaker_reconcile_errors",
+            "Reconciles that failed, by controller and error category",
+            reconcile_errors.clone(),
+        );
+        let reconcile_duration: Histograms = Family::new_with_constructor(duration_histogram);
+        registry.register_with_unit(
+            "caretaker_reconcile_duration",
+            "How long reconciles took, by controller",
+            Unit::Seconds,
+            reconcile_duration.clone(),
+        );
+        Metrics {
+            registry,
+            expiries,
+            rotations,
+            rotation_failures,
+            reconciles,
+            reconcile_errors,
+            reconcile_duration,
+        }
+    }
+
+    /// Records when the certificate of a `kind` object expires (`namespace` empty for a
+    /// CertificateAuthority), replacing what was recorded for it.
+    pub fn set_certificate_expiry(
+        &self,
+        kind: CertificateKind,
+        namespace: &str,
+        name: &str,
+        not_after: OffsetDateTime,
+    ) {
+        self.expiries.set(kind, namespace, name, not_after);
+    }
+
+    /// Forgets the certificate of a `kind` object (deleted, or no longer with a certificate):
+    /// its series leave both expiry gauges.
+    pub fn remove_certificate_expiry(&self, kind: CertificateKind, namespace: &str, name: &str) {
+        self.expiries.remove(kind, namespace, name);
+    }
+
+    /// Counts a certificate of `kind` replaced.
+    pub fn rotated(&self, kind: CertificateKind) {
+        self.rotations.get_or_create(&KindLabels { kind }).inc();
+    }
+
+    /// Counts a failed attempt to replace a certificate of `kind`.
+    pub fn rotation_failed(&self, kind: CertificateKind, error: &Error) {
+        self.rotation_failures
+            .get_or_create(&KindErrorLabels {
+                kind,
+                category: error.metric_label(),
+            })
+            .inc();
+    }
+
+    /// Starts timing one reconcile of `controller`: counted, with its duration, when the
+    /// returned guard is dropped (also when the reconcile was cancelled or failed).
+    #[must_use = "the reconcile is recorded when the guard is dropped"]
+    pub fn reconcile_started(self: &Arc<Self>, controller: &'static str) -> ReconcileTimer {
+        ReconcileTimer {
+            metrics: self.clone(),
+            controller,
+            started: Instant::now(),
+        }
+    }
+
+    /// Records one reconcile of `controller` that took `took`.
+    pub fn reconciled(&self, controller: &'static str, took: Duration) {
+        let labels = ControllerLabels { controller };
+        self.reconciles.get_or_create(&labels).inc();
+        self.reconcile_duration
+            .get_or_create(&labels)
+            .observe(took.as_secs_f64());
+    }
+
+    /// Counts a failed reconcile of `controller`, by the error's category.
+    pub fn reconcile_failed(&self, controller: &'static str, error: &Error) {
+        self.reconcile_errors
+            .get_or_create(&ControllerErrorLabels {
+                controller,
+                category: error.metric_label(),
+            })
+            .inc();
+    }
+
+    /// Every family in the OpenMetrics text format (served as [`CONTENT_TYPE`]), ending in
+    /// `# EOF`.
+    pub fn encode(&self) -> String {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &self.registry)
+            .expect("writing to a String does not fail");
+        text
+    }
+}
+
+/// One reconcile being timed; recorded when dropped.
+pub struct ReconcileTimer {
+    metrics: Arc<Metrics>,
+    controller: &'static str,
+    started: Instant,
+}
+
+impl Drop for ReconcileTimer {
+    fn drop(&mut self) {
+        self.metrics
+            .reconciled(self.controller, self.started.elapsed());
+    }
+}
+
+#[cfg(test)]
+mod tests;
