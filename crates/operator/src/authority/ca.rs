@@ -282,6 +282,7 @@ pub struct AuthorityStatus {
     pub degraded: Condition,
     /// The CA that signs now (the last good one while the Secret is invalid).
     pub serial: Option<String>,
+    pub not_before: Option<OffsetDateTime>,
     pub not_after: Option<OffsetDateTime>,
     /// The CA a rotation in progress introduces.
     pub next: Option<TrustedCa>,
@@ -290,6 +291,9 @@ pub struct AuthorityStatus {
     /// When the CA that signs now is due to be replaced; during a rotation, when the next CA
     /// will be promoted (unknown while it is not yet trusted everywhere).
     pub next_rotation: Option<OffsetDateTime>,
+    /// During a rotation, when the next CA was first seen in the bundle and every injection
+    /// point (`caretaker.dev/next-trusted-at`); it signs `trust_propagation` later.
+    pub trusted_since: Option<OffsetDateTime>,
 }
 
 /// Why no CA signs now.
@@ -756,6 +760,10 @@ fn status_of(secret: &CaSecret, policy: &AuthorityPolicy, now: OffsetDateTime) -
             .current
             .as_ref()
             .map(|ca| ca.certificate.serial().to_string()),
+        not_before: secret
+            .current
+            .as_ref()
+            .map(|ca| ca.certificate.not_before()),
         not_after: secret.current.as_ref().map(|ca| ca.certificate.not_after()),
         next: secret
             .next
@@ -763,6 +771,7 @@ fn status_of(secret: &CaSecret, policy: &AuthorityPolicy, now: OffsetDateTime) -
             .map(|ca| TrustedCa::of(&ca.certificate)),
         previous: secret.previous.iter().map(TrustedCa::of).collect(),
         next_rotation,
+        trusted_since: secret.next.as_ref().and(secret.next_trusted_at),
     }
 }
 
@@ -855,10 +864,12 @@ fn invalid(seen: &AuthorityObserved, reason: &str, now: OffsetDateTime) -> CaPla
             ready,
             degraded: Condition::new(true, names::REASON_CA_SECRET_INVALID, message),
             serial: signer.map(|ca| ca.certificate.serial().to_string()),
+            not_before: signer.map(|ca| ca.certificate.not_before()),
             not_after: signer.map(|ca| ca.certificate.not_after()),
             next: None,
             previous: Vec::new(),
             next_rotation: None,
+            trusted_since: None,
         },
         issuer,
         wake_at: None,

@@ -207,6 +207,7 @@ fn a_due_ca_gets_its_successor_stored_before_anything_publishes_it() {
         rotation.status.next_rotation, None,
         "unknown until trusted everywhere"
     );
+    assert_eq!(rotation.status.trusted_since, None);
 
     apply(&mut seen, &rotation);
     assert_settled(&seen, &policy, due);
@@ -242,6 +243,7 @@ fn the_next_ca_signs_only_once_trusted_everywhere_for_the_propagation_time() {
     assert_eq!(record.issuer.signer, Ok(old.clone()), "not yet");
     assert_eq!(record.wake_at, Some(at(trusted + 300)));
     assert_eq!(record.status.next_rotation, Some(at(trusted + 300)));
+    assert_eq!(record.status.trusted_since, Some(at(trusted)));
     apply(&mut seen, &record);
     assert_settled(&seen, &policy, trusted);
     assert!(decide(&seen, &policy, &model, trusted + 299).writes_nothing());
@@ -266,6 +268,14 @@ fn the_next_ca_signs_only_once_trusted_everywhere_for_the_propagation_time() {
     assert_eq!(promotion.issuer.signer, Ok(next.clone()));
     assert_eq!(promotion.events[0].reason, names::EVENT_SIGNER_PROMOTED);
     assert_eq!(model.log.borrow().len(), 2);
+    assert_eq!(
+        promotion.status.trusted_since, None,
+        "no rotation in progress"
+    );
+    assert_eq!(
+        promotion.status.not_before,
+        Some(next.certificate.not_before())
+    );
     apply(&mut seen, &promotion);
     assert_settled(&seen, &policy, trusted + 300);
     let published = seen.bundle.present().unwrap();
