@@ -575,13 +575,23 @@ fn rotation_reason(
 ) -> Option<String> {
     let certificate = &current.certificate;
     if certificate.expired_at(now) {
-        return Some(expiring(&policy.rotation, certificate, now));
+        return Some(expiring(
+            &policy.rotation,
+            &policy.ca.validity,
+            certificate,
+            now,
+        ));
     }
     if let Some(problem) = secret.annotations.validity_problem(certificate) {
         return Some(problem);
     }
-    if now >= due(&policy.rotation, certificate) {
-        return Some(expiring(&policy.rotation, certificate, now));
+    if now >= due(&policy.rotation, &policy.ca.validity, certificate) {
+        return Some(expiring(
+            &policy.rotation,
+            &policy.ca.validity,
+            certificate,
+            now,
+        ));
     }
     if certificate.common_name() != policy.ca.common_name {
         return Some(format!(
@@ -750,7 +760,7 @@ fn status_of(secret: &CaSecret, policy: &AuthorityPolicy, now: OffsetDateTime) -
     };
     let next_rotation = match (&secret.current, &secret.next) {
         (_, Some(_)) => secret.next_trusted_at.map(|t| later(t, prop)),
-        (Some(ca), None) => Some(due(&policy.rotation, &ca.certificate)),
+        (Some(ca), None) => Some(due(&policy.rotation, &policy.ca.validity, &ca.certificate)),
         (None, None) => None,
     };
     AuthorityStatus {
@@ -786,7 +796,11 @@ fn wake_at(
     let expiry = |c: &Certificate| c.not_after() + time::Duration::SECOND;
     let mut moments = Vec::new();
     match (&secret.current, &secret.next) {
-        (Some(current), None) => moments.push(due(&policy.rotation, &current.certificate)),
+        (Some(current), None) => moments.push(due(
+            &policy.rotation,
+            &policy.ca.validity,
+            &current.certificate,
+        )),
         (current, Some(_)) => {
             moments.extend(secret.next_trusted_at.map(|t| later(t, prop)));
             moments.extend(current.as_ref().map(|ca| expiry(&ca.certificate)));
