@@ -412,23 +412,28 @@ impl Shared {
         let mut said = Installed::default();
         loop {
             let now = *installed.borrow_and_update();
-            for (was, is, kind) in [
-                (said.authorities, now.authorities, "CertificateAuthority"),
-                (said.certificates, now.certificates, "IssuedCertificate"),
+            let [ca_crd, certificate_crd] = crd_names();
+            for (was, is, kind, crd) in [
+                (
+                    said.authorities,
+                    now.authorities,
+                    "CertificateAuthority",
+                    ca_crd,
+                ),
+                (
+                    said.certificates,
+                    now.certificates,
+                    "IssuedCertificate",
+                    certificate_crd,
+                ),
             ] {
                 match (was, is) {
                     (Some(true), Some(true)) | (Some(false), Some(false)) | (_, None) => {}
                     (_, Some(true)) => {
-                        tracing::info!(
-                            kind,
-                            "the {kind} CRD is installed; the {kind} controller runs"
-                        )
+                        tracing::info!(kind, %crd, "CRD {crd} found: the {kind} controller runs")
                     }
                     (_, Some(false)) => {
-                        tracing::info!(
-                            kind,
-                            "the {kind} CRD is not installed; the {kind} controller stays idle until it appears"
-                        )
+                        tracing::info!(kind, %crd, "CRD {crd} absent: the {kind} controller stays idle until it appears")
                     }
                 }
             }
