@@ -888,7 +888,9 @@ async fn a_certificate_is_issued_again_when_it_falls_due() {
 /// A rotation forced by removing the CA Secret's `certificate-not-after`: the bundle holds old
 /// and new CA, the certificate keeps its leaf from the old CA (and trusts both) while the
 /// injection point does not hold the new bundle, however long; once it does, the new CA signs
-/// after `trustPropagation`, and the old CA leaves the bundle once nothing uses it.
+/// after `trustPropagation`; the old CA stays in the bundle while a certificate signed by it
+/// remains (one whose spec became invalid, so nothing issues it again), and leaves once none
+/// does.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forced_ca_rotation_is_trusted_everywhere_before_it_signs_anything() {
     let setup = setup().await;
@@ -897,10 +899,23 @@ async fn a_forced_ca_rotation_is_trusted_everywhere_before_it_signs_anything() {
         .await;
     setup.create_webhook_configuration("vwc", "webhooks").await;
     setup.create_certificate("web", "webhooks", json!({})).await;
+    setup
+        .create_certificate("frozen", "webhooks", json!({}))
+        .await;
     let (ca_secret, first) = settled(&setup, "webhooks", "web").await;
     let old_ca = leaf_or_ca(&ca_secret);
     let first_bundle = bundle_text(&setup.bundle("webhooks-ca-bundle").await.unwrap());
     setup.inject_by_hand("vwc", &first_bundle).await;
+    // A certificate nothing issues again for now (its spec became invalid): its workload
+    // still serves the old CA's leaf.
+    setup
+        .wait_certificate_condition("frozen", "Ready", "True", names::REASON_ISSUED)
+        .await;
+    let frozen = setup.secret(DEMO, "frozen-tls").await.unwrap();
+    set_ip_addresses(&setup, "frozen", json!(["10.0.0.300"])).await;
+    setup
+        .wait_certificate_condition("frozen", "Degraded", "True", names::REASON_INVALID_SPEC)
+        .await;
 
     setup
         .patch_secret(
@@ -986,6 +1001,21 @@ async fn a_forced_ca_rotation_is_trusted_everywhere_before_it_signs_anything() {
         )
         .await;
 
+    // The old CA stays trusted while a certificate signed by it remains, however long.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let still = bundle_text(&setup.bundle("webhooks-ca-bundle").await.unwrap());
+    assert_eq!(fingerprints(&still).len(), 2, "the old CA is still in use");
+    let frozen_now = setup.secret(DEMO, "frozen-tls").await.unwrap();
+    assert_eq!(text(&frozen_now, "tls.crt"), text(&frozen, "tls.crt"));
+    let (ok, said) = openssl_verify(&still, &text(&frozen_now, "tls.crt"), "sslserver");
+    assert!(ok, "{said}");
+    set_ip_addresses(&setup, "frozen", json!(null)).await;
+    setup
+        .wait_secret(DEMO, "frozen-tls", "a leaf from the new CA", |s| {
+            signed_by(&leaf(s), &new_ca)
+        })
+        .await;
+
     // Nothing uses the old CA any more: it leaves the bundle, and ca.crt follows.
     let last = eventually("the old CA leaves the bundle", 20, || async {
         let text = bundle_text(&setup.bundle("webhooks-ca-bundle").await?);
@@ -1008,6 +1038,18 @@ async fn a_forced_ca_rotation_is_trusted_everywhere_before_it_signs_anything() {
     let ca_secret = setup.secret(SYSTEM, "webhooks-ca").await.unwrap();
     let keys: Vec<&String> = ca_secret.data.as_ref().unwrap().keys().collect();
     assert_eq!(keys, ["tls.crt", "tls.key"]);
+}
+
+async fn set_ip_addresses(setup: &Setup, certificate: &str, addresses: Value) {
+    setup
+        .certificates()
+        .patch(
+            certificate,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "spec": { "ipAddresses": addresses } })),
+        )
+        .await
+        .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
