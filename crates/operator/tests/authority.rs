@@ -1319,6 +1319,109 @@ async fn two_certificate_authorities_share_nothing() {
     );
 }
 
+/// Two objects naming one Secret or ConfigMap would overwrite each other forever: each is
+/// refused (`ObjectInUse`) and nothing is written until the clash is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn objects_that_would_share_a_secret_or_bundle_are_refused_not_fought_over() {
+    let setup = setup().await;
+    setup.create_ca("webhooks", json!({})).await;
+    setup.create_certificate("web", "webhooks", json!({})).await;
+    let (ca_secret, web) = settled(&setup, "webhooks", "web").await;
+    let bundle = setup.bundle("webhooks-ca-bundle").await.unwrap();
+
+    // A second certificate in the same Secret, one in a CA's Secret, a CA on the same bundle.
+    setup
+        .create_certificate("copy", "webhooks", json!({ "secretName": "web-tls" }))
+        .await;
+    setup
+        .create_ca(
+            "local",
+            json!({ "secret": { "name": "local-ca", "namespace": DEMO } }),
+        )
+        .await;
+    setup
+        .wait_ca_condition("local", "Ready", "True", names::REASON_SIGNING)
+        .await;
+    let local_secret = setup.secret(DEMO, "local-ca").await.unwrap();
+    setup
+        .create_certificate("thief", "webhooks", json!({ "secretName": "local-ca" }))
+        .await;
+    setup
+        .create_ca(
+            "twin",
+            json!({ "bundle": { "name": "webhooks-ca-bundle", "namespace": SYSTEM } }),
+        )
+        .await;
+    for certificate in ["web", "copy", "thief"] {
+        setup
+            .wait_certificate_condition(
+                certificate,
+                "Degraded",
+                "True",
+                names::REASON_OBJECT_IN_USE,
+            )
+            .await;
+    }
+    for authority in ["webhooks", "twin"] {
+        setup
+            .wait_ca_condition(authority, "Degraded", "True", names::REASON_OBJECT_IN_USE)
+            .await;
+    }
+    let note = setup
+        .wait_note(DEMO, "thief", names::REASON_OBJECT_IN_USE, "CA Secret")
+        .await;
+    assert!(
+        note.contains("it is the CA Secret of CertificateAuthority local"),
+        "{note}"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let unchanged = |a: &Secret, b: &Secret| {
+        a.data == b.data && a.metadata.annotations == b.metadata.annotations
+    };
+    assert!(unchanged(
+        &setup.secret(DEMO, "web-tls").await.unwrap(),
+        &web
+    ));
+    assert!(unchanged(
+        &setup.secret(DEMO, "local-ca").await.unwrap(),
+        &local_secret
+    ));
+    assert!(unchanged(
+        &setup.secret(SYSTEM, "webhooks-ca").await.unwrap(),
+        &ca_secret
+    ));
+    assert!(setup.secret(SYSTEM, "twin-ca").await.is_none());
+    assert_eq!(
+        setup.bundle("webhooks-ca-bundle").await.unwrap().data,
+        bundle.data
+    );
+
+    // The clashes go: each goes on by itself.
+    setup
+        .certificates()
+        .delete("copy", &DeleteParams::default())
+        .await
+        .unwrap();
+    setup
+        .authorities()
+        .delete("twin", &DeleteParams::default())
+        .await
+        .unwrap();
+    setup
+        .wait_certificate_condition("web", "Degraded", "False", "AsExpected")
+        .await;
+    setup
+        .wait_ca_condition("webhooks", "Degraded", "False", "AsExpected")
+        .await;
+    assert_eq!(
+        setup
+            .notes(DEMO, "thief", names::REASON_OBJECT_IN_USE)
+            .await
+            .len(),
+        1
+    );
+}
+
 /// Every managed object, with its resourceVersion.
 async fn versions(setup: &Setup) -> BTreeMap<String, String> {
     let mut found = BTreeMap::new();

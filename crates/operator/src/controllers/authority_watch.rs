@@ -147,11 +147,18 @@ async fn wait_synced(flag: &watch::Sender<bool>) -> Result<(), Error> {
         .map_err(|_| Error::CacheStopped)
 }
 
+/// What the index keeps of a certificate: its Secret, its issuer, its spec's generation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Indexed {
+    secret: Key,
+    issuer: String,
+    generation: Option<i64>,
+}
+
 /// The IssuedCertificates by the Secret they are kept in and by the CA that issues them.
 #[derive(Debug, Default)]
 struct CertificateIndex {
-    /// Each certificate's Secret and issuer.
-    entries: HashMap<Key, (Key, String)>,
+    entries: HashMap<Key, Indexed>,
     by_secret: HashMap<Key, BTreeSet<Key>>,
     by_issuer: HashMap<String, BTreeSet<Key>>,
 }
@@ -164,8 +171,8 @@ impl CertificateIndex {
         )
     }
 
-    /// Adds or updates a certificate; returns the issuer it had.
-    fn insert(&mut self, certificate: &IssuedCertificate) -> Option<String> {
+    /// Adds or updates a certificate; returns what it had.
+    fn insert(&mut self, certificate: &IssuedCertificate) -> Option<Indexed> {
         let key = Self::key(certificate);
         let before = self.remove(&key);
         let secret = (key.0.clone(), certificate.spec.secret_name.clone());
@@ -178,26 +185,34 @@ impl CertificateIndex {
             .entry(issuer.clone())
             .or_default()
             .insert(key.clone());
-        self.entries.insert(key, (secret, issuer));
+        self.entries.insert(
+            key,
+            Indexed {
+                secret,
+                issuer,
+                generation: certificate.metadata.generation,
+            },
+        );
         before
     }
 
-    /// Removes a certificate; returns its issuer.
-    fn remove(&mut self, key: &Key) -> Option<String> {
-        let (secret, issuer) = self.entries.remove(key)?;
-        if let Some(keys) = self.by_secret.get_mut(&secret) {
+    /// Removes a certificate; returns what it had.
+    fn remove(&mut self, key: &Key) -> Option<Indexed> {
+        let indexed = self.entries.remove(key)?;
+        let Indexed { secret, issuer, .. } = &indexed;
+        if let Some(keys) = self.by_secret.get_mut(secret) {
             keys.remove(key);
             if keys.is_empty() {
-                self.by_secret.remove(&secret);
+                self.by_secret.remove(secret);
             }
         }
-        if let Some(keys) = self.by_issuer.get_mut(&issuer) {
+        if let Some(keys) = self.by_issuer.get_mut(issuer) {
             keys.remove(key);
             if keys.is_empty() {
-                self.by_issuer.remove(&issuer);
+                self.by_issuer.remove(issuer);
             }
         }
-        Some(issuer)
+        Some(indexed)
     }
 
     fn rebuild(&mut self, certificates: &[Arc<IssuedCertificate>]) {
@@ -220,7 +235,7 @@ impl CertificateIndex {
             .get(secret)
             .into_iter()
             .flatten()
-            .filter_map(|key| Some((key.clone(), self.entries.get(key)?.1.clone())))
+            .filter_map(|key| Some((key.clone(), self.entries.get(key)?.issuer.clone())))
             .collect()
     }
 }
@@ -806,7 +821,7 @@ impl Shared {
     ) {
         let mut installed = self.installed.subscribe();
         let mut failing = Failing::new("CertificateAuthority");
-        let mut generations: HashMap<String, Option<i64>> = HashMap::new();
+        let mut known: HashMap<String, (Option<i64>, Key)> = HashMap::new();
         loop {
             let present = match installed.wait_for(|i| i.authorities.is_some()).await {
                 Ok(state) => state.authorities == Some(true),
@@ -834,7 +849,7 @@ impl Shared {
                         Some(Ok(event)) => {
                             failing.recovered();
                             writer.apply_watcher_event(&event);
-                            self.authority_event(&event, &writer.as_reader(), &mut generations);
+                            self.authority_event(&event, &writer.as_reader(), &mut known);
                         }
                         Some(Err(e)) => failing.failed(&e),
                         None => return,
@@ -846,8 +861,8 @@ impl Shared {
                         // The CRD is gone, and every CA with it.
                         writer.apply_watcher_event(&watcher::Event::Init);
                         writer.apply_watcher_event(&watcher::Event::InitDone);
-                        for name in std::mem::take(&mut generations).into_keys() {
-                            self.forget_authority(&name);
+                        for (name, (_, secret)) in std::mem::take(&mut known) {
+                            self.forget_authority(&name, &secret);
                         }
                         break;
                     }
@@ -860,54 +875,85 @@ impl Shared {
         &self,
         event: &watcher::Event<CertificateAuthority>,
         store: &Store<CertificateAuthority>,
-        generations: &mut HashMap<String, Option<i64>>,
+        known: &mut HashMap<String, (Option<i64>, Key)>,
     ) {
         match event {
             watcher::Event::Apply(authority) => {
-                let name = authority.name_any();
                 let _ = self.authority_objects.send(authority.clone());
-                let generation = authority.metadata.generation;
-                if generations.insert(name.clone(), generation) != Some(generation) {
-                    self.wake_certificates_of(&name);
-                }
+                self.authority_seen(authority, known);
             }
             watcher::Event::Delete(authority) => {
                 let name = authority.name_any();
-                generations.remove(&name);
-                self.forget_authority(&name);
+                if let Some((_, secret)) = known.remove(&name) {
+                    self.forget_authority(&name, &secret);
+                }
             }
             watcher::Event::InitDone => {
                 self.synced.authorities.send_replace(true);
                 let listed = store.state();
                 let names: BTreeSet<String> = listed.iter().map(|a| a.name_any()).collect();
-                let gone: Vec<String> = generations
+                let gone: Vec<String> = known
                     .keys()
                     .filter(|name| !names.contains(*name))
                     .cloned()
                     .collect();
                 for name in gone {
-                    generations.remove(&name);
-                    self.forget_authority(&name);
+                    if let Some((_, secret)) = known.remove(&name) {
+                        self.forget_authority(&name, &secret);
+                    }
                 }
                 for authority in listed {
-                    let name = authority.name_any();
                     let _ = self.authority_objects.send((*authority).clone());
-                    let generation = authority.metadata.generation;
-                    if generations.insert(name.clone(), generation) != Some(generation) {
-                        self.wake_certificates_of(&name);
-                    }
+                    self.authority_seen(&authority, known);
                 }
             }
             watcher::Event::Init | watcher::Event::InitApply(_) => {}
         }
     }
 
-    /// A CA that is gone: what this process remembers of it goes, and its certificates say
-    /// their issuer is missing.
-    fn forget_authority(&self, name: &str) {
+    /// A CA as listed or changed: when its spec is new, its certificates plan again, and so
+    /// does whatever may share its objects (the other CAs; certificates kept in its Secret,
+    /// before and after).
+    fn authority_seen(
+        &self,
+        authority: &CertificateAuthority,
+        known: &mut HashMap<String, (Option<i64>, Key)>,
+    ) {
+        let name = authority.name_any();
+        let now = (
+            authority.metadata.generation,
+            ca_secret_key(&authority.spec),
+        );
+        let before = known.insert(name.clone(), now.clone());
+        if before.as_ref() == Some(&now) {
+            return;
+        }
+        self.wake_certificates_of(&name);
+        self.wake_sharing(&name, before.iter().map(|(_, s)| s).chain([&now.1]));
+    }
+
+    /// Wakes the CAs other than `name`, and the certificates kept in `secrets`.
+    fn wake_sharing<'a>(&self, name: &str, secrets: impl IntoIterator<Item = &'a Key>) {
+        for other in self.authorities.state() {
+            if other.name_any() != name {
+                self.wake_authority(&other.name_any());
+            }
+        }
+        for secret in secrets {
+            let sharing = lock(&self.index).in_secret(secret);
+            for (certificate, _) in sharing {
+                let _ = self.wake_certificates.send(certificate);
+            }
+        }
+    }
+
+    /// A CA that is gone: what this process remembers of it goes, its certificates say their
+    /// issuer is missing, and what shared its objects may go on.
+    fn forget_authority(&self, name: &str, secret: &Key) {
         lock(&self.last_good).remove(name);
         lock(&self.issuers_seen).remove(name);
         self.wake_certificates_of(name);
+        self.wake_sharing(name, [secret]);
     }
 
     /// Keeps the IssuedCertificate store and index while its CRD is installed, and passes
@@ -969,6 +1015,23 @@ impl Shared {
         }
     }
 
+    /// A certificate came, went or changed its spec: its issuers (before and after) count
+    /// their certificates again, and the other certificates kept in its Secrets (before and
+    /// after) see whether they still share it.
+    fn certificate_moved(&self, key: &Key, entries: impl IntoIterator<Item = Indexed>) {
+        let mut issuers = BTreeSet::new();
+        for entry in entries {
+            issuers.insert(entry.issuer);
+            let sharing = lock(&self.index).in_secret(&entry.secret);
+            for (other, _) in sharing.into_iter().filter(|(other, _)| other != key) {
+                let _ = self.wake_certificates.send(other);
+            }
+        }
+        for issuer in issuers {
+            self.wake_authority(&issuer);
+        }
+    }
+
     fn certificate_event(
         &self,
         event: &watcher::Event<IssuedCertificate>,
@@ -976,19 +1039,22 @@ impl Shared {
     ) {
         match event {
             watcher::Event::Apply(certificate) => {
-                let before = lock(&self.index).insert(certificate);
+                let key = CertificateIndex::key(certificate);
+                let (before, now) = {
+                    let mut index = lock(&self.index);
+                    let before = index.insert(certificate);
+                    (before, index.entries.get(&key).cloned())
+                };
                 let _ = self.certificate_objects.send(certificate.clone());
-                let now = &certificate.spec.issuer_ref.name;
-                self.wake_authority(now);
-                if let Some(before) = before.filter(|b| b != now) {
-                    self.wake_authority(&before);
+                // A status write changes nothing the CA reads, nor any other certificate.
+                if before != now {
+                    self.certificate_moved(&key, before.into_iter().chain(now));
                 }
             }
             watcher::Event::Delete(certificate) => {
                 let key = CertificateIndex::key(certificate);
-                if let Some(issuer) = lock(&self.index).remove(&key) {
-                    self.wake_authority(&issuer);
-                }
+                let before = lock(&self.index).remove(&key);
+                self.certificate_moved(&key, before);
             }
             watcher::Event::InitDone => {
                 let listed = store.state();
@@ -1093,6 +1159,64 @@ impl Shared {
                 "{field}: {namespace:?} is outside the namespace the operator watches ({scope:?})"
             )
         })
+    }
+
+    /// Why CertificateAuthority `name` must not write its objects: another CA names the same
+    /// Secret or bundle ConfigMap (the two would overwrite each other's CAs forever).
+    pub(crate) fn authority_conflict(
+        &self,
+        name: &str,
+        spec: &CertificateAuthoritySpec,
+    ) -> Option<String> {
+        let (secret, bundle) = (ca_secret_key(spec), bundle_key(spec));
+        let mut others: Vec<String> = Vec::new();
+        for other in self.authorities.state() {
+            let other_name = other.name_any();
+            if other_name == name {
+                continue;
+            }
+            if ca_secret_key(&other.spec) == secret {
+                others.push(format!(
+                    "Secret {}/{} is also the CA Secret of CertificateAuthority {other_name}",
+                    secret.0, secret.1
+                ));
+            }
+            if bundle_key(&other.spec) == bundle {
+                others.push(format!(
+                    "ConfigMap {}/{} is also the bundle of CertificateAuthority {other_name}",
+                    bundle.0, bundle.1
+                ));
+            }
+        }
+        others.sort();
+        (!others.is_empty()).then(|| others.join("; "))
+    }
+
+    /// Why IssuedCertificate `key` must not write its Secret `secret`: it is a CA's Secret, or
+    /// another certificate's.
+    pub(crate) fn certificate_conflict(&self, key: &Key, secret: &Key) -> Option<String> {
+        let mut others: Vec<String> = self
+            .authorities
+            .state()
+            .iter()
+            .filter(|ca| ca_secret_key(&ca.spec) == *secret)
+            .map(|ca| {
+                format!(
+                    "it is the CA Secret of CertificateAuthority {}",
+                    ca.name_any()
+                )
+            })
+            .collect();
+        let sharing = lock(&self.index).in_secret(secret);
+        others.extend(
+            sharing
+                .into_iter()
+                .filter(|(other, _)| other != key)
+                .map(|(other, _)| format!("IssuedCertificate {} names it too", other.1)),
+        );
+        others.sort();
+        (!others.is_empty())
+            .then(|| format!("Secret {}/{}: {}", secret.0, secret.1, others.join("; ")))
     }
 
     /// The CAs (fingerprints) every injection point naming `authority` holds, as
@@ -1539,9 +1663,21 @@ mod tests {
     #[test]
     fn the_index_follows_secrets_and_issuers_through_changes() {
         let mut index = CertificateIndex::default();
-        assert_eq!(index.insert(&certificate("a", "one", "tls", "ca1")), None);
-        assert_eq!(index.insert(&certificate("a", "two", "tls", "ca1")), None);
-        assert_eq!(index.insert(&certificate("b", "one", "tls", "ca2")), None);
+        assert!(
+            index
+                .insert(&certificate("a", "one", "tls", "ca1"))
+                .is_none()
+        );
+        assert!(
+            index
+                .insert(&certificate("a", "two", "tls", "ca1"))
+                .is_none()
+        );
+        assert!(
+            index
+                .insert(&certificate("b", "one", "tls", "ca2"))
+                .is_none()
+        );
         assert_eq!(
             index.in_secret(&key("a", "tls")),
             [
@@ -1553,14 +1689,21 @@ mod tests {
         // A new issuer and Secret: the old entries go.
         assert_eq!(
             index.insert(&certificate("a", "two", "other", "ca2")),
-            Some("ca1".into())
+            Some(Indexed {
+                secret: key("a", "tls"),
+                issuer: "ca1".into(),
+                generation: None
+            })
         );
         assert_eq!(
             index.in_secret(&key("a", "tls")),
             [(key("a", "one"), "ca1".into())]
         );
         assert_eq!(index.of_issuer("ca2"), [key("a", "two"), key("b", "one")]);
-        assert_eq!(index.remove(&key("a", "one")), Some("ca1".into()));
+        assert_eq!(
+            index.remove(&key("a", "one")).map(|i| i.issuer),
+            Some("ca1".into())
+        );
         assert!(index.in_secret(&key("a", "tls")).is_empty());
         assert!(index.of_issuer("ca1").is_empty());
         assert!(

@@ -104,6 +104,10 @@ async fn reconcile(
         )
         .await;
     }
+    if let Some(conflict) = shared.authority_conflict(&name, &authority.spec) {
+        let message = format!("{conflict}; nothing was written");
+        return refuse(&shared, &authority, names::REASON_OBJECT_IN_USE, message).await;
+    }
     shared.authority_inputs_synced().await?;
 
     let client = shared.ctx.client.clone();

@@ -88,19 +88,27 @@ async fn reconcile(
     let spec = &certificate.spec;
     let policy = match spec.policy() {
         Ok(policy) => policy,
-        Err(e) => return refuse(&shared, &certificate, format!("{e}; nothing was written")).await,
+        Err(e) => {
+            let message = format!("{e}; nothing was written");
+            return refuse(&shared, &certificate, names::REASON_INVALID_SPEC, message).await;
+        }
     };
     shared.certificate_inputs_synced().await?;
+    let key = (
+        certificate.namespace().unwrap_or_default(),
+        spec.secret_name.clone(),
+    );
+    let own = (key.0.clone(), certificate.name_any());
+    if let Some(conflict) = shared.certificate_conflict(&own, &key) {
+        let message = format!("{conflict}; nothing was written");
+        return refuse(&shared, &certificate, names::REASON_OBJECT_IN_USE, message).await;
+    }
     let now = OffsetDateTime::now_utc();
     let issuer = match shared.issuer(&spec.issuer_ref.name, now).await? {
         Ok(issuer) => issuer,
         Err(not_ready) => return wait_for_issuer(&shared, &certificate, not_ready).await,
     };
 
-    let key = (
-        certificate.namespace().unwrap_or_default(),
-        spec.secret_name.clone(),
-    );
     let secret = shared.secret(&key).await?;
     let version = secret.as_ref().and_then(|s| s.resource_version());
     if let Some(wait) = shared.behind_own_write(&key, version.as_deref()) {
@@ -236,14 +244,15 @@ async fn wait_for_issuer(
     Ok(Action::await_change())
 }
 
-/// A spec that does not validate: Ready false and Degraded (`InvalidSpec`), nothing written,
-/// and a Warning unless the status already says the same.
+/// A certificate caretaker cannot act on (its spec does not validate, its Secret is another's):
+/// Ready false and Degraded with `reason`, nothing written, and a Warning unless the status
+/// already says the same.
 async fn refuse(
     shared: &Shared,
     certificate: &IssuedCertificate,
+    reason: &'static str,
     message: String,
 ) -> Result<Action, Error> {
-    let reason = names::REASON_INVALID_SPEC;
     let old = certificate.status.clone().unwrap_or_default();
     if authority_watch::degraded_message(&old.conditions) != Some(message.as_str()) {
         tracing::warn!(certificate = %certificate.name_any(), %message, "IssuedCertificate not acted on");
