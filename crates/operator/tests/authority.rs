@@ -1222,7 +1222,11 @@ async fn an_operator_restarted_mid_rotation_makes_no_second_ca_and_loses_nothing
     assert_eq!(leaf_or_ca(&after), old_ca);
     assert!(fingerprints(&both).contains(&certificates(&next)[0].fingerprint().to_string()));
 
+    // Stopped again; the injection point takes up the bundle while no operator runs; a new
+    // one finds everything in place and nothing that changes any more.
+    setup.stop();
     setup.inject_by_hand("vwc", &both).await;
+    setup.start();
     let promoted = setup
         .wait_secret(SYSTEM, "webhooks-ca", "the next CA signs", |s| {
             text(s, "tls.crt") == next

@@ -651,7 +651,6 @@ impl Shared {
         // Which CA each target names, to wake the one it named before too.
         let mut named: HashMap<String, String> = HashMap::new();
         let mut failing = Failing::new(kind.kind());
-        let mut listed_before = false;
         let synced = TargetKind::ALL
             .iter()
             .position(|k| *k == kind)
@@ -704,11 +703,9 @@ impl Shared {
                         .filter_map(|t| Some((t.name_any(), authority_named(kind, t)?)))
                         .collect();
                     self.synced.targets[synced].send_replace(true);
-                    // A relist: what changed while the watch was down is unknown.
-                    if listed_before {
-                        self.wake_every_authority();
-                    }
-                    listed_before = true;
+                    // Until every kind was listed, a pass took the injection points for not
+                    // holding a new CA; after a relist, what changed meanwhile is unknown.
+                    self.wake_every_authority();
                 }
                 watcher::Event::Init | watcher::Event::InitApply(_) => {}
             }
