@@ -1,7 +1,8 @@
 //! Self-managed certificate authorities (`CertificateAuthority`, `IssuedCertificate`): when a CA
 //! rotates, what its trust bundle holds, when a certificate it signed is issued again. Decisions
-//! from observed state and the clock, no Kubernetes; the glue in `controllers::authority`
-//! observes and applies them.
+//! from observed state and the clock, no Kubernetes; the glue in
+//! `controllers::certificate_authority` and `controllers::issued_certificate` observes and
+//! applies them.
 //!
 //! Trust before sign: a new CA is first published in the bundle (beside every older CA that has
 //! not expired) and in every injection point; only once `trust_propagation` has passed since
