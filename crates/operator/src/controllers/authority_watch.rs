@@ -420,8 +420,8 @@ pub(crate) async fn run(shared: Arc<Shared>, writers: Writers) {
     );
 }
 
-/// Says once, and again whenever it changes, whether each controller has its CRD.
 impl Shared {
+    /// Says once, and again whenever it changes, whether each controller has its CRD.
     async fn say_presence(&self) {
         let mut installed = self.installed.subscribe();
         let mut said = Installed::default();
@@ -752,6 +752,9 @@ impl Shared {
     fn secret_changed(&self, secret: &Secret) {
         let key = key_of(&secret.metadata);
         let stored = self.stored_secret(&key);
+        // A write of this process the store now shows: no pass needs to wait for it.
+        let version = stored.as_ref().and_then(|s| s.resource_version());
+        lock(&self.written).retain(|k, (before, _)| *k != key || *before == version);
         if stored.is_none() {
             lock(&self.leaf_uses).remove(&key);
             lock(&self.ca_secrets).remove(&key);
