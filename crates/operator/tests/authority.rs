@@ -9,6 +9,17 @@
 //! Most tests run the two controllers alone (`controllers::run_authorities`) and play the
 //! injection point's part by hand, so that they decide when it takes up a bundle; the steady
 //! state runs CA-bundle injection too.
+//!
+//! Breaks of the glue each was seen to catch: injection points ignored (`injected` always
+//! `None`: a leaf signed before the webhook configuration held its CA) and an empty `in_use`
+//! (the old CA dropped while a certificate still used it), by the forced rotation; the issuer
+//! cache never invalidated, by the forced rotation and the deleted CA Secret; the hostnames
+//! annotation not read (a new certificate on every pass), by the triggers and the steady
+//! state; `wake_at` ignored, by the certificate falling due; the last good CA not kept, by
+//! the tampered Secret; a Warning on every pass, by the invalid spec; no wake-up when an issuer
+//! appears, by the missing issuer; a CRD created later not noticed, by the start without
+//! CRDs; Secrets created without their type, by the first start; no check of shared Secrets,
+//! by the shared objects.
 
 use std::collections::BTreeMap;
 use std::future::Future;
