@@ -17,7 +17,7 @@ use crate::signing::{RoleMismatch, SigningRefusal};
 pub enum Error {
     #[error("Kubernetes API: {0}")]
     Kube(#[from] kube::Error),
-    #[error("a watch cache of the rollout controllers stopped")]
+    #[error("a watch cache of the controllers stopped")]
     CacheStopped,
     #[error("cluster CA Secret {namespace}/{name}: {reason}")]
     ClusterCa {
@@ -53,12 +53,18 @@ pub enum Error {
         machine: String,
         refusal: SigningRefusal,
     },
-    /// The CA refused a CSR the table allowed.
+    /// The CA refused a CSR the table allowed, or could not sign an IssuedCertificate's
+    /// certificate.
     #[error("refused to sign {certificate}: {source}")]
     SigningFailed {
         certificate: String,
         source: PkiError,
     },
+    /// A CertificateAuthority's new CA could not be made; nothing was written.
+    #[error(
+        "cannot make a new CA for CertificateAuthority {authority}: {source}; nothing was written"
+    )]
+    CaCreationFailed { authority: String, source: PkiError },
 }
 
 impl Error {
@@ -79,6 +85,7 @@ impl Error {
             Error::RoleNotVerified(_) => "role_not_verified",
             Error::SigningRefused { .. } => "signing_refused",
             Error::SigningFailed { .. } => "signing_failed",
+            Error::CaCreationFailed { .. } => "ca_creation_failed",
         }
     }
 
@@ -99,7 +106,8 @@ impl Error {
             | Error::TtlBeyondCa { .. }
             | Error::RoleNotVerified(_)
             | Error::SigningRefused { .. }
-            | Error::SigningFailed { .. } => false,
+            | Error::SigningFailed { .. }
+            | Error::CaCreationFailed { .. } => false,
         }
     }
 
@@ -176,6 +184,13 @@ mod tests {
             (
                 Error::SigningFailed {
                     certificate: "kubelet".into(),
+                    source: PkiError::InvalidCsr("truncated".into()),
+                },
+                false,
+            ),
+            (
+                Error::CaCreationFailed {
+                    authority: "webhooks".into(),
                     source: PkiError::InvalidCsr("truncated".into()),
                 },
                 false,

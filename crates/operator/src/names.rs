@@ -171,6 +171,22 @@ pub const REASON_ISSUED: &str = "Issued";
 pub const REASON_WAITING_FOR_ISSUER: &str = "WaitingForIssuer";
 /// Degraded: a certificate needs a new key pair and its issuer is degraded.
 pub const REASON_ISSUER_DEGRADED: &str = "IssuerDegraded";
+/// Ready false and Degraded (and a Warning event of the same reason, once per message): the
+/// spec does not validate; nothing is written.
+pub const REASON_INVALID_SPEC: &str = "InvalidSpec";
+/// Ready false and Degraded: the spec names a Secret or ConfigMap outside the one namespace
+/// the operator watches (`--namespace`); nothing is written.
+pub const REASON_OUTSIDE_WATCHED_NAMESPACE: &str = "OutsideWatchedNamespace";
+/// Ready false and Degraded (and a Warning event of the same reason, once per message): the
+/// object's Secret or ConfigMap is also another's (two CertificateAuthorities naming one
+/// Secret or bundle, an IssuedCertificate naming a CA Secret or another certificate's
+/// Secret); nothing is written, rather than the two overwriting each other forever.
+pub const REASON_OBJECT_IN_USE: &str = "ObjectInUse";
+/// Ready false: the IssuedCertificate's `issuerRef` names no CertificateAuthority.
+pub const REASON_ISSUER_NOT_FOUND: &str = "IssuerNotFound";
+/// Ready false: the IssuedCertificate's CertificateAuthority cannot be acted on (its spec is
+/// invalid, or names objects outside the watched namespace).
+pub const REASON_ISSUER_INVALID: &str = "IssuerInvalid";
 
 /// The two operations a trigger asks for, on a Machine or on a rollout's parent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -282,6 +282,7 @@ pub struct AuthorityStatus {
     pub degraded: Condition,
     /// The CA that signs now (the last good one while the Secret is invalid).
     pub serial: Option<String>,
+    pub not_before: Option<OffsetDateTime>,
     pub not_after: Option<OffsetDateTime>,
     /// The CA a rotation in progress introduces.
     pub next: Option<TrustedCa>,
@@ -290,6 +291,9 @@ pub struct AuthorityStatus {
     /// When the CA that signs now is due to be replaced; during a rotation, when the next CA
     /// will be promoted (unknown while it is not yet trusted everywhere).
     pub next_rotation: Option<OffsetDateTime>,
+    /// During a rotation, when the next CA was first seen in the bundle and every injection
+    /// point (`caretaker.dev/next-trusted-at`); it signs `trust_propagation` later.
+    pub trusted_since: Option<OffsetDateTime>,
 }
 
 /// Why no CA signs now.
@@ -571,13 +575,23 @@ fn rotation_reason(
 ) -> Option<String> {
     let certificate = &current.certificate;
     if certificate.expired_at(now) {
-        return Some(expiring(&policy.rotation, certificate, now));
+        return Some(expiring(
+            &policy.rotation,
+            &policy.ca.validity,
+            certificate,
+            now,
+        ));
     }
     if let Some(problem) = secret.annotations.validity_problem(certificate) {
         return Some(problem);
     }
-    if now >= due(&policy.rotation, certificate) {
-        return Some(expiring(&policy.rotation, certificate, now));
+    if now >= due(&policy.rotation, &policy.ca.validity, certificate) {
+        return Some(expiring(
+            &policy.rotation,
+            &policy.ca.validity,
+            certificate,
+            now,
+        ));
     }
     if certificate.common_name() != policy.ca.common_name {
         return Some(format!(
@@ -746,7 +760,7 @@ fn status_of(secret: &CaSecret, policy: &AuthorityPolicy, now: OffsetDateTime) -
     };
     let next_rotation = match (&secret.current, &secret.next) {
         (_, Some(_)) => secret.next_trusted_at.map(|t| later(t, prop)),
-        (Some(ca), None) => Some(due(&policy.rotation, &ca.certificate)),
+        (Some(ca), None) => Some(due(&policy.rotation, &policy.ca.validity, &ca.certificate)),
         (None, None) => None,
     };
     AuthorityStatus {
@@ -756,6 +770,10 @@ fn status_of(secret: &CaSecret, policy: &AuthorityPolicy, now: OffsetDateTime) -
             .current
             .as_ref()
             .map(|ca| ca.certificate.serial().to_string()),
+        not_before: secret
+            .current
+            .as_ref()
+            .map(|ca| ca.certificate.not_before()),
         not_after: secret.current.as_ref().map(|ca| ca.certificate.not_after()),
         next: secret
             .next
@@ -763,6 +781,7 @@ fn status_of(secret: &CaSecret, policy: &AuthorityPolicy, now: OffsetDateTime) -
             .map(|ca| TrustedCa::of(&ca.certificate)),
         previous: secret.previous.iter().map(TrustedCa::of).collect(),
         next_rotation,
+        trusted_since: secret.next.as_ref().and(secret.next_trusted_at),
     }
 }
 
@@ -777,7 +796,11 @@ fn wake_at(
     let expiry = |c: &Certificate| c.not_after() + time::Duration::SECOND;
     let mut moments = Vec::new();
     match (&secret.current, &secret.next) {
-        (Some(current), None) => moments.push(due(&policy.rotation, &current.certificate)),
+        (Some(current), None) => moments.push(due(
+            &policy.rotation,
+            &policy.ca.validity,
+            &current.certificate,
+        )),
         (current, Some(_)) => {
             moments.extend(secret.next_trusted_at.map(|t| later(t, prop)));
             moments.extend(current.as_ref().map(|ca| expiry(&ca.certificate)));
@@ -855,10 +878,12 @@ fn invalid(seen: &AuthorityObserved, reason: &str, now: OffsetDateTime) -> CaPla
             ready,
             degraded: Condition::new(true, names::REASON_CA_SECRET_INVALID, message),
             serial: signer.map(|ca| ca.certificate.serial().to_string()),
+            not_before: signer.map(|ca| ca.certificate.not_before()),
             not_after: signer.map(|ca| ca.certificate.not_after()),
             next: None,
             previous: Vec::new(),
             next_rotation: None,
+            trusted_since: None,
         },
         issuer,
         wake_at: None,

@@ -216,6 +216,7 @@ pub struct CertificateStatus {
     pub ready: Condition,
     pub degraded: Condition,
     pub serial: Option<String>,
+    pub not_before: Option<OffsetDateTime>,
     pub not_after: Option<OffsetDateTime>,
     /// When the certificate is due to be issued again.
     pub next_rotation: Option<OffsetDateTime>,
@@ -236,6 +237,7 @@ impl CertificateStatus {
             ),
             degraded: Condition::as_expected(),
             serial: Some(certificate.serial().to_string()),
+            not_before: Some(certificate.not_before()),
             not_after: Some(certificate.not_after()),
             next_rotation: Some(due_at),
         }
@@ -332,7 +334,7 @@ fn pass(
         .certificate
         .as_ref()
         .expect("a certificate needs no new one only if it reads");
-    let due_at = due(&policy.rotation, certificate);
+    let due_at = due(&policy.rotation, &policy.leaf.validity, certificate);
     let wake_at = if due_at > now {
         due_at
     } else {
@@ -369,7 +371,7 @@ fn issue(
         serving(policy.leaf.usage),
     );
     let certificate = leaf.certificate.clone();
-    let due_at = due(&policy.rotation, &certificate);
+    let due_at = due(&policy.rotation, &policy.leaf.validity, &certificate);
     let event = Event::normal(
         names::EVENT_TARGET_UPDATE_REQUIRED,
         format!(
@@ -439,8 +441,9 @@ fn waiting(
             ready,
             degraded,
             serial: certificate.map(|c| c.serial().to_string()),
+            not_before: certificate.map(Certificate::not_before),
             not_after: certificate.map(Certificate::not_after),
-            next_rotation: certificate.map(|c| due(&policy.rotation, c)),
+            next_rotation: certificate.map(|c| due(&policy.rotation, &policy.leaf.validity, c)),
         },
         wake_at: None,
     }
@@ -481,8 +484,13 @@ fn reissue_reasons(
         KeyState::Matches(_) => {}
     }
     if certificate.expired_at(now) {
-        reasons.push(expiring(&policy.rotation, certificate, now));
-    } else if now >= due(&policy.rotation, certificate) {
+        reasons.push(expiring(
+            &policy.rotation,
+            &policy.leaf.validity,
+            certificate,
+            now,
+        ));
+    } else if now >= due(&policy.rotation, &policy.leaf.validity, certificate) {
         // Issuing again helps only if the new certificate would last longer: a certificate
         // cut at its CA's notAfter waits for the CA's successor.
         let helps = signer.is_none_or(|s| {
@@ -490,7 +498,12 @@ fn reissue_reasons(
                 || s.certificate.not_after() > certificate.not_after()
         });
         if helps {
-            reasons.push(expiring(&policy.rotation, certificate, now));
+            reasons.push(expiring(
+                &policy.rotation,
+                &policy.leaf.validity,
+                certificate,
+                now,
+            ));
         }
     }
     let issuer_ca = secret.issuer.as_deref().and_then(|fp| {

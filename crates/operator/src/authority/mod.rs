@@ -1,7 +1,8 @@
 //! Self-managed certificate authorities (`CertificateAuthority`, `IssuedCertificate`): when a CA
 //! rotates, what its trust bundle holds, when a certificate it signed is issued again. Decisions
-//! from observed state and the clock, no Kubernetes; the glue in `controllers::authority`
-//! observes and applies them.
+//! from observed state and the clock, no Kubernetes; the glue in
+//! `controllers::certificate_authority` and `controllers::issued_certificate` observes and
+//! applies them.
 //!
 //! Trust before sign: a new CA is first published in the bundle (beside every older CA that has
 //! not expired) and in every injection point; only once `trust_propagation` has passed since
@@ -135,7 +136,7 @@ use std::time::Duration;
 use caretaker_pki::bundle::BundleCertificate;
 use caretaker_pki::{
     CaSpec, CertificateAuthority, CertificateInfo, KeyAlgorithm, LeafSpec, PkiError,
-    RotationPolicy, Usage,
+    RotationPolicy, Ttl, Usage,
 };
 use time::OffsetDateTime;
 
@@ -607,20 +608,40 @@ fn later(t: OffsetDateTime, d: Duration) -> OffsetDateTime {
         .unwrap_or(time::PrimitiveDateTime::MAX.assume_utc())
 }
 
-/// When a certificate falls due under `policy`, and the words for it.
-fn due(policy: &RotationPolicy, certificate: &Certificate) -> OffsetDateTime {
-    policy.due_at(certificate.not_before(), certificate.not_after())
+/// When a certificate asked to live `validity` falls due under `policy`. Its lifetime counts
+/// from when it was issued: `validity` before its notAfter (when it was cut to its CA's
+/// expiry, that is before its notBefore, and its notBefore counts), never from the notBefore
+/// alone. pki starts every certificate 5 minutes in the past (clock skew); counted as
+/// lifetime, that made a certificate with a short validity (`1m` at 80%, `4s` at 50%) due the
+/// moment it was issued, and every pass issued another.
+fn due(policy: &RotationPolicy, validity: &Ttl, certificate: &Certificate) -> OffsetDateTime {
+    let (not_before, not_after) = (certificate.not_before(), certificate.not_after());
+    let issued = time::Duration::try_from(validity.approximate())
+        .ok()
+        .and_then(|v| not_after.checked_sub(v))
+        // Years and months step the calendar: correct the approximation by what it misses.
+        .map(|t| match validity.expires_at(t) {
+            Some(end) => t.checked_add(not_after - end).unwrap_or(t),
+            None => t,
+        })
+        .map_or(not_before, |t| t.clamp(not_before, not_after));
+    policy.due_at(issued, not_after)
 }
 
 /// Why a certificate at or past its due time must be replaced, in words that say "expiring".
-fn expiring(policy: &RotationPolicy, certificate: &Certificate, now: OffsetDateTime) -> String {
+fn expiring(
+    policy: &RotationPolicy,
+    validity: &Ttl,
+    certificate: &Certificate,
+    now: OffsetDateTime,
+) -> String {
     if certificate.expired_at(now) {
         return format!(
             "already expired (notAfter {})",
             format_time(certificate.not_after())
         );
     }
-    let at = format_time(due(policy, certificate));
+    let at = format_time(due(policy, validity, certificate));
     match policy {
         RotationPolicy::Fraction(f) => {
             let percent = (f * 1000.0).round() / 10.0;

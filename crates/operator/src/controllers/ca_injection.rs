@@ -364,7 +364,7 @@ impl Failing {
 /// applied object, statuses, and a CRD's spec but its conversion (its schemas can be
 /// hundreds of kilobytes). Nothing is written from the dropped parts: the merge patch of a CRD
 /// or APIService touches only `caBundle`, and webhook lists are kept whole.
-fn trim(kind: TargetKind) -> impl Fn(&mut DynamicObject) {
+pub(crate) fn trim(kind: TargetKind) -> impl Fn(&mut DynamicObject) {
     move |target| {
         target.metadata.managed_fields = None;
         if let Some(annotations) = &mut target.metadata.annotations {

@@ -4,13 +4,19 @@
 //! CK8sControlPlane, MachineDeployment). All of them read Machines from one watch-fed
 //! [`cache`]. [`ca_secrets`] drops cached CAs when their Secrets change. [`ca_injection`]
 //! keeps trust bundles in the `caBundle` fields of webhook configurations, CRD conversion
-//! webhooks and APIServices. [`run`] starts everything, and tells the readiness
-//! ([`crate::metrics::Readiness`]) when the caches have synced. Every reconcile is counted and
-//! timed in [`crate::metrics`] under its controller's name, every failed one by its category.
+//! webhooks and APIServices. [`certificate_authority`] and [`issued_certificate`] keep
+//! caretaker's own CAs and the certificates they issue, on watches they share
+//! ([`authority_watch`]); [`run_authorities`] starts those three. [`run`] starts everything,
+//! and tells the readiness ([`crate::metrics::Readiness`]) when the caches have synced. Every
+//! reconcile is counted and timed in [`crate::metrics`] under its controller's name, every
+//! failed one by its category.
 
+mod authority_watch;
 pub mod ca_injection;
 pub mod ca_secrets;
 pub mod cache;
+pub mod certificate_authority;
+pub mod issued_certificate;
 mod machine_handle;
 pub mod machine_refresh;
 pub mod machine_upgrade;
@@ -67,12 +73,26 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
         None => Api::all(ctx.client.clone()),
     };
     futures::join!(
+        run_authorities(ctx.clone(), namespace.clone()),
         ca_injection::run(ctx.clone(), namespace.clone()),
         ca_secrets::run(ctx.clone(), secrets),
         keep_caches,
         ready,
         machines::run(ctx.clone(), caches.machines(), machine_changes),
         rollout::run(ctx.clone(), api, caches, changes),
+    );
+}
+
+/// Runs the CertificateAuthority and IssuedCertificate controllers and the watches they share,
+/// until their streams end. While caretaker's CRDs are not installed they only watch for them
+/// (the log says so once), and start by themselves when they appear. `namespace`, when given,
+/// is the only namespace Secrets, ConfigMaps and IssuedCertificates are read from.
+pub async fn run_authorities(ctx: Arc<Context>, namespace: Option<String>) {
+    let (shared, writers, authorities, certificates) = authority_watch::start(ctx, namespace);
+    futures::join!(
+        authority_watch::run(shared.clone(), writers),
+        certificate_authority::run(shared.clone(), authorities),
+        issued_certificate::run(shared, certificates),
     );
 }
 

@@ -103,8 +103,8 @@ pub struct CertificateAuthorityStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("format" = "date-time"))]
     pub next_rotation: Option<String>,
-    /// When the current CA was published in the bundle and every injection point, RFC 3339;
-    /// it signs from trustPropagation later.
+    /// During a rotation: when the next CA was first seen in the bundle and every injection
+    /// point, RFC 3339; it signs from trustPropagation later.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("format" = "date-time"))]
     pub trusted_since: Option<String>,

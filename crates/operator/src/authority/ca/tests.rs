@@ -99,7 +99,7 @@ fn started(policy: &AuthorityPolicy, model: &Model) -> AuthorityObserved {
 /// When the first CA of `seen` falls due.
 fn due_of(seen: &AuthorityObserved, policy: &AuthorityPolicy) -> i64 {
     let current = secret(seen).current.as_ref().unwrap();
-    (due(&policy.rotation, &current.certificate) - at(0)).whole_seconds()
+    (due(&policy.rotation, &policy.ca.validity, &current.certificate) - at(0)).whole_seconds()
 }
 
 #[test]
@@ -151,7 +151,10 @@ fn the_first_ca_is_stored_then_published_and_signs_at_once() {
     );
     apply(&mut seen, &first);
     assert_settled(&seen, &policy, 0);
-    assert_eq!(first.wake_at, Some(due(&policy.rotation, &ca.certificate)));
+    assert_eq!(
+        first.wake_at,
+        Some(due(&policy.rotation, &policy.ca.validity, &ca.certificate))
+    );
     assert_eq!(first.status.next_rotation, first.wake_at);
 }
 
@@ -207,6 +210,7 @@ fn a_due_ca_gets_its_successor_stored_before_anything_publishes_it() {
         rotation.status.next_rotation, None,
         "unknown until trusted everywhere"
     );
+    assert_eq!(rotation.status.trusted_since, None);
 
     apply(&mut seen, &rotation);
     assert_settled(&seen, &policy, due);
@@ -242,6 +246,7 @@ fn the_next_ca_signs_only_once_trusted_everywhere_for_the_propagation_time() {
     assert_eq!(record.issuer.signer, Ok(old.clone()), "not yet");
     assert_eq!(record.wake_at, Some(at(trusted + 300)));
     assert_eq!(record.status.next_rotation, Some(at(trusted + 300)));
+    assert_eq!(record.status.trusted_since, Some(at(trusted)));
     apply(&mut seen, &record);
     assert_settled(&seen, &policy, trusted);
     assert!(decide(&seen, &policy, &model, trusted + 299).writes_nothing());
@@ -266,6 +271,14 @@ fn the_next_ca_signs_only_once_trusted_everywhere_for_the_propagation_time() {
     assert_eq!(promotion.issuer.signer, Ok(next.clone()));
     assert_eq!(promotion.events[0].reason, names::EVENT_SIGNER_PROMOTED);
     assert_eq!(model.log.borrow().len(), 2);
+    assert_eq!(
+        promotion.status.trusted_since, None,
+        "no rotation in progress"
+    );
+    assert_eq!(
+        promotion.status.not_before,
+        Some(next.certificate.not_before())
+    );
     apply(&mut seen, &promotion);
     assert_settled(&seen, &policy, trusted + 300);
     let published = seen.bundle.present().unwrap();
@@ -924,7 +937,8 @@ fn after_a_long_pause_a_trusted_next_ca_is_promoted_and_if_due_rotated_in_the_sa
     let next = secret(&seen).next.clone().unwrap();
     assert!(secret(&seen).next_trusted_at.is_some());
     // The operator (or the Secret, tampered with) was away until the next CA is itself due.
-    let next_due = (due(&policy.rotation, &next.certificate) - at(0)).whole_seconds();
+    let next_due =
+        (due(&policy.rotation, &policy.ca.validity, &next.certificate) - at(0)).whole_seconds();
     seen.injected = Some(BTreeSet::from([next.fingerprint().to_string()]));
     let back = decide(&seen, &policy, &model, next_due + 60);
     let secrets: Vec<&CaSecret> = back
@@ -990,4 +1004,25 @@ fn while_a_certificate_is_missing_no_older_ca_starts_counting_as_unused() {
     assert!(
         matches!(gone.steps.as_slice(), [AuthorityStep::WriteSecret(s), _] if s.previous.is_empty())
     );
+}
+
+/// A CA asked to live `1m` is due 48 s after it is made (80%), not at once: its 5 minutes of
+/// backdating are no part of its lifetime.
+#[test]
+fn a_short_lived_ca_is_not_due_the_moment_it_is_made() {
+    let policy = AuthorityPolicy {
+        ca: CaSpec {
+            validity: "1m".parse().unwrap(),
+            ..CaSpec::new("webhooks-ca")
+        },
+        rotation: RotationPolicy::fraction(0.8).unwrap(),
+        trust_propagation: Duration::from_secs(5),
+    };
+    let model = Model::new(at(0));
+    let seen = started(&policy, &model);
+    let ca = secret(&seen).current.clone().unwrap();
+    assert_eq!(ca.certificate.not_before(), at(-300));
+    assert_eq!(due_of(&seen, &policy), 48);
+    assert!(decide(&seen, &policy, &model, 47).writes_nothing());
+    assert_eq!(model.log.borrow().len(), 1, "one CA");
 }

@@ -145,7 +145,11 @@ fn a_missing_secret_gets_a_certificate_from_the_ca_that_signs_now() {
         Some(Some(issuer.bundle.as_ref().unwrap().text().as_str()))
     );
     assert!(first.status.ready.status);
-    let due_at = due(&policy().rotation, &written.leaf.certificate);
+    let due_at = due(
+        &policy().rotation,
+        &policy().leaf.validity,
+        &written.leaf.certificate,
+    );
     assert_eq!(first.wake_at, Some(due_at));
     assert_eq!(first.status.next_rotation, Some(due_at));
 
@@ -159,7 +163,8 @@ fn a_certificate_is_issued_again_when_due_and_not_a_second_before() {
     let model = Model::new(at(0));
     let (seen, _, issuer) = issued(&model);
     let certificate = secret(&seen).certificate.clone().unwrap();
-    let due_at = (due(&policy().rotation, &certificate) - at(0)).whole_seconds();
+    let due_at =
+        (due(&policy().rotation, &policy().leaf.validity, &certificate) - at(0)).whole_seconds();
     let early = decide(&seen, &policy(), &issuer, &model, due_at - 1);
     assert!(early.writes_nothing());
     assert_eq!(early.wake_at, Some(at(due_at)));
@@ -395,7 +400,8 @@ fn a_certificate_cut_at_its_cas_expiry_waits_for_the_cas_successor() {
         ca.certificate.not_after(),
         "cut at the CA's"
     );
-    let due_at = (due(&policy().rotation, &certificate) - at(0)).whole_seconds();
+    let due_at =
+        (due(&policy().rotation, &policy().leaf.validity, &certificate) - at(0)).whole_seconds();
     // Due, but a new certificate from the same CA would expire no later.
     let waiting = plan(&seen, &policy(), &issuer, at(due_at), &NoMint).unwrap();
     assert!(waiting.writes_nothing());
@@ -421,7 +427,8 @@ fn a_needed_certificate_waits_while_nothing_signs() {
     let model = Model::new(at(0));
     let (seen, ca, _) = issued(&model);
     let certificate = secret(&seen).certificate.clone().unwrap();
-    let due_at = (due(&policy().rotation, &certificate) - at(0)).whole_seconds();
+    let due_at =
+        (due(&policy().rotation, &policy().leaf.validity, &certificate) - at(0)).whole_seconds();
     let next = model.ca_cert("webhooks-ca", 365);
     for degraded in [false, true] {
         let no_signer = IssuerView {
@@ -589,4 +596,53 @@ fn observing_finds_the_issuer_and_what_is_wrong_without_echoing_keys() {
         LeafSecretState::observe(None, true, []),
         LeafSecretState::Absent
     );
+}
+
+/// pki starts certificates 5 minutes early; a validity short beside that still counts from
+/// the issuance: a `4s` certificate at 50% is due 2 s after it is issued, not at once (which
+/// issued a new one on every pass, each write waking the next).
+#[test]
+fn a_short_validity_is_due_after_its_share_of_the_time_asked_not_at_once() {
+    let policy = CertificatePolicy {
+        leaf: policy().leaf.with_validity("4s".parse().unwrap()),
+        rotation: RotationPolicy::fraction(0.5).unwrap(),
+    };
+    let model = Model::new(at(0));
+    let ca = model.ca("webhooks-ca", 365);
+    let issuer = issuer_of(&ca, &[]);
+    let mut seen = absent();
+    let first = decide(&seen, &policy, &issuer, &model, 0);
+    let CertificateStep::Issue(written) = &first.steps[0] else {
+        unreachable!()
+    };
+    assert_eq!(written.leaf.certificate.not_before(), at(-300), "backdated");
+    assert_eq!(first.wake_at, Some(at(2)));
+    assert_eq!(first.status.next_rotation, Some(at(2)));
+    apply(&mut seen, &first);
+    assert_settled(&seen, &policy, &issuer, 0);
+    assert_settled(&seen, &policy, &issuer, 1);
+    let again = decide(&seen, &policy, &issuer, &model, 2);
+    assert!(
+        reasons_of(&again).starts_with("expiring"),
+        "{:?}",
+        again.events
+    );
+
+    // Cut to its CA's expiry, a certificate's lifetime counts from its notBefore.
+    let short_ca = model.ca("webhooks-ca", 10);
+    let year = CertificatePolicy {
+        leaf: policy
+            .leaf
+            .clone()
+            .with_validity(Ttl::calendar(1, 0, 0).unwrap()),
+        rotation: RotationPolicy::fraction(0.5).unwrap(),
+    };
+    let cut = decide(&absent(), &year, &issuer_of(&short_ca, &[]), &model, 2);
+    let CertificateStep::Issue(written) = &cut.steps[0] else {
+        unreachable!()
+    };
+    let certificate = &written.leaf.certificate;
+    assert_eq!(certificate.not_after(), short_ca.certificate.not_after());
+    let lifetime = certificate.not_after() - certificate.not_before();
+    assert_eq!(cut.wake_at, Some(certificate.not_before() + lifetime / 2));
 }

@@ -1,0 +1,1792 @@
+//! What the CertificateAuthority and IssuedCertificate controllers
+//! ([`super::certificate_authority`], [`super::issued_certificate`]) share: one watch per kind
+//! they read, each feeding a store, and the mapping of every change to the objects it concerns.
+//! Nothing polls: a pass runs when something it reads changes, or at its plan's wake-up time.
+//!
+//! | watched | kept | a change wakes |
+//! |---|---|---|
+//! | CustomResourceDefinitions | whether caretaker's two CRDs are installed; CRDs as injection targets | the CertificateAuthority a target names |
+//! | Validating/MutatingWebhookConfigurations, APIServices | injection targets (trimmed) | the CertificateAuthority a target names (before and after) |
+//! | CertificateAuthorities (once their CRD is installed) | all | the CA itself; on a spec change, every IssuedCertificate naming it |
+//! | IssuedCertificates (once their CRD is installed) | all, and an index by Secret and by issuer | the certificate itself; its issuer (before and after) |
+//! | Secrets | `kubernetes.io/tls` ones with their data, others without | a CA whose Secret it is (and, when what its certificates are issued from changed, every certificate naming the CA); a certificate kept in it, and its issuer |
+//! | ConfigMaps | nothing | a CA whose bundle it is |
+//!
+//! While neither caretaker.dev CRD is installed only the CRD watch runs (a fleet that uses only
+//! the Cluster API features sees nothing else); the log says so once, and the rest starts by
+//! itself when a CRD appears.
+//!
+//! Stores answer only once listed: a CertificateAuthority's pass waits for the Secrets and
+//! IssuedCertificates to be listed (a CA missing from an incomplete view of what signed the
+//! certificates would be taken for unused), and counts the injection points as not yet
+//! holding a new CA until every target kind is listed.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
+use futures::StreamExt;
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::api::{Api, DynamicObject, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::runtime::reflector::store::Writer;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Resource, ResourceExt};
+use serde::Serialize;
+use serde_json::{Value, json};
+use time::OffsetDateTime;
+use tokio::sync::{mpsc, watch};
+
+use crate::Error;
+use crate::authority::bundle::BundleState;
+use crate::authority::ca::{AuthorityObserved, CaSecretState, IssuerView};
+use crate::authority::leaf::LeafSecretState;
+use crate::authority::{self, CaKeyPair, Certificate, ObjectName, SECRET_TYPE_TLS, SecretData};
+use crate::changes::AnnotationChanges;
+use crate::context::Context;
+use crate::injection::{self, SourceRef, TargetKind};
+use crate::names;
+use crate::timestamp::format_time;
+use crate::v1alpha1::{self, CertificateAuthority, CertificateAuthoritySpec, IssuedCertificate};
+
+/// An object of a namespace: (namespace, name).
+pub(crate) type Key = (String, String);
+
+/// The field manager of caretaker's writes, as `managedFields` show it.
+const FIELD_MANAGER: &str = "caretaker";
+
+/// kubectl's copy of the last applied object: never read, dropped from cached objects.
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// How long a certificate pass trusts that a Secret it wrote will show up in the store. Until
+/// the watch brings the write, the store still shows the version before it; a pass then
+/// would issue again for nothing.
+const WRITE_SETTLES: Duration = Duration::from_secs(10);
+
+/// Whether each of caretaker's CRDs is installed; `None` until the CRDs are listed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Installed {
+    pub authorities: Option<bool>,
+    pub certificates: Option<bool>,
+}
+
+impl Installed {
+    fn any(&self) -> bool {
+        self.authorities == Some(true) || self.certificates == Some(true)
+    }
+}
+
+/// The CRD names of CertificateAuthority and IssuedCertificate.
+fn crd_names() -> [String; 2] {
+    [
+        format!("{}.{}", CertificateAuthority::plural(&()), v1alpha1::GROUP),
+        format!("{}.{}", IssuedCertificate::plural(&()), v1alpha1::GROUP),
+    ]
+}
+
+/// Follows whether caretaker's CRDs are installed, from the CRD watch's events.
+#[derive(Debug, Default)]
+struct Presence {
+    /// Which of the two the list in progress has shown.
+    listed: [bool; 2],
+}
+
+impl Presence {
+    fn observe(&mut self, event: &watcher::Event<DynamicObject>, state: Installed) -> Installed {
+        let names = crd_names();
+        let which = |crd: &DynamicObject| {
+            let name = crd.metadata.name.as_deref();
+            names.iter().position(|n| Some(n.as_str()) == name)
+        };
+        let set = |mut state: Installed, i: usize, present: bool| {
+            match i {
+                0 => state.authorities = Some(present),
+                _ => state.certificates = Some(present),
+            }
+            state
+        };
+        match event {
+            watcher::Event::Init => {
+                self.listed = [false; 2];
+                state
+            }
+            watcher::Event::InitApply(crd) => {
+                if let Some(i) = which(crd) {
+                    self.listed[i] = true;
+                }
+                state
+            }
+            watcher::Event::InitDone => Installed {
+                authorities: Some(self.listed[0]),
+                certificates: Some(self.listed[1]),
+            },
+            watcher::Event::Apply(crd) => which(crd).map_or(state, |i| set(state, i, true)),
+            watcher::Event::Delete(crd) => which(crd).map_or(state, |i| set(state, i, false)),
+        }
+    }
+}
+
+/// Whether each store has been listed.
+struct Synced {
+    secrets: watch::Sender<bool>,
+    /// Also true while the CRD is not installed: there is nothing to list.
+    authorities: watch::Sender<bool>,
+    certificates: watch::Sender<bool>,
+    targets: Vec<watch::Sender<bool>>,
+}
+
+async fn wait_synced(flag: &watch::Sender<bool>) -> Result<(), Error> {
+    flag.subscribe()
+        .wait_for(|synced| *synced)
+        .await
+        .map(|_| ())
+        .map_err(|_| Error::CacheStopped)
+}
+
+/// What the index keeps of a certificate: its Secret, its issuer, its spec's generation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Indexed {
+    secret: Key,
+    issuer: String,
+    generation: Option<i64>,
+}
+
+/// The IssuedCertificates by the Secret they are kept in and by the CA that issues them.
+#[derive(Debug, Default)]
+struct CertificateIndex {
+    entries: HashMap<Key, Indexed>,
+    by_secret: HashMap<Key, BTreeSet<Key>>,
+    by_issuer: HashMap<String, BTreeSet<Key>>,
+}
+
+impl CertificateIndex {
+    fn key(certificate: &IssuedCertificate) -> Key {
+        (
+            certificate.namespace().unwrap_or_default(),
+            certificate.name_any(),
+        )
+    }
+
+    /// Adds or updates a certificate; returns what it had.
+    fn insert(&mut self, certificate: &IssuedCertificate) -> Option<Indexed> {
+        let key = Self::key(certificate);
+        let before = self.remove(&key);
+        let secret = (key.0.clone(), certificate.spec.secret_name.clone());
+        let issuer = certificate.spec.issuer_ref.name.clone();
+        self.by_secret
+            .entry(secret.clone())
+            .or_default()
+            .insert(key.clone());
+        self.by_issuer
+            .entry(issuer.clone())
+            .or_default()
+            .insert(key.clone());
+        self.entries.insert(
+            key,
+            Indexed {
+                secret,
+                issuer,
+                generation: certificate.metadata.generation,
+            },
+        );
+        before
+    }
+
+    /// Removes a certificate; returns what it had.
+    fn remove(&mut self, key: &Key) -> Option<Indexed> {
+        let indexed = self.entries.remove(key)?;
+        let Indexed { secret, issuer, .. } = &indexed;
+        if let Some(keys) = self.by_secret.get_mut(secret) {
+            keys.remove(key);
+            if keys.is_empty() {
+                self.by_secret.remove(secret);
+            }
+        }
+        if let Some(keys) = self.by_issuer.get_mut(issuer) {
+            keys.remove(key);
+            if keys.is_empty() {
+                self.by_issuer.remove(issuer);
+            }
+        }
+        Some(indexed)
+    }
+
+    fn rebuild(&mut self, certificates: &[Arc<IssuedCertificate>]) {
+        *self = Self::default();
+        for certificate in certificates {
+            self.insert(certificate);
+        }
+    }
+
+    fn of_issuer(&self, issuer: &str) -> Vec<Key> {
+        self.by_issuer
+            .get(issuer)
+            .map(|keys| keys.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// The certificates kept in the Secret `secret`, with their issuers.
+    fn in_secret(&self, secret: &Key) -> Vec<(Key, String)> {
+        self.by_secret
+            .get(secret)
+            .into_iter()
+            .flatten()
+            .filter_map(|key| Some((key.clone(), self.entries.get(key)?.issuer.clone())))
+            .collect()
+    }
+}
+
+/// What a certificate Secret tells about the CAs in use, for one version of it and one set of
+/// candidate CAs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum LeafUse {
+    /// A readable certificate, signed by this CA (fingerprint) among the candidates, or none.
+    Signed(Option<String>),
+    /// No readable certificate (or none caretaker can read from the store).
+    Missing,
+}
+
+/// The inputs of the two controllers: the objects they act on, and wake-ups of those objects
+/// from changes of what they read.
+pub(crate) struct AuthorityFeed {
+    pub objects: mpsc::UnboundedReceiver<CertificateAuthority>,
+    pub wake: mpsc::UnboundedReceiver<String>,
+}
+
+pub(crate) struct CertificateFeed {
+    pub objects: mpsc::UnboundedReceiver<IssuedCertificate>,
+    pub wake: mpsc::UnboundedReceiver<Key>,
+}
+
+/// The store writers, for [`run`].
+pub(crate) struct Writers {
+    authorities: Writer<CertificateAuthority>,
+    certificates: Writer<IssuedCertificate>,
+    secrets: Writer<Secret>,
+    targets: Vec<(TargetKind, Writer<DynamicObject>)>,
+}
+
+/// Everything the two controllers share.
+pub(crate) struct Shared {
+    pub ctx: Arc<Context>,
+    /// The only namespace Secrets, ConfigMaps and IssuedCertificates are read from, if the
+    /// operator watches only one.
+    pub scope: Option<String>,
+    installed: watch::Sender<Installed>,
+    pub authorities: Store<CertificateAuthority>,
+    pub certificates: Store<IssuedCertificate>,
+    secrets: Store<Secret>,
+    targets: Vec<(TargetKind, Store<DynamicObject>)>,
+    synced: Synced,
+    index: Mutex<CertificateIndex>,
+    /// Each CA Secret as last read, by version: reading a CA's keys once per version, not
+    /// once per certificate.
+    ca_secrets: Mutex<HashMap<Key, (String, Arc<CaSecretState>)>>,
+    /// What each CA's certificates were last known to be issued from (signer and bundle), so
+    /// that a CA Secret write that changes neither wakes none of them.
+    issuers_seen: Mutex<HashMap<String, String>>,
+    /// The last CA each CertificateAuthority's pass saw signing: it keeps signing while its
+    /// Secret is invalid.
+    last_good: Mutex<HashMap<String, CaKeyPair>>,
+    /// What each certificate Secret says of the CAs in use, by Secret version and candidates.
+    leaf_uses: Mutex<HashMap<Key, (String, u64, LeafUse)>>,
+    /// Secrets a certificate pass wrote, with the version before the write, until the store
+    /// shows the write.
+    written: Mutex<HashMap<Key, (Option<String>, Instant)>>,
+    wake_authorities: mpsc::UnboundedSender<String>,
+    wake_certificates: mpsc::UnboundedSender<Key>,
+    authority_objects: mpsc::UnboundedSender<CertificateAuthority>,
+    certificate_objects: mpsc::UnboundedSender<IssuedCertificate>,
+}
+
+/// Locks, carrying on past a panic elsewhere (every map here is a cache or a memory of
+/// writes, each entry whole).
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The shared state, the writers [`run`] fills it with, and the controllers' inputs.
+pub(crate) fn start(
+    ctx: Arc<Context>,
+    scope: Option<String>,
+) -> (Arc<Shared>, Writers, AuthorityFeed, CertificateFeed) {
+    let authorities = Writer::new(());
+    let certificates = Writer::new(());
+    let secrets = Writer::new(());
+    let targets: Vec<(TargetKind, Writer<DynamicObject>)> = TargetKind::ALL
+        .into_iter()
+        .map(|kind| (kind, Writer::new(kind.api_resource())))
+        .collect();
+    let (authority_objects, authority_objects_rx) = mpsc::unbounded_channel();
+    let (wake_authorities, wake_authorities_rx) = mpsc::unbounded_channel();
+    let (certificate_objects, certificate_objects_rx) = mpsc::unbounded_channel();
+    let (wake_certificates, wake_certificates_rx) = mpsc::unbounded_channel();
+    let shared = Arc::new(Shared {
+        ctx,
+        scope,
+        installed: watch::Sender::new(Installed::default()),
+        authorities: authorities.as_reader(),
+        certificates: certificates.as_reader(),
+        secrets: secrets.as_reader(),
+        targets: targets.iter().map(|(k, w)| (*k, w.as_reader())).collect(),
+        synced: Synced {
+            secrets: watch::Sender::new(false),
+            authorities: watch::Sender::new(false),
+            certificates: watch::Sender::new(false),
+            targets: targets.iter().map(|_| watch::Sender::new(false)).collect(),
+        },
+        index: Mutex::default(),
+        ca_secrets: Mutex::default(),
+        issuers_seen: Mutex::default(),
+        last_good: Mutex::default(),
+        leaf_uses: Mutex::default(),
+        written: Mutex::default(),
+        wake_authorities,
+        wake_certificates,
+        authority_objects,
+        certificate_objects,
+    });
+    let writers = Writers {
+        authorities,
+        certificates,
+        secrets,
+        targets,
+    };
+    (
+        shared,
+        writers,
+        AuthorityFeed {
+            objects: authority_objects_rx,
+            wake: wake_authorities_rx,
+        },
+        CertificateFeed {
+            objects: certificate_objects_rx,
+            wake: wake_certificates_rx,
+        },
+    )
+}
+
+/// Runs every watch until the streams end: the CRD watch at once, the others once one of
+/// caretaker's CRDs is installed.
+pub(crate) async fn run(shared: Arc<Shared>, writers: Writers) {
+    let Writers {
+        authorities,
+        certificates,
+        secrets,
+        mut targets,
+    } = writers;
+    let crd_at = targets
+        .iter()
+        .position(|(kind, _)| *kind == TargetKind::CustomResourceDefinition)
+        .expect("CRDs are a target kind");
+    let (_, crds) = targets.remove(crd_at);
+    let rest = async {
+        let mut installed = shared.installed.subscribe();
+        if installed.wait_for(Installed::any).await.is_err() {
+            return;
+        }
+        let client = shared.ctx.client.clone();
+        let (secret_api, config_map_api): (Api<Secret>, Api<ConfigMap>) = match &shared.scope {
+            Some(ns) => (
+                Api::namespaced(client.clone(), ns),
+                Api::namespaced(client.clone(), ns),
+            ),
+            None => (Api::all(client.clone()), Api::all(client.clone())),
+        };
+        let certificate_api: Api<IssuedCertificate> = match &shared.scope {
+            Some(ns) => Api::namespaced(client.clone(), ns),
+            None => Api::all(client.clone()),
+        };
+        futures::join!(
+            shared.watch_secrets(secret_api, secrets),
+            shared.watch_config_maps(config_map_api),
+            futures::future::join_all(
+                targets
+                    .into_iter()
+                    .map(|(kind, writer)| shared.watch_targets(kind, writer))
+            ),
+            shared.watch_authorities(Api::all(client), authorities),
+            shared.watch_certificates(certificate_api, certificates),
+        );
+    };
+    futures::join!(
+        shared.watch_targets(TargetKind::CustomResourceDefinition, crds),
+        shared.say_presence(),
+        rest,
+    );
+}
+
+impl Shared {
+    /// Says once, and again whenever it changes, whether each controller has its CRD.
+    async fn say_presence(&self) {
+        let mut installed = self.installed.subscribe();
+        let mut said = Installed::default();
+        loop {
+            let now = *installed.borrow_and_update();
+            let [ca_crd, certificate_crd] = crd_names();
+            for (was, is, kind, crd) in [
+                (
+                    said.authorities,
+                    now.authorities,
+                    "CertificateAuthority",
+                    ca_crd,
+                ),
+                (
+                    said.certificates,
+                    now.certificates,
+                    "IssuedCertificate",
+                    certificate_crd,
+                ),
+            ] {
+                match (was, is) {
+                    (Some(true), Some(true)) | (Some(false), Some(false)) | (_, None) => {}
+                    (_, Some(true)) => {
+                        tracing::info!(kind, %crd, "CRD {crd} found: the {kind} controller runs")
+                    }
+                    (_, Some(false)) => {
+                        tracing::info!(kind, %crd, "CRD {crd} absent: the {kind} controller stays idle until it appears")
+                    }
+                }
+            }
+            said = now;
+            if installed.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// Says once that a watch fails, and once that it works again; retries in between are quiet.
+struct Failing {
+    what: &'static str,
+    reported: bool,
+}
+
+impl Failing {
+    fn new(what: &'static str) -> Self {
+        Self {
+            what,
+            reported: false,
+        }
+    }
+
+    fn failed(&mut self, error: &watcher::Error) {
+        if self.reported {
+            tracing::debug!(watch = self.what, error = %error, "CertificateAuthority/IssuedCertificate controllers: watch still failing");
+        } else {
+            tracing::warn!(watch = self.what, error = %error, "CertificateAuthority/IssuedCertificate controllers: cannot watch; retrying quietly until it works");
+            self.reported = true;
+        }
+    }
+
+    fn recovered(&mut self) {
+        if self.reported {
+            tracing::info!(
+                watch = self.what,
+                "CertificateAuthority/IssuedCertificate controllers: the watch works again"
+            );
+            self.reported = false;
+        }
+    }
+}
+
+/// Drops from cached Secrets what no pass reads: `managedFields`, kubectl's copy, and the data
+/// of every Secret that is not `kubernetes.io/tls` (caretaker writes only those; a pass that
+/// meets another type reads it fresh).
+fn trim_secret(secret: &mut Secret) {
+    secret.metadata.managed_fields = None;
+    if let Some(annotations) = &mut secret.metadata.annotations {
+        annotations.remove(LAST_APPLIED);
+    }
+    if secret.type_.as_deref() != Some(SECRET_TYPE_TLS) {
+        secret.data = None;
+        secret.string_data = None;
+    }
+}
+
+fn trim_meta(meta: &mut ObjectMeta) {
+    meta.managed_fields = None;
+    if let Some(annotations) = &mut meta.annotations {
+        annotations.remove(LAST_APPLIED);
+    }
+}
+
+/// The key of a namespaced object.
+fn key_of(meta: &ObjectMeta) -> Key {
+    (
+        meta.namespace.clone().unwrap_or_default(),
+        meta.name.clone().unwrap_or_default(),
+    )
+}
+
+/// The CA Secret a CertificateAuthority names.
+pub(crate) fn ca_secret_key(spec: &CertificateAuthoritySpec) -> Key {
+    (spec.secret.namespace.clone(), spec.secret.name.clone())
+}
+
+/// The bundle ConfigMap a CertificateAuthority names.
+pub(crate) fn bundle_key(spec: &CertificateAuthoritySpec) -> Key {
+    (spec.bundle.namespace.clone(), spec.bundle.name.clone())
+}
+
+/// The CertificateAuthority an injection target asks for, if it asks for one.
+fn authority_named(kind: TargetKind, target: &DynamicObject) -> Option<String> {
+    match injection::request(kind, target) {
+        Ok(Some(SourceRef::Authority { name })) if target.metadata.deletion_timestamp.is_none() => {
+            Some(name)
+        }
+        _ => None,
+    }
+}
+
+/// A Secret's `data` and annotations, as the decisions read them.
+pub(crate) fn secret_content(
+    secret: &Secret,
+) -> (BTreeMap<String, Vec<u8>>, BTreeMap<String, String>) {
+    (
+        secret
+            .data
+            .iter()
+            .flatten()
+            .map(|(k, v)| (k.clone(), v.0.clone()))
+            .collect(),
+        secret.metadata.annotations.clone().unwrap_or_default(),
+    )
+}
+
+/// A ConfigMap's `data` and annotations, as the decisions read them.
+pub(crate) fn config_map_content(
+    config_map: &ConfigMap,
+) -> (BTreeMap<String, String>, BTreeMap<String, String>) {
+    (
+        config_map.data.clone().unwrap_or_default(),
+        config_map.metadata.annotations.clone().unwrap_or_default(),
+    )
+}
+
+/// What certificates are issued from, in short: the signer and the bundle.
+fn issuer_digest(state: &CaSecretState, now: OffsetDateTime) -> String {
+    match state {
+        CaSecretState::Absent => "absent".into(),
+        CaSecretState::Invalid { .. } => "invalid".into(),
+        CaSecretState::Valid(secret) => {
+            let view = IssuerView::of(secret, now);
+            format!(
+                "{}|{}",
+                view.signer.as_ref().map_or("-", |s| s.fingerprint()),
+                view.bundle
+                    .map(|b| b.fingerprints().join(","))
+                    .unwrap_or_default()
+            )
+        }
+    }
+}
+
+/// The CAs a certificate may be signed by: its issuer's bundle and the CA that signs now.
+pub(crate) fn candidates(issuer: &IssuerView) -> Vec<&Certificate> {
+    issuer
+        .bundle
+        .iter()
+        .flat_map(|b| b.certificates())
+        .chain(issuer.signer.as_ref().ok().map(|s| &s.certificate))
+        .collect()
+}
+
+/// The outcome of a write.
+pub(crate) enum Written {
+    /// Written; the object's new `resourceVersion`.
+    Done(String),
+    /// Refused because the object changed (or appeared, or went) since it was read: its watch
+    /// event brings a new pass.
+    Conflict,
+}
+
+fn outcome<K: Resource>(
+    result: Result<K, kube::Error>,
+    gone_is_conflict: bool,
+) -> Result<Written, Error> {
+    match result {
+        Ok(object) => Ok(Written::Done(
+            object.meta().resource_version.clone().unwrap_or_default(),
+        )),
+        Err(kube::Error::Api(e)) if e.code == 409 || (gone_is_conflict && e.code == 404) => {
+            Ok(Written::Conflict)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+impl Shared {
+    fn wake_authority(&self, name: &str) {
+        let _ = self.wake_authorities.send(name.to_string());
+    }
+
+    fn wake_certificates_of(&self, authority: &str) {
+        let keys = lock(&self.index).of_issuer(authority);
+        for key in keys {
+            let _ = self.wake_certificates.send(key);
+        }
+    }
+
+    fn wake_every_authority(&self) {
+        for authority in self.authorities.state() {
+            self.wake_authority(&authority.name_any());
+        }
+    }
+
+    fn wake_every_certificate(&self) {
+        let keys: Vec<Key> = lock(&self.index).entries.keys().cloned().collect();
+        for key in keys {
+            let _ = self.wake_certificates.send(key);
+        }
+    }
+
+    async fn watch_targets(&self, kind: TargetKind, mut writer: Writer<DynamicObject>) {
+        let api: Api<DynamicObject> = Api::all_with(self.ctx.client.clone(), &kind.api_resource());
+        let mut presence = (kind == TargetKind::CustomResourceDefinition).then(Presence::default);
+        // Which CA each target names, to wake the one it named before too.
+        let mut named: HashMap<String, String> = HashMap::new();
+        let mut failing = Failing::new(kind.kind());
+        let synced = TargetKind::ALL
+            .iter()
+            .position(|k| *k == kind)
+            .expect("every kind");
+        let events = watcher(api, watcher::Config::default())
+            .modify(super::ca_injection::trim(kind))
+            .default_backoff();
+        futures::pin_mut!(events);
+        while let Some(event) = events.next().await {
+            let event = match event {
+                Ok(event) => event,
+                Err(e) => {
+                    failing.failed(&e);
+                    continue;
+                }
+            };
+            failing.recovered();
+            if let Some(presence) = &mut presence {
+                let now = presence.observe(&event, *self.installed.borrow());
+                self.installed.send_if_modified(|state| {
+                    let changed = *state != now;
+                    *state = now;
+                    changed
+                });
+            }
+            writer.apply_watcher_event(&event);
+            match &event {
+                watcher::Event::Apply(target) | watcher::Event::Delete(target) => {
+                    let name = target.name_any();
+                    let now = match event {
+                        watcher::Event::Apply(_) => authority_named(kind, target),
+                        _ => None,
+                    };
+                    let before = match &now {
+                        Some(ca) => named.insert(name, ca.clone()),
+                        None => named.remove(&name),
+                    };
+                    for ca in now
+                        .iter()
+                        .chain(before.iter().filter(|b| Some(*b) != now.as_ref()))
+                    {
+                        self.wake_authority(ca);
+                    }
+                }
+                watcher::Event::InitDone => {
+                    named = writer
+                        .as_reader()
+                        .state()
+                        .iter()
+                        .filter_map(|t| Some((t.name_any(), authority_named(kind, t)?)))
+                        .collect();
+                    self.synced.targets[synced].send_replace(true);
+                    // Until every kind was listed, a pass took the injection points for not
+                    // holding a new CA; after a relist, what changed meanwhile is unknown.
+                    self.wake_every_authority();
+                }
+                watcher::Event::Init | watcher::Event::InitApply(_) => {}
+            }
+        }
+    }
+
+    async fn watch_secrets(&self, api: Api<Secret>, mut writer: Writer<Secret>) {
+        let mut failing = Failing::new("Secret");
+        let mut listed_before = false;
+        let events = watcher(api, watcher::Config::default())
+            .modify(trim_secret)
+            .default_backoff();
+        futures::pin_mut!(events);
+        while let Some(event) = events.next().await {
+            let event = match event {
+                Ok(event) => event,
+                Err(e) => {
+                    failing.failed(&e);
+                    continue;
+                }
+            };
+            failing.recovered();
+            writer.apply_watcher_event(&event);
+            match &event {
+                watcher::Event::Apply(secret) | watcher::Event::Delete(secret) => {
+                    self.secret_changed(secret)
+                }
+                watcher::Event::InitDone => {
+                    self.synced.secrets.send_replace(true);
+                    if listed_before {
+                        self.wake_every_authority();
+                        self.wake_every_certificate();
+                    }
+                    listed_before = true;
+                }
+                watcher::Event::Init | watcher::Event::InitApply(_) => {}
+            }
+        }
+    }
+
+    /// Wakes what a Secret concerns: the CAs whose Secret it is (and, if what their
+    /// certificates are issued from changed, those certificates), and the certificates kept
+    /// in it with their issuers.
+    fn secret_changed(&self, secret: &Secret) {
+        let key = key_of(&secret.metadata);
+        let stored = self.stored_secret(&key);
+        // A write of this process the store now shows: no pass needs to wait for it.
+        let version = stored.as_ref().and_then(|s| s.resource_version());
+        lock(&self.written).retain(|k, (before, _)| *k != key || *before == version);
+        if stored.is_none() {
+            lock(&self.leaf_uses).remove(&key);
+            lock(&self.ca_secrets).remove(&key);
+        }
+        let now = OffsetDateTime::now_utc();
+        for authority in self.authorities.state() {
+            if ca_secret_key(&authority.spec) != key {
+                continue;
+            }
+            let name = authority.name_any();
+            self.wake_authority(&name);
+            let digest = issuer_digest(&self.ca_secret_state(&key, stored.as_deref()), now);
+            let before = lock(&self.issuers_seen).insert(name.clone(), digest.clone());
+            if before.as_ref() != Some(&digest) {
+                self.wake_certificates_of(&name);
+            }
+        }
+        let certificates = lock(&self.index).in_secret(&key);
+        let mut issuers = BTreeSet::new();
+        for (certificate, issuer) in certificates {
+            let _ = self.wake_certificates.send(certificate);
+            issuers.insert(issuer);
+        }
+        for issuer in issuers {
+            self.wake_authority(&issuer);
+        }
+    }
+
+    async fn watch_config_maps(&self, api: Api<ConfigMap>) {
+        let mut failing = Failing::new("ConfigMap");
+        let mut listed_before = false;
+        let events = watcher(api, watcher::Config::default()).default_backoff();
+        futures::pin_mut!(events);
+        while let Some(event) = events.next().await {
+            match event {
+                Ok(watcher::Event::Apply(config_map) | watcher::Event::Delete(config_map)) => {
+                    failing.recovered();
+                    let key = key_of(&config_map.metadata);
+                    for authority in self.authorities.state() {
+                        if bundle_key(&authority.spec) == key {
+                            self.wake_authority(&authority.name_any());
+                        }
+                    }
+                }
+                Ok(watcher::Event::InitDone) => {
+                    failing.recovered();
+                    if listed_before {
+                        self.wake_every_authority();
+                    }
+                    listed_before = true;
+                }
+                Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => failing.recovered(),
+                Err(e) => failing.failed(&e),
+            }
+        }
+    }
+
+    /// Keeps the CertificateAuthority store while its CRD is installed, and passes each CA on
+    /// to its controller; a spec change wakes the certificates naming it.
+    async fn watch_authorities(
+        &self,
+        api: Api<CertificateAuthority>,
+        mut writer: Writer<CertificateAuthority>,
+    ) {
+        let mut installed = self.installed.subscribe();
+        let mut failing = Failing::new("CertificateAuthority");
+        let mut known: HashMap<String, (Option<i64>, Key)> = HashMap::new();
+        loop {
+            let present = match installed.wait_for(|i| i.authorities.is_some()).await {
+                Ok(state) => state.authorities == Some(true),
+                Err(_) => return,
+            };
+            if !present {
+                // Nothing to list: certificates naming a CA find none.
+                self.synced.authorities.send_replace(true);
+                if installed
+                    .wait_for(|i| i.authorities == Some(true))
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+            }
+            self.synced.authorities.send_replace(false);
+            let events = watcher(api.clone(), watcher::Config::default())
+                .modify(|ca: &mut CertificateAuthority| trim_meta(&mut ca.metadata))
+                .default_backoff();
+            futures::pin_mut!(events);
+            loop {
+                tokio::select! {
+                    event = events.next() => match event {
+                        Some(Ok(event)) => {
+                            failing.recovered();
+                            writer.apply_watcher_event(&event);
+                            self.authority_event(&event, &writer.as_reader(), &mut known);
+                        }
+                        Some(Err(e)) => failing.failed(&e),
+                        None => return,
+                    },
+                    removed = async { installed.wait_for(|i| i.authorities != Some(true)).await.map(|_| ()) } => {
+                        if removed.is_err() {
+                            return;
+                        }
+                        // The CRD is gone, and every CA with it.
+                        writer.apply_watcher_event(&watcher::Event::Init);
+                        writer.apply_watcher_event(&watcher::Event::InitDone);
+                        for (name, (_, secret)) in std::mem::take(&mut known) {
+                            self.forget_authority(&name, &secret);
+                        }
+                        break;
+                    }
+                }
+            }
+        }
+    }
+
+    fn authority_event(
+        &self,
+        event: &watcher::Event<CertificateAuthority>,
+        store: &Store<CertificateAuthority>,
+        known: &mut HashMap<String, (Option<i64>, Key)>,
+    ) {
+        match event {
+            watcher::Event::Apply(authority) => {
+                let _ = self.authority_objects.send(authority.clone());
+                self.authority_seen(authority, known);
+            }
+            watcher::Event::Delete(authority) => {
+                let name = authority.name_any();
+                if let Some((_, secret)) = known.remove(&name) {
+                    self.forget_authority(&name, &secret);
+                }
+            }
+            watcher::Event::InitDone => {
+                self.synced.authorities.send_replace(true);
+                let listed = store.state();
+                let names: BTreeSet<String> = listed.iter().map(|a| a.name_any()).collect();
+                let gone: Vec<String> = known
+                    .keys()
+                    .filter(|name| !names.contains(*name))
+                    .cloned()
+                    .collect();
+                for name in gone {
+                    if let Some((_, secret)) = known.remove(&name) {
+                        self.forget_authority(&name, &secret);
+                    }
+                }
+                for authority in listed {
+                    let _ = self.authority_objects.send((*authority).clone());
+                    self.authority_seen(&authority, known);
+                }
+            }
+            watcher::Event::Init | watcher::Event::InitApply(_) => {}
+        }
+    }
+
+    /// A CA as listed or changed: when its spec is new, its certificates plan again, and so
+    /// does whatever may share its objects (the other CAs; certificates kept in its Secret,
+    /// before and after).
+    fn authority_seen(
+        &self,
+        authority: &CertificateAuthority,
+        known: &mut HashMap<String, (Option<i64>, Key)>,
+    ) {
+        let name = authority.name_any();
+        let now = (
+            authority.metadata.generation,
+            ca_secret_key(&authority.spec),
+        );
+        let before = known.insert(name.clone(), now.clone());
+        if before.as_ref() == Some(&now) {
+            return;
+        }
+        self.wake_certificates_of(&name);
+        self.wake_sharing(&name, before.iter().map(|(_, s)| s).chain([&now.1]));
+    }
+
+    /// Wakes the CAs other than `name`, and the certificates kept in `secrets`.
+    fn wake_sharing<'a>(&self, name: &str, secrets: impl IntoIterator<Item = &'a Key>) {
+        for other in self.authorities.state() {
+            if other.name_any() != name {
+                self.wake_authority(&other.name_any());
+            }
+        }
+        for secret in secrets {
+            let sharing = lock(&self.index).in_secret(secret);
+            for (certificate, _) in sharing {
+                let _ = self.wake_certificates.send(certificate);
+            }
+        }
+    }
+
+    /// A CA that is gone: what this process remembers of it goes, its certificates say their
+    /// issuer is missing, and what shared its objects may go on.
+    fn forget_authority(&self, name: &str, secret: &Key) {
+        lock(&self.last_good).remove(name);
+        lock(&self.issuers_seen).remove(name);
+        self.wake_certificates_of(name);
+        self.wake_sharing(name, [secret]);
+    }
+
+    /// Keeps the IssuedCertificate store and index while its CRD is installed, and passes
+    /// each certificate on to its controller; a change wakes its issuer (before and after).
+    async fn watch_certificates(
+        &self,
+        api: Api<IssuedCertificate>,
+        mut writer: Writer<IssuedCertificate>,
+    ) {
+        let mut installed = self.installed.subscribe();
+        let mut failing = Failing::new("IssuedCertificate");
+        loop {
+            let present = match installed.wait_for(|i| i.certificates.is_some()).await {
+                Ok(state) => state.certificates == Some(true),
+                Err(_) => return,
+            };
+            if !present {
+                self.synced.certificates.send_replace(true);
+                if installed
+                    .wait_for(|i| i.certificates == Some(true))
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+            }
+            self.synced.certificates.send_replace(false);
+            let events = watcher(api.clone(), watcher::Config::default())
+                .modify(|c: &mut IssuedCertificate| trim_meta(&mut c.metadata))
+                .default_backoff();
+            futures::pin_mut!(events);
+            loop {
+                tokio::select! {
+                    event = events.next() => match event {
+                        Some(Ok(event)) => {
+                            failing.recovered();
+                            writer.apply_watcher_event(&event);
+                            self.certificate_event(&event, &writer.as_reader());
+                        }
+                        Some(Err(e)) => failing.failed(&e),
+                        None => return,
+                    },
+                    removed = async { installed.wait_for(|i| i.certificates != Some(true)).await.map(|_| ()) } => {
+                        if removed.is_err() {
+                            return;
+                        }
+                        writer.apply_watcher_event(&watcher::Event::Init);
+                        writer.apply_watcher_event(&watcher::Event::InitDone);
+                        let issuers: BTreeSet<String> =
+                            lock(&self.index).by_issuer.keys().cloned().collect();
+                        *lock(&self.index) = CertificateIndex::default();
+                        for issuer in issuers {
+                            self.wake_authority(&issuer);
+                        }
+                        break;
+                    }
+                }
+            }
+        }
+    }
+
+    /// A certificate came, went or changed its spec: its issuers (before and after) count
+    /// their certificates again, and the other certificates kept in its Secrets (before and
+    /// after) see whether they still share it.
+    fn certificate_moved(&self, key: &Key, entries: impl IntoIterator<Item = Indexed>) {
+        let mut issuers = BTreeSet::new();
+        for entry in entries {
+            issuers.insert(entry.issuer);
+            let sharing = lock(&self.index).in_secret(&entry.secret);
+            for (other, _) in sharing.into_iter().filter(|(other, _)| other != key) {
+                let _ = self.wake_certificates.send(other);
+            }
+        }
+        for issuer in issuers {
+            self.wake_authority(&issuer);
+        }
+    }
+
+    fn certificate_event(
+        &self,
+        event: &watcher::Event<IssuedCertificate>,
+        store: &Store<IssuedCertificate>,
+    ) {
+        match event {
+            watcher::Event::Apply(certificate) => {
+                let key = CertificateIndex::key(certificate);
+                let (before, now) = {
+                    let mut index = lock(&self.index);
+                    let before = index.insert(certificate);
+                    (before, index.entries.get(&key).cloned())
+                };
+                let _ = self.certificate_objects.send(certificate.clone());
+                // A status write changes nothing the CA reads, nor any other certificate.
+                if before != now {
+                    self.certificate_moved(&key, before.into_iter().chain(now));
+                }
+            }
+            watcher::Event::Delete(certificate) => {
+                let key = CertificateIndex::key(certificate);
+                let before = lock(&self.index).remove(&key);
+                self.certificate_moved(&key, before);
+            }
+            watcher::Event::InitDone => {
+                let listed = store.state();
+                let issuers: BTreeSet<String> = {
+                    let mut index = lock(&self.index);
+                    let mut issuers: BTreeSet<String> = index.by_issuer.keys().cloned().collect();
+                    index.rebuild(&listed);
+                    issuers.extend(index.by_issuer.keys().cloned());
+                    issuers
+                };
+                self.synced.certificates.send_replace(true);
+                for certificate in listed {
+                    let _ = self.certificate_objects.send((*certificate).clone());
+                }
+                for issuer in issuers {
+                    self.wake_authority(&issuer);
+                }
+            }
+            watcher::Event::Init | watcher::Event::InitApply(_) => {}
+        }
+    }
+}
+
+/// What the passes read and write.
+impl Shared {
+    /// Waits until a CertificateAuthority's pass can see every certificate it issued: the
+    /// Secrets and the IssuedCertificates are listed.
+    pub(crate) async fn authority_inputs_synced(&self) -> Result<(), Error> {
+        wait_synced(&self.synced.secrets).await?;
+        wait_synced(&self.synced.certificates).await
+    }
+
+    /// Waits until an IssuedCertificate's pass can find its issuer and its Secret.
+    pub(crate) async fn certificate_inputs_synced(&self) -> Result<(), Error> {
+        wait_synced(&self.synced.secrets).await?;
+        wait_synced(&self.synced.authorities).await
+    }
+
+    /// Whether the CertificateAuthority CRD is known not to be installed.
+    pub(crate) fn authority_crd_missing(&self) -> bool {
+        self.installed.borrow().authorities == Some(false)
+    }
+
+    fn stored_secret(&self, key: &Key) -> Option<Arc<Secret>> {
+        self.secrets.get(&ObjectRef::new(&key.1).within(&key.0))
+    }
+
+    /// A Secret as stored, or read fresh when the store keeps it without its data (not
+    /// `kubernetes.io/tls`).
+    pub(crate) async fn secret(&self, key: &Key) -> Result<Option<Arc<Secret>>, Error> {
+        match self.stored_secret(key) {
+            Some(secret) if secret.type_.as_deref() != Some(SECRET_TYPE_TLS) => {
+                let api: Api<Secret> = Api::namespaced(self.ctx.client.clone(), &key.0);
+                Ok(api.get_opt(&key.1).await?.map(Arc::new))
+            }
+            stored => Ok(stored),
+        }
+    }
+
+    /// A CA Secret as observed, read once per version.
+    fn ca_secret_state(&self, key: &Key, secret: Option<&Secret>) -> Arc<CaSecretState> {
+        let Some(secret) = secret else {
+            return Arc::new(CaSecretState::Absent);
+        };
+        let version = secret.resource_version().unwrap_or_default();
+        if let Some((seen, state)) = lock(&self.ca_secrets).get(key)
+            && *seen == version
+        {
+            return state.clone();
+        }
+        let (data, annotations) = secret_content(secret);
+        let state = Arc::new(CaSecretState::observe(Some((&data, &annotations))));
+        lock(&self.ca_secrets).insert(key.clone(), (version, state.clone()));
+        state
+    }
+
+    pub(crate) fn last_good(&self, authority: &str) -> Option<CaKeyPair> {
+        lock(&self.last_good).get(authority).cloned()
+    }
+
+    /// Remembers the CA that signs for `authority` now (none: forgets it).
+    pub(crate) fn set_last_good(&self, authority: &str, signer: Option<CaKeyPair>) {
+        let mut last_good = lock(&self.last_good);
+        match signer {
+            Some(signer) => last_good.insert(authority.to_string(), signer),
+            None => last_good.remove(authority),
+        };
+    }
+
+    /// Why the operator cannot act on a CertificateAuthority's objects: one of them is
+    /// outside the one namespace it watches.
+    pub(crate) fn outside_scope(&self, spec: &CertificateAuthoritySpec) -> Option<String> {
+        let scope = self.scope.as_deref()?;
+        [
+            ("spec.secret.namespace", &spec.secret.namespace),
+            ("spec.bundle.namespace", &spec.bundle.namespace),
+        ]
+        .into_iter()
+        .find(|(_, namespace)| namespace.as_str() != scope)
+        .map(|(field, namespace)| {
+            format!(
+                "{field}: {namespace:?} is outside the namespace the operator watches ({scope:?})"
+            )
+        })
+    }
+
+    /// Why CertificateAuthority `name` must not write its objects: another CA names the same
+    /// Secret or bundle ConfigMap (the two would overwrite each other's CAs forever).
+    pub(crate) fn authority_conflict(
+        &self,
+        name: &str,
+        spec: &CertificateAuthoritySpec,
+    ) -> Option<String> {
+        let (secret, bundle) = (ca_secret_key(spec), bundle_key(spec));
+        let mut others: Vec<String> = Vec::new();
+        for other in self.authorities.state() {
+            let other_name = other.name_any();
+            if other_name == name {
+                continue;
+            }
+            if ca_secret_key(&other.spec) == secret {
+                others.push(format!(
+                    "Secret {}/{} is also the CA Secret of CertificateAuthority {other_name}",
+                    secret.0, secret.1
+                ));
+            }
+            if bundle_key(&other.spec) == bundle {
+                others.push(format!(
+                    "ConfigMap {}/{} is also the bundle of CertificateAuthority {other_name}",
+                    bundle.0, bundle.1
+                ));
+            }
+        }
+        others.sort();
+        (!others.is_empty()).then(|| others.join("; "))
+    }
+
+    /// Why IssuedCertificate `key` must not write its Secret `secret`: it is a CA's Secret, or
+    /// another certificate's.
+    pub(crate) fn certificate_conflict(&self, key: &Key, secret: &Key) -> Option<String> {
+        let mut others: Vec<String> = self
+            .authorities
+            .state()
+            .iter()
+            .filter(|ca| ca_secret_key(&ca.spec) == *secret)
+            .map(|ca| {
+                format!(
+                    "it is the CA Secret of CertificateAuthority {}",
+                    ca.name_any()
+                )
+            })
+            .collect();
+        let sharing = lock(&self.index).in_secret(secret);
+        others.extend(
+            sharing
+                .into_iter()
+                .filter(|(other, _)| other != key)
+                .map(|(other, _)| format!("IssuedCertificate {} names it too", other.1)),
+        );
+        others.sort();
+        (!others.is_empty())
+            .then(|| format!("Secret {}/{}: {}", secret.0, secret.1, others.join("; ")))
+    }
+
+    /// The CAs (fingerprints) every injection point naming `authority` holds, as
+    /// [`AuthorityObserved::injected`] wants them: `None` when none names it; the bundle's CAs
+    /// when every one holds exactly `published` (the bundle ConfigMap's `ca-bundle.crt`);
+    /// none confirmed otherwise, or while a target kind is not listed yet.
+    pub(crate) fn injected(
+        &self,
+        authority: &str,
+        published: Option<&str>,
+        bundle: &BundleState,
+    ) -> Option<BTreeSet<String>> {
+        let listed = self.synced.targets.iter().all(|s| *s.borrow());
+        if !listed {
+            return Some(BTreeSet::new());
+        }
+        let mut named = false;
+        let mut all_hold = true;
+        for (kind, store) in &self.targets {
+            for target in store.state() {
+                if authority_named(*kind, &target).as_deref() != Some(authority) {
+                    continue;
+                }
+                named = true;
+                all_hold &= published
+                    .is_some_and(|text| injection::holds_bundle(*kind, &target, text.as_bytes()));
+            }
+        }
+        match (named, all_hold) {
+            (false, _) => None,
+            (true, true) => Some(
+                bundle
+                    .certificates()
+                    .iter()
+                    .map(|c| c.fingerprint().to_string())
+                    .collect(),
+            ),
+            (true, false) => Some(BTreeSet::new()),
+        }
+    }
+
+    /// The CAs that signed the existing certificates of every IssuedCertificate naming
+    /// `authority` (among the issuer's candidates), and whether one of them (with a valid
+    /// spec) has no readable certificate: [`AuthorityObserved::in_use`] and
+    /// [`AuthorityObserved::certificates_missing`]. Read from the stores, each Secret version
+    /// once per set of candidates.
+    pub(crate) fn certificates_of(
+        &self,
+        authority: &str,
+        issuer: &IssuerView,
+    ) -> (BTreeSet<String>, bool) {
+        let candidates = candidates(issuer);
+        let mut hasher = DefaultHasher::new();
+        for candidate in &candidates {
+            candidate.fingerprint().hash(&mut hasher);
+        }
+        let digest = hasher.finish();
+        let keys = lock(&self.index).of_issuer(authority);
+        let mut in_use = BTreeSet::new();
+        let mut missing = false;
+        for key in keys {
+            let Some(certificate) = self
+                .certificates
+                .get(&ObjectRef::new(&key.1).within(&key.0))
+            else {
+                continue;
+            };
+            let secret = (key.0.clone(), certificate.spec.secret_name.clone());
+            match self.leaf_use(&secret, &candidates, digest) {
+                LeafUse::Signed(issuer) => in_use.extend(issuer),
+                // One whose spec never validates never gets a certificate: it serves none.
+                LeafUse::Missing => missing |= certificate.spec.policy().is_ok(),
+            }
+        }
+        (in_use, missing)
+    }
+
+    fn leaf_use(&self, key: &Key, candidates: &[&Certificate], digest: u64) -> LeafUse {
+        let Some(secret) = self.stored_secret(key) else {
+            return LeafUse::Missing;
+        };
+        let version = secret.resource_version().unwrap_or_default();
+        if let Some((seen, seen_digest, found)) = lock(&self.leaf_uses).get(key)
+            && *seen == version
+            && *seen_digest == digest
+        {
+            return found.clone();
+        }
+        let found = if secret.type_.as_deref() != Some(SECRET_TYPE_TLS) {
+            // Its data is not in the store: what it holds is unknown.
+            LeafUse::Missing
+        } else {
+            let (data, annotations) = secret_content(&secret);
+            match LeafSecretState::observe(
+                Some((&data, &annotations)),
+                false,
+                candidates.iter().copied(),
+            ) {
+                LeafSecretState::Present(leaf) if leaf.certificate.is_ok() => {
+                    LeafUse::Signed(leaf.issuer)
+                }
+                _ => LeafUse::Missing,
+            }
+        };
+        lock(&self.leaf_uses).insert(key.clone(), (version, digest, found.clone()));
+        found
+    }
+
+    /// What the certificates of CertificateAuthority `name` are issued from now, from its
+    /// Secret as stored ([`IssuerView::observed`]); or why there is nothing to issue from
+    /// (the condition a certificate shows).
+    pub(crate) async fn issuer(
+        &self,
+        name: &str,
+        now: OffsetDateTime,
+    ) -> Result<Result<IssuerView, authority::Condition>, Error> {
+        let not_ready = |reason, message| authority::Condition {
+            status: false,
+            reason,
+            message,
+        };
+        let Some(ca) = self.authorities.get(&ObjectRef::new(name)) else {
+            let crd = if self.authority_crd_missing() {
+                " (its CRD is not installed)"
+            } else {
+                ""
+            };
+            return Ok(Err(not_ready(
+                names::REASON_ISSUER_NOT_FOUND,
+                format!("CertificateAuthority {name} not found{crd}; waiting for it"),
+            )));
+        };
+        if let Err(e) = ca.spec.policy() {
+            return Ok(Err(not_ready(
+                names::REASON_ISSUER_INVALID,
+                format!("CertificateAuthority {name} has an invalid spec: {e}"),
+            )));
+        }
+        if let Some(problem) = self.outside_scope(&ca.spec) {
+            return Ok(Err(not_ready(
+                names::REASON_ISSUER_INVALID,
+                format!("CertificateAuthority {name}: {problem}"),
+            )));
+        }
+        let key = ca_secret_key(&ca.spec);
+        let secret = self.secret(&key).await?;
+        let state = self.ca_secret_state(&key, secret.as_deref());
+        let bundle = match *state {
+            CaSecretState::Valid(_) => BundleState::Absent,
+            // Only then is the published bundle what certificates trust.
+            CaSecretState::Absent | CaSecretState::Invalid { .. } => {
+                let (namespace, bundle_name) = bundle_key(&ca.spec);
+                let api: Api<ConfigMap> = Api::namespaced(self.ctx.client.clone(), &namespace);
+                let config_map = api.get_opt(&bundle_name).await?;
+                let content = config_map.as_ref().map(config_map_content);
+                BundleState::observe(content.as_ref().map(|(d, a)| (d, a)))
+            }
+        };
+        let seen = AuthorityObserved {
+            secret_name: ObjectName::new(&key.0, &key.1),
+            bundle_name: ObjectName::new(&ca.spec.bundle.namespace, &ca.spec.bundle.name),
+            secret: (*state).clone(),
+            bundle,
+            injected: None,
+            in_use: BTreeSet::new(),
+            certificates_missing: false,
+            last_good: self.last_good(name),
+            reported_degraded: None,
+        };
+        Ok(Ok(IssuerView::observed(&seen, now)))
+    }
+
+    /// Notes that a certificate pass wrote the Secret `key`, which was at `before`.
+    pub(crate) fn note_written(&self, key: Key, before: Option<String>) {
+        lock(&self.written).insert(key, (before, Instant::now()));
+    }
+
+    /// Whether the store still shows the Secret `key` as it was before this process wrote it
+    /// (at `stored`): then how long to wait for the watch to bring the write, at most.
+    pub(crate) fn behind_own_write(&self, key: &Key, stored: Option<&str>) -> Option<Duration> {
+        let mut written = lock(&self.written);
+        let (before, at) = written.get(key)?;
+        let age = at.elapsed();
+        if before.as_deref() == stored && age < WRITE_SETTLES {
+            return Some(WRITE_SETTLES - age);
+        }
+        written.remove(key);
+        None
+    }
+
+    /// Creates the Secret `key` (type `kubernetes.io/tls`) when `version` is `None`, else
+    /// merge-patches its `data` and annotations on `version`.
+    pub(crate) async fn write_secret(
+        &self,
+        key: &Key,
+        version: Option<&str>,
+        data: &SecretData,
+        annotations: &AnnotationChanges,
+    ) -> Result<Written, Error> {
+        let api: Api<Secret> = Api::namespaced(self.ctx.client.clone(), &key.0);
+        match version {
+            None => {
+                let mut written = BTreeMap::new();
+                annotations.apply_to(&mut written);
+                let secret = Secret {
+                    metadata: ObjectMeta {
+                        name: Some(key.1.clone()),
+                        namespace: Some(key.0.clone()),
+                        annotations: (!written.is_empty()).then_some(written),
+                        ..Default::default()
+                    },
+                    type_: Some(SECRET_TYPE_TLS.into()),
+                    data: Some(
+                        data.iter()
+                            .filter_map(|(k, v)| {
+                                Some((k.to_string(), ByteString(v?.as_bytes().to_vec())))
+                            })
+                            .collect(),
+                    ),
+                    ..Default::default()
+                };
+                let params = PostParams {
+                    field_manager: Some(FIELD_MANAGER.into()),
+                    ..Default::default()
+                };
+                outcome(api.create(&params, &secret).await, false)
+            }
+            Some(version) => {
+                let data: serde_json::Map<String, Value> = data
+                    .iter()
+                    .map(|(k, v)| {
+                        let value = v.map_or(Value::Null, |v| Value::String(STANDARD.encode(v)));
+                        (k.to_string(), value)
+                    })
+                    .collect();
+                let body = json!({
+                    "metadata": { "resourceVersion": version, "annotations": annotations.to_json() },
+                    "data": data,
+                });
+                outcome(
+                    api.patch(&key.1, &patch_params(), &Patch::Merge(&body))
+                        .await,
+                    true,
+                )
+            }
+        }
+    }
+
+    /// Creates the ConfigMap `key` when `version` is `None`, else merge-patches its `data`
+    /// and annotations on `version`.
+    pub(crate) async fn write_config_map(
+        &self,
+        key: &Key,
+        version: Option<&str>,
+        data: &BTreeMap<&'static str, String>,
+        annotations: &AnnotationChanges,
+    ) -> Result<Written, Error> {
+        let api: Api<ConfigMap> = Api::namespaced(self.ctx.client.clone(), &key.0);
+        match version {
+            None => {
+                let mut written = BTreeMap::new();
+                annotations.apply_to(&mut written);
+                let config_map = ConfigMap {
+                    metadata: ObjectMeta {
+                        name: Some(key.1.clone()),
+                        namespace: Some(key.0.clone()),
+                        annotations: (!written.is_empty()).then_some(written),
+                        ..Default::default()
+                    },
+                    data: Some(
+                        data.iter()
+                            .map(|(k, v)| (k.to_string(), v.clone()))
+                            .collect(),
+                    ),
+                    ..Default::default()
+                };
+                let params = PostParams {
+                    field_manager: Some(FIELD_MANAGER.into()),
+                    ..Default::default()
+                };
+                outcome(api.create(&params, &config_map).await, false)
+            }
+            Some(version) => {
+                let body = json!({
+                    "metadata": { "resourceVersion": version, "annotations": annotations.to_json() },
+                    "data": data,
+                });
+                outcome(
+                    api.patch(&key.1, &patch_params(), &Patch::Merge(&body))
+                        .await,
+                    true,
+                )
+            }
+        }
+    }
+}
+
+pub(crate) fn patch_params() -> PatchParams {
+    PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..Default::default()
+    }
+}
+
+/// A status condition as the API shows it: `lastTransitionTime` kept from `old` unless the
+/// status changed.
+pub(crate) fn condition(
+    old: &[v1alpha1::Condition],
+    type_: &str,
+    new: &authority::Condition,
+    generation: Option<i64>,
+    now: OffsetDateTime,
+) -> v1alpha1::Condition {
+    let status = if new.status { "True" } else { "False" };
+    let since = old
+        .iter()
+        .find(|c| c.type_ == type_ && c.status == status)
+        .map(|c| c.last_transition_time.clone())
+        .unwrap_or_else(|| format_time(now));
+    v1alpha1::Condition {
+        type_: type_.to_string(),
+        status: status.to_string(),
+        reason: new.reason.to_string(),
+        message: new.message.clone(),
+        last_transition_time: since,
+        observed_generation: generation,
+    }
+}
+
+/// The Ready and Degraded conditions.
+pub(crate) fn conditions(
+    old: &[v1alpha1::Condition],
+    ready: &authority::Condition,
+    degraded: &authority::Condition,
+    generation: Option<i64>,
+    now: OffsetDateTime,
+) -> Vec<v1alpha1::Condition> {
+    vec![
+        condition(old, v1alpha1::CONDITION_READY, ready, generation, now),
+        condition(old, v1alpha1::CONDITION_DEGRADED, degraded, generation, now),
+    ]
+}
+
+/// The Degraded condition's message, when it is true.
+pub(crate) fn degraded_message(conditions: &[v1alpha1::Condition]) -> Option<&str> {
+    conditions
+        .iter()
+        .find(|c| c.type_ == v1alpha1::CONDITION_DEGRADED && c.status == "True")
+        .map(|c| c.message.as_str())
+}
+
+/// A merge patch that makes the status exactly `status`: the fields it leaves out are
+/// removed (`null`), not kept.
+pub(crate) fn status_patch<T: Serialize>(status: &T, old: &T) -> Value {
+    let mut new = serde_json::to_value(status).unwrap_or_else(|_| json!({}));
+    if let (Some(new), Ok(Value::Object(old))) = (new.as_object_mut(), serde_json::to_value(old)) {
+        for key in old.keys() {
+            new.entry(key.clone()).or_insert(Value::Null);
+        }
+    }
+    json!({ "status": new })
+}
+
+/// How long until `at`, for a requeue: exact, never negative, and at most a year (the
+/// scheduler's queue holds at most about two; a pass then simply plans again).
+pub(crate) fn until(at: OffsetDateTime) -> Duration {
+    const YEAR: Duration = Duration::from_secs(365 * 86_400);
+    let left = at - OffsetDateTime::now_utc();
+    Duration::try_from(left).unwrap_or(Duration::ZERO).min(YEAR)
+}
+
+/// Runs CPU work (key generation, signing, parsing) off the async threads.
+pub(crate) async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> T {
+    match tokio::task::spawn_blocking(work).await {
+        Ok(value) => value,
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(e) => panic!("CPU work cancelled: {e}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn crd(name: &str) -> DynamicObject {
+        DynamicObject::new(name, &TargetKind::CustomResourceDefinition.api_resource())
+    }
+
+    #[test]
+    fn caretakers_crds_are_seen_coming_and_going() {
+        let [ca, issued] = crd_names();
+        assert_eq!(ca, "certificateauthorities.caretaker.dev");
+        assert_eq!(issued, "issuedcertificates.caretaker.dev");
+        let mut presence = Presence::default();
+        let mut state = Installed::default();
+        let mut feed = |event: watcher::Event<DynamicObject>| {
+            state = presence.observe(&event, state);
+            state
+        };
+        feed(watcher::Event::Init);
+        assert_eq!(
+            feed(watcher::Event::InitApply(crd(&issued))),
+            Installed::default(),
+            "unknown until listed"
+        );
+        let listed = feed(watcher::Event::InitDone);
+        assert_eq!(
+            listed,
+            Installed {
+                authorities: Some(false),
+                certificates: Some(true)
+            }
+        );
+        assert!(listed.any());
+        let both = feed(watcher::Event::Apply(crd(&ca)));
+        assert_eq!(both.authorities, Some(true));
+        assert_eq!(
+            feed(watcher::Event::Apply(crd("widgets.example.com"))),
+            both
+        );
+        let none = {
+            feed(watcher::Event::Delete(crd(&ca)));
+            feed(watcher::Event::Delete(crd(&issued)))
+        };
+        assert!(!none.any());
+        assert_eq!(none.authorities, Some(false));
+    }
+
+    fn certificate(namespace: &str, name: &str, secret: &str, issuer: &str) -> IssuedCertificate {
+        serde_json::from_value(json!({
+            "apiVersion": "caretaker.dev/v1alpha1",
+            "kind": "IssuedCertificate",
+            "metadata": { "name": name, "namespace": namespace },
+            "spec": { "issuerRef": { "name": issuer }, "secretName": secret,
+                      "commonName": "x", "usages": ["server"] },
+        }))
+        .unwrap()
+    }
+
+    fn key(namespace: &str, name: &str) -> Key {
+        (namespace.into(), name.into())
+    }
+
+    #[test]
+    fn the_index_follows_secrets_and_issuers_through_changes() {
+        let mut index = CertificateIndex::default();
+        assert!(
+            index
+                .insert(&certificate("a", "one", "tls", "ca1"))
+                .is_none()
+        );
+        assert!(
+            index
+                .insert(&certificate("a", "two", "tls", "ca1"))
+                .is_none()
+        );
+        assert!(
+            index
+                .insert(&certificate("b", "one", "tls", "ca2"))
+                .is_none()
+        );
+        assert_eq!(
+            index.in_secret(&key("a", "tls")),
+            [
+                (key("a", "one"), "ca1".into()),
+                (key("a", "two"), "ca1".into())
+            ]
+        );
+        assert_eq!(index.of_issuer("ca2"), [key("b", "one")]);
+        // A new issuer and Secret: the old entries go.
+        assert_eq!(
+            index.insert(&certificate("a", "two", "other", "ca2")),
+            Some(Indexed {
+                secret: key("a", "tls"),
+                issuer: "ca1".into(),
+                generation: None
+            })
+        );
+        assert_eq!(
+            index.in_secret(&key("a", "tls")),
+            [(key("a", "one"), "ca1".into())]
+        );
+        assert_eq!(index.of_issuer("ca2"), [key("a", "two"), key("b", "one")]);
+        assert_eq!(
+            index.remove(&key("a", "one")).map(|i| i.issuer),
+            Some("ca1".into())
+        );
+        assert!(index.in_secret(&key("a", "tls")).is_empty());
+        assert!(index.of_issuer("ca1").is_empty());
+        assert!(
+            !index.by_secret.contains_key(&key("a", "tls")),
+            "no empty entries"
+        );
+        index.rebuild(&[Arc::new(certificate("c", "x", "s", "ca3"))]);
+        assert_eq!(index.of_issuer("ca3"), [key("c", "x")]);
+        assert!(index.of_issuer("ca2").is_empty());
+    }
+
+    #[test]
+    fn cached_secrets_keep_data_only_when_they_are_tls() {
+        let mut tls: Secret = serde_json::from_value(json!({
+            "metadata": { "name": "a", "annotations": { LAST_APPLIED: "{}", "keep": "1" },
+                          "managedFields": [{ "manager": "kubectl" }] },
+            "type": "kubernetes.io/tls",
+            "data": { "tls.crt": "eA==" },
+        }))
+        .unwrap();
+        let mut opaque = tls.clone();
+        opaque.type_ = Some("Opaque".into());
+        trim_secret(&mut tls);
+        trim_secret(&mut opaque);
+        assert_eq!(tls.metadata.managed_fields, None);
+        assert_eq!(
+            tls.metadata
+                .annotations
+                .as_ref()
+                .unwrap()
+                .keys()
+                .collect::<Vec<_>>(),
+            ["keep"]
+        );
+        assert!(tls.data.is_some());
+        assert_eq!(opaque.data, None);
+    }
+
+    #[test]
+    fn conditions_keep_their_transition_time_until_the_status_changes() {
+        let t0 = OffsetDateTime::from_unix_timestamp(1_800_000_000).unwrap();
+        let t1 = t0 + time::Duration::hours(1);
+        let ready = |status| authority::Condition {
+            status,
+            reason: names::REASON_SIGNING,
+            message: "m".into(),
+        };
+        let first = vec![condition(&[], "Ready", &ready(true), Some(1), t0)];
+        assert_eq!(first[0].last_transition_time, format_time(t0));
+        let same = condition(&first, "Ready", &ready(true), Some(2), t1);
+        assert_eq!(same.last_transition_time, format_time(t0));
+        assert_eq!(same.observed_generation, Some(2));
+        let flipped = condition(&first, "Ready", &ready(false), Some(2), t1);
+        assert_eq!(flipped.last_transition_time, format_time(t1));
+        assert_eq!(flipped.status, "False");
+    }
+
+    #[test]
+    fn a_status_patch_removes_what_the_new_status_leaves_out() {
+        let old = v1alpha1::IssuedCertificateStatus {
+            serial_number: Some("01".into()),
+            observed_generation: Some(1),
+            ..Default::default()
+        };
+        let new = v1alpha1::IssuedCertificateStatus {
+            observed_generation: Some(2),
+            ..Default::default()
+        };
+        assert_eq!(
+            status_patch(&new, &old),
+            json!({ "status": { "serialNumber": null, "observedGeneration": 2 } })
+        );
+    }
+
+    #[test]
+    fn requeues_are_exact_and_bounded() {
+        let now = OffsetDateTime::now_utc();
+        assert_eq!(until(now - time::Duration::hours(1)), Duration::ZERO);
+        let soon = until(now + time::Duration::seconds(30));
+        assert!(soon <= Duration::from_secs(30) && soon > Duration::from_secs(29));
+        assert_eq!(
+            until(now + time::Duration::days(3650)),
+            Duration::from_secs(365 * 86_400)
+        );
+    }
+}

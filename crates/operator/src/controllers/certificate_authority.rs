@@ -1,0 +1,326 @@
+//! The CertificateAuthority controller: a pass observes the CA Secret and the bundle ConfigMap
+//! (read fresh), the injection points naming the CA and the certificates it issued (from the
+//! shared stores, [`super::authority_watch`]), asks [`ca::plan`], and carries the plan out:
+//! its writes in order (a Secret is created with type `kubernetes.io/tls`, an existing object
+//! merge-patched on the `resourceVersion` the pass read; the first write that fails ends the
+//! pass, and the next one starts from what is stored), then its events, then the status when
+//! it changed. It runs again when one of those objects changes, and at the plan's wake-up time;
+//! nothing polls.
+//!
+//! The last CA seen signing is kept in memory per CertificateAuthority, so that it keeps
+//! signing while the CA Secret is unreadable (and nothing is regenerated). A spec that does not
+//! validate writes nothing: the status says why (`InvalidSpec`), with one Warning event per
+//! distinct message. Deleting a CertificateAuthority deletes nothing: its Secret and ConfigMap
+//! stay, as cert-manager leaves a Certificate's Secret.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::api::{Api, ApiResource, DynamicObject, Patch};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::{WatchStreamExt, predicates, watcher};
+use kube::{Resource, ResourceExt};
+use time::OffsetDateTime;
+
+use super::authority_watch::{self, AuthorityFeed, Shared, Written};
+use crate::Error;
+use crate::authority::bundle::BundleState;
+use crate::authority::ca::{
+    self, AuthorityObserved, AuthorityStep, CaPlan, CaSecretState, IssuerView,
+};
+use crate::authority::{self, CA_BUNDLE_CRT, ObjectName, PkiMint};
+use crate::changes::Event;
+use crate::names;
+use crate::timestamp::format_time;
+use crate::v1alpha1::{CertificateAuthority, CertificateAuthorityStatus, PreviousCa};
+
+/// Runs the controller on the CertificateAuthorities and wake-ups `feed` brings.
+pub(crate) async fn run(shared: Arc<Shared>, feed: AuthorityFeed) {
+    let AuthorityFeed { objects, wake } = feed;
+    let resource = ApiResource::erase::<CertificateAuthority>(&());
+    // Status writes (this controller's own) change no generation and wake nothing.
+    let objects = futures::stream::unfold(objects, |mut objects| async move {
+        let object = objects.recv().await?;
+        Some((Ok::<_, watcher::Error>(object), objects))
+    })
+    .predicate_filter(predicates::generation, Default::default());
+    let wake_resource = resource.clone();
+    let wake = futures::stream::unfold(wake, move |mut wake| {
+        let resource = wake_resource.clone();
+        async move {
+            let name = wake.recv().await?;
+            Some((
+                Ok::<_, watcher::Error>(DynamicObject::new(&name, &resource)),
+                wake,
+            ))
+        }
+    });
+    Controller::for_stream_with(objects, shared.authorities.clone(), ())
+        .watches_stream_with(
+            wake,
+            |change: DynamicObject| {
+                Some(ObjectRef::<CertificateAuthority>::new(&change.name_any()))
+            },
+            resource,
+        )
+        .run(reconcile, error_policy, shared)
+        .for_each(|result| async move {
+            if let Err(e) = result {
+                tracing::debug!(error = %e, "CertificateAuthority reconcile failed");
+            }
+        })
+        .await;
+}
+
+fn error_policy(_: Arc<CertificateAuthority>, error: &Error, shared: Arc<Shared>) -> Action {
+    super::requeue_after("certificate_authority", error, &shared.ctx)
+}
+
+async fn reconcile(
+    authority: Arc<CertificateAuthority>,
+    shared: Arc<Shared>,
+) -> Result<Action, Error> {
+    if authority.metadata.deletion_timestamp.is_some() {
+        return Ok(Action::await_change());
+    }
+    let name = authority.name_any();
+    let policy = match authority.spec.policy() {
+        Ok(policy) => policy,
+        Err(e) => {
+            let message = format!("{e}; nothing was written");
+            return refuse(&shared, &authority, names::REASON_INVALID_SPEC, message).await;
+        }
+    };
+    if let Some(problem) = shared.outside_scope(&authority.spec) {
+        let message = format!("{problem}; nothing was written");
+        return refuse(
+            &shared,
+            &authority,
+            names::REASON_OUTSIDE_WATCHED_NAMESPACE,
+            message,
+        )
+        .await;
+    }
+    if let Some(conflict) = shared.authority_conflict(&name, &authority.spec) {
+        let message = format!("{conflict}; nothing was written");
+        return refuse(&shared, &authority, names::REASON_OBJECT_IN_USE, message).await;
+    }
+    shared.authority_inputs_synced().await?;
+
+    let client = shared.ctx.client.clone();
+    let secret_key = authority_watch::ca_secret_key(&authority.spec);
+    let bundle_key = authority_watch::bundle_key(&authority.spec);
+    let secret = Api::<Secret>::namespaced(client.clone(), &secret_key.0)
+        .get_opt(&secret_key.1)
+        .await?;
+    let config_map = Api::<ConfigMap>::namespaced(client, &bundle_key.0)
+        .get_opt(&bundle_key.1)
+        .await?;
+    let mut versions = (
+        secret.as_ref().and_then(|s| s.resource_version()),
+        config_map.as_ref().and_then(|c| c.resource_version()),
+    );
+    let old = authority.status.clone().unwrap_or_default();
+    let reported_degraded = authority_watch::degraded_message(&old.conditions).map(str::to_string);
+    let now = OffsetDateTime::now_utc();
+
+    let observing = shared.clone();
+    let (who, secret_name, bundle_name) = (
+        name.clone(),
+        ObjectName::new(&secret_key.0, &secret_key.1),
+        ObjectName::new(&bundle_key.0, &bundle_key.1),
+    );
+    let plan = authority_watch::blocking(move || {
+        let secret = secret.as_ref().map(authority_watch::secret_content);
+        let bundle = config_map.as_ref().map(authority_watch::config_map_content);
+        let published = bundle
+            .as_ref()
+            .and_then(|(data, _)| data.get(CA_BUNDLE_CRT))
+            .map(String::as_str);
+        let bundle_state = BundleState::observe(bundle.as_ref().map(|(d, a)| (d, a)));
+        let mut seen = AuthorityObserved {
+            secret_name,
+            bundle_name,
+            secret: CaSecretState::observe(secret.as_ref().map(|(d, a)| (d, a))),
+            injected: observing.injected(&who, published, &bundle_state),
+            bundle: bundle_state,
+            in_use: BTreeSet::new(),
+            certificates_missing: false,
+            last_good: observing.last_good(&who),
+            reported_degraded,
+        };
+        let issuer = IssuerView::observed(&seen, now);
+        (seen.in_use, seen.certificates_missing) = observing.certificates_of(&who, &issuer);
+        ca::plan(&seen, &policy, now, &PkiMint)
+    })
+    .await
+    .map_err(|source| Error::CaCreationFailed {
+        authority: name.clone(),
+        source,
+    })?;
+
+    let total = plan.steps.len();
+    for (done, step) in plan.steps.iter().enumerate() {
+        let written = match step {
+            AuthorityStep::WriteSecret(secret) => {
+                shared
+                    .write_secret(
+                        &secret_key,
+                        versions.0.as_deref(),
+                        &secret.data(),
+                        &secret.annotation_changes(),
+                    )
+                    .await
+            }
+            AuthorityStep::WriteBundle(bundle) => {
+                shared
+                    .write_config_map(
+                        &bundle_key,
+                        versions.1.as_deref(),
+                        &bundle.data(),
+                        &bundle.annotation_changes(),
+                    )
+                    .await
+            }
+        };
+        let version = match written {
+            Ok(Written::Done(version)) => version,
+            Ok(Written::Conflict) => {
+                tracing::info!(authority = %name, written = done, of = total, "an object changed since this pass read it; the next pass starts from what is stored");
+                return Ok(Action::await_change());
+            }
+            Err(e) => {
+                if done > 0 {
+                    tracing::info!(authority = %name, written = done, of = total, "a write failed; the next pass starts from what is stored");
+                }
+                return Err(e);
+            }
+        };
+        match step {
+            AuthorityStep::WriteSecret(_) => versions.0 = Some(version),
+            AuthorityStep::WriteBundle(_) => versions.1 = Some(version),
+        }
+    }
+
+    let reference = authority.object_ref(&());
+    for event in &plan.events {
+        tracing::info!(authority = %name, reason = event.reason, note = %event.note, "CertificateAuthority event");
+        shared.ctx.event(&reference, event.clone()).await;
+    }
+    shared.set_last_good(&name, plan.issuer.signer.clone().ok());
+    let status = status_of(&plan, &old, authority.metadata.generation, now);
+    write_status(&shared, &name, &status, &old).await?;
+    Ok(match plan.wake_at {
+        Some(at) => Action::requeue(authority_watch::until(at)),
+        None => Action::await_change(),
+    })
+}
+
+/// The status once the plan's writes are in place.
+fn status_of(
+    plan: &CaPlan,
+    old: &CertificateAuthorityStatus,
+    generation: Option<i64>,
+    now: OffsetDateTime,
+) -> CertificateAuthorityStatus {
+    let status = &plan.status;
+    CertificateAuthorityStatus {
+        conditions: authority_watch::conditions(
+            &old.conditions,
+            &status.ready,
+            &status.degraded,
+            generation,
+            now,
+        ),
+        serial_number: status.serial.clone(),
+        not_before: status.not_before.map(format_time),
+        not_after: status.not_after.map(format_time),
+        next_rotation: status.next_rotation.map(format_time),
+        trusted_since: status.trusted_since.map(format_time),
+        previous_cas: status
+            .previous
+            .iter()
+            .map(|ca| PreviousCa {
+                serial_number: ca.serial.clone(),
+                not_after: format_time(ca.not_after),
+            })
+            .collect(),
+        observed_generation: generation,
+    }
+}
+
+/// Writes the status subresource, only when it changed.
+async fn write_status(
+    shared: &Shared,
+    name: &str,
+    status: &CertificateAuthorityStatus,
+    old: &CertificateAuthorityStatus,
+) -> Result<(), Error> {
+    if status == old {
+        return Ok(());
+    }
+    let api: Api<CertificateAuthority> = Api::all(shared.ctx.client.clone());
+    let patch = authority_watch::status_patch(status, old);
+    match api
+        .patch_status(
+            name,
+            &authority_watch::patch_params(),
+            &Patch::Merge(&patch),
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        // Deleted meanwhile.
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// A spec caretaker cannot act on: Ready false and Degraded with `reason`, nothing written,
+/// and a Warning unless the status already says the same.
+async fn refuse(
+    shared: &Shared,
+    authority: &CertificateAuthority,
+    reason: &'static str,
+    message: String,
+) -> Result<Action, Error> {
+    let old = authority.status.clone().unwrap_or_default();
+    let said = old.conditions.iter().any(|c| {
+        c.type_ == crate::v1alpha1::CONDITION_DEGRADED
+            && c.status == "True"
+            && c.reason == reason
+            && c.message == message
+    });
+    if !said {
+        tracing::warn!(authority = %authority.name_any(), reason, %message, "CertificateAuthority not acted on");
+        shared
+            .ctx
+            .event(
+                &authority.object_ref(&()),
+                Event::warning(reason, message.clone()),
+            )
+            .await;
+    }
+    let condition = |status| authority::Condition {
+        status,
+        reason,
+        message: message.clone(),
+    };
+    let generation = authority.metadata.generation;
+    let status = CertificateAuthorityStatus {
+        conditions: authority_watch::conditions(
+            &old.conditions,
+            &condition(false),
+            &condition(true),
+            generation,
+            OffsetDateTime::now_utc(),
+        ),
+        observed_generation: generation,
+        ..old.clone()
+    };
+    write_status(shared, &authority.name_any(), &status, &old).await?;
+    Ok(Action::await_change())
+}

@@ -1,0 +1,286 @@
+//! The IssuedCertificate controller: a pass finds the issuer ([`Shared::issuer`]: the
+//! CertificateAuthority's Secret as stored, read once per version however many certificates
+//! it issues), observes the certificate's Secret (from the shared Secret store), asks
+//! [`leaf::plan`], and carries the plan out: at most one write (the Secret created with type
+//! `kubernetes.io/tls`, or merge-patched on the `resourceVersion` the pass read), its events,
+//! the status when it changed. It runs again when its Secret changes, when its
+//! CertificateAuthority or what that CA issues from changes, and at the plan's wake-up time;
+//! nothing polls. A missing issuer, or one that cannot sign now, shows in the status and waits
+//! for the CA to change.
+//!
+//! The Secret carries no owner reference: deleting an IssuedCertificate keeps its Secret (and
+//! the workload using it running), as cert-manager does by default for a Certificate's Secret.
+//! Delete the Secret yourself when it is no longer needed.
+
+use std::sync::Arc;
+
+use caretaker_pki::Usage;
+use futures::StreamExt;
+use kube::api::{Api, ApiResource, DynamicObject, Patch};
+use kube::runtime::controller::{Action, Config, Controller};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::{WatchStreamExt, predicates, watcher};
+use kube::{Resource, ResourceExt};
+use time::OffsetDateTime;
+
+use super::authority_watch::{self, CertificateFeed, Shared, Written};
+use crate::Error;
+use crate::authority::leaf::{self, LeafObserved, LeafPlan, LeafSecretState};
+use crate::authority::{self, ObjectName, PkiMint};
+use crate::changes::Event;
+use crate::names;
+use crate::timestamp::format_time;
+use crate::v1alpha1::{IssuedCertificate, IssuedCertificateStatus};
+
+/// Passes at once: enough to keep the API server busy while others sign, few enough that
+/// thousands of certificates due together do not hold thousands of keys in memory at once.
+const CONCURRENCY: u16 = 16;
+
+/// Runs the controller on the IssuedCertificates and wake-ups `feed` brings.
+pub(crate) async fn run(shared: Arc<Shared>, feed: CertificateFeed) {
+    let CertificateFeed { objects, wake } = feed;
+    let resource = ApiResource::erase::<IssuedCertificate>(&());
+    let objects = futures::stream::unfold(objects, |mut objects| async move {
+        let object = objects.recv().await?;
+        Some((Ok::<_, watcher::Error>(object), objects))
+    })
+    .predicate_filter(predicates::generation, Default::default());
+    let wake_resource = resource.clone();
+    let wake = futures::stream::unfold(wake, move |mut wake| {
+        let resource = wake_resource.clone();
+        async move {
+            let (namespace, name) = wake.recv().await?;
+            let mut change = DynamicObject::new(&name, &resource);
+            change.metadata.namespace = Some(namespace);
+            Some((Ok::<_, watcher::Error>(change), wake))
+        }
+    });
+    Controller::for_stream_with(objects, shared.certificates.clone(), ())
+        .watches_stream_with(
+            wake,
+            |change: DynamicObject| {
+                let namespace = change.namespace().unwrap_or_default();
+                Some(ObjectRef::<IssuedCertificate>::new(&change.name_any()).within(&namespace))
+            },
+            resource,
+        )
+        .with_config(Config::default().concurrency(CONCURRENCY))
+        .run(reconcile, error_policy, shared)
+        .for_each(|result| async move {
+            if let Err(e) = result {
+                tracing::debug!(error = %e, "IssuedCertificate reconcile failed");
+            }
+        })
+        .await;
+}
+
+fn error_policy(_: Arc<IssuedCertificate>, error: &Error, shared: Arc<Shared>) -> Action {
+    super::requeue_after("issued_certificate", error, &shared.ctx)
+}
+
+async fn reconcile(
+    certificate: Arc<IssuedCertificate>,
+    shared: Arc<Shared>,
+) -> Result<Action, Error> {
+    if certificate.metadata.deletion_timestamp.is_some() {
+        return Ok(Action::await_change());
+    }
+    let spec = &certificate.spec;
+    let policy = match spec.policy() {
+        Ok(policy) => policy,
+        Err(e) => {
+            let message = format!("{e}; nothing was written");
+            return refuse(&shared, &certificate, names::REASON_INVALID_SPEC, message).await;
+        }
+    };
+    shared.certificate_inputs_synced().await?;
+    let key = (
+        certificate.namespace().unwrap_or_default(),
+        spec.secret_name.clone(),
+    );
+    let own = (key.0.clone(), certificate.name_any());
+    if let Some(conflict) = shared.certificate_conflict(&own, &key) {
+        let message = format!("{conflict}; nothing was written");
+        return refuse(&shared, &certificate, names::REASON_OBJECT_IN_USE, message).await;
+    }
+    let now = OffsetDateTime::now_utc();
+    let issuer = match shared.issuer(&spec.issuer_ref.name, now).await? {
+        Ok(issuer) => issuer,
+        Err(not_ready) => return wait_for_issuer(&shared, &certificate, not_ready).await,
+    };
+
+    let secret = shared.secret(&key).await?;
+    let version = secret.as_ref().and_then(|s| s.resource_version());
+    if let Some(wait) = shared.behind_own_write(&key, version.as_deref()) {
+        // The watch has not brought this process's own write yet: deciding on the version
+        // before it would issue again for nothing. Its event wakes this certificate.
+        return Ok(Action::requeue(wait));
+    }
+    let serving = matches!(policy.leaf.usage, Usage::Server | Usage::Both);
+    let secret_name = ObjectName::new(&key.0, &key.1);
+    let plan = authority_watch::blocking(move || {
+        let content = secret.as_deref().map(authority_watch::secret_content);
+        let seen = LeafObserved {
+            secret_name,
+            secret: LeafSecretState::observe(
+                content.as_ref().map(|(d, a)| (d, a)),
+                serving,
+                authority_watch::candidates(&issuer),
+            ),
+        };
+        leaf::plan(&seen, &policy, &issuer, now, &PkiMint)
+    })
+    .await
+    .map_err(|source| Error::SigningFailed {
+        certificate: format!("{}/{}", key.0, key.1),
+        source,
+    })?;
+
+    for step in &plan.steps {
+        match shared
+            .write_secret(
+                &key,
+                version.as_deref(),
+                &step.data(),
+                &step.annotation_changes(),
+            )
+            .await?
+        {
+            Written::Done(_) => shared.note_written(key.clone(), version.clone()),
+            Written::Conflict => return Ok(Action::await_change()),
+        }
+    }
+    let reference = certificate.object_ref(&());
+    for event in &plan.events {
+        tracing::info!(certificate = %format!("{}/{}", key.0, certificate.name_any()), reason = event.reason, note = %event.note, "IssuedCertificate event");
+        shared.ctx.event(&reference, event.clone()).await;
+    }
+    let old = certificate.status.clone().unwrap_or_default();
+    let status = status_of(&plan, &old, certificate.metadata.generation, now);
+    write_status(&shared, &certificate, &status, &old).await?;
+    Ok(match plan.wake_at {
+        Some(at) => Action::requeue(authority_watch::until(at)),
+        None => Action::await_change(),
+    })
+}
+
+fn status_of(
+    plan: &LeafPlan,
+    old: &IssuedCertificateStatus,
+    generation: Option<i64>,
+    now: OffsetDateTime,
+) -> IssuedCertificateStatus {
+    let status = &plan.status;
+    IssuedCertificateStatus {
+        conditions: authority_watch::conditions(
+            &old.conditions,
+            &status.ready,
+            &status.degraded,
+            generation,
+            now,
+        ),
+        serial_number: status.serial.clone(),
+        not_before: status.not_before.map(format_time),
+        not_after: status.not_after.map(format_time),
+        next_rotation: status.next_rotation.map(format_time),
+        observed_generation: generation,
+    }
+}
+
+async fn write_status(
+    shared: &Shared,
+    certificate: &IssuedCertificate,
+    status: &IssuedCertificateStatus,
+    old: &IssuedCertificateStatus,
+) -> Result<(), Error> {
+    if status == old {
+        return Ok(());
+    }
+    let api: Api<IssuedCertificate> = Api::namespaced(
+        shared.ctx.client.clone(),
+        &certificate.namespace().unwrap_or_default(),
+    );
+    let patch = authority_watch::status_patch(status, old);
+    match api
+        .patch_status(
+            &certificate.name_any(),
+            &authority_watch::patch_params(),
+            &Patch::Merge(&patch),
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The issuer is missing or cannot be acted on: Ready false with its reason, nothing written;
+/// the CertificateAuthority's change wakes this certificate.
+async fn wait_for_issuer(
+    shared: &Shared,
+    certificate: &IssuedCertificate,
+    not_ready: authority::Condition,
+) -> Result<Action, Error> {
+    let old = certificate.status.clone().unwrap_or_default();
+    let generation = certificate.metadata.generation;
+    let as_expected = authority::Condition {
+        status: false,
+        reason: names::REASON_AS_EXPECTED,
+        message: String::new(),
+    };
+    let status = IssuedCertificateStatus {
+        conditions: authority_watch::conditions(
+            &old.conditions,
+            &not_ready,
+            &as_expected,
+            generation,
+            OffsetDateTime::now_utc(),
+        ),
+        observed_generation: generation,
+        ..old.clone()
+    };
+    write_status(shared, certificate, &status, &old).await?;
+    Ok(Action::await_change())
+}
+
+/// A certificate caretaker cannot act on (its spec does not validate, its Secret is another's):
+/// Ready false and Degraded with `reason`, nothing written, and a Warning unless the status
+/// already says the same.
+async fn refuse(
+    shared: &Shared,
+    certificate: &IssuedCertificate,
+    reason: &'static str,
+    message: String,
+) -> Result<Action, Error> {
+    let old = certificate.status.clone().unwrap_or_default();
+    if authority_watch::degraded_message(&old.conditions) != Some(message.as_str()) {
+        tracing::warn!(certificate = %certificate.name_any(), %message, "IssuedCertificate not acted on");
+        shared
+            .ctx
+            .event(
+                &certificate.object_ref(&()),
+                Event::warning(reason, message.clone()),
+            )
+            .await;
+    }
+    let condition = |status| authority::Condition {
+        status,
+        reason,
+        message: message.clone(),
+    };
+    let generation = certificate.metadata.generation;
+    let status = IssuedCertificateStatus {
+        conditions: authority_watch::conditions(
+            &old.conditions,
+            &condition(false),
+            &condition(true),
+            generation,
+            OffsetDateTime::now_utc(),
+        ),
+        observed_generation: generation,
+        ..old.clone()
+    };
+    write_status(shared, certificate, &status, &old).await?;
+    Ok(Action::await_change())
+}
