@@ -33,6 +33,12 @@ fn the_help_explains_the_webhook_flags_and_paths() {
         "--webhook-cert-path <DIR>",
         "--webhook-cert-name <FILE>",
         "--webhook-cert-key <FILE>",
+        "--webhook-bootstrap <NAMESPACE/SERVICE>",
+        "--webhook-url <URL>",
+        "CertificateAuthority caretaker-webhook",
+        "IssuedCertificate caretaker-webhook",
+        "caretaker-webhook-tls",
+        "caretaker.dev/inject-ca-from",
         "/validate-caretaker-dev-v1alpha1-certificateauthority",
         "/validate-caretaker-dev-v1alpha1-issuedcertificate",
         "kubernetes.io/tls",
@@ -98,6 +104,50 @@ fn bad_webhook_flags_are_usage_errors() {
         (
             &["--webhook-cert-name", "cert.pem"][..],
             "--webhook-cert-path <DIR>",
+        ),
+        (
+            &["--webhook-bootstrap", "caretaker-webhook"][..],
+            "invalid value 'caretaker-webhook' for '--webhook-bootstrap <NAMESPACE/SERVICE>': expected NAMESPACE/NAME",
+        ),
+        (
+            &[
+                "--webhook-bootstrap",
+                "ns/svc",
+                "--webhook-secret",
+                "ns/tls",
+            ][..],
+            "cannot be used with",
+        ),
+        (
+            &[
+                "--webhook-bootstrap",
+                "ns/svc",
+                "--webhook-cert-path",
+                "/tmp",
+            ][..],
+            "cannot be used with",
+        ),
+        (
+            &["--webhook-url", "https://127.0.0.1:9443"][..],
+            "--webhook-bootstrap <NAMESPACE/SERVICE>",
+        ),
+        (
+            &[
+                "--webhook-bootstrap",
+                "ns/svc",
+                "--webhook-url",
+                "http://127.0.0.1:9443",
+            ][..],
+            "invalid value 'http://127.0.0.1:9443' for '--webhook-url <URL>': expected https://HOST:PORT",
+        ),
+        (
+            &[
+                "--webhook-bootstrap",
+                "ns/svc",
+                "--webhook-url",
+                "https://127.0.0.1:9443/x",
+            ][..],
+            "without a path",
         ),
     ] {
         let mut all = vec!["operator"];
@@ -444,4 +494,160 @@ fn the_reference_shows_the_configuration_the_webhook_expects() {
     expected["apiVersion"] = json!("admissionregistration.k8s.io/v1");
     expected["kind"] = json!("ValidatingWebhookConfiguration");
     assert_eq!(shown, expected);
+}
+
+/// `caretaker operator --webhook-bootstrap NAMESPACE/SERVICE` started with `kubeconfig`,
+/// logging to `log`; its webhook on 127.0.0.1:`port`, called there by the API server.
+fn bootstrapped_operator(
+    kubeconfig: &std::path::Path,
+    port: u16,
+    log: &std::path::Path,
+) -> Running {
+    Running(
+        caretaker_command()
+            .args([
+                "operator",
+                "--kubeconfig",
+                path(kubeconfig),
+                "--webhook-bind-address",
+                &format!("127.0.0.1:{port}"),
+                "--webhook-bootstrap",
+                "caretaker-system/caretaker-webhook",
+                "--webhook-url",
+                &format!("https://127.0.0.1:{port}"),
+                "--metrics-bind-address",
+                "0",
+                "--health-probe-bind-address",
+                "0",
+            ])
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(log).unwrap())
+            .spawn()
+            .unwrap(),
+    )
+}
+
+/// Waits (30 s at most) until `log` holds `line`.
+async fn wait_for_log(log: &std::path::Path, line: &str) -> String {
+    let started = Instant::now();
+    loop {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        if text.contains(line) {
+            return text;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the log never said {line:?}:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The bootstrap on an empty cluster: it waits for the CRDs (saying so once, not stopping),
+/// then makes its Namespace, CertificateAuthority, IssuedCertificate and webhook configuration;
+/// started again, it makes what was deleted and keeps what a user changed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_webhook_bootstrap_waits_for_the_crds_makes_its_objects_and_keeps_a_users_changes() {
+    use caretaker_operator::v1alpha1::IssuedCertificate;
+
+    let server = TestServer::start().await;
+    let client = server.client();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    server.write_kubeconfig(&kubeconfig).unwrap();
+    let port = free_port();
+    let log = dir.path().join("operator.log");
+    let mut operator = bootstrapped_operator(&kubeconfig, port, &log);
+
+    let said = "webhook bootstrap waits for the caretaker.dev CRDs";
+    wait_for_log(&log, said).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(operator.0.try_wait().unwrap(), None, "the operator stopped");
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(text.matches(said).count(), 1, "{text}");
+    assert!(
+        text.contains("caretaker crds | kubectl apply -f -"),
+        "{text}"
+    );
+
+    let definitions: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in crds() {
+        definitions
+            .create(&PostParams::default(), &crd)
+            .await
+            .unwrap();
+    }
+    let text = wait_for_log(&log, "webhook bootstrap done").await;
+    assert!(
+        text.contains(
+            "Namespace caretaker-system, CertificateAuthority caretaker-webhook, \
+             IssuedCertificate caretaker-system/caretaker-webhook, \
+             ValidatingWebhookConfiguration caretaker-webhook"
+        ),
+        "{text}"
+    );
+    let configurations: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
+    let configuration = configurations.get("caretaker-webhook").await.unwrap();
+    assert_eq!(
+        configuration.metadata.annotations.unwrap()["caretaker.dev/inject-ca-from"],
+        "caretaker-webhook"
+    );
+    assert_eq!(
+        configuration.webhooks.unwrap()[0]
+            .client_config
+            .url
+            .as_deref(),
+        Some(
+            format!(
+                "https://127.0.0.1:{port}/validate-caretaker-dev-v1alpha1-certificateauthority"
+            )
+            .as_str()
+        )
+    );
+    let ca = Api::<CaObject>::all(client.clone())
+        .get("caretaker-webhook")
+        .await
+        .unwrap();
+    assert_eq!(ca.spec.secret.name, "caretaker-webhook-ca");
+    let certificates: Api<IssuedCertificate> = Api::namespaced(client.clone(), "caretaker-system");
+    let certificate = certificates.get("caretaker-webhook").await.unwrap();
+    assert_eq!(certificate.spec.secret_name, "caretaker-webhook-tls");
+    assert_eq!(certificate.spec.ip_addresses, ["127.0.0.1"]);
+    drop(operator);
+
+    // A user's change is kept; a deleted object is made again. (The configuration goes first:
+    // while it exists, a change to the IssuedCertificate waits on a webhook.)
+    configurations
+        .delete("caretaker-webhook", &Default::default())
+        .await
+        .unwrap();
+    let mut changed = certificate.clone();
+    changed.spec.validity = "90d".into();
+    certificates
+        .replace("caretaker-webhook", &PostParams::default(), &changed)
+        .await
+        .unwrap();
+    let log = dir.path().join("operator-again.log");
+    let _operator = bootstrapped_operator(&kubeconfig, port, &log);
+    let text = wait_for_log(&log, "webhook bootstrap done").await;
+    let done = text
+        .lines()
+        .find(|line| line.contains("webhook bootstrap done"))
+        .unwrap();
+    assert!(
+        done.ends_with("=\u{1b}[0mValidatingWebhookConfiguration caretaker-webhook")
+            || done.ends_with("=ValidatingWebhookConfiguration caretaker-webhook"),
+        "{done}"
+    );
+    assert_eq!(
+        certificates
+            .get("caretaker-webhook")
+            .await
+            .unwrap()
+            .spec
+            .validity,
+        "90d"
+    );
+    configurations.get("caretaker-webhook").await.unwrap();
 }
