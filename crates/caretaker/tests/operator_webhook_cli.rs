@@ -651,3 +651,144 @@ async fn the_webhook_bootstrap_waits_for_the_crds_makes_its_objects_and_keeps_a_
     );
     configurations.get("caretaker-webhook").await.unwrap();
 }
+
+/// The end-to-end test: from an empty cluster (the caretaker.dev CRDs and nothing
+/// else), `caretaker operator --webhook-bootstrap` makes its CA, its serving certificate and
+/// its webhook configuration, injection fills the configuration's caBundle, the webhook serves,
+/// and the API server, through it, refuses a bad CertificateAuthority and stores a good one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the CertificateAuthority and IssuedCertificate controllers (i12-authority-controllers, not yet on main)"]
+async fn from_an_empty_cluster_the_bootstrapped_webhook_refuses_a_bad_certificate_authority() {
+    let server = TestServer::start().await;
+    let client = server.client();
+    let definitions: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in crds() {
+        definitions
+            .create(&PostParams::default(), &crd)
+            .await
+            .unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    server.write_kubeconfig(&kubeconfig).unwrap();
+    let port = free_port();
+    let log = dir.path().join("operator.log");
+    let operator = bootstrapped_operator(&kubeconfig, port, &log);
+    let log_text = || std::fs::read_to_string(&log).unwrap_or_default();
+
+    // The configuration's caBundle, filled by injection from the bootstrap CA's bundle.
+    let configurations: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
+    let started = Instant::now();
+    let bundle = loop {
+        let bundles: Vec<Vec<u8>> = configurations
+            .get_opt("caretaker-webhook")
+            .await
+            .unwrap()
+            .and_then(|c| c.webhooks)
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|hook| hook.client_config.ca_bundle.map(|b| b.0))
+            .collect();
+        if bundles.len() == 2 && !bundles[0].is_empty() {
+            assert_eq!(bundles[0], bundles[1]);
+            break String::from_utf8(bundles[0].clone()).unwrap();
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the caBundle was never injected:\n{}",
+            log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(
+        bundle.starts_with("-----BEGIN CERTIFICATE-----"),
+        "{bundle}"
+    );
+    let ca_bundle = Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(
+        client.clone(),
+        "caretaker-system",
+    )
+    .get("caretaker-webhook-ca-bundle")
+    .await
+    .unwrap();
+    assert_eq!(ca_bundle.data.unwrap()["ca-bundle.crt"], bundle);
+
+    // Once the serving certificate is issued and served, the API server calls the webhook.
+    let cas: Api<CaObject> = Api::all(client.clone());
+    let ca_object = |name: &str, validity: &str| -> CaObject {
+        serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {"commonName": name, "validity": validity,
+                     "secret": {"name": name, "namespace": "caretaker-system"},
+                     "bundle": {"name": name, "namespace": "caretaker-system"}},
+        }))
+        .unwrap()
+    };
+    let started = Instant::now();
+    let refused = loop {
+        let message = match cas
+            .create(&PostParams::default(), &ca_object("bad", "10x"))
+            .await
+        {
+            Err(kube::Error::Api(status)) => status.message,
+            other => panic!("the bad CertificateAuthority was not refused: {other:?}"),
+        };
+        if message.contains("denied the request") {
+            break message;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the webhook never answered: {message}\n{}",
+            log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(
+        refused.contains("admission webhook \"certificateauthorities.caretaker.dev\""),
+        "{refused}"
+    );
+    assert!(
+        refused.contains(
+            "CertificateAuthority \"bad\" is invalid: spec.validity: invalid TTL \"10x\""
+        ),
+        "{refused}"
+    );
+    cas.create(&PostParams::default(), &ca_object("good", "1y"))
+        .await
+        .unwrap();
+    assert!(cas.get_opt("bad").await.unwrap().is_none());
+
+    // The serving certificate is the IssuedCertificate's, for the Service's names and the URL's
+    // address, signed by the bootstrap CA.
+    let secret: Secret = Api::namespaced(client.clone(), "caretaker-system")
+        .get("caretaker-webhook-tls")
+        .await
+        .unwrap();
+    let data = secret.data.unwrap();
+    let served =
+        caretaker_pki::CertificateInfo::from_pem(std::str::from_utf8(&data["tls.crt"].0).unwrap())
+            .unwrap();
+    drop(operator);
+    assert_eq!(
+        served.dns_names,
+        [
+            "caretaker-webhook.caretaker-system.svc",
+            "caretaker-webhook.caretaker-system.svc.cluster.local"
+        ]
+    );
+    assert_eq!(
+        served.ip_addresses,
+        ["127.0.0.1".parse::<std::net::IpAddr>().unwrap()]
+    );
+    let issuer = caretaker_pki::CertificateInfo::from_pem(&bundle).unwrap();
+    assert_eq!(served.issuer, issuer.subject);
+    let log = log_text();
+    assert!(log.contains("webhook bootstrap done"), "{log}");
+    let key = String::from_utf8(data["tls.key"].0.clone()).unwrap();
+    for line in key
+        .lines()
+        .filter(|line| !line.starts_with("-----") && line.len() >= 16)
+    {
+        assert!(!log.contains(line), "the log holds the private key");
+    }
+}
