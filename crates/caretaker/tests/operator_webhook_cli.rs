@@ -203,6 +203,22 @@ fn a_webhook_that_cannot_start_stops_the_operator_saying_why() {
     let line = assert_one_error_line(&out, &format!("cannot listen on {address}"));
     assert!(line.contains("in use"), "{line}");
 
+    // The bootstrap's objects must be in the namespace the operator watches.
+    let out = caretaker(&[
+        "operator",
+        "--kubeconfig",
+        path(&kubeconfig),
+        "--namespace",
+        "tenant",
+        "--webhook-bootstrap",
+        "caretaker-system/caretaker-webhook",
+    ]);
+    let line = assert_one_error_line(&out, "--webhook-bootstrap caretaker-system/");
+    assert!(
+        line.contains("the namespace must be the one --namespace watches (tenant)"),
+        "{line}"
+    );
+
     // Each server's own flag is named; the other one is off, not on its default port.
     for (flag, other) in [
         ("--metrics-bind-address", "--health-probe-bind-address"),

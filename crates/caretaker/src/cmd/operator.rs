@@ -224,6 +224,17 @@ pub fn run(args: OperatorArgs) -> ExitCode {
         upgrade_poll: args.upgrade_poll,
     };
     super::run_async("operator", async move {
+        // Its objects live in NAMESPACE: an operator watching another namespace would never
+        // issue its certificate.
+        if let (Some((bootstrap, _)), Some(watched)) = (&args.webhook_bootstrap, &args.namespace)
+            && bootstrap != watched
+        {
+            return Err(format!(
+                "--webhook-bootstrap {bootstrap}/…: the namespace must be the one --namespace \
+                 watches ({watched})"
+            )
+            .into());
+        }
         let client = args.kubeconfig.client().await?;
         let webhook = match (&args.webhook_bind_address, args.webhook_certificate()) {
             (Listen::Off, _) => {
