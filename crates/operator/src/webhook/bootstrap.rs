@@ -289,8 +289,12 @@ pub async fn ensure(client: Client, objects: &Objects, retry: Duration) {
     let mut created = Vec::new();
     loop {
         let result = async {
-            if create_if_absent(&Api::all(client.clone()), &objects.namespace).await? {
-                created.push(format!("Namespace {namespace}"));
+            // The operator runs in its namespace: one it may not read or create is there.
+            match create_if_absent(&Api::all(client.clone()), &objects.namespace).await {
+                Ok(true) => created.push(format!("Namespace {namespace}")),
+                Ok(false) => {}
+                Err(Failure::Other(kube::Error::Api(status))) if status.code == 403 => {}
+                Err(e) => return Err(e),
             }
             if create_if_absent(&Api::all(client.clone()), &objects.authority).await? {
                 created.push(format!("CertificateAuthority {NAME}"));
