@@ -672,6 +672,65 @@ async fn a_body_over_the_limit_is_refused_without_reading_it() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn huge_request_heads_are_refused() {
+    let fixture = Fixture::start(limits(), false).await;
+    let ca_pem = fixture.ca.certificate_pem();
+    let head = |extra: &str| {
+        format!(
+            "POST {CA_PATH} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n{extra}Content-Length: 2\r\n\r\n{{}}"
+        )
+    };
+    let answer = |request: String| {
+        let ca_pem = ca_pem.clone();
+        async move {
+            let mut stream = tls(fixture.addr, &ca_pem).await.unwrap();
+            // The server may answer and close before it has read everything sent.
+            let _ = stream.write_all(request.as_bytes()).await;
+            read_to_close(&mut stream).await
+        }
+    };
+    let big = answer(head(&format!("X-Filler: {}\r\n", "a".repeat(20 * 1024)))).await;
+    assert!(big.starts_with("HTTP/1.1 431 "), "a 20 KiB head: {big}");
+    let many: String = (0..80).map(|i| format!("X-{i}: y\r\n")).collect();
+    let many = answer(head(&many)).await;
+    assert!(many.starts_with("HTTP/1.1 431 "), "80 headers: {many}");
+    // A head of ordinary size is read (and this body refused as no review).
+    let ordinary = answer(head("Connection: close\r\n")).await;
+    assert!(ordinary.starts_with("HTTP/1.1 400 "), "{ordinary}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_in_flight_share_a_bounded_budget() {
+    let limits = Limits {
+        max_body_bytes: 64 * 1024,
+        max_body_bytes_in_flight: 64 * 1024,
+        request_timeout: Duration::from_secs(2),
+        ..limits()
+    };
+    let fixture = Fixture::start(limits, false).await;
+    // A client declares the whole budget and sends a few bytes of it.
+    let mut holder = tls(fixture.addr, &fixture.ca.certificate_pem())
+        .await
+        .unwrap();
+    let head = format!(
+        "POST {CA_PATH} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 65536\r\n\r\n{{"
+    );
+    holder.write_all(head.as_bytes()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Another body must wait for its share until the holder's request times out.
+    let started = Instant::now();
+    let (status, body) = request(&fixture, "POST", CA_PATH, "application/json", "{}").await;
+    let waited = started.elapsed();
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        waited >= Duration::from_millis(1500),
+        "the second body was read while the first held the whole budget (after {waited:?})"
+    );
+    let held = read_to_close(&mut holder).await;
+    assert!(held.starts_with("HTTP/1.1 503 "), "{held}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_that_never_ends_times_out() {
     let limits = Limits {
         request_timeout: Duration::from_millis(500),

@@ -5,8 +5,8 @@
 //! Answers: 200 with the AdmissionReview; 400 for a body that is not a review; 404 for another
 //! path; 405 for another method; 413 for a body over the limit, refused from its
 //! `Content-Length` before any of it is read, or as soon as a body without one passes the
-//! limit; 415 for a body that is not JSON; 503 for a review not answered within the request
-//! timeout.
+//! limit; 415 for a body that is not JSON; 431 for a request head over 16 KiB or 64 headers;
+//! 503 for a review not answered within the request timeout.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -21,6 +21,7 @@ use hyper::header::{self, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
 
 use super::admit::{Issuers, Served, review};
@@ -33,6 +34,11 @@ pub struct Limits {
     /// The largest request body read: kube-apiserver stores objects up to about 1.5 MiB, and
     /// a review of an UPDATE carries two of them.
     pub max_body_bytes: usize,
+    /// The request bodies all connections together may hold at once: a body waits for its
+    /// share (its declared length, or `max_body_bytes` when undeclared) within the request
+    /// timeout, so a crowd of clients cannot make the webhook buffer `max_connections` ×
+    /// `max_body_bytes`.
+    pub max_body_bytes_in_flight: usize,
     /// How long a request may take from its headers to its answer (reading the body
     /// included).
     pub request_timeout: Duration,
@@ -54,6 +60,7 @@ impl Default for Limits {
     fn default() -> Self {
         Limits {
             max_body_bytes: 3 * 1024 * 1024,
+            max_body_bytes_in_flight: 32 * 1024 * 1024,
             request_timeout: Duration::from_secs(10),
             handshake_timeout: Duration::from_secs(10),
             header_read_timeout: Duration::from_secs(30),
@@ -85,7 +92,12 @@ pub async fn serve<I: Issuers + 'static>(
     limits: Limits,
 ) {
     let acceptor = TlsAcceptor::from(Arc::new(tls_config(certificate.clone())));
-    let handler = Arc::new(Handler { issuers, limits });
+    let body_budget = Semaphore::new(limits.max_body_bytes_in_flight.min(Semaphore::MAX_PERMITS));
+    let handler = Arc::new(Handler {
+        issuers,
+        limits,
+        body_budget,
+    });
     let connections = Arc::new(Connections::new(limits.max_connections));
     loop {
         let (stream, peer) = match listener.accept().await {
@@ -153,6 +165,8 @@ async fn connection<I: Issuers + 'static>(
     let served = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_read_timeout)
+        .max_headers(MAX_HEADERS)
+        .max_buf_size(MAX_HEAD_BYTES)
         .serve_connection(TokioIo::new(tls), service)
         .await;
     if let Err(e) = served {
@@ -160,10 +174,17 @@ async fn connection<I: Issuers + 'static>(
     }
 }
 
+/// Headers in one request; kube-apiserver sends about ten.
+const MAX_HEADERS: usize = 64;
+/// The connection's read buffer, and so the largest request head.
+const MAX_HEAD_BYTES: usize = 16 * 1024;
+
 /// What answers requests.
 struct Handler<I> {
     issuers: I,
     limits: Limits,
+    /// Bytes of request bodies that may be held at once ([`Limits::max_body_bytes_in_flight`]).
+    body_budget: Semaphore,
 }
 
 impl<I: Issuers> Handler<I> {
@@ -179,6 +200,12 @@ impl<I: Issuers> Handler<I> {
                 ))
             }
         }
+    }
+
+    fn body_budget_size(&self) -> usize {
+        self.limits
+            .max_body_bytes_in_flight
+            .min(Semaphore::MAX_PERMITS)
     }
 
     async fn answer(&self, request: Request<Incoming>) -> Response<Full<Bytes>> {
@@ -221,6 +248,13 @@ impl<I: Issuers> Handler<I> {
         if declared.is_some_and(|length| length > max as u64) {
             return too_large();
         }
+        let share = declared.map_or(max, |length| length as usize).max(1);
+        let share = u32::try_from(share.min(self.body_budget_size())).unwrap_or(u32::MAX);
+        let _held = self
+            .body_budget
+            .acquire_many(share)
+            .await
+            .expect("the body budget is never closed");
         let body = match Limited::new(request.into_body(), max).collect().await {
             Ok(body) => body.to_bytes(),
             Err(e) if e.is::<LengthLimitError>() => return too_large(),
