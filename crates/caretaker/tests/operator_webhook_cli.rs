@@ -33,6 +33,12 @@ fn the_help_explains_the_webhook_flags_and_paths() {
         "--webhook-cert-path <DIR>",
         "--webhook-cert-name <FILE>",
         "--webhook-cert-key <FILE>",
+        "--webhook-bootstrap <NAMESPACE/SERVICE>",
+        "--webhook-url <URL>",
+        "CertificateAuthority caretaker-webhook",
+        "IssuedCertificate caretaker-webhook",
+        "caretaker-webhook-tls",
+        "caretaker.dev/inject-ca-from",
         "/validate-caretaker-dev-v1alpha1-certificateauthority",
         "/validate-caretaker-dev-v1alpha1-issuedcertificate",
         "kubernetes.io/tls",
@@ -99,6 +105,50 @@ fn bad_webhook_flags_are_usage_errors() {
             &["--webhook-cert-name", "cert.pem"][..],
             "--webhook-cert-path <DIR>",
         ),
+        (
+            &["--webhook-bootstrap", "caretaker-webhook"][..],
+            "invalid value 'caretaker-webhook' for '--webhook-bootstrap <NAMESPACE/SERVICE>': expected NAMESPACE/NAME",
+        ),
+        (
+            &[
+                "--webhook-bootstrap",
+                "ns/svc",
+                "--webhook-secret",
+                "ns/tls",
+            ][..],
+            "cannot be used with",
+        ),
+        (
+            &[
+                "--webhook-bootstrap",
+                "ns/svc",
+                "--webhook-cert-path",
+                "/tmp",
+            ][..],
+            "cannot be used with",
+        ),
+        (
+            &["--webhook-url", "https://127.0.0.1:9443"][..],
+            "--webhook-bootstrap <NAMESPACE/SERVICE>",
+        ),
+        (
+            &[
+                "--webhook-bootstrap",
+                "ns/svc",
+                "--webhook-url",
+                "http://127.0.0.1:9443",
+            ][..],
+            "invalid value 'http://127.0.0.1:9443' for '--webhook-url <URL>': expected https://HOST:PORT",
+        ),
+        (
+            &[
+                "--webhook-bootstrap",
+                "ns/svc",
+                "--webhook-url",
+                "https://127.0.0.1:9443/x",
+            ][..],
+            "without a path",
+        ),
     ] {
         let mut all = vec!["operator"];
         all.extend(args);
@@ -152,6 +202,22 @@ fn a_webhook_that_cannot_start_stops_the_operator_saying_why() {
     ]);
     let line = assert_one_error_line(&out, &format!("cannot listen on {address}"));
     assert!(line.contains("in use"), "{line}");
+
+    // The bootstrap's objects must be in the namespace the operator watches.
+    let out = caretaker(&[
+        "operator",
+        "--kubeconfig",
+        path(&kubeconfig),
+        "--namespace",
+        "tenant",
+        "--webhook-bootstrap",
+        "caretaker-system/caretaker-webhook",
+    ]);
+    let line = assert_one_error_line(&out, "--webhook-bootstrap caretaker-system/");
+    assert!(
+        line.contains("the namespace must be the one --namespace watches (tenant)"),
+        "{line}"
+    );
 
     // Each server's own flag is named; the other one is off, not on its default port.
     for (flag, other) in [
@@ -444,4 +510,300 @@ fn the_reference_shows_the_configuration_the_webhook_expects() {
     expected["apiVersion"] = json!("admissionregistration.k8s.io/v1");
     expected["kind"] = json!("ValidatingWebhookConfiguration");
     assert_eq!(shown, expected);
+}
+
+/// `caretaker operator --webhook-bootstrap NAMESPACE/SERVICE` started with `kubeconfig`,
+/// logging to `log`; its webhook on 127.0.0.1:`port`, called there by the API server.
+fn bootstrapped_operator(
+    kubeconfig: &std::path::Path,
+    port: u16,
+    log: &std::path::Path,
+) -> Running {
+    Running(
+        caretaker_command()
+            .args([
+                "operator",
+                "--kubeconfig",
+                path(kubeconfig),
+                "--webhook-bind-address",
+                &format!("127.0.0.1:{port}"),
+                "--webhook-bootstrap",
+                "caretaker-system/caretaker-webhook",
+                "--webhook-url",
+                &format!("https://127.0.0.1:{port}"),
+                "--metrics-bind-address",
+                "0",
+                "--health-probe-bind-address",
+                "0",
+            ])
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(log).unwrap())
+            .spawn()
+            .unwrap(),
+    )
+}
+
+/// Waits (30 s at most) until `log` holds `line`.
+async fn wait_for_log(log: &std::path::Path, line: &str) -> String {
+    let started = Instant::now();
+    loop {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        if text.contains(line) {
+            return text;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the log never said {line:?}:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The bootstrap on an empty cluster: it waits for the CRDs (saying so once, not stopping),
+/// then makes its Namespace, CertificateAuthority, IssuedCertificate and webhook configuration;
+/// started again, it makes what was deleted and keeps what a user changed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_webhook_bootstrap_waits_for_the_crds_makes_its_objects_and_keeps_a_users_changes() {
+    use caretaker_operator::v1alpha1::IssuedCertificate;
+
+    let server = TestServer::start().await;
+    let client = server.client();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    server.write_kubeconfig(&kubeconfig).unwrap();
+    let port = free_port();
+    let log = dir.path().join("operator.log");
+    let mut operator = bootstrapped_operator(&kubeconfig, port, &log);
+
+    let said = "webhook bootstrap waits for the caretaker.dev CRDs";
+    wait_for_log(&log, said).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(operator.0.try_wait().unwrap(), None, "the operator stopped");
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(text.matches(said).count(), 1, "{text}");
+    assert!(
+        text.contains("caretaker crds | kubectl apply -f -"),
+        "{text}"
+    );
+
+    let definitions: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in crds() {
+        definitions
+            .create(&PostParams::default(), &crd)
+            .await
+            .unwrap();
+    }
+    let text = wait_for_log(&log, "webhook bootstrap done").await;
+    assert!(
+        text.contains(
+            "Namespace caretaker-system, CertificateAuthority caretaker-webhook, \
+             IssuedCertificate caretaker-system/caretaker-webhook, \
+             ValidatingWebhookConfiguration caretaker-webhook"
+        ),
+        "{text}"
+    );
+    let configurations: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
+    let configuration = configurations.get("caretaker-webhook").await.unwrap();
+    assert_eq!(
+        configuration.metadata.annotations.unwrap()["caretaker.dev/inject-ca-from"],
+        "caretaker-webhook"
+    );
+    assert_eq!(
+        configuration.webhooks.unwrap()[0]
+            .client_config
+            .url
+            .as_deref(),
+        Some(
+            format!(
+                "https://127.0.0.1:{port}/validate-caretaker-dev-v1alpha1-certificateauthority"
+            )
+            .as_str()
+        )
+    );
+    let ca = Api::<CaObject>::all(client.clone())
+        .get("caretaker-webhook")
+        .await
+        .unwrap();
+    assert_eq!(ca.spec.secret.name, "caretaker-webhook-ca");
+    let certificates: Api<IssuedCertificate> = Api::namespaced(client.clone(), "caretaker-system");
+    let certificate = certificates.get("caretaker-webhook").await.unwrap();
+    assert_eq!(certificate.spec.secret_name, "caretaker-webhook-tls");
+    assert_eq!(certificate.spec.ip_addresses, ["127.0.0.1"]);
+    drop(operator);
+
+    // A user's change is kept; a deleted object is made again. (The configuration goes first:
+    // while it exists, a change to the IssuedCertificate waits on a webhook.)
+    configurations
+        .delete("caretaker-webhook", &Default::default())
+        .await
+        .unwrap();
+    let mut changed = certificate.clone();
+    changed.spec.validity = "90d".into();
+    certificates
+        .replace("caretaker-webhook", &PostParams::default(), &changed)
+        .await
+        .unwrap();
+    let log = dir.path().join("operator-again.log");
+    let _operator = bootstrapped_operator(&kubeconfig, port, &log);
+    let text = wait_for_log(&log, "webhook bootstrap done").await;
+    let done = text
+        .lines()
+        .find(|line| line.contains("webhook bootstrap done"))
+        .unwrap();
+    assert!(
+        done.ends_with("=\u{1b}[0mValidatingWebhookConfiguration caretaker-webhook")
+            || done.ends_with("=ValidatingWebhookConfiguration caretaker-webhook"),
+        "{done}"
+    );
+    assert_eq!(
+        certificates
+            .get("caretaker-webhook")
+            .await
+            .unwrap()
+            .spec
+            .validity,
+        "90d"
+    );
+    configurations.get("caretaker-webhook").await.unwrap();
+}
+
+/// The issue's end-to-end test: from an empty cluster (the caretaker.dev CRDs and nothing
+/// else), `caretaker operator --webhook-bootstrap` makes its CA, its serving certificate and
+/// its webhook configuration, injection fills the configuration's caBundle, the webhook serves,
+/// and the API server, through it, refuses a bad CertificateAuthority and stores a good one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn from_an_empty_cluster_the_bootstrapped_webhook_refuses_a_bad_certificate_authority() {
+    let server = TestServer::start().await;
+    let client = server.client();
+    let definitions: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in crds() {
+        definitions
+            .create(&PostParams::default(), &crd)
+            .await
+            .unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    server.write_kubeconfig(&kubeconfig).unwrap();
+    let port = free_port();
+    let log = dir.path().join("operator.log");
+    let operator = bootstrapped_operator(&kubeconfig, port, &log);
+    let log_text = || std::fs::read_to_string(&log).unwrap_or_default();
+
+    // The configuration's caBundle, filled by injection from the bootstrap CA's bundle.
+    let configurations: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
+    let started = Instant::now();
+    let bundle = loop {
+        let bundles: Vec<Vec<u8>> = configurations
+            .get_opt("caretaker-webhook")
+            .await
+            .unwrap()
+            .and_then(|c| c.webhooks)
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|hook| hook.client_config.ca_bundle.map(|b| b.0))
+            .collect();
+        if bundles.len() == 2 && !bundles[0].is_empty() {
+            assert_eq!(bundles[0], bundles[1]);
+            break String::from_utf8(bundles[0].clone()).unwrap();
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the caBundle was never injected:\n{}",
+            log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(
+        bundle.starts_with("-----BEGIN CERTIFICATE-----"),
+        "{bundle}"
+    );
+    let ca_bundle = Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(
+        client.clone(),
+        "caretaker-system",
+    )
+    .get("caretaker-webhook-ca-bundle")
+    .await
+    .unwrap();
+    assert_eq!(ca_bundle.data.unwrap()["ca-bundle.crt"], bundle);
+
+    // Once the serving certificate is issued and served, the API server calls the webhook.
+    let cas: Api<CaObject> = Api::all(client.clone());
+    let ca_object = |name: &str, validity: &str| -> CaObject {
+        serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {"commonName": name, "validity": validity,
+                     "secret": {"name": name, "namespace": "caretaker-system"},
+                     "bundle": {"name": name, "namespace": "caretaker-system"}},
+        }))
+        .unwrap()
+    };
+    let started = Instant::now();
+    let refused = loop {
+        let message = match cas
+            .create(&PostParams::default(), &ca_object("bad", "10x"))
+            .await
+        {
+            Err(kube::Error::Api(status)) => status.message,
+            other => panic!("the bad CertificateAuthority was not refused: {other:?}"),
+        };
+        if message.contains("denied the request") {
+            break message;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the webhook never answered: {message}\n{}",
+            log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(
+        refused.contains("admission webhook \"certificateauthorities.caretaker.dev\""),
+        "{refused}"
+    );
+    assert!(
+        refused.contains(
+            "CertificateAuthority \"bad\" is invalid: spec.validity: invalid TTL \"10x\""
+        ),
+        "{refused}"
+    );
+    cas.create(&PostParams::default(), &ca_object("good", "1y"))
+        .await
+        .unwrap();
+    assert!(cas.get_opt("bad").await.unwrap().is_none());
+
+    // The serving certificate is the IssuedCertificate's, for the Service's names and the URL's
+    // address, signed by the bootstrap CA.
+    let secret: Secret = Api::namespaced(client.clone(), "caretaker-system")
+        .get("caretaker-webhook-tls")
+        .await
+        .unwrap();
+    let data = secret.data.unwrap();
+    let served =
+        caretaker_pki::CertificateInfo::from_pem(std::str::from_utf8(&data["tls.crt"].0).unwrap())
+            .unwrap();
+    drop(operator);
+    assert_eq!(
+        served.dns_names,
+        [
+            "caretaker-webhook.caretaker-system.svc",
+            "caretaker-webhook.caretaker-system.svc.cluster.local"
+        ]
+    );
+    assert_eq!(
+        served.ip_addresses,
+        ["127.0.0.1".parse::<std::net::IpAddr>().unwrap()]
+    );
+    let issuer = caretaker_pki::CertificateInfo::from_pem(&bundle).unwrap();
+    assert_eq!(served.issuer, issuer.subject);
+    let log = log_text();
+    assert!(log.contains("webhook bootstrap done"), "{log}");
+    let key = String::from_utf8(data["tls.key"].0.clone()).unwrap();
+    for line in key
+        .lines()
+        .filter(|line| !line.starts_with("-----") && line.len() >= 16)
+    {
+        assert!(!log.contains(line), "the log holds the private key");
+    }
 }

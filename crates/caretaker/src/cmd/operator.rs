@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use caretaker_operator::controllers;
 use caretaker_operator::metrics::{self, serve_health, serve_metrics, serve_metrics_tls};
+use caretaker_operator::webhook::bootstrap::{self, Bootstrap, WebhookUrl};
 use caretaker_operator::webhook::{CertificateSource, Limits, Webhook};
 use caretaker_operator::{BindAddress, Context, Settings};
 
@@ -35,7 +36,8 @@ pub struct OperatorArgs {
     #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = super::duration)]
     upgrade_poll: Duration,
     /// Where the admission webhook listens (HTTPS): HOST:PORT, [IPv6]:PORT, or :PORT for every
-    /// address; 0 turns it off. It is served only with --webhook-secret or --webhook-cert-path.
+    /// address; 0 turns it off. It is served only with --webhook-secret, --webhook-cert-path or
+    /// --webhook-bootstrap.
     #[arg(long, value_name = "ADDRESS", default_value = ":9443", value_parser = listen)]
     webhook_bind_address: Listen,
     /// The webhook's serving certificate and key: the tls.crt and tls.key of this
@@ -44,6 +46,30 @@ pub struct OperatorArgs {
     /// one, handshakes are refused.
     #[arg(long, value_name = "NAMESPACE/NAME", value_parser = namespaced_name, conflicts_with = "webhook_cert_path")]
     webhook_secret: Option<(String, String)>,
+    /// Instead of --webhook-secret and --webhook-cert-path: the webhook's certificates made by
+    /// caretaker itself, for the operator running in NAMESPACE behind the Service SERVICE
+    /// (e.g. caretaker-system/caretaker-webhook). At start, each of these that is absent is
+    /// created, and each that exists is left as it is: the Namespace; the
+    /// CertificateAuthority caretaker-webhook (Secret caretaker-webhook-ca, bundle ConfigMap
+    /// caretaker-webhook-ca-bundle, in NAMESPACE); the IssuedCertificate caretaker-webhook in
+    /// NAMESPACE for SERVICE.NAMESPACE.svc and SERVICE.NAMESPACE.svc.cluster.local, written to
+    /// the Secret caretaker-webhook-tls; and the ValidatingWebhookConfiguration
+    /// caretaker-webhook (Service port 443, or --webhook-url), annotated
+    /// caretaker.dev/inject-ca-from: caretaker-webhook, its caBundle filled by injection. The
+    /// webhook serves from NAMESPACE/caretaker-webhook-tls. Until the caretaker.dev CRDs are
+    /// installed it says so once and waits for them.
+    #[arg(
+        long,
+        value_name = "NAMESPACE/SERVICE",
+        value_parser = namespaced_name,
+        conflicts_with_all = ["webhook_secret", "webhook_cert_path"]
+    )]
+    webhook_bootstrap: Option<(String, String)>,
+    /// With --webhook-bootstrap: the API server calls the webhook at this https://HOST:PORT
+    /// (the webhook's paths appended) instead of through the Service, for an API server
+    /// outside the cluster's network; the certificate also names HOST.
+    #[arg(long, value_name = "URL", requires = "webhook_bootstrap")]
+    webhook_url: Option<WebhookUrl>,
     /// Instead of --webhook-secret: the directory of the webhook's certificate and key files
     /// (PEM), read once at start.
     #[arg(long, value_name = "DIR")]
@@ -159,8 +185,21 @@ impl OperatorArgs {
         metrics::mutual_tls(&certificate, &key, &client_ca).map(Some)
     }
 
+    /// What --webhook-bootstrap asks for, if anything.
+    fn webhook_bootstrap(&self) -> Option<Bootstrap> {
+        let (namespace, service) = self.webhook_bootstrap.clone()?;
+        Some(Bootstrap {
+            namespace,
+            service,
+            url: self.webhook_url.clone(),
+        })
+    }
+
     /// Where the webhook's certificate comes from, if from anywhere.
     fn webhook_certificate(&self) -> Option<CertificateSource> {
+        if let Some(bootstrap) = self.webhook_bootstrap() {
+            return Some(bootstrap.certificate_source());
+        }
         if let Some((namespace, name)) = &self.webhook_secret {
             return Some(CertificateSource::Secret {
                 namespace: namespace.clone(),
@@ -185,6 +224,17 @@ pub fn run(args: OperatorArgs) -> ExitCode {
         upgrade_poll: args.upgrade_poll,
     };
     super::run_async("operator", async move {
+        // Its objects live in NAMESPACE: an operator watching another namespace would never
+        // issue its certificate.
+        if let (Some((bootstrap, _)), Some(watched)) = (&args.webhook_bootstrap, &args.namespace)
+            && bootstrap != watched
+        {
+            return Err(format!(
+                "--webhook-bootstrap {bootstrap}/…: the namespace must be the one --namespace \
+                 watches ({watched})"
+            )
+            .into());
+        }
         let client = args.kubeconfig.client().await?;
         let webhook = match (&args.webhook_bind_address, args.webhook_certificate()) {
             (Listen::Off, _) => {
@@ -193,7 +243,8 @@ pub fn run(args: OperatorArgs) -> ExitCode {
             }
             (Listen::On(_), None) => {
                 tracing::info!(
-                    "admission webhook not served: no --webhook-secret or --webhook-cert-path"
+                    "admission webhook not served: no --webhook-secret, --webhook-cert-path \
+                     or --webhook-bootstrap"
                 );
                 None
             }
@@ -214,6 +265,19 @@ pub fn run(args: OperatorArgs) -> ExitCode {
         .await?;
         tracing::info!(namespace = ?args.namespace, "operator starting");
         let webhook = serve_if(webhook.map(|webhook| webhook.run(client.clone())));
+        // The bootstrap's objects, made while the webhook already waits for its Secret.
+        let bootstrap = serve_if(
+            args.webhook_bootstrap()
+                .filter(|_| args.webhook_bind_address != Listen::Off)
+                .map(|bootstrap| {
+                    let client = client.clone();
+                    async move {
+                        let objects = bootstrap.objects();
+                        bootstrap::ensure(client, &objects, Duration::from_secs(2)).await;
+                        std::future::pending::<()>().await
+                    }
+                }),
+        );
         let ctx = Context::new(client.clone(), settings);
         let limits = metrics::Limits::default();
         let metrics = serve_if(metrics_listener.map(|listener| {
@@ -231,6 +295,7 @@ pub fn run(args: OperatorArgs) -> ExitCode {
         tokio::select! {
             _ = controllers::run(ctx, args.namespace.clone()) => {}
             _ = webhook => {}
+            _ = bootstrap => {}
             _ = metrics => {}
             _ = health => {}
             _ = tokio::signal::ctrl_c() => tracing::info!("stopping"),

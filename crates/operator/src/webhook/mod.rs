@@ -7,12 +7,15 @@
 //! - [`certificate`]: the serving certificate, swapped without a restart when its Secret
 //!   changes.
 //! - [`serve`]: the HTTPS server and its [`Limits`].
+//! - [`bootstrap`]: the webhook's own CertificateAuthority, IssuedCertificate and
+//!   configuration, made by caretaker at start (`--webhook-bootstrap`).
 //!
 //! [`Webhook`] puts them together for `caretaker operator`: the listener, the certificate's
 //! source, and [`ApiIssuers`] (a GET per IssuedCertificate review, so a CertificateAuthority
 //! created a moment before, in the same `kubectl apply`, is found).
 
 pub mod admit;
+pub mod bootstrap;
 pub mod certificate;
 pub mod review;
 pub mod serve;

@@ -1,0 +1,481 @@
+//! The webhook's own certificates, made by caretaker itself (`caretaker operator
+//! --webhook-bootstrap NAMESPACE/SERVICE`): nothing to install by hand, no cert-manager.
+//!
+//! [`Bootstrap::objects`] decides, purely from the flags, what must exist:
+//! - the Namespace `NAMESPACE`;
+//! - the CertificateAuthority [`NAME`], its Secret [`CA_SECRET`] and its bundle ConfigMap
+//!   [`CA_BUNDLE`] in `NAMESPACE`;
+//! - the IssuedCertificate [`NAME`] in `NAMESPACE`, for `SERVICE.NAMESPACE.svc` and
+//!   `SERVICE.NAMESPACE.svc.cluster.local` (and the host of `--webhook-url`, if given), usage
+//!   `server`, written to the Secret [`SERVING_SECRET`];
+//! - the ValidatingWebhookConfiguration [`NAME`] of [`super::configuration`], calling the
+//!   Service (port 443) or the URL, annotated `caretaker.dev/inject-ca-from: caretaker-webhook`
+//!   and without a caBundle of its own: CA-bundle injection fills it.
+//!
+//! The webhook serves from [`SERVING_SECRET`] ([`Bootstrap::certificate_source`]).
+//!
+//! [`ensure`] creates each object that is absent, in that order (the CertificateAuthority and
+//! IssuedCertificate before the configuration that sends them to a webhook not yet serving),
+//! and leaves every object that exists as it is: a user's changes are kept, and an object
+//! deleted is made again at the operator's next start. Until the caretaker.dev CRDs are
+//! installed it says so once and tries again, never stopping the operator.
+
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+use std::net::IpAddr;
+use std::time::Duration;
+
+use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, ObjectMeta, PostParams};
+use kube::{Client, Resource};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use super::{CertificateSource, Endpoint};
+use crate::names::injection::INJECT_CA_FROM;
+use crate::v1alpha1::{
+    CertificateAuthority, CertificateAuthoritySpec, DEFAULT_CA_VALIDITY,
+    DEFAULT_CERTIFICATE_VALIDITY, DEFAULT_KEY_ALGORITHM, DEFAULT_TRUST_PROPAGATION,
+    IssuedCertificate, IssuedCertificateSpec, IssuerReference, NamespacedName,
+};
+
+/// The name of the CertificateAuthority, the IssuedCertificate and the
+/// ValidatingWebhookConfiguration.
+pub const NAME: &str = "caretaker-webhook";
+/// The CertificateAuthority's Secret, in the operator's namespace.
+pub const CA_SECRET: &str = "caretaker-webhook-ca";
+/// The CertificateAuthority's trust bundle ConfigMap, in the operator's namespace.
+pub const CA_BUNDLE: &str = "caretaker-webhook-ca-bundle";
+/// The webhook's serving certificate (kubernetes.io/tls), in the operator's namespace.
+pub const SERVING_SECRET: &str = "caretaker-webhook-tls";
+/// The port of the Service's reference in the webhook configuration.
+pub const SERVICE_PORT: i32 = 443;
+/// The field manager of the objects created.
+pub const FIELD_MANAGER: &str = "caretaker";
+/// The label on every object created.
+pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "caretaker");
+
+/// What `--webhook-bootstrap` and `--webhook-url` ask for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Bootstrap {
+    /// The operator's namespace.
+    pub namespace: String,
+    /// The Service in front of the webhook.
+    pub service: String,
+    /// `https://HOST:PORT`: where the API server calls the webhook instead of the Service
+    /// (an API server without the cluster's network, such as the embedded one).
+    pub url: Option<WebhookUrl>,
+}
+
+/// `--webhook-url`: `https://HOST:PORT`, without a path (the webhook's paths are appended).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WebhookUrl {
+    base: String,
+    host: Host,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Host {
+    Ip(IpAddr),
+    Dns(String),
+}
+
+impl std::str::FromStr for WebhookUrl {
+    type Err = String;
+
+    fn from_str(value: &str) -> Result<WebhookUrl, String> {
+        let rest = value
+            .strip_prefix("https://")
+            .ok_or("expected https://HOST:PORT")?;
+        let authority = rest.strip_suffix('/').unwrap_or(rest);
+        if authority.contains(['/', '?', '#', '@']) {
+            return Err(
+                "expected https://HOST:PORT without a path: the webhook's paths are appended"
+                    .into(),
+            );
+        }
+        let (host, port) = match authority.strip_prefix('[') {
+            Some(bracketed) => {
+                let (host, port) = bracketed.split_once("]:").ok_or("expected [IPv6]:PORT")?;
+                let ip: std::net::Ipv6Addr = host
+                    .parse()
+                    .map_err(|_| format!("{host:?} is not an IPv6 address"))?;
+                (Host::Ip(IpAddr::V6(ip)), port)
+            }
+            None => {
+                let (host, port) = authority
+                    .rsplit_once(':')
+                    .ok_or("expected https://HOST:PORT (no port)")?;
+                if host.is_empty() || host.contains(':') {
+                    return Err(
+                        "expected https://HOST:PORT (an IPv6 address takes brackets)".into(),
+                    );
+                }
+                match host.parse::<IpAddr>() {
+                    Ok(ip) => (Host::Ip(ip), port),
+                    Err(_) => (Host::Dns(host.to_ascii_lowercase()), port),
+                }
+            }
+        };
+        match port.parse::<u16>() {
+            Ok(port) if port > 0 => {}
+            _ => return Err(format!("{port:?} is not a port")),
+        }
+        Ok(WebhookUrl {
+            base: format!("https://{authority}"),
+            host,
+        })
+    }
+}
+
+impl std::fmt::Display for WebhookUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.base)
+    }
+}
+
+/// The objects [`ensure`] makes exist, in the order it creates them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Objects {
+    pub namespace: Namespace,
+    pub authority: CertificateAuthority,
+    pub certificate: IssuedCertificate,
+    pub configuration: ValidatingWebhookConfiguration,
+}
+
+fn metadata(name: &str, namespace: Option<&str>) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.into()),
+        namespace: namespace.map(Into::into),
+        labels: Some(BTreeMap::from([(
+            MANAGED_BY.0.to_string(),
+            MANAGED_BY.1.to_string(),
+        )])),
+        ..Default::default()
+    }
+}
+
+impl Bootstrap {
+    /// `SERVICE.NAMESPACE.svc`.
+    pub fn service_host(&self) -> String {
+        format!("{}.{}.svc", self.service, self.namespace)
+    }
+
+    /// Where the webhook's serving certificate is read from: [`SERVING_SECRET`].
+    pub fn certificate_source(&self) -> CertificateSource {
+        CertificateSource::Secret {
+            namespace: self.namespace.clone(),
+            name: SERVING_SECRET.into(),
+        }
+    }
+
+    /// Where the API server calls the webhook.
+    pub fn endpoint(&self) -> Endpoint {
+        match &self.url {
+            Some(url) => Endpoint::Url(url.base.clone()),
+            None => Endpoint::Service {
+                namespace: self.namespace.clone(),
+                name: self.service.clone(),
+                port: SERVICE_PORT,
+            },
+        }
+    }
+
+    /// What must exist for the webhook to serve with a certificate of caretaker's own.
+    pub fn objects(&self) -> Objects {
+        let namespace = Namespace {
+            metadata: metadata(&self.namespace, None),
+            ..Default::default()
+        };
+        let in_namespace = |name: &str| NamespacedName {
+            name: name.into(),
+            namespace: self.namespace.clone(),
+        };
+        let mut authority = CertificateAuthority::new(
+            NAME,
+            CertificateAuthoritySpec {
+                common_name: NAME.into(),
+                secret: in_namespace(CA_SECRET),
+                bundle: in_namespace(CA_BUNDLE),
+                key_algorithm: DEFAULT_KEY_ALGORITHM.into(),
+                validity: DEFAULT_CA_VALIDITY.into(),
+                renew_at_percent: None,
+                renew_before: None,
+                trust_propagation: DEFAULT_TRUST_PROPAGATION.into(),
+            },
+        );
+        authority.metadata = metadata(NAME, None);
+
+        let host = self.service_host();
+        let mut dns_names = vec![host.clone(), format!("{host}.cluster.local")];
+        let mut ip_addresses = Vec::new();
+        match self.url.as_ref().map(|url| &url.host) {
+            Some(Host::Ip(ip)) => ip_addresses.push(ip.to_string()),
+            Some(Host::Dns(name)) if !dns_names.contains(name) => dns_names.push(name.clone()),
+            _ => {}
+        }
+        let mut certificate = IssuedCertificate::new(
+            NAME,
+            IssuedCertificateSpec {
+                issuer_ref: IssuerReference { name: NAME.into() },
+                secret_name: SERVING_SECRET.into(),
+                common_name: host,
+                dns_names,
+                ip_addresses,
+                usages: vec!["server".into()],
+                key_algorithm: DEFAULT_KEY_ALGORITHM.into(),
+                validity: DEFAULT_CERTIFICATE_VALIDITY.into(),
+                renew_at_percent: None,
+                renew_before: None,
+            },
+        );
+        certificate.metadata = metadata(NAME, Some(&self.namespace));
+
+        let mut configuration = super::configuration(NAME, &self.endpoint(), "");
+        let mut meta = metadata(NAME, None);
+        meta.annotations = Some(BTreeMap::from([(INJECT_CA_FROM.into(), NAME.into())]));
+        configuration.metadata = meta;
+        for hook in configuration.webhooks.iter_mut().flatten() {
+            hook.client_config.ca_bundle = None;
+        }
+        Objects {
+            namespace,
+            authority,
+            certificate,
+            configuration,
+        }
+    }
+}
+
+/// Why an object could not be made.
+#[derive(Debug)]
+enum Failure {
+    /// The API server does not serve the kind: its CRD is not installed.
+    NotServed,
+    Other(kube::Error),
+}
+
+/// Creates `object` unless an object of its name exists; `true` when created.
+async fn create_if_absent<K>(api: &Api<K>, object: &K) -> Result<bool, Failure>
+where
+    K: Resource + Clone + Debug + Serialize + DeserializeOwned,
+{
+    let name = object.meta().name.clone().unwrap_or_default();
+    let not_served = |e: kube::Error| match e {
+        kube::Error::Api(status) if status.code == 404 => Failure::NotServed,
+        e => Failure::Other(e),
+    };
+    if api.get_opt(&name).await.map_err(not_served)?.is_some() {
+        return Ok(false);
+    }
+    let params = PostParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..Default::default()
+    };
+    match api.create(&params, object).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(status)) if status.code == 409 => Ok(false),
+        Err(e) => Err(not_served(e)),
+    }
+}
+
+/// Makes every object of `objects` exist, retrying until all do (every `retry`); never fails.
+pub async fn ensure(client: Client, objects: &Objects, retry: Duration) {
+    let namespace = objects.namespace.metadata.name.clone().unwrap_or_default();
+    let mut said_crds_missing = false;
+    let mut last_error = None::<String>;
+    // Across attempts: the Namespace may be made by one that then finds no CRDs.
+    let mut created = Vec::new();
+    loop {
+        let result = async {
+            // The operator runs in its namespace: one it may not read or create is there.
+            match create_if_absent(&Api::all(client.clone()), &objects.namespace).await {
+                Ok(true) => created.push(format!("Namespace {namespace}")),
+                Ok(false) => {}
+                Err(Failure::Other(kube::Error::Api(status))) if status.code == 403 => {}
+                Err(e) => return Err(e),
+            }
+            if create_if_absent(&Api::all(client.clone()), &objects.authority).await? {
+                created.push(format!("CertificateAuthority {NAME}"));
+            }
+            let certificates = Api::namespaced(client.clone(), &namespace);
+            if create_if_absent(&certificates, &objects.certificate).await? {
+                created.push(format!("IssuedCertificate {namespace}/{NAME}"));
+            }
+            if create_if_absent(&Api::all(client.clone()), &objects.configuration).await? {
+                created.push(format!("ValidatingWebhookConfiguration {NAME}"));
+            }
+            Ok::<_, Failure>(())
+        }
+        .await;
+        match result {
+            Ok(()) => {
+                let created = if created.is_empty() {
+                    "nothing: every object exists".to_string()
+                } else {
+                    created.join(", ")
+                };
+                tracing::info!(%created, "webhook bootstrap done");
+                return;
+            }
+            Err(Failure::NotServed) => {
+                if !said_crds_missing {
+                    tracing::warn!(
+                        "webhook bootstrap waits for the caretaker.dev CRDs \
+                         (CertificateAuthority, IssuedCertificate), which are not installed: \
+                         `caretaker crds | kubectl apply -f -`"
+                    );
+                    said_crds_missing = true;
+                }
+            }
+            Err(Failure::Other(e)) => {
+                let error = e.to_string();
+                if last_error.as_ref() != Some(&error) {
+                    tracing::warn!(%error, "webhook bootstrap failed; trying again");
+                    last_error = Some(error);
+                }
+            }
+        }
+        tokio::time::sleep(retry).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn bootstrap(url: Option<&str>) -> Bootstrap {
+        Bootstrap {
+            namespace: "caretaker-system".into(),
+            service: "caretaker-webhook".into(),
+            url: url.map(|u| u.parse().unwrap()),
+        }
+    }
+
+    #[test]
+    fn the_bootstrap_makes_a_ca_a_certificate_for_the_service_and_a_configuration() {
+        let objects = bootstrap(None).objects();
+        assert_eq!(
+            serde_json::to_value(&objects.namespace).unwrap()["metadata"]["name"],
+            "caretaker-system"
+        );
+        let authority = serde_json::to_value(&objects.authority).unwrap();
+        assert_eq!(authority["metadata"]["name"], "caretaker-webhook");
+        assert_eq!(
+            authority["metadata"]["labels"],
+            json!({"app.kubernetes.io/managed-by": "caretaker"})
+        );
+        assert_eq!(
+            authority["spec"],
+            json!({"commonName": "caretaker-webhook",
+                   "secret": {"name": "caretaker-webhook-ca", "namespace": "caretaker-system"},
+                   "bundle": {"name": "caretaker-webhook-ca-bundle",
+                              "namespace": "caretaker-system"},
+                   "keyAlgorithm": "ECDSA-P256", "validity": "10y", "trustPropagation": "5m"})
+        );
+        objects.authority.spec.policy().unwrap();
+
+        let certificate = serde_json::to_value(&objects.certificate).unwrap();
+        assert_eq!(certificate["metadata"]["name"], "caretaker-webhook");
+        assert_eq!(certificate["metadata"]["namespace"], "caretaker-system");
+        assert_eq!(
+            certificate["spec"],
+            json!({"issuerRef": {"name": "caretaker-webhook"},
+                   "secretName": "caretaker-webhook-tls",
+                   "commonName": "caretaker-webhook.caretaker-system.svc",
+                   "dnsNames": ["caretaker-webhook.caretaker-system.svc",
+                                "caretaker-webhook.caretaker-system.svc.cluster.local"],
+                   "usages": ["server"], "keyAlgorithm": "ECDSA-P256", "validity": "1y"})
+        );
+        objects.certificate.spec.policy().unwrap();
+
+        let configuration = serde_json::to_value(&objects.configuration).unwrap();
+        assert_eq!(configuration["metadata"]["name"], "caretaker-webhook");
+        assert_eq!(
+            configuration["metadata"]["annotations"],
+            json!({"caretaker.dev/inject-ca-from": "caretaker-webhook"})
+        );
+        let hooks = configuration["webhooks"].as_array().unwrap();
+        assert_eq!(hooks.len(), 2);
+        for hook in hooks {
+            assert_eq!(
+                hook["clientConfig"],
+                json!({"service": {"namespace": "caretaker-system", "name": "caretaker-webhook",
+                       "port": 443, "path": hook["clientConfig"]["service"]["path"]}}),
+                "no caBundle: injection fills it"
+            );
+        }
+        assert_eq!(
+            hooks[0]["clientConfig"]["service"]["path"],
+            "/validate-caretaker-dev-v1alpha1-certificateauthority"
+        );
+        assert_eq!(
+            bootstrap(None).certificate_source(),
+            CertificateSource::Secret {
+                namespace: "caretaker-system".into(),
+                name: "caretaker-webhook-tls".into()
+            }
+        );
+    }
+
+    #[test]
+    fn with_a_url_the_configuration_calls_it_and_the_certificate_names_its_host() {
+        let objects = bootstrap(Some("https://127.0.0.1:9443/")).objects();
+        assert_eq!(
+            objects.certificate.spec.ip_addresses,
+            vec!["127.0.0.1".to_string()]
+        );
+        assert_eq!(objects.certificate.spec.dns_names.len(), 2);
+        let hooks = serde_json::to_value(&objects.configuration).unwrap()["webhooks"].clone();
+        assert_eq!(
+            hooks[1]["clientConfig"],
+            json!({"url": "https://127.0.0.1:9443/validate-caretaker-dev-v1alpha1-issuedcertificate"})
+        );
+
+        let objects = bootstrap(Some("https://[::1]:9443")).objects();
+        assert_eq!(
+            objects.certificate.spec.ip_addresses,
+            vec!["::1".to_string()]
+        );
+
+        let objects = bootstrap(Some("https://Webhook.Example.com:8443")).objects();
+        assert_eq!(
+            objects.certificate.spec.dns_names,
+            [
+                "caretaker-webhook.caretaker-system.svc",
+                "caretaker-webhook.caretaker-system.svc.cluster.local",
+                "webhook.example.com"
+            ]
+        );
+        assert!(objects.certificate.spec.ip_addresses.is_empty());
+        objects.certificate.spec.policy().unwrap();
+        // A URL naming the Service itself adds nothing.
+        let objects =
+            bootstrap(Some("https://caretaker-webhook.caretaker-system.svc:443")).objects();
+        assert_eq!(objects.certificate.spec.dns_names.len(), 2);
+    }
+
+    #[test]
+    fn a_webhook_url_is_https_host_and_port_without_a_path() {
+        for (url, says) in [
+            ("http://127.0.0.1:9443", "expected https://HOST:PORT"),
+            ("https://127.0.0.1", "no port"),
+            ("https://127.0.0.1:9443/validate", "without a path"),
+            ("https://::1:9443", "takes brackets"),
+            ("https://[::1]:x", "\"x\" is not a port"),
+            ("https://[nope]:9443", "is not an IPv6 address"),
+            ("https://:9443", "expected https://HOST:PORT"),
+            ("https://h:0", "\"0\" is not a port"),
+        ] {
+            let error = url.parse::<WebhookUrl>().unwrap_err();
+            assert!(error.contains(says), "{url}: {error}");
+        }
+        assert_eq!(
+            "https://h:1/".parse::<WebhookUrl>().unwrap().to_string(),
+            "https://h:1"
+        );
+    }
+}
