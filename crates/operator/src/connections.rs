@@ -2,10 +2,36 @@
 //! operator (the admission webhook, `/metrics` and the health probes): a new connection over
 //! the limit closes the oldest one that is idle, so idle clients cannot keep a real request
 //! out; only when every connection is in the middle of a request is the new one refused.
+//! Also the plain answers those servers give.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::header::{self, HeaderValue};
+use hyper::{Response, StatusCode};
+
+/// A `text/plain` answer: `message` and a newline.
+pub(crate) fn text(status: StatusCode, message: String) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(message + "\n")));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    response
+}
+
+/// `response`, after which the connection is closed: whatever the client sent after the
+/// request's head (or part of its body) is not read, and is not going to be.
+pub(crate) fn closing(mut response: Response<Full<Bytes>>) -> Response<Full<Bytes>> {
+    response
+        .headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    response
+}
 
 /// The open connections, oldest first.
 pub(crate) struct Connections {

@@ -43,7 +43,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
 
 use super::{CONTENT_TYPE, Metrics};
-use crate::connections::{Busy, Connections, Slot};
+use crate::connections::{Busy, Connections, Slot, closing, text};
 
 /// Bounds on what clients may cost these servers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -319,30 +319,11 @@ where
     }
 }
 
-fn text(status: StatusCode, message: String) -> Response<Full<Bytes>> {
-    let mut response = Response::new(Full::new(Bytes::from(message + "\n")));
-    *response.status_mut() = status;
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    response
-}
-
 /// `response`, which no cache keeps: each answer is of its moment.
 fn no_store(mut response: Response<Full<Bytes>>) -> Response<Full<Bytes>> {
     response
         .headers_mut()
         .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    response
-}
-
-/// `response`, after which the connection is closed: the request was not one of ours, and
-/// whatever it sent after its head is not read.
-fn closing(mut response: Response<Full<Bytes>>) -> Response<Full<Bytes>> {
-    response
-        .headers_mut()
-        .insert(header::CONNECTION, HeaderValue::from_static("close"));
     response
 }
 

@@ -26,7 +26,7 @@ use tokio_rustls::TlsAcceptor;
 
 use super::admit::{Issuers, Served, review};
 use super::certificate::ServingCertificate;
-use crate::connections::{Busy, Connections, Slot};
+use crate::connections::{Busy, Connections, Slot, closing, text};
 
 /// Bounds on what clients may cost the webhook.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -295,25 +295,6 @@ fn is_json(content_type: Option<&HeaderValue>) -> bool {
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.split(';').next())
         .is_some_and(|v| v.trim().eq_ignore_ascii_case("application/json"))
-}
-
-fn text(status: StatusCode, message: String) -> Response<Full<Bytes>> {
-    let mut response = Response::new(Full::new(Bytes::from(message + "\n")));
-    *response.status_mut() = status;
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    response
-}
-
-/// `response`, after which the connection is closed: the request's body was not read (or not
-/// all of it), and is not going to be.
-fn closing(mut response: Response<Full<Bytes>>) -> Response<Full<Bytes>> {
-    response
-        .headers_mut()
-        .insert(header::CONNECTION, HeaderValue::from_static("close"));
-    response
 }
 
 #[cfg(test)]
