@@ -1560,6 +1560,22 @@ pub(crate) fn conditions(
     ]
 }
 
+/// The conditions of an object refused for `reason`: not Ready and Degraded, both saying why.
+pub(crate) fn refused_conditions(
+    old: &[v1alpha1::Condition],
+    reason: &'static str,
+    message: &str,
+    generation: Option<i64>,
+    now: OffsetDateTime,
+) -> Vec<v1alpha1::Condition> {
+    let condition = |status| authority::Condition {
+        status,
+        reason,
+        message: message.to_string(),
+    };
+    conditions(old, &condition(false), &condition(true), generation, now)
+}
+
 /// The Degraded condition's message, when it is true.
 pub(crate) fn degraded_message(conditions: &[v1alpha1::Condition]) -> Option<&str> {
     conditions

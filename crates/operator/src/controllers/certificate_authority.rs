@@ -31,7 +31,7 @@ use crate::authority::bundle::BundleState;
 use crate::authority::ca::{
     self, AuthorityObserved, AuthorityStep, CaPlan, CaSecretState, IssuerView,
 };
-use crate::authority::{self, CA_BUNDLE_CRT, ObjectName, PkiMint};
+use crate::authority::{CA_BUNDLE_CRT, ObjectName, PkiMint};
 use crate::changes::Event;
 use crate::names;
 use crate::timestamp::format_time;
@@ -304,17 +304,12 @@ async fn refuse(
             )
             .await;
     }
-    let condition = |status| authority::Condition {
-        status,
-        reason,
-        message: message.clone(),
-    };
     let generation = authority.metadata.generation;
     let status = CertificateAuthorityStatus {
-        conditions: authority_watch::conditions(
+        conditions: authority_watch::refused_conditions(
             &old.conditions,
-            &condition(false),
-            &condition(true),
+            reason,
+            &message,
             generation,
             OffsetDateTime::now_utc(),
         ),

@@ -264,17 +264,12 @@ async fn refuse(
             )
             .await;
     }
-    let condition = |status| authority::Condition {
-        status,
-        reason,
-        message: message.clone(),
-    };
     let generation = certificate.metadata.generation;
     let status = IssuedCertificateStatus {
-        conditions: authority_watch::conditions(
+        conditions: authority_watch::refused_conditions(
             &old.conditions,
-            &condition(false),
-            &condition(true),
+            reason,
+            &message,
             generation,
             OffsetDateTime::now_utc(),
         ),
