@@ -317,7 +317,7 @@ impl IssuerView {
     /// The issuer as the CA Secret `secret` says at `now`.
     pub fn of(secret: &CaSecret, now: OffsetDateTime) -> Self {
         let signer = match &secret.current {
-            Some(ca) if !ca.certificate.expired_at(now) => Ok(ca.clone()),
+            Some(ca) if ca.signs_at(now) => Ok(ca.clone()),
             Some(ca) => Err(NoSigner {
                 message: format!(
                     "the CA (serial {}) expired at {}; its successor signs once trusted everywhere",
@@ -729,7 +729,7 @@ fn bundle_change(
 fn status_of(secret: &CaSecret, policy: &AuthorityPolicy, now: OffsetDateTime) -> AuthorityStatus {
     let prop = policy.trust_propagation;
     let ready = match (&secret.current, &secret.next) {
-        (Some(ca), _) if !ca.certificate.expired_at(now) => Condition::new(
+        (Some(ca), _) if ca.signs_at(now) => Condition::new(
             true,
             names::REASON_SIGNING,
             format!(
@@ -828,10 +828,7 @@ fn invalid_message(seen: &AuthorityObserved, reason: &str) -> String {
 /// The issuer while the CA Secret is invalid: the last good CA, and the published bundle with
 /// it.
 fn fallback(seen: &AuthorityObserved, message: &str, now: OffsetDateTime) -> IssuerView {
-    let last_good = seen
-        .last_good
-        .clone()
-        .filter(|ca| !ca.certificate.expired_at(now));
+    let last_good = seen.last_good.clone().filter(|ca| ca.signs_at(now));
     let published = seen.bundle.certificates().iter().cloned();
     let bundle = match &last_good {
         Some(ca) => Some(Bundle::of(published.chain([ca.certificate.clone()]), now)),

@@ -339,6 +339,13 @@ pub struct CaKeyPair {
 }
 
 impl CaKeyPair {
+    /// Whether it can still sign at `now`: before its notAfter, as pki's issuance requires
+    /// (a certificate cut at the CA's expiry would have no lifetime left). At notAfter itself
+    /// it is still trusted ([`Certificate::expired_at`]) but signs nothing.
+    pub fn signs_at(&self, now: OffsetDateTime) -> bool {
+        now < self.certificate.not_after()
+    }
+
     /// Reads a CA from PEM, checking that the certificate is a CA and the key is its own.
     pub fn from_pem(certificate_pem: &str, key_pem: &str) -> Result<Self, PkiError> {
         let authority = CertificateAuthority::from_pem(certificate_pem, key_pem)?;

@@ -927,6 +927,23 @@ fn a_ca_expired_before_its_successor_is_trusted_signs_nothing() {
 }
 
 #[test]
+fn a_ca_signs_nothing_from_its_not_after_on_as_pki_refuses_then() {
+    let (policy, model) = (policy(), Model::new(at(0)));
+    let seen = started(&policy, &model);
+    let ca = secret(&seen).current.clone().unwrap();
+    let expiry = (ca.certificate.not_after() - at(0)).whole_seconds();
+    let before = IssuerView::observed(&seen, at(expiry - 1));
+    assert!(before.signer.is_ok(), "it signs until its last second");
+    let at_expiry = IssuerView::observed(&seen, at(expiry));
+    assert!(
+        at_expiry.signer.is_err(),
+        "pki refuses to sign at notAfter itself"
+    );
+    // Trusted until then, though: the bundle still holds it.
+    assert!(at_expiry.bundle.unwrap().contains(ca.fingerprint()));
+}
+
+#[test]
 fn after_a_long_pause_a_trusted_next_ca_is_promoted_and_if_due_rotated_in_the_same_pass() {
     let (policy, model) = (policy(), Model::new(at(0)));
     let mut seen = started(&policy, &model);
