@@ -166,12 +166,14 @@ async fn kubectl_applies_the_crds_then_lists_the_examples_with_their_columns() {
         observed_generation: Some(1),
     };
     let ca_status = CertificateAuthorityStatus {
-        conditions: vec![ready.clone()],
-        serial_number: Some("01:02".into()),
-        not_before: Some("2025-01-01T00:00:00Z".into()),
-        not_after: Some("2035-01-01T00:00:00Z".into()),
-        next_rotation: Some("2033-01-01T00:00:00Z".into()),
-        observed_generation: Some(1),
+        certificate: IssuedCertificateStatus {
+            conditions: vec![ready.clone()],
+            serial_number: Some("01:02".into()),
+            not_before: Some("2025-01-01T00:00:00Z".into()),
+            not_after: Some("2035-01-01T00:00:00Z".into()),
+            next_rotation: Some("2033-01-01T00:00:00Z".into()),
+            observed_generation: Some(1),
+        },
         ..Default::default()
     };
     let params = PatchParams::default();

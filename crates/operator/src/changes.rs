@@ -2,15 +2,20 @@
 //! so the decisions that produce them are tested without Kubernetes.
 
 use std::collections::BTreeMap;
+use std::fmt;
 
 use serde_json::{Value, json};
 
-/// Changes to an object's annotations: set a value, or remove the annotation. Written as one
-/// JSON merge patch.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct AnnotationChanges(BTreeMap<&'static str, Option<String>>);
+/// Keys of a string map to set or remove: an object's annotations, or a Secret's `data`.
+/// Written as one JSON merge patch (`null` removes). `Debug` shows the keys and the sizes of the
+/// values, never a value, because the same type carries private keys.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct KeyChanges(BTreeMap<&'static str, Option<String>>);
 
-impl AnnotationChanges {
+/// Changes to an object's annotations.
+pub type AnnotationChanges = KeyChanges;
+
+impl KeyChanges {
     /// Changes that remove each of `keys`.
     pub fn removing(keys: &[&'static str]) -> Self {
         Self(keys.iter().map(|key| (*key, None)).collect())
@@ -35,13 +40,18 @@ impl AnnotationChanges {
         self.0.get(key).map(Option::as_deref)
     }
 
-    /// The `metadata.annotations` of a merge patch (`null` removes).
+    pub fn iter(&self) -> impl Iterator<Item = (&'static str, Option<&str>)> {
+        self.0.iter().map(|(k, v)| (*k, v.as_deref()))
+    }
+
+    /// The changes as a merge patch of the map itself (`null` removes).
     pub fn to_json(&self) -> Value {
         json!(self.0)
     }
 
-    /// The merge patch of these changes, written only on `resource_version` when given (the API
-    /// server refuses it with 409 Conflict once the object has changed since).
+    /// The merge patch of these changes to annotations, written only on `resource_version`
+    /// when given (the API server refuses it with 409 Conflict once the object has changed
+    /// since).
     pub fn merge_patch(&self, resource_version: Option<&str>) -> Value {
         match resource_version {
             Some(version) => json!({ "metadata": {
@@ -52,14 +62,27 @@ impl AnnotationChanges {
         }
     }
 
-    /// Applies the changes to `annotations`, as the API server would.
-    pub fn apply_to(&self, annotations: &mut BTreeMap<String, String>) {
+    /// Applies the changes to `map`, as the API server would.
+    pub fn apply_to<V: for<'a> From<&'a str>>(&self, map: &mut BTreeMap<String, V>) {
         for (key, value) in &self.0 {
             match value {
-                Some(value) => annotations.insert(key.to_string(), value.clone()),
-                None => annotations.remove(*key),
+                Some(value) => map.insert(key.to_string(), V::from(value)),
+                None => map.remove(*key),
             };
         }
+    }
+}
+
+impl fmt::Debug for KeyChanges {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut map = f.debug_map();
+        for (key, value) in &self.0 {
+            match value {
+                Some(value) => map.entry(key, &format_args!("<{} bytes>", value.len())),
+                None => map.entry(key, &format_args!("<removed>")),
+            };
+        }
+        map.finish()
     }
 }
 

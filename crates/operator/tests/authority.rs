@@ -260,7 +260,10 @@ impl Setup {
             20,
             || async {
                 let ca = self.authority(name).await;
-                let conditions = ca.status.map(|s| s.conditions).unwrap_or_default();
+                let conditions = ca
+                    .status
+                    .map(|s| s.certificate.conditions)
+                    .unwrap_or_default();
                 has(&conditions, type_, status, reason).then_some(())
             },
         )
@@ -532,19 +535,22 @@ async fn first_start_stores_the_ca_publishes_its_bundle_and_reports_ready() {
 
     let authority = setup.authority("webhooks").await;
     let status = authority.status.unwrap();
-    assert_eq!(status.serial_number.as_deref(), Some(ca.serial()));
-    assert_eq!(status.not_after, Some(not_after));
-    assert!(status.not_before.is_some() && status.next_rotation.is_some());
+    assert_eq!(
+        status.certificate.serial_number.as_deref(),
+        Some(ca.serial())
+    );
+    assert_eq!(status.certificate.not_after, Some(not_after));
+    assert!(status.certificate.not_before.is_some() && status.certificate.next_rotation.is_some());
     assert_eq!(status.trusted_since, None);
     assert!(status.previous_cas.is_empty());
-    assert_eq!(status.observed_generation, Some(1));
-    let degraded = condition(&status.conditions, "Degraded");
+    assert_eq!(status.certificate.observed_generation, Some(1));
+    let degraded = condition(&status.certificate.conditions, "Degraded");
     assert_eq!(
         (degraded.status.as_str(), degraded.reason.as_str()),
         ("False", "AsExpected")
     );
     assert_eq!(
-        condition(&status.conditions, "Ready").observed_generation,
+        condition(&status.certificate.conditions, "Ready").observed_generation,
         Some(1)
     );
 
@@ -974,10 +980,13 @@ async fn a_forced_ca_rotation_is_trusted_everywhere_before_it_signs_anything() {
     let status = setup.authority("webhooks").await.status.unwrap();
     assert_eq!(status.trusted_since, None);
     assert_eq!(
-        status.next_rotation, None,
+        status.certificate.next_rotation, None,
         "unknown until trusted everywhere"
     );
-    assert_eq!(status.serial_number.as_deref(), Some(old_ca.serial()));
+    assert_eq!(
+        status.certificate.serial_number.as_deref(),
+        Some(old_ca.serial())
+    );
 
     let injecting = Instant::now();
     let injected_at = setup.inject_by_hand("vwc", &both).await;
@@ -1045,7 +1054,10 @@ async fn a_forced_ca_rotation_is_trusted_everywhere_before_it_signs_anything() {
         status.previous_cas.is_empty().then_some(status)
     })
     .await;
-    assert_eq!(status.serial_number.as_deref(), Some(new_ca.serial()));
+    assert_eq!(
+        status.certificate.serial_number.as_deref(),
+        Some(new_ca.serial())
+    );
     let ca_secret = setup.secret(SYSTEM, "webhooks-ca").await.unwrap();
     let keys: Vec<&String> = ca_secret.data.as_ref().unwrap().keys().collect();
     assert_eq!(keys, ["tls.crt", "tls.key"]);
@@ -1101,7 +1113,7 @@ async fn a_tampered_ca_secret_degrades_and_nothing_is_regenerated() {
         "the value is never echoed: {warning}"
     );
     let status = setup.authority("webhooks").await.status.unwrap();
-    let ready = condition(&status.conditions, "Ready");
+    let ready = condition(&status.certificate.conditions, "Ready");
     assert_eq!(ready.status, "True", "the last good CA signs: {ready:?}");
     assert!(ready.message.contains("last good CA"), "{ready:?}");
 
@@ -1740,7 +1752,7 @@ async fn an_invalid_spec_writes_nothing_and_warns_once_per_message() {
         .wait_ca_condition("bad", "Ready", "True", names::REASON_SIGNING)
         .await;
     let status = setup.authority("bad").await.status.unwrap();
-    assert_eq!(status.observed_generation, Some(3));
+    assert_eq!(status.certificate.observed_generation, Some(3));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

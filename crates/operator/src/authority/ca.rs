@@ -24,9 +24,9 @@ use time::OffsetDateTime;
 
 use super::bundle::{Bundle, BundleConfigMap, BundleState};
 use super::{
-    AuthorityPolicy, CaKeyPair, Certificate, Condition, Mint, NEXT_CRT, NEXT_KEY, ObjectName,
-    PREVIOUS_CRT, SecretContent, SecretData, TLS_CRT, TLS_KEY, TlsAnnotations, ceil_second, due,
-    expiring, issuer_name, later,
+    AuthorityPolicy, CaKeyPair, Certificate, CertificateStatus, Condition, Mint, NEXT_CRT,
+    NEXT_KEY, ObjectName, PREVIOUS_CRT, SecretContent, SecretData, TLS_CRT, TLS_KEY,
+    TlsAnnotations, ceil_second, due, expiring, issuer_name, later,
 };
 use crate::changes::{AnnotationChanges, Event};
 use crate::names::{self, authority_state};
@@ -294,6 +294,21 @@ pub struct AuthorityStatus {
     /// During a rotation, when the next CA was first seen in the bundle and every injection
     /// point (`caretaker.dev/next-trusted-at`); it signs `trust_propagation` later.
     pub trusted_since: Option<OffsetDateTime>,
+}
+
+impl AuthorityStatus {
+    /// What the status says of the CA that signs now, as an IssuedCertificate's says of its
+    /// certificate.
+    pub fn certificate(&self) -> CertificateStatus {
+        CertificateStatus {
+            ready: self.ready.clone(),
+            degraded: self.degraded.clone(),
+            serial: self.serial.clone(),
+            not_before: self.not_before,
+            not_after: self.not_after,
+            next_rotation: self.next_rotation,
+        }
+    }
 }
 
 /// Why no CA signs now.

@@ -17,9 +17,9 @@ use time::OffsetDateTime;
 use super::bundle::Bundle;
 use super::ca::{IssuerView, NoSigner};
 use super::{
-    CA_CRT, CaKeyPair, Certificate, CertificatePolicy, Condition, IssuedLeaf, Mint, ObjectName,
-    SecretContent, SecretData, TLS_CRT, TLS_KEY, TlsAnnotations, due, expiring, hostnames, serving,
-    wanted_hostnames,
+    CA_CRT, CaKeyPair, Certificate, CertificatePolicy, CertificateStatus, Condition, IssuedLeaf,
+    Mint, ObjectName, SecretContent, SecretData, TLS_CRT, TLS_KEY, TlsAnnotations, due, expiring,
+    hostnames, serving, wanted_hostnames,
 };
 use crate::changes::{AnnotationChanges, Event};
 use crate::names;
@@ -209,19 +209,6 @@ impl CertificateStep {
     }
 }
 
-/// What the IssuedCertificate's status says once the plan's writes are in place.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CertificateStatus {
-    /// The Secret holds a certificate valid now, with its key, from a CA its bundle trusts.
-    pub ready: Condition,
-    pub degraded: Condition,
-    pub serial: Option<String>,
-    pub not_before: Option<OffsetDateTime>,
-    pub not_after: Option<OffsetDateTime>,
-    /// When the certificate is due to be issued again.
-    pub next_rotation: Option<OffsetDateTime>,
-}
-
 impl CertificateStatus {
     /// Ready with `certificate` in place, due again at `due_at`.
     fn issued(certificate: &Certificate, due_at: OffsetDateTime) -> Self {
@@ -272,7 +259,13 @@ pub fn plan(
     now: OffsetDateTime,
     mint: &dyn Mint,
 ) -> Result<LeafPlan, PkiError> {
-    let mut plan = pass(seen, policy, issuer, now, mint)?;
+    let reasons = reissue_reasons(&seen.secret, policy, issuer, now);
+    let mut plan = match &issuer.signer {
+        Ok(signer) if !reasons.is_empty() => {
+            issue(seen, policy, issuer, signer, &reasons, now, mint)?
+        }
+        _ => no_new_certificate(seen, policy, issuer, &reasons, now),
+    };
     // `ca.crt` follows the bundle, which loses a CA the moment it expires.
     let bundle_changes = issuer
         .bundle
@@ -288,23 +281,19 @@ pub fn plan(
     Ok(plan)
 }
 
-fn pass(
+/// No new certificate (none needed, or nothing can sign one): trust still follows the
+/// issuer's bundle.
+fn no_new_certificate(
     seen: &LeafObserved,
     policy: &CertificatePolicy,
     issuer: &IssuerView,
+    reasons: &[String],
     now: OffsetDateTime,
-    mint: &dyn Mint,
-) -> Result<LeafPlan, PkiError> {
-    let reasons = reissue_reasons(&seen.secret, policy, issuer, now);
+) -> LeafPlan {
     let present = match &seen.secret {
         LeafSecretState::Present(secret) => Some(secret),
         LeafSecretState::Absent => None,
     };
-    if let (false, Ok(signer)) = (reasons.is_empty(), &issuer.signer) {
-        return issue(seen, policy, issuer, signer, &reasons, now, mint);
-    }
-    // No new certificate (none needed, or nothing can sign one): trust still follows the
-    // issuer's bundle.
     let mut steps = Vec::new();
     let mut events = Vec::new();
     if let (Some(secret), Some(bundle)) = (present, &issuer.bundle)
@@ -323,11 +312,11 @@ fn pass(
     if let Err(no_signer) = &issuer.signer
         && !reasons.is_empty()
     {
-        return Ok(LeafPlan {
+        return LeafPlan {
             steps,
             events,
-            ..waiting(present, policy, issuer, no_signer, &reasons, now)
-        });
+            ..waiting(present, policy, issuer, no_signer, reasons, now)
+        };
     }
     let secret = present.expect("a certificate needs no new one only if its Secret exists");
     let certificate = secret
@@ -342,12 +331,12 @@ fn pass(
         // rotation (a change) or the certificate's expiry is what comes next.
         certificate.not_after() + time::Duration::SECOND
     };
-    Ok(LeafPlan {
+    LeafPlan {
         steps,
         events,
         status: CertificateStatus::issued(certificate, due_at),
         wake_at: Some(wake_at),
-    })
+    }
 }
 
 fn issue(

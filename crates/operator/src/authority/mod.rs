@@ -529,51 +529,22 @@ fn serving(usage: Usage) -> bool {
 
 /// Secret `data` to write: each key set to a value or removed, as one merge patch. `Debug`
 /// shows the keys and sizes, never a value.
-#[derive(Clone, PartialEq, Eq, Default)]
-pub struct SecretData(BTreeMap<&'static str, Option<String>>);
+pub type SecretData = crate::changes::KeyChanges;
 
-impl SecretData {
-    pub fn set(&mut self, key: &'static str, value: impl Into<String>) -> &mut Self {
-        self.0.insert(key, Some(value.into()));
-        self
-    }
-
-    pub fn remove(&mut self, key: &'static str) -> &mut Self {
-        self.0.insert(key, None);
-        self
-    }
-
-    /// What the write does to `key`: `Some(None)` removes it, `None` leaves it alone.
-    pub fn get(&self, key: &str) -> Option<Option<&str>> {
-        self.0.get(key).map(Option::as_deref)
-    }
-
-    pub fn iter(&self) -> impl Iterator<Item = (&'static str, Option<&str>)> {
-        self.0.iter().map(|(k, v)| (*k, v.as_deref()))
-    }
-
-    /// Applies the write to a Secret's `data`, as the API server would.
-    pub fn apply_to(&self, data: &mut BTreeMap<String, Vec<u8>>) {
-        for (key, value) in &self.0 {
-            match value {
-                Some(value) => data.insert(key.to_string(), value.as_bytes().to_vec()),
-                None => data.remove(*key),
-            };
-        }
-    }
-}
-
-impl fmt::Debug for SecretData {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut map = f.debug_map();
-        for (key, value) in &self.0 {
-            match value {
-                Some(value) => map.entry(key, &format_args!("<{} bytes>", value.len())),
-                None => map.entry(key, &format_args!("<removed>")),
-            };
-        }
-        map.finish()
-    }
+/// What the status of a certificate says once a plan's writes are in place: an
+/// IssuedCertificate's, or the CA that signs now for a CertificateAuthority.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CertificateStatus {
+    /// For an IssuedCertificate: the Secret holds a certificate valid now, with its key, from a
+    /// CA its bundle trusts. For a CertificateAuthority: a CA signs now.
+    pub ready: Condition,
+    pub degraded: Condition,
+    pub serial: Option<String>,
+    pub not_before: Option<OffsetDateTime>,
+    pub not_after: Option<OffsetDateTime>,
+    /// When the certificate is due to be replaced (for a CertificateAuthority during a
+    /// rotation: when the next CA will be promoted).
+    pub next_rotation: Option<OffsetDateTime>,
 }
 
 /// A condition of a status.

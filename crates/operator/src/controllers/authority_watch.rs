@@ -22,25 +22,31 @@
 //! holding a new CA until every target kind is listed.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
-use futures::StreamExt;
-use k8s_openapi::ByteString;
+use std::future::Future;
+
+use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::{ByteString, NamespaceResourceScope};
 use kube::api::{Api, DynamicObject, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::runtime::controller::{Action, Config, Controller};
 use kube::runtime::reflector::store::Writer;
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::{WatchStreamExt, predicates, watcher};
 use kube::{Resource, ResourceExt};
 use serde::Serialize;
+use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use time::OffsetDateTime;
 use tokio::sync::{mpsc, watch};
 
+use super::watch_failures::Failing;
 use crate::Error;
 use crate::authority::bundle::BundleState;
 use crate::authority::ca::{AuthorityObserved, CaSecretState, IssuerView};
@@ -52,6 +58,9 @@ use crate::injection::{self, SourceRef, TargetKind};
 use crate::names;
 use crate::timestamp::format_time;
 use crate::v1alpha1::{self, CertificateAuthority, CertificateAuthoritySpec, IssuedCertificate};
+
+/// Whose watches fail, in the log.
+const AUTHORITIES: &str = "CertificateAuthority/IssuedCertificate controllers";
 
 /// An object of a namespace: (namespace, name).
 pub(crate) type Key = (String, String);
@@ -248,6 +257,14 @@ enum LeafUse {
     Signed(Option<String>),
     /// No readable certificate (or none caretaker can read from the store).
     Missing,
+}
+
+/// What a watch of one of caretaker's own kinds tells its handler.
+enum Seen<'a, K: Resource<DynamicType = ()> + 'static> {
+    /// An event, already applied to the store.
+    Event(&'a watcher::Event<K>, &'a Store<K>),
+    /// The kind's CRD was removed: the store is empty now.
+    CrdRemoved,
 }
 
 /// The inputs of the two controllers: the objects they act on, and wake-ups of those objects
@@ -460,40 +477,6 @@ impl Shared {
     }
 }
 
-/// Says once that a watch fails, and once that it works again; retries in between are quiet.
-struct Failing {
-    what: &'static str,
-    reported: bool,
-}
-
-impl Failing {
-    fn new(what: &'static str) -> Self {
-        Self {
-            what,
-            reported: false,
-        }
-    }
-
-    fn failed(&mut self, error: &watcher::Error) {
-        if self.reported {
-            tracing::debug!(watch = self.what, error = %error, "CertificateAuthority/IssuedCertificate controllers: watch still failing");
-        } else {
-            tracing::warn!(watch = self.what, error = %error, "CertificateAuthority/IssuedCertificate controllers: cannot watch; retrying quietly until it works");
-            self.reported = true;
-        }
-    }
-
-    fn recovered(&mut self) {
-        if self.reported {
-            tracing::info!(
-                watch = self.what,
-                "CertificateAuthority/IssuedCertificate controllers: the watch works again"
-            );
-            self.reported = false;
-        }
-    }
-}
-
 /// Drops from cached Secrets what no pass reads: `managedFields`, kubectl's copy, and the data
 /// of every Secret that is not `kubernetes.io/tls` (caretaker writes only those; a pass that
 /// meets another type reads it fresh).
@@ -650,7 +633,7 @@ impl Shared {
         let mut presence = (kind == TargetKind::CustomResourceDefinition).then(Presence::default);
         // Which CA each target names, to wake the one it named before too.
         let mut named: HashMap<String, String> = HashMap::new();
-        let mut failing = Failing::new(kind.kind());
+        let mut failing = Failing::new(AUTHORITIES, kind.kind());
         let synced = TargetKind::ALL
             .iter()
             .position(|k| *k == kind)
@@ -713,7 +696,7 @@ impl Shared {
     }
 
     async fn watch_secrets(&self, api: Api<Secret>, mut writer: Writer<Secret>) {
-        let mut failing = Failing::new("Secret");
+        let mut failing = Failing::new(AUTHORITIES, "Secret");
         let mut listed_before = false;
         let events = watcher(api, watcher::Config::default())
             .modify(trim_secret)
@@ -784,7 +767,7 @@ impl Shared {
     }
 
     async fn watch_config_maps(&self, api: Api<ConfigMap>) {
-        let mut failing = Failing::new("ConfigMap");
+        let mut failing = Failing::new(AUTHORITIES, "ConfigMap");
         let mut listed_before = false;
         let events = watcher(api, watcher::Config::default()).default_backoff();
         futures::pin_mut!(events);
@@ -817,30 +800,63 @@ impl Shared {
     async fn watch_authorities(
         &self,
         api: Api<CertificateAuthority>,
-        mut writer: Writer<CertificateAuthority>,
+        writer: Writer<CertificateAuthority>,
     ) {
-        let mut installed = self.installed.subscribe();
-        let mut failing = Failing::new("CertificateAuthority");
         let mut known: HashMap<String, (Option<i64>, Key)> = HashMap::new();
+        let seen = |seen: Seen<'_, CertificateAuthority>| match seen {
+            Seen::Event(event, store) => self.authority_event(event, store, &mut known),
+            // The CRD is gone, and every CA with it.
+            Seen::CrdRemoved => {
+                for (name, (_, secret)) in std::mem::take(&mut known) {
+                    self.forget_authority(&name, &secret);
+                }
+            }
+        };
+        let installed = |i: &Installed| i.authorities;
+        self.watch_own_kind(api, writer, installed, &self.synced.authorities, seen)
+            .await;
+    }
+
+    /// Keeps the store of one of caretaker's own kinds while its CRD is installed (as
+    /// `installed_now` reads [`Installed`]), telling `seen` of each event and of the CRD's
+    /// removal. `synced` says whether the store is complete: at once when the CRD is absent
+    /// (there is nothing to list), after the list when it is present.
+    async fn watch_own_kind<K>(
+        &self,
+        api: Api<K>,
+        mut writer: Writer<K>,
+        installed_now: fn(&Installed) -> Option<bool>,
+        synced: &watch::Sender<bool>,
+        mut seen: impl FnMut(Seen<'_, K>),
+    ) where
+        K: Resource<DynamicType = ()>
+            + Clone
+            + DeserializeOwned
+            + fmt::Debug
+            + Send
+            + Sync
+            + 'static,
+    {
+        let mut installed = self.installed.subscribe();
+        let mut failing = Failing::new(AUTHORITIES, K::kind(&()));
         loop {
-            let present = match installed.wait_for(|i| i.authorities.is_some()).await {
-                Ok(state) => state.authorities == Some(true),
+            let present = match installed.wait_for(|i| installed_now(i).is_some()).await {
+                Ok(state) => installed_now(&state) == Some(true),
                 Err(_) => return,
             };
             if !present {
-                // Nothing to list: certificates naming a CA find none.
-                self.synced.authorities.send_replace(true);
+                synced.send_replace(true);
                 if installed
-                    .wait_for(|i| i.authorities == Some(true))
+                    .wait_for(|i| installed_now(i) == Some(true))
                     .await
                     .is_err()
                 {
                     return;
                 }
             }
-            self.synced.authorities.send_replace(false);
+            synced.send_replace(false);
             let events = watcher(api.clone(), watcher::Config::default())
-                .modify(|ca: &mut CertificateAuthority| trim_meta(&mut ca.metadata))
+                .modify(|object: &mut K| trim_meta(object.meta_mut()))
                 .default_backoff();
             futures::pin_mut!(events);
             loop {
@@ -849,21 +865,18 @@ impl Shared {
                         Some(Ok(event)) => {
                             failing.recovered();
                             writer.apply_watcher_event(&event);
-                            self.authority_event(&event, &writer.as_reader(), &mut known);
+                            seen(Seen::Event(&event, &writer.as_reader()));
                         }
                         Some(Err(e)) => failing.failed(&e),
                         None => return,
                     },
-                    removed = async { installed.wait_for(|i| i.authorities != Some(true)).await.map(|_| ()) } => {
+                    removed = async { installed.wait_for(|i| installed_now(i) != Some(true)).await.map(|_| ()) } => {
                         if removed.is_err() {
                             return;
                         }
-                        // The CRD is gone, and every CA with it.
                         writer.apply_watcher_event(&watcher::Event::Init);
                         writer.apply_watcher_event(&watcher::Event::InitDone);
-                        for (name, (_, secret)) in std::mem::take(&mut known) {
-                            self.forget_authority(&name, &secret);
-                        }
+                        seen(Seen::CrdRemoved);
                         break;
                     }
                 }
@@ -961,58 +974,22 @@ impl Shared {
     async fn watch_certificates(
         &self,
         api: Api<IssuedCertificate>,
-        mut writer: Writer<IssuedCertificate>,
+        writer: Writer<IssuedCertificate>,
     ) {
-        let mut installed = self.installed.subscribe();
-        let mut failing = Failing::new("IssuedCertificate");
-        loop {
-            let present = match installed.wait_for(|i| i.certificates.is_some()).await {
-                Ok(state) => state.certificates == Some(true),
-                Err(_) => return,
-            };
-            if !present {
-                self.synced.certificates.send_replace(true);
-                if installed
-                    .wait_for(|i| i.certificates == Some(true))
-                    .await
-                    .is_err()
-                {
-                    return;
+        let seen = |seen: Seen<'_, IssuedCertificate>| match seen {
+            Seen::Event(event, store) => self.certificate_event(event, store),
+            Seen::CrdRemoved => {
+                let issuers: BTreeSet<String> =
+                    lock(&self.index).by_issuer.keys().cloned().collect();
+                *lock(&self.index) = CertificateIndex::default();
+                for issuer in issuers {
+                    self.wake_authority(&issuer);
                 }
             }
-            self.synced.certificates.send_replace(false);
-            let events = watcher(api.clone(), watcher::Config::default())
-                .modify(|c: &mut IssuedCertificate| trim_meta(&mut c.metadata))
-                .default_backoff();
-            futures::pin_mut!(events);
-            loop {
-                tokio::select! {
-                    event = events.next() => match event {
-                        Some(Ok(event)) => {
-                            failing.recovered();
-                            writer.apply_watcher_event(&event);
-                            self.certificate_event(&event, &writer.as_reader());
-                        }
-                        Some(Err(e)) => failing.failed(&e),
-                        None => return,
-                    },
-                    removed = async { installed.wait_for(|i| i.certificates != Some(true)).await.map(|_| ()) } => {
-                        if removed.is_err() {
-                            return;
-                        }
-                        writer.apply_watcher_event(&watcher::Event::Init);
-                        writer.apply_watcher_event(&watcher::Event::InitDone);
-                        let issuers: BTreeSet<String> =
-                            lock(&self.index).by_issuer.keys().cloned().collect();
-                        *lock(&self.index) = CertificateIndex::default();
-                        for issuer in issuers {
-                            self.wake_authority(&issuer);
-                        }
-                        break;
-                    }
-                }
-            }
-        }
+        };
+        let installed = |i: &Installed| i.certificates;
+        self.watch_own_kind(api, writer, installed, &self.synced.certificates, seen)
+            .await;
     }
 
     /// A certificate came, went or changed its spec: its issuers (before and after) count
@@ -1075,6 +1052,50 @@ impl Shared {
             }
             watcher::Event::Init | watcher::Event::InitApply(_) => {}
         }
+    }
+}
+
+impl Shared {
+    /// Runs one of the two controllers until its feed ends: on `objects` when their generation
+    /// changed (status writes, its own, wake nothing) and on `wake`, at most `concurrency`
+    /// passes at once (0: no limit). A failed pass shows in the object's status and events,
+    /// and is counted under `controller`.
+    pub(crate) async fn run_controller<K, Fut>(
+        self: &Arc<Self>,
+        controller: &'static str,
+        objects: mpsc::UnboundedReceiver<K>,
+        store: Store<K>,
+        wake: impl Stream<Item = ObjectRef<K>> + Send + 'static,
+        concurrency: u16,
+        reconcile: impl FnMut(Arc<K>, Arc<Shared>) -> Fut,
+    ) where
+        K: Resource<DynamicType = ()>
+            + Clone
+            + DeserializeOwned
+            + fmt::Debug
+            + Send
+            + Sync
+            + 'static,
+        Fut: Future<Output = Result<Action, Error>> + Send + 'static,
+    {
+        let objects = futures::stream::unfold(objects, |mut objects| async move {
+            let object = objects.recv().await?;
+            Some((Ok::<_, watcher::Error>(object), objects))
+        })
+        .predicate_filter(predicates::generation, Default::default());
+        let error_policy = move |_: Arc<K>, error: &Error, shared: Arc<Shared>| {
+            super::requeue_after(controller, error, &shared.ctx)
+        };
+        Controller::for_stream_with(objects, store, ())
+            .reconcile_on(wake)
+            .with_config(Config::default().concurrency(concurrency))
+            .run(reconcile, error_policy, self.clone())
+            .for_each(|result| async move {
+                if let Err(e) = result {
+                    tracing::debug!(error = %e, "{} reconcile failed", K::kind(&()));
+                }
+            })
+            .await;
     }
 }
 
@@ -1416,53 +1437,25 @@ impl Shared {
         data: &SecretData,
         annotations: &AnnotationChanges,
     ) -> Result<Written, Error> {
-        let api: Api<Secret> = Api::namespaced(self.ctx.client.clone(), &key.0);
-        match version {
-            None => {
-                let mut written = BTreeMap::new();
-                annotations.apply_to(&mut written);
-                let secret = Secret {
-                    metadata: ObjectMeta {
-                        name: Some(key.1.clone()),
-                        namespace: Some(key.0.clone()),
-                        annotations: (!written.is_empty()).then_some(written),
-                        ..Default::default()
-                    },
-                    type_: Some(SECRET_TYPE_TLS.into()),
-                    data: Some(
-                        data.iter()
-                            .filter_map(|(k, v)| {
-                                Some((k.to_string(), ByteString(v?.as_bytes().to_vec())))
-                            })
-                            .collect(),
-                    ),
-                    ..Default::default()
-                };
-                let params = PostParams {
-                    field_manager: Some(FIELD_MANAGER.into()),
-                    ..Default::default()
-                };
-                outcome(api.create(&params, &secret).await, false)
-            }
-            Some(version) => {
-                let data: serde_json::Map<String, Value> = data
-                    .iter()
-                    .map(|(k, v)| {
-                        let value = v.map_or(Value::Null, |v| Value::String(STANDARD.encode(v)));
-                        (k.to_string(), value)
-                    })
-                    .collect();
-                let body = json!({
-                    "metadata": { "resourceVersion": version, "annotations": annotations.to_json() },
-                    "data": data,
-                });
-                outcome(
-                    api.patch(&key.1, &patch_params(), &Patch::Merge(&body))
-                        .await,
-                    true,
-                )
-            }
-        }
+        let secret = |metadata| Secret {
+            metadata,
+            type_: Some(SECRET_TYPE_TLS.into()),
+            data: Some(
+                data.iter()
+                    .filter_map(|(k, v)| Some((k.to_string(), ByteString(v?.as_bytes().to_vec()))))
+                    .collect(),
+            ),
+            ..Default::default()
+        };
+        let patch = data
+            .iter()
+            .map(|(k, v)| {
+                let value = v.map_or(Value::Null, |v| Value::String(STANDARD.encode(v)));
+                (k.to_string(), value)
+            })
+            .collect();
+        self.create_or_patch(key, version, annotations, secret, patch)
+            .await
     }
 
     /// Creates the ConfigMap `key` when `version` is `None`, else merge-patches its `data`
@@ -1474,30 +1467,57 @@ impl Shared {
         data: &BTreeMap<&'static str, String>,
         annotations: &AnnotationChanges,
     ) -> Result<Written, Error> {
-        let api: Api<ConfigMap> = Api::namespaced(self.ctx.client.clone(), &key.0);
+        let config_map = |metadata| ConfigMap {
+            metadata,
+            data: Some(
+                data.iter()
+                    .map(|(k, v)| (k.to_string(), v.clone()))
+                    .collect(),
+            ),
+            ..Default::default()
+        };
+        let patch = data
+            .iter()
+            .map(|(k, v)| (k.to_string(), Value::String(v.clone())))
+            .collect();
+        self.create_or_patch(key, version, annotations, config_map, patch)
+            .await
+    }
+
+    /// Creates `key` as `object` makes it from its metadata (name, namespace, the annotations
+    /// set) when `version` is `None`, else merge-patches `data` and the annotation changes on
+    /// `version`.
+    async fn create_or_patch<K>(
+        &self,
+        key: &Key,
+        version: Option<&str>,
+        annotations: &AnnotationChanges,
+        object: impl FnOnce(ObjectMeta) -> K,
+        data: serde_json::Map<String, Value>,
+    ) -> Result<Written, Error>
+    where
+        K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
+            + Clone
+            + DeserializeOwned
+            + Serialize
+            + fmt::Debug,
+    {
+        let api: Api<K> = Api::namespaced(self.ctx.client.clone(), &key.0);
         match version {
             None => {
                 let mut written = BTreeMap::new();
                 annotations.apply_to(&mut written);
-                let config_map = ConfigMap {
-                    metadata: ObjectMeta {
-                        name: Some(key.1.clone()),
-                        namespace: Some(key.0.clone()),
-                        annotations: (!written.is_empty()).then_some(written),
-                        ..Default::default()
-                    },
-                    data: Some(
-                        data.iter()
-                            .map(|(k, v)| (k.to_string(), v.clone()))
-                            .collect(),
-                    ),
+                let object = object(ObjectMeta {
+                    name: Some(key.1.clone()),
+                    namespace: Some(key.0.clone()),
+                    annotations: (!written.is_empty()).then_some(written),
                     ..Default::default()
-                };
+                });
                 let params = PostParams {
                     field_manager: Some(FIELD_MANAGER.into()),
                     ..Default::default()
                 };
-                outcome(api.create(&params, &config_map).await, false)
+                outcome(api.create(&params, &object).await, false)
             }
             Some(version) => {
                 let body = json!({
@@ -1561,6 +1581,30 @@ pub(crate) fn conditions(
 }
 
 /// The conditions of an object refused for `reason`: not Ready and Degraded, both saying why.
+/// The status of a certificate (an IssuedCertificate's, or a CertificateAuthority's CA that
+/// signs now) once a plan's writes are in place.
+pub(crate) fn certificate_status(
+    planned: &authority::CertificateStatus,
+    old: &v1alpha1::CertificateStatus,
+    generation: Option<i64>,
+    now: OffsetDateTime,
+) -> v1alpha1::CertificateStatus {
+    v1alpha1::CertificateStatus {
+        conditions: conditions(
+            &old.conditions,
+            &planned.ready,
+            &planned.degraded,
+            generation,
+            now,
+        ),
+        serial_number: planned.serial.clone(),
+        not_before: planned.not_before.map(format_time),
+        not_after: planned.not_after.map(format_time),
+        next_rotation: planned.next_rotation.map(format_time),
+        observed_generation: generation,
+    }
+}
+
 pub(crate) fn refused_conditions(
     old: &[v1alpha1::Condition],
     reason: &'static str,

@@ -33,11 +33,15 @@ use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use tokio::sync::{mpsc, watch};
 
+use super::watch_failures::Failing;
 use crate::Error;
 use crate::changes::Event;
 use crate::context::Context;
 use crate::injection::{self, Decision, SourceChange, SourceRef, Sources, TargetKind};
 use crate::v1alpha1::{self, CertificateAuthority};
+
+/// Whose watches fail, in the log.
+const INJECTION: &str = "CA-bundle injection";
 
 /// Source changes waiting for a target controller to take them.
 const CHANGES_BUFFER: usize = 1024;
@@ -214,7 +218,7 @@ where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + 'static,
 {
     let resource = ApiResource::erase::<K>(&());
-    let mut failing = Failing::new(K::kind(&()).into_owned());
+    let mut failing = Failing::new(INJECTION, K::kind(&()));
     let events = watcher(api, watcher::Config::default()).default_backoff();
     futures::pin_mut!(events);
     while let Some(event) = events.next().await {
@@ -245,7 +249,7 @@ async fn watch_authorities(
     changes: FanOut,
 ) {
     let resource = authority_resource();
-    let mut failing = Failing::new("CertificateAuthority".into());
+    let mut failing = Failing::new(INJECTION, "CertificateAuthority");
     loop {
         let appeared = installed.wait_for(|i| *i == Some(true)).await.is_ok();
         if !appeared {
@@ -329,37 +333,6 @@ impl AuthorityCrd {
     }
 }
 
-/// Says once that a watch fails, and once that it works again; retries in between are quiet.
-struct Failing {
-    what: String,
-    reported: bool,
-}
-
-impl Failing {
-    fn new(what: String) -> Self {
-        Self {
-            what,
-            reported: false,
-        }
-    }
-
-    fn failed(&mut self, error: &watcher::Error) {
-        if self.reported {
-            tracing::debug!(watch = %self.what, error = %error, "CA-bundle injection: watch still failing");
-        } else {
-            tracing::warn!(watch = %self.what, error = %error, "CA-bundle injection: cannot watch; retrying quietly until it works");
-            self.reported = true;
-        }
-    }
-
-    fn recovered(&mut self) {
-        if self.reported {
-            tracing::info!(watch = %self.what, "CA-bundle injection: the watch works again");
-            self.reported = false;
-        }
-    }
-}
-
 /// Drops from cached targets what no pass reads: `managedFields`, kubectl's copy of the last
 /// applied object, statuses, and a CRD's spec but its conversion (its schemas can be
 /// hundreds of kilobytes). Nothing is written from the dropped parts: the merge patch of a CRD
@@ -391,7 +364,7 @@ async fn run_kind(
     let api: Api<DynamicObject> = Api::all_with(injector.ctx.client.clone(), &resource);
     let writer = Writer::new(resource.clone());
     let targets = writer.as_reader();
-    let mut failing = Failing::new(kind.kind().into());
+    let mut failing = Failing::new(INJECTION, kind.kind());
     let mut authority_crd = authority_crd.map(|installed| AuthorityCrd {
         name: authority_crd_name(),
         installed,

@@ -16,12 +16,10 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-use kube::api::{Api, ApiResource, DynamicObject, Patch};
-use kube::runtime::controller::{Action, Controller};
+use kube::api::{Api, Patch};
+use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::{WatchStreamExt, predicates, watcher};
 use kube::{Resource, ResourceExt};
 use time::OffsetDateTime;
 
@@ -39,44 +37,21 @@ use crate::v1alpha1::{CertificateAuthority, CertificateAuthorityStatus, Previous
 
 /// Runs the controller on the CertificateAuthorities and wake-ups `feed` brings.
 pub(crate) async fn run(shared: Arc<Shared>, feed: AuthorityFeed) {
-    let AuthorityFeed { objects, wake } = feed;
-    let resource = ApiResource::erase::<CertificateAuthority>(&());
-    // Status writes (this controller's own) change no generation and wake nothing.
-    let objects = futures::stream::unfold(objects, |mut objects| async move {
-        let object = objects.recv().await?;
-        Some((Ok::<_, watcher::Error>(object), objects))
-    })
-    .predicate_filter(predicates::generation, Default::default());
-    let wake_resource = resource.clone();
-    let wake = futures::stream::unfold(wake, move |mut wake| {
-        let resource = wake_resource.clone();
-        async move {
-            let name = wake.recv().await?;
-            Some((
-                Ok::<_, watcher::Error>(DynamicObject::new(&name, &resource)),
-                wake,
-            ))
-        }
+    let wake = futures::stream::unfold(feed.wake, |mut wake| async move {
+        let name = wake.recv().await?;
+        Some((ObjectRef::new(&name), wake))
     });
-    Controller::for_stream_with(objects, shared.authorities.clone(), ())
-        .watches_stream_with(
+    let store = shared.authorities.clone();
+    shared
+        .run_controller(
+            "certificate_authority",
+            feed.objects,
+            store,
             wake,
-            |change: DynamicObject| {
-                Some(ObjectRef::<CertificateAuthority>::new(&change.name_any()))
-            },
-            resource,
+            0,
+            reconcile,
         )
-        .run(reconcile, error_policy, shared)
-        .for_each(|result| async move {
-            if let Err(e) = result {
-                tracing::debug!(error = %e, "CertificateAuthority reconcile failed");
-            }
-        })
         .await;
-}
-
-fn error_policy(_: Arc<CertificateAuthority>, error: &Error, shared: Arc<Shared>) -> Action {
-    super::requeue_after("certificate_authority", error, &shared.ctx)
 }
 
 async fn reconcile(
@@ -124,7 +99,8 @@ async fn reconcile(
         config_map.as_ref().and_then(|c| c.resource_version()),
     );
     let old = authority.status.clone().unwrap_or_default();
-    let reported_degraded = authority_watch::degraded_message(&old.conditions).map(str::to_string);
+    let reported_degraded =
+        authority_watch::degraded_message(&old.certificate.conditions).map(str::to_string);
     let now = OffsetDateTime::now_utc();
 
     let observing = shared.clone();
@@ -228,17 +204,12 @@ fn status_of(
 ) -> CertificateAuthorityStatus {
     let status = &plan.status;
     CertificateAuthorityStatus {
-        conditions: authority_watch::conditions(
-            &old.conditions,
-            &status.ready,
-            &status.degraded,
+        certificate: authority_watch::certificate_status(
+            &status.certificate(),
+            &old.certificate,
             generation,
             now,
         ),
-        serial_number: status.serial.clone(),
-        not_before: status.not_before.map(format_time),
-        not_after: status.not_after.map(format_time),
-        next_rotation: status.next_rotation.map(format_time),
         trusted_since: status.trusted_since.map(format_time),
         previous_cas: status
             .previous
@@ -248,7 +219,6 @@ fn status_of(
                 not_after: format_time(ca.not_after),
             })
             .collect(),
-        observed_generation: generation,
     }
 }
 
@@ -288,7 +258,7 @@ async fn refuse(
     message: String,
 ) -> Result<Action, Error> {
     let old = authority.status.clone().unwrap_or_default();
-    let said = old.conditions.iter().any(|c| {
+    let said = old.certificate.conditions.iter().any(|c| {
         c.type_ == crate::v1alpha1::CONDITION_DEGRADED
             && c.status == "True"
             && c.reason == reason
@@ -305,15 +275,15 @@ async fn refuse(
             .await;
     }
     let generation = authority.metadata.generation;
+    let conditions = authority_watch::refused_conditions(
+        &old.certificate.conditions,
+        reason,
+        &message,
+        generation,
+        OffsetDateTime::now_utc(),
+    );
     let status = CertificateAuthorityStatus {
-        conditions: authority_watch::refused_conditions(
-            &old.conditions,
-            reason,
-            &message,
-            generation,
-            OffsetDateTime::now_utc(),
-        ),
-        observed_generation: generation,
+        certificate: old.certificate.with_conditions(conditions, generation),
         ..old.clone()
     };
     write_status(shared, &authority.name_any(), &status, &old).await?;

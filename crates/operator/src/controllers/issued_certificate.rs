@@ -15,11 +15,9 @@
 use std::sync::Arc;
 
 use caretaker_pki::Usage;
-use futures::StreamExt;
-use kube::api::{Api, ApiResource, DynamicObject, Patch};
-use kube::runtime::controller::{Action, Config, Controller};
+use kube::api::{Api, Patch};
+use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::{WatchStreamExt, predicates, watcher};
 use kube::{Resource, ResourceExt};
 use time::OffsetDateTime;
 
@@ -29,7 +27,6 @@ use crate::authority::leaf::{self, LeafObserved, LeafPlan, LeafSecretState};
 use crate::authority::{self, ObjectName, PkiMint};
 use crate::changes::Event;
 use crate::names;
-use crate::timestamp::format_time;
 use crate::v1alpha1::{IssuedCertificate, IssuedCertificateStatus};
 
 /// Passes at once: enough to keep the API server busy while others sign, few enough that
@@ -38,44 +35,21 @@ const CONCURRENCY: u16 = 16;
 
 /// Runs the controller on the IssuedCertificates and wake-ups `feed` brings.
 pub(crate) async fn run(shared: Arc<Shared>, feed: CertificateFeed) {
-    let CertificateFeed { objects, wake } = feed;
-    let resource = ApiResource::erase::<IssuedCertificate>(&());
-    let objects = futures::stream::unfold(objects, |mut objects| async move {
-        let object = objects.recv().await?;
-        Some((Ok::<_, watcher::Error>(object), objects))
-    })
-    .predicate_filter(predicates::generation, Default::default());
-    let wake_resource = resource.clone();
-    let wake = futures::stream::unfold(wake, move |mut wake| {
-        let resource = wake_resource.clone();
-        async move {
-            let (namespace, name) = wake.recv().await?;
-            let mut change = DynamicObject::new(&name, &resource);
-            change.metadata.namespace = Some(namespace);
-            Some((Ok::<_, watcher::Error>(change), wake))
-        }
+    let wake = futures::stream::unfold(feed.wake, |mut wake| async move {
+        let (namespace, name) = wake.recv().await?;
+        Some((ObjectRef::new(&name).within(&namespace), wake))
     });
-    Controller::for_stream_with(objects, shared.certificates.clone(), ())
-        .watches_stream_with(
+    let store = shared.certificates.clone();
+    shared
+        .run_controller(
+            "issued_certificate",
+            feed.objects,
+            store,
             wake,
-            |change: DynamicObject| {
-                let namespace = change.namespace().unwrap_or_default();
-                Some(ObjectRef::<IssuedCertificate>::new(&change.name_any()).within(&namespace))
-            },
-            resource,
+            CONCURRENCY,
+            reconcile,
         )
-        .with_config(Config::default().concurrency(CONCURRENCY))
-        .run(reconcile, error_policy, shared)
-        .for_each(|result| async move {
-            if let Err(e) = result {
-                tracing::debug!(error = %e, "IssuedCertificate reconcile failed");
-            }
-        })
         .await;
-}
-
-fn error_policy(_: Arc<IssuedCertificate>, error: &Error, shared: Arc<Shared>) -> Action {
-    super::requeue_after("issued_certificate", error, &shared.ctx)
 }
 
 async fn reconcile(
@@ -170,21 +144,7 @@ fn status_of(
     generation: Option<i64>,
     now: OffsetDateTime,
 ) -> IssuedCertificateStatus {
-    let status = &plan.status;
-    IssuedCertificateStatus {
-        conditions: authority_watch::conditions(
-            &old.conditions,
-            &status.ready,
-            &status.degraded,
-            generation,
-            now,
-        ),
-        serial_number: status.serial.clone(),
-        not_before: status.not_before.map(format_time),
-        not_after: status.not_after.map(format_time),
-        next_rotation: status.next_rotation.map(format_time),
-        observed_generation: generation,
-    }
+    authority_watch::certificate_status(&plan.status, old, generation, now)
 }
 
 async fn write_status(
@@ -229,17 +189,14 @@ async fn wait_for_issuer(
         reason: names::REASON_AS_EXPECTED,
         message: String::new(),
     };
-    let status = IssuedCertificateStatus {
-        conditions: authority_watch::conditions(
-            &old.conditions,
-            &not_ready,
-            &as_expected,
-            generation,
-            OffsetDateTime::now_utc(),
-        ),
-        observed_generation: generation,
-        ..old.clone()
-    };
+    let conditions = authority_watch::conditions(
+        &old.conditions,
+        &not_ready,
+        &as_expected,
+        generation,
+        OffsetDateTime::now_utc(),
+    );
+    let status = old.with_conditions(conditions, generation);
     write_status(shared, certificate, &status, &old).await?;
     Ok(Action::await_change())
 }
@@ -265,17 +222,14 @@ async fn refuse(
             .await;
     }
     let generation = certificate.metadata.generation;
-    let status = IssuedCertificateStatus {
-        conditions: authority_watch::refused_conditions(
-            &old.conditions,
-            reason,
-            &message,
-            generation,
-            OffsetDateTime::now_utc(),
-        ),
-        observed_generation: generation,
-        ..old.clone()
-    };
+    let conditions = authority_watch::refused_conditions(
+        &old.conditions,
+        reason,
+        &message,
+        generation,
+        OffsetDateTime::now_utc(),
+    );
+    let status = old.with_conditions(conditions, generation);
     write_status(shared, certificate, &status, &old).await?;
     Ok(Action::await_change())
 }

@@ -22,6 +22,7 @@ pub mod machine_refresh;
 pub mod machine_upgrade;
 pub mod machines;
 pub mod rollout;
+mod watch_failures;
 
 use std::sync::Arc;
 

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use caretaker_pki::CaSpec;
 
 use super::validation::Problems;
-use super::{Condition, NamespacedName, SpecError};
+use super::{NamespacedName, SpecError};
 use crate::authority::AuthorityPolicy;
 
 /// A certificate authority kept in a Secret, published in a trust bundle ConfigMap, and
@@ -84,25 +84,9 @@ pub struct CertificateAuthoritySpec {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct CertificateAuthorityStatus {
-    /// `Ready` and `Degraded`.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
-    pub conditions: Vec<Condition>,
-    /// Serial number of the current CA certificate, colon-separated hex.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub serial_number: Option<String>,
-    /// Start of the current CA certificate's validity, RFC 3339.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(extend("format" = "date-time"))]
-    pub not_before: Option<String>,
-    /// End of the current CA certificate's validity, RFC 3339.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(extend("format" = "date-time"))]
-    pub not_after: Option<String>,
-    /// When the current CA is due to be replaced, RFC 3339.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(extend("format" = "date-time"))]
-    pub next_rotation: Option<String>,
+    /// What an IssuedCertificate's status says too, of the CA that signs now.
+    #[serde(flatten)]
+    pub certificate: super::CertificateStatus,
     /// During a rotation: when the next CA was first seen in the bundle and every injection
     /// point, RFC 3339; it signs from trustPropagation later.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -111,9 +95,6 @@ pub struct CertificateAuthorityStatus {
     /// Older CA certificates still in the trust bundle.
     #[serde(rename = "previousCAs", default, skip_serializing_if = "Vec::is_empty")]
     pub previous_cas: Vec<PreviousCa>,
-    /// The `metadata.generation` last acted on.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub observed_generation: Option<i64>,
 }
 
 /// An older CA certificate that is still trusted.

@@ -7,8 +7,8 @@ use serde::{Deserialize, Serialize};
 
 use caretaker_pki::LeafSpec;
 
+use super::SpecError;
 use super::validation::Problems;
-use super::{Condition, SpecError};
 use crate::authority::CertificatePolicy;
 
 /// A certificate signed by a CertificateAuthority and written to a kubernetes.io/tls Secret
@@ -95,32 +95,7 @@ pub struct IssuerReference {
 }
 
 /// What caretaker last observed and did.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct IssuedCertificateStatus {
-    /// `Ready` and `Degraded`.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
-    pub conditions: Vec<Condition>,
-    /// Serial number of the current certificate, colon-separated hex.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub serial_number: Option<String>,
-    /// Start of the current certificate's validity, RFC 3339.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(extend("format" = "date-time"))]
-    pub not_before: Option<String>,
-    /// End of the current certificate's validity, RFC 3339.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(extend("format" = "date-time"))]
-    pub not_after: Option<String>,
-    /// When the certificate is due to be issued again, RFC 3339.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(extend("format" = "date-time"))]
-    pub next_rotation: Option<String>,
-    /// The `metadata.generation` last acted on.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub observed_generation: Option<i64>,
-}
+pub type IssuedCertificateStatus = super::CertificateStatus;
 
 /// `usages`: at least one of `server` and `client`.
 fn usages_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {

@@ -125,6 +125,46 @@ pub struct Condition {
     pub observed_generation: Option<i64>,
 }
 
+/// What caretaker last observed and did: an IssuedCertificate's status, and the part of a
+/// CertificateAuthority's that speaks of the CA that signs now.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CertificateStatus {
+    /// `Ready` and `Degraded`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+    /// Serial number of the current certificate, colon-separated hex.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serial_number: Option<String>,
+    /// Start of the current certificate's validity, RFC 3339.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("format" = "date-time"))]
+    pub not_before: Option<String>,
+    /// End of the current certificate's validity, RFC 3339.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("format" = "date-time"))]
+    pub not_after: Option<String>,
+    /// When the current certificate is due to be replaced, RFC 3339.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("format" = "date-time"))]
+    pub next_rotation: Option<String>,
+    /// The `metadata.generation` last acted on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}
+
+impl CertificateStatus {
+    /// This status with new `conditions`, acted on at `generation`.
+    pub fn with_conditions(&self, conditions: Vec<Condition>, generation: Option<i64>) -> Self {
+        Self {
+            conditions,
+            observed_generation: generation,
+            ..self.clone()
+        }
+    }
+}
+
 fn default_key_algorithm() -> String {
     DEFAULT_KEY_ALGORITHM.to_string()
 }
@@ -277,19 +317,23 @@ mod tests {
     #[test]
     fn status_field_names() {
         let status = CertificateAuthorityStatus {
-            conditions: vec![Condition {
-                type_: CONDITION_READY.into(),
-                status: "True".into(),
-                reason: "Issued".into(),
-                message: "".into(),
-                last_transition_time: "2025-01-01T00:00:00Z".into(),
-                observed_generation: Some(1),
-            }],
+            certificate: CertificateStatus {
+                conditions: vec![Condition {
+                    type_: CONDITION_READY.into(),
+                    status: "True".into(),
+                    reason: "Issued".into(),
+                    message: "".into(),
+                    last_transition_time: "2025-01-01T00:00:00Z".into(),
+                    observed_generation: Some(1),
+                }],
+                not_after: Some("2035-01-01T00:00:00Z".into()),
+                ..Default::default()
+            },
+            trusted_since: Some("2034-01-01T00:00:00Z".into()),
             previous_cas: vec![PreviousCa {
                 serial_number: "01".into(),
                 not_after: "2030-01-01T00:00:00Z".into(),
             }],
-            ..Default::default()
         };
         let value = serde_json::to_value(&status).unwrap();
         assert_eq!(
@@ -298,6 +342,8 @@ mod tests {
                 "conditions": [{"type": "Ready", "status": "True", "reason": "Issued",
                     "message": "", "lastTransitionTime": "2025-01-01T00:00:00Z",
                     "observedGeneration": 1}],
+                "notAfter": "2035-01-01T00:00:00Z",
+                "trustedSince": "2034-01-01T00:00:00Z",
                 "previousCAs": [{"serialNumber": "01", "notAfter": "2030-01-01T00:00:00Z"}],
             })
         );
