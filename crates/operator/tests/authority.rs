@@ -21,8 +21,9 @@
 //! CRDs; Secrets created without their type, by the first start; no check of shared Secrets,
 //! by the shared objects.
 
+mod common;
+
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::io::Write;
 use std::process::Command;
 use std::sync::{Arc, Mutex};
@@ -35,13 +36,14 @@ use caretaker_operator::authority::Certificate;
 use caretaker_operator::controllers::{self, ca_injection};
 use caretaker_operator::injection::TargetKind;
 use caretaker_operator::names;
-use caretaker_operator::v1alpha1::{self, CertificateAuthority, Condition, IssuedCertificate};
+use caretaker_operator::v1alpha1::{CertificateAuthority, Condition, IssuedCertificate};
 use caretaker_operator::{Context, Settings};
 use caretaker_pki::{KeyAlgorithm, PrivateKey};
-use k8s_openapi::api::core::v1::{ConfigMap, Event, Namespace, Secret};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::api::core::v1::{ConfigMap, Event, Secret};
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
+
+use common::authorities::{create_namespace, eventually, install_caretaker_crds};
 
 const SYSTEM: &str = "caretaker-system";
 const DEMO: &str = "demo";
@@ -86,40 +88,6 @@ async fn setup() -> Setup {
     };
     setup.start();
     setup
-}
-
-async fn install_caretaker_crds(client: &kube::Client) {
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for crd in v1alpha1::crds() {
-        crds.create(&PostParams::default(), &crd).await.unwrap();
-    }
-}
-
-async fn create_namespace(client: &kube::Client, name: &str) {
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    let namespace = serde_json::from_value(json!({ "metadata": { "name": name } })).unwrap();
-    namespaces
-        .create(&PostParams::default(), &namespace)
-        .await
-        .unwrap();
-}
-
-/// Waits until `check` gives something, for up to `seconds`.
-async fn eventually<T, F, Fut>(what: &str, seconds: u64, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + Duration::from_secs(seconds);
-    loop {
-        if let Some(found) = check().await {
-            return found;
-        }
-        if Instant::now() > deadline {
-            panic!("never happened within {seconds}s: {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
 }
 
 /// `base` with the fields of `changes` set (`null` removes one).

@@ -22,10 +22,11 @@ use caretaker_operator::injection::TargetKind;
 use caretaker_operator::names::injection as names;
 use caretaker_operator::v1alpha1::{self, CertificateAuthority};
 use caretaker_operator::{Context, Settings};
-use k8s_openapi::api::core::v1::{ConfigMap, Event, Namespace, Secret};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::api::core::v1::{ConfigMap, Event, Secret};
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
+
+use common::authorities::{create_namespace, install_caretaker_crds};
 
 /// The embedded API server, with the injection controllers (or the whole operator) running.
 struct Setup {
@@ -56,22 +57,6 @@ async fn injection(scope: Option<&str>) -> Setup {
         client,
         controllers,
     }
-}
-
-async fn install_caretaker_crds(client: &kube::Client) {
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for crd in v1alpha1::crds() {
-        crds.create(&PostParams::default(), &crd).await.unwrap();
-    }
-}
-
-async fn create_namespace(client: &kube::Client, name: &str) {
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    let namespace = serde_json::from_value(json!({ "metadata": { "name": name } })).unwrap();
-    namespaces
-        .create(&PostParams::default(), &namespace)
-        .await
-        .unwrap();
 }
 
 fn ca_pem(common_name: &str) -> String {

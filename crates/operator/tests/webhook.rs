@@ -4,6 +4,8 @@
 //! Secret it watches. Then what users meet (kubectl), a certificate rotated under a stream of
 //! reviews, and what hostile clients can do to the server.
 
+mod common;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -12,24 +14,24 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use caretaker_apiserver::{ApiServer, TestServer};
 use caretaker_operator::BindAddress;
-use caretaker_operator::v1alpha1::{CertificateAuthority as CaObject, crds};
+use caretaker_operator::v1alpha1::CertificateAuthority as CaObject;
 use caretaker_operator::webhook::{
     self, CertificateSource, Endpoint, Limits, ServingCertificate, Webhook,
 };
-use caretaker_pki::{CaSpec, CertificateAuthority, LeafSpec, Usage};
+use caretaker_pki::{CaSpec, CertificateAuthority};
 use caretaker_testkit::kubectl::Kubectl;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
-use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use rustls::pki_types::ServerName;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
+
+use common::authorities::{self, refusal};
 
 const NAMESPACE: &str = "caretaker-system";
 const SECRET: &str = "caretaker-webhook-tls";
@@ -40,24 +42,9 @@ fn new_ca(name: &str) -> CertificateAuthority {
     CertificateAuthority::create(&CaSpec::new(name)).unwrap()
 }
 
-/// A `kubernetes.io/tls` Secret with a serving certificate for 127.0.0.1 signed by `ca`.
+/// The webhook's Secret with a serving certificate for 127.0.0.1 signed by `ca`.
 fn tls_secret(ca: &CertificateAuthority) -> Secret {
-    let leaf = ca
-        .issue(
-            &LeafSpec::new("caretaker-webhook", Usage::Server)
-                .with_ip_addresses(["127.0.0.1".parse().unwrap()]),
-        )
-        .unwrap();
-    let key = leaf.key.as_ref().unwrap().to_pem();
-    serde_json::from_value(json!({
-        "metadata": {"name": SECRET, "namespace": NAMESPACE},
-        "type": "kubernetes.io/tls",
-        "data": {
-            "tls.crt": ByteString(leaf.certificate_pem.into_bytes()),
-            "tls.key": ByteString(key.into_bytes()),
-        },
-    }))
-    .unwrap()
+    authorities::tls_secret(ca, NAMESPACE, SECRET)
 }
 
 /// The API server, caretaker's CRDs, and the webhook serving from its Secret.
@@ -84,20 +71,9 @@ impl Fixture {
         caretaker_apiserver::install_crypto_provider();
         let server = TestServer::start().await;
         let client = server.client();
-        let definitions: Api<CustomResourceDefinition> = Api::all(client.clone());
-        for crd in crds() {
-            definitions
-                .create(&PostParams::default(), &crd)
-                .await
-                .unwrap();
-        }
+        authorities::install_caretaker_crds(&client).await;
         for namespace in [NAMESPACE, "demo"] {
-            let namespace: Namespace =
-                serde_json::from_value(json!({"metadata": {"name": namespace}})).unwrap();
-            Api::all(client.clone())
-                .create(&PostParams::default(), &namespace)
-                .await
-                .unwrap();
+            authorities::create_namespace(&client, namespace).await;
         }
         let ca = new_ca("webhook-ca-1");
         if !without_secret {
@@ -181,27 +157,7 @@ async fn eventually(what: &str, mut done: impl FnMut() -> bool) {
 }
 
 fn certificate_authority(name: &str, spec: Value) -> CaObject {
-    let mut full = json!({
-        "commonName": format!("{name}-ca"),
-        "secret": {"name": format!("{name}-ca"), "namespace": NAMESPACE},
-        "bundle": {"name": format!("{name}-ca-bundle"), "namespace": NAMESPACE},
-    });
-    for (key, value) in spec.as_object().unwrap() {
-        full[key] = value.clone();
-    }
-    serde_json::from_value(json!({
-        "apiVersion": "caretaker.dev/v1alpha1", "kind": "CertificateAuthority",
-        "metadata": {"name": name}, "spec": full,
-    }))
-    .unwrap()
-}
-
-/// The message of a write the API server refused.
-fn refusal<T: std::fmt::Debug>(result: Result<T, kube::Error>) -> String {
-    match result {
-        Err(kube::Error::Api(status)) => format!("{} {}", status.code, status.message),
-        other => panic!("expected the API server to refuse, got {other:?}"),
-    }
+    authorities::certificate_authority(name, NAMESPACE, spec)
 }
 
 /// A TLS connection to the webhook, trusting only `ca_pem`.

@@ -3,6 +3,7 @@
 //! Machine controller.
 #![allow(dead_code)]
 
+pub mod authorities;
 pub mod openmetrics;
 pub mod outage;
 pub mod unanswering;
