@@ -259,6 +259,18 @@ enum LeafUse {
     Missing,
 }
 
+/// caretaker's own kinds (CertificateAuthority, IssuedCertificate), as the watches and the
+/// controller runner take them.
+pub(crate) trait OwnKind:
+    Resource<DynamicType = ()> + Clone + DeserializeOwned + fmt::Debug + Send + Sync + 'static
+{
+}
+
+impl<K> OwnKind for K where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + fmt::Debug + Send + Sync + 'static
+{
+}
+
 /// What a watch of one of caretaker's own kinds tells its handler.
 enum Seen<'a, K: Resource<DynamicType = ()> + 'static> {
     /// An event, already applied to the store.
@@ -633,24 +645,17 @@ impl Shared {
         let mut presence = (kind == TargetKind::CustomResourceDefinition).then(Presence::default);
         // Which CA each target names, to wake the one it named before too.
         let mut named: HashMap<String, String> = HashMap::new();
-        let mut failing = Failing::new(AUTHORITIES, kind.kind());
         let synced = TargetKind::ALL
             .iter()
             .position(|k| *k == kind)
             .expect("every kind");
-        let events = watcher(api, watcher::Config::default())
-            .modify(super::ca_injection::trim(kind))
-            .default_backoff();
+        let events = Failing::new(AUTHORITIES, kind.kind()).events(
+            watcher(api, watcher::Config::default())
+                .modify(super::ca_injection::trim(kind))
+                .default_backoff(),
+        );
         futures::pin_mut!(events);
         while let Some(event) = events.next().await {
-            let event = match event {
-                Ok(event) => event,
-                Err(e) => {
-                    failing.failed(&e);
-                    continue;
-                }
-            };
-            failing.recovered();
             if let Some(presence) = &mut presence {
                 let now = presence.observe(&event, *self.installed.borrow());
                 self.installed.send_if_modified(|state| {
@@ -696,21 +701,14 @@ impl Shared {
     }
 
     async fn watch_secrets(&self, api: Api<Secret>, mut writer: Writer<Secret>) {
-        let mut failing = Failing::new(AUTHORITIES, "Secret");
         let mut listed_before = false;
-        let events = watcher(api, watcher::Config::default())
-            .modify(trim_secret)
-            .default_backoff();
+        let events = Failing::new(AUTHORITIES, "Secret").events(
+            watcher(api, watcher::Config::default())
+                .modify(trim_secret)
+                .default_backoff(),
+        );
         futures::pin_mut!(events);
         while let Some(event) = events.next().await {
-            let event = match event {
-                Ok(event) => event,
-                Err(e) => {
-                    failing.failed(&e);
-                    continue;
-                }
-            };
-            failing.recovered();
             writer.apply_watcher_event(&event);
             match &event {
                 watcher::Event::Apply(secret) | watcher::Event::Delete(secret) => {
@@ -767,14 +765,13 @@ impl Shared {
     }
 
     async fn watch_config_maps(&self, api: Api<ConfigMap>) {
-        let mut failing = Failing::new(AUTHORITIES, "ConfigMap");
         let mut listed_before = false;
-        let events = watcher(api, watcher::Config::default()).default_backoff();
+        let events = Failing::new(AUTHORITIES, "ConfigMap")
+            .events(watcher(api, watcher::Config::default()).default_backoff());
         futures::pin_mut!(events);
         while let Some(event) = events.next().await {
             match event {
-                Ok(watcher::Event::Apply(config_map) | watcher::Event::Delete(config_map)) => {
-                    failing.recovered();
+                watcher::Event::Apply(config_map) | watcher::Event::Delete(config_map) => {
                     let key = key_of(&config_map.metadata);
                     for authority in self.authorities.state() {
                         if bundle_key(&authority.spec) == key {
@@ -782,15 +779,13 @@ impl Shared {
                         }
                     }
                 }
-                Ok(watcher::Event::InitDone) => {
-                    failing.recovered();
+                watcher::Event::InitDone => {
                     if listed_before {
                         self.wake_every_authority();
                     }
                     listed_before = true;
                 }
-                Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => failing.recovered(),
-                Err(e) => failing.failed(&e),
+                watcher::Event::Init | watcher::Event::InitApply(_) => {}
             }
         }
     }
@@ -829,16 +824,9 @@ impl Shared {
         synced: &watch::Sender<bool>,
         mut seen: impl FnMut(Seen<'_, K>),
     ) where
-        K: Resource<DynamicType = ()>
-            + Clone
-            + DeserializeOwned
-            + fmt::Debug
-            + Send
-            + Sync
-            + 'static,
+        K: OwnKind,
     {
         let mut installed = self.installed.subscribe();
-        let mut failing = Failing::new(AUTHORITIES, K::kind(&()));
         loop {
             let present = match installed.wait_for(|i| installed_now(i).is_some()).await {
                 Ok(state) => installed_now(&state) == Some(true),
@@ -855,19 +843,19 @@ impl Shared {
                 }
             }
             synced.send_replace(false);
-            let events = watcher(api.clone(), watcher::Config::default())
-                .modify(|object: &mut K| trim_meta(object.meta_mut()))
-                .default_backoff();
+            let events = Failing::new(AUTHORITIES, K::kind(&())).events(
+                watcher(api.clone(), watcher::Config::default())
+                    .modify(|object: &mut K| trim_meta(object.meta_mut()))
+                    .default_backoff(),
+            );
             futures::pin_mut!(events);
             loop {
                 tokio::select! {
                     event = events.next() => match event {
-                        Some(Ok(event)) => {
-                            failing.recovered();
+                        Some(event) => {
                             writer.apply_watcher_event(&event);
                             seen(Seen::Event(&event, &writer.as_reader()));
                         }
-                        Some(Err(e)) => failing.failed(&e),
                         None => return,
                     },
                     removed = async { installed.wait_for(|i| installed_now(i) != Some(true)).await.map(|_| ()) } => {
@@ -1069,13 +1057,7 @@ impl Shared {
         concurrency: u16,
         reconcile: impl FnMut(Arc<K>, Arc<Shared>) -> Fut,
     ) where
-        K: Resource<DynamicType = ()>
-            + Clone
-            + DeserializeOwned
-            + fmt::Debug
-            + Send
-            + Sync
-            + 'static,
+        K: OwnKind,
         Fut: Future<Output = Result<Action, Error>> + Send + 'static,
     {
         let objects = futures::stream::unfold(objects, |mut objects| async move {
@@ -1626,6 +1608,32 @@ pub(crate) fn degraded_message(conditions: &[v1alpha1::Condition]) -> Option<&st
         .iter()
         .find(|c| c.type_ == v1alpha1::CONDITION_DEGRADED && c.status == "True")
         .map(|c| c.message.as_str())
+}
+
+/// Writes `status` to `name`'s status subresource, only when it differs from `old`; an
+/// object deleted meanwhile needs none.
+pub(crate) async fn write_status<K, S>(
+    api: &Api<K>,
+    name: &str,
+    status: &S,
+    old: &S,
+) -> Result<(), Error>
+where
+    K: Clone + DeserializeOwned + fmt::Debug,
+    S: Serialize + PartialEq,
+{
+    if status == old {
+        return Ok(());
+    }
+    let patch = status_patch(status, old);
+    match api
+        .patch_status(name, &patch_params(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// A merge patch that makes the status exactly `status`: the fields it leaves out are

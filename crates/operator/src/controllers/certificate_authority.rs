@@ -17,7 +17,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-use kube::api::{Api, Patch};
+use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
@@ -229,24 +229,8 @@ async fn write_status(
     status: &CertificateAuthorityStatus,
     old: &CertificateAuthorityStatus,
 ) -> Result<(), Error> {
-    if status == old {
-        return Ok(());
-    }
     let api: Api<CertificateAuthority> = Api::all(shared.ctx.client.clone());
-    let patch = authority_watch::status_patch(status, old);
-    match api
-        .patch_status(
-            name,
-            &authority_watch::patch_params(),
-            &Patch::Merge(&patch),
-        )
-        .await
-    {
-        Ok(_) => Ok(()),
-        // Deleted meanwhile.
-        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
-        Err(e) => Err(e.into()),
-    }
+    authority_watch::write_status(&api, name, status, old).await
 }
 
 /// A spec caretaker cannot act on: Ready false and Degraded with `reason`, nothing written,

@@ -15,7 +15,7 @@
 use std::sync::Arc;
 
 use caretaker_pki::Usage;
-use kube::api::{Api, Patch};
+use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
@@ -153,26 +153,11 @@ async fn write_status(
     status: &IssuedCertificateStatus,
     old: &IssuedCertificateStatus,
 ) -> Result<(), Error> {
-    if status == old {
-        return Ok(());
-    }
     let api: Api<IssuedCertificate> = Api::namespaced(
         shared.ctx.client.clone(),
         &certificate.namespace().unwrap_or_default(),
     );
-    let patch = authority_watch::status_patch(status, old);
-    match api
-        .patch_status(
-            &certificate.name_any(),
-            &authority_watch::patch_params(),
-            &Patch::Merge(&patch),
-        )
-        .await
-    {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
-        Err(e) => Err(e.into()),
-    }
+    authority_watch::write_status(&api, &certificate.name_any(), status, old).await
 }
 
 /// The issuer is missing or cannot be acted on: Ready false with its reason, nothing written;

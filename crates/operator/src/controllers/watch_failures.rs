@@ -1,6 +1,7 @@
 //! Watch failures, told without flooding the log: a watcher retries with backoff, and a user
 //! needs to hear once that it fails and once that it works again.
 
+use futures::{Stream, StreamExt, future};
 use kube::runtime::watcher;
 
 /// Says once that a watch fails, and once that it works again; retries in between are quiet.
@@ -35,5 +36,25 @@ impl Failing {
             tracing::info!(watch = %self.what, "{}: the watch works again", self.who);
             self.reported = false;
         }
+    }
+
+    /// The events of a watch with its failures told here (once, and once the recovery)
+    /// instead of passed on.
+    pub(crate) fn events<T>(
+        mut self,
+        events: impl Stream<Item = Result<T, watcher::Error>>,
+    ) -> impl Stream<Item = T> {
+        events.filter_map(move |event| {
+            future::ready(match event {
+                Ok(event) => {
+                    self.recovered();
+                    Some(event)
+                }
+                Err(e) => {
+                    self.failed(&e);
+                    None
+                }
+            })
+        })
     }
 }
