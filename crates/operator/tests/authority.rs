@@ -35,6 +35,7 @@ use caretaker_apiserver::{ApiServer, TestServer};
 use caretaker_operator::authority::Certificate;
 use caretaker_operator::controllers::{self, ca_injection};
 use caretaker_operator::injection::TargetKind;
+use caretaker_operator::metrics::Metrics;
 use caretaker_operator::names;
 use caretaker_operator::v1alpha1::{CertificateAuthority, Condition, IssuedCertificate};
 use caretaker_operator::{Context, Settings};
@@ -44,6 +45,7 @@ use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams
 use serde_json::{Value, json};
 
 use common::authorities::{create_namespace, eventually, install_caretaker_crds};
+use common::openmetrics;
 
 const SYSTEM: &str = "caretaker-system";
 const DEMO: &str = "demo";
@@ -54,6 +56,8 @@ struct Setup {
     client: kube::Client,
     controllers: Option<tokio::task::JoinHandle<()>>,
     injection: Option<tokio::task::JoinHandle<()>>,
+    /// The metrics of the controllers last started.
+    metrics: Arc<Metrics>,
 }
 
 impl Drop for Setup {
@@ -85,6 +89,7 @@ async fn setup() -> Setup {
         client,
         controllers: None,
         injection: None,
+        metrics: Metrics::new(),
     };
     setup.start();
     setup
@@ -106,6 +111,7 @@ impl Setup {
     /// Starts the two controllers (again), as a new process would: nothing in memory.
     fn start(&mut self) {
         let ctx = Context::new(self.client.clone(), settings());
+        self.metrics = ctx.metrics.clone();
         self.controllers = Some(tokio::spawn(controllers::run_authorities(ctx, None)));
     }
 
@@ -1776,6 +1782,7 @@ async fn without_caretakers_crds_the_controllers_idle_then_start_by_themselves()
         client: client.clone(),
         controllers: None,
         injection: None,
+        metrics: Metrics::new(),
     };
     setup.start();
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -1811,4 +1818,106 @@ async fn without_caretakers_crds_the_controllers_idle_then_start_by_themselves()
     );
     assert!(!logs.contains("cannot watch"), "no watch failed:\n{logs}");
     assert!(!logs.contains("reconcile failed"), "{logs}");
+}
+
+/// The expiry gauges follow the CA and the leaf, a forced re-issue counts one rotation, and
+/// deleted objects leave the gauges.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_follow_each_certificate_and_its_rotations() {
+    let setup = setup().await;
+    setup.create_ca("metered", json!({})).await;
+    setup.create_certificate("web", "metered", json!({})).await;
+    let (ca_secret, first) = settled(&setup, "metered", "web").await;
+    let scrape = || openmetrics::parse(&setup.metrics.encode()).unwrap();
+    let ca_series = [
+        ("kind", "CertificateAuthority"),
+        ("namespace", ""),
+        ("name", "metered"),
+    ];
+    let leaf_series = [
+        ("kind", "IssuedCertificate"),
+        ("namespace", DEMO),
+        ("name", "web"),
+    ];
+    let seconds = |c: Certificate| c.not_after().unix_timestamp() as f64;
+    let ca_not_after = seconds(leaf_or_ca(&ca_secret));
+    let exposition = eventually("the expiry series", 20, || async {
+        let exposition = scrape();
+        (exposition.get("caretaker_certificate_expiration_seconds", &leaf_series)
+            == Some(seconds(leaf(&first))))
+        .then_some(exposition)
+    })
+    .await;
+    assert_eq!(
+        exposition.get("caretaker_certificate_expiration_seconds", &ca_series),
+        Some(ca_not_after)
+    );
+    let days = exposition
+        .get("caretaker_ca_expiration_days", &[("name", "metered")])
+        .expect("the CA's days");
+    assert!((3640.0..3660.0).contains(&days), "a 10y CA: {days} days");
+    let rotations = |kind| {
+        scrape()
+            .get("caretaker_certificate_rotations_total", &[("kind", kind)])
+            .unwrap()
+    };
+    assert_eq!(
+        rotations("IssuedCertificate"),
+        0.0,
+        "issuing the first is no rotation"
+    );
+    assert_eq!(rotations("CertificateAuthority"), 0.0);
+    for controller in ["certificate_authority", "issued_certificate"] {
+        let passes = exposition.get("caretaker_reconcile_total", &[("controller", controller)]);
+        assert!(passes >= Some(1.0), "{controller}: {passes:?}");
+    }
+
+    // A forced re-issue: one rotation, and the gauge moves to the new leaf.
+    let serial = leaf(&first).serial().to_string();
+    setup
+        .patch_secret(
+            DEMO,
+            "web-tls",
+            json!({ "metadata": { "annotations": { names::CERTIFICATE_NOT_AFTER: null } } }),
+        )
+        .await;
+    let second = setup
+        .wait_secret(DEMO, "web-tls", "a new certificate", |s| {
+            leaf(s).serial() != serial
+        })
+        .await;
+    eventually("one rotation counted", 20, || async {
+        (rotations("IssuedCertificate") == 1.0).then_some(())
+    })
+    .await;
+    assert_eq!(
+        scrape().get("caretaker_certificate_expiration_seconds", &leaf_series),
+        Some(seconds(leaf(&second)))
+    );
+    assert!(
+        scrape()
+            .series("caretaker_certificate_rotation_failures_total")
+            .is_empty()
+    );
+
+    // Deleted objects leave the gauges.
+    setup
+        .certificates()
+        .delete("web", &DeleteParams::default())
+        .await
+        .unwrap();
+    setup
+        .authorities()
+        .delete("metered", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the series are gone", 20, || async {
+        let exposition = scrape();
+        (exposition
+            .series("caretaker_certificate_expiration_seconds")
+            .is_empty()
+            && exposition.series("caretaker_ca_expiration_days").is_empty())
+        .then_some(())
+    })
+    .await;
 }

@@ -55,6 +55,7 @@ use crate::authority::{self, CaKeyPair, Certificate, ObjectName, SECRET_TYPE_TLS
 use crate::changes::AnnotationChanges;
 use crate::context::Context;
 use crate::injection::{self, SourceRef, TargetKind};
+use crate::metrics::CertificateKind;
 use crate::names;
 use crate::timestamp::format_time;
 use crate::v1alpha1::{self, CertificateAuthority, CertificateAuthoritySpec, IssuedCertificate};
@@ -224,11 +225,17 @@ impl CertificateIndex {
         Some(indexed)
     }
 
-    fn rebuild(&mut self, certificates: &[Arc<IssuedCertificate>]) {
-        *self = Self::default();
+    /// The index of `certificates` alone; returns the certificates that are gone.
+    fn rebuild(&mut self, certificates: &[Arc<IssuedCertificate>]) -> Vec<Key> {
+        let before = std::mem::take(self);
         for certificate in certificates {
             self.insert(certificate);
         }
+        before
+            .entries
+            .into_keys()
+            .filter(|key| !self.entries.contains_key(key))
+            .collect()
     }
 
     fn of_issuer(&self, issuer: &str) -> Vec<Key> {
@@ -951,6 +958,11 @@ impl Shared {
     /// A CA that is gone: what this process remembers of it goes, its certificates say their
     /// issuer is missing, and what shared its objects may go on.
     fn forget_authority(&self, name: &str, secret: &Key) {
+        (self.ctx.metrics).remove_certificate_expiry(
+            CertificateKind::CertificateAuthority,
+            "",
+            name,
+        );
         lock(&self.last_good).remove(name);
         lock(&self.issuers_seen).remove(name);
         self.wake_certificates_of(name);
@@ -969,7 +981,8 @@ impl Shared {
             Seen::CrdRemoved => {
                 let issuers: BTreeSet<String> =
                     lock(&self.index).by_issuer.keys().cloned().collect();
-                *lock(&self.index) = CertificateIndex::default();
+                let gone = lock(&self.index).rebuild(&[]);
+                self.forget_certificate_series(gone);
                 for issuer in issuers {
                     self.wake_authority(&issuer);
                 }
@@ -997,6 +1010,17 @@ impl Shared {
         }
     }
 
+    /// Certificates that are gone leave the expiry gauge.
+    fn forget_certificate_series(&self, keys: impl IntoIterator<Item = Key>) {
+        for (namespace, name) in keys {
+            (self.ctx.metrics).remove_certificate_expiry(
+                CertificateKind::IssuedCertificate,
+                &namespace,
+                &name,
+            );
+        }
+    }
+
     fn certificate_event(
         &self,
         event: &watcher::Event<IssuedCertificate>,
@@ -1018,6 +1042,7 @@ impl Shared {
             }
             watcher::Event::Delete(certificate) => {
                 let key = CertificateIndex::key(certificate);
+                self.forget_certificate_series([key.clone()]);
                 let before = lock(&self.index).remove(&key);
                 self.certificate_moved(&key, before);
             }
@@ -1026,8 +1051,10 @@ impl Shared {
                 let issuers: BTreeSet<String> = {
                     let mut index = lock(&self.index);
                     let mut issuers: BTreeSet<String> = index.by_issuer.keys().cloned().collect();
-                    index.rebuild(&listed);
+                    let gone = index.rebuild(&listed);
                     issuers.extend(index.by_issuer.keys().cloned());
+                    drop(index);
+                    self.forget_certificate_series(gone);
                     issuers
                 };
                 self.synced.certificates.send_replace(true);
@@ -1068,10 +1095,19 @@ impl Shared {
         let error_policy = move |_: Arc<K>, error: &Error, shared: Arc<Shared>| {
             super::requeue_after(controller, error, &shared.ctx)
         };
+        let mut reconcile = reconcile;
+        let timed = move |object: Arc<K>, shared: Arc<Shared>| {
+            let timer = shared.ctx.metrics.reconcile_started(controller);
+            let pass = reconcile(object, shared);
+            async move {
+                let _timer = timer;
+                pass.await
+            }
+        };
         Controller::for_stream_with(objects, store, ())
             .reconcile_on(wake)
             .with_config(Config::default().concurrency(concurrency))
-            .run(reconcile, error_policy, self.clone())
+            .run(timed, error_policy, self.clone())
             .for_each(|result| async move {
                 if let Err(e) = result {
                     tracing::debug!(error = %e, "{} reconcile failed", K::kind(&()));
@@ -1083,6 +1119,26 @@ impl Shared {
 
 /// What the passes read and write.
 impl Shared {
+    /// Records in the metrics what a pass left in place: when the certificate of `kind`
+    /// `namespace`/`name` expires (its series goes when it has none), and a rotation when the
+    /// certificate the status names replaced another (`before`, the serial the status named).
+    pub(crate) fn record_certificate(
+        &self,
+        kind: CertificateKind,
+        (namespace, name): (&str, &str),
+        before: Option<&str>,
+        now: &authority::CertificateStatus,
+    ) {
+        let metrics = &self.ctx.metrics;
+        match now.not_after {
+            Some(not_after) => metrics.set_certificate_expiry(kind, namespace, name, not_after),
+            None => metrics.remove_certificate_expiry(kind, namespace, name),
+        }
+        if before.is_some() && now.serial.is_some() && before != now.serial.as_deref() {
+            metrics.rotated(kind);
+        }
+    }
+
     /// Waits until a CertificateAuthority's pass can see every certificate it issued: the
     /// Secrets and the IssuedCertificates are listed.
     pub(crate) async fn authority_inputs_synced(&self) -> Result<(), Error> {

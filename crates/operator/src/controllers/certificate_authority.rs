@@ -31,6 +31,7 @@ use crate::authority::ca::{
 };
 use crate::authority::{CA_BUNDLE_CRT, ObjectName, PkiMint};
 use crate::changes::Event;
+use crate::metrics::CertificateKind;
 use crate::names;
 use crate::timestamp::format_time;
 use crate::v1alpha1::{CertificateAuthority, CertificateAuthorityStatus, PreviousCa};
@@ -136,6 +137,9 @@ async fn reconcile(
     .map_err(|source| Error::CaCreationFailed {
         authority: name.clone(),
         source,
+    })
+    .inspect_err(|e| {
+        (shared.ctx.metrics).rotation_failed(CertificateKind::CertificateAuthority, e)
     })?;
 
     let total = plan.steps.len();
@@ -169,6 +173,7 @@ async fn reconcile(
                 return Ok(Action::await_change());
             }
             Err(e) => {
+                (shared.ctx.metrics).rotation_failed(CertificateKind::CertificateAuthority, &e);
                 if done > 0 {
                     tracing::info!(authority = %name, written = done, of = total, "a write failed; the next pass starts from what is stored");
                 }
@@ -188,6 +193,12 @@ async fn reconcile(
     }
     shared.set_last_good(&name, plan.issuer.signer.clone().ok());
     let status = status_of(&plan, &old, authority.metadata.generation, now);
+    shared.record_certificate(
+        CertificateKind::CertificateAuthority,
+        ("", &name),
+        old.certificate.serial_number.as_deref(),
+        &plan.status.certificate(),
+    );
     write_status(&shared, &name, &status, &old).await?;
     Ok(match plan.wake_at {
         Some(at) => Action::requeue(authority_watch::until(at)),

@@ -26,6 +26,7 @@ use crate::Error;
 use crate::authority::leaf::{self, LeafObserved, LeafPlan, LeafSecretState};
 use crate::authority::{self, ObjectName, PkiMint};
 use crate::changes::Event;
+use crate::metrics::CertificateKind;
 use crate::names;
 use crate::v1alpha1::{IssuedCertificate, IssuedCertificateStatus};
 
@@ -108,7 +109,8 @@ async fn reconcile(
     .map_err(|source| Error::SigningFailed {
         certificate: format!("{}/{}", key.0, key.1),
         source,
-    })?;
+    })
+    .inspect_err(|e| (shared.ctx.metrics).rotation_failed(CertificateKind::IssuedCertificate, e))?;
 
     for step in &plan.steps {
         match shared
@@ -118,8 +120,10 @@ async fn reconcile(
                 &step.data(),
                 &step.annotation_changes(),
             )
-            .await?
-        {
+            .await
+            .inspect_err(|e| {
+                (shared.ctx.metrics).rotation_failed(CertificateKind::IssuedCertificate, e)
+            })? {
             Written::Done(_) => shared.note_written(key.clone(), version.clone()),
             Written::Conflict => return Ok(Action::await_change()),
         }
@@ -131,6 +135,12 @@ async fn reconcile(
     }
     let old = certificate.status.clone().unwrap_or_default();
     let status = status_of(&plan, &old, certificate.metadata.generation, now);
+    shared.record_certificate(
+        CertificateKind::IssuedCertificate,
+        (&key.0, &certificate.name_any()),
+        old.serial_number.as_deref(),
+        &plan.status,
+    );
     write_status(&shared, &certificate, &status, &old).await?;
     Ok(match plan.wake_at {
         Some(at) => Action::requeue(authority_watch::until(at)),
