@@ -26,6 +26,7 @@ mod watch_failures;
 
 use std::sync::Arc;
 
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ApiResource, DynamicObject};
 use kube::runtime::controller::Action;
 
@@ -60,13 +61,22 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
             .collect(),
     );
     let machine_changes = changes.remove(0);
-    // `/readyz` says ready once the controllers stop waiting on the caches.
+    // `/readyz` says ready once the controllers stop waiting on the caches, or at once in a
+    // cluster without Cluster API (one that only uses caretaker's CAs): the Machine watch
+    // cannot list there, and the Machine controllers idle until its CRDs appear.
     let ready = {
-        let (caches, readiness) = (caches.clone(), ctx.readiness.clone());
+        let (caches, readiness, client) =
+            (caches.clone(), ctx.readiness.clone(), ctx.client.clone());
         async move {
-            if caches.wait_until_ready().await.is_ok() {
-                readiness.caches_synced();
+            tokio::select! {
+                synced = caches.wait_until_ready() => if synced.is_err() {
+                    return;
+                },
+                () = cluster_api_absent(client) => {
+                    tracing::info!(crd = MACHINE_CRD, "Cluster API is not installed: the Machine controllers wait for its CRDs");
+                }
             }
+            readiness.caches_synced();
         }
     };
     let secrets = match &namespace {
@@ -82,6 +92,23 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
         machines::run(ctx.clone(), caches.machines(), machine_changes),
         rollout::run(ctx.clone(), api, caches, changes),
     );
+}
+
+/// The CRD of Cluster API's Machines.
+const MACHINE_CRD: &str = "machines.cluster.x-k8s.io";
+
+/// Returns once the API server has said that Cluster API's Machine CRD is not installed;
+/// never when it is (asking again after a failed request).
+async fn cluster_api_absent(client: kube::Client) {
+    let crds: Api<CustomResourceDefinition> = Api::all(client);
+    loop {
+        match crds.get_opt(MACHINE_CRD).await {
+            Ok(None) => return,
+            Ok(Some(_)) => return std::future::pending().await,
+            Err(e) => tracing::debug!(error = %e, "cannot tell whether Cluster API is installed"),
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    }
 }
 
 /// Runs the CertificateAuthority and IssuedCertificate controllers and the watches they share,
