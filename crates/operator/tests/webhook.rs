@@ -16,7 +16,7 @@ use caretaker_apiserver::{ApiServer, TestServer};
 use caretaker_operator::BindAddress;
 use caretaker_operator::v1alpha1::CertificateAuthority as CaObject;
 use caretaker_operator::webhook::{
-    self, CertificateSource, Endpoint, Limits, ServingCertificate, Webhook,
+    self, CertificateSource, Endpoint, Limits, SecretRead, ServingCertificate, Webhook,
 };
 use caretaker_pki::{CaSpec, CertificateAuthority};
 use caretaker_testkit::kubectl::Kubectl;
@@ -439,7 +439,7 @@ async fn a_new_certificate_in_the_secret_is_served_without_a_restart() {
     // An unusable Secret (a key of another certificate) keeps the last good certificate.
     let serving = served_serial();
     let other_key = tls_secret(&ca2).data.unwrap().remove("tls.key").unwrap();
-    secrets
+    let unusable = secrets
         .patch(
             SECRET,
             &PatchParams::default(),
@@ -447,7 +447,11 @@ async fn a_new_certificate_in_the_secret_is_served_without_a_restart() {
         )
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let version = SecretRead::Version(unusable.metadata.resource_version.unwrap());
+    eventually("the unusable Secret is read", || {
+        fixture.certificate.last_read() == version
+    })
+    .await;
     assert_eq!(served_serial(), serving);
     tls(fixture.addr, &ca2.certificate_pem()).await.unwrap();
     // So does a deleted one; the one created again is served.
@@ -455,7 +459,10 @@ async fn a_new_certificate_in_the_secret_is_served_without_a_restart() {
         .delete(SECRET, &DeleteParams::default())
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    eventually("the deletion is seen", || {
+        fixture.certificate.last_read() == SecretRead::Gone
+    })
+    .await;
     assert_eq!(served_serial(), serving);
     tls(fixture.addr, &ca2.certificate_pem()).await.unwrap();
     secrets

@@ -171,6 +171,20 @@ fn secret_name(secret: &Secret) -> String {
 #[derive(Default)]
 pub struct ServingCertificate {
     current: RwLock<Option<CertificatePair>>,
+    /// What [`watch_secret`] last read, usable or not.
+    last_read: RwLock<SecretRead>,
+}
+
+/// What the watch of the certificate's Secret last read.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum SecretRead {
+    /// Nothing yet.
+    #[default]
+    Nothing,
+    /// This version of the Secret (served, or refused as unusable).
+    Version(String),
+    /// The Secret does not exist.
+    Gone,
 }
 
 impl std::fmt::Debug for ServingCertificate {
@@ -204,6 +218,19 @@ impl ServingCertificate {
 
     pub fn is_set(&self) -> bool {
         self.read().is_some()
+    }
+
+    /// What the watch of the Secret last read: a version loaded (or refused, keeping the
+    /// certificate served), or the Secret gone. Tells a caller that a change was seen.
+    pub fn last_read(&self) -> SecretRead {
+        self.last_read
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn note_read(&self, read: SecretRead) {
+        *self.last_read.write().unwrap_or_else(|p| p.into_inner()) = read;
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, Option<CertificatePair>> {
@@ -274,6 +301,9 @@ fn load(secret: &str, object: &Secret, target: &ServingCertificate) {
             "the webhook's certificate Secret is unusable; TLS handshakes are refused until it holds a valid certificate and key"
         ),
     }
+    // Noted after the outcome is in place: whoever sees the version sees its effect.
+    let version = object.metadata.resource_version.clone().unwrap_or_default();
+    target.note_read(SecretRead::Version(version));
 }
 
 fn gone(secret: &str, target: &ServingCertificate) {
@@ -282,6 +312,7 @@ fn gone(secret: &str, target: &ServingCertificate) {
     } else {
         tracing::warn!(%secret, "the webhook's certificate Secret does not exist; TLS handshakes are refused until it does");
     }
+    target.note_read(SecretRead::Gone);
 }
 
 #[cfg(test)]

@@ -34,7 +34,7 @@ use kube::Api;
 use kube::api::ObjectMeta;
 
 pub use admit::{BadReview, Issuers, Served};
-pub use certificate::{CertificateError, CertificatePair, ServingCertificate};
+pub use certificate::{CertificateError, CertificatePair, SecretRead, ServingCertificate};
 pub use serve::Limits;
 
 use crate::settings::BindAddress;
