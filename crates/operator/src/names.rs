@@ -182,6 +182,9 @@ pub const REASON_OUTSIDE_WATCHED_NAMESPACE: &str = "OutsideWatchedNamespace";
 /// Secret or bundle, an IssuedCertificate naming a CA Secret or another certificate's
 /// Secret); nothing is written, rather than the two overwriting each other forever.
 pub const REASON_OBJECT_IN_USE: &str = "ObjectInUse";
+/// Reason: the IssuedCertificate's namespace is not among its CertificateAuthority's
+/// `spec.allowedNamespaces`.
+pub const REASON_NAMESPACE_NOT_ALLOWED: &str = "NamespaceNotAllowed";
 /// Ready false: the IssuedCertificate's `issuerRef` names no CertificateAuthority.
 pub const REASON_ISSUER_NOT_FOUND: &str = "IssuerNotFound";
 /// Ready false: the IssuedCertificate's CertificateAuthority cannot be acted on (its spec is

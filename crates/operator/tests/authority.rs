@@ -1921,3 +1921,50 @@ async fn metrics_follow_each_certificate_and_its_rotations() {
     })
     .await;
 }
+
+/// A CertificateAuthority with `allowedNamespaces` signs nothing for other namespaces, whatever
+/// an IssuedCertificate there asks; allowing the namespace issues it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ca_signs_only_for_its_allowed_namespaces() {
+    let setup = setup().await;
+    setup
+        .create_ca("fenced", json!({ "allowedNamespaces": [SYSTEM] }))
+        .await;
+    setup
+        .wait_ca_condition("fenced", "Ready", "True", names::REASON_SIGNING)
+        .await;
+    setup
+        .create_certificate("intruder", "fenced", json!({}))
+        .await;
+    setup
+        .wait_certificate_condition(
+            "intruder",
+            "Degraded",
+            "True",
+            names::REASON_NAMESPACE_NOT_ALLOWED,
+        )
+        .await;
+    setup
+        .wait_note(
+            DEMO,
+            "intruder",
+            names::REASON_NAMESPACE_NOT_ALLOWED,
+            "issues only to namespaces caretaker-system, not to demo",
+        )
+        .await;
+    assert!(setup.secret(DEMO, "intruder-tls").await.is_none());
+
+    setup
+        .authorities()
+        .patch(
+            "fenced",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": { "allowedNamespaces": [SYSTEM, DEMO] } })),
+        )
+        .await
+        .unwrap();
+    setup
+        .wait_certificate_condition("intruder", "Ready", "True", names::REASON_ISSUED)
+        .await;
+    assert!(setup.secret(DEMO, "intruder-tls").await.is_some());
+}

@@ -78,8 +78,26 @@ async fn reconcile(
         let message = format!("{conflict}; nothing was written");
         return refuse(&shared, &certificate, names::REASON_OBJECT_IN_USE, message).await;
     }
+    let issuer_name = &spec.issuer_ref.name;
+    if let Some(ca) = shared.authorities.get(&ObjectRef::new(issuer_name))
+        && !ca.spec.issues_to(&key.0)
+    {
+        let message = format!(
+            "CertificateAuthority {issuer_name} issues only to namespaces {}, not to {}; \
+             nothing was written",
+            ca.spec.allowed_namespaces.join(", "),
+            key.0
+        );
+        return refuse(
+            &shared,
+            &certificate,
+            names::REASON_NAMESPACE_NOT_ALLOWED,
+            message,
+        )
+        .await;
+    }
     let now = OffsetDateTime::now_utc();
-    let issuer = match shared.issuer(&spec.issuer_ref.name, now).await? {
+    let issuer = match shared.issuer(issuer_name, now).await? {
         Ok(issuer) => issuer,
         Err(not_ready) => return wait_for_issuer(&shared, &certificate, not_ready).await,
     };

@@ -78,6 +78,10 @@ pub struct CertificateAuthoritySpec {
     /// signs anything, a TTL such as 5m (the default); 0s signs at once.
     #[serde(default = "super::default_trust_propagation")]
     pub trust_propagation: String,
+    /// The namespaces whose IssuedCertificates this CA signs; empty or absent: every
+    /// namespace. An IssuedCertificate elsewhere gets nothing (reason NamespaceNotAllowed).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allowed_namespaces: Vec<String>,
 }
 
 /// What caretaker last observed and did.
@@ -109,6 +113,11 @@ pub struct PreviousCa {
 }
 
 impl CertificateAuthoritySpec {
+    /// Whether this CA signs IssuedCertificates of `namespace` (`spec.allowedNamespaces`).
+    pub fn issues_to(&self, namespace: &str) -> bool {
+        self.allowed_namespaces.is_empty() || self.allowed_namespaces.iter().any(|n| n == namespace)
+    }
+
     /// The validated policy, or every field that is wrong.
     pub fn policy(&self) -> Result<AuthorityPolicy, SpecError> {
         let mut problems = Problems::default();
@@ -117,6 +126,9 @@ impl CertificateAuthoritySpec {
         problems.namespace_name("spec.secret.namespace", &self.secret.namespace);
         problems.object_name("spec.bundle.name", "ConfigMap", &self.bundle.name);
         problems.namespace_name("spec.bundle.namespace", &self.bundle.namespace);
+        for (i, namespace) in self.allowed_namespaces.iter().enumerate() {
+            problems.namespace_name(&format!("spec.allowedNamespaces[{i}]"), namespace);
+        }
         let algorithm = problems.key_algorithm("spec.keyAlgorithm", &self.key_algorithm);
         let validity = problems.ttl("spec.validity", &self.validity);
         let rotation = problems.rotation(
@@ -364,6 +376,17 @@ mod tests {
                 "spec.bundle.namespace"
             ]
         );
+    }
+
+    #[test]
+    fn allowed_namespaces_must_be_namespace_names() {
+        assert_eq!(
+            bad_fields(json!({"allowedNamespaces": ["demo", "Not.One", ""]})),
+            ["spec.allowedNamespaces[1]", "spec.allowedNamespaces[2]"]
+        );
+        let fenced = spec(json!({"allowedNamespaces": ["demo"]}));
+        assert!(fenced.issues_to("demo") && !fenced.issues_to("other"));
+        assert!(spec(json!({})).issues_to("any"), "absent: every namespace");
     }
 
     #[test]

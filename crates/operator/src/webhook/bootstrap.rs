@@ -203,6 +203,8 @@ impl Bootstrap {
                 renew_at_percent: None,
                 renew_before: None,
                 trust_propagation: DEFAULT_TRUST_PROPAGATION.into(),
+                // It signs caretaker's own serving certificate, nothing for other namespaces.
+                allowed_namespaces: vec![self.namespace.clone()],
             },
         );
         authority.metadata = metadata(NAME, None);
@@ -374,7 +376,8 @@ mod tests {
                    "secret": {"name": "caretaker-webhook-ca", "namespace": "caretaker-system"},
                    "bundle": {"name": "caretaker-webhook-ca-bundle",
                               "namespace": "caretaker-system"},
-                   "keyAlgorithm": "ECDSA-P256", "validity": "10y", "trustPropagation": "5m"})
+                   "keyAlgorithm": "ECDSA-P256", "validity": "10y", "trustPropagation": "5m",
+                   "allowedNamespaces": ["caretaker-system"]})
         );
         objects.authority.spec.policy().unwrap();
 
