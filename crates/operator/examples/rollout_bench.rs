@@ -17,10 +17,10 @@
 //! (defaults: 100 ms, 100 workers, max-parallel 1 and 10). The scale check of issue 11:
 //! `-- 20 1000 1` and `-- 100 1000 50`.
 
+mod common;
+
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -30,12 +30,12 @@ use caretaker_agent::refresh::Refresher;
 use caretaker_agent_api::kubeadm::NodeRole;
 use caretaker_agent_api::refresh::{ApplyRequest, PlanRequest};
 use caretaker_apiserver::TestServer;
-use caretaker_operator::controllers;
-use caretaker_operator::{Context, Settings, machine, names};
+use caretaker_operator::{machine, names};
 use caretaker_pki::Ttl;
 use caretaker_testkit::capi_objects::{self, ClusterObjects, MachineObject, MachineRole};
 use caretaker_testkit::local::LocalAgent;
 use caretaker_testkit::provision::{ClusterCas, NodeSpec, agent_serving_leaf, provision_node};
+use common::{Operator, cpu_seconds, ms, verdict};
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use serde_json::json;
 
@@ -48,17 +48,9 @@ const GOAL_REQUESTS: f64 = 8.0;
 const GOAL_MEMORY_MIB: f64 = 64.0;
 
 fn main() {
-    // RUST_LOG=info shows the operator's progress with timestamps.
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_writer(std::io::stderr)
-        .try_init();
-    let args: Vec<String> = std::env::args().collect();
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    if args.get(1).map(String::as_str) == Some("--operator") {
-        runtime.block_on(operator(Path::new(&args[2])));
+    let Some((args, runtime)) = common::start() else {
         return;
-    }
+    };
     let hook_ms: u64 = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(100);
     let workers: usize = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(100);
     let mut parallel: Vec<usize> = args[3.min(args.len())..]
@@ -81,128 +73,6 @@ fn main() {
     );
     for max_parallel in parallel {
         runtime.block_on(run(hook_ms, workers, max_parallel, agent));
-    }
-}
-
-/// The child process: the operator's controllers against the kubeconfig at `path`, with a
-/// client that counts its requests by kind. Each line on stdin asks for the counts so far,
-/// answered as one JSON line on stdout.
-async fn operator(path: &Path) {
-    let kubeconfig = kube::config::Kubeconfig::read_from(path).unwrap();
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
-        .await
-        .unwrap();
-    let counts: Arc<Mutex<BTreeMap<String, u64>>> = Arc::default();
-    let counter = counts.clone();
-    let client = kube::client::ClientBuilder::try_from(config)
-        .unwrap()
-        .with_layer(&tower::util::MapRequestLayer::new(
-            move |request: http::Request<kube::client::Body>| {
-                *counter
-                    .lock()
-                    .unwrap()
-                    .entry(request_kind(&request))
-                    .or_default() += 1;
-                request
-            },
-        ))
-        .build();
-    std::thread::spawn(move || {
-        let stdin = std::io::stdin();
-        for _ in stdin.lock().lines() {
-            let snapshot = counts.lock().unwrap().clone();
-            let mut out = std::io::stdout().lock();
-            writeln!(out, "{}", serde_json::to_string(&snapshot).unwrap()).unwrap();
-            out.flush().unwrap();
-        }
-        // The benchmark went away.
-        std::process::exit(0);
-    });
-    let settings = Settings {
-        retry_base: Duration::from_secs(1),
-        ..Settings::default()
-    };
-    controllers::run(Context::new(client, settings), None).await;
-}
-
-/// `METHOD resource[/NAME][ (watch)]`, e.g. `PATCH machines/NAME`.
-fn request_kind<B>(request: &http::Request<B>) -> String {
-    let segments: Vec<&str> = request.uri().path().split('/').skip(1).collect();
-    // /api/v1/... or /apis/GROUP/VERSION/...
-    let rest = match segments.first() {
-        Some(&"api") => &segments[2.min(segments.len())..],
-        _ => &segments[3.min(segments.len())..],
-    };
-    let rest = match rest {
-        ["namespaces", _, tail @ ..] if !tail.is_empty() => tail,
-        other => other,
-    };
-    let mut kind = format!(
-        "{} {}",
-        request.method(),
-        rest.first().copied().unwrap_or("?")
-    );
-    if rest.len() > 1 {
-        kind.push_str("/NAME");
-    }
-    if request.uri().query().unwrap_or("").contains("watch=true") {
-        kind.push_str(" (watch)");
-    }
-    kind
-}
-
-/// The operator child process.
-struct Operator {
-    child: Child,
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
-}
-
-impl Operator {
-    fn start(kubeconfig: &Path) -> Self {
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .arg("--operator")
-            .arg(kubeconfig)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stdin = child.stdin.take().unwrap();
-        let stdout = BufReader::new(child.stdout.take().unwrap());
-        Operator {
-            child,
-            stdin,
-            stdout,
-        }
-    }
-
-    fn requests(&mut self) -> BTreeMap<String, u64> {
-        writeln!(self.stdin).unwrap();
-        self.stdin.flush().unwrap();
-        let mut line = String::new();
-        self.stdout.read_line(&mut line).unwrap();
-        serde_json::from_str(&line).unwrap()
-    }
-
-    /// VmRSS and VmHWM in MiB.
-    fn memory(&self) -> (f64, f64) {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
-        let field = |name: &str| {
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix(name))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-                .unwrap_or(f64::NAN)
-                / 1024.0
-        };
-        (field("VmRSS:"), field("VmHWM:"))
-    }
-}
-
-impl Drop for Operator {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -297,10 +167,7 @@ async fn run(hook_ms: u64, workers: usize, max_parallel: usize, agent: AgentTime
     .await;
     let before = operator.requests();
     let (rss_before, _) = operator.memory();
-    let cpu_before = (
-        cpu_seconds(operator.child.id()),
-        cpu_seconds(std::process::id()),
-    );
+    let cpu_before = (cpu_seconds(operator.pid()), cpu_seconds(std::process::id()));
 
     let timeline = Timeline::watch(machines_api.clone());
     let clusters: Api<DynamicObject> =
@@ -330,7 +197,7 @@ async fn run(hook_ms: u64, workers: usize, max_parallel: usize, agent: AgentTime
     }
     let wall = started.elapsed();
     let (rss, hwm) = operator.memory();
-    let cpu_operator = cpu_seconds(operator.child.id()) - cpu_before.0;
+    let cpu_operator = cpu_seconds(operator.pid()) - cpu_before.0;
     let cpu_rest = cpu_seconds(std::process::id()) - cpu_before.1;
     let one = machines_api.get("w-3").await.unwrap();
     let one_size = serde_json::to_vec(&one).unwrap().len();
@@ -343,11 +210,7 @@ async fn run(hook_ms: u64, workers: usize, max_parallel: usize, agent: AgentTime
     let ideal = Duration::from_millis(hook_ms) * steps;
     let per_machine =
         |ideal: Duration| wall.saturating_sub(ideal).as_secs_f64() * 1000.0 / total as f64;
-    let made: BTreeMap<&str, u64> = after
-        .iter()
-        .map(|(kind, n)| (kind.as_str(), n - before.get(kind).copied().unwrap_or(0)))
-        .filter(|(_, n)| *n > 0)
-        .collect();
+    let made = common::made(&before, &after);
     let requests = made.values().sum::<u64>() as f64 / total as f64;
     let beyond = per_machine(agent.total() * steps);
     let ratio = wall.as_secs_f64() / ideal.as_secs_f64();
@@ -380,7 +243,6 @@ async fn run(hook_ms: u64, workers: usize, max_parallel: usize, agent: AgentTime
     if max_parallel == 1 {
         timeline.print(agent);
     }
-    let verdict = |met: bool| if met { "met" } else { "missed" };
     if max_parallel == 1 {
         println!(
             "  goal: overhead beyond the agents < {GOAL_BEYOND_AGENTS_MS} ms per Machine at max-parallel 1: {} ({beyond:.1} ms)",
@@ -401,26 +263,6 @@ async fn run(hook_ms: u64, workers: usize, max_parallel: usize, agent: AgentTime
         "  goal: operator memory < {GOAL_MEMORY_MIB} MiB: {} (VmHWM {hwm:.1} MiB)",
         verdict(hwm < GOAL_MEMORY_MIB)
     );
-}
-
-/// User and system CPU time of process `pid` so far, in seconds.
-fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the command name (which may hold spaces): utime and stime, fields 14 and
-    // 15 of the line, are the 12th and 13th after it; in clock ticks of 1/100 s on Linux.
-    let rest = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|f| f.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    (ticks(11) + ticks(12)) / 100.0
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
 }
 
 /// When the benchmark's own watch first saw each worker Machine reach each step of its refresh:

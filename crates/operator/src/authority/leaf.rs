@@ -9,7 +9,7 @@
 //! `missing notBefore`, ...: library-go's forced rotation). A `ca.crt` that is not the
 //! issuer's bundle is rewritten alone, keeping the key.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use caretaker_pki::{KeyAlgorithm, PkiError, PrivateKey, Usage, key_matches_certificate};
 use time::OffsetDateTime;
@@ -72,26 +72,8 @@ impl LeafSecretState {
         let Some((data, annotations)) = secret else {
             return LeafSecretState::Absent;
         };
-        let text = |key: &str| {
-            data.get(key)
-                .map(|b| String::from_utf8_lossy(b).into_owned())
-                .filter(|s| !s.trim().is_empty())
-        };
-        let (certificate, extra_certificates) = match text(TLS_CRT) {
-            None => (Err("certificate missing".to_string()), 0),
-            Some(pem) => match Certificate::parse_pem(&pem) {
-                Err(e) => (Err(format!("certificate unreadable: {e}")), 0),
-                Ok(mut all) => {
-                    let extra = all.len() - 1;
-                    let first = all.swap_remove(0);
-                    if first.info().is_ca {
-                        (Err("tls.crt holds a CA certificate, not a leaf".into()), 0)
-                    } else {
-                        (Ok(first), extra)
-                    }
-                }
-            },
-        };
+        let text = |key: &str| text(data, key);
+        let (certificate, extra_certificates) = read_leaf(data);
         let key = match text(TLS_KEY) {
             None => KeyState::Missing,
             Some(pem) => match PrivateKey::from_pem(&pem) {
@@ -123,6 +105,33 @@ impl LeafSecretState {
             ca_bundle,
             annotations: TlsAnnotations::read(annotations, serving),
         })
+    }
+}
+
+/// The value of `key` in a Secret's `data` as text, unless missing or blank.
+fn text(data: &BTreeMap<String, Vec<u8>>, key: &str) -> Option<String> {
+    data.get(key)
+        .map(|b| String::from_utf8_lossy(b).into_owned())
+        .filter(|s| !s.trim().is_empty())
+}
+
+/// The leaf of a certificate Secret's `data`: the first certificate of `tls.crt`, or why there
+/// is none to use, and how many certificates follow it.
+pub fn read_leaf(data: &BTreeMap<String, Vec<u8>>) -> (Result<Certificate, String>, usize) {
+    match text(data, TLS_CRT) {
+        None => (Err("certificate missing".to_string()), 0),
+        Some(pem) => match Certificate::parse_pem(&pem) {
+            Err(e) => (Err(format!("certificate unreadable: {e}")), 0),
+            Ok(mut all) => {
+                let extra = all.len() - 1;
+                let first = all.swap_remove(0);
+                if first.info().is_ca {
+                    (Err("tls.crt holds a CA certificate, not a leaf".into()), 0)
+                } else {
+                    (Ok(first), extra)
+                }
+            }
+        },
     }
 }
 

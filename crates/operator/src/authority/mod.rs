@@ -41,8 +41,9 @@
 //!     secret: CaSecretState::observe(ca secret's (data, annotations)),
 //!     bundle: BundleState::observe(bundle configmap's (data, annotations)),
 //!     injected: fingerprints every injection point naming the CA holds (None if none does),
-//!     in_use / certificates_missing: from LeafSecretState::observe of every IssuedCertificate
-//!         naming it, with IssuerView::observed(&seen, now)'s bundle and signer as candidates,
+//!     in_use / certificates_missing: from the leaf (leaf::read_leaf) of every IssuedCertificate
+//!         naming it, and the first of IssuerView::observed(&seen, now)'s bundle and signer
+//!         that signed it (as LeafSecretState::observe finds it),
 //!     last_good: the last CaSecretState::Valid current this process saw,
 //!     reported_degraded: the Degraded condition's message in its status, ..
 //! }

@@ -23,7 +23,6 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
-use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -50,8 +49,10 @@ use super::watch_failures::Failing;
 use crate::Error;
 use crate::authority::bundle::BundleState;
 use crate::authority::ca::{AuthorityObserved, CaSecretState, IssuerView};
-use crate::authority::leaf::LeafSecretState;
-use crate::authority::{self, CaKeyPair, Certificate, ObjectName, SECRET_TYPE_TLS, SecretData};
+use crate::authority::leaf;
+use crate::authority::{
+    self, CaKeyPair, Certificate, ObjectName, SECRET_TYPE_TLS, SecretData, TLS_CRT,
+};
 use crate::changes::AnnotationChanges;
 use crate::context::Context;
 use crate::injection::{self, SourceRef, TargetKind};
@@ -286,6 +287,31 @@ enum Seen<'a, K: Resource<DynamicType = ()> + 'static> {
     CrdRemoved,
 }
 
+/// What is known of one version of a certificate Secret: whether it holds a readable leaf,
+/// and whether each CA checked (by fingerprint) signed it.
+#[derive(Debug, Clone)]
+struct KnownLeaf {
+    version: String,
+    readable: bool,
+    signed_by: HashMap<String, bool>,
+}
+
+/// The leaf a certificate Secret as stored holds ([`leaf::read_leaf`]), if any can be read.
+fn stored_leaf(secret: &Secret) -> Option<Certificate> {
+    if secret.type_.as_deref() != Some(SECRET_TYPE_TLS) {
+        // Its data is not in the store: what it holds is unknown.
+        return None;
+    }
+    let data: BTreeMap<String, Vec<u8>> = secret
+        .data
+        .iter()
+        .flatten()
+        .filter(|(k, _)| *k == TLS_CRT)
+        .map(|(k, v)| (k.clone(), v.0.clone()))
+        .collect();
+    leaf::read_leaf(&data).0.ok()
+}
+
 /// The inputs of the two controllers: the objects they act on, and wake-ups of those objects
 /// from changes of what they read.
 pub(crate) struct AuthorityFeed {
@@ -329,10 +355,13 @@ pub(crate) struct Shared {
     /// Secret is invalid.
     last_good: Mutex<HashMap<String, CaKeyPair>>,
     /// What each certificate Secret says of the CAs in use, by Secret version and candidates.
-    leaf_uses: Mutex<HashMap<Key, (String, u64, LeafUse)>>,
+    leaf_uses: Mutex<HashMap<Key, KnownLeaf>>,
     /// Secrets a certificate pass wrote, with the version before the write, until the store
     /// shows the write.
     written: Mutex<HashMap<Key, (Option<String>, Instant)>>,
+    /// Held while a certificate's expiry series is set or removed (see
+    /// [`Shared::record_certificate`]).
+    series: Mutex<()>,
     wake_authorities: mpsc::UnboundedSender<String>,
     wake_certificates: mpsc::UnboundedSender<Key>,
     authority_objects: mpsc::UnboundedSender<CertificateAuthority>,
@@ -381,6 +410,7 @@ pub(crate) fn start(
         last_good: Mutex::default(),
         leaf_uses: Mutex::default(),
         written: Mutex::default(),
+        series: Mutex::default(),
         wake_authorities,
         wake_certificates,
         authority_objects,
@@ -958,11 +988,14 @@ impl Shared {
     /// A CA that is gone: what this process remembers of it goes, its certificates say their
     /// issuer is missing, and what shared its objects may go on.
     fn forget_authority(&self, name: &str, secret: &Key) {
-        (self.ctx.metrics).remove_certificate_expiry(
-            CertificateKind::CertificateAuthority,
-            "",
-            name,
-        );
+        {
+            let _series = lock(&self.series);
+            (self.ctx.metrics).remove_certificate_expiry(
+                CertificateKind::CertificateAuthority,
+                "",
+                name,
+            );
+        }
         lock(&self.last_good).remove(name);
         lock(&self.issuers_seen).remove(name);
         self.wake_certificates_of(name);
@@ -1012,6 +1045,7 @@ impl Shared {
 
     /// Certificates that are gone leave the expiry gauge.
     fn forget_certificate_series(&self, keys: impl IntoIterator<Item = Key>) {
+        let _series = lock(&self.series);
         for (namespace, name) in keys {
             (self.ctx.metrics).remove_certificate_expiry(
                 CertificateKind::IssuedCertificate,
@@ -1120,21 +1154,36 @@ impl Shared {
 /// What the passes read and write.
 impl Shared {
     /// Records in the metrics what a pass left in place: when the certificate of `kind`
-    /// `namespace`/`name` expires (its series goes when it has none), and a rotation when the
-    /// certificate the status names replaced another (`before`, the serial the status named).
+    /// `namespace`/`name` expires (its series goes when it has none), and whether the pass
+    /// replaced a certificate (`rotated`).
     pub(crate) fn record_certificate(
         &self,
         kind: CertificateKind,
         (namespace, name): (&str, &str),
-        before: Option<&str>,
+        rotated: bool,
         now: &authority::CertificateStatus,
     ) {
         let metrics = &self.ctx.metrics;
-        match now.not_after {
-            Some(not_after) => metrics.set_certificate_expiry(kind, namespace, name, not_after),
-            None => metrics.remove_certificate_expiry(kind, namespace, name),
+        {
+            // A pass that ends after its object was deleted must not bring its series back:
+            // the watch removes it, under this lock, once the store no longer holds it.
+            let _series = lock(&self.series);
+            let exists = match kind {
+                CertificateKind::CertificateAuthority => {
+                    self.authorities.get(&ObjectRef::new(name)).is_some()
+                }
+                _ => (self.certificates)
+                    .get(&ObjectRef::new(name).within(namespace))
+                    .is_some(),
+            };
+            match now.not_after {
+                Some(not_after) if exists => {
+                    metrics.set_certificate_expiry(kind, namespace, name, not_after)
+                }
+                _ => metrics.remove_certificate_expiry(kind, namespace, name),
+            }
         }
-        if before.is_some() && now.serial.is_some() && before != now.serial.as_deref() {
+        if rotated {
             metrics.rotated(kind);
         }
     }
@@ -1328,11 +1377,6 @@ impl Shared {
         issuer: &IssuerView,
     ) -> (BTreeSet<String>, bool) {
         let candidates = candidates(issuer);
-        let mut hasher = DefaultHasher::new();
-        for candidate in &candidates {
-            candidate.fingerprint().hash(&mut hasher);
-        }
-        let digest = hasher.finish();
         let keys = lock(&self.index).of_issuer(authority);
         let mut in_use = BTreeSet::new();
         let mut missing = false;
@@ -1344,7 +1388,7 @@ impl Shared {
                 continue;
             };
             let secret = (key.0.clone(), certificate.spec.secret_name.clone());
-            match self.leaf_use(&secret, &candidates, digest) {
+            match self.leaf_use(&secret, &candidates) {
                 LeafUse::Signed(issuer) => in_use.extend(issuer),
                 // One whose spec never validates never gets a certificate: it serves none.
                 LeafUse::Missing => missing |= certificate.spec.policy().is_ok(),
@@ -1353,35 +1397,59 @@ impl Shared {
         (in_use, missing)
     }
 
-    fn leaf_use(&self, key: &Key, candidates: &[&Certificate], digest: u64) -> LeafUse {
+    /// Which of `candidates` (the first, in order) signed the certificate in the Secret `key`.
+    /// Each Secret version is read once, and checked against each CA once: when the
+    /// candidates change (a rotation adds a CA, retires one), only the new ones are checked.
+    fn leaf_use(&self, key: &Key, candidates: &[&Certificate]) -> LeafUse {
         let Some(secret) = self.stored_secret(key) else {
             return LeafUse::Missing;
         };
         let version = secret.resource_version().unwrap_or_default();
-        if let Some((seen, seen_digest, found)) = lock(&self.leaf_uses).get(key)
-            && *seen == version
-            && *seen_digest == digest
-        {
-            return found.clone();
-        }
-        let found = if secret.type_.as_deref() != Some(SECRET_TYPE_TLS) {
-            // Its data is not in the store: what it holds is unknown.
-            LeafUse::Missing
-        } else {
-            let (data, annotations) = secret_content(&secret);
-            match LeafSecretState::observe(
-                Some((&data, &annotations)),
-                false,
-                candidates.iter().copied(),
-            ) {
-                LeafSecretState::Present(leaf) if leaf.certificate.is_ok() => {
-                    LeafUse::Signed(leaf.issuer)
-                }
-                _ => LeafUse::Missing,
+        let cached = lock(&self.leaf_uses)
+            .get(key)
+            .filter(|known| known.version == version)
+            .cloned();
+        let mut parsed = None;
+        let mut known = match cached {
+            Some(known) => known,
+            None => {
+                let leaf = stored_leaf(&secret);
+                let known = KnownLeaf {
+                    version,
+                    readable: leaf.is_some(),
+                    signed_by: HashMap::new(),
+                };
+                parsed = Some(leaf);
+                known
             }
         };
-        lock(&self.leaf_uses).insert(key.clone(), (version, digest, found.clone()));
-        found
+        if !known.readable {
+            lock(&self.leaf_uses).insert(key.clone(), known);
+            return LeafUse::Missing;
+        }
+        let mut signer = None;
+        for ca in candidates {
+            let signed = match known.signed_by.get(ca.fingerprint()) {
+                Some(signed) => *signed,
+                None => {
+                    let leaf = parsed.get_or_insert_with(|| stored_leaf(&secret));
+                    let signed = leaf.as_ref().is_some_and(|leaf| {
+                        caretaker_pki::is_issued_by(leaf.der(), ca.der()).unwrap_or(false)
+                    });
+                    known.signed_by.insert(ca.fingerprint().to_string(), signed);
+                    signed
+                }
+            };
+            if signed {
+                signer = Some(ca.fingerprint().to_string());
+                break;
+            }
+        }
+        known
+            .signed_by
+            .retain(|fp, _| candidates.iter().any(|ca| ca.fingerprint() == fp));
+        lock(&self.leaf_uses).insert(key.clone(), known);
+        LeafUse::Signed(signer)
     }
 
     /// What the certificates of CertificateAuthority `name` are issued from now, from its

@@ -196,7 +196,8 @@ async fn reconcile(
     shared.record_certificate(
         CertificateKind::CertificateAuthority,
         ("", &name),
-        old.certificate.serial_number.as_deref(),
+        // A CA that signs now in place of another.
+        (plan.events.iter()).any(|e| e.reason == names::EVENT_SIGNER_PROMOTED),
         &plan.status.certificate(),
     );
     write_status(&shared, &name, &status, &old).await?;

@@ -23,7 +23,7 @@ use time::OffsetDateTime;
 
 use super::authority_watch::{self, CertificateFeed, Shared, Written};
 use crate::Error;
-use crate::authority::leaf::{self, LeafObserved, LeafPlan, LeafSecretState};
+use crate::authority::leaf::{self, CertificateStep, LeafObserved, LeafPlan, LeafSecretState};
 use crate::authority::{self, ObjectName, PkiMint};
 use crate::changes::Event;
 use crate::metrics::CertificateKind;
@@ -111,7 +111,7 @@ async fn reconcile(
     }
     let serving = matches!(policy.leaf.usage, Usage::Server | Usage::Both);
     let secret_name = ObjectName::new(&key.0, &key.1);
-    let plan = authority_watch::blocking(move || {
+    let (plan, held_one) = authority_watch::blocking(move || {
         let content = secret.as_deref().map(authority_watch::secret_content);
         let seen = LeafObserved {
             secret_name,
@@ -121,7 +121,8 @@ async fn reconcile(
                 authority_watch::candidates(&issuer),
             ),
         };
-        leaf::plan(&seen, &policy, &issuer, now, &PkiMint)
+        let held_one = matches!(&seen.secret, LeafSecretState::Present(s) if s.certificate.is_ok());
+        leaf::plan(&seen, &policy, &issuer, now, &PkiMint).map(|plan| (plan, held_one))
     })
     .await
     .map_err(|source| Error::SigningFailed {
@@ -156,7 +157,7 @@ async fn reconcile(
     shared.record_certificate(
         CertificateKind::IssuedCertificate,
         (&key.0, &certificate.name_any()),
-        old.serial_number.as_deref(),
+        held_one && (plan.steps.iter()).any(|s| matches!(s, CertificateStep::Issue(_))),
         &plan.status,
     );
     write_status(&shared, &certificate, &status, &old).await?;

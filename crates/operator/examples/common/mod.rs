@@ -1,0 +1,210 @@
+//! What the benchmarks share: the operator in a child process (the example started again with
+//! `--operator KUBECONFIG`: the same `controllers::run` that `caretaker operator` runs), whose
+//! client counts its requests by kind and reports them on request, and its memory and CPU time
+//! read from `/proc`, without the API server's.
+
+// Each example uses most of this, not all of it.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use caretaker_operator::controllers;
+use caretaker_operator::{Context, Settings};
+
+/// Logs to stderr as `RUST_LOG` says (`RUST_LOG=info` shows the operator's progress with
+/// timestamps); in operator mode (`--operator KUBECONFIG`) runs the operator until the
+/// benchmark goes away and returns `None`, else returns the benchmark's arguments and a runtime.
+pub fn start() -> Option<(Vec<String>, tokio::runtime::Runtime)> {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .try_init();
+    let args: Vec<String> = std::env::args().collect();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    if args.get(1).map(String::as_str) == Some("--operator") {
+        runtime.block_on(operator(Path::new(&args[2])));
+        return None;
+    }
+    Some((args, runtime))
+}
+
+/// The child process: the operator's controllers against the kubeconfig at `path`, with a
+/// client that counts its requests by kind. Each line on stdin asks for the counts so far,
+/// answered as one JSON line on stdout.
+async fn operator(path: &Path) {
+    let kubeconfig = kube::config::Kubeconfig::read_from(path).unwrap();
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .unwrap();
+    let counts: Arc<Mutex<BTreeMap<String, u64>>> = Arc::default();
+    let counter = counts.clone();
+    let client = kube::client::ClientBuilder::try_from(config)
+        .unwrap()
+        .with_layer(&tower::util::MapRequestLayer::new(
+            move |request: http::Request<kube::client::Body>| {
+                *counter
+                    .lock()
+                    .unwrap()
+                    .entry(request_kind(&request))
+                    .or_default() += 1;
+                request
+            },
+        ))
+        .build();
+    std::thread::spawn(move || {
+        let stdin = std::io::stdin();
+        for _ in stdin.lock().lines() {
+            let snapshot = counts.lock().unwrap().clone();
+            let mut out = std::io::stdout().lock();
+            writeln!(out, "{}", serde_json::to_string(&snapshot).unwrap()).unwrap();
+            out.flush().unwrap();
+        }
+        // The benchmark went away.
+        std::process::exit(0);
+    });
+    let settings = Settings {
+        retry_base: Duration::from_secs(1),
+        ..Settings::default()
+    };
+    controllers::run(Context::new(client, settings), None).await;
+}
+
+/// `METHOD resource[/NAME][/SUBRESOURCE][ (watch)]`, e.g. `PATCH machines/NAME` or
+/// `PATCH issuedcertificates/NAME/status`.
+fn request_kind<B>(request: &http::Request<B>) -> String {
+    let segments: Vec<&str> = request.uri().path().split('/').skip(1).collect();
+    // /api/v1/... or /apis/GROUP/VERSION/...
+    let rest = match segments.first() {
+        Some(&"api") => &segments[2.min(segments.len())..],
+        _ => &segments[3.min(segments.len())..],
+    };
+    let rest = match rest {
+        ["namespaces", _, tail @ ..] if !tail.is_empty() => tail,
+        other => other,
+    };
+    let mut kind = format!(
+        "{} {}",
+        request.method(),
+        rest.first().copied().unwrap_or("?")
+    );
+    if rest.len() > 1 {
+        kind.push_str("/NAME");
+    }
+    if let [_, _, subresource, ..] = rest {
+        kind.push('/');
+        kind.push_str(subresource);
+    }
+    if request.uri().query().unwrap_or("").contains("watch=true") {
+        kind.push_str(" (watch)");
+    }
+    kind
+}
+
+/// Whether a request kind of [`request_kind`] writes.
+pub fn is_write(kind: &str) -> bool {
+    ["POST ", "PUT ", "PATCH ", "DELETE "]
+        .iter()
+        .any(|verb| kind.starts_with(verb))
+}
+
+/// The requests of each kind made between two snapshots, those with none left out.
+pub fn made(
+    before: &BTreeMap<String, u64>,
+    after: &BTreeMap<String, u64>,
+) -> BTreeMap<String, u64> {
+    after
+        .iter()
+        .map(|(kind, n)| (kind.clone(), n - before.get(kind).copied().unwrap_or(0)))
+        .filter(|(_, n)| *n > 0)
+        .collect()
+}
+
+/// The operator child process.
+pub struct Operator {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Operator {
+    pub fn start(kubeconfig: &Path) -> Self {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .arg("--operator")
+            .arg(kubeconfig)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        Operator {
+            child,
+            stdin,
+            stdout,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The requests the operator made so far, by kind.
+    pub fn requests(&mut self) -> BTreeMap<String, u64> {
+        writeln!(self.stdin).unwrap();
+        self.stdin.flush().unwrap();
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).unwrap();
+        serde_json::from_str(&line).unwrap()
+    }
+
+    /// VmRSS and VmHWM in MiB.
+    pub fn memory(&self) -> (f64, f64) {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+                .unwrap_or(f64::NAN)
+                / 1024.0
+        };
+        (field("VmRSS:"), field("VmHWM:"))
+    }
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// User and system CPU time of process `pid` so far, in seconds.
+pub fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name (which may hold spaces): utime and stime, fields 14 and
+    // 15 of the line, are the 12th and 13th after it; in clock ticks of 1/100 s on Linux.
+    let rest = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+pub fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// "met" or "missed".
+pub fn verdict(met: bool) -> &'static str {
+    if met { "met" } else { "missed" }
+}
