@@ -22,17 +22,14 @@ use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use time::OffsetDateTime;
 
-/// The Secret type the webhook's certificate is read from, with keys [`TLS_CERT`] and
-/// [`TLS_KEY`].
-pub const SECRET_TYPE: &str = "kubernetes.io/tls";
-pub const TLS_CERT: &str = "tls.crt";
-pub const TLS_KEY: &str = "tls.key";
+// The webhook's certificate is read from a Secret of the type and keys caretaker writes.
+use crate::authority::{SECRET_TYPE_TLS, TLS_CRT, TLS_KEY};
 
 /// Why a certificate and key cannot serve. Messages name files, Secrets and certificates,
 /// never the key's bytes.
 #[derive(Debug, thiserror::Error)]
 pub enum CertificateError {
-    #[error("Secret {secret} is of type {found:?}; expected {SECRET_TYPE}")]
+    #[error("Secret {secret} is of type {found:?}; expected {SECRET_TYPE_TLS}")]
     SecretType { secret: String, found: String },
     #[error("Secret {secret} has no {key}")]
     MissingKey { secret: String, key: &'static str },
@@ -122,7 +119,7 @@ impl CertificatePair {
     pub fn from_secret(secret: &Secret, now: OffsetDateTime) -> Result<Self, CertificateError> {
         let name = secret_name(secret);
         let found = secret.type_.as_deref().unwrap_or("Opaque");
-        if found != SECRET_TYPE {
+        if found != SECRET_TYPE_TLS {
             return Err(CertificateError::SecretType {
                 secret: name,
                 found: found.into(),
@@ -139,7 +136,7 @@ impl CertificatePair {
                     key,
                 })
         };
-        Self::from_pem(&data(TLS_CERT)?.0, &data(TLS_KEY)?.0, now)
+        Self::from_pem(&data(TLS_CRT)?.0, &data(TLS_KEY)?.0, now)
     }
 
     /// The files `certificate` and `key` (PEM), valid now.
@@ -359,7 +356,7 @@ mod tests {
         let ca = ca();
         let (cert, key) = leaf(&ca, Usage::Server);
         let pair = CertificatePair::from_secret(
-            &secret(SECRET_TYPE, &[(TLS_CERT, &cert), (TLS_KEY, &key)]),
+            &secret(SECRET_TYPE_TLS, &[(TLS_CRT, &cert), (TLS_KEY, &key)]),
             OffsetDateTime::now_utc(),
         )
         .unwrap();
@@ -386,38 +383,38 @@ mod tests {
             error
         };
         assert_eq!(
-            error(secret("Opaque", &[(TLS_CERT, &cert), (TLS_KEY, &key)])),
+            error(secret("Opaque", &[(TLS_CRT, &cert), (TLS_KEY, &key)])),
             "Secret caretaker-system/webhook-tls is of type \"Opaque\"; expected kubernetes.io/tls"
         );
         assert_eq!(
-            error(secret(SECRET_TYPE, &[(TLS_CERT, &cert)])),
+            error(secret(SECRET_TYPE_TLS, &[(TLS_CRT, &cert)])),
             "Secret caretaker-system/webhook-tls has no tls.key"
         );
         assert!(
             error(secret(
-                SECRET_TYPE,
-                &[(TLS_CERT, &cert), (TLS_KEY, &other_key)]
+                SECRET_TYPE_TLS,
+                &[(TLS_CRT, &cert), (TLS_KEY, &other_key)]
             ))
             .starts_with("the private key cannot be used with the certificate"),
         );
         assert!(
             error(secret(
-                SECRET_TYPE,
-                &[(TLS_CERT, &other_cert), (TLS_KEY, "garbage")]
+                SECRET_TYPE_TLS,
+                &[(TLS_CRT, &other_cert), (TLS_KEY, "garbage")]
             ))
             .contains("private key")
         );
         assert!(
             error(secret(
-                SECRET_TYPE,
-                &[(TLS_CERT, "garbage"), (TLS_KEY, &key)]
+                SECRET_TYPE_TLS,
+                &[(TLS_CRT, "garbage"), (TLS_KEY, &key)]
             ))
             .contains("certificate")
         );
         assert!(
             error(secret(
-                SECRET_TYPE,
-                &[(TLS_CERT, &client_cert), (TLS_KEY, &client_key)]
+                SECRET_TYPE_TLS,
+                &[(TLS_CRT, &client_cert), (TLS_KEY, &client_key)]
             ))
             .contains("is not for servers"),
         );
