@@ -16,7 +16,7 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 use common::{assert_one_error_line, caretaker, caretaker_command, path, stderr, stdout};
@@ -638,10 +638,13 @@ async fn the_webhook_bootstrap_waits_for_the_crds_makes_its_objects_and_keeps_a_
         .delete("caretaker-webhook", &Default::default())
         .await
         .unwrap();
-    let mut changed = certificate.clone();
-    changed.spec.validity = "90d".into();
+    // A patch, not a replace: the operator may have written the status since the read.
     certificates
-        .replace("caretaker-webhook", &PostParams::default(), &changed)
+        .patch(
+            "caretaker-webhook",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({ "spec": { "validity": "90d" } })),
+        )
         .await
         .unwrap();
     let log = dir.path().join("operator-again.log");

@@ -263,6 +263,15 @@ impl Setup {
         .await
     }
 
+    /// Waits until IssuedCertificate `name` is refused with `reason` (Degraded, a Warning
+    /// whose note holds `part`), and checks that its Secret `<name>-tls` was not written.
+    async fn wait_certificate_refused(&self, name: &str, reason: &str, part: &str) {
+        self.wait_certificate_condition(name, "Degraded", "True", reason)
+            .await;
+        self.wait_note(DEMO, name, reason, part).await;
+        assert!(self.secret(DEMO, &format!("{name}-tls")).await.is_none());
+    }
+
     /// The events about the object named `name` in `namespace` (cluster-scoped objects' are in
     /// default).
     async fn events(&self, namespace: &str, name: &str) -> Vec<Event> {
@@ -1700,17 +1709,8 @@ async fn an_invalid_spec_writes_nothing_and_warns_once_per_message() {
         .create_certificate("typo", "bad", json!({ "ipAddresses": ["10.0.0.300"] }))
         .await;
     setup
-        .wait_certificate_condition("typo", "Degraded", "True", names::REASON_INVALID_SPEC)
+        .wait_certificate_refused("typo", names::REASON_INVALID_SPEC, "spec.ipAddresses[0]")
         .await;
-    setup
-        .wait_note(
-            DEMO,
-            "typo",
-            names::REASON_INVALID_SPEC,
-            "spec.ipAddresses[0]",
-        )
-        .await;
-    assert!(setup.secret(DEMO, "typo-tls").await.is_none());
 
     // Fixed: the CA is made.
     setup
@@ -1937,22 +1937,12 @@ async fn a_ca_signs_only_for_its_allowed_namespaces() {
         .create_certificate("intruder", "fenced", json!({}))
         .await;
     setup
-        .wait_certificate_condition(
-            "intruder",
-            "Degraded",
-            "True",
-            names::REASON_NAMESPACE_NOT_ALLOWED,
-        )
-        .await;
-    setup
-        .wait_note(
-            DEMO,
+        .wait_certificate_refused(
             "intruder",
             names::REASON_NAMESPACE_NOT_ALLOWED,
             "issues only to namespaces caretaker-system, not to demo",
         )
         .await;
-    assert!(setup.secret(DEMO, "intruder-tls").await.is_none());
 
     setup
         .authorities()
