@@ -122,6 +122,7 @@ impl CertificateAuthoritySpec {
     pub fn policy(&self) -> Result<AuthorityPolicy, SpecError> {
         let mut problems = Problems::default();
         let common_name = problems.non_empty("spec.commonName", &self.common_name);
+        let algorithm = problems.key_algorithm("spec.keyAlgorithm", &self.key_algorithm);
         problems.object_name("spec.secret.name", "Secret", &self.secret.name);
         problems.namespace_name("spec.secret.namespace", &self.secret.namespace);
         problems.object_name("spec.bundle.name", "ConfigMap", &self.bundle.name);
@@ -129,12 +130,10 @@ impl CertificateAuthoritySpec {
         for (i, namespace) in self.allowed_namespaces.iter().enumerate() {
             problems.namespace_name(&format!("spec.allowedNamespaces[{i}]"), namespace);
         }
-        let algorithm = problems.key_algorithm("spec.keyAlgorithm", &self.key_algorithm);
-        let validity = problems.ttl("spec.validity", &self.validity);
-        let rotation = problems.rotation(
+        let (validity, rotation) = problems.lifetime(
+            &self.validity,
             self.renew_at_percent,
             self.renew_before.as_deref(),
-            validity.map(|ttl| (self.validity.as_str(), ttl)),
         );
         let trust_propagation =
             problems.duration_or_zero("spec.trustPropagation", &self.trust_propagation);

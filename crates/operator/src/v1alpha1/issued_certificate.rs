@@ -123,11 +123,10 @@ impl IssuedCertificateSpec {
         let ip_addresses = problems.ip_addresses("spec.ipAddresses", &self.ip_addresses);
         let usage = problems.usage("spec.usages", &self.usages);
         let algorithm = problems.key_algorithm("spec.keyAlgorithm", &self.key_algorithm);
-        let validity = problems.ttl("spec.validity", &self.validity);
-        let rotation = problems.rotation(
+        let (validity, rotation) = problems.lifetime(
+            &self.validity,
             self.renew_at_percent,
             self.renew_before.as_deref(),
-            validity.map(|ttl| (self.validity.as_str(), ttl)),
         );
         problems.finish((|| {
             Some(CertificatePolicy {

@@ -152,9 +152,22 @@ impl Problems {
         found.map(|(_, algorithm)| *algorithm)
     }
 
+    /// `spec.validity`, and when to renew within it: the lifetime both kinds describe the
+    /// same way.
+    pub(super) fn lifetime(
+        &mut self,
+        validity: &str,
+        renew_at_percent: Option<i32>,
+        renew_before: Option<&str>,
+    ) -> (Option<Ttl>, Option<RotationPolicy>) {
+        let ttl = self.ttl("spec.validity", validity);
+        let rotation = self.rotation(renew_at_percent, renew_before, ttl.map(|t| (validity, t)));
+        (ttl, rotation)
+    }
+
     /// `spec.renewAtPercent` or `spec.renewBefore` (80% when neither is set), checked
     /// against `validity` (`None` when the validity itself is bad).
-    pub(super) fn rotation(
+    fn rotation(
         &mut self,
         renew_at_percent: Option<i32>,
         renew_before: Option<&str>,
