@@ -1417,6 +1417,124 @@ async fn objects_that_would_share_a_secret_or_bundle_are_refused_not_fought_over
     );
 }
 
+/// A Secret and a ConfigMap that are someone's data, at the names a CertificateAuthority and
+/// an IssuedCertificate ask for: nothing is written to them, both say so (Degraded and a
+/// Warning naming the object and how to hand it over), and each goes on once handed over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn someones_secret_or_config_map_is_never_taken_over() {
+    let setup = setup().await;
+    let config_map = serde_json::from_value(json!({
+        "metadata": { "name": "team-bundle", "namespace": SYSTEM },
+        "data": { "ca-bundle.crt": "the team's own data" },
+    }))
+    .unwrap();
+    let team_bundle = setup
+        .config_maps()
+        .create(&PostParams::default(), &config_map)
+        .await
+        .unwrap();
+    let secret = serde_json::from_value(json!({
+        "metadata": { "name": "web-tls", "namespace": DEMO },
+        "data": { "password": STANDARD.encode("hunter2") },
+    }))
+    .unwrap();
+    let team_secret = setup
+        .secrets(DEMO)
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+    setup
+        .create_ca(
+            "webhooks",
+            json!({ "bundle": { "name": "team-bundle", "namespace": SYSTEM } }),
+        )
+        .await;
+    setup.create_certificate("web", "webhooks", json!({})).await;
+
+    setup
+        .wait_ca_condition(
+            "webhooks",
+            "Degraded",
+            "True",
+            names::REASON_OBJECT_NOT_MANAGED,
+        )
+        .await;
+    let note = setup
+        .wait_note(
+            "default",
+            "webhooks",
+            names::REASON_OBJECT_NOT_MANAGED,
+            "ConfigMap caretaker-system/team-bundle exists and is not managed by caretaker",
+        )
+        .await;
+    assert!(
+        note.contains("label it app.kubernetes.io/managed-by=caretaker"),
+        "{note}"
+    );
+    let status = setup.authority("webhooks").await.status.unwrap();
+    assert_eq!(
+        condition(&status.certificate.conditions, "Ready").status,
+        "False"
+    );
+    setup
+        .wait_certificate_condition("web", "Degraded", "True", names::REASON_OBJECT_NOT_MANAGED)
+        .await;
+    setup
+        .wait_note(
+            DEMO,
+            "web",
+            names::REASON_OBJECT_NOT_MANAGED,
+            "Secret demo/web-tls exists and is not managed by caretaker",
+        )
+        .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let unchanged = setup.bundle("team-bundle").await.unwrap();
+    assert_eq!(unchanged.metadata, team_bundle.metadata, "nothing written");
+    assert_eq!(unchanged.data, team_bundle.data);
+    let unchanged = setup.secret(DEMO, "web-tls").await.unwrap();
+    assert_eq!(unchanged.metadata, team_secret.metadata, "nothing written");
+    assert_eq!(unchanged.data, team_secret.data);
+    assert!(
+        setup.secret(SYSTEM, "webhooks-ca").await.is_none(),
+        "no CA made for a bundle that is not caretaker's"
+    );
+    // Said once per message (a pass that starts before the status it wrote is seen back
+    // may say it again, as for every refusal).
+    let notes = setup
+        .notes("default", "webhooks", names::REASON_OBJECT_NOT_MANAGED)
+        .await;
+    assert!(notes.iter().all(|n| *n == note), "{notes:?}");
+
+    // Handed over: the ConfigMap labelled, the Secret deleted.
+    setup
+        .config_maps()
+        .patch(
+            "team-bundle",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "metadata": { "labels": {
+                "app.kubernetes.io/managed-by": "caretaker" } } })),
+        )
+        .await
+        .unwrap();
+    setup
+        .secrets(DEMO)
+        .delete("web-tls", &DeleteParams::default())
+        .await
+        .unwrap();
+    let (ca_secret, leaf_secret) = settled(&setup, "webhooks", "web").await;
+    for meta in [&ca_secret.metadata, &leaf_secret.metadata] {
+        assert_eq!(
+            meta.labels.as_ref().unwrap()["app.kubernetes.io/managed-by"],
+            "caretaker",
+            "created with the label"
+        );
+    }
+    assert_eq!(
+        fingerprints(&bundle_text(&setup.bundle("team-bundle").await.unwrap())),
+        fingerprints(&text(&ca_secret, "tls.crt"))
+    );
+}
+
 /// Every managed object, with its resourceVersion.
 async fn versions(setup: &Setup) -> BTreeMap<String, String> {
     let mut found = BTreeMap::new();
@@ -1640,7 +1758,9 @@ async fn an_invalid_spec_writes_nothing_and_warns_once_per_message() {
 
     // Woken by its bundle ConfigMap appearing: the same message, no second Warning.
     let config_map = serde_json::from_value(json!({
-        "metadata": { "name": "bad-ca-bundle" }, "data": { "other": "x" },
+        "metadata": { "name": "bad-ca-bundle",
+                      "labels": { "app.kubernetes.io/managed-by": "caretaker" } },
+        "data": { "other": "x" },
     }))
     .unwrap();
     setup

@@ -538,6 +538,16 @@ fn authority_named(kind: TargetKind, target: &DynamicObject) -> Option<String> {
     }
 }
 
+/// Why caretaker writes nothing to the existing `kind` at `key` (`meta`): it is not
+/// caretaker's ([`authority::managed`]); `None` when it is.
+pub(crate) fn not_managed(kind: &str, key: &Key, meta: &ObjectMeta) -> Option<String> {
+    let none = BTreeMap::new();
+    let labels = meta.labels.as_ref().unwrap_or(&none);
+    let annotations = meta.annotations.as_ref().unwrap_or(&none);
+    (!authority::managed(labels, annotations))
+        .then(|| authority::not_managed(kind, &ObjectName::new(&key.0, &key.1)))
+}
+
 /// A Secret's `data` and annotations, as the decisions read them.
 pub(crate) fn secret_content(
     secret: &Secret,
@@ -1122,6 +1132,12 @@ impl Shared {
         let Some(secret) = secret else {
             return Arc::new(CaSecretState::Absent);
         };
+        if not_managed("Secret", key, &secret.metadata).is_some() {
+            // Someone's Secret: nothing signs from it.
+            let (label, value) = names::MANAGED_BY;
+            let reason = format!("it is not managed by caretaker (no label {label}={value})");
+            return Arc::new(CaSecretState::Invalid { reason });
+        }
         let version = secret.resource_version().unwrap_or_default();
         if let Some((seen, state)) = lock(&self.ca_secrets).get(key)
             && *seen == version
@@ -1308,8 +1324,11 @@ impl Shared {
         {
             return found.clone();
         }
-        let found = if secret.type_.as_deref() != Some(SECRET_TYPE_TLS) {
-            // Its data is not in the store: what it holds is unknown.
+        let found = if secret.type_.as_deref() != Some(SECRET_TYPE_TLS)
+            || not_managed("Secret", key, &secret.metadata).is_some()
+        {
+            // Its data is not in the store, or it is someone's: what the certificate's
+            // workload serves is unknown.
             LeafUse::Missing
         } else {
             let (data, annotations) = secret_content(&secret);
@@ -1373,7 +1392,14 @@ impl Shared {
             CaSecretState::Absent | CaSecretState::Invalid { .. } => {
                 let (namespace, bundle_name) = bundle_key(&ca.spec);
                 let api: Api<ConfigMap> = Api::namespaced(self.ctx.client.clone(), &namespace);
-                let config_map = api.get_opt(&bundle_name).await?;
+                let config_map = api.get_opt(&bundle_name).await?.filter(|c| {
+                    not_managed(
+                        "ConfigMap",
+                        &(namespace.clone(), bundle_name.clone()),
+                        &c.metadata,
+                    )
+                    .is_none()
+                });
                 let content = config_map.as_ref().map(config_map_content);
                 BundleState::observe(content.as_ref().map(|(d, a)| (d, a)))
             }
@@ -1466,9 +1492,11 @@ impl Shared {
             .await
     }
 
-    /// Creates `key` as `object` makes it from its metadata (name, namespace, the annotations
-    /// set) when `version` is `None`, else merge-patches `data` and the annotation changes on
-    /// `version`.
+    /// Creates `key` as `object` makes it from its metadata (name, namespace, the label
+    /// [`names::MANAGED_BY`], the annotations set) when `version` is `None`, else
+    /// merge-patches `data`, the label and the annotation changes on `version`. A create is
+    /// a create: an object that appeared since the pass read none is never overwritten (409,
+    /// [`Written::Conflict`]: the next pass observes it).
     async fn create_or_patch<K>(
         &self,
         key: &Key,
@@ -1489,9 +1517,11 @@ impl Shared {
             None => {
                 let mut written = BTreeMap::new();
                 annotations.apply_to(&mut written);
+                let (label, value) = names::MANAGED_BY;
                 let object = object(ObjectMeta {
                     name: Some(key.1.clone()),
                     namespace: Some(key.0.clone()),
+                    labels: Some(BTreeMap::from([(label.to_string(), value.to_string())])),
                     annotations: (!written.is_empty()).then_some(written),
                     ..Default::default()
                 });
@@ -1502,8 +1532,14 @@ impl Shared {
                 outcome(api.create(&params, &object).await, false)
             }
             Some(version) => {
+                // The label too: an object an earlier caretaker wrote without it gets it.
+                let (label, value) = names::MANAGED_BY;
                 let body = json!({
-                    "metadata": { "resourceVersion": version, "annotations": annotations.to_json() },
+                    "metadata": {
+                        "resourceVersion": version,
+                        "labels": { label: value },
+                        "annotations": annotations.to_json(),
+                    },
                     "data": data,
                 });
                 outcome(

@@ -94,6 +94,27 @@ async fn reconcile(
     let config_map = Api::<ConfigMap>::namespaced(client, &bundle_key.0)
         .get_opt(&bundle_key.1)
         .await?;
+    let foreign: Vec<String> = [
+        secret
+            .as_ref()
+            .and_then(|s| authority_watch::not_managed("Secret", &secret_key, &s.metadata)),
+        config_map
+            .as_ref()
+            .and_then(|c| authority_watch::not_managed("ConfigMap", &bundle_key, &c.metadata)),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    if !foreign.is_empty() {
+        let message = foreign.join("; ");
+        return refuse(
+            &shared,
+            &authority,
+            names::REASON_OBJECT_NOT_MANAGED,
+            message,
+        )
+        .await;
+    }
     let mut versions = (
         secret.as_ref().and_then(|s| s.resource_version()),
         config_map.as_ref().and_then(|c| c.resource_version()),

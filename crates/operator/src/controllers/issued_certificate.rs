@@ -90,6 +90,18 @@ async fn reconcile(
         // before it would issue again for nothing. Its event wakes this certificate.
         return Ok(Action::requeue(wait));
     }
+    if let Some(message) = secret
+        .as_ref()
+        .and_then(|s| authority_watch::not_managed("Secret", &key, &s.metadata))
+    {
+        return refuse(
+            &shared,
+            &certificate,
+            names::REASON_OBJECT_NOT_MANAGED,
+            message,
+        )
+        .await;
+    }
     let serving = matches!(policy.leaf.usage, Usage::Server | Usage::Both);
     let secret_name = ObjectName::new(&key.0, &key.1);
     let plan = authority_watch::blocking(move || {
