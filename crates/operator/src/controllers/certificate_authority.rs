@@ -163,24 +163,24 @@ async fn reconcile(
     for (done, step) in plan.steps.iter().enumerate() {
         let written = match step {
             AuthorityStep::WriteSecret(secret) => {
-                shared
-                    .write_secret(
-                        &secret_key,
-                        versions.0.as_deref(),
-                        &secret.data(),
-                        &secret.annotation_changes(),
-                    )
-                    .await
+                authority_watch::write_secret(
+                    &shared.ctx.client,
+                    &secret_key,
+                    versions.0.as_deref(),
+                    &secret.data(),
+                    &secret.annotation_changes(),
+                )
+                .await
             }
             AuthorityStep::WriteBundle(bundle) => {
-                shared
-                    .write_config_map(
-                        &bundle_key,
-                        versions.1.as_deref(),
-                        &bundle.data(),
-                        &bundle.annotation_changes(),
-                    )
-                    .await
+                authority_watch::write_config_map(
+                    &shared.ctx.client,
+                    &bundle_key,
+                    versions.1.as_deref(),
+                    &bundle.data(),
+                    &bundle.annotation_changes(),
+                )
+                .await
             }
         };
         let version = match written {

@@ -123,14 +123,14 @@ async fn reconcile(
     })?;
 
     for step in &plan.steps {
-        match shared
-            .write_secret(
-                &key,
-                version.as_deref(),
-                &step.data(),
-                &step.annotation_changes(),
-            )
-            .await?
+        match authority_watch::write_secret(
+            &shared.ctx.client,
+            &key,
+            version.as_deref(),
+            &step.data(),
+            &step.annotation_changes(),
+        )
+        .await?
         {
             Written::Done(_) => shared.note_written(key.clone(), version.clone()),
             Written::Conflict => return Ok(Action::await_change()),
