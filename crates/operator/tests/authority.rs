@@ -1174,6 +1174,67 @@ async fn a_deleted_ca_secret_is_replaced_by_a_new_ca_with_an_event() {
     .await;
 }
 
+/// A deleted CA Secret while the bundle ConfigMap also holds a leaf (put there by hand): the
+/// re-created Secret keeps the bundle's CA in `previous.crt` and nothing else, and reads back
+/// valid (it was `CASecretInvalid` on the next pass, and nothing signed again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_re_created_ca_secret_keeps_only_cas_from_the_bundle() {
+    let mut setup = setup().await;
+    setup
+        .create_ca("webhooks", json!({ "trustPropagation": "1s" }))
+        .await;
+    setup.create_certificate("web", "webhooks", json!({})).await;
+    let (ca_secret, leaf_secret) = settled(&setup, "webhooks", "web").await;
+    let old_ca = leaf_or_ca(&ca_secret);
+
+    // Stopped, so that the bundle with the leaf and the missing Secret are seen together.
+    setup.stop();
+    let bundle = bundle_text(&setup.bundle("webhooks-ca-bundle").await.unwrap());
+    setup
+        .config_maps()
+        .patch(
+            "webhooks-ca-bundle",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "data": {
+                "ca-bundle.crt": bundle + &text(&leaf_secret, "tls.crt") } })),
+        )
+        .await
+        .unwrap();
+    setup
+        .secrets(SYSTEM)
+        .delete("webhooks-ca", &DeleteParams::default())
+        .await
+        .unwrap();
+    setup.start();
+
+    let recreated = setup
+        .wait_secret(SYSTEM, "webhooks-ca", "a re-created CA Secret", |_| true)
+        .await;
+    assert_eq!(
+        fingerprints(&text(&recreated, "previous.crt")),
+        [old_ca.fingerprint().to_string()]
+    );
+    let new_ca = setup
+        .wait_secret(SYSTEM, "webhooks-ca", "the new CA signs", |s| {
+            certificates(&text(s, "tls.crt"))
+                .first()
+                .is_some_and(|c| *c != old_ca)
+        })
+        .await;
+    let new_ca = leaf_or_ca(&new_ca);
+    setup
+        .wait_secret(DEMO, "web-tls", "a leaf from the new CA", |s| {
+            signed_by(&leaf(s), &new_ca)
+        })
+        .await;
+    assert!(
+        setup
+            .notes("default", "webhooks", names::EVENT_CA_SECRET_INVALID)
+            .await
+            .is_empty()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operator_restarted_mid_rotation_makes_no_second_ca_and_loses_nothing() {
     let mut setup = setup().await;

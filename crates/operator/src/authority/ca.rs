@@ -369,7 +369,7 @@ impl IssuerView {
                 bundle: seen
                     .bundle
                     .present()
-                    .map(|b| Bundle::of(b.certificates.iter().cloned(), now)),
+                    .map(|_| Bundle::of(seen.bundle.cas().cloned(), now)),
             },
         }
     }
@@ -542,8 +542,8 @@ pub fn plan(
     })
 }
 
-/// The CA Secret is gone: a new one, with a new CA. The CAs the bundle still holds stay
-/// trusted; if there are any, the new CA enters as the next CA (trust before sign), else it
+/// The CA Secret is gone: a new one, with a new CA. The CAs the bundle still holds (CA
+/// certificates not expired, nothing else) stay trusted; if there are any, the new CA enters as the next CA (trust before sign), else it
 /// is the first and signs at once.
 fn recreate(
     seen: &AuthorityObserved,
@@ -552,7 +552,8 @@ fn recreate(
     mint: &dyn Mint,
     events: &mut Vec<Event>,
 ) -> Result<CaSecret, PkiError> {
-    let trusted = Bundle::of(seen.bundle.certificates().iter().cloned(), now);
+    // Only the CAs: a leaf there would make `previous.crt` unreadable (and trust nothing).
+    let trusted = Bundle::of(seen.bundle.cas().cloned(), now);
     let ca = mint.create_ca(&policy.ca)?;
     let serial = ca.certificate.serial().to_string();
     let mut secret = CaSecret {
@@ -844,7 +845,7 @@ fn invalid_message(seen: &AuthorityObserved, reason: &str) -> String {
 /// it.
 fn fallback(seen: &AuthorityObserved, message: &str, now: OffsetDateTime) -> IssuerView {
     let last_good = seen.last_good.clone().filter(|ca| ca.signs_at(now));
-    let published = seen.bundle.certificates().iter().cloned();
+    let published = seen.bundle.cas().cloned();
     let bundle = match &last_good {
         Some(ca) => Some(Bundle::of(published.chain([ca.certificate.clone()]), now)),
         None => seen.bundle.present().map(|_| Bundle::of(published, now)),

@@ -117,7 +117,7 @@
 //!   valid ([`ca::AuthorityObserved::last_good`]; after a restart there is none, and nothing
 //!   signs), `Degraded` says why, and a Warning event says it once.
 //! - **Absent** (deleted on purpose, or never made): a new CA is made, with an event. The CAs
-//!   the bundle ConfigMap still holds stay trusted (they are copied into `previous.crt`). If
+//!   the bundle ConfigMap still holds (CA certificates not expired, nothing else) stay trusted (they are copied into `previous.crt`). If
 //!   there are any, the new CA enters as the *next* CA and follows trust before sign: nothing
 //!   signs until it is promoted (the old key is gone with the Secret, and a certificate from an
 //!   untrusted CA would break every client; certificates already issued keep working, since

@@ -622,6 +622,40 @@ fn a_deleted_ca_secret_makes_a_new_ca_that_waits_for_trust_while_the_old_ones_st
 }
 
 #[test]
+fn a_re_created_ca_secret_keeps_the_bundles_cas_and_nothing_else() {
+    let (policy, model) = (policy(), Model::new(at(0)));
+    let mut seen = started(&policy, &model);
+    let ca = secret(&seen).current.clone().unwrap();
+    let leaf = model
+        .issue(&ca, &LeafSpec::new("web", Usage::Server))
+        .unwrap()
+        .certificate;
+    let expired = model.ca_cert("old", 1);
+    let mut published = seen.bundle.present().unwrap().clone();
+    published.certificates.extend([leaf, expired]);
+    seen.bundle = BundleState::Present(published);
+    seen.secret = CaSecretState::Absent;
+    let remade = decide(&seen, &policy, &model, 2 * DAY);
+    let AuthorityStep::WriteSecret(stored) = &remade.steps[0] else {
+        panic!("{:?}", remade.steps)
+    };
+    assert_eq!(
+        fingerprints(&stored.previous),
+        [ca.fingerprint()],
+        "the CA stays; the leaf and the expired CA do not"
+    );
+    assert!(
+        remade.events[0]
+            .note
+            .contains("the 1 CAs the bundle holds stay trusted"),
+        "{}",
+        remade.events[0].note
+    );
+    apply(&mut seen, &remade);
+    assert_settled(&seen, &policy, 2 * DAY);
+}
+
+#[test]
 fn a_ca_made_after_a_lost_write_is_not_made_twice() {
     let (policy, model) = (policy(), Model::new(at(0)));
     let mut seen = started(&policy, &model);
