@@ -1235,6 +1235,71 @@ async fn a_re_created_ca_secret_keeps_only_cas_from_the_bundle() {
     );
 }
 
+/// A valid CA swapped into the CA Secret (a backup restored, say) while the bundle ConfigMap
+/// still holds the CA that signed the certificates in use: that CA stays in the bundle (it was
+/// dropped at once), kept in `previous.crt` and counted unused only once the certificate is
+/// issued again, for `trustPropagation`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ca_only_the_bundle_holds_stays_trusted_after_a_restore() {
+    let mut setup = setup().await;
+    setup
+        .create_ca("webhooks", json!({ "trustPropagation": "1h" }))
+        .await;
+    setup.create_certificate("web", "webhooks", json!({})).await;
+    let (ca_secret, _) = settled(&setup, "webhooks", "web").await;
+    let old_ca = leaf_or_ca(&ca_secret);
+
+    setup.stop();
+    let restored =
+        caretaker_pki::CertificateAuthority::create(&caretaker_pki::CaSpec::new("webhooks-ca"))
+            .unwrap();
+    let restored_ca = certificates(&restored.certificate_pem()).remove(0);
+    let time = caretaker_operator::timestamp::format_time;
+    setup
+        .patch_secret(
+            SYSTEM,
+            "webhooks-ca",
+            json!({
+                "metadata": { "annotations": {
+                    names::CERTIFICATE_NOT_BEFORE: time(restored_ca.not_before()),
+                    names::CERTIFICATE_NOT_AFTER: time(restored_ca.not_after()),
+                } },
+                "data": {
+                    "tls.crt": STANDARD.encode(restored.certificate_pem()),
+                    "tls.key": STANDARD.encode(restored.private_key_pem()),
+                },
+            }),
+        )
+        .await;
+    setup.start();
+
+    setup
+        .wait_secret(DEMO, "web-tls", "a leaf from the restored CA", |s| {
+            signed_by(&leaf(s), &restored_ca)
+        })
+        .await;
+    let ca_secret = setup
+        .wait_secret(SYSTEM, "webhooks-ca", "the old CA counted unused", |s| {
+            annotation(&s.metadata, names::authority_state::UNUSED_SINCE)
+                .is_some_and(|v| v.starts_with(old_ca.fingerprint()))
+        })
+        .await;
+    assert_eq!(
+        fingerprints(&text(&ca_secret, "previous.crt")),
+        [old_ca.fingerprint().to_string()]
+    );
+    let mut both = vec![
+        old_ca.fingerprint().to_string(),
+        restored_ca.fingerprint().to_string(),
+    ];
+    both.sort();
+    let mut held = fingerprints(&bundle_text(
+        &setup.bundle("webhooks-ca-bundle").await.unwrap(),
+    ));
+    held.sort();
+    assert_eq!(held, both, "the old CA stays trusted");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operator_restarted_mid_rotation_makes_no_second_ca_and_loses_nothing() {
     let mut setup = setup().await;

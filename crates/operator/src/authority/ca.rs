@@ -375,6 +375,16 @@ impl IssuerView {
     }
 }
 
+/// What a managed certificate of the CA may be signed by, to tell which CAs are in use
+/// ([`AuthorityObserved::in_use`]): the issuer as observed, and every CA the published bundle
+/// holds besides (one only the bundle holds stays while certificates it signed remain).
+pub fn in_use_candidates(seen: &AuthorityObserved, now: OffsetDateTime) -> IssuerView {
+    let mut view = IssuerView::observed(seen, now);
+    let issuer = view.bundle.iter().flat_map(|b| b.certificates().iter());
+    view.bundle = Some(Bundle::of(issuer.chain(seen.bundle.cas()).cloned(), now));
+    view
+}
+
 /// A pass over a CertificateAuthority.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CaPlan {
@@ -412,7 +422,7 @@ pub fn plan(
         CaSecretState::Valid(secret) => Some(&**secret),
     };
     let mut desired = match stored {
-        Some(secret) => secret.clone(),
+        Some(secret) => adopt_published(secret, &seen.bundle, now),
         None => recreate(seen, policy, now, mint, &mut events)?,
     };
 
@@ -580,6 +590,25 @@ fn recreate(
         ),
     ));
     Ok(secret)
+}
+
+/// The CA Secret with every CA only the published bundle holds (a backup restored, a CA
+/// swapped into the Secret) taken in as an older CA: certificates it signed may still be
+/// served, so it leaves as any older CA does, once expired or unused for `trust_propagation`
+/// (see [`retire`]), never at once. Only CA certificates count.
+fn adopt_published(secret: &CaSecret, published: &BundleState, now: OffsetDateTime) -> CaSecret {
+    let mut secret = secret.clone();
+    let held: BTreeSet<&str> = secret
+        .certificates()
+        .map(Certificate::fingerprint)
+        .collect();
+    let adopted: Vec<Certificate> = published
+        .cas()
+        .filter(|c| !c.expired_at(now) && !held.contains(c.fingerprint()))
+        .cloned()
+        .collect();
+    secret.previous.extend(adopted);
+    secret
 }
 
 /// Why the CA that signs now must be replaced, if it must.

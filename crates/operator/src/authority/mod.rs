@@ -42,7 +42,7 @@
 //!     bundle: BundleState::observe(bundle configmap's (data, annotations)),
 //!     injected: fingerprints every injection point naming the CA holds (None if none does),
 //!     in_use / certificates_missing: from LeafSecretState::observe of every IssuedCertificate
-//!         naming it, with IssuerView::observed(&seen, now)'s bundle and signer as candidates,
+//!         naming it, with ca::in_use_candidates(&seen, now)'s bundle and signer as candidates,
 //!     last_good: the last CaSecretState::Valid current this process saw,
 //!     reported_degraded: the Degraded condition's message in its status, ..
 //! }
@@ -92,9 +92,11 @@
 //! **Bundle ConfigMap** (`spec.bundle`): `ca-bundle.crt` holds the CA that signs now, the next
 //! CA and every older CA of `previous.crt`, de-duplicated, expired ones dropped, in
 //! `caretaker_pki::TrustBundle`'s order, so the same set always renders the same bytes. It is
-//! written from the CA Secret and read back only to find out whether it already says that
-//! (and, when the CA Secret is gone, which CAs were trusted). Its library-go annotations
-//! describe the CA that signs now.
+//! written from the CA Secret and read back to find out whether it already says that, and
+//! which CAs it trusts that the CA Secret does not hold (all of them when the CA Secret is
+//! gone): certificates they signed may still be served, so such a CA (a CA certificate, not
+//! expired) is taken into `previous.crt` and leaves as any older CA does. Its library-go
+//! annotations describe the CA that signs now.
 //!
 //! **Certificate Secret** (`IssuedCertificate`'s `secretName`, type `kubernetes.io/tls`):
 //! `tls.crt` (the leaf alone), `tls.key`, `ca.crt` (the issuer's bundle, as above), and
@@ -787,7 +789,7 @@ pub(crate) mod tests {
                 last_good,
                 reported_degraded: None,
             };
-            match self.certificate(&ca::IssuerView::observed(&seen, OffsetDateTime::now_utc())) {
+            match self.certificate(&ca::in_use_candidates(&seen, OffsetDateTime::now_utc())) {
                 leaf::LeafSecretState::Present(s) if s.certificate.is_ok() => {
                     seen.in_use.extend(s.issuer)
                 }

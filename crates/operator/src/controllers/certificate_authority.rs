@@ -26,9 +26,7 @@ use time::OffsetDateTime;
 use super::authority_watch::{self, AuthorityFeed, Shared, Written};
 use crate::Error;
 use crate::authority::bundle::BundleState;
-use crate::authority::ca::{
-    self, AuthorityObserved, AuthorityStep, CaPlan, CaSecretState, IssuerView,
-};
+use crate::authority::ca::{self, AuthorityObserved, AuthorityStep, CaPlan, CaSecretState};
 use crate::authority::{CA_BUNDLE_CRT, ObjectName, PkiMint};
 use crate::changes::Event;
 use crate::names;
@@ -149,8 +147,8 @@ async fn reconcile(
             last_good: observing.last_good(&who),
             reported_degraded,
         };
-        let issuer = IssuerView::observed(&seen, now);
-        (seen.in_use, seen.certificates_missing) = observing.certificates_of(&who, &issuer);
+        let candidates = ca::in_use_candidates(&seen, now);
+        (seen.in_use, seen.certificates_missing) = observing.certificates_of(&who, &candidates);
         ca::plan(&seen, &policy, now, &PkiMint)
     })
     .await
