@@ -143,6 +143,12 @@ pub const EVENT_SIGNER_PROMOTED: &str = "SignerPromoted";
 /// regenerated.
 pub const EVENT_CA_SECRET_INVALID: &str = "CASecretInvalid";
 
+/// The label on every object caretaker creates (the webhook bootstrap's objects, and every
+/// CA Secret, bundle ConfigMap and certificate Secret), and the mark of a Secret or ConfigMap
+/// caretaker may write: it writes no existing object without it (see
+/// [`crate::authority::managed`]).
+pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "caretaker");
+
 /// Bookkeeping of a CertificateAuthority's rotation, on its CA Secret.
 pub mod authority_state {
     /// When the next CA was first seen in the bundle and every injection point (RFC 3339).
@@ -185,6 +191,10 @@ pub const REASON_OBJECT_IN_USE: &str = "ObjectInUse";
 /// Reason: the IssuedCertificate's namespace is not among its CertificateAuthority's
 /// `spec.allowedNamespaces`.
 pub const REASON_NAMESPACE_NOT_ALLOWED: &str = "NamespaceNotAllowed";
+/// Ready false and Degraded (and a Warning event of the same reason, once per message): the
+/// Secret or ConfigMap the spec names exists and is not caretaker's (see [`MANAGED_BY`]);
+/// nothing is written to it.
+pub const REASON_OBJECT_NOT_MANAGED: &str = "ObjectNotManaged";
 /// Ready false: the IssuedCertificate's `issuerRef` names no CertificateAuthority.
 pub const REASON_ISSUER_NOT_FOUND: &str = "IssuerNotFound";
 /// Ready false: the IssuedCertificate's CertificateAuthority cannot be acted on (its spec is

@@ -1189,6 +1189,132 @@ async fn a_deleted_ca_secret_is_replaced_by_a_new_ca_with_an_event() {
     .await;
 }
 
+/// A deleted CA Secret while the bundle ConfigMap also holds a leaf (put there by hand): the
+/// re-created Secret keeps the bundle's CA in `previous.crt` and nothing else, and reads back
+/// valid (it was `CASecretInvalid` on the next pass, and nothing signed again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_re_created_ca_secret_keeps_only_cas_from_the_bundle() {
+    let mut setup = setup().await;
+    setup
+        .create_ca("webhooks", json!({ "trustPropagation": "1s" }))
+        .await;
+    setup.create_certificate("web", "webhooks", json!({})).await;
+    let (ca_secret, leaf_secret) = settled(&setup, "webhooks", "web").await;
+    let old_ca = leaf_or_ca(&ca_secret);
+
+    // Stopped, so that the bundle with the leaf and the missing Secret are seen together.
+    setup.stop();
+    let bundle = bundle_text(&setup.bundle("webhooks-ca-bundle").await.unwrap());
+    setup
+        .config_maps()
+        .patch(
+            "webhooks-ca-bundle",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "data": {
+                "ca-bundle.crt": bundle + &text(&leaf_secret, "tls.crt") } })),
+        )
+        .await
+        .unwrap();
+    setup
+        .secrets(SYSTEM)
+        .delete("webhooks-ca", &DeleteParams::default())
+        .await
+        .unwrap();
+    setup.start();
+
+    let recreated = setup
+        .wait_secret(SYSTEM, "webhooks-ca", "a re-created CA Secret", |_| true)
+        .await;
+    assert_eq!(
+        fingerprints(&text(&recreated, "previous.crt")),
+        [old_ca.fingerprint().to_string()]
+    );
+    let new_ca = setup
+        .wait_secret(SYSTEM, "webhooks-ca", "the new CA signs", |s| {
+            certificates(&text(s, "tls.crt"))
+                .first()
+                .is_some_and(|c| *c != old_ca)
+        })
+        .await;
+    let new_ca = leaf_or_ca(&new_ca);
+    setup
+        .wait_secret(DEMO, "web-tls", "a leaf from the new CA", |s| {
+            signed_by(&leaf(s), &new_ca)
+        })
+        .await;
+    assert!(
+        setup
+            .notes("default", "webhooks", names::EVENT_CA_SECRET_INVALID)
+            .await
+            .is_empty()
+    );
+}
+
+/// A valid CA swapped into the CA Secret (a backup restored, say) while the bundle ConfigMap
+/// still holds the CA that signed the certificates in use: that CA stays in the bundle (it was
+/// dropped at once), kept in `previous.crt` and counted unused only once the certificate is
+/// issued again, for `trustPropagation`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ca_only_the_bundle_holds_stays_trusted_after_a_restore() {
+    let mut setup = setup().await;
+    setup
+        .create_ca("webhooks", json!({ "trustPropagation": "1h" }))
+        .await;
+    setup.create_certificate("web", "webhooks", json!({})).await;
+    let (ca_secret, _) = settled(&setup, "webhooks", "web").await;
+    let old_ca = leaf_or_ca(&ca_secret);
+
+    setup.stop();
+    let restored =
+        caretaker_pki::CertificateAuthority::create(&caretaker_pki::CaSpec::new("webhooks-ca"))
+            .unwrap();
+    let restored_ca = certificates(&restored.certificate_pem()).remove(0);
+    let time = caretaker_operator::timestamp::format_time;
+    setup
+        .patch_secret(
+            SYSTEM,
+            "webhooks-ca",
+            json!({
+                "metadata": { "annotations": {
+                    names::CERTIFICATE_NOT_BEFORE: time(restored_ca.not_before()),
+                    names::CERTIFICATE_NOT_AFTER: time(restored_ca.not_after()),
+                } },
+                "data": {
+                    "tls.crt": STANDARD.encode(restored.certificate_pem()),
+                    "tls.key": STANDARD.encode(restored.private_key_pem()),
+                },
+            }),
+        )
+        .await;
+    setup.start();
+
+    setup
+        .wait_secret(DEMO, "web-tls", "a leaf from the restored CA", |s| {
+            signed_by(&leaf(s), &restored_ca)
+        })
+        .await;
+    let ca_secret = setup
+        .wait_secret(SYSTEM, "webhooks-ca", "the old CA counted unused", |s| {
+            annotation(&s.metadata, names::authority_state::UNUSED_SINCE)
+                .is_some_and(|v| v.starts_with(old_ca.fingerprint()))
+        })
+        .await;
+    assert_eq!(
+        fingerprints(&text(&ca_secret, "previous.crt")),
+        [old_ca.fingerprint().to_string()]
+    );
+    let mut both = vec![
+        old_ca.fingerprint().to_string(),
+        restored_ca.fingerprint().to_string(),
+    ];
+    both.sort();
+    let mut held = fingerprints(&bundle_text(
+        &setup.bundle("webhooks-ca-bundle").await.unwrap(),
+    ));
+    held.sort();
+    assert_eq!(held, both, "the old CA stays trusted");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operator_restarted_mid_rotation_makes_no_second_ca_and_loses_nothing() {
     let mut setup = setup().await;
@@ -1432,6 +1558,124 @@ async fn objects_that_would_share_a_secret_or_bundle_are_refused_not_fought_over
     );
 }
 
+/// A Secret and a ConfigMap that are someone's data, at the names a CertificateAuthority and
+/// an IssuedCertificate ask for: nothing is written to them, both say so (Degraded and a
+/// Warning naming the object and how to hand it over), and each goes on once handed over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn someones_secret_or_config_map_is_never_taken_over() {
+    let setup = setup().await;
+    let config_map = serde_json::from_value(json!({
+        "metadata": { "name": "team-bundle", "namespace": SYSTEM },
+        "data": { "ca-bundle.crt": "the team's own data" },
+    }))
+    .unwrap();
+    let team_bundle = setup
+        .config_maps()
+        .create(&PostParams::default(), &config_map)
+        .await
+        .unwrap();
+    let secret = serde_json::from_value(json!({
+        "metadata": { "name": "web-tls", "namespace": DEMO },
+        "data": { "password": STANDARD.encode("hunter2") },
+    }))
+    .unwrap();
+    let team_secret = setup
+        .secrets(DEMO)
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+    setup
+        .create_ca(
+            "webhooks",
+            json!({ "bundle": { "name": "team-bundle", "namespace": SYSTEM } }),
+        )
+        .await;
+    setup.create_certificate("web", "webhooks", json!({})).await;
+
+    setup
+        .wait_ca_condition(
+            "webhooks",
+            "Degraded",
+            "True",
+            names::REASON_OBJECT_NOT_MANAGED,
+        )
+        .await;
+    let note = setup
+        .wait_note(
+            "default",
+            "webhooks",
+            names::REASON_OBJECT_NOT_MANAGED,
+            "ConfigMap caretaker-system/team-bundle exists and is not managed by caretaker",
+        )
+        .await;
+    assert!(
+        note.contains("label it app.kubernetes.io/managed-by=caretaker"),
+        "{note}"
+    );
+    let status = setup.authority("webhooks").await.status.unwrap();
+    assert_eq!(
+        condition(&status.certificate.conditions, "Ready").status,
+        "False"
+    );
+    setup
+        .wait_certificate_condition("web", "Degraded", "True", names::REASON_OBJECT_NOT_MANAGED)
+        .await;
+    setup
+        .wait_note(
+            DEMO,
+            "web",
+            names::REASON_OBJECT_NOT_MANAGED,
+            "Secret demo/web-tls exists and is not managed by caretaker",
+        )
+        .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let unchanged = setup.bundle("team-bundle").await.unwrap();
+    assert_eq!(unchanged.metadata, team_bundle.metadata, "nothing written");
+    assert_eq!(unchanged.data, team_bundle.data);
+    let unchanged = setup.secret(DEMO, "web-tls").await.unwrap();
+    assert_eq!(unchanged.metadata, team_secret.metadata, "nothing written");
+    assert_eq!(unchanged.data, team_secret.data);
+    assert!(
+        setup.secret(SYSTEM, "webhooks-ca").await.is_none(),
+        "no CA made for a bundle that is not caretaker's"
+    );
+    // Said once per message (a pass that starts before the status it wrote is seen back
+    // may say it again, as for every refusal).
+    let notes = setup
+        .notes("default", "webhooks", names::REASON_OBJECT_NOT_MANAGED)
+        .await;
+    assert!(notes.iter().all(|n| *n == note), "{notes:?}");
+
+    // Handed over: the ConfigMap labelled, the Secret deleted.
+    setup
+        .config_maps()
+        .patch(
+            "team-bundle",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "metadata": { "labels": {
+                "app.kubernetes.io/managed-by": "caretaker" } } })),
+        )
+        .await
+        .unwrap();
+    setup
+        .secrets(DEMO)
+        .delete("web-tls", &DeleteParams::default())
+        .await
+        .unwrap();
+    let (ca_secret, leaf_secret) = settled(&setup, "webhooks", "web").await;
+    for meta in [&ca_secret.metadata, &leaf_secret.metadata] {
+        assert_eq!(
+            meta.labels.as_ref().unwrap()["app.kubernetes.io/managed-by"],
+            "caretaker",
+            "created with the label"
+        );
+    }
+    assert_eq!(
+        fingerprints(&bundle_text(&setup.bundle("team-bundle").await.unwrap())),
+        fingerprints(&text(&ca_secret, "tls.crt"))
+    );
+}
+
 /// Every managed object, with its resourceVersion.
 async fn versions(setup: &Setup) -> BTreeMap<String, String> {
     let mut found = BTreeMap::new();
@@ -1655,7 +1899,9 @@ async fn an_invalid_spec_writes_nothing_and_warns_once_per_message() {
 
     // Woken by its bundle ConfigMap appearing: the same message, no second Warning.
     let config_map = serde_json::from_value(json!({
-        "metadata": { "name": "bad-ca-bundle" }, "data": { "other": "x" },
+        "metadata": { "name": "bad-ca-bundle",
+                      "labels": { "app.kubernetes.io/managed-by": "caretaker" } },
+        "data": { "other": "x" },
     }))
     .unwrap();
     setup

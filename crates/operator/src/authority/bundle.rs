@@ -154,6 +154,12 @@ impl BundleState {
         }
     }
 
+    /// The CA certificates it holds: a leaf, or anything else that is not a CA, put there is
+    /// nothing to trust as a CA.
+    pub fn cas(&self) -> impl Iterator<Item = &Certificate> {
+        self.certificates().iter().filter(|c| c.info().is_ca)
+    }
+
     pub fn present(&self) -> Option<&BundleConfigMap> {
         match self {
             BundleState::Present(b) => Some(b),

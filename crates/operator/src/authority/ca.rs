@@ -369,10 +369,20 @@ impl IssuerView {
                 bundle: seen
                     .bundle
                     .present()
-                    .map(|b| Bundle::of(b.certificates.iter().cloned(), now)),
+                    .map(|_| Bundle::of(seen.bundle.cas().cloned(), now)),
             },
         }
     }
+}
+
+/// What a managed certificate of the CA may be signed by, to tell which CAs are in use
+/// ([`AuthorityObserved::in_use`]): the issuer as observed, and every CA the published bundle
+/// holds besides (one only the bundle holds stays while certificates it signed remain).
+pub fn in_use_candidates(seen: &AuthorityObserved, now: OffsetDateTime) -> IssuerView {
+    let mut view = IssuerView::observed(seen, now);
+    let issuer = view.bundle.iter().flat_map(|b| b.certificates().iter());
+    view.bundle = Some(Bundle::of(issuer.chain(seen.bundle.cas()).cloned(), now));
+    view
 }
 
 /// A pass over a CertificateAuthority.
@@ -412,7 +422,7 @@ pub fn plan(
         CaSecretState::Valid(secret) => Some(&**secret),
     };
     let mut desired = match stored {
-        Some(secret) => secret.clone(),
+        Some(secret) => adopt_published(secret, &seen.bundle, now),
         None => recreate(seen, policy, now, mint, &mut events)?,
     };
 
@@ -542,8 +552,8 @@ pub fn plan(
     })
 }
 
-/// The CA Secret is gone: a new one, with a new CA. The CAs the bundle still holds stay
-/// trusted; if there are any, the new CA enters as the next CA (trust before sign), else it
+/// The CA Secret is gone: a new one, with a new CA. The CAs the bundle still holds (CA
+/// certificates not expired, nothing else) stay trusted; if there are any, the new CA enters as the next CA (trust before sign), else it
 /// is the first and signs at once.
 fn recreate(
     seen: &AuthorityObserved,
@@ -552,7 +562,8 @@ fn recreate(
     mint: &dyn Mint,
     events: &mut Vec<Event>,
 ) -> Result<CaSecret, PkiError> {
-    let trusted = Bundle::of(seen.bundle.certificates().iter().cloned(), now);
+    // Only the CAs: a leaf there would make `previous.crt` unreadable (and trust nothing).
+    let trusted = Bundle::of(seen.bundle.cas().cloned(), now);
     let ca = mint.create_ca(&policy.ca)?;
     let serial = ca.certificate.serial().to_string();
     let mut secret = CaSecret {
@@ -579,6 +590,25 @@ fn recreate(
         ),
     ));
     Ok(secret)
+}
+
+/// The CA Secret with every CA only the published bundle holds (a backup restored, a CA
+/// swapped into the Secret) taken in as an older CA: certificates it signed may still be
+/// served, so it leaves as any older CA does, once expired or unused for `trust_propagation`
+/// (see [`retire`]), never at once. Only CA certificates count.
+fn adopt_published(secret: &CaSecret, published: &BundleState, now: OffsetDateTime) -> CaSecret {
+    let mut secret = secret.clone();
+    let held: BTreeSet<&str> = secret
+        .certificates()
+        .map(Certificate::fingerprint)
+        .collect();
+    let adopted: Vec<Certificate> = published
+        .cas()
+        .filter(|c| !c.expired_at(now) && !held.contains(c.fingerprint()))
+        .cloned()
+        .collect();
+    secret.previous.extend(adopted);
+    secret
 }
 
 /// Why the CA that signs now must be replaced, if it must.
@@ -844,7 +874,7 @@ fn invalid_message(seen: &AuthorityObserved, reason: &str) -> String {
 /// it.
 fn fallback(seen: &AuthorityObserved, message: &str, now: OffsetDateTime) -> IssuerView {
     let last_good = seen.last_good.clone().filter(|ca| ca.signs_at(now));
-    let published = seen.bundle.certificates().iter().cloned();
+    let published = seen.bundle.cas().cloned();
     let bundle = match &last_good {
         Some(ca) => Some(Bundle::of(published.chain([ca.certificate.clone()]), now)),
         None => seen.bundle.present().map(|_| Bundle::of(published, now)),

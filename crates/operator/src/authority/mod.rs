@@ -42,8 +42,8 @@
 //!     bundle: BundleState::observe(bundle configmap's (data, annotations)),
 //!     injected: fingerprints every injection point naming the CA holds (None if none does),
 //!     in_use / certificates_missing: from the leaf (leaf::read_leaf) of every IssuedCertificate
-//!         naming it, and the first of IssuerView::observed(&seen, now)'s bundle and signer
-//!         that signed it (as LeafSecretState::observe finds it),
+//!         naming it whose Secret is caretaker's, and the first of
+//!         ca::in_use_candidates(&seen, now)'s bundle and signer that signed it,
 //!     last_good: the last CaSecretState::Valid current this process saw,
 //!     reported_degraded: the Degraded condition's message in its status, ..
 //! }
@@ -93,9 +93,11 @@
 //! **Bundle ConfigMap** (`spec.bundle`): `ca-bundle.crt` holds the CA that signs now, the next
 //! CA and every older CA of `previous.crt`, de-duplicated, expired ones dropped, in
 //! `caretaker_pki::TrustBundle`'s order, so the same set always renders the same bytes. It is
-//! written from the CA Secret and read back only to find out whether it already says that
-//! (and, when the CA Secret is gone, which CAs were trusted). Its library-go annotations
-//! describe the CA that signs now.
+//! written from the CA Secret and read back to find out whether it already says that, and
+//! which CAs it trusts that the CA Secret does not hold (all of them when the CA Secret is
+//! gone): certificates they signed may still be served, so such a CA (a CA certificate, not
+//! expired) is taken into `previous.crt` and leaves as any older CA does. Its library-go
+//! annotations describe the CA that signs now.
 //!
 //! **Certificate Secret** (`IssuedCertificate`'s `secretName`, type `kubernetes.io/tls`):
 //! `tls.crt` (the leaf alone), `tls.key`, `ca.crt` (the issuer's bundle, as above), and
@@ -108,13 +110,17 @@
 //!
 //! # A CA Secret that is not what caretaker wrote
 //!
+//! - **Not caretaker's** (an existing Secret or ConfigMap without the label
+//!   [`names::MANAGED_BY`] that every object caretaker creates carries, nor the annotations an
+//!   earlier caretaker wrote: [`managed`]): someone's data. The glue writes nothing to it,
+//!   signs nothing from it, and says so (`ObjectNotManaged`, [`not_managed`]).
 //! - **Unreadable or tampered with** (a certificate or key that does not parse, a key that
 //!   does not belong to its certificate, a certificate that is not a CA, half a key pair):
 //!   nothing is regenerated and nothing is written. The CA keeps being what the glue last saw
 //!   valid ([`ca::AuthorityObserved::last_good`]; after a restart there is none, and nothing
 //!   signs), `Degraded` says why, and a Warning event says it once.
 //! - **Absent** (deleted on purpose, or never made): a new CA is made, with an event. The CAs
-//!   the bundle ConfigMap still holds stay trusted (they are copied into `previous.crt`). If
+//!   the bundle ConfigMap still holds (CA certificates not expired, nothing else) stay trusted (they are copied into `previous.crt`). If
 //!   there are any, the new CA enters as the *next* CA and follows trust before sign: nothing
 //!   signs until it is promoted (the old key is gone with the Secret, and a certificate from an
 //!   untrusted CA would break every client; certificates already issued keep working, since
@@ -207,6 +213,37 @@ impl fmt::Display for ObjectName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}/{}", self.namespace, self.name)
     }
+}
+
+/// Whether caretaker may write an existing Secret or ConfigMap, from its labels and
+/// annotations: it carries [`names::MANAGED_BY`] (written when caretaker creates an object,
+/// and again on every write), or it was written by a caretaker from before that label, which
+/// wrote library-go's `certificate-not-before`, `-not-after` or `-issuer` (all three on every
+/// object holding a certificate) or its rotation bookkeeping on each. Any one of those counts,
+/// so removing `certificate-not-after` alone (library-go's forced rotation) still leaves the
+/// object caretaker's; the write that follows labels it. Anything else is someone's data:
+/// caretaker writes nothing to it.
+pub fn managed(labels: &BTreeMap<String, String>, annotations: &BTreeMap<String, String>) -> bool {
+    let (label, value) = names::MANAGED_BY;
+    labels.get(label).map(String::as_str) == Some(value)
+        || [
+            names::CERTIFICATE_NOT_BEFORE,
+            names::CERTIFICATE_NOT_AFTER,
+            names::CERTIFICATE_ISSUER,
+            names::authority_state::NEXT_TRUSTED_AT,
+            names::authority_state::UNUSED_SINCE,
+        ]
+        .iter()
+        .any(|key| annotations.contains_key(*key))
+}
+
+/// Why caretaker writes nothing to `kind` `name`, which exists and is not its own, and how to
+/// hand it over.
+pub fn not_managed(kind: &str, name: &ObjectName) -> String {
+    let (label, value) = names::MANAGED_BY;
+    format!(
+        "{kind} {name} exists and is not managed by caretaker (no label {label}={value}); nothing was written to it: delete it to have caretaker create it, or label it {label}={value} to hand it over"
+    )
 }
 
 /// A Secret as the glue reads it: its `data` and its annotations.
@@ -670,6 +707,47 @@ pub(crate) mod tests {
         assert_eq!(data.get(TLS_KEY), None);
     }
 
+    /// Only objects caretaker made (labelled, or annotated by an earlier caretaker) are
+    /// written; someone's Secret or ConfigMap at the same name is not taken over.
+    #[test]
+    fn only_objects_caretaker_made_are_its_to_write() {
+        let map = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let none = BTreeMap::new();
+        let (label, value) = names::MANAGED_BY;
+        assert!(managed(&map(&[(label, value)]), &none));
+        assert!(!managed(&none, &none), "someone's object");
+        assert!(
+            !managed(&map(&[(label, "helm")]), &none),
+            "another manager's"
+        );
+        assert!(!managed(&map(&[("app", "web")]), &map(&[("team", "a")])));
+        // Written by a caretaker before the label: library-go's annotations, any one of them,
+        // so a forced rotation (certificate-not-after removed) leaves it caretaker's.
+        let legacy = map(&[
+            (names::CERTIFICATE_NOT_BEFORE, "2026-01-01T00:00:00Z"),
+            (names::CERTIFICATE_ISSUER, "webhooks-ca"),
+        ]);
+        assert!(managed(&none, &legacy));
+        assert!(managed(
+            &none,
+            &map(&[(names::authority_state::NEXT_TRUSTED_AT, "x")])
+        ));
+        let message = not_managed("Secret", &ObjectName::new("demo", "web-tls"));
+        assert!(
+            message.contains("Secret demo/web-tls exists and is not managed"),
+            "{message}"
+        );
+        assert!(
+            message.contains("app.kubernetes.io/managed-by=caretaker"),
+            "{message}"
+        );
+    }
+
     #[test]
     fn recorded_moments_round_up_to_the_second() {
         use time::macros::datetime;
@@ -712,7 +790,7 @@ pub(crate) mod tests {
                 last_good,
                 reported_degraded: None,
             };
-            match self.certificate(&ca::IssuerView::observed(&seen, OffsetDateTime::now_utc())) {
+            match self.certificate(&ca::in_use_candidates(&seen, OffsetDateTime::now_utc())) {
                 leaf::LeafSecretState::Present(s) if s.certificate.is_ok() => {
                     seen.in_use.extend(s.issuer)
                 }

@@ -278,7 +278,7 @@ impl World {
             last_good: self.last_good.clone(),
             reported_degraded: self.reported_degraded.clone(),
         };
-        let issuer = IssuerView::observed(&seen, self.now);
+        let issuer = ca::in_use_candidates(&seen, self.now);
         for i in 0..self.leaves.len() {
             match self.leaf_observed(i, &issuer).secret {
                 LeafSecretState::Present(s) if s.certificate.is_ok() => {

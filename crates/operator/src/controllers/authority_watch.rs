@@ -575,6 +575,16 @@ fn authority_named(kind: TargetKind, target: &DynamicObject) -> Option<String> {
     }
 }
 
+/// Why caretaker writes nothing to the existing `kind` at `key` (`meta`): it is not
+/// caretaker's ([`authority::managed`]); `None` when it is.
+pub(crate) fn not_managed(kind: &str, key: &Key, meta: &ObjectMeta) -> Option<String> {
+    let none = BTreeMap::new();
+    let labels = meta.labels.as_ref().unwrap_or(&none);
+    let annotations = meta.annotations.as_ref().unwrap_or(&none);
+    (!authority::managed(labels, annotations))
+        .then(|| authority::not_managed(kind, &ObjectName::new(&key.0, &key.1)))
+}
+
 /// A Secret's `data` and annotations, as the decisions read them.
 pub(crate) fn secret_content(
     secret: &Secret,
@@ -1227,6 +1237,12 @@ impl Shared {
         let Some(secret) = secret else {
             return Arc::new(CaSecretState::Absent);
         };
+        if not_managed("Secret", key, &secret.metadata).is_some() {
+            // Someone's Secret: nothing signs from it.
+            let (label, value) = names::MANAGED_BY;
+            let reason = format!("it is not managed by caretaker (no label {label}={value})");
+            return Arc::new(CaSecretState::Invalid { reason });
+        }
         let version = secret.resource_version().unwrap_or_default();
         if let Some((seen, state)) = lock(&self.ca_secrets).get(key)
             && *seen == version
@@ -1413,7 +1429,11 @@ impl Shared {
         let mut known = match cached {
             Some(known) => known,
             None => {
-                let leaf = stored_leaf(&secret);
+                // Someone's Secret tells nothing of what the certificate's workload serves.
+                let leaf = match not_managed("Secret", key, &secret.metadata) {
+                    Some(_) => None,
+                    None => stored_leaf(&secret),
+                };
                 let known = KnownLeaf {
                     version,
                     readable: leaf.is_some(),
@@ -1497,7 +1517,14 @@ impl Shared {
             CaSecretState::Absent | CaSecretState::Invalid { .. } => {
                 let (namespace, bundle_name) = bundle_key(&ca.spec);
                 let api: Api<ConfigMap> = Api::namespaced(self.ctx.client.clone(), &namespace);
-                let config_map = api.get_opt(&bundle_name).await?;
+                let config_map = api.get_opt(&bundle_name).await?.filter(|c| {
+                    not_managed(
+                        "ConfigMap",
+                        &(namespace.clone(), bundle_name.clone()),
+                        &c.metadata,
+                    )
+                    .is_none()
+                });
                 let content = config_map.as_ref().map(config_map_content);
                 BundleState::observe(content.as_ref().map(|(d, a)| (d, a)))
             }
@@ -1533,109 +1560,117 @@ impl Shared {
         written.remove(key);
         None
     }
+}
 
-    /// Creates the Secret `key` (type `kubernetes.io/tls`) when `version` is `None`, else
-    /// merge-patches its `data` and annotations on `version`.
-    pub(crate) async fn write_secret(
-        &self,
-        key: &Key,
-        version: Option<&str>,
-        data: &SecretData,
-        annotations: &AnnotationChanges,
-    ) -> Result<Written, Error> {
-        let secret = |metadata| Secret {
-            metadata,
-            type_: Some(SECRET_TYPE_TLS.into()),
-            data: Some(
-                data.iter()
-                    .filter_map(|(k, v)| Some((k.to_string(), ByteString(v?.as_bytes().to_vec()))))
-                    .collect(),
-            ),
-            ..Default::default()
-        };
-        let patch = data
-            .iter()
-            .map(|(k, v)| {
-                let value = v.map_or(Value::Null, |v| Value::String(STANDARD.encode(v)));
-                (k.to_string(), value)
-            })
-            .collect();
-        self.create_or_patch(key, version, annotations, secret, patch)
-            .await
-    }
+/// Creates the Secret `key` (type `kubernetes.io/tls`) when `version` is `None`, else
+/// merge-patches its `data` and annotations on `version`.
+pub(crate) async fn write_secret(
+    client: &kube::Client,
+    key: &Key,
+    version: Option<&str>,
+    data: &SecretData,
+    annotations: &AnnotationChanges,
+) -> Result<Written, Error> {
+    let secret = |metadata| Secret {
+        metadata,
+        type_: Some(SECRET_TYPE_TLS.into()),
+        data: Some(
+            data.iter()
+                .filter_map(|(k, v)| Some((k.to_string(), ByteString(v?.as_bytes().to_vec()))))
+                .collect(),
+        ),
+        ..Default::default()
+    };
+    let patch = data
+        .iter()
+        .map(|(k, v)| {
+            let value = v.map_or(Value::Null, |v| Value::String(STANDARD.encode(v)));
+            (k.to_string(), value)
+        })
+        .collect();
+    create_or_patch(client, key, version, annotations, secret, patch).await
+}
 
-    /// Creates the ConfigMap `key` when `version` is `None`, else merge-patches its `data`
-    /// and annotations on `version`.
-    pub(crate) async fn write_config_map(
-        &self,
-        key: &Key,
-        version: Option<&str>,
-        data: &BTreeMap<&'static str, String>,
-        annotations: &AnnotationChanges,
-    ) -> Result<Written, Error> {
-        let config_map = |metadata| ConfigMap {
-            metadata,
-            data: Some(
-                data.iter()
-                    .map(|(k, v)| (k.to_string(), v.clone()))
-                    .collect(),
-            ),
-            ..Default::default()
-        };
-        let patch = data
-            .iter()
-            .map(|(k, v)| (k.to_string(), Value::String(v.clone())))
-            .collect();
-        self.create_or_patch(key, version, annotations, config_map, patch)
-            .await
-    }
+/// Creates the ConfigMap `key` when `version` is `None`, else merge-patches its `data`
+/// and annotations on `version`.
+pub(crate) async fn write_config_map(
+    client: &kube::Client,
+    key: &Key,
+    version: Option<&str>,
+    data: &BTreeMap<&'static str, String>,
+    annotations: &AnnotationChanges,
+) -> Result<Written, Error> {
+    let config_map = |metadata| ConfigMap {
+        metadata,
+        data: Some(
+            data.iter()
+                .map(|(k, v)| (k.to_string(), v.clone()))
+                .collect(),
+        ),
+        ..Default::default()
+    };
+    let patch = data
+        .iter()
+        .map(|(k, v)| (k.to_string(), Value::String(v.clone())))
+        .collect();
+    create_or_patch(client, key, version, annotations, config_map, patch).await
+}
 
-    /// Creates `key` as `object` makes it from its metadata (name, namespace, the annotations
-    /// set) when `version` is `None`, else merge-patches `data` and the annotation changes on
-    /// `version`.
-    async fn create_or_patch<K>(
-        &self,
-        key: &Key,
-        version: Option<&str>,
-        annotations: &AnnotationChanges,
-        object: impl FnOnce(ObjectMeta) -> K,
-        data: serde_json::Map<String, Value>,
-    ) -> Result<Written, Error>
-    where
-        K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
-            + Clone
-            + DeserializeOwned
-            + Serialize
-            + fmt::Debug,
-    {
-        let api: Api<K> = Api::namespaced(self.ctx.client.clone(), &key.0);
-        match version {
-            None => {
-                let mut written = BTreeMap::new();
-                annotations.apply_to(&mut written);
-                let object = object(ObjectMeta {
-                    name: Some(key.1.clone()),
-                    namespace: Some(key.0.clone()),
-                    annotations: (!written.is_empty()).then_some(written),
-                    ..Default::default()
-                });
-                let params = PostParams {
-                    field_manager: Some(FIELD_MANAGER.into()),
-                    ..Default::default()
-                };
-                outcome(api.create(&params, &object).await, false)
-            }
-            Some(version) => {
-                let body = json!({
-                    "metadata": { "resourceVersion": version, "annotations": annotations.to_json() },
-                    "data": data,
-                });
-                outcome(
-                    api.patch(&key.1, &patch_params(), &Patch::Merge(&body))
-                        .await,
-                    true,
-                )
-            }
+/// Creates `key` as `object` makes it from its metadata (name, namespace, the label
+/// [`names::MANAGED_BY`], the annotations set) when `version` is `None`, else
+/// merge-patches `data`, the label and the annotation changes on `version`. A create is
+/// a create: an object that appeared since the pass read none is never overwritten (409,
+/// [`Written::Conflict`]: the next pass observes it).
+async fn create_or_patch<K>(
+    client: &kube::Client,
+    key: &Key,
+    version: Option<&str>,
+    annotations: &AnnotationChanges,
+    object: impl FnOnce(ObjectMeta) -> K,
+    data: serde_json::Map<String, Value>,
+) -> Result<Written, Error>
+where
+    K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + Serialize
+        + fmt::Debug,
+{
+    let api: Api<K> = Api::namespaced(client.clone(), &key.0);
+    match version {
+        None => {
+            let mut written = BTreeMap::new();
+            annotations.apply_to(&mut written);
+            let (label, value) = names::MANAGED_BY;
+            let object = object(ObjectMeta {
+                name: Some(key.1.clone()),
+                namespace: Some(key.0.clone()),
+                labels: Some(BTreeMap::from([(label.to_string(), value.to_string())])),
+                annotations: (!written.is_empty()).then_some(written),
+                ..Default::default()
+            });
+            let params = PostParams {
+                field_manager: Some(FIELD_MANAGER.into()),
+                ..Default::default()
+            };
+            outcome(api.create(&params, &object).await, false)
+        }
+        Some(version) => {
+            // The label too: an object an earlier caretaker wrote without it gets it.
+            let (label, value) = names::MANAGED_BY;
+            let body = json!({
+                "metadata": {
+                    "resourceVersion": version,
+                    "labels": { label: value },
+                    "annotations": annotations.to_json(),
+                },
+                "data": data,
+            });
+            outcome(
+                api.patch(&key.1, &patch_params(), &Patch::Merge(&body))
+                    .await,
+                true,
+            )
         }
     }
 }
@@ -1792,6 +1827,66 @@ pub(crate) async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A write of an object the pass found absent is a create, never a patch or a replace:
+    /// an object that appeared meanwhile (someone's, here) is left exactly as it is, and the
+    /// outcome is a conflict (the next pass observes it). A re-created CA Secret and a first
+    /// certificate Secret are written this way.
+    #[tokio::test]
+    async fn a_write_of_an_absent_object_never_overwrites_one_that_appeared() {
+        let server = caretaker_apiserver::TestServer::start().await;
+        let client = server.client();
+        let key: Key = ("default".into(), "appeared".into());
+        let secrets: Api<Secret> = Api::namespaced(client.clone(), &key.0);
+        let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), &key.0);
+        let theirs: Secret = serde_json::from_value(json!({
+            "metadata": { "name": "appeared" },
+            "data": { "password": STANDARD.encode("hunter2") },
+        }))
+        .unwrap();
+        let theirs = secrets
+            .create(&PostParams::default(), &theirs)
+            .await
+            .unwrap();
+        let theirs_map: ConfigMap = serde_json::from_value(json!({
+            "metadata": { "name": "appeared" }, "data": { "ca-bundle.crt": "theirs" },
+        }))
+        .unwrap();
+        let theirs_map = config_maps
+            .create(&PostParams::default(), &theirs_map)
+            .await
+            .unwrap();
+
+        let mut data = SecretData::default();
+        data.set(authority::TLS_CRT, "new")
+            .set(authority::TLS_KEY, "new");
+        let mut annotations = AnnotationChanges::default();
+        annotations.set(names::CERTIFICATE_ISSUER, "webhooks-ca");
+        let written = write_secret(&client, &key, None, &data, &annotations).await;
+        assert!(matches!(written, Ok(Written::Conflict)));
+        let bundle = BTreeMap::from([(authority::CA_BUNDLE_CRT, "new".to_string())]);
+        let written = write_config_map(&client, &key, None, &bundle, &annotations).await;
+        assert!(matches!(written, Ok(Written::Conflict)));
+        assert_eq!(secrets.get("appeared").await.unwrap(), theirs);
+        assert_eq!(config_maps.get("appeared").await.unwrap(), theirs_map);
+
+        // Absent, it is created, with the label that makes it caretaker's.
+        secrets
+            .delete("appeared", &Default::default())
+            .await
+            .unwrap();
+        let written = write_secret(&client, &key, None, &data, &annotations).await;
+        assert!(matches!(written, Ok(Written::Done(_))));
+        let created = secrets.get("appeared").await.unwrap();
+        assert_eq!(created.type_.as_deref(), Some(SECRET_TYPE_TLS));
+        assert_eq!(
+            created
+                .labels()
+                .get(names::MANAGED_BY.0)
+                .map(String::as_str),
+            Some(names::MANAGED_BY.1)
+        );
+    }
 
     fn crd(name: &str) -> DynamicObject {
         DynamicObject::new(name, &TargetKind::CustomResourceDefinition.api_resource())

@@ -26,9 +26,7 @@ use time::OffsetDateTime;
 use super::authority_watch::{self, AuthorityFeed, Shared, Written};
 use crate::Error;
 use crate::authority::bundle::BundleState;
-use crate::authority::ca::{
-    self, AuthorityObserved, AuthorityStep, CaPlan, CaSecretState, IssuerView,
-};
+use crate::authority::ca::{self, AuthorityObserved, AuthorityStep, CaPlan, CaSecretState};
 use crate::authority::{CA_BUNDLE_CRT, ObjectName, PkiMint};
 use crate::changes::Event;
 use crate::metrics::CertificateKind;
@@ -95,6 +93,27 @@ async fn reconcile(
     let config_map = Api::<ConfigMap>::namespaced(client, &bundle_key.0)
         .get_opt(&bundle_key.1)
         .await?;
+    let foreign: Vec<String> = [
+        secret
+            .as_ref()
+            .and_then(|s| authority_watch::not_managed("Secret", &secret_key, &s.metadata)),
+        config_map
+            .as_ref()
+            .and_then(|c| authority_watch::not_managed("ConfigMap", &bundle_key, &c.metadata)),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    if !foreign.is_empty() {
+        let message = foreign.join("; ");
+        return refuse(
+            &shared,
+            &authority,
+            names::REASON_OBJECT_NOT_MANAGED,
+            message,
+        )
+        .await;
+    }
     let mut versions = (
         secret.as_ref().and_then(|s| s.resource_version()),
         config_map.as_ref().and_then(|c| c.resource_version()),
@@ -129,8 +148,8 @@ async fn reconcile(
             last_good: observing.last_good(&who),
             reported_degraded,
         };
-        let issuer = IssuerView::observed(&seen, now);
-        (seen.in_use, seen.certificates_missing) = observing.certificates_of(&who, &issuer);
+        let candidates = ca::in_use_candidates(&seen, now);
+        (seen.in_use, seen.certificates_missing) = observing.certificates_of(&who, &candidates);
         ca::plan(&seen, &policy, now, &PkiMint)
     })
     .await
@@ -146,24 +165,24 @@ async fn reconcile(
     for (done, step) in plan.steps.iter().enumerate() {
         let written = match step {
             AuthorityStep::WriteSecret(secret) => {
-                shared
-                    .write_secret(
-                        &secret_key,
-                        versions.0.as_deref(),
-                        &secret.data(),
-                        &secret.annotation_changes(),
-                    )
-                    .await
+                authority_watch::write_secret(
+                    &shared.ctx.client,
+                    &secret_key,
+                    versions.0.as_deref(),
+                    &secret.data(),
+                    &secret.annotation_changes(),
+                )
+                .await
             }
             AuthorityStep::WriteBundle(bundle) => {
-                shared
-                    .write_config_map(
-                        &bundle_key,
-                        versions.1.as_deref(),
-                        &bundle.data(),
-                        &bundle.annotation_changes(),
-                    )
-                    .await
+                authority_watch::write_config_map(
+                    &shared.ctx.client,
+                    &bundle_key,
+                    versions.1.as_deref(),
+                    &bundle.data(),
+                    &bundle.annotation_changes(),
+                )
+                .await
             }
         };
         let version = match written {

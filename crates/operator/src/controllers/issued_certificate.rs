@@ -109,6 +109,18 @@ async fn reconcile(
         // before it would issue again for nothing. Its event wakes this certificate.
         return Ok(Action::requeue(wait));
     }
+    if let Some(message) = secret
+        .as_ref()
+        .and_then(|s| authority_watch::not_managed("Secret", &key, &s.metadata))
+    {
+        return refuse(
+            &shared,
+            &certificate,
+            names::REASON_OBJECT_NOT_MANAGED,
+            message,
+        )
+        .await;
+    }
     let serving = matches!(policy.leaf.usage, Usage::Server | Usage::Both);
     let secret_name = ObjectName::new(&key.0, &key.1);
     let (plan, held_one) = authority_watch::blocking(move || {
@@ -132,17 +144,17 @@ async fn reconcile(
     .inspect_err(|e| (shared.ctx.metrics).rotation_failed(CertificateKind::IssuedCertificate, e))?;
 
     for step in &plan.steps {
-        match shared
-            .write_secret(
-                &key,
-                version.as_deref(),
-                &step.data(),
-                &step.annotation_changes(),
-            )
-            .await
-            .inspect_err(|e| {
-                (shared.ctx.metrics).rotation_failed(CertificateKind::IssuedCertificate, e)
-            })? {
+        match authority_watch::write_secret(
+            &shared.ctx.client,
+            &key,
+            version.as_deref(),
+            &step.data(),
+            &step.annotation_changes(),
+        )
+        .await
+        .inspect_err(|e| {
+            (shared.ctx.metrics).rotation_failed(CertificateKind::IssuedCertificate, e)
+        })? {
             Written::Done(_) => shared.note_written(key.clone(), version.clone()),
             Written::Conflict => return Ok(Action::await_change()),
         }

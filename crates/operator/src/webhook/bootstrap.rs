@@ -54,7 +54,7 @@ pub const SERVICE_PORT: i32 = 443;
 /// The field manager of the objects created.
 pub const FIELD_MANAGER: &str = "caretaker";
 /// The label on every object created.
-pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "caretaker");
+pub const MANAGED_BY: (&str, &str) = crate::names::MANAGED_BY;
 
 /// What `--webhook-bootstrap` and `--webhook-url` ask for.
 #[derive(Debug, Clone, PartialEq, Eq)]

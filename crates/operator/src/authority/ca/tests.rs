@@ -622,6 +622,40 @@ fn a_deleted_ca_secret_makes_a_new_ca_that_waits_for_trust_while_the_old_ones_st
 }
 
 #[test]
+fn a_re_created_ca_secret_keeps_the_bundles_cas_and_nothing_else() {
+    let (policy, model) = (policy(), Model::new(at(0)));
+    let mut seen = started(&policy, &model);
+    let ca = secret(&seen).current.clone().unwrap();
+    let leaf = model
+        .issue(&ca, &LeafSpec::new("web", Usage::Server))
+        .unwrap()
+        .certificate;
+    let expired = model.ca_cert("old", 1);
+    let mut published = seen.bundle.present().unwrap().clone();
+    published.certificates.extend([leaf, expired]);
+    seen.bundle = BundleState::Present(published);
+    seen.secret = CaSecretState::Absent;
+    let remade = decide(&seen, &policy, &model, 2 * DAY);
+    let AuthorityStep::WriteSecret(stored) = &remade.steps[0] else {
+        panic!("{:?}", remade.steps)
+    };
+    assert_eq!(
+        fingerprints(&stored.previous),
+        [ca.fingerprint()],
+        "the CA stays; the leaf and the expired CA do not"
+    );
+    assert!(
+        remade.events[0]
+            .note
+            .contains("the 1 CAs the bundle holds stay trusted"),
+        "{}",
+        remade.events[0].note
+    );
+    apply(&mut seen, &remade);
+    assert_settled(&seen, &policy, 2 * DAY);
+}
+
+#[test]
 fn a_ca_made_after_a_lost_write_is_not_made_twice() {
     let (policy, model) = (policy(), Model::new(at(0)));
     let mut seen = started(&policy, &model);
@@ -649,7 +683,13 @@ fn a_bundle_configmap_deleted_or_edited_is_written_again_from_the_secret() {
     let (policy, model) = (policy(), Model::new(at(0)));
     let seen = started(&policy, &model);
     let published = seen.bundle.present().unwrap().clone();
-    let stranger = model.ca_cert("stranger", 50);
+    // Not a CA: nothing to keep (a CA only the bundle holds is kept, see
+    // `a_ca_only_the_published_bundle_holds_stays_while_in_use_then_for_the_propagation_time`).
+    let signer = secret(&seen).current.clone().unwrap();
+    let stranger = model
+        .issue(&signer, &LeafSpec::new("web", Usage::Server))
+        .unwrap()
+        .certificate;
     let cases = [
         (BundleState::Absent, "configmap doesn't exist".to_string()),
         (
@@ -693,6 +733,72 @@ fn a_bundle_configmap_deleted_or_edited_is_written_again_from_the_secret() {
             fixed.events[0].note
         );
     }
+}
+
+/// A CA in the published bundle and not in the Secret (a backup restored, a CA swapped into
+/// the Secret): certificates it signed may be served, so it stays trusted while one is, then
+/// for the propagation time, as any older CA; a leaf there is never kept.
+#[test]
+fn a_ca_only_the_published_bundle_holds_stays_while_in_use_then_for_the_propagation_time() {
+    let (policy, model) = (policy(), Model::new(at(0)));
+    let mut seen = started(&policy, &model);
+    let signer = secret(&seen).current.clone().unwrap();
+    let restored = model.ca_cert("restored", 50);
+    let leaf = model
+        .issue(&signer, &LeafSpec::new("web", Usage::Server))
+        .unwrap()
+        .certificate;
+    let mut published = seen.bundle.present().unwrap().clone();
+    published
+        .certificates
+        .extend([restored.clone(), leaf.clone()]);
+    seen.bundle = BundleState::Present(published);
+    seen.in_use = BTreeSet::from([
+        restored.fingerprint().to_string(),
+        leaf.fingerprint().to_string(),
+    ]);
+    let kept = decide(&seen, &policy, &model, DAY);
+    apply(&mut seen, &kept);
+    assert_eq!(
+        fingerprints(&secret(&seen).previous),
+        [restored.fingerprint()]
+    );
+    let bundle = seen.bundle.present().unwrap();
+    assert!(bundle.certificates.contains(&restored), "still trusted");
+    assert!(!bundle.certificates.contains(&leaf), "a leaf is not a CA");
+    assert_settled(&seen, &policy, DAY);
+
+    // No certificate is signed by it any more: it goes once the propagation time has passed.
+    seen.in_use.clear();
+    let counting = decide(&seen, &policy, &model, 2 * DAY);
+    apply(&mut seen, &counting);
+    assert!(
+        seen.bundle
+            .present()
+            .unwrap()
+            .certificates
+            .contains(&restored)
+    );
+    assert_eq!(counting.wake_at, Some(at(2 * DAY) + PROP));
+    let gone = decide(&seen, &policy, &model, 2 * DAY + 300);
+    apply(&mut seen, &gone);
+    assert!(
+        !seen
+            .bundle
+            .present()
+            .unwrap()
+            .certificates
+            .contains(&restored)
+    );
+    assert!(secret(&seen).previous.is_empty());
+
+    // Candidates for telling what is in use include what only the bundle holds.
+    let mut seen = started(&policy, &Model::new(at(0)));
+    let mut published = seen.bundle.present().unwrap().clone();
+    published.certificates.push(restored.clone());
+    seen.bundle = BundleState::Present(published);
+    let candidates = in_use_candidates(&seen, at(DAY));
+    assert!(candidates.bundle.unwrap().contains(restored.fingerprint()));
 }
 
 /// Real CA Secrets spoiled in each way a person or a bug could.
