@@ -41,7 +41,7 @@
 //!     secret: CaSecretState::observe(ca secret's (data, annotations)),
 //!     bundle: BundleState::observe(bundle configmap's (data, annotations)),
 //!     injected: fingerprints every injection point naming the CA holds (None if none does),
-//!     in_use / certificates_missing: from LeafSecretState::observe of every IssuedCertificate
+//!     in_use / certificates_missing / distributed: from LeafSecretState::observe of every IssuedCertificate
 //!         naming it, with ca::in_use_candidates(&seen, now)'s bundle and signer as candidates,
 //!     last_good: the last CaSecretState::Valid current this process saw,
 //!     reported_degraded: the Degraded condition's message in its status, ..
@@ -72,8 +72,8 @@
 //! - `previous.crt`: the certificates (never keys) of older CAs still trusted, in bundle order.
 //!   Absent when there are none.
 //! - annotation `caretaker.dev/next-trusted-at` ([`names::authority_state::NEXT_TRUSTED_AT`]):
-//!   when the next CA was first seen in the bundle ConfigMap and in every injection point
-//!   (RFC 3339, rounded up to the second). Once `trust_propagation` has passed since, the next
+//!   when the next CA was first seen in the bundle ConfigMap, in every injection point and
+//!   in the `ca.crt` of every Ready certificate's Secret (RFC 3339, rounded up to the second). Once `trust_propagation` has passed since, the next
 //!   CA is promoted: it becomes `tls.crt`/`tls.key`, the CA it replaces moves to
 //!   `previous.crt`, and `next.*` and this annotation go.
 //! - annotation `caretaker.dev/unused-since` ([`names::authority_state::UNUSED_SINCE`]): for
@@ -786,6 +786,7 @@ pub(crate) mod tests {
                 injected: None,
                 in_use: BTreeSet::new(),
                 certificates_missing: false,
+                distributed: None,
                 last_good,
                 reported_degraded: None,
             };

@@ -253,8 +253,12 @@ impl CertificateIndex {
 /// candidate CAs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum LeafUse {
-    /// A readable certificate, signed by this CA (fingerprint) among the candidates, or none.
-    Signed(Option<String>),
+    /// A readable certificate, signed by this CA (fingerprint) among the candidates, or none;
+    /// and the CAs its `ca.crt` holds (none when it is missing or unreadable).
+    Signed {
+        issuer: Option<String>,
+        ca_bundle: Vec<String>,
+    },
     /// No readable certificate (or none caretaker can read from the store).
     Missing,
 }
@@ -546,6 +550,15 @@ pub(crate) fn not_managed(kind: &str, key: &Key, meta: &ObjectMeta) -> Option<St
     let annotations = meta.annotations.as_ref().unwrap_or(&none);
     (!authority::managed(labels, annotations))
         .then(|| authority::not_managed(kind, &ObjectName::new(&key.0, &key.1)))
+}
+
+/// Whether an IssuedCertificate's status says Ready.
+fn ready(certificate: &IssuedCertificate) -> bool {
+    certificate.status.as_ref().is_some_and(|s| {
+        s.conditions
+            .iter()
+            .any(|c| c.type_ == v1alpha1::CONDITION_READY && c.status == "True")
+    })
 }
 
 /// A Secret's `data` and annotations, as the decisions read them.
@@ -1278,15 +1291,16 @@ impl Shared {
     }
 
     /// The CAs that signed the existing certificates of every IssuedCertificate naming
-    /// `authority` (among the issuer's candidates), and whether one of them (with a valid
-    /// spec) has no readable certificate: [`AuthorityObserved::in_use`] and
-    /// [`AuthorityObserved::certificates_missing`]. Read from the stores, each Secret version
-    /// once per set of candidates.
+    /// `authority` (among the issuer's candidates), whether one of them (with a valid spec) has
+    /// no readable certificate, and the CAs the `ca.crt` of every one that is Ready holds:
+    /// [`AuthorityObserved::in_use`], [`AuthorityObserved::certificates_missing`],
+    /// [`AuthorityObserved::distributed`]. Read from the stores, each Secret version once per
+    /// set of candidates.
     pub(crate) fn certificates_of(
         &self,
         authority: &str,
         issuer: &IssuerView,
-    ) -> (BTreeSet<String>, bool) {
+    ) -> (BTreeSet<String>, bool, Option<BTreeSet<String>>) {
         let candidates = candidates(issuer);
         let mut hasher = DefaultHasher::new();
         for candidate in &candidates {
@@ -1296,6 +1310,7 @@ impl Shared {
         let keys = lock(&self.index).of_issuer(authority);
         let mut in_use = BTreeSet::new();
         let mut missing = false;
+        let mut distributed: Option<BTreeSet<String>> = None;
         for key in keys {
             let Some(certificate) = self
                 .certificates
@@ -1305,12 +1320,23 @@ impl Shared {
             };
             let secret = (key.0.clone(), certificate.spec.secret_name.clone());
             match self.leaf_use(&secret, &candidates, digest) {
-                LeafUse::Signed(issuer) => in_use.extend(issuer),
+                LeafUse::Signed { issuer, ca_bundle } => {
+                    in_use.extend(issuer);
+                    // Only a Ready certificate's: its controller writes `ca.crt` (one that
+                    // cannot be written, refused say, is not Ready and holds nothing up).
+                    if ready(&certificate) {
+                        let held: BTreeSet<String> = ca_bundle.into_iter().collect();
+                        distributed = Some(match distributed {
+                            None => held,
+                            Some(all) => all.intersection(&held).cloned().collect(),
+                        });
+                    }
+                }
                 // One whose spec never validates never gets a certificate: it serves none.
                 LeafUse::Missing => missing |= certificate.spec.policy().is_ok(),
             }
         }
-        (in_use, missing)
+        (in_use, missing, distributed)
     }
 
     fn leaf_use(&self, key: &Key, candidates: &[&Certificate], digest: u64) -> LeafUse {
@@ -1337,9 +1363,10 @@ impl Shared {
                 false,
                 candidates.iter().copied(),
             ) {
-                LeafSecretState::Present(leaf) if leaf.certificate.is_ok() => {
-                    LeafUse::Signed(leaf.issuer)
-                }
+                LeafSecretState::Present(leaf) if leaf.certificate.is_ok() => LeafUse::Signed {
+                    issuer: leaf.issuer,
+                    ca_bundle: leaf.ca_bundle.unwrap_or_default(),
+                },
                 _ => LeafUse::Missing,
             }
         };
@@ -1412,6 +1439,7 @@ impl Shared {
             injected: None,
             in_use: BTreeSet::new(),
             certificates_missing: false,
+            distributed: None,
             last_good: self.last_good(name),
             reported_degraded: None,
         };

@@ -144,11 +144,13 @@ async fn reconcile(
             bundle: bundle_state,
             in_use: BTreeSet::new(),
             certificates_missing: false,
+            distributed: None,
             last_good: observing.last_good(&who),
             reported_degraded,
         };
         let candidates = ca::in_use_candidates(&seen, now);
-        (seen.in_use, seen.certificates_missing) = observing.certificates_of(&who, &candidates);
+        (seen.in_use, seen.certificates_missing, seen.distributed) =
+            observing.certificates_of(&who, &candidates);
         ca::plan(&seen, &policy, now, &PkiMint)
     })
     .await
