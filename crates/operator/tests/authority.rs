@@ -768,12 +768,13 @@ async fn every_trigger_issues_a_new_certificate_through_the_api() {
         )
         .await;
 
-    // And certificate-not-before.
+    // And certificate-not-before, emptied: an empty value is a missing one (it read as a
+    // malformed time, `bad expiry: ""`).
     setup
         .patch_secret(
             DEMO,
             "web-tls",
-            json!({ "metadata": { "annotations": { names::CERTIFICATE_NOT_BEFORE: null } } }),
+            json!({ "metadata": { "annotations": { names::CERTIFICATE_NOT_BEFORE: "" } } }),
         )
         .await;
     let third = setup

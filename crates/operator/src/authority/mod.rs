@@ -454,12 +454,16 @@ pub struct TlsAnnotations {
 }
 
 impl TlsAnnotations {
-    /// The values found in `annotations`; `hostnames` only when `serving`.
+    /// The values found in `annotations`; `hostnames` only when `serving`. A blank validity
+    /// annotation reads as missing (`missing notAfter`, library-go's forced rotation), not as
+    /// a malformed time. (A blank hostnames annotation is what a certificate without names
+    /// carries; a blank issuer names no issuer: both stay as found.)
     pub fn read(annotations: &BTreeMap<String, String>, serving: bool) -> Self {
         let get = |key: &str| annotations.get(key).cloned();
+        let moment = |key: &str| get(key).filter(|v| !v.trim().is_empty());
         Self {
-            not_before: get(names::CERTIFICATE_NOT_BEFORE),
-            not_after: get(names::CERTIFICATE_NOT_AFTER),
+            not_before: moment(names::CERTIFICATE_NOT_BEFORE),
+            not_after: moment(names::CERTIFICATE_NOT_AFTER),
             issuer: get(names::CERTIFICATE_ISSUER),
             hostnames: if serving {
                 get(names::CERTIFICATE_HOSTNAMES)
