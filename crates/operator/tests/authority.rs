@@ -669,6 +669,77 @@ async fn an_issued_certificate_verifies_against_its_ca_with_its_names_usages_and
 }
 
 /// The CA certificate of a CA Secret (`tls.crt`).
+/// With `trustPropagation: 0s`, a forced rotation: every version of the certificate Secrets,
+/// watched in order, shows no leaf from the new CA while another Ready certificate's `ca.crt`
+/// does not trust it yet (clients verify with `ca.crt`). The race this guards against is
+/// timing-dependent (the old gate passed here too on this machine); the unit test
+/// `a_next_ca_signs_only_once_every_ready_certificates_ca_crt_holds_it` pins the gate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_ca_signs_only_once_every_certificates_ca_crt_trusts_it() {
+    use futures::StreamExt;
+    use kube::runtime::watcher;
+    let setup = setup().await;
+    setup
+        .create_ca("webhooks", json!({ "trustPropagation": "0s" }))
+        .await;
+    setup.create_certificate("web", "webhooks", json!({})).await;
+    setup.create_certificate("api", "webhooks", json!({})).await;
+    let (ca_secret, _) = settled(&setup, "webhooks", "web").await;
+    setup
+        .wait_certificate_condition("api", "Ready", "True", names::REASON_ISSUED)
+        .await;
+    let old_ca = leaf_or_ca(&ca_secret);
+
+    let versions: Arc<Mutex<Vec<Secret>>> = Arc::default();
+    let recorded = versions.clone();
+    let recorder = tokio::spawn(
+        watcher(setup.secrets(DEMO), watcher::Config::default()).for_each(move |event| {
+            if let Ok(watcher::Event::Apply(s) | watcher::Event::InitApply(s)) = event {
+                recorded.lock().unwrap().push(s);
+            }
+            async {}
+        }),
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    setup
+        .patch_secret(
+            SYSTEM,
+            "webhooks-ca",
+            json!({ "metadata": { "annotations": { names::CERTIFICATE_NOT_AFTER: null } } }),
+        )
+        .await;
+    for name in ["web-tls", "api-tls"] {
+        setup
+            .wait_secret(DEMO, name, "a leaf from the new CA", |s| {
+                !signed_by(&leaf(s), &old_ca)
+            })
+            .await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    recorder.abort();
+
+    let mut latest: BTreeMap<String, Secret> = BTreeMap::new();
+    for secret in versions.lock().unwrap().iter() {
+        latest.insert(secret.metadata.name.clone().unwrap(), secret.clone());
+        for (name, signed) in &latest {
+            let leaf = leaf(signed);
+            if signed_by(&leaf, &old_ca) {
+                continue;
+            }
+            let issuer = certificates(&text(signed, "ca.crt"))
+                .into_iter()
+                .find(|ca| signed_by(&leaf, ca))
+                .unwrap();
+            for (other, held) in &latest {
+                assert!(
+                    fingerprints(&text(held, "ca.crt")).contains(&issuer.fingerprint().to_string()),
+                    "{name} holds a leaf from the new CA while {other}'s ca.crt does not trust it"
+                );
+            }
+        }
+    }
+}
+
 fn leaf_or_ca(secret: &Secret) -> Certificate {
     certificates(&text(secret, "tls.crt")).remove(0)
 }
@@ -712,12 +783,13 @@ async fn every_trigger_issues_a_new_certificate_through_the_api() {
         )
         .await;
 
-    // And certificate-not-before.
+    // And certificate-not-before, emptied: an empty value is a missing one (it read as a
+    // malformed time, `bad expiry: ""`).
     setup
         .patch_secret(
             DEMO,
             "web-tls",
-            json!({ "metadata": { "annotations": { names::CERTIFICATE_NOT_BEFORE: null } } }),
+            json!({ "metadata": { "annotations": { names::CERTIFICATE_NOT_BEFORE: "" } } }),
         )
         .await;
     let third = setup

@@ -240,6 +240,12 @@ pub struct AuthorityObserved {
     /// then unknown, so no CA starts counting as unused until every one has a certificate
     /// again (CAs already counting go on).
     pub certificates_missing: bool,
+    /// The CAs (fingerprints) that the `ca.crt` of every managed certificate that is Ready
+    /// holds (the intersection over them); `None` when none is Ready. Clients verify servers
+    /// with `ca.crt`, so it is an injection point like the others: a next CA is trusted only
+    /// once every one holds it. (Only Ready ones count: one whose Secret cannot be written
+    /// must not hold a promotion up for ever.)
+    pub distributed: Option<BTreeSet<String>>,
     /// The last CA this process saw valid in the CA Secret, if any: it keeps signing while
     /// the Secret is invalid.
     pub last_good: Option<CaKeyPair>,
@@ -472,10 +478,10 @@ pub fn plan(
         // with it in every injection point too, it is trusted from now (recorded after the
         // ConfigMap is written), and it signs once trusted for `trust_propagation`.
         let Some(next) = &desired.next else { break };
-        let injected = seen
-            .injected
-            .as_ref()
-            .is_none_or(|trusted| trusted.contains(next.fingerprint()));
+        let injected = [&seen.injected, &seen.distributed].into_iter().all(|held| {
+            held.as_ref()
+                .is_none_or(|trusted| trusted.contains(next.fingerprint()))
+        });
         let in_bundle = bundle_now.as_ref().is_some_and(|b| {
             b.certificates
                 .iter()

@@ -41,8 +41,8 @@
 //!     secret: CaSecretState::observe(ca secret's (data, annotations)),
 //!     bundle: BundleState::observe(bundle configmap's (data, annotations)),
 //!     injected: fingerprints every injection point naming the CA holds (None if none does),
-//!     in_use / certificates_missing: from the leaf (leaf::read_leaf) of every IssuedCertificate
-//!         naming it whose Secret is caretaker's, and the first of
+//!     in_use / certificates_missing / distributed: from the leaf (leaf::read_leaf) and ca.crt
+//!         of every IssuedCertificate naming it whose Secret is caretaker's, and the first of
 //!         ca::in_use_candidates(&seen, now)'s bundle and signer that signed it,
 //!     last_good: the last CaSecretState::Valid current this process saw,
 //!     reported_degraded: the Degraded condition's message in its status, ..
@@ -73,8 +73,8 @@
 //! - `previous.crt`: the certificates (never keys) of older CAs still trusted, in bundle order.
 //!   Absent when there are none.
 //! - annotation `caretaker.dev/next-trusted-at` ([`names::authority_state::NEXT_TRUSTED_AT`]):
-//!   when the next CA was first seen in the bundle ConfigMap and in every injection point
-//!   (RFC 3339, rounded up to the second). Once `trust_propagation` has passed since, the next
+//!   when the next CA was first seen in the bundle ConfigMap, in every injection point and
+//!   in the `ca.crt` of every Ready certificate's Secret (RFC 3339, rounded up to the second). Once `trust_propagation` has passed since, the next
 //!   CA is promoted: it becomes `tls.crt`/`tls.key`, the CA it replaces moves to
 //!   `previous.crt`, and `next.*` and this annotation go.
 //! - annotation `caretaker.dev/unused-since` ([`names::authority_state::UNUSED_SINCE`]): for
@@ -455,12 +455,16 @@ pub struct TlsAnnotations {
 }
 
 impl TlsAnnotations {
-    /// The values found in `annotations`; `hostnames` only when `serving`.
+    /// The values found in `annotations`; `hostnames` only when `serving`. A blank validity
+    /// annotation reads as missing (`missing notAfter`, library-go's forced rotation), not as
+    /// a malformed time. (A blank hostnames annotation is what a certificate without names
+    /// carries; a blank issuer names no issuer: both stay as found.)
     pub fn read(annotations: &BTreeMap<String, String>, serving: bool) -> Self {
         let get = |key: &str| annotations.get(key).cloned();
+        let moment = |key: &str| get(key).filter(|v| !v.trim().is_empty());
         Self {
-            not_before: get(names::CERTIFICATE_NOT_BEFORE),
-            not_after: get(names::CERTIFICATE_NOT_AFTER),
+            not_before: moment(names::CERTIFICATE_NOT_BEFORE),
+            not_after: moment(names::CERTIFICATE_NOT_AFTER),
             issuer: get(names::CERTIFICATE_ISSUER),
             hostnames: if serving {
                 get(names::CERTIFICATE_HOSTNAMES)
@@ -787,6 +791,7 @@ pub(crate) mod tests {
                 injected: None,
                 in_use: BTreeSet::new(),
                 certificates_missing: false,
+                distributed: None,
                 last_good,
                 reported_degraded: None,
             };

@@ -275,6 +275,7 @@ impl World {
             injected: self.injected.clone(),
             in_use: BTreeSet::new(),
             certificates_missing: false,
+            distributed: None,
             last_good: self.last_good.clone(),
             reported_degraded: self.reported_degraded.clone(),
         };

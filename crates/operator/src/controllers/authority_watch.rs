@@ -261,8 +261,12 @@ impl CertificateIndex {
 /// candidate CAs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum LeafUse {
-    /// A readable certificate, signed by this CA (fingerprint) among the candidates, or none.
-    Signed(Option<String>),
+    /// A readable certificate, signed by this CA (fingerprint) among the candidates, or none;
+    /// and the CAs its `ca.crt` holds (none when it is missing or unreadable).
+    Signed {
+        issuer: Option<String>,
+        ca_bundle: Vec<String>,
+    },
     /// No readable certificate (or none caretaker can read from the store).
     Missing,
 }
@@ -293,6 +297,8 @@ enum Seen<'a, K: Resource<DynamicType = ()> + 'static> {
 struct KnownLeaf {
     version: String,
     readable: bool,
+    /// The CAs (fingerprints) its `ca.crt` holds.
+    ca_bundle: Vec<String>,
     signed_by: HashMap<String, bool>,
 }
 
@@ -310,6 +316,19 @@ fn stored_leaf(secret: &Secret) -> Option<Certificate> {
         .map(|(k, v)| (k.clone(), v.0.clone()))
         .collect();
     leaf::read_leaf(&data).0.ok()
+}
+
+/// The CAs (fingerprints) the `ca.crt` of a certificate Secret as stored holds; none when it
+/// is missing or unreadable.
+fn stored_ca_bundle(secret: &Secret) -> Vec<String> {
+    let pem = secret
+        .data
+        .as_ref()
+        .and_then(|data| data.get(CA_CRT))
+        .and_then(|value| std::str::from_utf8(&value.0).ok());
+    pem.and_then(|pem| Certificate::parse_pem(pem).ok())
+        .map(|all| all.iter().map(|ca| ca.fingerprint().to_string()).collect())
+        .unwrap_or_default()
 }
 
 /// The inputs of the two controllers: the objects they act on, and wake-ups of those objects
@@ -354,6 +373,8 @@ pub(crate) struct Shared {
     /// The last CA each CertificateAuthority's pass saw signing: it keeps signing while its
     /// Secret is invalid.
     last_good: Mutex<HashMap<String, CaKeyPair>>,
+    /// What each object's last pass said was wrong with it.
+    pub degraded: DegradedMemory,
     /// What each certificate Secret says of the CAs in use, by Secret version and candidates.
     leaf_uses: Mutex<HashMap<Key, KnownLeaf>>,
     /// Secrets a certificate pass wrote, with the version before the write, until the store
@@ -408,6 +429,7 @@ pub(crate) fn start(
         ca_secrets: Mutex::default(),
         issuers_seen: Mutex::default(),
         last_good: Mutex::default(),
+        degraded: DegradedMemory::default(),
         leaf_uses: Mutex::default(),
         written: Mutex::default(),
         series: Mutex::default(),
@@ -547,6 +569,48 @@ fn trim_meta(meta: &mut ObjectMeta) {
     }
 }
 
+/// The Degraded message (or none) each object's last pass in this process gave its status,
+/// with the object's uid. The next pass may read a status from before that write: it must not
+/// say the same Warning again.
+#[derive(Default)]
+pub(crate) struct DegradedMemory(Mutex<HashMap<String, (String, Option<String>)>>);
+
+impl DegradedMemory {
+    /// What was last said to be wrong with `object` (the Degraded message a Warning told): what
+    /// its last pass in this process decided, else what `status` (its conditions) says.
+    pub(crate) fn reported<K: Resource<DynamicType = ()>>(
+        &self,
+        object: &K,
+        status: &[v1alpha1::Condition],
+    ) -> Option<String> {
+        let meta = object.meta();
+        match lock(&self.0).get(&Self::key(object)) {
+            Some((uid, message)) if meta.uid.as_ref() == Some(uid) => message.clone(),
+            _ => degraded_message(status).map(str::to_string),
+        }
+    }
+
+    /// Remembers the conditions a pass gives `object`'s status, its Warnings said.
+    pub(crate) fn remember<K: Resource<DynamicType = ()>>(
+        &self,
+        object: &K,
+        conditions: &[v1alpha1::Condition],
+    ) {
+        let uid = object.meta().uid.clone().unwrap_or_default();
+        let message = degraded_message(conditions).map(str::to_string);
+        lock(&self.0).insert(Self::key(object), (uid, message));
+    }
+
+    fn forget<K: Resource<DynamicType = ()>>(&self, namespace: &str, name: &str) {
+        lock(&self.0).remove(&format!("{}/{namespace}/{name}", K::kind(&())));
+    }
+
+    fn key<K: Resource<DynamicType = ()>>(object: &K) -> String {
+        let namespace = object.meta().namespace.as_deref().unwrap_or("");
+        format!("{}/{namespace}/{}", K::kind(&()), object.name_any())
+    }
+}
+
 /// The key of a namespaced object.
 fn key_of(meta: &ObjectMeta) -> Key {
     (
@@ -583,6 +647,15 @@ pub(crate) fn not_managed(kind: &str, key: &Key, meta: &ObjectMeta) -> Option<St
     let annotations = meta.annotations.as_ref().unwrap_or(&none);
     (!authority::managed(labels, annotations))
         .then(|| authority::not_managed(kind, &ObjectName::new(&key.0, &key.1)))
+}
+
+/// Whether an IssuedCertificate's status says Ready.
+fn ready(certificate: &IssuedCertificate) -> bool {
+    certificate.status.as_ref().is_some_and(|s| {
+        s.conditions
+            .iter()
+            .any(|c| c.type_ == v1alpha1::CONDITION_READY && c.status == "True")
+    })
 }
 
 /// A Secret's `data` and annotations, as the decisions read them.
@@ -1008,6 +1081,7 @@ impl Shared {
         }
         lock(&self.last_good).remove(name);
         lock(&self.issuers_seen).remove(name);
+        self.degraded.forget::<CertificateAuthority>("", name);
         self.wake_certificates_of(name);
         self.wake_sharing(name, [secret]);
     }
@@ -1025,7 +1099,7 @@ impl Shared {
                 let issuers: BTreeSet<String> =
                     lock(&self.index).by_issuer.keys().cloned().collect();
                 let gone = lock(&self.index).rebuild(&[]);
-                self.forget_certificate_series(gone);
+                self.forget_certificates(gone);
                 for issuer in issuers {
                     self.wake_authority(&issuer);
                 }
@@ -1053,10 +1127,11 @@ impl Shared {
         }
     }
 
-    /// Certificates that are gone leave the expiry gauge.
-    fn forget_certificate_series(&self, keys: impl IntoIterator<Item = Key>) {
+    /// Certificates that are gone leave the expiry gauge and this process's memory.
+    fn forget_certificates(&self, keys: impl IntoIterator<Item = Key>) {
         let _series = lock(&self.series);
         for (namespace, name) in keys {
+            self.degraded.forget::<IssuedCertificate>(&namespace, &name);
             (self.ctx.metrics).remove_certificate_expiry(
                 CertificateKind::IssuedCertificate,
                 &namespace,
@@ -1086,7 +1161,7 @@ impl Shared {
             }
             watcher::Event::Delete(certificate) => {
                 let key = CertificateIndex::key(certificate);
-                self.forget_certificate_series([key.clone()]);
+                self.forget_certificates([key.clone()]);
                 let before = lock(&self.index).remove(&key);
                 self.certificate_moved(&key, before);
             }
@@ -1098,7 +1173,7 @@ impl Shared {
                     let gone = index.rebuild(&listed);
                     issuers.extend(index.by_issuer.keys().cloned());
                     drop(index);
-                    self.forget_certificate_series(gone);
+                    self.forget_certificates(gone);
                     issuers
                 };
                 self.synced.certificates.send_replace(true);
@@ -1383,19 +1458,21 @@ impl Shared {
     }
 
     /// The CAs that signed the existing certificates of every IssuedCertificate naming
-    /// `authority` (among the issuer's candidates), and whether one of them (with a valid
-    /// spec) has no readable certificate: [`AuthorityObserved::in_use`] and
-    /// [`AuthorityObserved::certificates_missing`]. Read from the stores, each Secret version
-    /// once per set of candidates.
+    /// `authority` (among the issuer's candidates), whether one of them (with a valid spec) has
+    /// no readable certificate, and the CAs the `ca.crt` of every one that is Ready holds:
+    /// [`AuthorityObserved::in_use`], [`AuthorityObserved::certificates_missing`],
+    /// [`AuthorityObserved::distributed`]. Read from the stores, each Secret version once per
+    /// set of candidates.
     pub(crate) fn certificates_of(
         &self,
         authority: &str,
         issuer: &IssuerView,
-    ) -> (BTreeSet<String>, bool) {
+    ) -> (BTreeSet<String>, bool, Option<BTreeSet<String>>) {
         let candidates = candidates(issuer);
         let keys = lock(&self.index).of_issuer(authority);
         let mut in_use = BTreeSet::new();
         let mut missing = false;
+        let mut distributed: Option<BTreeSet<String>> = None;
         for key in keys {
             let Some(certificate) = self
                 .certificates
@@ -1405,12 +1482,23 @@ impl Shared {
             };
             let secret = (key.0.clone(), certificate.spec.secret_name.clone());
             match self.leaf_use(&secret, &candidates) {
-                LeafUse::Signed(issuer) => in_use.extend(issuer),
+                LeafUse::Signed { issuer, ca_bundle } => {
+                    in_use.extend(issuer);
+                    // Only a Ready certificate's: its controller writes `ca.crt` (one that
+                    // cannot be written, refused say, is not Ready and holds nothing up).
+                    if ready(&certificate) {
+                        let held: BTreeSet<String> = ca_bundle.into_iter().collect();
+                        distributed = Some(match distributed {
+                            None => held,
+                            Some(all) => all.intersection(&held).cloned().collect(),
+                        });
+                    }
+                }
                 // One whose spec never validates never gets a certificate: it serves none.
                 LeafUse::Missing => missing |= certificate.spec.policy().is_ok(),
             }
         }
-        (in_use, missing)
+        (in_use, missing, distributed)
     }
 
     /// Which of `candidates` (the first, in order) signed the certificate in the Secret `key`.
@@ -1437,6 +1525,11 @@ impl Shared {
                 let known = KnownLeaf {
                     version,
                     readable: leaf.is_some(),
+                    ca_bundle: if leaf.is_some() {
+                        stored_ca_bundle(&secret)
+                    } else {
+                        Vec::new()
+                    },
                     signed_by: HashMap::new(),
                 };
                 parsed = Some(leaf);
@@ -1468,8 +1561,12 @@ impl Shared {
         known
             .signed_by
             .retain(|fp, _| candidates.iter().any(|ca| ca.fingerprint() == fp));
+        let ca_bundle = known.ca_bundle.clone();
         lock(&self.leaf_uses).insert(key.clone(), known);
-        LeafUse::Signed(signer)
+        LeafUse::Signed {
+            issuer: signer,
+            ca_bundle,
+        }
     }
 
     /// What the certificates of CertificateAuthority `name` are issued from now, from its
@@ -1537,6 +1634,7 @@ impl Shared {
             injected: None,
             in_use: BTreeSet::new(),
             certificates_missing: false,
+            distributed: None,
             last_good: self.last_good(name),
             reported_degraded: None,
         };
@@ -1886,6 +1984,56 @@ mod tests {
                 .map(String::as_str),
             Some(names::MANAGED_BY.1)
         );
+    }
+
+    /// A pass that reads its object's status from before the previous pass's write still knows
+    /// what that pass said: a Warning is said once per problem. A re-created object (another
+    /// uid) starts from its own status.
+    #[test]
+    fn what_a_pass_said_outlives_a_stale_status() {
+        let memory = DegradedMemory::default();
+        // Any kind will do: the memory knows objects by kind, namespace, name and uid.
+        let object = |uid: &str| -> ConfigMap {
+            serde_json::from_value(json!({
+                "metadata": { "name": "bad", "namespace": "default", "uid": uid },
+            }))
+            .unwrap()
+        };
+        let degraded = |message: &str| {
+            refused_conditions(
+                &[],
+                "InvalidSpec",
+                message,
+                Some(1),
+                OffsetDateTime::now_utc(),
+            )
+        };
+        let (first, again) = (object("one"), object("two"));
+        assert_eq!(memory.reported(&first, &[]), None);
+        assert_eq!(
+            memory.reported(&first, &degraded("old")).as_deref(),
+            Some("old")
+        );
+
+        memory.remember(&first, &degraded("bad validity"));
+        let stale = [];
+        assert_eq!(
+            memory.reported(&first, &stale).as_deref(),
+            Some("bad validity")
+        );
+        assert_eq!(
+            memory.reported(&again, &stale),
+            None,
+            "another object by that name"
+        );
+
+        // Fixed: a stale status still saying the problem does not hide its return.
+        memory.remember(&first, &[]);
+        assert_eq!(memory.reported(&first, &degraded("bad validity")), None);
+
+        memory.remember(&first, &degraded("bad validity"));
+        memory.forget::<ConfigMap>("default", "bad");
+        assert_eq!(memory.reported(&first, &stale), None);
     }
 
     fn crd(name: &str) -> DynamicObject {

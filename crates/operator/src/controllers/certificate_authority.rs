@@ -119,8 +119,9 @@ async fn reconcile(
         config_map.as_ref().and_then(|c| c.resource_version()),
     );
     let old = authority.status.clone().unwrap_or_default();
-    let reported_degraded =
-        authority_watch::degraded_message(&old.certificate.conditions).map(str::to_string);
+    let reported_degraded = shared
+        .degraded
+        .reported(&*authority, &old.certificate.conditions);
     let now = OffsetDateTime::now_utc();
 
     let observing = shared.clone();
@@ -145,11 +146,13 @@ async fn reconcile(
             bundle: bundle_state,
             in_use: BTreeSet::new(),
             certificates_missing: false,
+            distributed: None,
             last_good: observing.last_good(&who),
             reported_degraded,
         };
         let candidates = ca::in_use_candidates(&seen, now);
-        (seen.in_use, seen.certificates_missing) = observing.certificates_of(&who, &candidates);
+        (seen.in_use, seen.certificates_missing, seen.distributed) =
+            observing.certificates_of(&who, &candidates);
         ca::plan(&seen, &policy, now, &PkiMint)
     })
     .await
@@ -219,7 +222,7 @@ async fn reconcile(
         (plan.events.iter()).any(|e| e.reason == names::EVENT_SIGNER_PROMOTED),
         &plan.status.certificate(),
     );
-    write_status(&shared, &name, &status, &old).await?;
+    write_status(&shared, &authority, &status, &old).await?;
     Ok(match plan.wake_at {
         Some(at) => Action::requeue(authority_watch::until(at)),
         None => Action::await_change(),
@@ -256,12 +259,15 @@ fn status_of(
 /// Writes the status subresource, only when it changed.
 async fn write_status(
     shared: &Shared,
-    name: &str,
+    authority: &CertificateAuthority,
     status: &CertificateAuthorityStatus,
     old: &CertificateAuthorityStatus,
 ) -> Result<(), Error> {
+    shared
+        .degraded
+        .remember(authority, &status.certificate.conditions);
     let api: Api<CertificateAuthority> = Api::all(shared.ctx.client.clone());
-    authority_watch::write_status(&api, name, status, old).await
+    authority_watch::write_status(&api, &authority.name_any(), status, old).await
 }
 
 /// A spec caretaker cannot act on: Ready false and Degraded with `reason`, nothing written,
@@ -273,13 +279,11 @@ async fn refuse(
     message: String,
 ) -> Result<Action, Error> {
     let old = authority.status.clone().unwrap_or_default();
-    let said = old.certificate.conditions.iter().any(|c| {
-        c.type_ == crate::v1alpha1::CONDITION_DEGRADED
-            && c.status == "True"
-            && c.reason == reason
-            && c.message == message
-    });
-    if !said {
+    if shared
+        .degraded
+        .reported(authority, &old.certificate.conditions)
+        != Some(message.clone())
+    {
         tracing::warn!(authority = %authority.name_any(), reason, %message, "CertificateAuthority not acted on");
         shared
             .ctx
@@ -301,6 +305,6 @@ async fn refuse(
         certificate: old.certificate.with_conditions(conditions, generation),
         ..old.clone()
     };
-    write_status(shared, &authority.name_any(), &status, &old).await?;
+    write_status(shared, authority, &status, &old).await?;
     Ok(Action::await_change())
 }

@@ -194,6 +194,7 @@ async fn write_status(
     status: &IssuedCertificateStatus,
     old: &IssuedCertificateStatus,
 ) -> Result<(), Error> {
+    shared.degraded.remember(certificate, &status.conditions);
     let api: Api<IssuedCertificate> = Api::namespaced(
         shared.ctx.client.clone(),
         &certificate.namespace().unwrap_or_default(),
@@ -237,7 +238,7 @@ async fn refuse(
     message: String,
 ) -> Result<Action, Error> {
     let old = certificate.status.clone().unwrap_or_default();
-    if authority_watch::degraded_message(&old.conditions) != Some(message.as_str()) {
+    if shared.degraded.reported(certificate, &old.conditions) != Some(message.clone()) {
         tracing::warn!(certificate = %certificate.name_any(), %message, "IssuedCertificate not acted on");
         shared
             .ctx

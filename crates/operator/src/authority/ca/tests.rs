@@ -35,6 +35,7 @@ fn nothing() -> AuthorityObserved {
         injected: None,
         in_use: BTreeSet::new(),
         certificates_missing: false,
+        distributed: None,
         last_good: None,
         reported_degraded: None,
     }
@@ -341,6 +342,40 @@ fn with_no_injection_point_and_no_propagation_a_rotation_takes_one_pass() {
             .certificates
             .contains(&old.certificate)
     );
+}
+
+/// The `ca.crt` of the Ready certificates' Secrets is a place clients trust from: with no
+/// propagation time, the next CA is promoted only once every one holds it (it was promoted in
+/// the pass that published it, and leaves from it met clients whose `ca.crt` did not trust it).
+#[test]
+fn a_next_ca_signs_only_once_every_ready_certificates_ca_crt_holds_it() {
+    let policy = AuthorityPolicy {
+        trust_propagation: Duration::ZERO,
+        ..policy()
+    };
+    let model = Model::new(at(0));
+    let mut seen = started(&policy, &model);
+    let old = secret(&seen).current.clone().unwrap();
+    seen.in_use = BTreeSet::from([old.fingerprint().to_string()]);
+    seen.distributed = Some(BTreeSet::from([old.fingerprint().to_string()]));
+    let due = due_of(&seen, &policy);
+    let rotation = decide(&seen, &policy, &model, due);
+    apply(&mut seen, &rotation);
+    let next = secret(&seen)
+        .next
+        .clone()
+        .expect("stored and published, not promoted");
+    assert_eq!(secret(&seen).next_trusted_at, None);
+    assert_eq!(secret(&seen).current, Some(old.clone()));
+    assert_settled(&seen, &policy, due);
+
+    // Every Ready certificate's ca.crt holds it now: trusted, and (no propagation) promoted.
+    seen.distributed = Some(BTreeSet::from([
+        old.fingerprint().to_string(),
+        next.fingerprint().to_string(),
+    ]));
+    let promoted = decide(&seen, &policy, &model, due + 1);
+    assert_eq!(promoted.issuer.signer, Ok(next));
 }
 
 /// A CA promoted at `trusted + PROP` with the old one in previous, settled.

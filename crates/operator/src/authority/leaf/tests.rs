@@ -508,6 +508,65 @@ fn a_written_certificate_reads_back_as_the_model_says() {
     }
 }
 
+/// An empty validity annotation, on a certificate Secret or a CA Secret, reads as missing:
+/// library-go's forced rotation with its reason, not `bad expiry: ""`.
+#[test]
+fn an_empty_validity_annotation_reads_as_missing() {
+    let ca = PkiMint.create_ca(&CaSpec::new("webhooks-ca")).unwrap();
+    let now = OffsetDateTime::now_utc();
+    let issuer = IssuerView::of(
+        &crate::authority::ca::CaSecret {
+            current: Some(ca.clone()),
+            ..Default::default()
+        },
+        now,
+    );
+    let first = plan(&absent(), &policy(), &issuer, now, &PkiMint).unwrap();
+    let [step] = first.steps.as_slice() else {
+        panic!("{:?}", first.steps)
+    };
+    let mut data = BTreeMap::new();
+    step.data().apply_to(&mut data);
+    for (key, reason) in [
+        (names::CERTIFICATE_NOT_AFTER, "missing notAfter"),
+        (names::CERTIFICATE_NOT_BEFORE, "missing notBefore"),
+    ] {
+        let mut annotations = BTreeMap::new();
+        step.annotation_changes().apply_to(&mut annotations);
+        annotations.insert(key.to_string(), String::new());
+        let candidates = issuer.bundle.as_ref().unwrap().certificates();
+        let seen = LeafObserved {
+            secret_name: name(),
+            secret: LeafSecretState::observe(Some((&data, &annotations)), true, candidates),
+        };
+        let again = plan(&seen, &policy(), &issuer, now, &PkiMint).unwrap();
+        assert_eq!(reasons_of(&again), reason);
+
+        // The CA Secret's: a rotation, for the same reason.
+        let mut ca_data = BTreeMap::new();
+        let stored = crate::authority::ca::CaSecret {
+            current: Some(ca.clone()),
+            annotations: TlsAnnotations::describing(&ca.certificate, "webhooks-ca", false),
+            ..Default::default()
+        };
+        stored.data().apply_to(&mut ca_data);
+        let mut ca_annotations = BTreeMap::new();
+        stored.annotation_changes().apply_to(&mut ca_annotations);
+        ca_annotations.insert(key.to_string(), " ".to_string());
+        let crate::authority::ca::CaSecretState::Valid(read) =
+            crate::authority::ca::CaSecretState::observe(Some((&ca_data, &ca_annotations)))
+        else {
+            panic!("a CA Secret with a blank annotation is still valid")
+        };
+        assert_eq!(
+            read.annotations
+                .validity_problem(&ca.certificate)
+                .as_deref(),
+            Some(reason)
+        );
+    }
+}
+
 #[test]
 fn observing_finds_the_issuer_and_what_is_wrong_without_echoing_keys() {
     let ca = PkiMint.create_ca(&CaSpec::new("webhooks-ca")).unwrap();
