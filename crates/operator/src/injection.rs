@@ -8,7 +8,9 @@
 //! - `caretaker.dev/inject-ca-from: <name>`: the trust bundle of that CertificateAuthority, the
 //!   `ca-bundle.crt` key of its `spec.bundle` ConfigMap, exactly as the CA's controller keeps
 //!   it there (the current CA and every older one still trusted): injection never adds, drops
-//!   or reorders a certificate of its own accord;
+//!   or reorders a certificate of its own accord. Only while every certificate in it is one
+//!   of the CA's own, held in its `spec.secret` (`tls.crt`, `next.crt`, `previous.crt`):
+//!   whoever can write a ConfigMap must not get a CA of theirs trusted by the API server;
 //! - `cert-manager.io/inject-ca-from-secret: <namespace>/<name>`: that Secret's `ca.crt`, only
 //!   when the Secret itself allows it with `cert-manager.io/allow-direct-injection: "true"`
 //!   (cainjector's rule: otherwise whoever may annotate a webhook configuration could make the
@@ -18,6 +20,7 @@
 //! that is missing, empty or not a bundle of PEM certificates is never written: the target
 //! keeps what it holds and gets a Warning event saying what is missing or wrong.
 
+use std::collections::BTreeSet;
 use std::fmt;
 use std::sync::Arc;
 
@@ -27,6 +30,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{ApiResource, DynamicObject};
 use serde_json::{Value, json};
 
+use crate::authority::{NEXT_CRT, PREVIOUS_CRT, TLS_CRT};
 use crate::changes::Event;
 use crate::names::injection::{
     ALLOW_DIRECT_INJECTION, EVENT_INJECTED, EVENT_REFUSED, EVENT_SOURCE_MISSING, INJECT_CA_FROM,
@@ -263,8 +267,13 @@ pub fn bundle_of(authority: &DynamicObject) -> Option<NamespacedName> {
     serde_json::from_value(authority.data.get("spec")?.get("bundle")?.clone()).ok()
 }
 
+/// The Secret a CertificateAuthority keeps its CAs in (its `spec.secret`), if it names one.
+pub fn secret_of(authority: &DynamicObject) -> Option<NamespacedName> {
+    serde_json::from_value(authority.data.get("spec")?.get("secret")?.clone()).ok()
+}
+
 /// What the glue read for a target's source. Only what the source needs is looked at: the
-/// CertificateAuthority and its bundle ConfigMap, or the Secret.
+/// CertificateAuthority, its bundle ConfigMap and its CA Secret, or the Secret.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Sources<'a> {
     /// Whether the CertificateAuthority CRD is installed (to say so when a CA is not found).
@@ -272,6 +281,9 @@ pub struct Sources<'a> {
     pub authority: Option<&'a DynamicObject>,
     /// The ConfigMap the authority's `spec.bundle` names.
     pub config_map: Option<&'a ConfigMap>,
+    /// The Secret the authority's `spec.secret` names, read after the ConfigMap (its
+    /// controller stores a CA there before it publishes it).
+    pub authority_secret: Option<&'a Secret>,
     pub secret: Option<&'a Secret>,
 }
 
@@ -282,8 +294,12 @@ pub enum SourceProblem {
         " (its CRD, certificateauthorities.caretaker.dev, is not installed)"
     })]
     NoAuthority { name: String, crd_installed: bool },
-    #[error("CertificateAuthority {authority} names no bundle ConfigMap in spec.bundle")]
-    AuthorityWithoutBundle { authority: String },
+    /// `what`: "bundle ConfigMap in spec.bundle", "Secret in spec.secret".
+    #[error("CertificateAuthority {authority} names no {what}")]
+    AuthorityWithout {
+        authority: String,
+        what: &'static str,
+    },
     #[error(
         "ConfigMap {namespace}/{name}, the trust bundle of CertificateAuthority {authority}, not found"
     )]
@@ -321,6 +337,26 @@ pub enum SourceProblem {
     /// `reason` never repeats the content (a private key pasted by mistake, say).
     #[error("{origin} is not a bundle of PEM certificates: {reason}")]
     NotABundle { origin: String, reason: String },
+    #[error(
+        "Secret {namespace}/{name}, where CertificateAuthority {authority} keeps its CAs, not found"
+    )]
+    NoAuthoritySecret {
+        authority: String,
+        namespace: String,
+        name: String,
+    },
+    /// Someone else's certificate in a CA's bundle (or a CA of its own it no longer keeps).
+    #[error(
+        "{origin} holds {count} certificate(s) that are none of the CAs its Secret \
+         {secret} keeps (the first: serial {serial}, subject {subject})"
+    )]
+    NotTheAuthoritys {
+        origin: String,
+        secret: String,
+        count: usize,
+        serial: String,
+        subject: String,
+    },
 }
 
 impl SourceProblem {
@@ -331,11 +367,13 @@ impl SourceProblem {
             | Self::NoBundleConfigMap { .. }
             | Self::NoBundleKey { .. }
             | Self::NoSecret { .. }
-            | Self::NoSecretKey { .. } => EVENT_SOURCE_MISSING,
-            Self::AuthorityWithoutBundle { .. }
+            | Self::NoSecretKey { .. }
+            | Self::NoAuthoritySecret { .. } => EVENT_SOURCE_MISSING,
+            Self::AuthorityWithout { .. }
             | Self::NotAllowed { .. }
             | Self::OutOfScope { .. }
-            | Self::NotABundle { .. } => EVENT_REFUSED,
+            | Self::NotABundle { .. }
+            | Self::NotTheAuthoritys { .. } => EVENT_REFUSED,
         }
     }
 }
@@ -363,14 +401,80 @@ pub fn source_bundle<'a>(
         reason,
     };
     let text = std::str::from_utf8(bytes).map_err(|_| not_a_bundle("it is not text".into()))?;
-    let certificates = caretaker_pki::bundle::parse(text)
-        .map_err(|e| not_a_bundle(e.to_string()))?
-        .len();
+    let certificates =
+        caretaker_pki::bundle::parse(text).map_err(|e| not_a_bundle(e.to_string()))?;
+    if let SourceRef::Authority { name } = source {
+        let (secret, kept) = authority_cas(name, sources, scope)?;
+        let foreign: Vec<_> = certificates
+            .iter()
+            .filter(|c| !kept.contains(c.der()))
+            .collect();
+        if let Some(first) = foreign.first() {
+            return Err(SourceProblem::NotTheAuthoritys {
+                origin,
+                secret,
+                count: foreign.len(),
+                serial: first.info().serial.clone(),
+                subject: first.info().subject.clone(),
+            });
+        }
+    }
     Ok(Bundle {
         bytes,
         origin,
-        certificates,
+        certificates: certificates.len(),
     })
+}
+
+/// The CAs (DER) CertificateAuthority `authority` keeps in its Secret, and that Secret's name.
+/// A key that does not parse holds none: the CA's controller says what is wrong with it.
+fn authority_cas(
+    authority: &str,
+    sources: &Sources<'_>,
+    scope: Option<&str>,
+) -> Result<(String, BTreeSet<Vec<u8>>), SourceProblem> {
+    // Checked by authority_bundle already.
+    let Some(ca) = sources.authority else {
+        return Err(SourceProblem::NoAuthority {
+            name: authority.to_string(),
+            crd_installed: sources.authority_crd_installed,
+        });
+    };
+    let Some(NamespacedName { name, namespace }) = secret_of(ca) else {
+        return Err(SourceProblem::AuthorityWithout {
+            authority: authority.to_string(),
+            what: "Secret in spec.secret",
+        });
+    };
+    if let Some(scope) = scope.filter(|_| !in_scope(&namespace, scope)) {
+        return Err(SourceProblem::OutOfScope {
+            what: format!(
+                "Secret {namespace}/{name}, where CertificateAuthority {authority} keeps its CAs,"
+            ),
+            namespace,
+            scope: scope.to_string(),
+        });
+    }
+    let Some(secret) = sources
+        .authority_secret
+        .filter(|s| named(&s.metadata, &namespace, &name))
+    else {
+        return Err(SourceProblem::NoAuthoritySecret {
+            authority: authority.to_string(),
+            namespace,
+            name,
+        });
+    };
+    let data = secret.data.as_ref();
+    let kept = [TLS_CRT, NEXT_CRT, PREVIOUS_CRT]
+        .into_iter()
+        .filter_map(|key| data?.get(key))
+        .filter_map(|value| std::str::from_utf8(&value.0).ok())
+        .filter_map(|pem| caretaker_pki::bundle::parse(pem).ok())
+        .flatten()
+        .map(|ca| ca.der().to_vec())
+        .collect();
+    Ok((format!("{namespace}/{name}"), kept))
 }
 
 fn named(meta: &kube::api::ObjectMeta, namespace: &str, name: &str) -> bool {
@@ -392,8 +496,9 @@ fn authority_bundle<'a>(
         });
     };
     let Some(NamespacedName { name, namespace }) = bundle_of(ca) else {
-        return Err(SourceProblem::AuthorityWithoutBundle {
+        return Err(SourceProblem::AuthorityWithout {
             authority: authority.to_string(),
+            what: "bundle ConfigMap in spec.bundle",
         });
     };
     if let Some(scope) = scope.filter(|_| !in_scope(&namespace, scope)) {

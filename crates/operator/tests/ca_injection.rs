@@ -120,9 +120,30 @@ impl Setup {
             .unwrap();
     }
 
+    /// Publishes `bundle` in the bundle ConfigMap `name` of CertificateAuthority `webhooks`,
+    /// as its controller would: the CAs first kept in its Secret (`webhooks-ca`), then
+    /// published.
     async fn publish(&self, name: &str, bundle: &str) {
+        self.keep_cas(bundle).await;
         let data = BTreeMap::from([(v1alpha1::BUNDLE_KEY.to_string(), bundle.to_string())]);
         self.publish_bundle(name, data).await;
+    }
+
+    /// Creates or replaces CertificateAuthority `webhooks`'s Secret, keeping `cas` (as
+    /// `previous.crt`: any key the controller keeps CAs in vouches for them).
+    async fn keep_cas(&self, cas: &str) {
+        let secrets: Api<Secret> = Api::namespaced(self.client.clone(), "caretaker-system");
+        let body = json!({ "apiVersion": "v1", "kind": "Secret",
+                           "metadata": { "name": "webhooks-ca" },
+                           "data": { "previous.crt": b64(cas) } });
+        secrets
+            .patch(
+                "webhooks-ca",
+                &PatchParams::apply("test").force(),
+                &Patch::Apply(&body),
+            )
+            .await
+            .unwrap();
     }
 
     /// Creates or replaces a Secret with `ca.crt` (if given) and the annotations given.
@@ -417,6 +438,58 @@ async fn an_overwritten_ca_bundle_is_written_back() {
         );
         setup.wait_holds(kind, &name, &bundle).await;
     }
+}
+
+/// Someone able to write ConfigMaps adds a CA of theirs to a CertificateAuthority's bundle:
+/// no target trusts it. Each keeps what it holds, with one Warning naming the certificate;
+/// once the bundle holds the CA's own again, injection goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ca_added_to_the_bundle_by_someone_else_is_never_injected() {
+    let setup = injection(None).await;
+    let own = ca_pem("webhooks-ca");
+    setup
+        .create_authority("webhooks", "webhooks-ca-bundle")
+        .await;
+    setup.publish("webhooks-ca-bundle", &own).await;
+    let kind = TargetKind::ValidatingWebhookConfiguration;
+    let name = name_for(kind, "tampered");
+    setup
+        .create_target(kind, &name, &[(names::INJECT_CA_FROM, "webhooks")], None)
+        .await;
+    let injected = setup.wait_holds(kind, &name, &own).await;
+
+    let tampered = format!("{own}{}", ca_pem("intruder-ca"));
+    let data = BTreeMap::from([(v1alpha1::BUNDLE_KEY.to_string(), tampered)]);
+    setup.publish_bundle("webhooks-ca-bundle", data).await;
+    let warning = setup.wait_event(&name, names::EVENT_REFUSED).await;
+    assert!(
+        warning.contains(
+            "holds 1 certificate(s) that are none of the CAs its Secret \
+             caretaker-system/webhooks-ca keeps"
+        ) && warning.contains("subject CN=intruder-ca)"),
+        "{warning}"
+    );
+    // A pass of the target's own (a label) changes nothing and says nothing again.
+    setup
+        .targets(kind)
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "metadata": { "labels": { "touched": "yes" } } })),
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let after = setup.get(kind, &name).await;
+    assert_eq!(bundles(kind, &after), bundles(kind, &injected));
+    assert_eq!(setup.notes(&name, names::EVENT_REFUSED).await.len(), 1);
+
+    // The CA's next CA, kept first and then published, is injected.
+    let next = ca_pem("webhooks-ca-2");
+    setup
+        .publish("webhooks-ca-bundle", &format!("{next}{own}"))
+        .await;
+    setup.wait_holds(kind, &name, &format!("{next}{own}")).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -51,7 +51,7 @@ use crate::authority::bundle::BundleState;
 use crate::authority::ca::{AuthorityObserved, CaSecretState, IssuerView};
 use crate::authority::leaf;
 use crate::authority::{
-    self, CaKeyPair, Certificate, ObjectName, SECRET_TYPE_TLS, SecretData, TLS_CRT,
+    self, CA_CRT, CaKeyPair, Certificate, ObjectName, SECRET_TYPE_TLS, SecretData, TLS_CRT,
 };
 use crate::changes::AnnotationChanges;
 use crate::context::Context;

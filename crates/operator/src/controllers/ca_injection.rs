@@ -496,7 +496,8 @@ async fn decide(
 ) -> Result<Decision, Error> {
     let client = &injector.ctx.client;
     let scope = injector.scope.as_deref();
-    let (mut authority, mut config_map, mut secret) = (None, None, None);
+    let (mut authority, mut config_map, mut authority_secret, mut secret) =
+        (None, None, None, None);
     match source {
         SourceRef::Authority { name } => {
             // Not found also when the CRD is not installed.
@@ -508,6 +509,15 @@ async fn decide(
             {
                 config_map = Api::<ConfigMap>::namespaced(client.clone(), &bundle.namespace)
                     .get_opt(&bundle.name)
+                    .await?;
+            }
+            // After the bundle: a CA is stored in the Secret before it is published. (No
+            // watch on it: every change of the CAs it keeps is followed by the bundle's.)
+            if let Some(keeps) = authority.as_ref().and_then(injection::secret_of)
+                && injection::in_scope(&keeps.namespace, scope)
+            {
+                authority_secret = Api::<Secret>::namespaced(client.clone(), &keeps.namespace)
+                    .get_opt(&keeps.name)
                     .await?;
             }
         }
@@ -524,6 +534,7 @@ async fn decide(
         authority_crd_installed: *injector.authority_crd.borrow() != Some(false),
         authority: authority.as_ref(),
         config_map: config_map.as_ref(),
+        authority_secret: authority_secret.as_ref(),
         secret: secret.as_ref(),
     };
     Ok(injection::decide(kind, target, source, &sources, scope))

@@ -141,14 +141,35 @@ fn secret(namespace: &str, name: &str, allow: Option<&str>, ca: Option<&[u8]>) -
     }
 }
 
-/// The sources of CertificateAuthority `webhooks`, its bundle holding `bundle`.
+/// The Secret where CertificateAuthority `webhooks` keeps its CAs, holding `keys` (as
+/// [`crate::authority`] names them).
+fn ca_secret(keys: &[(&str, &str)]) -> Secret {
+    Secret {
+        metadata: ObjectMeta {
+            name: Some("webhooks-ca".into()),
+            namespace: Some("caretaker-system".into()),
+            ..Default::default()
+        },
+        data: Some(
+            keys.iter()
+                .map(|(k, v)| (k.to_string(), ByteString(v.as_bytes().to_vec())))
+                .collect(),
+        ),
+        ..Default::default()
+    }
+}
+
+/// The sources of CertificateAuthority `webhooks`, its bundle holding `bundle`, its Secret
+/// both CAs of [`cas`] (the new one signing, the old one still trusted).
 struct World {
     ca: DynamicObject,
     bundle: ConfigMap,
+    keeps: Secret,
 }
 
 impl World {
     fn with(bundle: &str) -> Self {
+        let (old, new) = cas();
         Self {
             ca: authority("webhooks", "caretaker-system", "webhooks-ca-bundle"),
             bundle: config_map(
@@ -156,6 +177,7 @@ impl World {
                 "webhooks-ca-bundle",
                 &[(BUNDLE_KEY, bundle)],
             ),
+            keeps: ca_secret(&[(TLS_CRT, new), ("tls.key", "(a key)"), (PREVIOUS_CRT, old)]),
         }
     }
 
@@ -164,6 +186,7 @@ impl World {
             authority_crd_installed: true,
             authority: Some(&self.ca),
             config_map: Some(&self.bundle),
+            authority_secret: Some(&self.keeps),
             secret: None,
         }
     }
@@ -718,6 +741,118 @@ fn a_missing_authority_source_writes_nothing_and_says_what_is_missing() {
             );
         }
     }
+}
+
+/// A certificate in the bundle ConfigMap that the CA's Secret does not keep (someone able to
+/// write ConfigMaps added a CA of theirs) stops injection: the targets keep what they hold,
+/// and the Warning names the certificate.
+#[test]
+fn a_bundle_holding_a_certificate_the_ca_does_not_keep_is_never_injected() {
+    let (old, new) = cas();
+    let intruder =
+        caretaker_pki::CertificateAuthority::create(&caretaker_pki::CaSpec::new("intruder-ca"))
+            .unwrap()
+            .certificate_pem();
+    let mut tampered = World::with(&format!("{new}{intruder}{old}"));
+    for (kind, target) in targets() {
+        let event = refusal_of(decide_for(kind, &target, &tampered.sources()));
+        assert_eq!(event.reason, EVENT_REFUSED);
+        assert!(
+            event.note.starts_with(
+                "the trust bundle of CertificateAuthority webhooks (ConfigMap \
+                 caretaker-system/webhooks-ca-bundle, ca-bundle.crt) holds 1 certificate(s) that \
+                 are none of the CAs its Secret caretaker-system/webhooks-ca keeps (the first: \
+                 serial "
+            ) && event.note.contains("subject CN=intruder-ca)"),
+            "{kind:?}: {}",
+            event.note
+        );
+        assert!(!event.note.contains("(a key)"), "{}", event.note);
+    }
+
+    // A CA the Secret no longer keeps is as foreign; every key the Secret keeps CAs in counts.
+    let world = World::with(&two_ca_bundle());
+    let (kind, target) = targets().remove(0);
+    for keeps in [
+        vec![(TLS_CRT, new.as_str())],
+        vec![(TLS_CRT, "not a certificate"), (PREVIOUS_CRT, old.as_str())],
+    ] {
+        let secret = ca_secret(&keeps);
+        let sources = Sources {
+            authority_secret: Some(&secret),
+            ..world.sources()
+        };
+        let event = refusal_of(decide_for(kind, &target, &sources));
+        assert!(
+            event.note.contains("holds 1 certificate(s)"),
+            "{}",
+            event.note
+        );
+    }
+    for keeps in [
+        vec![(TLS_CRT, old.as_str()), (NEXT_CRT, new.as_str())],
+        vec![(NEXT_CRT, new.as_str()), (PREVIOUS_CRT, old.as_str())],
+    ] {
+        let secret = ca_secret(&keeps);
+        let sources = Sources {
+            authority_secret: Some(&secret),
+            ..world.sources()
+        };
+        assert!(matches!(
+            decide_for(kind, &target, &sources),
+            Decision::Write { .. }
+        ));
+    }
+
+    // The Secret missing, or elsewhere than spec.secret says: nothing is vouched for.
+    let elsewhere = Secret {
+        metadata: ObjectMeta {
+            namespace: Some("default".into()),
+            ..world.keeps.metadata.clone()
+        },
+        ..world.keeps.clone()
+    };
+    for secret in [None, Some(&elsewhere)] {
+        let sources = Sources {
+            authority_secret: secret,
+            ..world.sources()
+        };
+        let event = refusal_of(decide_for(kind, &target, &sources));
+        assert_eq!(event.reason, EVENT_SOURCE_MISSING);
+        assert!(
+            event.note.starts_with(
+                "Secret caretaker-system/webhooks-ca, where CertificateAuthority webhooks keeps \
+                 its CAs, not found"
+            ),
+            "{}",
+            event.note
+        );
+    }
+    let mut no_secret = world.ca.clone();
+    no_secret.data["spec"]
+        .as_object_mut()
+        .unwrap()
+        .remove("secret");
+    let sources = Sources {
+        authority: Some(&no_secret),
+        ..world.sources()
+    };
+    let event = refusal_of(decide_for(kind, &target, &sources));
+    assert_eq!(event.reason, EVENT_REFUSED);
+    assert!(
+        event
+            .note
+            .starts_with("CertificateAuthority webhooks names no Secret in spec.secret"),
+        "{}",
+        event.note
+    );
+
+    // Once the CA keeps the certificate (its controller's own next CA, say), it is injected.
+    tampered.keeps = ca_secret(&[(TLS_CRT, new), (NEXT_CRT, &intruder), (PREVIOUS_CRT, old)]);
+    assert!(matches!(
+        decide_for(kind, &target, &tampered.sources()),
+        Decision::Write { .. }
+    ));
 }
 
 #[test]
