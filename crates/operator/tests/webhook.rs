@@ -291,6 +291,7 @@ spec:
   bundle: {name: webhooks-ca-bundle, namespace: caretaker-system}
   validity: 1y
   renewBefore: 60d
+  allowedNamespaces: [demo]
 ---
 apiVersion: caretaker.dev/v1alpha1
 kind: IssuedCertificate
@@ -309,6 +310,21 @@ spec:
         applied.contains("certificateauthority.caretaker.dev/webhooks created")
             && applied.contains("issuedcertificate.caretaker.dev/web created"),
         "{applied}"
+    );
+    // Not in a namespace the CertificateAuthority signs for.
+    let elsewhere = good
+        .split("---")
+        .nth(1)
+        .unwrap()
+        .replace("namespace: demo", "namespace: caretaker-system");
+    let refused = kubectl.fails(&["apply", "-f", "-"], Some(&elsewhere)).await;
+    assert!(
+        refused.contains(
+            "IssuedCertificate \"web\" is invalid: spec.issuerRef.name: CertificateAuthority \
+             \"webhooks\" signs only for namespaces [\"demo\"] (its spec.allowedNamespaces), \
+             not \"caretaker-system\""
+        ),
+        "{refused}"
     );
     // Nothing bad was stored.
     let stored = kubectl.json(&["get", "certificateauthorities"]).await;

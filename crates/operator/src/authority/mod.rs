@@ -217,19 +217,15 @@ impl fmt::Display for ObjectName {
 
 /// Whether caretaker may write an existing Secret or ConfigMap, from its labels and
 /// annotations: it carries [`names::MANAGED_BY`] (written when caretaker creates an object,
-/// and again on every write), or it was written by a caretaker from before that label, which
-/// wrote library-go's `certificate-not-before`, `-not-after` or `-issuer` (all three on every
-/// object holding a certificate) or its rotation bookkeeping on each. Any one of those counts,
-/// so removing `certificate-not-after` alone (library-go's forced rotation) still leaves the
-/// object caretaker's; the write that follows labels it. Anything else is someone's data:
-/// caretaker writes nothing to it.
+/// and again on every write), or one of caretaker's own rotation annotations (a CA Secret an
+/// earlier caretaker wrote before that label). library-go's `auth.openshift.io/certificate-*`
+/// annotations do not count: OpenShift's operators write them on their own Secrets, and those
+/// are not caretaker's to take over. Anything else is someone's data: caretaker writes nothing
+/// to it.
 pub fn managed(labels: &BTreeMap<String, String>, annotations: &BTreeMap<String, String>) -> bool {
     let (label, value) = names::MANAGED_BY;
     labels.get(label).map(String::as_str) == Some(value)
         || [
-            names::CERTIFICATE_NOT_BEFORE,
-            names::CERTIFICATE_NOT_AFTER,
-            names::CERTIFICATE_ISSUER,
             names::authority_state::NEXT_TRUSTED_AT,
             names::authority_state::UNUSED_SINCE,
         ]
@@ -730,13 +726,24 @@ pub(crate) mod tests {
             "another manager's"
         );
         assert!(!managed(&map(&[("app", "web")]), &map(&[("team", "a")])));
-        // Written by a caretaker before the label: library-go's annotations, any one of them,
-        // so a forced rotation (certificate-not-after removed) leaves it caretaker's.
-        let legacy = map(&[
+        // An OpenShift operator's Secret (library-go's annotations, as its service CA writes
+        // them) is not caretaker's.
+        let openshift = map(&[
             (names::CERTIFICATE_NOT_BEFORE, "2026-01-01T00:00:00Z"),
-            (names::CERTIFICATE_ISSUER, "webhooks-ca"),
+            (names::CERTIFICATE_NOT_AFTER, "2028-01-01T00:00:00Z"),
+            (
+                names::CERTIFICATE_ISSUER,
+                "openshift-service-serving-signer@1767225600",
+            ),
+            (names::CERTIFICATE_HOSTNAMES, "api.demo.svc"),
         ]);
-        assert!(managed(&none, &legacy));
+        assert!(!managed(&none, &openshift));
+        assert!(managed(&map(&[(label, value)]), &openshift));
+        // A CA Secret written by a caretaker before the label: its rotation's annotations.
+        assert!(managed(
+            &none,
+            &map(&[(names::authority_state::UNUSED_SINCE, "x")])
+        ));
         assert!(managed(
             &none,
             &map(&[(names::authority_state::NEXT_TRUSTED_AT, "x")])

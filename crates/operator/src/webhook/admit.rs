@@ -4,7 +4,7 @@
 //! - CREATE and UPDATE of a CertificateAuthority or an IssuedCertificate: the spec is
 //!   validated by its `policy()`, and every bad field is named with its value in one message
 //!   (422 `Invalid`). An IssuedCertificate must also name an existing CertificateAuthority in
-//!   `spec.issuerRef.name`.
+//!   `spec.issuerRef.name`, one that signs for its namespace (`spec.allowedNamespaces`).
 //! - An UPDATE that leaves `spec` as it was is allowed without validating it: an object stored
 //!   before the webhook was installed (or before a rule was added) can still get its
 //!   finalizers removed, its labels changed and its status written. So is an UPDATE that keeps
@@ -27,7 +27,9 @@ use super::review::{
     API_VERSION, AdmissionRequest, AdmissionResponse, AdmissionReview, GroupVersionKind, KIND,
     Operation, Status,
 };
-use crate::v1alpha1::{self, CertificateAuthority, IssuedCertificate, SpecError};
+use crate::v1alpha1::{
+    self, CertificateAuthority, CertificateAuthoritySpec, IssuedCertificate, SpecError,
+};
 
 /// A kind this webhook validates, each at its own path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,8 +80,12 @@ impl Served {
 /// Whether CertificateAuthorities exist: a GET in the operator
 /// ([`super::ApiIssuers`]), a set in tests.
 pub trait Issuers: Send + Sync {
-    /// Whether the CertificateAuthority `name` exists, or why that could not be learnt.
-    fn exists(&self, name: &str) -> impl Future<Output = Result<bool, String>> + Send;
+    /// The spec of CertificateAuthority `name` (`None`: there is none), or why it could not
+    /// be read.
+    fn spec(
+        &self,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<CertificateAuthoritySpec>, String>> + Send;
 }
 
 /// A body that is not an `admission.k8s.io/v1` AdmissionReview with a request: answered with
@@ -201,9 +207,15 @@ async fn verdict(
             let issuer_is_new = old_issuer.and_then(Value::as_str) != Some(issuer.as_str());
             problems.extend(field_problems(spec_problems));
             if issuer_name_ok && issuer_is_new {
-                match issuers.exists(issuer).await {
-                    Ok(true) => {}
-                    Ok(false) => problems.push(format!(
+                let namespace = &request.namespace;
+                match issuers.spec(issuer).await {
+                    Ok(Some(ca)) if ca.issues_to(namespace) => {}
+                    Ok(Some(ca)) => problems.push(format!(
+                        "spec.issuerRef.name: CertificateAuthority {issuer:?} signs only for \
+                         namespaces {:?} (its spec.allowedNamespaces), not {namespace:?}",
+                        ca.allowed_namespaces
+                    )),
+                    Ok(None) => problems.push(format!(
                         "spec.issuerRef.name: no CertificateAuthority is named {issuer:?}"
                     )),
                     Err(e) => {
@@ -284,17 +296,18 @@ fn field_problems(error: Option<SpecError>) -> impl Iterator<Item = String> {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeSet;
+    use std::collections::BTreeMap;
     use std::sync::Mutex;
 
     use serde_json::json;
 
     use super::*;
 
-    /// The CertificateAuthorities of a test, and the names looked up.
+    /// The CertificateAuthorities of a test (each with the namespaces it signs for), and the
+    /// names looked up.
     #[derive(Default)]
     struct Known {
-        names: BTreeSet<String>,
+        names: BTreeMap<String, Vec<String>>,
         asked: Mutex<Vec<String>>,
         broken: bool,
     }
@@ -302,7 +315,7 @@ mod tests {
     impl Known {
         fn with(names: &[&str]) -> Self {
             Known {
-                names: names.iter().map(|n| n.to_string()).collect(),
+                names: names.iter().map(|n| (n.to_string(), Vec::new())).collect(),
                 ..Default::default()
             }
         }
@@ -313,12 +326,18 @@ mod tests {
     }
 
     impl Issuers for Known {
-        async fn exists(&self, name: &str) -> Result<bool, String> {
+        async fn spec(&self, name: &str) -> Result<Option<CertificateAuthoritySpec>, String> {
             self.asked.lock().unwrap().push(name.to_string());
             if self.broken {
                 return Err("the API server did not answer".into());
             }
-            Ok(self.names.contains(name))
+            Ok(self.names.get(name).map(|allowed| {
+                let ca: CertificateAuthority = serde_json::from_value(ca(json!({
+                    "allowedNamespaces": allowed,
+                })))
+                .unwrap();
+                ca.spec
+            }))
         }
     }
 
@@ -362,10 +381,17 @@ mod tests {
         object: Option<Value>,
         old: Option<Value>,
     ) -> AdmissionRequest {
+        // As the API server sends it: the namespace of a namespaced object.
+        let namespace = object
+            .as_ref()
+            .and_then(|o| o.pointer("/metadata/namespace"))
+            .cloned()
+            .unwrap_or(json!(""));
         serde_json::from_value(json!({
             "uid": "b6f1b2c4-0000-4000-8000-000000000001",
             "kind": gvk(served),
             "name": "web",
+            "namespace": namespace,
             "operation": operation,
             "object": object,
             "oldObject": old,
@@ -475,6 +501,28 @@ mod tests {
             message.contains("spec.dnsNames[1]: \"not_ok.example\" is not a DNS name"),
             "{message}"
         );
+    }
+
+    /// A CertificateAuthority that signs only for some namespaces (`spec.allowedNamespaces`):
+    /// an IssuedCertificate elsewhere naming it is refused, naming both.
+    #[tokio::test]
+    async fn an_issuer_that_does_not_sign_for_the_namespace_is_refused() {
+        let known = Known {
+            names: BTreeMap::from([("webhooks".to_string(), vec!["team-a".to_string()])]),
+            ..Default::default()
+        };
+        let response = create(IC, issued(json!({})), &known).await;
+        let (code, reason, message) = denial(&response);
+        assert_eq!((code, reason), (422, "Invalid"));
+        assert_eq!(
+            message,
+            "IssuedCertificate \"web\" is invalid: spec.issuerRef.name: CertificateAuthority \
+             \"webhooks\" signs only for namespaces [\"team-a\"] (its spec.allowedNamespaces), \
+             not \"demo\""
+        );
+        let mut in_team_a = issued(json!({}));
+        in_team_a["metadata"]["namespace"] = json!("team-a");
+        assert!(create(IC, in_team_a, &known).await.allowed);
     }
 
     #[tokio::test]

@@ -38,7 +38,7 @@ pub use certificate::{CertificateError, CertificatePair, SecretRead, ServingCert
 pub use serve::Limits;
 
 use crate::settings::BindAddress;
-use crate::v1alpha1::{self, CertificateAuthority};
+use crate::v1alpha1::{self, CertificateAuthority, CertificateAuthoritySpec};
 
 /// Where the serving certificate comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -142,11 +142,11 @@ pub fn configuration(
 pub struct ApiIssuers(pub Api<CertificateAuthority>);
 
 impl Issuers for ApiIssuers {
-    async fn exists(&self, name: &str) -> Result<bool, String> {
+    async fn spec(&self, name: &str) -> Result<Option<CertificateAuthoritySpec>, String> {
         self.0
             .get_opt(name)
             .await
-            .map(|found| found.is_some())
+            .map(|found| found.map(|ca| ca.spec))
             .map_err(|e| e.to_string())
     }
 }
