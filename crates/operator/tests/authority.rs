@@ -1042,6 +1042,17 @@ async fn a_forced_ca_rotation_is_trusted_everywhere_before_it_signs_anything() {
         status.certificate.serial_number.as_deref(),
         Some(old_ca.serial())
     );
+    // It says what it waits for.
+    let ready = condition(&status.certificate.conditions, "Ready");
+    assert_eq!(ready.status, "True", "the old CA signs meanwhile");
+    assert!(
+        ready.message.ends_with(&format!(
+            "; CA serial {} is not trusted yet by ValidatingWebhookConfiguration vwc",
+            new_ca.serial()
+        )),
+        "{}",
+        ready.message
+    );
 
     let injecting = Instant::now();
     let injected_at = setup.inject_by_hand("vwc", &both).await;

@@ -17,6 +17,7 @@
 //! module documentation of [`crate::authority`]).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
 use std::time::Duration;
 
 use caretaker_pki::PkiError;
@@ -246,12 +247,46 @@ pub struct AuthorityObserved {
     /// once every one holds it. (Only Ready ones count: one whose Secret cannot be written
     /// must not hold a promotion up for ever.)
     pub distributed: Option<BTreeSet<String>>,
+    /// The injection points and Ready certificates' `ca.crt` that do not hold every CA of the
+    /// published bundle yet: what a next CA waits for, named in the status.
+    pub untrusting: Untrusting,
     /// The last CA this process saw valid in the CA Secret, if any: it keeps signing while
     /// the Secret is invalid.
     pub last_good: Option<CaKeyPair>,
     /// The `Degraded` message the status shows now (`None` when not degraded), so that a
     /// Warning event is said once per problem.
     pub reported_degraded: Option<String>,
+}
+
+/// Places that do not trust every CA of the published bundle yet: the first few by name
+/// ([`Untrusting::NAMED`]), and how many in all.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Untrusting {
+    pub named: Vec<String>,
+    pub count: usize,
+}
+
+impl Untrusting {
+    /// How many are named; the rest are counted.
+    pub const NAMED: usize = 5;
+
+    /// One more place, its name made only when it is shown.
+    pub fn add(&mut self, name: impl FnOnce() -> String) {
+        if self.named.len() < Self::NAMED {
+            self.named.push(name());
+        }
+        self.count += 1;
+    }
+}
+
+impl fmt::Display for Untrusting {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.named.join(", "))?;
+        match self.count.saturating_sub(self.named.len()) {
+            0 => Ok(()),
+            more => write!(f, " and {more} more"),
+        }
+    }
 }
 
 /// One write of a CertificateAuthority's plan.
@@ -552,7 +587,7 @@ pub fn plan(
     Ok(CaPlan {
         steps,
         events,
-        status: status_of(&desired, policy, now),
+        status: status_of(&desired, policy, &seen.untrusting, now),
         issuer: IssuerView::of(&desired, now),
         wake_at: wake_at(&desired, &seen.in_use, policy, now),
     })
@@ -777,14 +812,28 @@ fn bundle_change(
     parts.join("; ")
 }
 
-fn status_of(secret: &CaSecret, policy: &AuthorityPolicy, now: OffsetDateTime) -> AuthorityStatus {
+fn status_of(
+    secret: &CaSecret,
+    policy: &AuthorityPolicy,
+    untrusting: &Untrusting,
+    now: OffsetDateTime,
+) -> AuthorityStatus {
     let prop = policy.trust_propagation;
+    // A next CA not yet trusted everywhere: where it is not (a target whose injection is
+    // refused, a certificate whose Secret cannot be written would hold it up for ever).
+    let waiting = match (&secret.next, secret.next_trusted_at) {
+        (Some(next), None) if untrusting.count > 0 => format!(
+            "; CA serial {} is not trusted yet by {untrusting}",
+            next.certificate.serial()
+        ),
+        _ => String::new(),
+    };
     let ready = match (&secret.current, &secret.next) {
         (Some(ca), _) if ca.signs_at(now) => Condition::new(
             true,
             names::REASON_SIGNING,
             format!(
-                "CA serial {} signs until {}",
+                "CA serial {} signs until {}{waiting}",
                 ca.certificate.serial(),
                 format_time(ca.certificate.not_after())
             ),
@@ -793,7 +842,8 @@ fn status_of(secret: &CaSecret, policy: &AuthorityPolicy, now: OffsetDateTime) -
             false,
             names::REASON_EXPIRED,
             format!(
-                "CA serial {} expired at {}; its successor signs once trusted everywhere for {}",
+                "CA serial {} expired at {}; its successor signs once trusted everywhere for \
+                 {}{waiting}",
                 ca.certificate.serial(),
                 format_time(ca.certificate.not_after()),
                 duration(prop)
@@ -803,7 +853,7 @@ fn status_of(secret: &CaSecret, policy: &AuthorityPolicy, now: OffsetDateTime) -
             false,
             names::REASON_WAITING_FOR_TRUST,
             format!(
-                "the re-created CA (serial {}) signs once trusted everywhere for {}",
+                "the re-created CA (serial {}) signs once trusted everywhere for {}{waiting}",
                 next.as_ref().map_or("?", |ca| ca.certificate.serial()),
                 duration(prop)
             ),

@@ -799,6 +799,7 @@ pub(crate) mod tests {
                 in_use: BTreeSet::new(),
                 certificates_missing: false,
                 distributed: None,
+                untrusting: Default::default(),
                 last_good,
                 reported_degraded: None,
             };

@@ -276,6 +276,7 @@ impl World {
             in_use: BTreeSet::new(),
             certificates_missing: false,
             distributed: None,
+            untrusting: Default::default(),
             last_good: self.last_good.clone(),
             reported_degraded: self.reported_degraded.clone(),
         };

@@ -48,7 +48,7 @@ use tokio::sync::{mpsc, watch};
 use super::watch_failures::Failing;
 use crate::Error;
 use crate::authority::bundle::BundleState;
-use crate::authority::ca::{AuthorityObserved, CaSecretState, IssuerView};
+use crate::authority::ca::{AuthorityObserved, CaSecretState, IssuerView, Untrusting};
 use crate::authority::leaf;
 use crate::authority::{
     self, CA_CRT, CaKeyPair, Certificate, ObjectName, SECRET_TYPE_TLS, SecretData, TLS_CRT,
@@ -1427,6 +1427,7 @@ impl Shared {
         authority: &str,
         published: Option<&str>,
         bundle: &BundleState,
+        untrusting: &mut Untrusting,
     ) -> Option<BTreeSet<String>> {
         let listed = self.synced.targets.iter().all(|s| *s.borrow());
         if !listed {
@@ -1440,8 +1441,12 @@ impl Shared {
                     continue;
                 }
                 named = true;
-                all_hold &= published
+                let holds = published
                     .is_some_and(|text| injection::holds_bundle(*kind, &target, text.as_bytes()));
+                if !holds {
+                    untrusting.add(|| format!("{} {}", kind.kind(), target.name_any()));
+                }
+                all_hold &= holds;
             }
         }
         match (named, all_hold) {
@@ -1461,12 +1466,15 @@ impl Shared {
     /// `authority` (among the issuer's candidates), whether one of them (with a valid spec) has
     /// no readable certificate, and the CAs the `ca.crt` of every one that is Ready holds:
     /// [`AuthorityObserved::in_use`], [`AuthorityObserved::certificates_missing`],
-    /// [`AuthorityObserved::distributed`]. Read from the stores, each Secret version once per
-    /// set of candidates.
+    /// [`AuthorityObserved::distributed`]; each Ready one whose `ca.crt` lacks a CA of
+    /// `published` (fingerprints) is added to `untrusting`. Read from the stores, each Secret
+    /// version once per set of candidates.
     pub(crate) fn certificates_of(
         &self,
         authority: &str,
         issuer: &IssuerView,
+        published: &BTreeSet<String>,
+        untrusting: &mut Untrusting,
     ) -> (BTreeSet<String>, bool, Option<BTreeSet<String>>) {
         let candidates = candidates(issuer);
         let keys = lock(&self.index).of_issuer(authority);
@@ -1488,6 +1496,11 @@ impl Shared {
                     // cannot be written, refused say, is not Ready and holds nothing up).
                     if ready(&certificate) {
                         let held: BTreeSet<String> = ca_bundle.into_iter().collect();
+                        if !held.is_superset(published) {
+                            untrusting.add(|| {
+                                format!("the ca.crt of IssuedCertificate {}/{}", key.0, key.1)
+                            });
+                        }
                         distributed = Some(match distributed {
                             None => held,
                             Some(all) => all.intersection(&held).cloned().collect(),
@@ -1635,6 +1648,7 @@ impl Shared {
             in_use: BTreeSet::new(),
             certificates_missing: false,
             distributed: None,
+            untrusting: Default::default(),
             last_good: self.last_good(name),
             reported_degraded: None,
         };

@@ -26,7 +26,9 @@ use time::OffsetDateTime;
 use super::authority_watch::{self, AuthorityFeed, Shared, Written};
 use crate::Error;
 use crate::authority::bundle::BundleState;
-use crate::authority::ca::{self, AuthorityObserved, AuthorityStep, CaPlan, CaSecretState};
+use crate::authority::ca::{
+    self, AuthorityObserved, AuthorityStep, CaPlan, CaSecretState, Untrusting,
+};
 use crate::authority::{CA_BUNDLE_CRT, ObjectName, PkiMint};
 use crate::changes::Event;
 use crate::metrics::CertificateKind;
@@ -138,21 +140,27 @@ async fn reconcile(
             .and_then(|(data, _)| data.get(CA_BUNDLE_CRT))
             .map(String::as_str);
         let bundle_state = BundleState::observe(bundle.as_ref().map(|(d, a)| (d, a)));
+        let trusted: BTreeSet<String> = (bundle_state.certificates().iter())
+            .map(|ca| ca.fingerprint().to_string())
+            .collect();
+        let mut untrusting = Untrusting::default();
         let mut seen = AuthorityObserved {
             secret_name,
             bundle_name,
             secret: CaSecretState::observe(secret.as_ref().map(|(d, a)| (d, a))),
-            injected: observing.injected(&who, published, &bundle_state),
+            injected: observing.injected(&who, published, &bundle_state, &mut untrusting),
             bundle: bundle_state,
             in_use: BTreeSet::new(),
             certificates_missing: false,
             distributed: None,
+            untrusting: Untrusting::default(),
             last_good: observing.last_good(&who),
             reported_degraded,
         };
         let candidates = ca::in_use_candidates(&seen, now);
         (seen.in_use, seen.certificates_missing, seen.distributed) =
-            observing.certificates_of(&who, &candidates);
+            observing.certificates_of(&who, &candidates, &trusted, &mut untrusting);
+        seen.untrusting = untrusting;
         ca::plan(&seen, &policy, now, &PkiMint)
     })
     .await

@@ -36,6 +36,7 @@ fn nothing() -> AuthorityObserved {
         in_use: BTreeSet::new(),
         certificates_missing: false,
         distributed: None,
+        untrusting: Default::default(),
         last_good: None,
         reported_degraded: None,
     }
@@ -369,6 +370,28 @@ fn a_next_ca_signs_only_once_every_ready_certificates_ca_crt_holds_it() {
     assert_eq!(secret(&seen).current, Some(old.clone()));
     assert_settled(&seen, &policy, due);
 
+    // The status says what it waits for: the first few by name, the others counted.
+    for i in 0..7 {
+        seen.untrusting
+            .add(|| format!("the ca.crt of IssuedCertificate demo/web-{i}"));
+    }
+    let waiting = decide(&seen, &policy, &model, due);
+    assert!(waiting.steps.is_empty());
+    let ready = &waiting.status.ready;
+    assert!(ready.status, "the old CA signs meanwhile");
+    assert!(
+        ready.message.ends_with(&format!(
+            "; CA serial {} is not trusted yet by the ca.crt of IssuedCertificate demo/web-0, \
+             the ca.crt of IssuedCertificate demo/web-1, the ca.crt of IssuedCertificate \
+             demo/web-2, the ca.crt of IssuedCertificate demo/web-3, the ca.crt of \
+             IssuedCertificate demo/web-4 and 2 more",
+            next.certificate.serial()
+        )),
+        "{}",
+        ready.message
+    );
+    seen.untrusting = Untrusting::default();
+
     // Every Ready certificate's ca.crt holds it now: trusted, and (no propagation) promoted.
     seen.distributed = Some(BTreeSet::from([
         old.fingerprint().to_string(),
@@ -376,6 +399,11 @@ fn a_next_ca_signs_only_once_every_ready_certificates_ca_crt_holds_it() {
     ]));
     let promoted = decide(&seen, &policy, &model, due + 1);
     assert_eq!(promoted.issuer.signer, Ok(next));
+    assert!(
+        !promoted.status.ready.message.contains("not trusted yet"),
+        "{}",
+        promoted.status.ready.message
+    );
 }
 
 /// A CA promoted at `trusted + PROP` with the old one in previous, settled.
