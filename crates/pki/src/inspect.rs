@@ -21,6 +21,9 @@ pub struct CertificateInfo {
     pub common_name: Option<String>,
     pub organizations: Vec<String>,
     pub issuer: String,
+    /// The issuer's common name, read from the name itself (a `, ` in it is no separator).
+    #[serde(default)]
+    pub issuer_common_name: Option<String>,
     /// Colon-separated lowercase hex, as openssl prints it.
     pub serial: String,
     #[serde(with = "time::serde::rfc3339")]
@@ -82,6 +85,7 @@ fn describe(cert: &X509Certificate<'_>, der: &[u8]) -> CertificateInfo {
         common_name: subject.iter_common_name().next().map(text),
         organizations: subject.iter_organization().map(text).collect(),
         issuer: cert.issuer().to_string(),
+        issuer_common_name: cert.issuer().iter_common_name().next().map(text),
         serial: hex(cert.raw_serial()),
         not_before: cert.validity().not_before.to_datetime(),
         not_after: cert.validity().not_after.to_datetime(),

@@ -80,6 +80,19 @@ fn a_wrong_ca_fails_openssl_verify() {
     );
 }
 
+/// An issuer's common name is read from the name, not from its text: a `, ` in it stays.
+#[test]
+fn an_issuer_common_name_with_a_comma_is_read_whole() {
+    let ca = CertificateAuthority::create(&CaSpec::new("webhooks, team a")).unwrap();
+    let leaf = ca
+        .issue(&LeafSpec::new("web", Usage::Server).with_dns_names(["web"]))
+        .unwrap();
+    assert_eq!(
+        leaf.info().issuer_common_name.as_deref(),
+        Some("webhooks, team a")
+    );
+}
+
 #[test]
 fn inspection_reports_what_was_issued() {
     let ca = CertificateAuthority::create(&CaSpec::new("kubernetes")).unwrap();
@@ -96,6 +109,7 @@ fn inspection_reports_what_was_issued() {
     assert_eq!(info.common_name.as_deref(), Some("kube-apiserver"));
     assert_eq!(info.organizations, ["system:masters"]);
     assert_eq!(info.issuer, ca.info().subject);
+    assert_eq!(info.issuer_common_name.as_deref(), Some("kubernetes"));
     assert_eq!(info.dns_names, ["kubernetes.default.svc"]);
     assert_eq!(info.ip_addresses, ["10.96.0.1".parse::<IpAddr>().unwrap()]);
     assert_eq!(info.extended_key_usages, ["serverAuth"]);

@@ -137,6 +137,7 @@ mod timeline;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -527,37 +528,31 @@ impl TlsAnnotations {
 /// A certificate's DNS names and IP addresses, sorted and de-duplicated, as library-go writes
 /// them (IPv4-mapped IPv6 addresses as IPv4, as Go prints them).
 pub fn hostnames(info: &CertificateInfo) -> Vec<String> {
-    let names: BTreeSet<String> = info
-        .ip_addresses
+    hostname_list(&info.ip_addresses, &info.dns_names)
+}
+
+/// The hostnames a [`LeafSpec`] asks for, as [`hostnames`] writes them.
+fn wanted_hostnames(spec: &LeafSpec) -> Vec<String> {
+    hostname_list(&spec.ip_addresses, &spec.dns_names)
+}
+
+fn hostname_list(ip_addresses: &[IpAddr], dns_names: &[String]) -> Vec<String> {
+    let names: BTreeSet<String> = ip_addresses
         .iter()
         .map(|ip| ip.to_canonical().to_string())
-        .chain(info.dns_names.iter().cloned())
+        .chain(dns_names.iter().cloned())
         .collect();
     names.into_iter().collect()
 }
 
 /// The issuer's common name, as library-go records it: a self-signed CA's own name, else the
-/// `CN=` of its issuer's name.
+/// common name of its issuer.
 fn issuer_name(certificate: &Certificate) -> &str {
     let info = certificate.info();
     if info.issuer == info.subject {
         return certificate.common_name();
     }
-    info.issuer
-        .split(", ")
-        .find_map(|part| part.strip_prefix("CN="))
-        .unwrap_or_default()
-}
-
-/// The hostnames a [`LeafSpec`] asks for, as [`hostnames`] writes them.
-fn wanted_hostnames(spec: &LeafSpec) -> Vec<String> {
-    let names: BTreeSet<String> = spec
-        .ip_addresses
-        .iter()
-        .map(|ip| ip.to_canonical().to_string())
-        .chain(spec.dns_names.iter().cloned())
-        .collect();
-    names.into_iter().collect()
+    info.issuer_common_name.as_deref().unwrap_or_default()
 }
 
 /// Whether certificates of `usage` serve TLS (and so carry the hostnames annotation).

@@ -189,6 +189,7 @@ fn certificate(facts: Facts<'_>) -> Certificate {
         common_name: Some(facts.common_name.to_string()),
         organizations: facts.organizations.to_vec(),
         issuer: format!("CN={}", facts.issuer),
+        issuer_common_name: Some(facts.issuer.to_string()),
         serial: format!("{:02x}", facts.serial),
         not_before: facts.not_before,
         not_after: facts.not_after,
