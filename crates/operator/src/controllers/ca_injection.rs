@@ -218,23 +218,16 @@ where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + 'static,
 {
     let resource = ApiResource::erase::<K>(&());
-    let mut failing = Failing::new(INJECTION, K::kind(&()));
     let events = watcher(api, watcher::Config::default()).default_backoff();
+    let events = Failing::new(INJECTION, K::kind(&())).events(events);
     futures::pin_mut!(events);
     while let Some(event) = events.next().await {
-        match event {
-            Ok(
-                watcher::Event::Apply(object)
-                | watcher::Event::InitApply(object)
-                | watcher::Event::Delete(object),
-            ) => {
-                failing.recovered();
-                if matters(&object) {
-                    changes.send(&resource, object.meta()).await;
-                }
-            }
-            Ok(watcher::Event::Init | watcher::Event::InitDone) => failing.recovered(),
-            Err(e) => failing.failed(&e),
+        if let watcher::Event::Apply(object)
+        | watcher::Event::InitApply(object)
+        | watcher::Event::Delete(object) = event
+            && matters(&object)
+        {
+            changes.send(&resource, object.meta()).await;
         }
     }
 }
@@ -249,19 +242,18 @@ async fn watch_authorities(
     changes: FanOut,
 ) {
     let resource = authority_resource();
-    let mut failing = Failing::new(INJECTION, "CertificateAuthority");
     loop {
         let appeared = installed.wait_for(|i| *i == Some(true)).await.is_ok();
         if !appeared {
             return;
         }
         let events = watcher(api.clone(), watcher::Config::default()).default_backoff();
+        let events = Failing::new(INJECTION, "CertificateAuthority").events(events);
         futures::pin_mut!(events);
         loop {
             tokio::select! {
                 event = events.next() => match event {
-                    Some(Ok(event)) => {
-                        failing.recovered();
+                    Some(event) => {
                         store.apply_watcher_event(&event);
                         if let watcher::Event::Apply(ca)
                         | watcher::Event::InitApply(ca)
@@ -270,7 +262,6 @@ async fn watch_authorities(
                             changes.send(&resource, &ca.metadata).await;
                         }
                     }
-                    Some(Err(e)) => failing.failed(&e),
                     None => return,
                 },
                 removed = async { installed.wait_for(|i| *i != Some(true)).await.is_ok() } => {
@@ -364,7 +355,6 @@ async fn run_kind(
     let api: Api<DynamicObject> = Api::all_with(injector.ctx.client.clone(), &resource);
     let writer = Writer::new(resource.clone());
     let targets = writer.as_reader();
-    let mut failing = Failing::new(INJECTION, kind.kind());
     let mut authority_crd = authority_crd.map(|installed| AuthorityCrd {
         name: authority_crd_name(),
         installed,
@@ -375,27 +365,19 @@ async fn run_kind(
         writer,
         watcher(api, watcher::Config::default()).modify(trim(kind)),
     )
-    .default_backoff()
-    .filter_map(move |event| {
-        let event = match event {
-            Ok(event) => {
-                failing.recovered();
-                if let Some(crd) = &mut authority_crd {
-                    crd.observe(&event);
-                }
-                if let watcher::Event::Delete(target) = &event {
-                    forgetting.forget_warning(&warning_key(kind, &target.name_any()));
-                }
-                Some(Ok(event))
+    .default_backoff();
+    let watched = Failing::new(INJECTION, kind.kind())
+        .events(watched)
+        .map(move |event| {
+            if let Some(crd) = &mut authority_crd {
+                crd.observe(&event);
             }
-            Err(e) => {
-                failing.failed(&e);
-                None
+            if let watcher::Event::Delete(target) = &event {
+                forgetting.forget_warning(&warning_key(kind, &target.name_any()));
             }
-        };
-        std::future::ready(event)
-    })
-    .applied_objects();
+            Ok::<_, watcher::Error>(event)
+        })
+        .applied_objects();
 
     let mapper = |source: fn(DynamicObject) -> Option<SourceChange>| {
         let (targets, authorities) = (targets.clone(), injector.authorities.clone());
