@@ -1252,24 +1252,31 @@ async fn a_deleted_ca_secret_is_replaced_by_a_new_ca_with_an_event() {
     );
 
     // The new CA signs once trusted, the certificate comes from it, the old CA goes.
-    let recreated = setup
-        .wait_secret(SYSTEM, "webhooks-ca", "the new CA signs", |s| {
-            certificates(&text(s, "tls.crt"))
-                .first()
-                .is_some_and(|c| *c != old_ca)
-        })
-        .await;
-    let new_ca = leaf_or_ca(&recreated);
-    setup
-        .wait_secret(DEMO, "web-tls", "a leaf from the new CA", |s| {
-            signed_by(&leaf(s), &new_ca)
-        })
-        .await;
+    let new_ca = new_ca_signs(&setup, &old_ca).await;
     eventually("the old CA leaves the bundle", 20, || async {
         let text = bundle_text(&setup.bundle("webhooks-ca-bundle").await?);
         (fingerprints(&text) == [new_ca.fingerprint().to_string()]).then_some(())
     })
     .await;
+}
+
+/// Waits until a CA other than `old` signs for CertificateAuthority `webhooks`, and
+/// `web-tls` holds a leaf from it; returns that CA.
+async fn new_ca_signs(setup: &Setup, old: &Certificate) -> Certificate {
+    let stored = setup
+        .wait_secret(SYSTEM, "webhooks-ca", "the new CA signs", |s| {
+            certificates(&text(s, "tls.crt"))
+                .first()
+                .is_some_and(|c| c != old)
+        })
+        .await;
+    let new_ca = leaf_or_ca(&stored);
+    setup
+        .wait_secret(DEMO, "web-tls", "a leaf from the new CA", |s| {
+            signed_by(&leaf(s), &new_ca)
+        })
+        .await;
+    new_ca
 }
 
 /// A deleted CA Secret while the bundle ConfigMap also holds a leaf (put there by hand): the
@@ -1312,19 +1319,7 @@ async fn a_re_created_ca_secret_keeps_only_cas_from_the_bundle() {
         fingerprints(&text(&recreated, "previous.crt")),
         [old_ca.fingerprint().to_string()]
     );
-    let new_ca = setup
-        .wait_secret(SYSTEM, "webhooks-ca", "the new CA signs", |s| {
-            certificates(&text(s, "tls.crt"))
-                .first()
-                .is_some_and(|c| *c != old_ca)
-        })
-        .await;
-    let new_ca = leaf_or_ca(&new_ca);
-    setup
-        .wait_secret(DEMO, "web-tls", "a leaf from the new CA", |s| {
-            signed_by(&leaf(s), &new_ca)
-        })
-        .await;
+    new_ca_signs(&setup, &old_ca).await;
     assert!(
         setup
             .notes("default", "webhooks", names::EVENT_CA_SECRET_INVALID)
