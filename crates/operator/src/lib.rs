@@ -25,6 +25,7 @@ pub mod injection;
 pub mod machine;
 pub mod metrics;
 pub mod names;
+pub mod process;
 pub mod rollout;
 pub mod schedule;
 mod settings;

@@ -215,6 +215,7 @@ impl OperatorArgs {
 }
 
 pub fn run(args: OperatorArgs) -> ExitCode {
+    caretaker_operator::process::cap_malloc_arenas();
     logging::init(args.log_format);
     let settings = Settings {
         agent_port: args.agent_port,

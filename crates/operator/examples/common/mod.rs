@@ -25,6 +25,10 @@ pub fn start() -> Option<(Vec<String>, tokio::runtime::Runtime)> {
         .with_writer(std::io::stderr)
         .try_init();
     let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("--operator") {
+        // As `caretaker operator` does.
+        caretaker_operator::process::cap_malloc_arenas();
+    }
     let runtime = tokio::runtime::Runtime::new().unwrap();
     if args.get(1).map(String::as_str) == Some("--operator") {
         runtime.block_on(operator(Path::new(&args[2])));
