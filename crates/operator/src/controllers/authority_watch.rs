@@ -261,11 +261,11 @@ impl CertificateIndex {
 /// candidate CAs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum LeafUse {
-    /// A readable certificate, signed by this CA (fingerprint) among the candidates, or none;
-    /// and the CAs its `ca.crt` holds (none when it is missing or unreadable).
+    /// A readable certificate, signed by the candidate CA at this index, or by none; and the
+    /// CAs (fingerprints) its `ca.crt` holds (none when it is missing or unreadable).
     Signed {
-        issuer: Option<String>,
-        ca_bundle: Vec<String>,
+        signer: Option<usize>,
+        ca_bundle: Arc<BTreeSet<String>>,
     },
     /// No readable certificate (or none caretaker can read from the store).
     Missing,
@@ -298,8 +298,23 @@ struct KnownLeaf {
     version: String,
     readable: bool,
     /// The CAs (fingerprints) its `ca.crt` holds.
-    ca_bundle: Vec<String>,
+    ca_bundle: Arc<BTreeSet<String>>,
     signed_by: HashMap<String, bool>,
+}
+
+impl KnownLeaf {
+    /// Which of `candidates` signed it (the first), when that is known: every candidate up
+    /// to the first that signed it (or all, if none did) was checked already.
+    fn signer(&self, candidates: &[&Certificate]) -> Option<Option<usize>> {
+        for (i, ca) in candidates.iter().enumerate() {
+            match self.signed_by.get(ca.fingerprint()) {
+                None => return None,
+                Some(true) => return Some(Some(i)),
+                Some(false) => {}
+            }
+        }
+        Some(None)
+    }
 }
 
 /// The leaf a certificate Secret as stored holds ([`leaf::read_leaf`]), if any can be read.
@@ -320,7 +335,7 @@ fn stored_leaf(secret: &Secret) -> Option<Certificate> {
 
 /// The CAs (fingerprints) the `ca.crt` of a certificate Secret as stored holds; none when it
 /// is missing or unreadable.
-fn stored_ca_bundle(secret: &Secret) -> Vec<String> {
+fn stored_ca_bundle(secret: &Secret) -> BTreeSet<String> {
     let pem = secret
         .data
         .as_ref()
@@ -1490,21 +1505,26 @@ impl Shared {
             };
             let secret = (key.0.clone(), certificate.spec.secret_name.clone());
             match self.leaf_use(&secret, &candidates) {
-                LeafUse::Signed { issuer, ca_bundle } => {
-                    in_use.extend(issuer);
+                LeafUse::Signed { signer, ca_bundle } => {
+                    // Without a copy per certificate: this runs for every certificate of the
+                    // CA on each of its passes.
+                    if let Some(signer) = signer.map(|i| candidates[i].fingerprint())
+                        && !in_use.contains(signer)
+                    {
+                        in_use.insert(signer.to_string());
+                    }
                     // Only a Ready certificate's: its controller writes `ca.crt` (one that
                     // cannot be written, refused say, is not Ready and holds nothing up).
                     if ready(&certificate) {
-                        let held: BTreeSet<String> = ca_bundle.into_iter().collect();
-                        if !held.is_superset(published) {
+                        if !ca_bundle.is_superset(published) {
                             untrusting.add(|| {
                                 format!("the ca.crt of IssuedCertificate {}/{}", key.0, key.1)
                             });
                         }
-                        distributed = Some(match distributed {
-                            None => held,
-                            Some(all) => all.intersection(&held).cloned().collect(),
-                        });
+                        match &mut distributed {
+                            None => distributed = Some((*ca_bundle).clone()),
+                            Some(all) => all.retain(|ca| ca_bundle.contains(ca)),
+                        }
                     }
                 }
                 // One whose spec never validates never gets a certificate: it serves none.
@@ -1522,10 +1542,22 @@ impl Shared {
             return LeafUse::Missing;
         };
         let version = secret.resource_version().unwrap_or_default();
-        let cached = lock(&self.leaf_uses)
-            .get(key)
-            .filter(|known| known.version == version)
-            .cloned();
+        let cached = {
+            let known = lock(&self.leaf_uses);
+            let known = known.get(key).filter(|known| known.version == version);
+            // Every candidate checked already (the common case): the answer, no copy.
+            match known.map(|known| (known, known.signer(candidates))) {
+                Some((known, _)) if !known.readable => return LeafUse::Missing,
+                Some((known, Some(signer))) => {
+                    return LeafUse::Signed {
+                        signer,
+                        ca_bundle: known.ca_bundle.clone(),
+                    };
+                }
+                Some((known, None)) => Some(known.clone()),
+                None => None,
+            }
+        };
         let mut parsed = None;
         let mut known = match cached {
             Some(known) => known,
@@ -1538,11 +1570,11 @@ impl Shared {
                 let known = KnownLeaf {
                     version,
                     readable: leaf.is_some(),
-                    ca_bundle: if leaf.is_some() {
+                    ca_bundle: Arc::new(if leaf.is_some() {
                         stored_ca_bundle(&secret)
                     } else {
-                        Vec::new()
-                    },
+                        BTreeSet::new()
+                    }),
                     signed_by: HashMap::new(),
                 };
                 parsed = Some(leaf);
@@ -1553,7 +1585,9 @@ impl Shared {
             lock(&self.leaf_uses).insert(key.clone(), known);
             return LeafUse::Missing;
         }
-        let mut signer = None;
+        known
+            .signed_by
+            .retain(|fp, _| candidates.iter().any(|ca| ca.fingerprint() == fp));
         for ca in candidates {
             let signed = match known.signed_by.get(ca.fingerprint()) {
                 Some(signed) => *signed,
@@ -1567,19 +1601,15 @@ impl Shared {
                 }
             };
             if signed {
-                signer = Some(ca.fingerprint().to_string());
                 break;
             }
         }
-        known
-            .signed_by
-            .retain(|fp, _| candidates.iter().any(|ca| ca.fingerprint() == fp));
+        let signer = known
+            .signer(candidates)
+            .expect("checked up to the first signer");
         let ca_bundle = known.ca_bundle.clone();
         lock(&self.leaf_uses).insert(key.clone(), known);
-        LeafUse::Signed {
-            issuer: signer,
-            ca_bundle,
-        }
+        LeafUse::Signed { signer, ca_bundle }
     }
 
     /// What the certificates of CertificateAuthority `name` are issued from now, from its
@@ -1997,6 +2027,45 @@ mod tests {
                 .get(names::MANAGED_BY.0)
                 .map(String::as_str),
             Some(names::MANAGED_BY.1)
+        );
+    }
+
+    /// What a Secret's cached checks tell without checking again: the first candidate that
+    /// signed it once every one before it was checked, unknown while one is not.
+    #[test]
+    fn a_known_leaf_names_its_signer_only_from_checks_made() {
+        let ca = |cn| {
+            let pem = caretaker_pki::CertificateAuthority::create(&caretaker_pki::CaSpec::new(cn))
+                .unwrap()
+                .certificate_pem();
+            Certificate::parse_pem(&pem).unwrap().remove(0)
+        };
+        let (old, new) = (ca("old"), ca("new"));
+        let candidates = [&old, &new];
+        let known = |checked: &[(&Certificate, bool)]| KnownLeaf {
+            version: "1".into(),
+            readable: true,
+            ca_bundle: Arc::default(),
+            signed_by: checked
+                .iter()
+                .map(|(ca, signed)| (ca.fingerprint().to_string(), *signed))
+                .collect(),
+        };
+        assert_eq!(known(&[]).signer(&candidates), None);
+        assert_eq!(
+            known(&[(&new, true)]).signer(&candidates),
+            None,
+            "old unchecked"
+        );
+        assert_eq!(known(&[(&old, false)]).signer(&candidates), None);
+        assert_eq!(known(&[(&old, true)]).signer(&candidates), Some(Some(0)));
+        assert_eq!(
+            known(&[(&old, false), (&new, true)]).signer(&candidates),
+            Some(Some(1))
+        );
+        assert_eq!(
+            known(&[(&old, false), (&new, false)]).signer(&candidates),
+            Some(None)
         );
     }
 
