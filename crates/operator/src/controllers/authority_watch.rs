@@ -333,6 +333,25 @@ fn stored_leaf(secret: &Secret) -> Option<Certificate> {
     leaf::read_leaf(&data).0.ok()
 }
 
+/// Sets of strings kept once each, for as long as someone holds them.
+#[derive(Default)]
+struct SharedSets(Mutex<Vec<Arc<BTreeSet<String>>>>);
+
+impl SharedSets {
+    /// `set`, shared with everyone who holds an equal one.
+    fn share(&self, set: BTreeSet<String>) -> Arc<BTreeSet<String>> {
+        let mut kept = lock(&self.0);
+        // Those only this list holds go.
+        kept.retain(|kept| Arc::strong_count(kept) > 1);
+        if let Some(same) = kept.iter().find(|kept| ***kept == set) {
+            return same.clone();
+        }
+        let set = Arc::new(set);
+        kept.push(set.clone());
+        set
+    }
+}
+
 /// The CAs (fingerprints) the `ca.crt` of a certificate Secret as stored holds; none when it
 /// is missing or unreadable.
 fn stored_ca_bundle(secret: &Secret) -> BTreeSet<String> {
@@ -392,6 +411,9 @@ pub(crate) struct Shared {
     pub degraded: DegradedMemory,
     /// What each certificate Secret says of the CAs in use, by Secret version and candidates.
     leaf_uses: Mutex<HashMap<Key, KnownLeaf>>,
+    /// The distinct `ca.crt` contents of [`Shared::leaf_uses`]: thousands of certificates of
+    /// one CA hold the same bundle.
+    ca_bundles: SharedSets,
     /// Secrets a certificate pass wrote, with the version before the write, until the store
     /// shows the write.
     written: Mutex<HashMap<Key, (Option<String>, Instant)>>,
@@ -446,6 +468,7 @@ pub(crate) fn start(
         last_good: Mutex::default(),
         degraded: DegradedMemory::default(),
         leaf_uses: Mutex::default(),
+        ca_bundles: SharedSets::default(),
         written: Mutex::default(),
         series: Mutex::default(),
         wake_authorities,
@@ -1570,7 +1593,7 @@ impl Shared {
                 let known = KnownLeaf {
                     version,
                     readable: leaf.is_some(),
-                    ca_bundle: Arc::new(if leaf.is_some() {
+                    ca_bundle: self.ca_bundles.share(if leaf.is_some() {
                         stored_ca_bundle(&secret)
                     } else {
                         BTreeSet::new()
@@ -2028,6 +2051,20 @@ mod tests {
                 .map(String::as_str),
             Some(names::MANAGED_BY.1)
         );
+    }
+
+    #[test]
+    fn equal_sets_are_kept_once_while_held() {
+        let sets = SharedSets::default();
+        let set = |items: &[&str]| items.iter().map(|s| s.to_string()).collect();
+        let first = sets.share(set(&["a", "b"]));
+        let again = sets.share(set(&["b", "a"]));
+        assert!(Arc::ptr_eq(&first, &again));
+        let other = sets.share(set(&["a"]));
+        assert!(!Arc::ptr_eq(&first, &other));
+        drop((first, again));
+        let _ = sets.share(set(&["c"]));
+        assert_eq!(lock(&sets.0).len(), 2, "the set no one holds is gone");
     }
 
     /// What a Secret's cached checks tell without checking again: the first candidate that
