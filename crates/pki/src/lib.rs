@@ -21,7 +21,9 @@ mod csr;
 pub mod files;
 mod inspect;
 mod key;
+pub mod pool;
 pub mod rotation;
+pub mod truststore;
 pub mod ttl;
 
 pub use authority::{CaSpec, CertificateAuthority, IssuedCertificate, LeafSpec, Usage};
@@ -29,6 +31,7 @@ pub use bundle::{BundleError, TrustBundle};
 pub use csr::{CertificateRequest, CsrSubject, Refusal, SigningPolicy};
 pub use inspect::{CertificateInfo, is_issued_by, key_matches_certificate};
 pub use key::{KeyAlgorithm, PrivateKey};
+pub use pool::{CertificatePool, PoolError, PoolFilters, PooledCertificate};
 pub use rotation::RotationPolicy;
 pub use ttl::{Ttl, TtlError};
 
