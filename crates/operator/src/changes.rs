@@ -101,6 +101,9 @@ pub struct Event {
     pub reason: &'static str,
     /// What happened, for people.
     pub note: String,
+    /// The events.k8s.io `action`: the reason, unless the upstream tool names its actions
+    /// apart (trust-manager: `Synced`, `SyncFailed`).
+    pub action: &'static str,
 }
 
 impl Event {
@@ -109,6 +112,7 @@ impl Event {
             type_: EventType::Normal,
             reason,
             note: note.into(),
+            action: reason,
         }
     }
 
@@ -117,7 +121,12 @@ impl Event {
             type_: EventType::Warning,
             reason,
             note: note.into(),
+            action: reason,
         }
+    }
+
+    pub fn with_action(self, action: &'static str) -> Self {
+        Self { action, ..self }
     }
 }
 

@@ -268,6 +268,7 @@ impl Context {
             type_,
             reason,
             note,
+            action,
         } = event;
         let namespace = regarding
             .namespace
@@ -285,7 +286,7 @@ impl Context {
                 ..Default::default()
             },
             event_time: Some(MicroTime(k8s_openapi::jiff::Timestamp::now())),
-            action: Some(reason.into()),
+            action: Some(action.into()),
             reason: Some(reason.into()),
             // The API server caps notes at 1 KiB.
             note: Some(note.chars().take(1000).collect()),

@@ -65,6 +65,13 @@ pub enum Error {
         "cannot make a new CA for CertificateAuthority {authority}: {source}; nothing was written"
     )]
     CaCreationFailed { authority: String, source: PkiError },
+    /// A Bundle could not be synced (a malformed source, a namespace selector that does not
+    /// parse, a target write refused); its status and events say which.
+    #[error("Bundle {bundle} is not synced: {reason}")]
+    BundleNotSynced {
+        bundle: String,
+        reason: &'static str,
+    },
 }
 
 impl Error {
@@ -86,6 +93,7 @@ impl Error {
             Error::SigningRefused { .. } => "signing_refused",
             Error::SigningFailed { .. } => "signing_failed",
             Error::CaCreationFailed { .. } => "ca_creation_failed",
+            Error::BundleNotSynced { .. } => "bundle_not_synced",
         }
     }
 
@@ -98,7 +106,8 @@ impl Error {
             | Error::ClusterCa { .. }
             | Error::OperatorCertificate { .. }
             | Error::AgentClient(_)
-            | Error::NoAgentEndpoint { .. } => true,
+            | Error::NoAgentEndpoint { .. }
+            | Error::BundleNotSynced { .. } => true,
             Error::Agent(e) => e.is_transient(),
             Error::NoNode { .. }
             | Error::UpgradeOperationLost { .. }
@@ -194,6 +203,13 @@ mod tests {
                     source: PkiError::InvalidCsr("truncated".into()),
                 },
                 false,
+            ),
+            (
+                Error::BundleNotSynced {
+                    bundle: "trust".into(),
+                    reason: "SourceBuildError",
+                },
+                true,
             ),
         ]
     }

@@ -7,7 +7,7 @@
 //! applies lives in [`controllers`], one module per controller, with shared plumbing in
 //! [`context`] and [`credentials`]. caretaker's own API, `caretaker.dev/v1alpha1`, and the
 //! validation of its specs are in [`v1alpha1`]; the admission webhook that applies that validation
-//! to every write is [`webhook`]. [`metrics`] holds the metric families and the servers of
+//! to every write is [`webhook`]. trust-manager's Bundle, decided, is [`trust`]. [`metrics`] holds the metric families and the servers of
 //! `/metrics`, `/healthz` and `/readyz`.
 //!
 //! It talks to node agents through `caretaker-agent-api` (wire types, client, kubeadm facts)
@@ -31,9 +31,10 @@ pub mod schedule;
 mod settings;
 pub mod signing;
 pub mod timestamp;
+pub mod trust;
 pub mod v1alpha1;
 pub mod webhook;
 
 pub use context::Context;
 pub use error::Error;
-pub use settings::{BindAddress, Settings};
+pub use settings::{BindAddress, Settings, TrustSettings};

@@ -15,6 +15,32 @@ pub struct Settings {
     pub agent_timeout: Duration,
     /// How often a running upgrade's operation is read from its agent (agents cannot notify).
     pub upgrade_poll: Duration,
+    /// The Bundle controller's settings (trust-manager's flags).
+    pub trust: TrustSettings,
+}
+
+/// What trust-manager takes as flags, for the Bundle controller.
+#[derive(Debug, Clone)]
+pub struct TrustSettings {
+    /// `--trust-namespace`: the only namespace sources are read from.
+    pub namespace: String,
+    /// `--secret-targets-enabled`, `--target-namespaces`.
+    pub bundles: crate::trust::plan::BundleSettings,
+    /// `--filter-expired-certificates`, `--filter-non-ca-certs`.
+    pub filters: caretaker_pki::PoolFilters,
+    /// `--default-package-location` or `--default-package-from-system`.
+    pub default_package: Option<crate::trust::package::DefaultPackage>,
+}
+
+impl Default for TrustSettings {
+    fn default() -> Self {
+        Self {
+            namespace: "cert-manager".into(),
+            bundles: Default::default(),
+            filters: Default::default(),
+            default_package: None,
+        }
+    }
 }
 
 impl Default for Settings {
@@ -25,6 +51,7 @@ impl Default for Settings {
             retry_base: Duration::from_secs(10),
             agent_timeout: Duration::from_secs(30),
             upgrade_poll: Duration::from_secs(2),
+            trust: TrustSettings::default(),
         }
     }
 }

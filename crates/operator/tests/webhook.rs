@@ -559,7 +559,7 @@ async fn a_configuration_that_sends_other_kinds_fails_loudly() {
         refused.starts_with(
             "400 admission webhook \"configmaps.wrong.example\" denied the request: \
              caretaker's webhook validates only caretaker.dev/v1alpha1 CertificateAuthority and \
-             IssuedCertificate"
+             IssuedCertificate, and trust.cert-manager.io/v1alpha1 Bundle"
         ) && refused.contains("it was sent v1 ConfigMap"),
         "{refused}"
     );

@@ -38,10 +38,25 @@ pub const UPSTREAM_CRDS: [(&str, &str); 5] = [
     upstream_crd!("controlplane.cluster.x-k8s.io_ck8scontrolplanes.yaml"),
 ];
 
+/// trust-manager's CRDs, as upstream publishes them: Bundle, and ClusterBundle.
+pub const TRUST_MANAGER_CRDS: [(&str, &str); 2] = [
+    upstream_crd!("trust.cert-manager.io_bundles.yaml"),
+    upstream_crd!("trust-manager.io_clusterbundles.yaml"),
+];
+
 /// Installs [`UPSTREAM_CRDS`].
 pub async fn install_upstream_crds(client: &kube::Client) -> Result<(), kube::Error> {
+    install(client, &UPSTREAM_CRDS).await
+}
+
+/// Installs [`TRUST_MANAGER_CRDS`].
+pub async fn install_trust_manager_crds(client: &kube::Client) -> Result<(), kube::Error> {
+    install(client, &TRUST_MANAGER_CRDS).await
+}
+
+async fn install(client: &kube::Client, files: &[(&str, &str)]) -> Result<(), kube::Error> {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for (file, text) in UPSTREAM_CRDS {
+    for (file, text) in files {
         let value: Value = serde_saphyr::from_str(text)
             .unwrap_or_else(|e| panic!("the embedded {file} is not YAML: {e}"));
         let crd: CustomResourceDefinition = serde_json::from_value(value)

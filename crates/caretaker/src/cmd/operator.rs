@@ -6,9 +6,12 @@ use std::time::Duration;
 
 use caretaker_operator::controllers;
 use caretaker_operator::metrics::{self, serve_health, serve_metrics, serve_metrics_tls};
+use caretaker_operator::trust::package::DefaultPackage;
+use caretaker_operator::trust::plan::BundleSettings;
 use caretaker_operator::webhook::bootstrap::{self, Bootstrap, WebhookUrl};
 use caretaker_operator::webhook::{CertificateSource, Limits, Webhook};
-use caretaker_operator::{BindAddress, Context, Settings};
+use caretaker_operator::{BindAddress, Context, Settings, TrustSettings};
+use caretaker_pki::PoolFilters;
 
 use super::logging::{self, LogFormat};
 
@@ -113,6 +116,75 @@ pub struct OperatorArgs {
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
+    #[command(flatten)]
+    trust: TrustArgs,
+}
+
+/// trust-manager's flags, with its names and defaults, for the Bundle controller.
+#[derive(Debug, clap::Args)]
+#[command(next_help_heading = "Bundles (trust-manager)")]
+struct TrustArgs {
+    /// The only namespace Bundle sources (ConfigMaps and Secrets) are read from.
+    #[arg(long, value_name = "NAMESPACE", default_value = "cert-manager")]
+    trust_namespace: String,
+    /// The default CA package (trust-manager's JSON format: name, bundle, version) that
+    /// `useDefaultCAs: true` adds; the file name must end in .json. Read once at start; a bad
+    /// package stops the operator.
+    #[arg(
+        long,
+        value_name = "FILE.json",
+        conflicts_with = "default_package_from_system"
+    )]
+    default_package_location: Option<PathBuf>,
+    /// Instead of --default-package-location: the default CAs are this machine's CA store
+    /// ($SSL_CERT_FILE, else the distribution's bundle, e.g. /etc/ssl/certs/ca-certificates.crt).
+    #[arg(long)]
+    default_package_from_system: bool,
+    /// Allow Bundles to write Secret targets (spec.target.secret).
+    #[arg(long)]
+    secret_targets_enabled: bool,
+    /// Leave certificates whose notAfter has passed out of every bundle.
+    #[arg(long)]
+    filter_expired_certificates: bool,
+    /// Leave certificates that are not CAs (no basicConstraints CA:TRUE) out of every bundle.
+    #[arg(long)]
+    filter_non_ca_certs: bool,
+    /// Write targets only to these namespaces (comma-separated); all namespaces when absent.
+    #[arg(long, value_name = "NS,NS,...", value_delimiter = ',')]
+    target_namespaces: Option<Vec<String>>,
+}
+
+impl TrustArgs {
+    fn settings(&self) -> Result<TrustSettings, String> {
+        let default_package = if let Some(path) = &self.default_package_location {
+            Some(
+                DefaultPackage::load(path)
+                    .map_err(|e| format!("--default-package-location: {e}"))?,
+            )
+        } else if self.default_package_from_system {
+            Some(
+                DefaultPackage::from_system()
+                    .map_err(|e| format!("--default-package-from-system: {e}"))?,
+            )
+        } else {
+            None
+        };
+        Ok(TrustSettings {
+            namespace: self.trust_namespace.clone(),
+            bundles: BundleSettings {
+                secret_targets_enabled: self.secret_targets_enabled,
+                target_namespaces: self
+                    .target_namespaces
+                    .as_ref()
+                    .map(|n| n.iter().cloned().collect()),
+            },
+            filters: PoolFilters {
+                expired: self.filter_expired_certificates,
+                non_ca: self.filter_non_ca_certs,
+            },
+            default_package,
+        })
+    }
 }
 
 /// `--webhook-bind-address`, `--metrics-bind-address`, `--health-probe-bind-address`: an
@@ -217,14 +289,16 @@ impl OperatorArgs {
 pub fn run(args: OperatorArgs) -> ExitCode {
     caretaker_operator::process::cap_malloc_arenas();
     logging::init(args.log_format);
-    let settings = Settings {
+    let mut settings = Settings {
         agent_port: args.agent_port,
         max_attempts: args.max_attempts,
         retry_base: args.retry_base,
         agent_timeout: args.agent_timeout,
         upgrade_poll: args.upgrade_poll,
+        ..Settings::default()
     };
     super::run_async("operator", async move {
+        settings.trust = args.trust.settings()?;
         // Its objects live in NAMESPACE: an operator watching another namespace would never
         // issue its certificate.
         if let (Some((bootstrap, _)), Some(watched)) = (&args.webhook_bootstrap, &args.namespace)

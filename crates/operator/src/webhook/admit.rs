@@ -27,6 +27,8 @@ use super::review::{
     API_VERSION, AdmissionRequest, AdmissionResponse, AdmissionReview, GroupVersionKind, KIND,
     Operation, Status,
 };
+use crate::trust::api::Bundle;
+use crate::trust::validation;
 use crate::v1alpha1::{
     self, CertificateAuthority, CertificateAuthoritySpec, IssuedCertificate, SpecError,
 };
@@ -36,16 +38,42 @@ use crate::v1alpha1::{
 pub enum Served {
     CertificateAuthority,
     IssuedCertificate,
+    /// trust-manager's Bundle, with trust-manager's rules and messages.
+    Bundle,
 }
 
 impl Served {
-    pub const ALL: [Served; 2] = [Served::CertificateAuthority, Served::IssuedCertificate];
+    pub const ALL: [Served; 3] = [
+        Served::CertificateAuthority,
+        Served::IssuedCertificate,
+        Served::Bundle,
+    ];
 
     pub fn kind(self) -> &'static str {
         match self {
             Served::CertificateAuthority => "CertificateAuthority",
             Served::IssuedCertificate => "IssuedCertificate",
+            Served::Bundle => "Bundle",
         }
+    }
+
+    pub fn group(self) -> &'static str {
+        match self {
+            Served::CertificateAuthority | Served::IssuedCertificate => v1alpha1::GROUP,
+            Served::Bundle => "trust.cert-manager.io",
+        }
+    }
+
+    pub fn version(self) -> &'static str {
+        match self {
+            Served::CertificateAuthority | Served::IssuedCertificate => v1alpha1::VERSION,
+            Served::Bundle => "v1alpha1",
+        }
+    }
+
+    /// Whether objects of the kind live in namespaces.
+    pub fn namespaced(self) -> bool {
+        matches!(self, Served::IssuedCertificate)
     }
 
     /// The kind's resource (plural), as webhook rules name it.
@@ -53,6 +81,7 @@ impl Served {
         match self {
             Served::CertificateAuthority => "certificateauthorities",
             Served::IssuedCertificate => "issuedcertificates",
+            Served::Bundle => "bundles",
         }
     }
 
@@ -62,6 +91,7 @@ impl Served {
         match self {
             Served::CertificateAuthority => "/validate-caretaker-dev-v1alpha1-certificateauthority",
             Served::IssuedCertificate => "/validate-caretaker-dev-v1alpha1-issuedcertificate",
+            Served::Bundle => "/validate-trust-cert-manager-io-v1alpha1-bundle",
         }
     }
 
@@ -71,9 +101,7 @@ impl Served {
     }
 
     fn is(self, kind: &GroupVersionKind) -> bool {
-        kind.group == v1alpha1::GROUP
-            && kind.version == v1alpha1::VERSION
-            && kind.kind == self.kind()
+        kind.group == self.group() && kind.version == self.version() && kind.kind == self.kind()
     }
 }
 
@@ -149,8 +177,9 @@ async fn verdict(
             "BadRequest",
             format!(
                 "caretaker's webhook validates only {group}/{version} CertificateAuthority and \
-                 IssuedCertificate, each at its own path ({path} is {kind}'s); it was sent {sent}: \
-                 the rules of the webhook configuration that called it are wrong",
+                 IssuedCertificate, and trust.cert-manager.io/v1alpha1 Bundle, each at its own \
+                 path ({path} is {kind}'s); it was sent {sent}: the rules of the webhook \
+                 configuration that called it are wrong",
                 group = v1alpha1::GROUP,
                 version = v1alpha1::VERSION,
                 path = served.path(),
@@ -190,6 +219,15 @@ async fn verdict(
     let mut problems = Vec::new();
     let mut unchecked = None;
     match served {
+        Served::Bundle => {
+            let bundle: Bundle = parse(served, &name, object)?;
+            // trust-manager's answer: its field errors aggregated as Kubernetes aggregates them.
+            return match validation::problems(&bundle).as_slice() {
+                [] => Ok(()),
+                [one] => Err(status(403, "Forbidden", one.clone())),
+                many => Err(status(403, "Forbidden", format!("[{}]", many.join(", ")))),
+            };
+        }
         Served::CertificateAuthority => {
             let ca: CertificateAuthority = parse(served, &name, object)?;
             problems.extend(field_problems(ca.spec.policy().err()));
@@ -371,7 +409,7 @@ mod tests {
     }
 
     fn gvk(served: Served) -> Value {
-        json!({"group": "caretaker.dev", "version": "v1alpha1", "kind": served.kind()})
+        json!({"group": served.group(), "version": served.version(), "kind": served.kind()})
     }
 
     /// A request as the API server sends it.
@@ -428,6 +466,55 @@ mod tests {
 
     const CA: Served = Served::CertificateAuthority;
     const IC: Served = Served::IssuedCertificate;
+
+    fn bundle(spec: Value) -> Value {
+        json!({"apiVersion": "trust.cert-manager.io/v1alpha1", "kind": "Bundle",
+               "metadata": {"name": "trust"}, "spec": spec})
+    }
+
+    #[tokio::test]
+    async fn bundles_are_judged_by_trust_managers_rules_in_its_words() {
+        let known = Known::with(&[]);
+        let good = bundle(
+            json!({"sources": [{"inLine": "x"}], "target": {"configMap": {"key": "ca.crt"}}}),
+        );
+        assert!(create(Served::Bundle, good, &known).await.allowed);
+
+        let one = bundle(json!({"sources": [], "target": {"configMap": {"key": "ca.crt"}}}));
+        let response = create(Served::Bundle, one, &known).await;
+        assert_eq!(
+            denial(&response),
+            (
+                403,
+                "Forbidden",
+                "spec.sources: Forbidden: must define at least one source"
+            )
+        );
+
+        let two = bundle(json!({"sources": [{"inLine": "x"}], "target": {
+            "configMap": {"key": "a"}, "additionalFormats": {"jks": {"key": "a"}, "pkcs12": {"key": "a"}}}}));
+        let response = create(Served::Bundle, two, &known).await;
+        let (_, _, message) = denial(&response);
+        assert!(
+            message.starts_with("[spec.target.additionalFormats.jks.key: Invalid value: \"a\""),
+            "{message}"
+        );
+        assert!(
+            message.ends_with("key must be unique across all target output keys]"),
+            "{message}"
+        );
+
+        let deleted = request(Served::Bundle, "DELETE", None, None);
+        assert!(answer(&deleted, Served::Bundle, &known).await.allowed);
+        // A Bundle sent to a caretaker kind's path is refused: the configuration is wrong.
+        let misrouted = request(
+            Served::Bundle,
+            "CREATE",
+            Some(bundle(json!({"sources": []}))),
+            None,
+        );
+        assert_eq!(denial(&answer(&misrouted, CA, &known).await).0, 400);
+    }
 
     #[tokio::test]
     async fn a_good_certificate_authority_is_allowed() {

@@ -402,7 +402,11 @@ mod tests {
             json!({"caretaker.dev/inject-ca-from": "caretaker-webhook"})
         );
         let hooks = configuration["webhooks"].as_array().unwrap();
-        assert_eq!(hooks.len(), 2);
+        assert_eq!(
+            hooks.len(),
+            3,
+            "CertificateAuthority, IssuedCertificate and Bundle"
+        );
         for hook in hooks {
             assert_eq!(
                 hook["clientConfig"],
@@ -414,6 +418,12 @@ mod tests {
         assert_eq!(
             hooks[0]["clientConfig"]["service"]["path"],
             "/validate-caretaker-dev-v1alpha1-certificateauthority"
+        );
+        assert_eq!(hooks[2]["name"], "bundles.trust.cert-manager.io");
+        assert_eq!(
+            hooks[2]["rules"],
+            json!([{"apiGroups": ["trust.cert-manager.io"], "apiVersions": ["v1alpha1"],
+                    "operations": ["CREATE", "UPDATE"], "resources": ["bundles"], "scope": "Cluster"}])
         );
         assert_eq!(
             bootstrap(None).certificate_source(),

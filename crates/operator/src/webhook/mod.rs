@@ -38,7 +38,7 @@ pub use certificate::{CertificateError, CertificatePair, SecretRead, ServingCert
 pub use serve::Limits;
 
 use crate::settings::BindAddress;
-use crate::v1alpha1::{self, CertificateAuthority, CertificateAuthoritySpec};
+use crate::v1alpha1::{CertificateAuthority, CertificateAuthoritySpec};
 
 /// Where the serving certificate comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -106,21 +106,22 @@ pub fn configuration(
             }
         }
         ValidatingWebhook {
-            name: format!("{}.{}", served.resource(), v1alpha1::GROUP),
+            name: format!("{}.{}", served.resource(), served.group()),
             admission_review_versions: vec!["v1".into()],
             client_config,
             failure_policy: Some("Fail".into()),
             side_effects: "None".into(),
             timeout_seconds: Some(10),
             rules: Some(vec![RuleWithOperations {
-                api_groups: Some(vec![v1alpha1::GROUP.into()]),
-                api_versions: Some(vec![v1alpha1::VERSION.into()]),
+                api_groups: Some(vec![served.group().into()]),
+                api_versions: Some(vec![served.version().into()]),
                 operations: Some(vec!["CREATE".into(), "UPDATE".into()]),
                 resources: Some(vec![served.resource().into()]),
                 scope: Some(
-                    match served {
-                        Served::CertificateAuthority => "Cluster",
-                        Served::IssuedCertificate => "Namespaced",
+                    if served.namespaced() {
+                        "Namespaced"
+                    } else {
+                        "Cluster"
                     }
                     .into(),
                 ),

@@ -1,0 +1,457 @@
+//! The Bundle controller: trust-manager's reconcile ([`crate::trust::plan`]) on watch-fed
+//! stores, so caretaker can stand in for a running trust-manager.
+//!
+//! | watched | kept | a change wakes |
+//! |---|---|---|
+//! | Bundles | all | the Bundle |
+//! | Namespaces | labels and phase | every Bundle (one may start or stop matching) |
+//! | ConfigMaps and Secrets of the trust namespace | all | the Bundles with a source of that kind naming it or selecting it |
+//! | ConfigMaps (and Secrets, with Secret targets) labelled `trust.cert-manager.io/bundle` | all | the Bundle the label names |
+//!
+//! Until trust-manager's Bundle CRD is installed only a watch on that CRD runs; the log says so
+//! once. A pass waits until every store has listed, so a target not yet seen is never taken for
+//! missing. Target data is never read, only metadata, as trust-manager does.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+
+use crate::Error;
+use crate::context::Context;
+use crate::trust::api::{BUNDLE_LABEL, Bundle, FIELD_MANAGER};
+use crate::trust::plan::{self, NamespaceView, Observed, Outcome, StatusChange};
+use crate::trust::selector::Selector;
+use crate::trust::sources::SourceContext;
+use crate::trust::target::{ObservedTarget, Owner, TargetKind, cleanup_body};
+
+/// The name of trust-manager's Bundle CRD.
+pub const BUNDLE_CRD: &str = "bundles.trust.cert-manager.io";
+/// The controller's name in metrics and logs.
+const CONTROLLER: &str = "bundle";
+
+/// What the passes read.
+struct Stores {
+    ctx: Arc<Context>,
+    bundles: Store<Bundle>,
+    namespaces: Store<Namespace>,
+    sources: Store<ConfigMap>,
+    secret_sources: Store<Secret>,
+    config_map_targets: Store<ConfigMap>,
+    secret_targets: Option<Store<Secret>>,
+}
+
+/// Runs the Bundle controller until its streams end; idle until the Bundle CRD is installed.
+pub async fn run(ctx: Arc<Context>) {
+    let client = ctx.client.clone();
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    if !matches!(crds.get_opt(BUNDLE_CRD).await, Ok(Some(_))) {
+        tracing::info!(
+            crd = BUNDLE_CRD,
+            "trust-manager's Bundle CRD is not installed: the Bundle controller waits for it"
+        );
+        let installed = kube::runtime::wait::await_condition(
+            crds,
+            BUNDLE_CRD,
+            |crd: Option<&CustomResourceDefinition>| crd.is_some(),
+        );
+        if let Err(e) = installed.await {
+            tracing::warn!(error = %e, "the Bundle controller stopped waiting for its CRD");
+            return;
+        }
+    }
+    let trust = &ctx.settings.trust;
+    tracing::info!(trust_namespace = %trust.namespace, "Bundle controller starting");
+
+    let labelled = watcher::Config::default().labels(BUNDLE_LABEL);
+    let (namespaces, namespace_changes) = watched(
+        Api::<Namespace>::all(client.clone()),
+        watcher::Config::default(),
+    );
+    let (sources, source_changes) = watched(
+        Api::<ConfigMap>::namespaced(client.clone(), &trust.namespace),
+        watcher::Config::default(),
+    );
+    let (secret_sources, secret_source_changes) = watched(
+        Api::<Secret>::namespaced(client.clone(), &trust.namespace),
+        watcher::Config::default(),
+    );
+    let (config_map_targets, config_map_target_changes) =
+        watched(Api::<ConfigMap>::all(client.clone()), labelled.clone());
+    let (secret_targets, secret_target_changes) = if trust.bundles.secret_targets_enabled {
+        let (store, changes) = watched(Api::<Secret>::all(client.clone()), labelled);
+        (Some(store), changes.boxed())
+    } else {
+        (None, futures::stream::empty().boxed())
+    };
+
+    let controller = Controller::new(Api::<Bundle>::all(client), watcher::Config::default());
+    let stores = Arc::new(Stores {
+        ctx: ctx.clone(),
+        bundles: controller.store(),
+        namespaces,
+        sources,
+        secret_sources,
+        config_map_targets,
+        secret_targets,
+    });
+    let wakes = {
+        let bundles = stores.bundles.clone();
+        let every_bundle = move |_: ()| {
+            bundles
+                .state()
+                .iter()
+                .map(|b| ObjectRef::from_obj(&**b))
+                .collect::<Vec<_>>()
+        };
+        let by_source = |kind: TargetKind| {
+            let bundles = stores.bundles.clone();
+            move |(name, labels): (String, BTreeMap<String, String>)| {
+                bundles
+                    .state()
+                    .iter()
+                    .filter(|b| reads_source(b, kind, &name, &labels))
+                    .map(|b| ObjectRef::from_obj(&**b))
+                    .collect::<Vec<_>>()
+            }
+        };
+        let named = |name: Option<String>| {
+            name.map(|n| ObjectRef::<Bundle>::new(&n))
+                .into_iter()
+                .collect::<Vec<_>>()
+        };
+        futures::stream::select_all([
+            namespace_changes
+                .map(move |_: Namespace| every_bundle(()))
+                .boxed(),
+            source_changes
+                .map(|c: ConfigMap| (c.name_any(), c.labels().clone()))
+                .map(by_source(TargetKind::ConfigMap))
+                .boxed(),
+            secret_source_changes
+                .map(|s: Secret| (s.name_any(), s.labels().clone()))
+                .map(by_source(TargetKind::Secret))
+                .boxed(),
+            config_map_target_changes
+                .map(move |c: ConfigMap| named(owning_bundle(&c)))
+                .boxed(),
+            secret_target_changes
+                .map(move |s: Secret| named(owning_bundle(&s)))
+                .boxed(),
+        ])
+        .flat_map(futures::stream::iter)
+    };
+    let error_policy = |_: Arc<Bundle>, error: &Error, stores: Arc<Stores>| {
+        super::requeue_after(CONTROLLER, error, &stores.ctx)
+    };
+    controller
+        .reconcile_on(wakes)
+        .run(
+            |bundle, stores: Arc<Stores>| async move {
+                let _timer = stores.ctx.metrics.reconcile_started(CONTROLLER);
+                stores.reconcile(&bundle).await
+            },
+            error_policy,
+            stores,
+        )
+        .for_each(|result| async move {
+            if let Err(e) = result {
+                tracing::debug!(error = %e, "Bundle reconcile failed");
+            }
+        })
+        .await;
+}
+
+/// A store of `api`'s objects and the stream of what changed (added, modified or deleted).
+fn watched<K>(
+    api: Api<K>,
+    config: watcher::Config,
+) -> (Store<K>, impl Stream<Item = K> + Send + 'static)
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
+    let (store, writer) = reflector::store();
+    let changes = reflector::reflector(writer, watcher(api, config).default_backoff())
+        .touched_objects()
+        .filter_map(|object| async move { object.ok() });
+    (store, changes)
+}
+
+/// Whether `bundle` reads the source object `name` (with `labels`) of `kind`.
+fn reads_source(
+    bundle: &Bundle,
+    kind: TargetKind,
+    name: &str,
+    labels: &BTreeMap<String, String>,
+) -> bool {
+    bundle.spec.sources.iter().any(|source| {
+        let reference = match kind {
+            TargetKind::ConfigMap => source.config_map.as_ref(),
+            TargetKind::Secret => source.secret.as_ref(),
+        };
+        reference.is_some_and(|r| match r.name.as_deref().filter(|n| !n.is_empty()) {
+            Some(wanted) => wanted == name,
+            None => Selector::parse(r.selector.as_ref()).is_ok_and(|s| s.matches(labels)),
+        })
+    })
+}
+
+/// The Bundle a target belongs to: its controller if that is a Bundle, else its label.
+fn owning_bundle<K: Resource>(target: &K) -> Option<String> {
+    let meta = target.meta();
+    meta.owner_references
+        .iter()
+        .flatten()
+        .find(|r| r.controller == Some(true) && r.kind == "Bundle")
+        .map(|r| r.name.clone())
+        .or_else(|| meta.labels.as_ref()?.get(BUNDLE_LABEL).cloned())
+}
+
+impl Stores {
+    async fn ready(&self) -> Result<(), Error> {
+        let lists = [
+            self.bundles.wait_until_ready().await,
+            self.namespaces.wait_until_ready().await,
+            self.sources.wait_until_ready().await,
+            self.secret_sources.wait_until_ready().await,
+            self.config_map_targets.wait_until_ready().await,
+        ];
+        if let Some(secrets) = &self.secret_targets {
+            secrets
+                .wait_until_ready()
+                .await
+                .map_err(|_| Error::CacheStopped)?;
+        }
+        lists
+            .into_iter()
+            .try_for_each(|r| r.map_err(|_| Error::CacheStopped))
+    }
+
+    /// One pass: observe, [`plan::plan`], apply.
+    async fn reconcile(&self, bundle: &Bundle) -> Result<Action, Error> {
+        self.ready().await?;
+        let trust = &self.ctx.settings.trust;
+        let name = bundle.name_any();
+        let by_name = |objects: Vec<Arc<ConfigMap>>| -> BTreeMap<String, ConfigMap> {
+            objects
+                .iter()
+                .map(|o| (o.name_any(), (**o).clone()))
+                .collect()
+        };
+        let config_maps = by_name(self.sources.state());
+        let secrets: BTreeMap<String, Secret> = self
+            .secret_sources
+            .state()
+            .iter()
+            .map(|o| (o.name_any(), (**o).clone()))
+            .collect();
+        let namespaces: BTreeMap<String, NamespaceView> = self
+            .namespaces
+            .state()
+            .iter()
+            .map(|n| {
+                let terminating =
+                    n.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Terminating");
+                (
+                    n.name_any(),
+                    NamespaceView {
+                        labels: n.labels().clone(),
+                        terminating,
+                    },
+                )
+            })
+            .collect();
+        let mut targets = BTreeMap::new();
+        let mine = |meta: &kube::api::ObjectMeta| {
+            meta.labels.as_ref().and_then(|l| l.get(BUNDLE_LABEL)) == Some(&name)
+        };
+        for target in self
+            .config_map_targets
+            .state()
+            .iter()
+            .filter(|t| mine(&t.metadata))
+        {
+            let key = (
+                TargetKind::ConfigMap,
+                target.namespace().unwrap_or_default(),
+            );
+            targets.insert(
+                key,
+                ObservedTarget::from_metadata(TargetKind::ConfigMap, &target.metadata),
+            );
+        }
+        for target in self
+            .secret_targets
+            .iter()
+            .flat_map(|s| s.state())
+            .filter(|t| mine(&t.metadata))
+        {
+            let key = (TargetKind::Secret, target.namespace().unwrap_or_default());
+            targets.insert(
+                key,
+                ObservedTarget::from_metadata(TargetKind::Secret, &target.metadata),
+            );
+        }
+        let observed = Observed {
+            bundle,
+            sources: SourceContext {
+                namespace: &trust.namespace,
+                config_maps: &config_maps,
+                secrets: &secrets,
+                default_package: trust.default_package.as_ref(),
+                filters: trust.filters,
+                now: time::OffsetDateTime::now_utc(),
+            },
+            namespaces: &namespaces,
+            targets: &targets,
+            settings: &trust.bundles,
+            now: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::now(),
+            ),
+        };
+        let pass = plan::plan(&observed);
+
+        let apply = PatchParams::apply(FIELD_MANAGER).force();
+        for write in &pass.writes {
+            let written = match write.kind {
+                TargetKind::ConfigMap => self
+                    .config_maps_in(&write.namespace)
+                    .patch(&name, &apply, &Patch::Apply(&write.body))
+                    .await
+                    .map(drop),
+                TargetKind::Secret => self
+                    .secrets_in(&write.namespace)
+                    .patch(&name, &apply, &Patch::Apply(&write.body))
+                    .await
+                    .map(drop),
+            };
+            if let Err(e) = written {
+                let change =
+                    plan::target_failed(&observed, write.kind, &write.namespace, &e.to_string());
+                let reason = change.event.reason;
+                self.record(bundle, change).await?;
+                return Err(Error::BundleNotSynced {
+                    bundle: name,
+                    reason,
+                });
+            }
+        }
+        let owner = Owner {
+            name: &name,
+            uid: bundle.metadata.uid.as_deref().unwrap_or_default(),
+        };
+        for (kind, namespace) in &pass.cleanups {
+            if let Err(e) = self.give_up(*kind, namespace, &owner).await {
+                tracing::warn!(bundle = %name, kind = kind.as_str(), namespace, error = %e, "cannot clean up a target no longer wanted");
+            }
+        }
+        if let Some(change) = pass.status {
+            self.record(bundle, change).await?;
+        }
+        if let Some(event) = pass.event.clone() {
+            self.ctx.event(&bundle.object_ref(&()), event).await;
+        }
+        match pass.outcome {
+            Outcome::Done => Ok(Action::await_change()),
+            Outcome::Retry => Err(Error::BundleNotSynced {
+                bundle: name,
+                reason: pass.event.map(|e| e.reason).unwrap_or("SourceBuildError"),
+            }),
+        }
+    }
+
+    fn config_maps_in(&self, namespace: &str) -> Api<ConfigMap> {
+        Api::namespaced(self.ctx.client.clone(), namespace)
+    }
+
+    fn secrets_in(&self, namespace: &str) -> Api<Secret> {
+        Api::namespaced(self.ctx.client.clone(), namespace)
+    }
+
+    /// trust-manager's `CleanupTarget`: apply only the label and owner reference, which removes
+    /// everything else it owned, then delete the target if no data is left in it.
+    async fn give_up(
+        &self,
+        kind: TargetKind,
+        namespace: &str,
+        owner: &Owner<'_>,
+    ) -> Result<(), kube::Error> {
+        let body = cleanup_body(kind, namespace, owner);
+        let apply = PatchParams::apply(FIELD_MANAGER).force();
+        let empty = match kind {
+            TargetKind::ConfigMap => {
+                let left = self
+                    .config_maps_in(namespace)
+                    .patch(owner.name, &apply, &Patch::Apply(&body))
+                    .await?;
+                left.data.as_ref().is_none_or(BTreeMap::is_empty)
+                    && left.binary_data.as_ref().is_none_or(BTreeMap::is_empty)
+            }
+            TargetKind::Secret => {
+                let left = self
+                    .secrets_in(namespace)
+                    .patch(owner.name, &apply, &Patch::Apply(&body))
+                    .await?;
+                left.data.as_ref().is_none_or(BTreeMap::is_empty)
+            }
+        };
+        if !empty {
+            return Ok(());
+        }
+        let deleted = match kind {
+            TargetKind::ConfigMap => self
+                .config_maps_in(namespace)
+                .delete(owner.name, &DeleteParams::default())
+                .await
+                .map(drop),
+            TargetKind::Secret => self
+                .secrets_in(namespace)
+                .delete(owner.name, &DeleteParams::default())
+                .await
+                .map(drop),
+        };
+        match deleted {
+            Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+            other => other,
+        }
+    }
+
+    /// Applies a status change (trust-manager's status apply: only `Synced`, and the default CA
+    /// version when there is one) and publishes its event.
+    async fn record(&self, bundle: &Bundle, change: StatusChange) -> Result<(), Error> {
+        let mut status = json!({"conditions": [change.condition]});
+        if let Some(version) = &change.default_ca_version {
+            status["defaultCAVersion"] = json!(version);
+        }
+        let body = json!({
+            "apiVersion": "trust.cert-manager.io/v1alpha1",
+            "kind": "Bundle",
+            "metadata": {"name": bundle.name_any()},
+            "status": status,
+        });
+        let bundles: Api<Bundle> = Api::all(self.ctx.client.clone());
+        bundles
+            .patch_status(
+                &bundle.name_any(),
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&body),
+            )
+            .await?;
+        self.ctx.event(&bundle.object_ref(&()), change.event).await;
+        Ok(())
+    }
+}

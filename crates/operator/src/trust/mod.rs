@@ -1,0 +1,28 @@
+//! trust-manager's Bundle, decided without Kubernetes: caretaker serves `Bundle`
+//! (`trust.cert-manager.io/v1alpha1`) exactly as trust-manager does, so it can replace a running
+//! trust-manager without rewriting one target.
+//!
+//! - [`api`]: the Bundle types and the names targets carry;
+//! - [`cluster_bundle`]: the renamed API (`ClusterBundle`, `trust-manager.io/v1alpha2`), and a
+//!   Bundle's spec converted to it as upstream converts it;
+//! - [`sources`]: the certificate pool built from a Bundle's sources in the trust namespace, on
+//!   `caretaker_pki`'s trust-manager-exact [`caretaker_pki::CertificatePool`];
+//! - [`package`]: the default CA package (`useDefaultCAs`);
+//! - [`target`]: whether a target needs a write (from its metadata alone), and the apply bodies;
+//! - [`selector`]: label selectors as Kubernetes matches and prints them;
+//! - [`plan`]: one pass over a Bundle, as a [`plan::BundlePlan`];
+//! - [`validation`]: trust-manager's admission rules, with its messages.
+//!
+//! The kube-rs glue is `controllers::bundle`.
+
+pub mod api;
+pub mod cluster_bundle;
+pub mod package;
+pub mod plan;
+pub mod selector;
+pub mod sources;
+pub mod target;
+pub mod validation;
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,648 @@
+//! The Bundle controller (trust-manager's `Bundle`) against the embedded API server with
+//! trust-manager's own CRD: targets in every namespace written as trust-manager writes them,
+//! new and relabelled namespaces, a source change, a broken source that touches no target, and a
+//! take-over from a running trust-manager that writes nothing.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use caretaker_operator::controllers::bundle;
+use caretaker_operator::metrics::Metrics;
+use caretaker_operator::trust::api::{BUNDLE_LABEL, Bundle, HASH_ANNOTATION};
+use caretaker_operator::{Context, Settings};
+use caretaker_pki::{CaSpec, CertificateAuthority, CertificatePool, PoolFilters};
+use caretaker_testkit::capi_objects::install_trust_manager_crds;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+
+use common::authorities::{create_namespace, eventually};
+
+const TRUST: &str = "cert-manager";
+
+struct Setup {
+    server: caretaker_apiserver::ApiServer,
+    client: kube::Client,
+    controller: Option<tokio::task::JoinHandle<()>>,
+    metrics: Arc<Metrics>,
+}
+
+impl Drop for Setup {
+    fn drop(&mut self) {
+        if let Some(controller) = self.controller.take() {
+            controller.abort();
+        }
+    }
+}
+
+async fn setup(namespaces: &[&str]) -> Setup {
+    let server = caretaker_apiserver::TestServer::start().await;
+    let client = server.client();
+    install_trust_manager_crds(&client).await.unwrap();
+    for namespace in [TRUST].iter().chain(namespaces) {
+        create_namespace(&client, namespace).await;
+    }
+    Setup {
+        server,
+        client,
+        controller: None,
+        metrics: Metrics::new(),
+    }
+}
+
+impl Setup {
+    fn start(&mut self) {
+        self.start_with(Settings::default());
+    }
+
+    fn start_with(&mut self, settings: Settings) {
+        let ctx = Context::new(self.client.clone(), settings);
+        self.metrics = ctx.metrics.clone();
+        self.controller = Some(tokio::spawn(bundle::run(ctx)));
+    }
+
+    fn config_maps(&self, namespace: &str) -> Api<ConfigMap> {
+        Api::namespaced(self.client.clone(), namespace)
+    }
+
+    fn bundles(&self) -> Api<Bundle> {
+        Api::all(self.client.clone())
+    }
+
+    async fn create_bundle(&self, bundle: Value) {
+        let bundle: Bundle = serde_json::from_value(bundle).unwrap();
+        self.bundles()
+            .create(&PostParams::default(), &bundle)
+            .await
+            .unwrap();
+    }
+
+    async fn put_source(&self, name: &str, pem: &str) {
+        let object = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": {"ca.crt": pem}});
+        self.config_maps(TRUST)
+            .patch(name, &PatchParams::apply("test"), &Patch::Apply(&object))
+            .await
+            .unwrap();
+    }
+
+    /// The target `trust` in `namespace` once it holds `pem` under `ca.crt`.
+    async fn target_holding(&self, namespace: &str, pem: &str) -> ConfigMap {
+        let configs = self.config_maps(namespace);
+        eventually(&format!("{namespace}/trust holds the bundle"), 20, || {
+            let configs = configs.clone();
+            async move {
+                let found = configs.get_opt("trust").await.unwrap()?;
+                (found.data.as_ref()?.get("ca.crt")? == pem).then_some(found)
+            }
+        })
+        .await
+    }
+
+    async fn synced(&self) -> (String, String, String) {
+        let bundles = self.bundles();
+        eventually("the Bundle has a Synced condition", 20, || {
+            let bundles = bundles.clone();
+            async move {
+                let bundle = bundles.get("trust").await.unwrap();
+                let condition = bundle
+                    .status?
+                    .conditions?
+                    .into_iter()
+                    .find(|c| c.type_ == "Synced")?;
+                Some((condition.status, condition.reason, condition.message))
+            }
+        })
+        .await
+    }
+
+    /// How many Bundle passes have ended.
+    fn passes(&self) -> u64 {
+        let text = self.metrics.encode();
+        text.lines()
+            .find(|l| l.starts_with("caretaker_reconcile_total{controller=\"bundle\"}"))
+            .and_then(|l| l.rsplit(' ').next())
+            .map(|n| n.parse().unwrap())
+            .unwrap_or(0)
+    }
+
+    async fn events(&self, reason: &str) -> Vec<Event> {
+        let events: Api<Event> = Api::namespaced(self.client.clone(), "default");
+        let list = events.list(&ListParams::default()).await.unwrap();
+        list.items
+            .into_iter()
+            .filter(|e| e.reason.as_deref() == Some(reason))
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("trust"))
+            .collect()
+    }
+}
+
+async fn all_namespaces(client: &kube::Client) -> Vec<String> {
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let list = namespaces.list(&ListParams::default()).await.unwrap();
+    list.items
+        .into_iter()
+        .map(|n| n.metadata.name.unwrap())
+        .collect()
+}
+
+fn ca(name: &str) -> String {
+    CertificateAuthority::create(&CaSpec::new(name))
+        .unwrap()
+        .certificate_pem()
+}
+
+/// The bundle trust-manager writes for these PEM texts.
+fn canonical(texts: &[&str]) -> String {
+    let mut pool = CertificatePool::new(PoolFilters::default(), time::OffsetDateTime::now_utc());
+    for text in texts {
+        pool.add_pem(text.as_bytes()).unwrap();
+    }
+    pool.to_pem()
+}
+
+fn sha256_hex(text: &str) -> String {
+    Sha256::digest(text.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn simple_bundle(selector: Option<Value>) -> Value {
+    let mut target = json!({"configMap": {"key": "ca.crt"}});
+    if let Some(selector) = selector {
+        target["namespaceSelector"] = selector;
+    }
+    json!({
+        "apiVersion": "trust.cert-manager.io/v1alpha1",
+        "kind": "Bundle",
+        "metadata": {"name": "trust"},
+        "spec": {
+            "sources": [{"configMap": {"name": "roots", "key": "ca.crt"}}],
+            "target": target,
+        },
+    })
+}
+
+#[tokio::test]
+async fn targets_reach_every_namespace_as_trust_manager_writes_them_and_follow_changes() {
+    let mut setup = setup(&["team-a", "team-b"]).await;
+    let (a, b) = (ca("root-a"), ca("root-b"));
+    setup
+        .put_source("roots", &format!("# comment\n{b}\n{a}"))
+        .await;
+    setup.create_bundle(simple_bundle(None)).await;
+    setup.start();
+
+    let expected = canonical(&[&a, &b]);
+    let bundle = setup.bundles().get("trust").await.unwrap();
+    for namespace in all_namespaces(&setup.client).await {
+        let target = setup.target_holding(&namespace, &expected).await;
+        let meta = &target.metadata;
+        assert_eq!(meta.labels.as_ref().unwrap()[BUNDLE_LABEL], "trust");
+        assert_eq!(
+            meta.annotations.as_ref().unwrap()[HASH_ANNOTATION],
+            sha256_hex(&expected)
+        );
+        let owner = &meta.owner_references.as_ref().unwrap()[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.name.as_str()),
+            ("Bundle", "trust")
+        );
+        assert_eq!(owner.uid, bundle.metadata.uid.clone().unwrap());
+        assert_eq!(
+            (owner.controller, owner.block_owner_deletion),
+            (Some(true), Some(true))
+        );
+        let managers: Vec<_> = meta
+            .managed_fields
+            .iter()
+            .flatten()
+            .filter_map(|m| m.manager.clone())
+            .collect();
+        assert_eq!(managers, ["trust-manager"]);
+    }
+    assert_eq!(
+        setup.synced().await,
+        (
+            "True".into(),
+            "Synced".into(),
+            "Successfully synced Bundle to all namespaces".into()
+        )
+    );
+    let synced_events = setup.events("Synced").await;
+    assert_eq!(synced_events.len(), 1, "one event for the one change");
+    assert_eq!(synced_events[0].action.as_deref(), Some("Synced"));
+
+    // A namespace created later gets its target.
+    create_namespace(&setup.client, "team-c").await;
+    setup.target_holding("team-c", &expected).await;
+
+    // A source change reaches every target.
+    let c = ca("root-c");
+    setup.put_source("roots", &format!("{a}\n{c}")).await;
+    let changed = canonical(&[&a, &c]);
+    for namespace in all_namespaces(&setup.client).await {
+        setup.target_holding(&namespace, &changed).await;
+    }
+
+    // With a selector, namespaces that stop matching lose their target.
+    let namespaces: Api<Namespace> = Api::all(setup.client.clone());
+    let label = json!({"metadata": {"labels": {"trust": "yes"}}});
+    namespaces
+        .patch("team-a", &PatchParams::default(), &Patch::Merge(&label))
+        .await
+        .unwrap();
+    let selector =
+        json!({"spec": {"target": {"namespaceSelector": {"matchLabels": {"trust": "yes"}}}}});
+    setup
+        .bundles()
+        .patch("trust", &PatchParams::default(), &Patch::Merge(&selector))
+        .await
+        .unwrap();
+    for namespace in all_namespaces(&setup.client)
+        .await
+        .iter()
+        .filter(|n| *n != "team-a")
+    {
+        let configs = setup.config_maps(namespace);
+        eventually(&format!("{namespace}/trust is deleted"), 20, || {
+            let configs = configs.clone();
+            async move {
+                configs
+                    .get_opt("trust")
+                    .await
+                    .unwrap()
+                    .is_none()
+                    .then_some(())
+            }
+        })
+        .await;
+    }
+    assert!(
+        setup
+            .config_maps("team-a")
+            .get_opt("trust")
+            .await
+            .unwrap()
+            .is_some()
+    );
+    let bundles = setup.bundles();
+    eventually("the message names the selector", 20, || {
+        let bundles = bundles.clone();
+        async move {
+            let status = bundles.get("trust").await.unwrap().status?;
+            let message = &status.conditions?[0].message;
+            (message == "Successfully synced Bundle to namespaces that match this label selector: trust=yes").then_some(())
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_broken_source_touches_no_target_and_says_why() {
+    let mut setup = setup(&["team-a"]).await;
+    let a = ca("root-a");
+    setup.put_source("roots", &a).await;
+    setup.create_bundle(simple_bundle(None)).await;
+    setup.start();
+    let before = setup.target_holding("team-a", &canonical(&[&a])).await;
+
+    let key = "-----BEGIN PRIVATE KEY-----\nc2VjcmV0\n-----END PRIVATE KEY-----";
+    setup.put_source("roots", &format!("{a}\n{key}")).await;
+    let bundles = setup.bundles();
+    let (status, reason, message) = eventually("Synced turns False", 20, || {
+        let bundles = bundles.clone();
+        async move {
+            let condition = bundles
+                .get("trust")
+                .await
+                .unwrap()
+                .status?
+                .conditions?
+                .remove(0);
+            (condition.status == "False").then_some((
+                condition.status,
+                condition.reason,
+                condition.message,
+            ))
+        }
+    })
+    .await;
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("False", "SourceBuildError")
+    );
+    assert_eq!(
+        message,
+        "Failed to build bundle sources: invalid PEM data in ConfigMap cert-manager/roots at key \"ca.crt\": \
+         invalid PEM block in bundle: only CERTIFICATE blocks are permitted but found 'PRIVATE KEY'"
+    );
+    assert!(!message.contains("c2VjcmV0"));
+    let warnings = setup.events("SourceBuildError").await;
+    assert!(!warnings.is_empty());
+    assert_eq!(warnings[0].type_.as_deref(), Some("Warning"));
+    assert_eq!(warnings[0].action.as_deref(), Some("SyncFailed"));
+    let after = setup.config_maps("team-a").get("trust").await.unwrap();
+    assert_eq!(
+        after.metadata.resource_version, before.metadata.resource_version,
+        "the target is untouched"
+    );
+}
+
+#[tokio::test]
+async fn taking_over_from_trust_manager_rewrites_nothing() {
+    let mut setup = setup(&["team-a", "team-b"]).await;
+    let a = ca("root-a");
+    setup.put_source("roots", &a).await;
+    setup.create_bundle(simple_bundle(None)).await;
+    let bundle = setup.bundles().get("trust").await.unwrap();
+    let uid = bundle.metadata.uid.clone().unwrap();
+
+    // What a running trust-manager left: its server-side applies, by its field manager.
+    let pem = canonical(&[&a]);
+    let trust_manager = PatchParams::apply("trust-manager").force();
+    let namespaces = all_namespaces(&setup.client).await;
+    assert!(
+        namespaces.len() >= 7,
+        "the server's own namespaces too: {namespaces:?}"
+    );
+    for namespace in &namespaces {
+        let target = json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {
+                "name": "trust", "namespace": namespace,
+                "labels": {BUNDLE_LABEL: "trust"},
+                "annotations": {HASH_ANNOTATION: sha256_hex(&pem)},
+                "ownerReferences": [{"apiVersion": "trust.cert-manager.io/v1alpha1", "kind": "Bundle",
+                    "name": "trust", "uid": uid, "controller": true, "blockOwnerDeletion": true}],
+            },
+            "data": {"ca.crt": pem},
+        });
+        setup
+            .config_maps(namespace)
+            .patch("trust", &trust_manager, &Patch::Apply(&target))
+            .await
+            .unwrap();
+    }
+    let status = json!({
+        "apiVersion": "trust.cert-manager.io/v1alpha1", "kind": "Bundle", "metadata": {"name": "trust"},
+        "status": {"conditions": [{"type": "Synced", "status": "True", "reason": "Synced",
+            "message": "Successfully synced Bundle to all namespaces",
+            "lastTransitionTime": "2026-01-01T00:00:00Z", "observedGeneration": 1}]},
+    });
+    setup
+        .bundles()
+        .patch_status("trust", &trust_manager, &Patch::Apply(&status))
+        .await
+        .unwrap();
+    let versions = |setup: &Setup| {
+        let (setup_client, namespaces) = (setup.client.clone(), namespaces.clone());
+        async move {
+            let mut versions = BTreeMap::new();
+            for namespace in &namespaces {
+                let configs: Api<ConfigMap> = Api::namespaced(setup_client.clone(), namespace);
+                let target = configs.get("trust").await.unwrap();
+                versions.insert(namespace.to_string(), target.metadata.resource_version);
+            }
+            let bundles: Api<Bundle> = Api::all(setup_client);
+            versions.insert(
+                "bundle".into(),
+                bundles
+                    .get("trust")
+                    .await
+                    .unwrap()
+                    .metadata
+                    .resource_version,
+            );
+            versions
+        }
+    };
+    let before = versions(&setup).await;
+
+    setup.start();
+    eventually("caretaker has passed over the Bundle", 20, || {
+        let passes = setup.passes();
+        async move { (passes >= 1).then_some(()) }
+    })
+    .await;
+    // A write would wake another pass; give it the time to show.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        versions(&setup).await,
+        before,
+        "no target and no status was written"
+    );
+    assert!(
+        setup.events("Synced").await.is_empty(),
+        "nothing changed, so no event"
+    );
+}
+
+#[tokio::test]
+async fn deleting_the_bundle_garbage_collects_its_targets() {
+    // trust-manager's behaviour: targets are owned by their Bundle, and go with it.
+    let mut setup = setup(&["team-a"]).await;
+    let a = ca("root-a");
+    setup.put_source("roots", &a).await;
+    setup.create_bundle(simple_bundle(None)).await;
+    setup.start();
+    setup.target_holding("team-a", &canonical(&[&a])).await;
+    setup
+        .bundles()
+        .delete("trust", &kube::api::DeleteParams::default())
+        .await
+        .unwrap();
+    for namespace in all_namespaces(&setup.client).await {
+        let configs = setup.config_maps(&namespace);
+        eventually(&format!("{namespace}/trust is collected"), 20, || {
+            let configs = configs.clone();
+            async move {
+                configs
+                    .get_opt("trust")
+                    .await
+                    .unwrap()
+                    .is_none()
+                    .then_some(())
+            }
+        })
+        .await;
+    }
+    assert!(
+        setup
+            .config_maps(TRUST)
+            .get_opt("roots")
+            .await
+            .unwrap()
+            .is_some(),
+        "the source stays"
+    );
+}
+
+#[tokio::test]
+async fn secret_targets_carry_java_stores_that_keytool_opens() {
+    let mut setup = setup(&["team-a"]).await;
+    let (a, b) = (ca("root-a"), ca("root-b"));
+    setup.put_source("roots", &format!("{a}\n{b}")).await;
+    let mut bundle = simple_bundle(None);
+    bundle["spec"]["target"] = json!({
+        "secret": {"key": "ca.crt"},
+        "additionalFormats": {"jks": {"key": "bundle.jks", "password": "changeit"},
+                              "pkcs12": {"key": "bundle.p12", "password": ""}},
+    });
+    setup.create_bundle(bundle).await;
+    let mut settings = Settings::default();
+    settings.trust.bundles.secret_targets_enabled = true;
+    setup.start_with(settings);
+
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> =
+        Api::namespaced(setup.client.clone(), "team-a");
+    let secret = eventually("the Secret target", 20, || {
+        let secrets = secrets.clone();
+        async move { secrets.get_opt("trust").await.unwrap() }
+    })
+    .await;
+    assert_eq!(secret.type_.as_deref(), Some("Opaque"));
+    let data = secret.data.unwrap();
+    assert_eq!(
+        String::from_utf8(data["ca.crt"].0.clone()).unwrap(),
+        canonical(&[&a, &b])
+    );
+    let dir = tempfile::tempdir().unwrap();
+    for (key, store_type, password) in [
+        ("bundle.jks", "JKS", Some("changeit")),
+        ("bundle.p12", "PKCS12", None),
+    ] {
+        let file = dir.path().join(key);
+        std::fs::write(&file, &data[key].0).unwrap();
+        let mut keytool = std::process::Command::new("keytool");
+        keytool
+            .args(["-list", "-storetype", store_type, "-keystore"])
+            .arg(&file);
+        if let Some(password) = password {
+            keytool.args(["-storepass", password]);
+        }
+        let Ok(output) = keytool.stdin(std::process::Stdio::null()).output() else {
+            assert!(
+                std::env::var("CARETAKER_REQUIRE_KEYTOOL").is_err(),
+                "keytool is not installed and CARETAKER_REQUIRE_KEYTOOL=1"
+            );
+            eprintln!("skipped the keytool check of {key}: keytool is not installed");
+            continue;
+        };
+        let listing = String::from_utf8_lossy(&output.stdout);
+        assert!(output.status.success(), "{key}: {listing}");
+        assert_eq!(
+            listing.matches("trustedCertEntry").count(),
+            2,
+            "{key}: {listing}"
+        );
+    }
+
+    // Without the flag, the same Bundle is refused and nothing is written.
+    let mut off = crate::setup(&["team-b"]).await;
+    off.put_source("roots", &a).await;
+    let mut bundle = simple_bundle(None);
+    bundle["spec"]["target"] = json!({"configMap": {"key": "ca.crt"}, "secret": {"key": "ca.crt"}});
+    off.create_bundle(bundle).await;
+    off.start();
+    assert_eq!(
+        off.synced().await,
+        (
+            "False".into(),
+            "SecretTargetsDisabled".into(),
+            "Bundle has Secret targets but the feature is disabled".into()
+        )
+    );
+    assert!(
+        off.config_maps("team-b")
+            .get_opt("trust")
+            .await
+            .unwrap()
+            .is_none()
+    );
+}
+
+#[tokio::test]
+async fn kubectl_shows_bundles_as_it_shows_trust_managers() {
+    let Some(kubectl) = caretaker_testkit::kubectl::Kubectl::find(
+        "kubectl_shows_bundles_as_it_shows_trust_managers",
+    ) else {
+        return;
+    };
+    let mut setup = setup(&["team-a"]).await;
+    let kubectl = kubectl.against(&setup.server.kubeconfig());
+    let a = ca("root-a");
+    setup.put_source("roots", &a).await;
+    setup.start();
+    let manifest = "apiVersion: trust.cert-manager.io/v1alpha1\nkind: Bundle\nmetadata:\n  name: trust\nspec:\n  sources:\n  - configMap: {name: roots, key: ca.crt}\n  target:\n    configMap: {key: root-certs.pem}\n";
+    let applied = kubectl
+        .run(&["apply", "--server-side", "-f", "-"], Some(manifest))
+        .await;
+    assert!(
+        applied.status.success(),
+        "{}",
+        String::from_utf8_lossy(&applied.stderr)
+    );
+    setup.synced().await;
+
+    let got = kubectl.run(&["get", "bundles"], None).await;
+    let text = String::from_utf8_lossy(&got.stdout);
+    let mut lines = text.lines();
+    let header: Vec<&str> = lines
+        .next()
+        .unwrap()
+        .split("  ")
+        .map(str::trim)
+        .filter(|c| !c.is_empty())
+        .collect();
+    assert_eq!(
+        header,
+        [
+            "NAME",
+            "CONFIGMAP TARGET",
+            "SECRET TARGET",
+            "SYNCED",
+            "REASON",
+            "AGE"
+        ],
+        "{text}"
+    );
+    // The empty Secret Target column shows as nothing or <none>, as kubectl shows it.
+    let row: Vec<&str> = lines
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .filter(|c| *c != "<none>")
+        .collect();
+    assert_eq!(
+        &row[..4],
+        ["trust", "root-certs.pem", "True", "Synced"],
+        "{text}"
+    );
+
+    let targets = kubectl
+        .run(
+            &[
+                "get",
+                "configmaps",
+                "-A",
+                "-l",
+                "trust.cert-manager.io/bundle=trust",
+                "-o",
+                "name",
+            ],
+            None,
+        )
+        .await;
+    let listed = String::from_utf8_lossy(&targets.stdout).lines().count();
+    assert_eq!(
+        listed,
+        all_namespaces(&setup.client).await.len(),
+        "one target per namespace"
+    );
+}
