@@ -10,7 +10,9 @@
 //!
 //! Until trust-manager's Bundle CRD is installed only a watch on that CRD runs; the log says so
 //! once. A pass waits until every store has listed, so a target not yet seen is never taken for
-//! missing. Target data is never read, only metadata, as trust-manager does.
+//! missing. Target data is never read, only metadata, as trust-manager does: the stores keep
+//! targets without their data (and every object cut down to what a pass reads), since the
+//! embedded API server does not serve metadata-only watches yet.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -27,7 +29,7 @@ use serde_json::json;
 
 use crate::Error;
 use crate::context::Context;
-use crate::trust::api::{BUNDLE_LABEL, Bundle, FIELD_MANAGER};
+use crate::trust::api::{BUNDLE_LABEL, Bundle, FIELD_MANAGER, HASH_ANNOTATION};
 use crate::trust::plan::{self, NamespaceView, Observed, Outcome, StatusChange};
 use crate::trust::selector::Selector;
 use crate::trust::sources::SourceContext;
@@ -37,6 +39,8 @@ use crate::trust::target::{ObservedTarget, Owner, TargetKind, cleanup_body};
 pub const BUNDLE_CRD: &str = "bundles.trust.cert-manager.io";
 /// The controller's name in metrics and logs.
 const CONTROLLER: &str = "bundle";
+/// How many target writes a pass has in flight at once.
+const CONCURRENT_WRITES: usize = 8;
 
 /// What the passes read.
 struct Stores {
@@ -75,19 +79,29 @@ pub async fn run(ctx: Arc<Context>) {
     let (namespaces, namespace_changes) = watched(
         Api::<Namespace>::all(client.clone()),
         watcher::Config::default(),
+        trim_namespace,
     );
     let (sources, source_changes) = watched(
         Api::<ConfigMap>::namespaced(client.clone(), &trust.namespace),
         watcher::Config::default(),
+        trim_source,
     );
     let (secret_sources, secret_source_changes) = watched(
         Api::<Secret>::namespaced(client.clone(), &trust.namespace),
         watcher::Config::default(),
+        trim_source,
     );
-    let (config_map_targets, config_map_target_changes) =
-        watched(Api::<ConfigMap>::all(client.clone()), labelled.clone());
+    let (config_map_targets, config_map_target_changes) = watched(
+        Api::<ConfigMap>::all(client.clone()),
+        labelled.clone(),
+        trim_config_map_target,
+    );
     let (secret_targets, secret_target_changes) = if trust.bundles.secret_targets_enabled {
-        let (store, changes) = watched(Api::<Secret>::all(client.clone()), labelled);
+        let (store, changes) = watched(
+            Api::<Secret>::all(client.clone()),
+            labelled,
+            trim_secret_target,
+        );
         (Some(store), changes.boxed())
     } else {
         (None, futures::stream::empty().boxed())
@@ -170,10 +184,12 @@ pub async fn run(ctx: Arc<Context>) {
         .await;
 }
 
-/// A store of `api`'s objects and the stream of what changed (added, modified or deleted).
+/// A store of `api`'s objects, each cut down by `trim` to what the passes read, and the stream of
+/// what changed (added, modified or deleted).
 fn watched<K>(
     api: Api<K>,
     config: watcher::Config,
+    trim: fn(&mut K),
 ) -> (Store<K>, impl Stream<Item = K> + Send + 'static)
 where
     K: Resource<DynamicType = ()>
@@ -185,10 +201,51 @@ where
         + 'static,
 {
     let (store, writer) = reflector::store();
-    let changes = reflector::reflector(writer, watcher(api, config).default_backoff())
+    let events = watcher(api, config).default_backoff().modify(trim);
+    let changes = reflector::reflector(writer, events)
         .touched_objects()
         .filter_map(|object| async move { object.ok() });
     (store, changes)
+}
+
+/// Keeps nothing of a source but what building a bundle reads.
+fn trim_source<K: Resource>(object: &mut K) {
+    let meta = object.meta_mut();
+    meta.managed_fields = None;
+    meta.annotations = None;
+}
+
+/// Keeps only a namespace's name, labels and phase.
+fn trim_namespace(namespace: &mut Namespace) {
+    namespace.metadata.managed_fields = None;
+    namespace.metadata.annotations = None;
+    namespace.spec = None;
+    if let Some(status) = &mut namespace.status {
+        status.conditions = None;
+    }
+}
+
+/// Keeps only the metadata that decides whether a target needs a write ([`ObservedTarget`]):
+/// its data is never read, as trust-manager keeps targets as metadata only.
+fn trim_target<K: Resource>(target: &mut K) {
+    let meta = target.meta_mut();
+    if let Some(entries) = &mut meta.managed_fields {
+        entries.retain(|e| e.manager.as_deref() == Some(FIELD_MANAGER));
+    }
+    if let Some(annotations) = &mut meta.annotations {
+        annotations.retain(|k, _| k == HASH_ANNOTATION);
+    }
+}
+
+fn trim_config_map_target(target: &mut ConfigMap) {
+    target.data = None;
+    target.binary_data = None;
+    trim_target(target);
+}
+
+fn trim_secret_target(target: &mut Secret) {
+    target.data = None;
+    trim_target(target);
 }
 
 /// Whether `bundle` reads the source object `name` (with `labels`) of `kind`.
@@ -325,30 +382,49 @@ impl Stores {
         };
         let pass = plan::plan(&observed);
 
+        // Targets are independent: several writes in flight keep the API server busy, and the
+        // first failure, as trust-manager reports it, still ends the pass.
         let apply = PatchParams::apply(FIELD_MANAGER).force();
-        for write in &pass.writes {
-            let written = match write.kind {
-                TargetKind::ConfigMap => self
-                    .config_maps_in(&write.namespace)
-                    .patch(&name, &apply, &Patch::Apply(&write.body))
-                    .await
-                    .map(drop),
-                TargetKind::Secret => self
-                    .secrets_in(&write.namespace)
-                    .patch(&name, &apply, &Patch::Apply(&write.body))
-                    .await
-                    .map(drop),
-            };
-            if let Err(e) = written {
-                let change =
-                    plan::target_failed(&observed, write.kind, &write.namespace, &e.to_string());
-                let reason = change.event.reason;
-                self.record(bundle, change).await?;
-                return Err(Error::BundleNotSynced {
-                    bundle: name,
-                    reason,
-                });
+        // By index: a closure over `&TargetWrite` would not be `Send` for every lifetime.
+        let mut writes = futures::stream::iter(0..pass.writes.len())
+            .map(|i| {
+                let (apply, name, write) = (&apply, &name, &pass.writes[i]);
+                async move {
+                    let body = write.body();
+                    let patch = Patch::Apply(&body);
+                    let written = match write.kind {
+                        TargetKind::ConfigMap => self
+                            .config_maps_in(&write.namespace)
+                            .patch(name, apply, &patch)
+                            .await
+                            .map(drop),
+                        TargetKind::Secret => self
+                            .secrets_in(&write.namespace)
+                            .patch(name, apply, &patch)
+                            .await
+                            .map(drop),
+                    };
+                    written.map_err(|e| (write, e))
+                }
+            })
+            .buffer_unordered(CONCURRENT_WRITES);
+        let mut failed = None;
+        while let Some(written) = writes.next().await {
+            if let Err(failure) = written {
+                failed = Some(failure);
+                break;
             }
+        }
+        drop(writes);
+        if let Some((write, e)) = failed {
+            let change =
+                plan::target_failed(&observed, write.kind, &write.namespace, &e.to_string());
+            let reason = change.event.reason;
+            self.record(bundle, change).await?;
+            return Err(Error::BundleNotSynced {
+                bundle: name,
+                reason,
+            });
         }
         let owner = Owner {
             name: &name,

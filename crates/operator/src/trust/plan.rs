@@ -4,11 +4,12 @@
 //! status and event the plan carries.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use serde_json::Value;
 
-use super::api::{Bundle, SYNCED};
+use super::api::{Bundle, SYNCED, TargetTemplate};
 use super::selector::Selector;
 use super::sources::{self, SourceContext, SourceError};
 use super::target::{self, ObservedTarget, Owner, TargetContent, TargetKind};
@@ -41,12 +42,43 @@ pub struct Observed<'a> {
     pub now: Time,
 }
 
-/// One target write: a server-side apply of `body` to `kind` `namespace/<bundle name>`.
+/// One target write: a server-side apply of [`TargetWrite::body`] to `kind`
+/// `namespace/<bundle name>`. The content is shared by every write of a kind, and each body is
+/// made only when it is sent: a pass over ten thousand namespaces holds one copy of the bundle.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TargetWrite {
     pub kind: TargetKind,
     pub namespace: String,
-    pub body: Value,
+    content: Arc<WriteContent>,
+}
+
+/// What every target of one kind holds.
+#[derive(Debug, PartialEq)]
+struct WriteContent {
+    owner_name: String,
+    owner_uid: String,
+    template: TargetTemplate,
+    hash: String,
+    pem: Arc<str>,
+    binary: Arc<BTreeMap<String, Vec<u8>>>,
+}
+
+impl TargetWrite {
+    /// The server-side apply body.
+    pub fn body(&self) -> Value {
+        let content = &self.content;
+        let owner = Owner {
+            name: &content.owner_name,
+            uid: &content.owner_uid,
+        };
+        let target = TargetContent {
+            template: &content.template,
+            hash: &content.hash,
+            pem: &content.pem,
+            binary: &content.binary,
+        };
+        target::apply_body(self.kind, &self.namespace, &owner, &target)
+    }
 }
 
 /// A Bundle's new `Synced` condition and default CA version, and the event that goes with it.
@@ -151,14 +183,15 @@ pub fn plan(observed: &Observed<'_>) -> BundlePlan {
         .map(|(namespace, _)| namespace)
         .collect();
 
-    let pem = built.pool.to_pem();
+    let pem: Arc<str> = built.pool.to_pem().into();
     let formats = target.additional_formats.as_ref();
     let mut writes = Vec::new();
     let mut wanted = BTreeSet::new();
-    let mut binary = None;
+    let mut binary: Option<Arc<BTreeMap<String, Vec<u8>>>> = None;
     for (kind, template) in &kinds {
         let hash = target::hash(&pem, formats, template);
         let keys = target::keys(template, formats);
+        let mut content: Option<Arc<WriteContent>> = None;
         for namespace in &wanted_namespaces {
             wanted.insert((*kind, (*namespace).clone()));
             let existing = observed.targets.get(&(*kind, (*namespace).clone()));
@@ -168,24 +201,27 @@ pub fn plan(observed: &Observed<'_>) -> BundlePlan {
             // The binary stores are built once a pass, and only when something is written.
             if binary.is_none() {
                 match target::binary_formats(&built.pool, formats) {
-                    Ok(stores) => binary = Some(stores),
+                    Ok(stores) => binary = Some(Arc::new(stores)),
                     Err(e) => {
                         let change = target_failed(observed, *kind, namespace, &e.to_string());
                         return BundlePlan::stop(Some(change), None, Outcome::Retry);
                     }
                 }
             }
-            let binary = binary.as_ref().expect("built above");
-            let content = TargetContent {
-                template,
-                hash: &hash,
-                pem: &pem,
-                binary,
-            };
+            let content = content.get_or_insert_with(|| {
+                Arc::new(WriteContent {
+                    owner_name: name.to_string(),
+                    owner_uid: uid.to_string(),
+                    template: (*template).clone(),
+                    hash: hash.clone(),
+                    pem: pem.clone(),
+                    binary: binary.clone().expect("built above"),
+                })
+            });
             writes.push(TargetWrite {
                 kind: *kind,
                 namespace: (*namespace).clone(),
-                body: target::apply_body(*kind, namespace, &owner, &content),
+                content: content.clone(),
             });
         }
     }

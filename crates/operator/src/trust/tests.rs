@@ -130,7 +130,8 @@ impl World {
     fn write_as_trust_manager(&mut self, bundle: &Bundle) {
         for write in plan(&self.observe(bundle)).writes {
             let metadata: ObjectMeta =
-                serde_json::from_value(write.body["metadata"].clone()).unwrap();
+                serde_json::from_value(write.body()["metadata"].clone()).unwrap();
+            let body = write.body();
             let data_field = if write.kind == TargetKind::ConfigMap {
                 "binaryData"
             } else {
@@ -138,7 +139,7 @@ impl World {
             };
             let mut fields = serde_json::Map::new();
             for field in ["data", data_field] {
-                if let Some(keys) = write.body[field].as_object() {
+                if let Some(keys) = body[field].as_object() {
                     let owned: serde_json::Map<_, _> =
                         keys.keys().map(|k| (format!("f:{k}"), json!({}))).collect();
                     fields
@@ -232,7 +233,7 @@ fn a_first_pass_writes_every_matching_namespace_and_a_second_writes_nothing() {
         3,
         "the trust namespace is a target namespace too"
     );
-    let body = &first.writes[0].body;
+    let body = &first.writes[0].body();
     assert_eq!(body["metadata"]["labels"][BUNDLE_LABEL], "trust");
     assert_eq!(body["metadata"]["ownerReferences"][0]["uid"], UID);
     assert_eq!(body["metadata"]["ownerReferences"][0]["controller"], true);
@@ -352,7 +353,8 @@ fn a_changed_key_is_one_write_with_only_the_new_key() {
     let new = bundle(old.spec.sources.clone(), config_map_target("new.pem"));
     let pass = plan(&world.observe(&new));
     assert_eq!(pass.writes.len(), 1);
-    let data = pass.writes[0].body["data"].as_object().unwrap();
+    let body = pass.writes[0].body();
+    let data = body["data"].as_object().unwrap();
     assert_eq!(data.keys().collect::<Vec<_>>(), ["new.pem"]);
     assert!(pass.cleanups.is_empty());
 }
@@ -521,7 +523,7 @@ fn secret_targets_need_the_flag() {
     let pass = plan(&enabled.observe(&with_secret));
     let kinds: Vec<_> = pass.writes.iter().map(|w| w.kind).collect();
     assert_eq!(kinds, [TargetKind::ConfigMap, TargetKind::Secret]);
-    let secret = &pass.writes[1].body;
+    let secret = &pass.writes[1].body();
     assert!(
         secret.get("type").is_none(),
         "Secrets are created Opaque, as trust-manager's are"
@@ -712,7 +714,7 @@ fn additional_formats_are_binary_data_and_keytool_grade() {
         }),
     });
     let pass = plan(&world.observe(&bundle));
-    let body = &pass.writes[0].body;
+    let body = &pass.writes[0].body();
     let binary = body["binaryData"].as_object().unwrap();
     assert_eq!(binary.keys().collect::<Vec<_>>(), ["ca.jks", "ca.p12"]);
     world.write_as_trust_manager(&bundle);
