@@ -18,6 +18,7 @@
 mod authority;
 pub mod bundle;
 mod csr;
+mod der;
 pub mod files;
 mod inspect;
 mod key;

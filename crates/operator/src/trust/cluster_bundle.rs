@@ -4,11 +4,11 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::CustomResource;
 use serde::{Deserialize, Serialize};
 
-use super::api::{BundleSpec, TargetTemplate};
+use super::api::{BundleSpec, BundleStatus, TargetTemplate};
 
 /// The annotation a converted ClusterBundle carries when its Bundle had a JKS target: the key
 /// whose PKCS#12 entry is to be written in JKS, as before.
@@ -19,7 +19,7 @@ pub const JKS_KEY_ANNOTATION: &str = "internal.trust-manager.io/jks-key";
     group = "trust-manager.io",
     version = "v1alpha2",
     kind = "ClusterBundle",
-    status = "ClusterBundleStatus",
+    status = "BundleStatus",
     schema = "disabled"
 )]
 #[serde(rename_all = "camelCase")]
@@ -87,19 +87,6 @@ pub struct TargetKeyValue {
     /// `LegacyRC2`, `LegacyDES` (when absent) or `Modern2023`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub profile: Option<String>,
-}
-
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
-#[serde(rename_all = "camelCase")]
-pub struct ClusterBundleStatus {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub conditions: Option<Vec<Condition>>,
-    #[serde(
-        rename = "defaultCAVersion",
-        default,
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub default_ca_version: Option<String>,
 }
 
 /// A Bundle's spec as a ClusterBundle's, with the annotations the converted object carries

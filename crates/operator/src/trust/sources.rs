@@ -72,9 +72,9 @@ pub fn build(
     let mut default_ca_version = None;
     for source in sources {
         if let Some(reference) = &source.config_map {
-            add_config_maps(&mut pool, reference, from)?;
+            add_objects(&mut pool, reference, from.config_maps, from.namespace)?;
         } else if let Some(reference) = &source.secret {
-            add_secrets(&mut pool, reference, from)?;
+            add_objects(&mut pool, reference, from.secrets, from.namespace)?;
         } else if let Some(pem) = source.in_line.as_deref().filter(|p| !p.is_empty()) {
             pool.add_pem(pem.as_bytes()).map_err(|e| {
                 SourceError::Invalid(format!("inline source contains invalid PEM data: {e}"))
@@ -102,16 +102,78 @@ pub fn build(
     })
 }
 
+/// A ConfigMap or Secret as a source reads it.
+trait SourceObject {
+    const KIND: &'static str;
+    const PLURAL: &'static str;
+    fn labels(&self) -> Option<&BTreeMap<String, String>>;
+    /// The value at `key` (a ConfigMap's `data`, else its `binaryData`).
+    fn value(&self, key: &str) -> Option<&[u8]>;
+    /// Every value, `data` first.
+    fn values(&self) -> Vec<(&String, &[u8])>;
+    fn is_tls(&self) -> bool {
+        false
+    }
+}
+
+impl SourceObject for ConfigMap {
+    const KIND: &'static str = "ConfigMap";
+    const PLURAL: &'static str = "configmaps";
+
+    fn labels(&self) -> Option<&BTreeMap<String, String>> {
+        self.metadata.labels.as_ref()
+    }
+
+    fn value(&self, key: &str) -> Option<&[u8]> {
+        let text = self
+            .data
+            .as_ref()
+            .and_then(|d| d.get(key))
+            .map(|v| v.as_bytes());
+        text.or_else(|| {
+            let binary = self.binary_data.as_ref()?;
+            binary.get(key).map(|v| v.0.as_slice())
+        })
+    }
+
+    fn values(&self) -> Vec<(&String, &[u8])> {
+        let text = self.data.iter().flatten().map(|(k, v)| (k, v.as_bytes()));
+        let binary = self.binary_data.iter().flatten();
+        text.chain(binary.map(|(k, v)| (k, v.0.as_slice())))
+            .collect()
+    }
+}
+
+impl SourceObject for Secret {
+    const KIND: &'static str = "Secret";
+    const PLURAL: &'static str = "secrets";
+
+    fn labels(&self) -> Option<&BTreeMap<String, String>> {
+        self.metadata.labels.as_ref()
+    }
+
+    fn value(&self, key: &str) -> Option<&[u8]> {
+        self.data.as_ref()?.get(key).map(|v| v.0.as_slice())
+    }
+
+    fn values(&self) -> Vec<(&String, &[u8])> {
+        let data = self.data.iter().flatten();
+        data.map(|(k, v)| (k, v.0.as_slice())).collect()
+    }
+
+    fn is_tls(&self) -> bool {
+        self.type_.as_deref() == Some("kubernetes.io/tls")
+    }
+}
+
 /// The objects a reference names: the one by name (missing is `NotFound`), or every one its
 /// selector matches (none is not an error).
-fn selected<'a, T>(
-    kind: &str,
-    plural: &str,
+fn selected<'a, T: SourceObject>(
     reference: &SourceObjectKeySelector,
     objects: &'a BTreeMap<String, T>,
-    labels: impl Fn(&T) -> Option<&BTreeMap<String, String>>,
     namespace: &str,
 ) -> Result<Vec<(&'a String, &'a T)>, SourceError> {
+    let (kind, plural) = (T::KIND, T::PLURAL);
     if let Some(name) = reference.name.as_deref().filter(|n| !n.is_empty()) {
         return match objects.get_key_value(name) {
             Some(found) => Ok(vec![found]),
@@ -128,90 +190,40 @@ fn selected<'a, T>(
     let empty = BTreeMap::new();
     Ok(objects
         .iter()
-        .filter(|(_, object)| selector.matches(labels(object).unwrap_or(&empty)))
+        .filter(|(_, object)| selector.matches(object.labels().unwrap_or(&empty)))
         .collect())
 }
 
-fn add_config_maps(
+/// Adds what `reference` names among `objects` (trust-manager's `configMapBundleSource` and
+/// `secretBundleSource`).
+fn add_objects<T: SourceObject>(
     pool: &mut CertificatePool,
     reference: &SourceObjectKeySelector,
-    from: &SourceContext<'_>,
+    objects: &BTreeMap<String, T>,
+    namespace: &str,
 ) -> Result<(), SourceError> {
-    let namespace = from.namespace;
-    let found = selected(
-        "ConfigMap",
-        "configmaps",
-        reference,
-        from.config_maps,
-        |c| c.metadata.labels.as_ref(),
-        namespace,
-    )?;
-    for (name, config_map) in found {
+    let kind = T::KIND;
+    for (name, object) in selected(reference, objects, namespace)? {
         let invalid = |key: &str, e| {
             SourceError::Invalid(format!(
-                "invalid PEM data in ConfigMap {namespace}/{name} at key {key:?}: {e}"
+                "invalid PEM data in {kind} {namespace}/{name} at key {key:?}: {e}"
             ))
         };
-        let data = config_map.data.as_ref();
-        let binary = config_map.binary_data.as_ref();
         if let Some(key) = reference.key.as_deref().filter(|k| !k.is_empty()) {
-            let text = data.and_then(|d| d.get(key)).map(|v| v.as_bytes());
-            let bytes = text.or_else(|| binary.and_then(|b| b.get(key)).map(|v| v.0.as_slice()));
-            let Some(bytes) = bytes else {
+            let Some(bytes) = object.value(key) else {
                 return Err(SourceError::NotFound(format!(
-                    "no data found in ConfigMap {namespace}/{name} at key {key:?}"
+                    "no data found in {kind} {namespace}/{name} at key {key:?}"
                 )));
             };
             pool.add_pem(bytes).map_err(|e| invalid(key, e))?;
         } else if reference.include_all_keys == Some(true) {
-            for (key, value) in data.into_iter().flatten() {
-                pool.add_pem(value.as_bytes())
-                    .map_err(|e| invalid(key, e))?;
-            }
-            for (key, value) in binary.into_iter().flatten() {
-                pool.add_pem(&value.0).map_err(|e| invalid(key, e))?;
-            }
-        }
-    }
-    Ok(())
-}
-
-fn add_secrets(
-    pool: &mut CertificatePool,
-    reference: &SourceObjectKeySelector,
-    from: &SourceContext<'_>,
-) -> Result<(), SourceError> {
-    let namespace = from.namespace;
-    let found = selected(
-        "Secret",
-        "secrets",
-        reference,
-        from.secrets,
-        |s| s.metadata.labels.as_ref(),
-        namespace,
-    )?;
-    for (name, secret) in found {
-        let invalid = |key: &str, e| {
-            SourceError::Invalid(format!(
-                "invalid PEM data in Secret {namespace}/{name} at key {key:?}: {e}"
-            ))
-        };
-        let data = secret.data.as_ref();
-        if let Some(key) = reference.key.as_deref().filter(|k| !k.is_empty()) {
-            let Some(value) = data.and_then(|d| d.get(key)) else {
-                return Err(SourceError::NotFound(format!(
-                    "no data found in Secret {namespace}/{name} at key {key:?}"
-                )));
-            };
-            pool.add_pem(&value.0).map_err(|e| invalid(key, e))?;
-        } else if reference.include_all_keys == Some(true) {
-            if secret.type_.as_deref() == Some("kubernetes.io/tls") {
+            if object.is_tls() {
                 return Err(SourceError::Invalid(format!(
                     "includeAllKeys is not supported for TLS Secrets such as {namespace}/{name}"
                 )));
             }
-            for (key, value) in data.into_iter().flatten() {
-                pool.add_pem(&value.0).map_err(|e| invalid(key, e))?;
+            for (key, bytes) in object.values() {
+                pool.add_pem(bytes).map_err(|e| invalid(key, e))?;
             }
         }
     }

@@ -10,6 +10,8 @@
 use x509_parser::der_parser::asn1_rs::Tag;
 use x509_parser::x509::{AttributeTypeAndValue, X509Name};
 
+use crate::der;
+
 /// Go's standard attributes (`2.5.4.N`), in the order `ToRDNSequence` appends them.
 const STANDARD: [(u64, &str); 9] = [
     (6, "C"),
@@ -117,22 +119,12 @@ fn go_marshal_string(text: &str) -> Vec<u8> {
     let printable = text
         .bytes()
         .all(|b| b.is_ascii_alphanumeric() || b" '()+,-./:=?".contains(&b));
-    let tag = if printable { 0x13 } else { 0x0c };
-    let mut der = vec![tag];
-    let len = text.len();
-    if len < 0x80 {
-        der.push(len as u8);
+    let tag = if printable {
+        der::PRINTABLE_STRING
     } else {
-        let bytes: Vec<u8> = len
-            .to_be_bytes()
-            .into_iter()
-            .skip_while(|&b| b == 0)
-            .collect();
-        der.push(0x80 | bytes.len() as u8);
-        der.extend(bytes);
-    }
-    der.extend_from_slice(text.as_bytes());
-    der
+        der::UTF8_STRING
+    };
+    der::tlv(tag, text.as_bytes())
 }
 
 fn hex(bytes: &[u8]) -> String {

@@ -1,7 +1,6 @@
 //! Binary trust stores for Java and other TLS stacks: JKS and PKCS#12, written as trust-manager
 //! writes them so that a store caretaker writes reads the same as one trust-manager wrote.
 
-mod der;
 pub mod jks;
 pub mod pkcs12;
 

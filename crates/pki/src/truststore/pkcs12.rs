@@ -18,7 +18,7 @@ use aws_lc_rs::{digest, hmac, pbkdf2, rand};
 use cipher::{BlockEncrypt, KeyInit};
 
 use super::TrustStoreError;
-use super::der::{self, EXPLICIT_0, IMPLICIT_0};
+use crate::der::{self, EXPLICIT_0, IMPLICIT_0};
 use crate::pool::CertificatePool;
 
 const DATA: &[u64] = &[1, 2, 840, 113549, 1, 7, 1];

@@ -1,9 +1,12 @@
-//! The few DER constructions the PKCS#12 writer needs, written out by hand: a TLV with a
-//! definite length. Inputs are built here, never parsed, so nothing can be malformed.
+//! The few DER constructions the trust stores (PKCS#12) and Go's subject strings need, written
+//! out by hand: a TLV with a definite length. Inputs are built here, never parsed, so nothing
+//! can be malformed.
 
 pub(crate) const INTEGER: u8 = 0x02;
 pub(crate) const OCTET_STRING: u8 = 0x04;
 pub(crate) const OID: u8 = 0x06;
+pub(crate) const UTF8_STRING: u8 = 0x0c;
+pub(crate) const PRINTABLE_STRING: u8 = 0x13;
 pub(crate) const BMP_STRING: u8 = 0x1e;
 pub(crate) const SEQUENCE: u8 = 0x30;
 pub(crate) const SET: u8 = 0x31;
