@@ -646,3 +646,83 @@ async fn kubectl_shows_bundles_as_it_shows_trust_managers() {
         "one target per namespace"
     );
 }
+
+#[tokio::test]
+async fn an_edited_target_is_restored_and_a_users_own_keys_are_kept() {
+    let mut setup = setup(&["team-a"]).await;
+    let a = ca("root-a");
+    setup.put_source("roots", &a).await;
+    setup.create_bundle(simple_bundle(None)).await;
+    setup.start();
+    let expected = canonical(&[&a]);
+    setup.target_holding("team-a", &expected).await;
+
+    // Someone replaces the bundle with their own CA and adds a key of their own: an update by
+    // another field manager, which takes the ownership of ca.crt away from trust-manager's.
+    let forged = ca("attacker");
+    let configs = setup.config_maps("team-a");
+    let mut edited = configs.get("trust").await.unwrap();
+    let data = edited.data.get_or_insert_with(Default::default);
+    data.insert("ca.crt".into(), forged.clone());
+    data.insert("mine.txt".into(), "kept".into());
+    configs
+        .replace(
+            "trust",
+            &PostParams {
+                field_manager: Some("intruder".into()),
+                ..Default::default()
+            },
+            &edited,
+        )
+        .await
+        .unwrap();
+
+    let restored = setup.target_holding("team-a", &expected).await;
+    let data = restored.data.unwrap();
+    assert!(
+        !data["ca.crt"].contains(forged.lines().nth(1).unwrap()),
+        "the forged CA is gone"
+    );
+    assert_eq!(
+        data["mine.txt"], "kept",
+        "keys trust-manager does not own stay"
+    );
+}
+
+#[tokio::test]
+async fn a_source_of_junk_and_a_huge_source_touch_no_target() {
+    let mut setup = setup(&["team-a"]).await;
+    let a = ca("root-a");
+    setup.put_source("roots", &a).await;
+    setup.create_bundle(simple_bundle(None)).await;
+    setup.start();
+    let before = setup.target_holding("team-a", &canonical(&[&a])).await;
+
+    // 900 KiB of text with no certificate in it: the bundle would be empty, so nothing is
+    // written and the Bundle says why.
+    setup
+        .put_source("roots", &"not a certificate\n".repeat(50_000))
+        .await;
+    let bundles = setup.bundles();
+    let reason = eventually("Synced turns False", 20, || {
+        let bundles = bundles.clone();
+        async move {
+            let condition = bundles
+                .get("trust")
+                .await
+                .unwrap()
+                .status?
+                .conditions?
+                .remove(0);
+            (condition.status == "False").then_some(condition.reason)
+        }
+    })
+    .await;
+    assert_eq!(reason, "SourceNotFound");
+    let after = setup.config_maps("team-a").get("trust").await.unwrap();
+    assert_eq!(
+        after.metadata.resource_version,
+        before.metadata.resource_version
+    );
+    assert_eq!(after.data, before.data);
+}
