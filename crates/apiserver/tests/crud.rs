@@ -381,6 +381,20 @@ async fn metadata_and_immutability_rules() {
         "{}",
         err.message
     );
+    let two_controllers: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "two", "ownerReferences": [
+        {"apiVersion": "apps/v1", "kind": "Deployment", "name": "a", "uid": "u1", "controller": true},
+        {"apiVersion": "trust.cert-manager.io/v1alpha1", "kind": "Bundle", "name": "b", "uid": "u2", "controller": true},
+    ]}}))
+    .unwrap();
+    let err = api_status(cms.create(&pp, &two_controllers).await.unwrap_err());
+    assert_eq!(err.code, 422);
+    assert!(
+        err.message.contains(
+            "Only one reference can have Controller set to true. Found \"true\" in references for Deployment/a and Bundle/b"
+        ),
+        "{}",
+        err.message
+    );
 
     let frozen: ConfigMap = serde_json::from_value(
         json!({"metadata": {"name": "frozen"}, "data": {"k": "v"}, "immutable": true}),

@@ -726,3 +726,48 @@ async fn a_source_of_junk_and_a_huge_source_touch_no_target() {
     );
     assert_eq!(after.data, before.data);
 }
+
+#[tokio::test]
+async fn a_target_name_taken_by_another_controller_is_reported_not_stolen() {
+    let mut setup = setup(&["team-a"]).await;
+    let a = ca("root-a");
+    setup.put_source("roots", &a).await;
+    // A ConfigMap of the Bundle's name, already controlled by something else.
+    let taken = json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "trust", "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment",
+            "name": "app", "uid": "0b0b0b0b-0000-4000-8000-000000000001", "controller": true}]},
+        "data": {"app.conf": "x"},
+    });
+    setup
+        .config_maps("team-a")
+        .patch("trust", &PatchParams::apply("app"), &Patch::Apply(&taken))
+        .await
+        .unwrap();
+    setup.create_bundle(simple_bundle(None)).await;
+    setup.start();
+    let bundles = setup.bundles();
+    let (reason, message) = eventually("Synced turns False", 20, || {
+        let bundles = bundles.clone();
+        async move {
+            let condition = bundles
+                .get("trust")
+                .await
+                .unwrap()
+                .status?
+                .conditions?
+                .remove(0);
+            (condition.status == "False").then_some((condition.reason, condition.message))
+        }
+    })
+    .await;
+    assert_eq!(reason, "SyncConfigMapTargetFailed", "{message}");
+    assert!(
+        message.starts_with("Failed to sync bundle ConfigMap to namespace \"team-a\": "),
+        "{message}"
+    );
+    let kept = setup.config_maps("team-a").get("trust").await.unwrap();
+    let owners = kept.metadata.owner_references.unwrap();
+    assert_eq!(owners.len(), 1, "{owners:?}");
+    assert_eq!(owners[0].kind, "Deployment");
+}

@@ -118,13 +118,30 @@ fn metadata_errors(obj: &Value) -> Vec<FieldError> {
             }
         }
     }
-    for (i, r) in obj
+    let owners = obj
         .pointer("/metadata/ownerReferences")
-        .and_then(Value::as_array)
+        .and_then(Value::as_array);
+    // kube-apiserver's ValidateOwnerReferences: one controller at most.
+    let controllers: Vec<String> = owners
         .into_iter()
         .flatten()
-        .enumerate()
-    {
+        .filter(|r| r.get("controller") == Some(&Value::Bool(true)))
+        .map(|r| {
+            let text = |field: &str| r.get(field).and_then(Value::as_str).unwrap_or_default();
+            format!("{}/{}", text("kind"), text("name"))
+        })
+        .collect();
+    if let [first, second, ..] = controllers.as_slice() {
+        errs.push(FieldError::new(
+            "metadata.ownerReferences",
+            FieldErrorKind::Invalid,
+            format!(
+                "{} references: Only one reference can have Controller set to true. Found \"true\" in references for {first} and {second}",
+                owners.map_or(0, Vec::len)
+            ),
+        ));
+    }
+    for (i, r) in owners.into_iter().flatten().enumerate() {
         for field in ["apiVersion", "kind", "name", "uid"] {
             if r.get(field)
                 .and_then(Value::as_str)
