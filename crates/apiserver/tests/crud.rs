@@ -643,3 +643,44 @@ async fn deletecollection_deletes_exactly_the_selected_objects() {
         ]
     );
 }
+
+#[tokio::test]
+async fn a_write_that_changes_nothing_is_not_stored() {
+    // As kube-apiserver: the same apply again, or an update with the object as it is, keeps the
+    // resourceVersion (no write, no watch event); a real change gets a new one.
+    let server = TestServer::start().await;
+    let cms: Api<ConfigMap> = Api::namespaced(server.client(), "default");
+    let apply = PatchParams::apply("tester");
+    let body = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "same"}, "data": {"k": "v"}});
+    let first = cms
+        .patch("same", &apply, &Patch::Apply(&body))
+        .await
+        .unwrap();
+    let again = cms
+        .patch("same", &apply, &Patch::Apply(&body))
+        .await
+        .unwrap();
+    assert_eq!(
+        again.metadata.resource_version,
+        first.metadata.resource_version
+    );
+    let replaced = cms
+        .replace("same", &PostParams::default(), &again)
+        .await
+        .unwrap();
+    assert_eq!(
+        replaced.metadata.resource_version,
+        first.metadata.resource_version
+    );
+
+    let changed = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "same"}, "data": {"k": "w"}});
+    let after = cms
+        .patch("same", &apply, &Patch::Apply(&changed))
+        .await
+        .unwrap();
+    assert_ne!(
+        after.metadata.resource_version,
+        first.metadata.resource_version
+    );
+    assert_eq!(after.data.unwrap()["k"], "w");
+}

@@ -120,6 +120,37 @@ impl Setup {
         .await
     }
 
+    /// The reason and message of the Bundle's `Synced` condition once it is False.
+    async fn not_synced(&self) -> (String, String) {
+        let bundles = self.bundles();
+        eventually("Synced turns False", 20, || {
+            let bundles = bundles.clone();
+            async move {
+                let bundle = bundles.get("trust").await.unwrap();
+                let condition = bundle.status?.conditions?.remove(0);
+                (condition.status == "False").then_some((condition.reason, condition.message))
+            }
+        })
+        .await
+    }
+
+    /// Waits until the target in `namespace` is gone.
+    async fn target_gone(&self, namespace: &str) {
+        let configs = self.config_maps(namespace);
+        eventually(&format!("{namespace}/trust is gone"), 20, || {
+            let configs = configs.clone();
+            async move {
+                configs
+                    .get_opt("trust")
+                    .await
+                    .unwrap()
+                    .is_none()
+                    .then_some(())
+            }
+        })
+        .await;
+    }
+
     /// How many Bundle passes have ended.
     fn passes(&self) -> u64 {
         let text = self.metrics.encode();
@@ -269,19 +300,7 @@ async fn targets_reach_every_namespace_as_trust_manager_writes_them_and_follow_c
         .iter()
         .filter(|n| *n != "team-a")
     {
-        let configs = setup.config_maps(namespace);
-        eventually(&format!("{namespace}/trust is deleted"), 20, || {
-            let configs = configs.clone();
-            async move {
-                configs
-                    .get_opt("trust")
-                    .await
-                    .unwrap()
-                    .is_none()
-                    .then_some(())
-            }
-        })
-        .await;
+        setup.target_gone(namespace).await;
     }
     assert!(
         setup
@@ -314,29 +333,8 @@ async fn a_broken_source_touches_no_target_and_says_why() {
 
     let key = "-----BEGIN PRIVATE KEY-----\nc2VjcmV0\n-----END PRIVATE KEY-----";
     setup.put_source("roots", &format!("{a}\n{key}")).await;
-    let bundles = setup.bundles();
-    let (status, reason, message) = eventually("Synced turns False", 20, || {
-        let bundles = bundles.clone();
-        async move {
-            let condition = bundles
-                .get("trust")
-                .await
-                .unwrap()
-                .status?
-                .conditions?
-                .remove(0);
-            (condition.status == "False").then_some((
-                condition.status,
-                condition.reason,
-                condition.message,
-            ))
-        }
-    })
-    .await;
-    assert_eq!(
-        (status.as_str(), reason.as_str()),
-        ("False", "SourceBuildError")
-    );
+    let (reason, message) = setup.not_synced().await;
+    assert_eq!(reason, "SourceBuildError");
     assert_eq!(
         message,
         "Failed to build bundle sources: invalid PEM data in ConfigMap cert-manager/roots at key \"ca.crt\": \
@@ -458,19 +456,7 @@ async fn deleting_the_bundle_garbage_collects_its_targets() {
         .await
         .unwrap();
     for namespace in all_namespaces(&setup.client).await {
-        let configs = setup.config_maps(&namespace);
-        eventually(&format!("{namespace}/trust is collected"), 20, || {
-            let configs = configs.clone();
-            async move {
-                configs
-                    .get_opt("trust")
-                    .await
-                    .unwrap()
-                    .is_none()
-                    .then_some(())
-            }
-        })
-        .await;
+        setup.target_gone(&namespace).await;
     }
     assert!(
         setup
@@ -703,21 +689,7 @@ async fn a_source_of_junk_and_a_huge_source_touch_no_target() {
     setup
         .put_source("roots", &"not a certificate\n".repeat(50_000))
         .await;
-    let bundles = setup.bundles();
-    let reason = eventually("Synced turns False", 20, || {
-        let bundles = bundles.clone();
-        async move {
-            let condition = bundles
-                .get("trust")
-                .await
-                .unwrap()
-                .status?
-                .conditions?
-                .remove(0);
-            (condition.status == "False").then_some(condition.reason)
-        }
-    })
-    .await;
+    let (reason, _) = setup.not_synced().await;
     assert_eq!(reason, "SourceNotFound");
     let after = setup.config_maps("team-a").get("trust").await.unwrap();
     assert_eq!(
@@ -746,21 +718,7 @@ async fn a_target_name_taken_by_another_controller_is_reported_not_stolen() {
         .unwrap();
     setup.create_bundle(simple_bundle(None)).await;
     setup.start();
-    let bundles = setup.bundles();
-    let (reason, message) = eventually("Synced turns False", 20, || {
-        let bundles = bundles.clone();
-        async move {
-            let condition = bundles
-                .get("trust")
-                .await
-                .unwrap()
-                .status?
-                .conditions?
-                .remove(0);
-            (condition.status == "False").then_some((condition.reason, condition.message))
-        }
-    })
-    .await;
+    let (reason, message) = setup.not_synced().await;
     assert_eq!(reason, "SyncConfigMapTargetFailed", "{message}");
     assert!(
         message.starts_with("Failed to sync bundle ConfigMap to namespace \"team-a\": "),

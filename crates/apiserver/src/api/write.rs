@@ -151,6 +151,11 @@ impl ApiState {
             self.after_delete(def, &gone)?;
             return Ok(gone);
         }
+        // As kube-apiserver: a write that changes nothing but the times of managedFields is not
+        // stored, so the resourceVersion stays and no watch event is sent.
+        if same_but_times(old, &obj) {
+            return Ok(Arc::new(old.clone()));
+        }
         let stored = self
             .store
             .update(&key, resource_version_of(old), obj)
@@ -168,6 +173,28 @@ impl ApiState {
             self.admission.invalidate();
         }
     }
+}
+
+/// Whether `new` is `old` apart from its resourceVersion and the times of its managedFields.
+fn same_but_times(old: &Value, new: &Value) -> bool {
+    let normal = |object: &Value| {
+        let mut object = object.clone();
+        if let Some(meta) = object.get_mut("metadata").and_then(Value::as_object_mut) {
+            meta.remove("resourceVersion");
+            for entry in meta
+                .get_mut("managedFields")
+                .and_then(Value::as_array_mut)
+                .into_iter()
+                .flatten()
+            {
+                if let Some(entry) = entry.as_object_mut() {
+                    entry.remove("time");
+                }
+            }
+        }
+        object
+    };
+    normal(old) == normal(new)
 }
 
 /// What of `new` a write takes. A create takes it whole, except a custom resource's status when

@@ -301,9 +301,18 @@ pub fn busy_wait(
     let running_for = parse_time(machine.annotation(state.started_at))
         .and_then(|started| Duration::try_from(now - started).ok())
         .unwrap_or_default();
+    // The wake-up after this wait is the watch event of this very write, so the write must
+    // change the Machine: annotations hold whole seconds, and a second wait within the same
+    // second as the last would write the same retry time, which the API server does not store.
+    let mut retry_at = now + busy_retry(running_for);
+    if let Some(recorded) = parse_time(machine.annotation(state.retry_at))
+        && retry_at.replace_nanosecond(0).unwrap_or(retry_at) <= recorded
+    {
+        retry_at = recorded + time::Duration::SECOND;
+    }
     let mut changes = AnnotationChanges::default();
     changes
-        .set(state.retry_at, format_time(now + busy_retry(running_for)))
+        .set(state.retry_at, format_time(retry_at))
         .set(state.last_error, format!("waiting: {why}"));
     MachineUpdate::patch(changes)
 }
@@ -370,6 +379,32 @@ mod tests {
             MachinePlan::await_work("w", None).within(every).next,
             Next::After(every)
         );
+    }
+
+    /// A second busy wait within the second of the first still moves the retry time on: the
+    /// write is what wakes the controller, and a write that changes nothing is not stored.
+    #[test]
+    fn every_busy_wait_writes_a_later_retry_time() {
+        for operation in Operation::ALL {
+            let state = &operation.names().state;
+            let why = "another step runs";
+            let fresh = test_machine(&[(state.started_at, "2026-01-01T12:00:00Z")]);
+            let first = busy_wait(operation, &fresh, why, NOW);
+            assert_eq!(
+                first.patched().get(state.retry_at),
+                Some(Some("2026-01-01T12:00:00Z")),
+                "200 ms, cut to the second"
+            );
+            let waited = test_machine(&[
+                (state.started_at, "2026-01-01T12:00:00Z"),
+                (state.retry_at, "2026-01-01T12:00:00Z"),
+            ]);
+            let second = busy_wait(operation, &waited, why, NOW);
+            assert_eq!(
+                second.patched().get(state.retry_at),
+                Some(Some("2026-01-01T12:00:01Z"))
+            );
+        }
     }
 
     /// Failed calls to the node: a busy agent is waited for, other transient errors are
