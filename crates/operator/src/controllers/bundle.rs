@@ -119,7 +119,7 @@ pub async fn run(ctx: Arc<Context>) {
     });
     let wakes = {
         let bundles = stores.bundles.clone();
-        let every_bundle = move |_: ()| {
+        let every_bundle = move || {
             bundles
                 .state()
                 .iter()
@@ -144,7 +144,7 @@ pub async fn run(ctx: Arc<Context>) {
         };
         futures::stream::select_all([
             namespace_changes
-                .map(move |_: Namespace| every_bundle(()))
+                .map(move |_: Namespace| every_bundle())
                 .boxed(),
             source_changes
                 .map(|c: ConfigMap| (c.name_any(), c.labels().clone()))
