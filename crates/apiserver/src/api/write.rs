@@ -176,25 +176,42 @@ impl ApiState {
 }
 
 /// Whether `new` is `old` apart from its resourceVersion and the times of its managedFields.
+/// Compared in place: this runs on every update.
 fn same_but_times(old: &Value, new: &Value) -> bool {
-    let normal = |object: &Value| {
-        let mut object = object.clone();
-        if let Some(meta) = object.get_mut("metadata").and_then(Value::as_object_mut) {
-            meta.remove("resourceVersion");
-            for entry in meta
-                .get_mut("managedFields")
-                .and_then(Value::as_array_mut)
-                .into_iter()
-                .flatten()
-            {
-                if let Some(entry) = entry.as_object_mut() {
-                    entry.remove("time");
+    same_fields(old, new, None, |key, old, new| match key {
+        "metadata" => same_fields(old, new, Some("resourceVersion"), |key, old, new| {
+            match (key, old.as_array(), new.as_array()) {
+                ("managedFields", Some(old), Some(new)) => {
+                    old.len() == new.len()
+                        && old
+                            .iter()
+                            .zip(new)
+                            .all(|(old, new)| same_fields(old, new, Some("time"), |_, a, b| a == b))
                 }
+                _ => old == new,
             }
-        }
-        object
+        }),
+        _ => old == new,
+    })
+}
+
+/// Whether objects `a` and `b` have the same fields but the `ignored` one, `same` judging each field
+/// (plain equality for values that are not objects).
+fn same_fields(
+    a: &Value,
+    b: &Value,
+    ignored: Option<&str>,
+    same: impl Fn(&str, &Value, &Value) -> bool,
+) -> bool {
+    let (Some(a), Some(b)) = (a.as_object(), b.as_object()) else {
+        return a == b;
     };
-    normal(old) == normal(new)
+    let kept = |key: &String| Some(key.as_str()) != ignored;
+    let count = |object: &serde_json::Map<String, Value>| object.keys().filter(|k| kept(k)).count();
+    count(a) == count(b)
+        && a.iter()
+            .filter(|(key, _)| kept(key))
+            .all(|(key, value)| b.get(key).is_some_and(|other| same(key, value, other)))
 }
 
 /// What of `new` a write takes. A create takes it whole, except a custom resource's status when

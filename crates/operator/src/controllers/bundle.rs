@@ -20,12 +20,12 @@ use std::sync::Arc;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
-use serde_json::json;
+use serde_json::{Value, json};
 
 use crate::Error;
 use crate::context::Context;
@@ -278,6 +278,48 @@ fn owning_bundle<K: Resource>(target: &K) -> Option<String> {
         .or_else(|| meta.labels.as_ref()?.get(BUNDLE_LABEL).cloned())
 }
 
+/// The objects of `store` by name.
+fn by_name<K: Resource + Clone>(store: &Store<K>) -> BTreeMap<String, K>
+where
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    let objects = store.state();
+    objects
+        .iter()
+        .map(|o| (o.name_any(), (**o).clone()))
+        .collect()
+}
+
+/// What decides the writes of Bundle `bundle`'s targets of `kind` in `store`, by namespace.
+fn targets_of<K: Resource + Clone>(
+    bundle: &str,
+    kind: TargetKind,
+    store: &Store<K>,
+) -> BTreeMap<(TargetKind, String), ObservedTarget>
+where
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    let mine = |meta: &kube::api::ObjectMeta| {
+        meta.labels
+            .as_ref()
+            .and_then(|l| l.get(BUNDLE_LABEL))
+            .map(String::as_str)
+            == Some(bundle)
+    };
+    store
+        .state()
+        .iter()
+        .filter(|t| mine(t.meta()))
+        .map(|t| {
+            let namespace = t.meta().namespace.clone().unwrap_or_default();
+            (
+                (kind, namespace),
+                ObservedTarget::from_metadata(kind, t.meta()),
+            )
+        })
+        .collect()
+}
+
 impl Stores {
     async fn ready(&self) -> Result<(), Error> {
         let lists = [
@@ -303,19 +345,8 @@ impl Stores {
         self.ready().await?;
         let trust = &self.ctx.settings.trust;
         let name = bundle.name_any();
-        let by_name = |objects: Vec<Arc<ConfigMap>>| -> BTreeMap<String, ConfigMap> {
-            objects
-                .iter()
-                .map(|o| (o.name_any(), (**o).clone()))
-                .collect()
-        };
-        let config_maps = by_name(self.sources.state());
-        let secrets: BTreeMap<String, Secret> = self
-            .secret_sources
-            .state()
-            .iter()
-            .map(|o| (o.name_any(), (**o).clone()))
-            .collect();
+        let config_maps = by_name(&self.sources);
+        let secrets = by_name(&self.secret_sources);
         let namespaces: BTreeMap<String, NamespaceView> = self
             .namespaces
             .state()
@@ -332,36 +363,9 @@ impl Stores {
                 )
             })
             .collect();
-        let mut targets = BTreeMap::new();
-        let mine = |meta: &kube::api::ObjectMeta| {
-            meta.labels.as_ref().and_then(|l| l.get(BUNDLE_LABEL)) == Some(&name)
-        };
-        for target in self
-            .config_map_targets
-            .state()
-            .iter()
-            .filter(|t| mine(&t.metadata))
-        {
-            let key = (
-                TargetKind::ConfigMap,
-                target.namespace().unwrap_or_default(),
-            );
-            targets.insert(
-                key,
-                ObservedTarget::from_metadata(TargetKind::ConfigMap, &target.metadata),
-            );
-        }
-        for target in self
-            .secret_targets
-            .iter()
-            .flat_map(|s| s.state())
-            .filter(|t| mine(&t.metadata))
-        {
-            let key = (TargetKind::Secret, target.namespace().unwrap_or_default());
-            targets.insert(
-                key,
-                ObservedTarget::from_metadata(TargetKind::Secret, &target.metadata),
-            );
+        let mut targets = targets_of(&name, TargetKind::ConfigMap, &self.config_map_targets);
+        if let Some(secret_targets) = &self.secret_targets {
+            targets.extend(targets_of(&name, TargetKind::Secret, secret_targets));
         }
         let observed = Observed {
             bundle,
@@ -391,20 +395,9 @@ impl Stores {
                 let (apply, name, write) = (&apply, &name, &pass.writes[i]);
                 async move {
                     let body = write.body();
-                    let patch = Patch::Apply(&body);
-                    let written = match write.kind {
-                        TargetKind::ConfigMap => self
-                            .config_maps_in(&write.namespace)
-                            .patch(name, apply, &patch)
-                            .await
-                            .map(drop),
-                        TargetKind::Secret => self
-                            .secrets_in(&write.namespace)
-                            .patch(name, apply, &patch)
-                            .await
-                            .map(drop),
-                    };
-                    written.map_err(|e| (write, e))
+                    let targets = self.targets_in(write.kind, &write.namespace);
+                    let written = targets.patch(name, apply, &Patch::Apply(&body)).await;
+                    written.map(drop).map_err(|e| (write, e))
                 }
             })
             .buffer_unordered(CONCURRENT_WRITES);
@@ -450,12 +443,14 @@ impl Stores {
         }
     }
 
-    fn config_maps_in(&self, namespace: &str) -> Api<ConfigMap> {
-        Api::namespaced(self.ctx.client.clone(), namespace)
-    }
-
-    fn secrets_in(&self, namespace: &str) -> Api<Secret> {
-        Api::namespaced(self.ctx.client.clone(), namespace)
+    /// The targets of `kind` in `namespace`. Untyped: what is written and read of a target is
+    /// the same for both kinds but for the names of their data fields.
+    fn targets_in(&self, kind: TargetKind, namespace: &str) -> Api<DynamicObject> {
+        let resource = match kind {
+            TargetKind::ConfigMap => ApiResource::erase::<ConfigMap>(&()),
+            TargetKind::Secret => ApiResource::erase::<Secret>(&()),
+        };
+        Api::namespaced_with(self.ctx.client.clone(), namespace, &resource)
     }
 
     /// trust-manager's `CleanupTarget`: apply only the label and owner reference, which removes
@@ -466,43 +461,22 @@ impl Stores {
         namespace: &str,
         owner: &Owner<'_>,
     ) -> Result<(), kube::Error> {
+        let targets = self.targets_in(kind, namespace);
         let body = cleanup_body(kind, namespace, owner);
         let apply = PatchParams::apply(FIELD_MANAGER).force();
-        let empty = match kind {
-            TargetKind::ConfigMap => {
-                let left = self
-                    .config_maps_in(namespace)
-                    .patch(owner.name, &apply, &Patch::Apply(&body))
-                    .await?;
-                left.data.as_ref().is_none_or(BTreeMap::is_empty)
-                    && left.binary_data.as_ref().is_none_or(BTreeMap::is_empty)
-            }
-            TargetKind::Secret => {
-                let left = self
-                    .secrets_in(namespace)
-                    .patch(owner.name, &apply, &Patch::Apply(&body))
-                    .await?;
-                left.data.as_ref().is_none_or(BTreeMap::is_empty)
-            }
-        };
+        let left = targets
+            .patch(owner.name, &apply, &Patch::Apply(&body))
+            .await?;
+        let empty = kind.data_fields().iter().all(|field| {
+            let data = left.data.get(*field).and_then(Value::as_object);
+            data.is_none_or(serde_json::Map::is_empty)
+        });
         if !empty {
             return Ok(());
         }
-        let deleted = match kind {
-            TargetKind::ConfigMap => self
-                .config_maps_in(namespace)
-                .delete(owner.name, &DeleteParams::default())
-                .await
-                .map(drop),
-            TargetKind::Secret => self
-                .secrets_in(namespace)
-                .delete(owner.name, &DeleteParams::default())
-                .await
-                .map(drop),
-        };
-        match deleted {
+        match targets.delete(owner.name, &DeleteParams::default()).await {
             Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
-            other => other,
+            other => other.map(drop),
         }
     }
 

@@ -26,3 +26,8 @@ pub mod validation;
 
 #[cfg(test)]
 mod tests;
+
+/// Lowercase hex, as Go's `hex.EncodeToString` writes the hashes trust-manager records.
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}

@@ -49,8 +49,7 @@ impl DefaultPackage {
     /// `<name>-<version>-<first 8 bytes of the bundle's SHA-256 in hex>`.
     pub fn string_id(&self) -> String {
         let hash = Sha256::digest(self.bundle.as_bytes());
-        let hex: String = hash[..8].iter().map(|b| format!("{b:02x}")).collect();
-        format!("{}-{}-{hex}", self.name, self.version)
+        format!("{}-{}-{}", self.name, self.version, super::hex(&hash[..8]))
     }
 
     /// Reads a package file as trust-manager does: the name must end in `.json`, the bundle must
@@ -90,7 +89,7 @@ impl DefaultPackage {
             source,
         })?;
         let hash = Sha256::digest(bundle.as_bytes());
-        let version: String = hash[..6].iter().map(|b| format!("{b:02x}")).collect();
+        let version = super::hex(&hash[..6]);
         let package = Self {
             name: "caretaker-system".into(),
             bundle,

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use serde_json::Value;
 
-use super::api::{Bundle, SYNCED, TargetTemplate};
+use super::api::{Bundle, SYNCED};
 use super::selector::Selector;
 use super::sources::{self, SourceContext, SourceError};
 use super::target::{self, ObservedTarget, Owner, TargetContent, TargetKind};
@@ -49,35 +49,13 @@ pub struct Observed<'a> {
 pub struct TargetWrite {
     pub kind: TargetKind,
     pub namespace: String,
-    content: Arc<WriteContent>,
-}
-
-/// What every target of one kind holds.
-#[derive(Debug, PartialEq)]
-struct WriteContent {
-    owner_name: String,
-    owner_uid: String,
-    template: TargetTemplate,
-    hash: String,
-    pem: Arc<str>,
-    binary: Arc<BTreeMap<String, Vec<u8>>>,
+    content: Arc<TargetContent>,
 }
 
 impl TargetWrite {
     /// The server-side apply body.
     pub fn body(&self) -> Value {
-        let content = &self.content;
-        let owner = Owner {
-            name: &content.owner_name,
-            uid: &content.owner_uid,
-        };
-        let target = TargetContent {
-            template: &content.template,
-            hash: &content.hash,
-            pem: &content.pem,
-            binary: &content.binary,
-        };
-        target::apply_body(self.kind, &self.namespace, &owner, &target)
+        target::apply_body(self.kind, &self.namespace, &self.content)
     }
 }
 
@@ -126,15 +104,11 @@ impl BundlePlan {
 /// trust-manager's `reconcileBundle`, decided.
 pub fn plan(observed: &Observed<'_>) -> BundlePlan {
     let bundle = observed.bundle;
-    let previous_version = bundle
-        .status
-        .as_ref()
-        .and_then(|s| s.default_ca_version.clone());
     let built = match sources::build(&bundle.spec.sources, &observed.sources) {
         Ok(built) => built,
         Err(error) => {
             let retry = matches!(error, SourceError::Invalid(_));
-            let change = failed(observed, error.reason(), error.message(), previous_version);
+            let change = failed(observed, error.reason(), error.message());
             let outcome = if retry { Outcome::Retry } else { Outcome::Done };
             return BundlePlan::stop(Some(change), None, outcome);
         }
@@ -145,7 +119,6 @@ pub fn plan(observed: &Observed<'_>) -> BundlePlan {
             observed,
             "SecretTargetsDisabled",
             "Bundle has Secret targets but the feature is disabled".into(),
-            previous_version,
         );
         return BundlePlan::stop(Some(change), None, Outcome::Done);
     }
@@ -191,10 +164,11 @@ pub fn plan(observed: &Observed<'_>) -> BundlePlan {
     for (kind, template) in &kinds {
         let hash = target::hash(&pem, formats, template);
         let keys = target::keys(template, formats);
-        let mut content: Option<Arc<WriteContent>> = None;
+        let mut content: Option<Arc<TargetContent>> = None;
         for namespace in &wanted_namespaces {
-            wanted.insert((*kind, (*namespace).clone()));
-            let existing = observed.targets.get(&(*kind, (*namespace).clone()));
+            let key = (*kind, (*namespace).clone());
+            let existing = observed.targets.get(&key);
+            wanted.insert(key);
             if existing.is_some_and(|t| !t.needs_update(&owner, &hash, &keys)) {
                 continue;
             }
@@ -209,7 +183,7 @@ pub fn plan(observed: &Observed<'_>) -> BundlePlan {
                 }
             }
             let content = content.get_or_insert_with(|| {
-                Arc::new(WriteContent {
+                Arc::new(TargetContent {
                     owner_name: name.to_string(),
                     owner_uid: uid.to_string(),
                     template: (*template).clone(),
@@ -240,7 +214,7 @@ pub fn plan(observed: &Observed<'_>) -> BundlePlan {
     let message = success_message(&selector, observed.settings.target_namespaces.is_some());
     let condition = condition(observed, "True", "Synced", message.clone());
     let unchanged = writes.is_empty()
-        && previous_version == built.default_ca_version
+        && recorded_version(observed) == built.default_ca_version.as_deref()
         && same_condition(observed, &condition);
     let status = (!unchanged).then(|| StatusChange {
         condition,
@@ -263,31 +237,22 @@ pub fn target_failed(
     namespace: &str,
     error: &str,
 ) -> StatusChange {
-    let previous_version = observed
-        .bundle
-        .status
-        .as_ref()
-        .and_then(|s| s.default_ca_version.clone());
     let reason = match kind {
         TargetKind::ConfigMap => "SyncConfigMapTargetFailed",
         TargetKind::Secret => "SyncSecretTargetFailed",
     };
     let kind = kind.as_str();
     let message = format!("Failed to sync bundle {kind} to namespace {namespace:?}: {error}");
-    let mut change = failed(observed, reason, message, previous_version);
+    let mut change = failed(observed, reason, message);
     change.event.note = format!("Failed to sync target {kind} in Namespace {namespace:?}: {error}");
     change
 }
 
-fn failed(
-    observed: &Observed<'_>,
-    reason: &'static str,
-    message: String,
-    version: Option<String>,
-) -> StatusChange {
+/// A failed pass: `Synced` False, and the default CA version recorded before kept.
+fn failed(observed: &Observed<'_>, reason: &'static str, message: String) -> StatusChange {
     StatusChange {
         condition: condition(observed, "False", reason, message.clone()),
-        default_ca_version: version,
+        default_ca_version: recorded_version(observed).map(String::from),
         event: Event::warning(reason, message).with_action("SyncFailed"),
     }
 }
@@ -302,6 +267,12 @@ fn success_message(selector: &Selector, restricted: bool) -> String {
             "Successfully synced Bundle to {which}namespaces that match this label selector: {selector}"
         )
     }
+}
+
+/// The default CA version the Bundle's status records.
+fn recorded_version<'a>(observed: &'a Observed<'_>) -> Option<&'a str> {
+    let status = observed.bundle.status.as_ref()?;
+    status.default_ca_version.as_deref()
 }
 
 fn existing_synced<'a>(observed: &'a Observed<'_>) -> Option<&'a Condition> {

@@ -9,6 +9,7 @@
 //! found up to date and taking over from it writes nothing.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use base64::Engine;
 use caretaker_pki::CertificatePool;
@@ -35,7 +36,7 @@ impl TargetKind {
     }
 
     /// The data fields whose keys trust-manager owns in this kind.
-    fn data_fields(self) -> &'static [&'static str] {
+    pub fn data_fields(self) -> &'static [&'static str] {
         match self {
             Self::ConfigMap => &["data", "binaryData"],
             Self::Secret => &["data"],
@@ -75,7 +76,7 @@ pub fn hash(pem: &str, formats: Option<&AdditionalFormats>, template: &TargetTem
         sha.update(key.as_bytes());
         sha.update(value.as_bytes());
     }
-    sha.finalize().iter().map(|b| format!("{b:02x}")).collect()
+    super::hex(&sha.finalize())
 }
 
 /// The keys a target of `template` holds: the PEM key and the binary formats' keys.
@@ -173,9 +174,9 @@ pub fn binary_formats(
 }
 
 /// The label and controller owner reference every apply carries.
-fn owned_metadata(name: &str, namespace: &str, owner: &Owner<'_>) -> Value {
+fn owned_metadata(namespace: &str, owner: &Owner<'_>) -> Value {
     json!({
-        "name": name,
+        "name": owner.name,
         "namespace": namespace,
         "labels": {BUNDLE_LABEL: owner.name},
         "ownerReferences": [{
@@ -189,27 +190,28 @@ fn owned_metadata(name: &str, namespace: &str, owner: &Owner<'_>) -> Value {
     })
 }
 
-/// The content of one target.
-#[derive(Debug, Clone, Copy)]
-pub struct TargetContent<'a> {
-    pub template: &'a TargetTemplate,
-    pub hash: &'a str,
-    pub pem: &'a str,
-    pub binary: &'a BTreeMap<String, Vec<u8>>,
+/// What every target of one kind holds: the same for every namespace of a pass.
+#[derive(Debug, PartialEq)]
+pub struct TargetContent {
+    pub owner_name: String,
+    pub owner_uid: String,
+    pub template: TargetTemplate,
+    pub hash: String,
+    pub pem: Arc<str>,
+    pub binary: Arc<BTreeMap<String, Vec<u8>>>,
 }
 
 /// The server-side apply body of a target: everything trust-manager owns in it. Keys it owned
 /// before and no longer sends leave the target in the same write.
-pub fn apply_body(
-    kind: TargetKind,
-    namespace: &str,
-    owner: &Owner<'_>,
-    content: &TargetContent<'_>,
-) -> Value {
+pub fn apply_body(kind: TargetKind, namespace: &str, content: &TargetContent) -> Value {
     let b64 = |bytes: &[u8]| base64::engine::general_purpose::STANDARD.encode(bytes);
-    let mut metadata = owned_metadata(owner.name, namespace, owner);
+    let owner = Owner {
+        name: &content.owner_name,
+        uid: &content.owner_uid,
+    };
+    let mut metadata = owned_metadata(namespace, &owner);
     let mut annotations = content.template.annotations();
-    annotations.insert(HASH_ANNOTATION.into(), content.hash.into());
+    annotations.insert(HASH_ANNOTATION.into(), content.hash.clone());
     metadata["annotations"] = json!(annotations);
     let labels = metadata["labels"]
         .as_object_mut()
@@ -221,7 +223,7 @@ pub fn apply_body(
     let key = content.template.key.clone();
     match kind {
         TargetKind::ConfigMap => {
-            body["data"] = json!({key: content.pem});
+            body["data"] = json!({key: &*content.pem});
             if !content.binary.is_empty() {
                 let binary: BTreeMap<&String, String> =
                     content.binary.iter().map(|(k, v)| (k, b64(v))).collect();
@@ -241,5 +243,5 @@ pub fn apply_body(
 /// The apply that gives up a target no longer wanted: only the label and owner reference, so
 /// every field trust-manager solely owned (data, hash, template metadata) is removed.
 pub fn cleanup_body(kind: TargetKind, namespace: &str, owner: &Owner<'_>) -> Value {
-    json!({"apiVersion": "v1", "kind": kind.as_str(), "metadata": owned_metadata(owner.name, namespace, owner)})
+    json!({"apiVersion": "v1", "kind": kind.as_str(), "metadata": owned_metadata(namespace, owner)})
 }

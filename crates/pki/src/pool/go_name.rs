@@ -74,7 +74,7 @@ pub(crate) fn subject_string(name: &X509Name<'_>) -> Result<String, String> {
             // Go keeps only the last CN and SERIALNUMBER.
             Some(at @ (7 | 8)) => standard[at] = vec![text],
             Some(at) => standard[at].push(text),
-            None => others.push(format!("{oid}=#{}", hex(&go_marshal_string(&text)))),
+            None => others.push(format!("{oid}=#{}", super::hex(&go_marshal_string(&text)))),
         }
     }
     let mut rdns: Vec<String> = others;
@@ -125,10 +125,6 @@ fn go_marshal_string(text: &str) -> Vec<u8> {
         der::UTF8_STRING
     };
     der::tlv(tag, text.as_bytes())
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 #[cfg(test)]

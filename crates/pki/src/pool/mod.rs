@@ -205,6 +205,7 @@ impl CertificatePool {
     }
 }
 
+/// Lowercase hex, as Go's `hex.EncodeToString` writes it.
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
