@@ -159,15 +159,23 @@ async fn process_deleting(api: &ApiState, def: &ResourceDef, obj: &Value) -> Res
         }
         remove_finalizer(api, def, obj, "orphan").await?;
     } else if finalizers.iter().any(|f| f == "foregroundDeletion") {
-        let dependents = api.store.dependents(uid)?;
-        if dependents.is_empty() {
-            remove_finalizer(api, def, obj, "foregroundDeletion").await?;
-        }
-        for key in dependents {
+        let mut waiting = false;
+        for key in api.store.dependents(uid)? {
             let (Some(dep_def), Some(dep)) = (api.storage_def(&key.resource), api.store.get(&key)?)
             else {
                 continue;
             };
+            // As kube's garbage collector: a dependent another owner still holds is not
+            // deleted, only let go of.
+            let others: Vec<Value> = dep["metadata"]["ownerReferences"]
+                .as_array()
+                .map(|a| a.iter().filter(|r| r["uid"] != uid).cloned().collect())
+                .unwrap_or_default();
+            if solid_owner(api, &others)? {
+                set_owner_references(api, &dep_def, &key, &dep, others).await?;
+                continue;
+            }
+            waiting = true;
             if !is_deleting(&dep) {
                 let foreground = DeleteOptions {
                     propagation: Some(PropagationPolicy::Foreground),
@@ -180,8 +188,24 @@ async fn process_deleting(api: &ApiState, def: &ResourceDef, obj: &Value) -> Res
                 )?;
             }
         }
+        if !waiting {
+            remove_finalizer(api, def, obj, "foregroundDeletion").await?;
+        }
     }
     Ok(())
+}
+
+/// Whether one of `refs` names an owner that exists and is not itself being deleted.
+fn solid_owner(api: &ApiState, refs: &[Value]) -> Result<bool, ApiError> {
+    for r in refs {
+        let uid = r["uid"].as_str().unwrap_or_default();
+        if let Some((_, owner)) = api.store.find_by_uid(uid)?
+            && !is_deleting(&owner)
+        {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
 /// Gives the dependent `dep` (stored at `key`) the owner references `refs`.

@@ -411,6 +411,42 @@ async fn finalizers_garbage_collection_and_namespace_deletion() {
     .unwrap();
     eventually(|| async { cms.get_opt("owner3").await.unwrap().is_none() }).await;
 
+    // A dependent another owner still holds survives its owner's deletion, background or
+    // foreground, and only loses the reference to it (kube's "solid owner" rule).
+    let keeper = cms
+        .create(&PostParams::default(), &make("keeper", None, vec![]))
+        .await
+        .unwrap();
+    for (owner_name, params) in [
+        ("owner4", DeleteParams::background()),
+        ("owner5", DeleteParams::foreground()),
+    ] {
+        let owner = cms
+            .create(&PostParams::default(), &make(owner_name, None, vec![]))
+            .await
+            .unwrap();
+        let mut shared = make("shared", Some(&owner), vec![]);
+        let keeper_ref = make("x", Some(&keeper), vec![]).metadata.owner_references;
+        let refs = shared.metadata.owner_references.as_mut().unwrap();
+        refs.extend(keeper_ref.unwrap());
+        cms.create(&PostParams::default(), &shared).await.unwrap();
+        cms.delete(owner_name, &params).await.unwrap();
+        eventually(|| async { cms.get_opt(owner_name).await.unwrap().is_none() }).await;
+        let kept = cms.get("shared").await.unwrap();
+        let owners: Vec<String> = kept
+            .metadata
+            .owner_references
+            .unwrap_or_default()
+            .into_iter()
+            .map(|r| r.name)
+            .collect();
+        assert_eq!(owners, ["keeper"], "{owner_name}");
+        cms.delete("shared", &DeleteParams::default())
+            .await
+            .unwrap();
+        eventually(|| async { cms.get_opt("shared").await.unwrap().is_none() }).await;
+    }
+
     // Namespace deletion removes its contents, then the namespace.
     cms.create(&PostParams::default(), &make("content", None, vec![]))
         .await

@@ -7,7 +7,7 @@ use std::time::Duration;
 use caretaker_operator::controllers;
 use caretaker_operator::metrics::{self, serve_health, serve_metrics, serve_metrics_tls};
 use caretaker_operator::trust::package::DefaultPackage;
-use caretaker_operator::trust::plan::BundleSettings;
+use caretaker_operator::trust::plan::{BundleMode, BundleSettings};
 use caretaker_operator::webhook::bootstrap::{self, Bootstrap, WebhookUrl};
 use caretaker_operator::webhook::{CertificateSource, Limits, Webhook};
 use caretaker_operator::{BindAddress, Context, Settings, TrustSettings};
@@ -120,10 +120,19 @@ pub struct OperatorArgs {
     trust: TrustArgs,
 }
 
-/// trust-manager's flags, with its names and defaults, for the Bundle controller.
+/// trust-manager's flags, with its names and defaults, for the Bundle and ClusterBundle
+/// controllers.
 #[derive(Debug, clap::Args)]
-#[command(next_help_heading = "Bundles (trust-manager)")]
+#[command(next_help_heading = "Bundles and ClusterBundles (trust-manager)")]
 struct TrustArgs {
+    /// How Bundles (trust.cert-manager.io/v1alpha1) are served. serve: as trust-manager serves
+    /// them, each writing its own targets. migrate: each Bundle is applied as the ClusterBundle
+    /// (trust-manager.io/v1alpha2) of its name, with the field manager the Bundle was applied
+    /// with and no owner reference; that ClusterBundle takes the Bundle's targets over in one
+    /// write each, and the Bundle's status mirrors the ClusterBundle's. Deleting a Bundle, or
+    /// the Bundle CRD, then deletes no ClusterBundle and no target.
+    #[arg(long, value_enum, default_value_t = BundleModeArg::Serve)]
+    bundle_mode: BundleModeArg,
     /// The only namespace Bundle sources (ConfigMaps and Secrets) are read from.
     #[arg(long, value_name = "NAMESPACE", default_value = "cert-manager")]
     trust_namespace: String,
@@ -140,7 +149,7 @@ struct TrustArgs {
     /// ($SSL_CERT_FILE, else the distribution's bundle, e.g. /etc/ssl/certs/ca-certificates.crt).
     #[arg(long)]
     default_package_from_system: bool,
-    /// Allow Bundles to write Secret targets (spec.target.secret).
+    /// Allow Bundles and ClusterBundles to write Secret targets (spec.target.secret).
     #[arg(long)]
     secret_targets_enabled: bool,
     /// Leave certificates whose notAfter has passed out of every bundle.
@@ -152,6 +161,12 @@ struct TrustArgs {
     /// Write targets only to these namespaces (comma-separated); all namespaces when absent.
     #[arg(long, value_name = "NS,NS,...", value_delimiter = ',')]
     target_namespaces: Option<Vec<String>>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum BundleModeArg {
+    Serve,
+    Migrate,
 }
 
 impl TrustArgs {
@@ -172,6 +187,10 @@ impl TrustArgs {
         Ok(TrustSettings {
             namespace: self.trust_namespace.clone(),
             bundles: BundleSettings {
+                mode: match self.bundle_mode {
+                    BundleModeArg::Serve => BundleMode::Serve,
+                    BundleModeArg::Migrate => BundleMode::Migrate,
+                },
                 secret_targets_enabled: self.secret_targets_enabled,
                 target_namespaces: self
                     .target_namespaces

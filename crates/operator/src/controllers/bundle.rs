@@ -1,23 +1,31 @@
-//! The Bundle controller: trust-manager's reconcile ([`crate::trust::plan`]) on watch-fed
-//! stores, so caretaker can stand in for a running trust-manager.
+//! The Bundle and ClusterBundle controllers: trust-manager's reconcile
+//! ([`crate::trust::plan`]) on watch-fed stores, so caretaker can stand in for a running
+//! trust-manager, and serve the ClusterBundle API upstream has no controller for.
 //!
 //! | watched | kept | a change wakes |
 //! |---|---|---|
-//! | Bundles | all | the Bundle |
-//! | Namespaces | labels and phase | every Bundle (one may start or stop matching) |
-//! | ConfigMaps and Secrets of the trust namespace | all | the Bundles with a source of that kind naming it or selecting it |
-//! | ConfigMaps (and Secrets, with Secret targets) labelled `trust.cert-manager.io/bundle` | all | the Bundle the label names |
+//! | Bundles, ClusterBundles | all | the object |
+//! | Namespaces | labels and phase | every object (one may start or stop matching) |
+//! | ConfigMaps and Secrets of the trust namespace | all | the objects with a source of that kind naming it or selecting it |
+//! | ConfigMaps (and Secrets, with Secret targets) labelled `trust.cert-manager.io/bundle` or `trust-manager.io/bundle` | metadata | the Bundle and the ClusterBundle of its name |
 //!
-//! Until trust-manager's Bundle CRD is installed only a watch on that CRD runs; the log says so
-//! once. A pass waits until every store has listed, so a target not yet seen is never taken for
+//! The namespace, source and target watches are shared by both controllers; they start once
+//! either CRD is installed, and each controller starts once its own CRD is (the log says so once).
+//! A pass waits until every store has listed, so a target not yet seen is never taken for
 //! missing. Target data is never read, only metadata, as trust-manager does: the stores keep
 //! targets without their data (and every object cut down to what a pass reads), since the
 //! embedded API server does not serve metadata-only watches yet.
+//!
+//! With `--bundle-mode migrate` Bundles are not served here but by
+//! [`super::bundle_migration`], and ClusterBundles take over the targets of the Bundles of their
+//! names.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
+use futures::channel::mpsc;
 use futures::{Stream, StreamExt};
+use k8s_openapi::ClusterResourceScope;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams};
@@ -30,155 +38,352 @@ use serde_json::{Value, json};
 use crate::Error;
 use crate::context::Context;
 use crate::trust::api::{BUNDLE_LABEL, Bundle, FIELD_MANAGER, HASH_ANNOTATION};
-use crate::trust::plan::{self, NamespaceView, Observed, Outcome, StatusChange};
+use crate::trust::cluster_bundle::{CLUSTER_BUNDLE_LABEL, CLUSTER_HASH_ANNOTATION, ClusterBundle};
+use crate::trust::plan::{self, BundleMode, NamespaceView, Observed, Outcome, StatusChange};
 use crate::trust::selector::Selector;
 use crate::trust::sources::SourceContext;
 use crate::trust::target::{ObservedTarget, Owner, TargetKind, cleanup_body};
 
 /// The name of trust-manager's Bundle CRD.
 pub const BUNDLE_CRD: &str = "bundles.trust.cert-manager.io";
-/// The controller's name in metrics and logs.
-const CONTROLLER: &str = "bundle";
+/// The name of trust-manager's ClusterBundle CRD.
+pub const CLUSTER_BUNDLE_CRD: &str = "clusterbundles.trust-manager.io";
 /// How many target writes a pass has in flight at once.
 const CONCURRENT_WRITES: usize = 8;
 
-/// What the passes read.
-struct Stores {
-    ctx: Arc<Context>,
-    bundles: Store<Bundle>,
+/// A served API: Bundle or ClusterBundle.
+pub(super) trait Served:
+    Resource<DynamicType = (), Scope = ClusterResourceScope>
+    + Clone
+    + std::fmt::Debug
+    + serde::de::DeserializeOwned
+    + Send
+    + Sync
+    + 'static
+{
+    const CRD: &'static str;
+    /// The controller's name in metrics and logs.
+    const CONTROLLER: &'static str;
+    fn object(&self) -> plan::TrustObject<'_>;
+    /// Whether it reads the source object `name` (with `labels`) of `kind`.
+    fn reads_source(&self, kind: TargetKind, name: &str, labels: &BTreeMap<String, String>)
+    -> bool;
+}
+
+/// Whether a reference by `name` or `selector` names the object `name` with `labels`.
+fn names(
+    wanted: Option<&str>,
+    selector: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector>,
+    name: &str,
+    labels: &BTreeMap<String, String>,
+) -> bool {
+    match wanted.filter(|n| !n.is_empty()) {
+        Some(wanted) => wanted == name,
+        None => Selector::parse(selector).is_ok_and(|s| s.matches(labels)),
+    }
+}
+
+impl Served for Bundle {
+    const CRD: &'static str = BUNDLE_CRD;
+    const CONTROLLER: &'static str = "bundle";
+
+    fn object(&self) -> plan::TrustObject<'_> {
+        self.into()
+    }
+
+    fn reads_source(
+        &self,
+        kind: TargetKind,
+        name: &str,
+        labels: &BTreeMap<String, String>,
+    ) -> bool {
+        self.spec.sources.iter().any(|source| {
+            let reference = match kind {
+                TargetKind::ConfigMap => source.config_map.as_ref(),
+                TargetKind::Secret => source.secret.as_ref(),
+            };
+            reference.is_some_and(|r| names(r.name.as_deref(), r.selector.as_ref(), name, labels))
+        })
+    }
+}
+
+impl Served for ClusterBundle {
+    const CRD: &'static str = CLUSTER_BUNDLE_CRD;
+    const CONTROLLER: &'static str = "cluster_bundle";
+
+    fn object(&self) -> plan::TrustObject<'_> {
+        self.into()
+    }
+
+    fn reads_source(
+        &self,
+        kind: TargetKind,
+        name: &str,
+        labels: &BTreeMap<String, String>,
+    ) -> bool {
+        let refs = self.spec.source_refs.iter().flatten();
+        refs.filter(|r| r.kind == kind.as_str())
+            .any(|r| names(r.name.as_deref(), r.selector.as_ref(), name, labels))
+    }
+}
+
+/// A watched change, as the controllers are woken by it.
+#[derive(Debug, Clone)]
+enum Change {
+    /// A namespace: every object may start or stop matching.
+    Namespace,
+    /// A ConfigMap or Secret of the trust namespace.
+    Source {
+        kind: TargetKind,
+        name: String,
+        labels: BTreeMap<String, String>,
+    },
+    /// A target: the objects of its name.
+    Target(String),
+}
+
+/// The targets of one kind: those labelled for Bundles, and those labelled for ClusterBundles.
+struct TargetStores<K: Resource<DynamicType = ()> + 'static> {
+    bundles: Store<K>,
+    cluster_bundles: Store<K>,
+}
+
+/// What both controllers read, and the controllers that listen for its changes.
+pub(super) struct Shared {
+    pub(super) ctx: Arc<Context>,
     namespaces: Store<Namespace>,
     sources: Store<ConfigMap>,
     secret_sources: Store<Secret>,
-    config_map_targets: Store<ConfigMap>,
-    secret_targets: Option<Store<Secret>>,
+    config_map_targets: TargetStores<ConfigMap>,
+    secret_targets: Option<TargetStores<Secret>>,
+    listeners: Mutex<Vec<mpsc::UnboundedSender<Change>>>,
 }
 
-/// Runs the Bundle controller until its streams end; idle until the Bundle CRD is installed.
+/// Runs the Bundle and ClusterBundle controllers until their streams end; idle until either
+/// CRD is installed.
 pub async fn run(ctx: Arc<Context>) {
-    let client = ctx.client.clone();
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    if !matches!(crds.get_opt(BUNDLE_CRD).await, Ok(Some(_))) {
-        tracing::info!(
-            crd = BUNDLE_CRD,
-            "trust-manager's Bundle CRD is not installed: the Bundle controller waits for it"
-        );
-        let installed = kube::runtime::wait::await_condition(
-            crds,
-            BUNDLE_CRD,
-            |crd: Option<&CustomResourceDefinition>| crd.is_some(),
-        );
-        if let Err(e) = installed.await {
-            tracing::warn!(error = %e, "the Bundle controller stopped waiting for its CRD");
-            return;
-        }
+    let crds: Api<CustomResourceDefinition> = Api::all(ctx.client.clone());
+    let either = futures::future::select(
+        Box::pin(crd_installed(crds.clone(), BUNDLE_CRD)),
+        Box::pin(crd_installed(crds, CLUSTER_BUNDLE_CRD)),
+    );
+    if !either.await.factor_first().0 {
+        return;
     }
     let trust = &ctx.settings.trust;
-    tracing::info!(trust_namespace = %trust.namespace, "Bundle controller starting");
-
-    let labelled = watcher::Config::default().labels(BUNDLE_LABEL);
-    let (namespaces, namespace_changes) = watched(
-        Api::<Namespace>::all(client.clone()),
-        watcher::Config::default(),
-        trim_namespace,
-    );
-    let (sources, source_changes) = watched(
-        Api::<ConfigMap>::namespaced(client.clone(), &trust.namespace),
-        watcher::Config::default(),
-        trim_source,
-    );
-    let (secret_sources, secret_source_changes) = watched(
-        Api::<Secret>::namespaced(client.clone(), &trust.namespace),
-        watcher::Config::default(),
-        trim_source,
-    );
-    let (config_map_targets, config_map_target_changes) = watched(
-        Api::<ConfigMap>::all(client.clone()),
-        labelled.clone(),
-        trim_config_map_target,
-    );
-    let (secret_targets, secret_target_changes) = if trust.bundles.secret_targets_enabled {
-        let (store, changes) = watched(
-            Api::<Secret>::all(client.clone()),
-            labelled,
-            trim_secret_target,
-        );
-        (Some(store), changes.boxed())
-    } else {
-        (None, futures::stream::empty().boxed())
-    };
-
-    let controller = Controller::new(Api::<Bundle>::all(client), watcher::Config::default());
-    let stores = Arc::new(Stores {
-        ctx: ctx.clone(),
-        bundles: controller.store(),
-        namespaces,
-        sources,
-        secret_sources,
-        config_map_targets,
-        secret_targets,
+    tracing::info!(trust_namespace = %trust.namespace, mode = ?trust.bundles.mode, "trust bundle controllers starting");
+    let (shared, changes) = Shared::start(ctx.clone());
+    let fan_out = changes.for_each(|change| {
+        let mut listeners = shared.listeners.lock().expect("listeners lock");
+        listeners.retain(|l| l.unbounded_send(change.clone()).is_ok());
+        futures::future::ready(())
     });
-    let wakes = {
-        let bundles = stores.bundles.clone();
-        let every_bundle = move || {
-            bundles
-                .state()
-                .iter()
-                .map(|b| ObjectRef::from_obj(&**b))
-                .collect::<Vec<_>>()
+    let bundles = async {
+        match trust.bundles.mode {
+            BundleMode::Serve => serve::<Bundle>(shared.clone()).await,
+            BundleMode::Migrate => super::bundle_migration::run(ctx.clone()).await,
+        }
+    };
+    futures::join!(fan_out, bundles, serve::<ClusterBundle>(shared.clone()));
+}
+
+/// Returns whether the CRD `name` is installed, waiting for it (false if waiting failed).
+pub(super) async fn crd_installed(crds: Api<CustomResourceDefinition>, name: &str) -> bool {
+    if matches!(crds.get_opt(name).await, Ok(Some(_))) {
+        return true;
+    }
+    tracing::info!(crd = name, "CRD not installed: its controller waits for it");
+    let installed = kube::runtime::wait::await_condition(
+        crds,
+        name,
+        |crd: Option<&CustomResourceDefinition>| crd.is_some(),
+    );
+    match installed.await {
+        Ok(_) => true,
+        Err(e) => {
+            tracing::warn!(crd = name, error = %e, "stopped waiting for a CRD");
+            false
+        }
+    }
+}
+
+impl Shared {
+    /// Starts the shared watches; the stream is every change they see.
+    fn start(ctx: Arc<Context>) -> (Arc<Self>, impl Stream<Item = Change> + Send + 'static) {
+        let client = ctx.client.clone();
+        let trust = &ctx.settings.trust;
+        let (namespaces, namespace_changes) = watched(
+            Api::<Namespace>::all(client.clone()),
+            watcher::Config::default(),
+            trim_namespace,
+        );
+        let (sources, source_changes) = watched(
+            Api::<ConfigMap>::namespaced(client.clone(), &trust.namespace),
+            watcher::Config::default(),
+            trim_source,
+        );
+        let (secret_sources, secret_source_changes) = watched(
+            Api::<Secret>::namespaced(client.clone(), &trust.namespace),
+            watcher::Config::default(),
+            trim_source,
+        );
+        let (config_map_targets, config_map_target_changes) =
+            TargetStores::watch(&client, trim_config_map_target);
+        let (secret_targets, secret_target_changes) = if trust.bundles.secret_targets_enabled {
+            let (stores, changes) = TargetStores::watch(&client, trim_secret_target);
+            (Some(stores), changes.boxed())
+        } else {
+            (None, futures::stream::empty().boxed())
         };
-        let by_source = |kind: TargetKind| {
-            let bundles = stores.bundles.clone();
-            move |(name, labels): (String, BTreeMap<String, String>)| {
-                bundles
-                    .state()
-                    .iter()
-                    .filter(|b| reads_source(b, kind, &name, &labels))
-                    .map(|b| ObjectRef::from_obj(&**b))
-                    .collect::<Vec<_>>()
+        let source = |kind: TargetKind| {
+            move |(name, labels): (String, BTreeMap<String, String>)| Change::Source {
+                kind,
+                name,
+                labels,
             }
         };
-        let named = |name: Option<String>| {
-            name.map(|n| ObjectRef::<Bundle>::new(&n))
-                .into_iter()
-                .collect::<Vec<_>>()
-        };
-        futures::stream::select_all([
-            namespace_changes
-                .map(move |_: Namespace| every_bundle())
-                .boxed(),
+        let changes = futures::stream::select_all([
+            namespace_changes.map(|_| Change::Namespace).boxed(),
             source_changes
                 .map(|c: ConfigMap| (c.name_any(), c.labels().clone()))
-                .map(by_source(TargetKind::ConfigMap))
+                .map(source(TargetKind::ConfigMap))
                 .boxed(),
             secret_source_changes
                 .map(|s: Secret| (s.name_any(), s.labels().clone()))
-                .map(by_source(TargetKind::Secret))
+                .map(source(TargetKind::Secret))
                 .boxed(),
             config_map_target_changes
-                .map(move |c: ConfigMap| named(owning_bundle(&c)))
+                .map(|c: ConfigMap| Change::Target(c.name_any()))
                 .boxed(),
             secret_target_changes
-                .map(move |s: Secret| named(owning_bundle(&s)))
+                .map(|s: Secret| Change::Target(s.name_any()))
                 .boxed(),
-        ])
-        .flat_map(futures::stream::iter)
-    };
-    let error_policy = |_: Arc<Bundle>, error: &Error, stores: Arc<Stores>| {
-        super::requeue_after(CONTROLLER, error, &stores.ctx)
+        ]);
+        let shared = Arc::new(Self {
+            ctx,
+            namespaces,
+            sources,
+            secret_sources,
+            config_map_targets,
+            secret_targets,
+            listeners: Mutex::new(Vec::new()),
+        });
+        (shared, changes)
+    }
+
+    /// The changes from now on.
+    fn listen(&self) -> mpsc::UnboundedReceiver<Change> {
+        let (sender, receiver) = mpsc::unbounded();
+        self.listeners.lock().expect("listeners lock").push(sender);
+        receiver
+    }
+}
+
+impl<K> TargetStores<K>
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
+    /// Watches the targets of both APIs.
+    fn watch(
+        client: &kube::Client,
+        trim: fn(&mut K),
+    ) -> (Self, impl Stream<Item = K> + Send + 'static) {
+        let labelled = |label| watcher::Config::default().labels(label);
+        let (bundles, bundle_changes) =
+            watched(Api::all(client.clone()), labelled(BUNDLE_LABEL), trim);
+        let (cluster_bundles, cluster_changes) = watched(
+            Api::all(client.clone()),
+            labelled(CLUSTER_BUNDLE_LABEL),
+            trim,
+        );
+        let stores = Self {
+            bundles,
+            cluster_bundles,
+        };
+        (
+            stores,
+            futures::stream::select(bundle_changes, cluster_changes),
+        )
+    }
+
+    async fn ready(&self) -> Result<(), Error> {
+        let lists = [
+            self.bundles.wait_until_ready().await,
+            self.cluster_bundles.wait_until_ready().await,
+        ];
+        lists
+            .into_iter()
+            .try_for_each(|r| r.map_err(|_| Error::CacheStopped))
+    }
+
+    /// What decides the writes of the targets named `name` of `kind`, by namespace, whichever
+    /// API's label they carry (a ClusterBundle takes over its Bundle's).
+    fn named(
+        &self,
+        name: &str,
+        kind: TargetKind,
+    ) -> BTreeMap<(TargetKind, String), ObservedTarget> {
+        let mut found = BTreeMap::new();
+        for store in [&self.bundles, &self.cluster_bundles] {
+            for target in store
+                .state()
+                .iter()
+                .filter(|t| t.meta().name.as_deref() == Some(name))
+            {
+                let namespace = target.meta().namespace.clone().unwrap_or_default();
+                found.insert(
+                    (kind, namespace),
+                    ObservedTarget::from_metadata(kind, target.meta()),
+                );
+            }
+        }
+        found
+    }
+}
+
+/// Serves `K` until its streams end; idle until its CRD is installed.
+async fn serve<K: Served>(shared: Arc<Shared>) {
+    let client = shared.ctx.client.clone();
+    if !crd_installed(Api::all(client.clone()), K::CRD).await {
+        return;
+    }
+    tracing::info!(controller = K::CONTROLLER, "controller starting");
+    let changes = shared.listen();
+    let controller = Controller::new(Api::<K>::all(client), watcher::Config::default());
+    let objects = controller.store();
+    let wakes = changes
+        .map(move |change| {
+            let all = objects.state();
+            let woken = all.iter().filter(|object| match &change {
+                Change::Namespace => true,
+                Change::Source { kind, name, labels } => object.reads_source(*kind, name, labels),
+                Change::Target(name) => object.meta().name.as_ref() == Some(name),
+            });
+            woken.map(|o| ObjectRef::from_obj(&**o)).collect::<Vec<_>>()
+        })
+        .flat_map(futures::stream::iter);
+    let error_policy = |_: Arc<K>, error: &Error, shared: Arc<Shared>| {
+        super::requeue_after(K::CONTROLLER, error, &shared.ctx)
     };
     controller
         .reconcile_on(wakes)
         .run(
-            |bundle, stores: Arc<Stores>| async move {
-                let _timer = stores.ctx.metrics.reconcile_started(CONTROLLER);
-                stores.reconcile(&bundle).await
+            |object, shared: Arc<Shared>| async move {
+                let _timer = shared.ctx.metrics.reconcile_started(K::CONTROLLER);
+                shared.reconcile(&*object).await
             },
             error_policy,
-            stores,
+            shared,
         )
         .for_each(|result| async move {
             if let Err(e) = result {
-                tracing::debug!(error = %e, "Bundle reconcile failed");
+                tracing::debug!(controller = K::CONTROLLER, error = %e, "reconcile failed");
             }
         })
         .await;
@@ -186,7 +391,7 @@ pub async fn run(ctx: Arc<Context>) {
 
 /// A store of `api`'s objects, each cut down by `trim` to what the passes read, and the stream of
 /// what changed (added, modified or deleted).
-fn watched<K>(
+pub(super) fn watched<K>(
     api: Api<K>,
     config: watcher::Config,
     trim: fn(&mut K),
@@ -233,7 +438,7 @@ fn trim_target<K: Resource>(target: &mut K) {
         entries.retain(|e| e.manager.as_deref() == Some(FIELD_MANAGER));
     }
     if let Some(annotations) = &mut meta.annotations {
-        annotations.retain(|k, _| k == HASH_ANNOTATION);
+        annotations.retain(|k, _| k == HASH_ANNOTATION || k == CLUSTER_HASH_ANNOTATION);
     }
 }
 
@@ -248,36 +453,6 @@ fn trim_secret_target(target: &mut Secret) {
     trim_target(target);
 }
 
-/// Whether `bundle` reads the source object `name` (with `labels`) of `kind`.
-fn reads_source(
-    bundle: &Bundle,
-    kind: TargetKind,
-    name: &str,
-    labels: &BTreeMap<String, String>,
-) -> bool {
-    bundle.spec.sources.iter().any(|source| {
-        let reference = match kind {
-            TargetKind::ConfigMap => source.config_map.as_ref(),
-            TargetKind::Secret => source.secret.as_ref(),
-        };
-        reference.is_some_and(|r| match r.name.as_deref().filter(|n| !n.is_empty()) {
-            Some(wanted) => wanted == name,
-            None => Selector::parse(r.selector.as_ref()).is_ok_and(|s| s.matches(labels)),
-        })
-    })
-}
-
-/// The Bundle a target belongs to: its controller if that is a Bundle, else its label.
-fn owning_bundle<K: Resource>(target: &K) -> Option<String> {
-    let meta = target.meta();
-    meta.owner_references
-        .iter()
-        .flatten()
-        .find(|r| r.controller == Some(true) && r.kind == "Bundle")
-        .map(|r| r.name.clone())
-        .or_else(|| meta.labels.as_ref()?.get(BUNDLE_LABEL).cloned())
-}
-
 /// The objects of `store` by name.
 fn by_name<K: Resource + Clone>(store: &Store<K>) -> BTreeMap<String, K>
 where
@@ -290,61 +465,28 @@ where
         .collect()
 }
 
-/// What decides the writes of Bundle `bundle`'s targets of `kind` in `store`, by namespace.
-fn targets_of<K: Resource + Clone>(
-    bundle: &str,
-    kind: TargetKind,
-    store: &Store<K>,
-) -> BTreeMap<(TargetKind, String), ObservedTarget>
-where
-    K::DynamicType: Eq + std::hash::Hash + Clone,
-{
-    let mine = |meta: &kube::api::ObjectMeta| {
-        meta.labels
-            .as_ref()
-            .and_then(|l| l.get(BUNDLE_LABEL))
-            .map(String::as_str)
-            == Some(bundle)
-    };
-    store
-        .state()
-        .iter()
-        .filter(|t| mine(t.meta()))
-        .map(|t| {
-            let namespace = t.meta().namespace.clone().unwrap_or_default();
-            (
-                (kind, namespace),
-                ObservedTarget::from_metadata(kind, t.meta()),
-            )
-        })
-        .collect()
-}
-
-impl Stores {
+impl Shared {
     async fn ready(&self) -> Result<(), Error> {
         let lists = [
-            self.bundles.wait_until_ready().await,
             self.namespaces.wait_until_ready().await,
             self.sources.wait_until_ready().await,
             self.secret_sources.wait_until_ready().await,
-            self.config_map_targets.wait_until_ready().await,
         ];
-        if let Some(secrets) = &self.secret_targets {
-            secrets
-                .wait_until_ready()
-                .await
-                .map_err(|_| Error::CacheStopped)?;
-        }
         lists
             .into_iter()
-            .try_for_each(|r| r.map_err(|_| Error::CacheStopped))
+            .try_for_each(|r| r.map_err(|_| Error::CacheStopped))?;
+        self.config_map_targets.ready().await?;
+        if let Some(secrets) = &self.secret_targets {
+            secrets.ready().await?;
+        }
+        Ok(())
     }
 
     /// One pass: observe, [`plan::plan`], apply.
-    async fn reconcile(&self, bundle: &Bundle) -> Result<Action, Error> {
+    async fn reconcile<K: Served>(&self, object: &K) -> Result<Action, Error> {
         self.ready().await?;
         let trust = &self.ctx.settings.trust;
-        let name = bundle.name_any();
+        let name = object.name_any();
         let config_maps = by_name(&self.sources);
         let secrets = by_name(&self.secret_sources);
         let namespaces: BTreeMap<String, NamespaceView> = self
@@ -363,12 +505,12 @@ impl Stores {
                 )
             })
             .collect();
-        let mut targets = targets_of(&name, TargetKind::ConfigMap, &self.config_map_targets);
+        let mut targets = self.config_map_targets.named(&name, TargetKind::ConfigMap);
         if let Some(secret_targets) = &self.secret_targets {
-            targets.extend(targets_of(&name, TargetKind::Secret, secret_targets));
+            targets.extend(secret_targets.named(&name, TargetKind::Secret));
         }
         let observed = Observed {
-            bundle,
+            object: object.object(),
             sources: SourceContext {
                 namespace: &trust.namespace,
                 config_maps: &config_maps,
@@ -413,26 +555,23 @@ impl Stores {
             let change =
                 plan::target_failed(&observed, write.kind, &write.namespace, &e.to_string());
             let reason = change.event.reason;
-            self.record(bundle, change).await?;
+            self.record(object, change).await?;
             return Err(Error::BundleNotSynced {
                 bundle: name,
                 reason,
             });
         }
-        let owner = Owner {
-            name: &name,
-            uid: bundle.metadata.uid.as_deref().unwrap_or_default(),
-        };
+        let owner = object.object().owner();
         for (kind, namespace) in &pass.cleanups {
             if let Err(e) = self.give_up(*kind, namespace, &owner).await {
                 tracing::warn!(bundle = %name, kind = kind.as_str(), namespace, error = %e, "cannot clean up a target no longer wanted");
             }
         }
         if let Some(change) = pass.status {
-            self.record(bundle, change).await?;
+            self.record(object, change).await?;
         }
         if let Some(event) = pass.event.clone() {
-            self.ctx.event(&bundle.object_ref(&()), event).await;
+            self.ctx.event(&object.object_ref(&()), event).await;
         }
         match pass.outcome {
             Outcome::Done => Ok(Action::await_change()),
@@ -482,26 +621,38 @@ impl Stores {
 
     /// Applies a status change (trust-manager's status apply: only `Synced`, and the default CA
     /// version when there is one) and publishes its event.
-    async fn record(&self, bundle: &Bundle, change: StatusChange) -> Result<(), Error> {
-        let mut status = json!({"conditions": [change.condition]});
-        if let Some(version) = &change.default_ca_version {
-            status["defaultCAVersion"] = json!(version);
-        }
-        let body = json!({
-            "apiVersion": "trust.cert-manager.io/v1alpha1",
-            "kind": "Bundle",
-            "metadata": {"name": bundle.name_any()},
-            "status": status,
-        });
-        let bundles: Api<Bundle> = Api::all(self.ctx.client.clone());
-        bundles
+    async fn record<K: Served>(&self, object: &K, change: StatusChange) -> Result<(), Error> {
+        let api = object.object().api();
+        let body = status_body(api.api_version(), api.kind(), &object.name_any(), &change);
+        let objects: Api<K> = Api::all(self.ctx.client.clone());
+        objects
             .patch_status(
-                &bundle.name_any(),
+                &object.name_any(),
                 &PatchParams::apply(FIELD_MANAGER).force(),
                 &Patch::Apply(&body),
             )
             .await?;
-        self.ctx.event(&bundle.object_ref(&()), change.event).await;
+        self.ctx.event(&object.object_ref(&()), change.event).await;
         Ok(())
     }
+}
+
+/// The server-side apply of a status change: only `Synced`, and the default CA version when
+/// there is one.
+pub(super) fn status_body(
+    api_version: &str,
+    kind: &str,
+    name: &str,
+    change: &StatusChange,
+) -> Value {
+    let mut status = json!({"conditions": [change.condition]});
+    if let Some(version) = &change.default_ca_version {
+        status["defaultCAVersion"] = json!(version);
+    }
+    json!({
+        "apiVersion": api_version,
+        "kind": kind,
+        "metadata": {"name": name},
+        "status": status,
+    })
 }

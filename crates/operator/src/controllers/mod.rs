@@ -6,14 +6,16 @@
 //! keeps trust bundles in the `caBundle` fields of webhook configurations, CRD conversion
 //! webhooks and APIServices. [`certificate_authority`] and [`issued_certificate`] keep
 //! caretaker's own CAs and the certificates they issue, on watches they share
-//! ([`authority_watch`]); [`run_authorities`] starts those three. [`bundle`] is trust-manager's
-//! Bundle controller. [`run`] starts everything,
+//! ([`authority_watch`]); [`run_authorities`] starts those three. [`bundle`] serves
+//! trust-manager's Bundles and ClusterBundles; [`bundle_migration`] migrates Bundles to
+//! ClusterBundles instead (`--bundle-mode migrate`). [`run`] starts everything,
 //! and tells the readiness ([`crate::metrics::Readiness`]) when the caches have synced. Every
 //! reconcile is counted and timed in [`crate::metrics`] under its controller's name, every
 //! failed one by its category.
 
 mod authority_watch;
 pub mod bundle;
+pub mod bundle_migration;
 pub mod ca_injection;
 pub mod ca_secrets;
 pub mod cache;

@@ -10,6 +10,14 @@ use serde::{Deserialize, Serialize};
 
 use super::api::{BundleSpec, BundleStatus, TargetTemplate};
 
+/// The label on every ClusterBundle target: the ClusterBundle's name.
+pub const CLUSTER_BUNDLE_LABEL: &str = "trust-manager.io/bundle";
+/// The annotation on every ClusterBundle target: the hash of what was written.
+pub const CLUSTER_HASH_ANNOTATION: &str = "trust-manager.io/hash";
+/// The annotation with which a user takes a migrated ClusterBundle over (upstream's); caretaker
+/// then stops applying the Bundle's spec to it.
+pub const MIGRATED_ANNOTATION: &str = "trust-manager.io/migrated";
+
 /// The annotation a converted ClusterBundle carries when its Bundle had a JKS target: the key
 /// whose PKCS#12 entry is to be written in JKS, as before.
 pub const JKS_KEY_ANNOTATION: &str = "internal.trust-manager.io/jks-key";

@@ -1,6 +1,8 @@
-//! trust-manager's Bundle, decided without Kubernetes: caretaker serves `Bundle`
+//! trust-manager's Bundle and ClusterBundle, decided without Kubernetes: caretaker serves `Bundle`
 //! (`trust.cert-manager.io/v1alpha1`) exactly as trust-manager does, so it can replace a running
-//! trust-manager without rewriting one target.
+//! trust-manager without rewriting one target; it serves `ClusterBundle`
+//! (`trust-manager.io/v1alpha2`) with the same engine, and migrates Bundles to ClusterBundles as
+//! the rename design describes.
 //!
 //! - [`api`]: the Bundle types and the names targets carry;
 //! - [`cluster_bundle`]: the renamed API (`ClusterBundle`, `trust-manager.io/v1alpha2`), and a
@@ -10,13 +12,15 @@
 //! - [`package`]: the default CA package (`useDefaultCAs`);
 //! - [`target`]: whether a target needs a write (from its metadata alone), and the apply bodies;
 //! - [`selector`]: label selectors as Kubernetes matches and prints them;
-//! - [`plan`]: one pass over a Bundle, as a [`plan::BundlePlan`];
+//! - [`plan`]: one pass over a Bundle or a ClusterBundle, as a [`plan::BundlePlan`];
+//! - [`migration`]: a Bundle applied as its ClusterBundle, and its status mirrored back;
 //! - [`validation`]: trust-manager's admission rules, with its messages.
 //!
-//! The kube-rs glue is `controllers::bundle`.
+//! The kube-rs glue is `controllers::bundle` and `controllers::bundle_migration`.
 
 pub mod api;
 pub mod cluster_bundle;
+pub mod migration;
 pub mod package;
 pub mod plan;
 pub mod selector;

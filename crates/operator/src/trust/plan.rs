@@ -1,19 +1,98 @@
-//! One pass over a Bundle, decided from what was observed: trust-manager's reconcile as a pure
-//! function ([`plan`]). The glue applies the plan's target writes in order, stops at the first
+//! One pass over a Bundle or a ClusterBundle, decided from what was observed: trust-manager's
+//! reconcile as a pure function ([`plan`]). The glue applies the plan's target writes in order, stops at the first
 //! failure (and reports it with [`target_failed`]), then gives up unwanted targets, and writes the
 //! status and event the plan carries.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, ObjectMeta, Time};
 use serde_json::Value;
 
-use super::api::{Bundle, SYNCED};
+use super::api::{Bundle, BundleStatus, SYNCED};
+use super::cluster_bundle::{ClusterBundle, JKS_KEY_ANNOTATION};
 use super::selector::Selector;
-use super::sources::{self, SourceContext, SourceError};
-use super::target::{self, ObservedTarget, Owner, TargetContent, TargetKind};
+use super::sources::{self, BuiltBundle, SourceContext, SourceError};
+use super::target::{self, ObservedTarget, Owner, OwnerApi, TargetContent, TargetKind, TargetSpec};
 use crate::changes::Event;
+
+/// What a pass is over: a Bundle or a ClusterBundle. Both are decided by the same rules; they
+/// differ in their sources' and targets' shapes and in the names targets carry.
+#[derive(Debug, Clone, Copy)]
+pub enum TrustObject<'a> {
+    Bundle(&'a Bundle),
+    ClusterBundle(&'a ClusterBundle),
+}
+
+impl<'a> From<&'a Bundle> for TrustObject<'a> {
+    fn from(bundle: &'a Bundle) -> Self {
+        Self::Bundle(bundle)
+    }
+}
+
+impl<'a> From<&'a ClusterBundle> for TrustObject<'a> {
+    fn from(bundle: &'a ClusterBundle) -> Self {
+        Self::ClusterBundle(bundle)
+    }
+}
+
+impl<'a> TrustObject<'a> {
+    pub fn api(self) -> OwnerApi {
+        match self {
+            Self::Bundle(_) => OwnerApi::Bundle,
+            Self::ClusterBundle(_) => OwnerApi::ClusterBundle,
+        }
+    }
+
+    pub fn metadata(self) -> &'a ObjectMeta {
+        match self {
+            Self::Bundle(b) => &b.metadata,
+            Self::ClusterBundle(b) => &b.metadata,
+        }
+    }
+
+    pub fn status(self) -> Option<&'a BundleStatus> {
+        match self {
+            Self::Bundle(b) => b.status.as_ref(),
+            Self::ClusterBundle(b) => b.status.as_ref(),
+        }
+    }
+
+    pub fn owner(self) -> Owner<'a> {
+        let metadata = self.metadata();
+        Owner {
+            api: self.api(),
+            name: metadata.name.as_deref().unwrap_or_default(),
+            uid: metadata.uid.as_deref().unwrap_or_default(),
+        }
+    }
+
+    fn build(self, from: &SourceContext<'_>) -> Result<BuiltBundle, SourceError> {
+        match self {
+            Self::Bundle(b) => sources::build(&b.spec.sources, from),
+            Self::ClusterBundle(b) => sources::build_cluster(&b.spec, from),
+        }
+    }
+
+    /// The target kinds and the namespace selector (`None`: every namespace).
+    fn targets(self) -> (Vec<(TargetKind, TargetSpec)>, Option<&'a LabelSelector>) {
+        match self {
+            Self::Bundle(b) => match &b.spec.target {
+                Some(t) => (target::bundle_specs(t), t.namespace_selector.as_ref()),
+                None => (Vec::new(), None),
+            },
+            Self::ClusterBundle(b) => match &b.spec.target {
+                Some(t) => {
+                    let annotations = b.metadata.annotations.as_ref();
+                    let jks_key = annotations.and_then(|a| a.get(JKS_KEY_ANNOTATION));
+                    let specs = target::cluster_bundle_specs(t, jks_key.map(String::as_str));
+                    (specs, Some(&t.namespace_selector))
+                }
+                None => (Vec::new(), None),
+            },
+        }
+    }
+}
 
 /// A namespace as a Bundle's namespace selector sees it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -22,9 +101,21 @@ pub struct NamespaceView {
     pub terminating: bool,
 }
 
-/// The operator-wide settings a Bundle pass depends on (trust-manager's flags).
+/// How Bundles are served (`--bundle-mode`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum BundleMode {
+    /// As trust-manager serves them: each Bundle writes its targets.
+    #[default]
+    Serve,
+    /// As the rename design migrates them: each Bundle is applied as the ClusterBundle of its
+    /// name, which takes its targets over; the Bundle's status mirrors the ClusterBundle's.
+    Migrate,
+}
+
+/// The operator-wide settings a pass depends on (trust-manager's flags).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct BundleSettings {
+    pub mode: BundleMode,
     pub secret_targets_enabled: bool,
     /// `--target-namespaces`: when set, the only namespaces targets are written to.
     pub target_namespaces: Option<BTreeSet<String>>,
@@ -33,10 +124,11 @@ pub struct BundleSettings {
 /// What one pass observed.
 #[derive(Debug, Clone)]
 pub struct Observed<'a> {
-    pub bundle: &'a Bundle,
+    pub object: TrustObject<'a>,
     pub sources: SourceContext<'a>,
     pub namespaces: &'a BTreeMap<String, NamespaceView>,
-    /// The existing targets labelled with this Bundle's name, by kind and namespace.
+    /// The existing targets of this object's name (with either API's label), by kind and
+    /// namespace.
     pub targets: &'a BTreeMap<(TargetKind, String), ObservedTarget>,
     pub settings: &'a BundleSettings,
     pub now: Time,
@@ -50,12 +142,15 @@ pub struct TargetWrite {
     pub kind: TargetKind,
     pub namespace: String,
     content: Arc<TargetContent>,
+    /// The Bundle (its UID) a ClusterBundle keeps as a non-controller owner of this target.
+    kept_bundle: Option<String>,
 }
 
 impl TargetWrite {
     /// The server-side apply body.
     pub fn body(&self) -> Value {
-        target::apply_body(self.kind, &self.namespace, &self.content)
+        let kept = self.kept_bundle.as_deref();
+        target::apply_body(self.kind, &self.namespace, &self.content, kept)
     }
 }
 
@@ -103,8 +198,9 @@ impl BundlePlan {
 
 /// trust-manager's `reconcileBundle`, decided.
 pub fn plan(observed: &Observed<'_>) -> BundlePlan {
-    let bundle = observed.bundle;
-    let built = match sources::build(&bundle.spec.sources, &observed.sources) {
+    let object = observed.object;
+    let noun = object.api().kind();
+    let built = match object.build(&observed.sources) {
         Ok(built) => built,
         Err(error) => {
             let retry = matches!(error, SourceError::Invalid(_));
@@ -113,16 +209,17 @@ pub fn plan(observed: &Observed<'_>) -> BundlePlan {
             return BundlePlan::stop(Some(change), None, outcome);
         }
     };
-    let target = bundle.spec.target.clone().unwrap_or_default();
-    if target.secret.is_some() && !observed.settings.secret_targets_enabled {
+    let (kinds, selector) = object.targets();
+    let has_secrets = kinds.iter().any(|(kind, _)| *kind == TargetKind::Secret);
+    if has_secrets && !observed.settings.secret_targets_enabled {
         let change = failed(
             observed,
             "SecretTargetsDisabled",
-            "Bundle has Secret targets but the feature is disabled".into(),
+            format!("{noun} has Secret targets but the feature is disabled"),
         );
         return BundlePlan::stop(Some(change), None, Outcome::Done);
     }
-    let selector = match Selector::parse(target.namespace_selector.as_ref()) {
+    let selector = match Selector::parse(selector) {
         Ok(selector) => selector,
         Err(e) => {
             let note = format!("Failed to build namespace match labels selector: {e}");
@@ -131,16 +228,8 @@ pub fn plan(observed: &Observed<'_>) -> BundlePlan {
         }
     };
 
-    let name = bundle.metadata.name.as_deref().unwrap_or_default();
-    let uid = bundle.metadata.uid.as_deref().unwrap_or_default();
-    let owner = Owner { name, uid };
-    let kinds: Vec<(TargetKind, &_)> = [
-        (TargetKind::ConfigMap, target.config_map.as_ref()),
-        (TargetKind::Secret, target.secret.as_ref()),
-    ]
-    .into_iter()
-    .filter_map(|(kind, template)| template.map(|t| (kind, t)))
-    .collect();
+    let owner = object.owner();
+    let adopt_bundle = observed.settings.mode == BundleMode::Migrate;
     let wanted_namespaces: Vec<&String> = observed
         .namespaces
         .iter()
@@ -157,45 +246,52 @@ pub fn plan(observed: &Observed<'_>) -> BundlePlan {
         .collect();
 
     let pem: Arc<str> = built.pool.to_pem().into();
-    let formats = target.additional_formats.as_ref();
     let mut writes = Vec::new();
     let mut wanted = BTreeSet::new();
-    let mut binary: Option<Arc<BTreeMap<String, Vec<u8>>>> = None;
-    for (kind, template) in &kinds {
-        let hash = target::hash(&pem, formats, template);
-        let keys = target::keys(template, formats);
+    for (kind, spec) in &kinds {
+        let hash = spec.hash(&pem);
+        let keys = spec.keys();
         let mut content: Option<Arc<TargetContent>> = None;
         for namespace in &wanted_namespaces {
             let key = (*kind, (*namespace).clone());
             let existing = observed.targets.get(&key);
             wanted.insert(key);
+            if let Some(why) = existing.and_then(|t| t.refusal(&owner, adopt_bundle)) {
+                let change = target_failed(observed, *kind, namespace, &why);
+                return BundlePlan::stop(Some(change), None, Outcome::Retry);
+            }
             if existing.is_some_and(|t| !t.needs_update(&owner, &hash, &keys)) {
                 continue;
             }
-            // The binary stores are built once a pass, and only when something is written.
-            if binary.is_none() {
-                match target::binary_formats(&built.pool, formats) {
-                    Ok(stores) => binary = Some(Arc::new(stores)),
+            // The binary stores are built once a pass and kind, and only when something is
+            // written.
+            let content = match &content {
+                Some(content) => content,
+                None => match spec.encode_stores(&built.pool) {
+                    Ok(stores) => content.insert(Arc::new(TargetContent {
+                        owner_api: owner.api,
+                        owner_name: owner.name.to_string(),
+                        owner_uid: owner.uid.to_string(),
+                        spec: spec.clone(),
+                        hash: hash.clone(),
+                        pem: pem.clone(),
+                        binary: Arc::new(stores),
+                    })),
                     Err(e) => {
                         let change = target_failed(observed, *kind, namespace, &e.to_string());
                         return BundlePlan::stop(Some(change), None, Outcome::Retry);
                     }
-                }
-            }
-            let content = content.get_or_insert_with(|| {
-                Arc::new(TargetContent {
-                    owner_name: name.to_string(),
-                    owner_uid: uid.to_string(),
-                    template: (*template).clone(),
-                    hash: hash.clone(),
-                    pem: pem.clone(),
-                    binary: binary.clone().expect("built above"),
-                })
-            });
+                },
+            };
+            let kept_bundle = match owner.api {
+                OwnerApi::ClusterBundle => existing.and_then(|t| t.bundle_owner(owner.name)),
+                OwnerApi::Bundle => None,
+            };
             writes.push(TargetWrite {
                 kind: *kind,
                 namespace: (*namespace).clone(),
                 content: content.clone(),
+                kept_bundle: kept_bundle.map(String::from),
             });
         }
     }
@@ -211,7 +307,8 @@ pub fn plan(observed: &Observed<'_>) -> BundlePlan {
         .map(|(key, _)| key.clone())
         .collect();
 
-    let message = success_message(&selector, observed.settings.target_namespaces.is_some());
+    let restricted = observed.settings.target_namespaces.is_some();
+    let message = success_message(noun, &selector, restricted);
     let condition = condition(observed, "True", "Synced", message.clone());
     let unchanged = writes.is_empty()
         && recorded_version(observed) == built.default_ca_version.as_deref()
@@ -257,31 +354,27 @@ fn failed(observed: &Observed<'_>, reason: &'static str, message: String) -> Sta
     }
 }
 
-/// trust-manager's success message.
-fn success_message(selector: &Selector, restricted: bool) -> String {
+/// trust-manager's success message (`noun`: Bundle or ClusterBundle).
+fn success_message(noun: &str, selector: &Selector, restricted: bool) -> String {
     let which = if restricted { "allowed " } else { "" };
     if selector.is_everything() {
-        format!("Successfully synced Bundle to all {which}namespaces")
+        format!("Successfully synced {noun} to all {which}namespaces")
     } else {
         format!(
-            "Successfully synced Bundle to {which}namespaces that match this label selector: {selector}"
+            "Successfully synced {noun} to {which}namespaces that match this label selector: {selector}"
         )
     }
 }
 
-/// The default CA version the Bundle's status records.
-fn recorded_version<'a>(observed: &'a Observed<'_>) -> Option<&'a str> {
-    let status = observed.bundle.status.as_ref()?;
+/// The default CA version the status records.
+fn recorded_version<'a>(observed: &Observed<'a>) -> Option<&'a str> {
+    let status = observed.object.status()?;
     status.default_ca_version.as_deref()
 }
 
-fn existing_synced<'a>(observed: &'a Observed<'_>) -> Option<&'a Condition> {
-    observed
-        .bundle
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .and_then(|c| c.iter().find(|c| c.type_ == SYNCED))
+fn existing_synced<'a>(observed: &Observed<'a>) -> Option<&'a Condition> {
+    let conditions = observed.object.status()?.conditions.as_ref()?;
+    conditions.iter().find(|c| c.type_ == SYNCED)
 }
 
 /// A `Synced` condition; the transition time stays when the status does not change.
@@ -296,7 +389,7 @@ fn condition(observed: &Observed<'_>, status: &str, reason: &str, message: Strin
         reason: reason.into(),
         message,
         last_transition_time,
-        observed_generation: observed.bundle.metadata.generation,
+        observed_generation: observed.object.metadata().generation,
     }
 }
 

@@ -13,8 +13,11 @@ use serde_json::json;
 use sha2::{Digest, Sha256};
 
 use super::api::*;
+use super::cluster_bundle::{ClusterBundle, JKS_KEY_ANNOTATION};
 use super::package::DefaultPackage;
-use super::plan::{BundleSettings, NamespaceView, Observed, Outcome, plan};
+use super::plan::{
+    BundleMode, BundleSettings, NamespaceView, Observed, Outcome, TrustObject, plan,
+};
 use super::sources::{SourceContext, SourceError, build};
 use super::target::{self, ObservedTarget, TargetKind};
 
@@ -115,9 +118,13 @@ impl World {
         }
     }
 
-    fn observe<'a>(&'a self, bundle: &'a Bundle) -> Observed<'a> {
+    fn observe<'a>(&'a self, object: impl Into<TrustObject<'a>>) -> Observed<'a> {
+        self.observed(object.into())
+    }
+
+    fn observed<'a>(&'a self, object: TrustObject<'a>) -> Observed<'a> {
         Observed {
-            bundle,
+            object,
             sources: self.sources(),
             namespaces: &self.namespaces,
             targets: &self.targets,
@@ -127,8 +134,9 @@ impl World {
     }
 
     /// Records every write of a plan as trust-manager's apply would leave the target's metadata.
-    fn write_as_trust_manager(&mut self, bundle: &Bundle) {
-        for write in plan(&self.observe(bundle)).writes {
+    fn write_as_trust_manager<'b>(&mut self, object: impl Into<TrustObject<'b>>) {
+        let writes = plan(&self.observed(object.into())).writes;
+        for write in writes {
             let metadata: ObjectMeta =
                 serde_json::from_value(write.body()["metadata"].clone()).unwrap();
             let body = write.body();
@@ -168,7 +176,7 @@ impl World {
 }
 
 fn status_after(world: &World, bundle: &mut Bundle) {
-    let change = plan(&world.observe(bundle))
+    let change = plan(&world.observe(&*bundle))
         .status
         .expect("a status change");
     bundle.status = Some(BundleStatus {
@@ -185,11 +193,22 @@ fn the_hash_is_trust_managers_concatenation() {
             .map(|b| format!("{b:02x}"))
             .collect()
     };
+    let hash = |target: BundleTarget| {
+        let specs = target::bundle_specs(&target);
+        let hashes: Vec<String> = specs.iter().map(|(_, spec)| spec.hash("PEM")).collect();
+        assert_eq!(hashes.len(), 1);
+        hashes[0].clone()
+    };
     let plain = TargetTemplate {
         key: "ca.crt".into(),
         metadata: None,
     };
-    assert_eq!(target::hash("PEM", None, &plain), sha("PEM"));
+    let target = |template: &TargetTemplate, formats: Option<AdditionalFormats>| BundleTarget {
+        config_map: Some(template.clone()),
+        additional_formats: formats,
+        ..Default::default()
+    };
+    assert_eq!(hash(target(&plain, None)), sha("PEM"));
 
     let formats = AdditionalFormats {
         jks: Some(JksFormat {
@@ -210,7 +229,7 @@ fn the_hash_is_trust_managers_concatenation() {
         }),
     };
     assert_eq!(
-        target::hash("PEM", Some(&formats), &with_metadata),
+        hash(target(&with_metadata, Some(formats))),
         sha("PEMchangeitpwModern2023a1b2zy")
     );
 }
@@ -273,11 +292,8 @@ fn targets_written_by_trust_manager_are_taken_over_without_a_write() {
         .unwrap()
         .pool
         .to_pem();
-    let template = TargetTemplate {
-        key: "ca.crt".into(),
-        metadata: None,
-    };
-    let hash = target::hash(&canonical, None, &template);
+    let specs = target::bundle_specs(bundle.spec.target.as_ref().unwrap());
+    let hash = specs[0].1.hash(&canonical);
     for namespace in ["team-a", "team-b"] {
         let metadata = ObjectMeta {
             labels: Some([(BUNDLE_LABEL.to_string(), "trust".to_string())].into()),
@@ -331,7 +347,7 @@ fn drift_is_seen_from_metadata_and_rewritten() {
     t.labels.remove(BUNDLE_LABEL);
     edits.push(("the label is gone", t));
     let mut t = good.clone();
-    t.controller_uid = None;
+    t.owners.clear();
     edits.push(("the owner reference is gone", t));
     let mut t = good;
     t.managed_keys.insert("extra".into());
@@ -379,7 +395,8 @@ fn namespaces_that_stop_matching_are_given_up_only_if_this_bundle_controls_them(
         .targets
         .get_mut(&(TargetKind::ConfigMap, "dev".into()))
         .unwrap()
-        .controller_uid = Some("other".into());
+        .owners[0]
+        .uid = "other".into();
 
     everywhere.spec.target.as_mut().unwrap().namespace_selector = Some(LabelSelector {
         match_labels: Some([("env".to_string(), "prod".to_string())].into()),
@@ -726,5 +743,198 @@ fn additional_formats_are_binary_data_and_keytool_grade() {
     assert!(
         plan(&world.observe(&bundle)).writes.is_empty(),
         "binary keys count as written keys"
+    );
+}
+
+fn cluster_bundle(spec: serde_json::Value) -> ClusterBundle {
+    serde_json::from_value(json!({
+        "apiVersion": "trust-manager.io/v1alpha2", "kind": "ClusterBundle",
+        "metadata": {"name": "trust", "uid": "cb-uid", "generation": 1},
+        "spec": spec,
+    }))
+    .unwrap()
+}
+
+#[test]
+fn a_cluster_bundle_writes_every_data_entry_under_its_own_names() {
+    let mut world = World::new(&["team-a"]);
+    let pem = ca_pem("root-a");
+    let spec = |password: &str| {
+        json!({"inLineCAs": pem, "target": {"namespaceSelector": {}, "configMap": {"data": [
+            {"key": "ca.crt"}, {"key": "also.pem", "format": "PEM"},
+            {"key": "ca.p12", "format": "PKCS12", "password": password},
+        ]}}})
+    };
+    let cb = cluster_bundle(spec("pw"));
+    let pass = plan(&world.observe(&cb));
+    assert_eq!(pass.writes.len(), 1);
+    let body = pass.writes[0].body();
+    let metadata = &body["metadata"];
+    assert_eq!(
+        metadata["labels"],
+        json!({"trust-manager.io/bundle": "trust"})
+    );
+    let hash = metadata["annotations"]["trust-manager.io/hash"]
+        .as_str()
+        .unwrap();
+    assert_eq!(hash.len(), 64);
+    assert_eq!(
+        metadata["ownerReferences"],
+        json!([{"apiVersion": "trust-manager.io/v1alpha2", "kind": "ClusterBundle", "name": "trust",
+                "uid": "cb-uid", "controller": true, "blockOwnerDeletion": true}])
+    );
+    let canonical = build(&[in_line(&pem)], &world.sources())
+        .unwrap()
+        .pool
+        .to_pem();
+    assert_eq!(
+        body["data"],
+        json!({"ca.crt": canonical, "also.pem": canonical})
+    );
+    assert!(
+        body["binaryData"]["ca.p12"]
+            .as_str()
+            .is_some_and(|s| !s.is_empty())
+    );
+    let change = pass.status.unwrap();
+    assert_eq!(
+        change.condition.message,
+        "Successfully synced ClusterBundle to all namespaces"
+    );
+
+    world.write_as_trust_manager(&cb);
+    assert!(plan(&world.observe(&cb)).writes.is_empty(), "up to date");
+    let changed = cluster_bundle(spec("another"));
+    assert_eq!(
+        plan(&world.observe(&changed)).writes.len(),
+        1,
+        "the hash covers the PKCS#12 password"
+    );
+}
+
+#[test]
+fn cluster_bundle_stores_default_to_legacy_des_and_a_converted_jks_key_stays_jks() {
+    use caretaker_pki::truststore::Pkcs12Profile;
+    let cb = cluster_bundle(
+        json!({"target": {"namespaceSelector": {}, "secret": {"data": [
+            {"key": "ca.crt"},
+            {"key": "default.p12", "format": "PKCS12"},
+            {"key": "modern.p12", "format": "PKCS12", "password": "pw", "profile": "Modern2023"},
+            {"key": "ca.jks", "format": "PKCS12", "password": "changeit"},
+        ]}}}),
+    );
+    let specs = target::cluster_bundle_specs(cb.spec.target.as_ref().unwrap(), Some("ca.jks"));
+    let [(TargetKind::Secret, spec)] = specs.as_slice() else {
+        panic!("{specs:?}")
+    };
+    assert_eq!(spec.pem_keys, ["ca.crt"]);
+    assert_eq!(
+        spec.stores,
+        BTreeMap::from([
+            (
+                "ca.jks".to_string(),
+                target::StoreFormat::Jks {
+                    password: "changeit".into()
+                }
+            ),
+            (
+                "default.p12".to_string(),
+                target::StoreFormat::Pkcs12 {
+                    password: String::new(),
+                    profile: Pkcs12Profile::LegacyDes
+                }
+            ),
+            (
+                "modern.p12".to_string(),
+                target::StoreFormat::Pkcs12 {
+                    password: "pw".into(),
+                    profile: Pkcs12Profile::Modern2023
+                }
+            ),
+        ])
+    );
+    assert_eq!(JKS_KEY_ANNOTATION, "internal.trust-manager.io/jks-key");
+}
+
+/// A world where Bundle `trust` wrote its targets, and the ClusterBundle converted from it.
+fn bundle_world() -> (World, ClusterBundle) {
+    let mut world = World::new(&["team-a", "team-b"]);
+    let pem = ca_pem("root-a");
+    let bundle = bundle(vec![in_line(&pem)], config_map_target("ca.crt"));
+    world.write_as_trust_manager(&bundle);
+    let cb = cluster_bundle(json!({"inLineCAs": pem, "target": {"namespaceSelector": {},
+        "configMap": {"data": [{"key": "ca.crt"}]}}}));
+    (world, cb)
+}
+
+#[test]
+fn a_cluster_bundle_takes_a_bundles_targets_only_when_migrating() {
+    let (mut world, cb) = bundle_world();
+    let refused = plan(&world.observe(&cb));
+    assert!(refused.writes.is_empty());
+    let condition = refused.status.unwrap().condition;
+    assert_eq!(condition.reason, "SyncConfigMapTargetFailed");
+    assert!(
+        condition
+            .message
+            .ends_with("it is controlled by Bundle \"trust\""),
+        "{}",
+        condition.message
+    );
+
+    world.settings.mode = BundleMode::Migrate;
+    let adopted = plan(&world.observe(&cb));
+    assert_eq!(adopted.writes.len(), 2, "one write per target");
+    for write in &adopted.writes {
+        let metadata = &write.body()["metadata"];
+        assert_eq!(
+            metadata["labels"],
+            json!({"trust-manager.io/bundle": "trust"})
+        );
+        let owners = metadata["ownerReferences"].as_array().unwrap();
+        assert_eq!(owners.len(), 2);
+        assert_eq!(
+            (&owners[0]["kind"], &owners[0]["controller"]),
+            (&json!("ClusterBundle"), &json!(true))
+        );
+        assert_eq!(
+            owners[1],
+            json!({"apiVersion": "trust.cert-manager.io/v1alpha1", "kind": "Bundle", "name": "trust", "uid": UID}),
+            "the Bundle stays, as a non-controller owner"
+        );
+    }
+    world.write_as_trust_manager(&cb);
+    assert!(
+        plan(&world.observe(&cb)).writes.is_empty(),
+        "taken over once"
+    );
+
+    // Once the Bundle is gone (the garbage collector dropped its reference), later writes do
+    // not bring it back.
+    for target in world.targets.values_mut() {
+        target.owners.retain(|o| o.kind == "ClusterBundle");
+    }
+    let mut changed = cb.clone();
+    changed.spec.in_line_cas = Some(ca_pem("root-b"));
+    for write in plan(&world.observe(&changed)).writes {
+        let owners = &write.body()["metadata"]["ownerReferences"];
+        assert_eq!(owners.as_array().unwrap().len(), 1, "{owners}");
+    }
+}
+
+#[test]
+fn a_bundle_does_not_take_a_cluster_bundles_target_back() {
+    let (mut world, cb) = bundle_world();
+    world.settings.mode = BundleMode::Migrate;
+    world.write_as_trust_manager(&cb);
+    world.settings.mode = BundleMode::Serve;
+    let pem = ca_pem("root-a");
+    let bundle = bundle(vec![in_line(&pem)], config_map_target("ca.crt"));
+    let pass = plan(&world.observe(&bundle));
+    assert!(pass.writes.is_empty());
+    let message = pass.status.unwrap().condition.message;
+    assert!(
+        message.ends_with("it is controlled by ClusterBundle \"trust\""),
+        "{message}"
     );
 }

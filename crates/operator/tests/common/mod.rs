@@ -6,6 +6,7 @@
 pub mod authorities;
 pub mod openmetrics;
 pub mod outage;
+pub mod trust;
 pub mod unanswering;
 
 use std::collections::BTreeMap;

@@ -56,6 +56,15 @@ impl Pkcs12Profile {
         }
     }
 
+    /// The name trust-manager's API gives this profile.
+    pub fn api_name(self) -> &'static str {
+        match self {
+            Self::LegacyRc2 => "LegacyRC2",
+            Self::LegacyDes => "LegacyDES",
+            Self::Modern2023 => "Modern2023",
+        }
+    }
+
     fn iterations(self) -> u32 {
         2048
     }

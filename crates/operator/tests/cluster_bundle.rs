@@ -1,0 +1,529 @@
+//! The ClusterBundle controller (`trust-manager.io/v1alpha2`) and the Bundle → ClusterBundle
+//! migration (`--bundle-mode migrate`) against the embedded API server with trust-manager's own
+//! CRDs: targets under the new names, the take-over of a Bundle's targets in one write each with
+//! no moment without data, the user's field manager reused (shown with the real kubectl), and
+//! deleting Bundles or the Bundle CRD losing no target.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use caretaker_operator::Settings;
+use caretaker_operator::trust::cluster_bundle::ClusterBundle;
+use caretaker_operator::trust::plan::BundleMode;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::watcher;
+use serde_json::{Value, json};
+
+use common::authorities::eventually;
+use common::trust::*;
+
+fn migrating() -> Settings {
+    let mut settings = Settings::default();
+    settings.trust.bundles.mode = BundleMode::Migrate;
+    settings
+}
+
+fn cluster_bundles(setup: &Setup) -> Api<ClusterBundle> {
+    Api::all(setup.client.clone())
+}
+
+async fn label_namespace(setup: &Setup, namespace: &str, labels: Value) {
+    let namespaces: Api<Namespace> = Api::all(setup.client.clone());
+    let patch = json!({"metadata": {"labels": labels}});
+    namespaces
+        .patch(namespace, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+}
+
+/// The ClusterBundle `trust`'s `Synced` condition once it has one for its current generation.
+async fn cluster_synced(setup: &Setup, status: &str) -> (String, String) {
+    let objects = cluster_bundles(setup);
+    eventually(&format!("the ClusterBundle is Synced={status}"), 20, || {
+        let objects = objects.clone();
+        async move {
+            let cb = objects.get("trust").await.unwrap();
+            let generation = cb.metadata.generation;
+            let conditions = cb.status?.conditions?;
+            let synced = conditions.into_iter().find(|c| c.type_ == "Synced")?;
+            (synced.status == status && synced.observed_generation == generation)
+                .then_some((synced.reason, synced.message))
+        }
+    })
+    .await
+}
+
+/// The `trust` ConfigMaps of every namespace, by namespace.
+async fn targets(setup: &Setup) -> BTreeMap<String, ConfigMap> {
+    let all: Api<ConfigMap> = Api::all(setup.client.clone());
+    let list = all
+        .list(&ListParams::default().fields("metadata.name=trust"))
+        .await
+        .unwrap();
+    list.items
+        .into_iter()
+        .map(|c| (c.metadata.namespace.clone().unwrap(), c))
+        .collect()
+}
+
+/// A target's owner references as (kind, controller), in kind order.
+fn owners(target: &ConfigMap) -> Vec<(String, bool)> {
+    let refs = target.metadata.owner_references.iter().flatten();
+    let mut owners: Vec<_> = refs
+        .map(|r| (r.kind.clone(), r.controller == Some(true)))
+        .collect();
+    owners.sort();
+    owners
+}
+
+/// A change to a target: its namespace, and its data under `ca.crt` (`None` for a deletion).
+type TargetChange = (String, Option<String>);
+
+/// Every change to a `trust` ConfigMap a watch sees from now on.
+struct TargetLog {
+    seen: Arc<Mutex<Vec<TargetChange>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl TargetLog {
+    async fn start(setup: &Setup) -> Self {
+        let all: Api<ConfigMap> = Api::all(setup.client.clone());
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let (ready, started) = tokio::sync::oneshot::channel();
+        let log = seen.clone();
+        let config = watcher::Config::default().fields("metadata.name=trust");
+        let task = tokio::spawn(async move {
+            let mut ready = Some(ready);
+            let mut events = std::pin::pin!(watcher(all, config));
+            while let Some(Ok(event)) = events.next().await {
+                let entry = |c: &ConfigMap, data| (c.metadata.namespace.clone().unwrap(), data);
+                match event {
+                    watcher::Event::InitDone => {
+                        if let Some(ready) = ready.take() {
+                            let _ = ready.send(());
+                        }
+                    }
+                    watcher::Event::Apply(c) => {
+                        let data = c.data.as_ref().and_then(|d| d.get("ca.crt")).cloned();
+                        log.lock()
+                            .unwrap()
+                            .push(entry(&c, Some(data.unwrap_or_default())));
+                    }
+                    watcher::Event::Delete(c) => log.lock().unwrap().push(entry(&c, None)),
+                    watcher::Event::Init | watcher::Event::InitApply(_) => {}
+                }
+            }
+        });
+        started.await.unwrap();
+        Self { seen, task }
+    }
+
+    fn changes(&self) -> Vec<TargetChange> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+impl Drop for TargetLog {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+#[tokio::test]
+async fn a_cluster_bundle_writes_its_targets_under_the_new_names() {
+    let mut setup = setup(&["team-a", "team-b"]).await;
+    label_namespace(&setup, "team-a", json!({"team": "a"})).await;
+    let (a, b, c) = (ca("root-a"), ca("root-b"), ca("root-c"));
+    setup.put_source("roots", &a).await;
+    // A second source whose `*.crt` keys are read and whose other keys are not.
+    let more = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "more"},
+        "data": {"extra.crt": b, "notes.txt": "not PEM at all"}});
+    setup
+        .config_maps(TRUST)
+        .patch("more", &PatchParams::apply("test"), &Patch::Apply(&more))
+        .await
+        .unwrap();
+    let cb: ClusterBundle = serde_json::from_value(json!({
+        "apiVersion": "trust-manager.io/v1alpha2", "kind": "ClusterBundle",
+        "metadata": {"name": "trust"},
+        "spec": {
+            "sourceRefs": [
+                {"kind": "ConfigMap", "name": "roots", "key": "ca.crt"},
+                {"kind": "ConfigMap", "name": "more", "key": "*.crt"},
+            ],
+            "inLineCAs": c,
+            "target": {
+                "configMap": {
+                    "data": [{"key": "ca.crt"}, {"key": "ca.p12", "format": "PKCS12"}],
+                    "metadata": {"labels": {"app": "payments"}},
+                },
+                "namespaceSelector": {"matchLabels": {"team": "a"}},
+            },
+        },
+    }))
+    .unwrap();
+    cluster_bundles(&setup)
+        .create(&PostParams::default(), &cb)
+        .await
+        .unwrap();
+    setup.start();
+
+    let bundle = canonical(&[&a, &b, &c]);
+    let target = setup.target_holding("team-a", &bundle).await;
+    let labels = target.metadata.labels.clone().unwrap();
+    assert_eq!(labels["trust-manager.io/bundle"], "trust");
+    assert_eq!(labels["app"], "payments");
+    assert!(!labels.contains_key("trust.cert-manager.io/bundle"));
+    let annotations = target.metadata.annotations.clone().unwrap();
+    assert_eq!(annotations["trust-manager.io/hash"].len(), 64);
+    assert_eq!(owners(&target), [("ClusterBundle".to_string(), true)]);
+    let p12 = &target.binary_data.as_ref().unwrap()["ca.p12"];
+    assert!(!p12.0.is_empty());
+    let (reason, message) = cluster_synced(&setup, "True").await;
+    assert_eq!(reason, "Synced");
+    assert_eq!(
+        message,
+        "Successfully synced ClusterBundle to namespaces that match this label selector: team=a"
+    );
+    assert!(!targets(&setup).await.contains_key("team-b"));
+
+    // A namespace that starts matching gets its target.
+    label_namespace(&setup, "team-b", json!({"team": "a"})).await;
+    setup.target_holding("team-b", &bundle).await;
+
+    // A bad `*.crt` source key stops the pass: Synced False, and no target touched.
+    let before = targets(&setup).await;
+    let junk = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "more"},
+        "data": {"extra.crt": b, "bad.crt": "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"}});
+    setup
+        .config_maps(TRUST)
+        .patch("more", &PatchParams::apply("test"), &Patch::Apply(&junk))
+        .await
+        .unwrap();
+    let (reason, message) = cluster_synced(&setup, "False").await;
+    assert_eq!(reason, "SourceBuildError", "{message}");
+    assert!(message.contains("bad.crt"), "{message}");
+    let after = targets(&setup).await;
+    for (namespace, target) in &before {
+        let version = |t: &ConfigMap| t.metadata.resource_version.clone();
+        assert_eq!(version(target), version(&after[namespace]), "{namespace}");
+    }
+
+    // Deleting the ClusterBundle garbage-collects the targets it controls.
+    cluster_bundles(&setup)
+        .delete("trust", &DeleteParams::default())
+        .await
+        .unwrap();
+    setup.target_gone("team-a").await;
+    setup.target_gone("team-b").await;
+}
+
+#[tokio::test]
+async fn in_serve_mode_a_bundle_and_a_cluster_bundle_of_one_name_do_not_fight() {
+    let mut setup = setup(&["team-a"]).await;
+    let a = ca("root-a");
+    setup.put_source("roots", &a).await;
+    setup.create_bundle(simple_bundle(None)).await;
+    setup.start();
+    setup.target_holding("team-a", &canonical(&[&a])).await;
+    setup.synced().await;
+    let cb: ClusterBundle = serde_json::from_value(json!({
+        "apiVersion": "trust-manager.io/v1alpha2", "kind": "ClusterBundle",
+        "metadata": {"name": "trust"},
+        "spec": {"inLineCAs": ca("root-b"),
+                 "target": {"configMap": {"data": [{"key": "ca.crt"}]}, "namespaceSelector": {}}},
+    }))
+    .unwrap();
+    cluster_bundles(&setup)
+        .create(&PostParams::default(), &cb)
+        .await
+        .unwrap();
+    let (reason, message) = cluster_synced(&setup, "False").await;
+    assert_eq!(reason, "SyncConfigMapTargetFailed", "{message}");
+    assert!(
+        message.ends_with("it is controlled by Bundle \"trust\""),
+        "{message}"
+    );
+    for (namespace, target) in targets(&setup).await {
+        assert_eq!(
+            owners(&target),
+            [("Bundle".to_string(), true)],
+            "{namespace}"
+        );
+        assert_eq!(
+            target.data.unwrap()["ca.crt"],
+            canonical(&[&a]),
+            "{namespace}"
+        );
+    }
+}
+
+/// The rename design's sequence, as a user runs it with kubectl: trust-manager's Bundle applied
+/// by the user's manager and served; caretaker switched to `--bundle-mode migrate`; the
+/// ClusterBundle appears, applied as the user's manager, and takes every target over in one
+/// write each with the data always there; the Bundle shows the ClusterBundle's status; the
+/// user's own apply of the ClusterBundle does not conflict (another manager's does); deleting
+/// the Bundle and then the Bundle CRD leaves every target in place.
+#[tokio::test]
+async fn the_migration_sequence_keeps_every_target_at_every_step() {
+    let Some(kubectl) = caretaker_testkit::kubectl::Kubectl::find(
+        "the_migration_sequence_keeps_every_target_at_every_step",
+    ) else {
+        return;
+    };
+    let mut setup = setup(&["team-a", "team-b", "team-c"]).await;
+    let kubectl = kubectl.against(&setup.server.kubeconfig());
+    let a = ca("root-a");
+    let bundle = canonical(&[&a]);
+    setup.put_source("roots", &a).await;
+    let as_user = [
+        "apply",
+        "--server-side",
+        "--field-manager=platform-team",
+        "-f",
+        "-",
+    ];
+    let bundle_manifest = "apiVersion: trust.cert-manager.io/v1alpha1\nkind: Bundle\nmetadata:\n  name: trust\nspec:\n  sources:\n  - configMap: {name: roots, key: ca.crt}\n  target:\n    configMap: {key: ca.crt}\n";
+    kubectl.ok(&as_user, Some(bundle_manifest)).await;
+    setup.start();
+    let namespaces = all_namespaces(&setup.client).await;
+    for namespace in &namespaces {
+        setup.target_holding(namespace, &bundle).await;
+    }
+    let count = namespaces.len();
+
+    // caretaker restarted with --bundle-mode migrate.
+    let log = TargetLog::start(&setup).await;
+    setup.start_with(migrating());
+    let objects = cluster_bundles(&setup);
+    let taken_over = eventually("every target is the ClusterBundle's", 20, || {
+        let setup = &setup;
+        async move {
+            let found = targets(setup).await;
+            found
+                .values()
+                .all(|t| owners(t) == [("Bundle".into(), false), ("ClusterBundle".into(), true)])
+                .then_some(found)
+        }
+    })
+    .await;
+    assert_eq!(taken_over.len(), count);
+    for (namespace, target) in &taken_over {
+        let labels = target.metadata.labels.clone().unwrap();
+        assert_eq!(
+            labels.get("trust-manager.io/bundle").map(String::as_str),
+            Some("trust")
+        );
+        assert!(
+            !labels.contains_key("trust.cert-manager.io/bundle"),
+            "{namespace}"
+        );
+        assert_eq!(
+            target.data.as_ref().unwrap()["ca.crt"],
+            bundle,
+            "{namespace}"
+        );
+    }
+    let cb = objects.get("trust").await.unwrap();
+    assert!(cb.metadata.owner_references.is_none(), "no owner reference");
+    let managers: Vec<String> = cb
+        .metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter(|e| {
+            e.fields_v1
+                .as_ref()
+                .is_some_and(|f| f.0.get("f:spec").is_some())
+        })
+        .filter_map(|e| e.manager.clone())
+        .collect();
+    assert_eq!(
+        managers,
+        ["platform-team"],
+        "the spec is applied as the user's manager"
+    );
+    cluster_synced(&setup, "True").await;
+    let bundles = setup.bundles();
+    eventually("the Bundle shows the ClusterBundle's Synced", 20, || {
+        let bundles = bundles.clone();
+        async move {
+            let bundle = bundles.get("trust").await.unwrap();
+            let conditions = bundle.status?.conditions?;
+            let synced = conditions.iter().find(|c| c.type_ == "Synced")?;
+            (synced.status == "True"
+                && synced.message == "Successfully synced ClusterBundle to all namespaces"
+                && synced.observed_generation == bundle.metadata.generation)
+                .then_some(())
+        }
+    })
+    .await;
+
+    // One write per target, with the data there throughout.
+    let changes = log.changes();
+    let mut writes: BTreeMap<&str, usize> = BTreeMap::new();
+    for (namespace, data) in &changes {
+        assert_eq!(
+            data.as_deref(),
+            Some(bundle.as_str()),
+            "{namespace}: {changes:?}"
+        );
+        *writes.entry(namespace).or_default() += 1;
+    }
+    assert_eq!(writes.len(), count, "{writes:?}");
+    assert!(writes.values().all(|n| *n == 1), "{writes:?}");
+
+    // The user switches their manifest to the ClusterBundle, as the same manager: no conflict.
+    // Another manager changing what the user owns conflicts, as server-side apply should.
+    let cluster_manifest = |key: &str| {
+        format!(
+            "apiVersion: trust-manager.io/v1alpha2\nkind: ClusterBundle\nmetadata:\n  name: trust\nspec:\n  sourceRefs:\n  - {{kind: ConfigMap, name: roots, key: \"{key}\"}}\n  target:\n    configMap:\n      data:\n      - key: ca.crt\n      metadata:\n        labels: {{team-owned: \"yes\"}}\n    namespaceSelector: {{}}\n"
+        )
+    };
+    let refused = kubectl
+        .fails(
+            &[
+                "apply",
+                "--server-side",
+                "--field-manager=someone-else",
+                "-f",
+                "-",
+            ],
+            Some(&cluster_manifest("*")),
+        )
+        .await;
+    assert!(refused.to_lowercase().contains("conflict"), "{refused}");
+    kubectl
+        .ok(&as_user, Some(&cluster_manifest("ca.crt")))
+        .await;
+    eventually("targets carry the user's new label", 20, || {
+        let setup = &setup;
+        async move {
+            let found = targets(setup).await;
+            found
+                .values()
+                .all(|t| {
+                    t.metadata
+                        .labels
+                        .as_ref()
+                        .unwrap()
+                        .contains_key("team-owned")
+                })
+                .then_some(())
+        }
+    })
+    .await;
+
+    // The Bundle goes: the ClusterBundle and every target stay.
+    kubectl.ok(&["delete", "bundle", "trust"], None).await;
+    eventually("the Bundle's owner references are gone", 20, || {
+        let setup = &setup;
+        async move {
+            let found = targets(setup).await;
+            (found.len() == count
+                && found
+                    .values()
+                    .all(|t| owners(t) == [("ClusterBundle".into(), true)]))
+            .then_some(())
+        }
+    })
+    .await;
+    // And so does the Bundle CRD.
+    kubectl
+        .ok(&["delete", "crd", "bundles.trust.cert-manager.io"], None)
+        .await;
+    let crds: Api<CustomResourceDefinition> = Api::all(setup.client.clone());
+    eventually("the Bundle CRD is gone", 20, || {
+        let crds = crds.clone();
+        async move {
+            crds.get_opt("bundles.trust.cert-manager.io")
+                .await
+                .unwrap()
+                .is_none()
+                .then_some(())
+        }
+    })
+    .await;
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let left = targets(&setup).await;
+    assert_eq!(left.len(), count);
+    assert!(objects.get_opt("trust").await.unwrap().is_some());
+    assert!(
+        log.changes().iter().all(|(_, data)| data.is_some()),
+        "no target was ever deleted"
+    );
+}
+
+/// The rename design's catastrophic case: the Bundle CRD removed while Bundles exist. Served
+/// as trust-manager serves them, every target goes with the Bundles (the control); migrated,
+/// none does.
+#[tokio::test]
+async fn deleting_the_bundle_crd_with_bundles_in_it_deletes_no_migrated_target() {
+    for mode in [BundleMode::Serve, BundleMode::Migrate] {
+        let mut setup = setup(&["team-a", "team-b"]).await;
+        let a = ca("root-a");
+        setup.put_source("roots", &a).await;
+        setup.create_bundle(simple_bundle(None)).await;
+        let mut settings = Settings::default();
+        settings.trust.bundles.mode = mode;
+        setup.start_with(settings);
+        let count = all_namespaces(&setup.client).await.len();
+        eventually("every target is written", 20, || {
+            let setup = &setup;
+            async move {
+                let found = targets(setup).await;
+                let controller_kind = match mode {
+                    BundleMode::Serve => "Bundle",
+                    BundleMode::Migrate => "ClusterBundle",
+                };
+                let controlled = |t: &ConfigMap| {
+                    owners(t)
+                        .iter()
+                        .any(|(kind, controller)| *controller && kind == controller_kind)
+                };
+                (found.len() == count && found.values().all(controlled)).then_some(())
+            }
+        })
+        .await;
+
+        let crds: Api<CustomResourceDefinition> = Api::all(setup.client.clone());
+        crds.delete("bundles.trust.cert-manager.io", &DeleteParams::default())
+            .await
+            .unwrap();
+        match mode {
+            BundleMode::Serve => {
+                eventually("the garbage collector deletes every target", 20, || {
+                    let setup = &setup;
+                    async move { targets(setup).await.is_empty().then_some(()) }
+                })
+                .await;
+            }
+            BundleMode::Migrate => {
+                eventually("the Bundle owner references are dropped", 20, || {
+                    let setup = &setup;
+                    async move {
+                        let found = targets(setup).await;
+                        found
+                            .values()
+                            .all(|t| owners(t) == [("ClusterBundle".into(), true)])
+                            .then_some(())
+                    }
+                })
+                .await;
+                assert_eq!(targets(&setup).await.len(), count);
+                assert!(
+                    cluster_bundles(&setup)
+                        .get_opt("trust")
+                        .await
+                        .unwrap()
+                        .is_some()
+                );
+            }
+        }
+    }
+}
