@@ -1,8 +1,8 @@
-//! Trust bundle benchmark (issue 13): one Bundle targeting every namespace of N (default 10,000)
-//! on the embedded API server, with trust-manager's own CRD. It prints:
+//! Trust bundle benchmark (issue 13): one Bundle, or one ClusterBundle, targeting every namespace
+//! of N (default 10,000) on the embedded API server, with trust-manager's own CRDs. It prints:
 //!
 //! - the time from the Bundle's creation until this benchmark's own watch has seen a target
-//!   holding the bundle (by its `trust.cert-manager.io/hash`) in every namespace;
+//!   holding the bundle (by its hash annotation) in every namespace;
 //! - the time from a change of the source ConfigMap until every target holds the new bundle;
 //! - for namespaces created one at a time afterwards, the time until each one's target is seen
 //!   (median and p99);
@@ -12,8 +12,8 @@
 //! The operator runs in a child process (see `common`): all of `controllers::run`, as
 //! `caretaker operator` runs it.
 //!
-//! `cargo run --release -p caretaker-operator --example bundle_bench [-- NAMESPACES [STEADY_SECONDS]]`
-//! (defaults: 10000 namespaces, 60 s).
+//! `cargo run --release -p caretaker-operator --example bundle_bench [-- NAMESPACES [STEADY_SECONDS [KIND]]]`
+//! (defaults: 10000 namespaces, 60 s, KIND `bundle`; or `clusterbundle`).
 
 mod common;
 
@@ -22,15 +22,16 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use caretaker_apiserver::TestServer;
-use caretaker_operator::trust::api::{BUNDLE_LABEL, HASH_ANNOTATION};
+use caretaker_operator::trust::api::{Bundle, BundleTarget, TargetTemplate};
+use caretaker_operator::trust::cluster_bundle::{ClusterBundle, ClusterBundleTarget};
+use caretaker_operator::trust::target::{self, OwnerApi};
 use caretaker_pki::{CaSpec, CertificateAuthority, CertificatePool, PoolFilters};
 use common::{Operator, cpu_seconds, is_write, made, ms, verdict};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
-use serde_json::json;
-use sha2::{Digest, Sha256};
+use serde_json::{Value, json};
 
 const TRUST: &str = "cert-manager";
 
@@ -50,25 +51,59 @@ fn main() {
     };
     let count: usize = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(10_000);
     let steady: u64 = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(60);
-    runtime.block_on(run(count, Duration::from_secs(steady)));
+    let kind = match args.get(3).map(String::as_str) {
+        None | Some("bundle") => OwnerApi::Bundle,
+        Some("clusterbundle") => OwnerApi::ClusterBundle,
+        Some(other) => {
+            eprintln!("KIND must be bundle or clusterbundle, not {other:?}");
+            std::process::exit(2);
+        }
+    };
+    runtime.block_on(run(count, Duration::from_secs(steady), kind));
 }
 
-/// The hash trust-manager puts on a ConfigMap target without metadata or extra formats.
-fn hash_of(pems: &[&str]) -> String {
+/// The object benchmarked: one target key `ca.crt` in every namespace, from ConfigMap `roots`.
+fn object(kind: OwnerApi) -> Value {
+    match kind {
+        OwnerApi::Bundle => json!({
+            "apiVersion": "trust.cert-manager.io/v1alpha1", "kind": "Bundle", "metadata": {"name": "trust"},
+            "spec": {"sources": [{"configMap": {"name": "roots", "key": "ca.crt"}}], "target": {"configMap": {"key": "ca.crt"}}},
+        }),
+        OwnerApi::ClusterBundle => json!({
+            "apiVersion": "trust-manager.io/v1alpha2", "kind": "ClusterBundle", "metadata": {"name": "trust"},
+            "spec": {"sourceRefs": [{"kind": "ConfigMap", "name": "roots", "key": "ca.crt"}],
+                     "target": {"configMap": {"data": [{"key": "ca.crt"}]}, "namespaceSelector": {}}},
+        }),
+    }
+}
+
+/// The hash annotation a target of [`object`] carries for these PEM texts.
+fn hash_of(kind: OwnerApi, pems: &[&str]) -> String {
     let mut pool = CertificatePool::new(PoolFilters::default(), time::OffsetDateTime::now_utc());
     for pem in pems {
         pool.add_pem(pem.as_bytes()).unwrap();
     }
-    Sha256::digest(pool.to_pem().as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    let specs = match kind {
+        OwnerApi::Bundle => target::bundle_specs(&BundleTarget {
+            config_map: Some(TargetTemplate {
+                key: "ca.crt".into(),
+                metadata: None,
+            }),
+            ..Default::default()
+        }),
+        OwnerApi::ClusterBundle => {
+            let cb: ClusterBundle = serde_json::from_value(object(kind)).unwrap();
+            let target: &ClusterBundleTarget = cb.spec.target.as_ref().unwrap();
+            target::cluster_bundle_specs(target, None)
+        }
+    };
+    specs[0].1.hash(&pool.to_pem())
 }
 
 /// The hash each namespace's target holds, and when it was seen, from the benchmark's watch.
 type Seen = Arc<Mutex<HashMap<String, (String, Instant)>>>;
 
-async fn run(count: usize, steady: Duration) {
+async fn run(count: usize, steady: Duration, kind: OwnerApi) {
     let server = TestServer::start().await;
     let client = server.client();
     caretaker_testkit::capi_objects::install_trust_manager_crds(&client)
@@ -120,7 +155,7 @@ async fn run(count: usize, steady: Duration) {
         let seen = seen.clone();
         let targets: Api<ConfigMap> = Api::all(client.clone());
         tokio::spawn(async move {
-            let config = watcher::Config::default().labels(&format!("{BUNDLE_LABEL}=trust"));
+            let config = watcher::Config::default().labels(&format!("{}=trust", kind.label()));
             let mut events = std::pin::pin!(watcher(targets, config).applied_objects());
             while let Ok(Some(target)) = events.try_next().await {
                 let namespace = target.metadata.namespace.clone().unwrap_or_default();
@@ -128,7 +163,7 @@ async fn run(count: usize, steady: Duration) {
                     .metadata
                     .annotations
                     .as_ref()
-                    .and_then(|a| a.get(HASH_ANNOTATION))
+                    .and_then(|a| a.get(kind.hash_annotation()))
                     .cloned()
                     .unwrap_or_default();
                 seen.lock()
@@ -146,19 +181,26 @@ async fn run(count: usize, steady: Duration) {
     // Let the operator's watches list before the clock starts.
     tokio::time::sleep(Duration::from_secs(2)).await;
 
-    let bundles: Api<caretaker_operator::trust::api::Bundle> = Api::all(client.clone());
-    let bundle = serde_json::from_value(json!({
-        "apiVersion": "trust.cert-manager.io/v1alpha1", "kind": "Bundle", "metadata": {"name": "trust"},
-        "spec": {"sources": [{"configMap": {"name": "roots", "key": "ca.crt"}}], "target": {"configMap": {"key": "ca.crt"}}},
-    }))
-    .unwrap();
     let (cpu_before, requests_before) = (cpu_seconds(pid), operator.requests());
     let created = Instant::now();
-    bundles
-        .create(&PostParams::default(), &bundle)
-        .await
-        .unwrap();
-    let first_hash = hash_of(&[&a, &b]);
+    let params = PostParams::default();
+    match kind {
+        OwnerApi::Bundle => {
+            let bundle: Bundle = serde_json::from_value(object(kind)).unwrap();
+            Api::all(client.clone())
+                .create(&params, &bundle)
+                .await
+                .unwrap();
+        }
+        OwnerApi::ClusterBundle => {
+            let bundle: ClusterBundle = serde_json::from_value(object(kind)).unwrap();
+            Api::all(client.clone())
+                .create(&params, &bundle)
+                .await
+                .unwrap();
+        }
+    }
+    let first_hash = hash_of(kind, &[&a, &b]);
     let all_written = until_all(&seen, total, &first_hash, created).await;
     let first_requests = made(&requests_before, &operator.requests());
     let first_cpu = cpu_seconds(pid) - cpu_before;
@@ -174,7 +216,7 @@ async fn run(count: usize, steady: Duration) {
         )
         .await
         .unwrap();
-    let second_hash = hash_of(&[&a, &c]);
+    let second_hash = hash_of(kind, &[&a, &c]);
     let source_change = until_all(&seen, total, &second_hash, changed).await;
     let change_requests = made(&requests_before, &operator.requests());
     let change_cpu = cpu_seconds(pid) - cpu_before;
@@ -223,13 +265,15 @@ async fn run(count: usize, steady: Duration) {
             / total as f64
     };
     println!(
-        "Trust bundles: one Bundle, {total} namespaces ({count} + the server's own and {TRUST})"
+        "Trust bundles: one {}, {total} namespaces ({count} + the server's own and {TRUST})",
+        kind.kind()
     );
     println!();
     println!("| goal | result | |");
     println!("|---|---|---|");
     println!(
-        "| every target written < {GOAL_ALL_WRITTEN_S} s after the Bundle is created | {:.2} s | {} |",
+        "| every target written < {GOAL_ALL_WRITTEN_S} s after the {} is created | {:.2} s | {} |",
+        kind.kind(),
         all_written.as_secs_f64(),
         verdict(all_written.as_secs_f64() < GOAL_ALL_WRITTEN_S)
     );

@@ -527,3 +527,71 @@ async fn deleting_the_bundle_crd_with_bundles_in_it_deletes_no_migrated_target()
         }
     }
 }
+
+/// Waits until all `count` targets hold `bundle` and have exactly the owners `expected`.
+async fn all_owned_by(setup: &Setup, count: usize, bundle: &str, expected: Vec<(String, bool)>) {
+    eventually(
+        &format!("every target is owned by {expected:?}"),
+        20,
+        || {
+            let expected = expected.clone();
+            async move {
+                let found = targets(setup).await;
+                let owned = found
+                    .values()
+                    .all(|t| owners(t) == expected && t.data.as_ref().unwrap()["ca.crt"] == bundle);
+                (found.len() == count && owned).then_some(())
+            }
+        },
+    )
+    .await
+}
+
+/// Going back before the Bundles are deleted: Bundles served, then migrated, then caretaker
+/// restarted in serve mode and the ClusterBundle deleted. Every target stays (the Bundle still
+/// owns it) and the Bundle takes it back; while the ClusterBundle exists, the Bundle does not
+/// take its targets.
+#[tokio::test]
+async fn going_back_before_the_bundles_are_deleted_loses_no_target() {
+    let mut setup = setup(&["team-a", "team-b"]).await;
+    let a = ca("root-a");
+    let bundle = canonical(&[&a]);
+    setup.put_source("roots", &a).await;
+    setup.create_bundle(simple_bundle(None)).await;
+    setup.start();
+    let count = all_namespaces(&setup.client).await.len();
+    all_owned_by(&setup, count, &bundle, vec![("Bundle".into(), true)]).await;
+    setup.start_with(migrating());
+    let both = vec![("Bundle".into(), false), ("ClusterBundle".into(), true)];
+    all_owned_by(&setup, count, &bundle, both).await;
+
+    let log = TargetLog::start(&setup).await;
+    setup.start();
+    let (reason, message) = setup.not_synced().await;
+    assert_eq!(reason, "SyncConfigMapTargetFailed");
+    assert!(
+        message.ends_with("it is controlled by ClusterBundle \"trust\""),
+        "{message}"
+    );
+    cluster_bundles(&setup)
+        .delete("trust", &DeleteParams::default())
+        .await
+        .unwrap();
+    all_owned_by(&setup, count, &bundle, vec![("Bundle".into(), true)]).await;
+    let bundles = setup.bundles();
+    eventually("the Bundle is Synced again", 20, || {
+        let bundles = bundles.clone();
+        async move {
+            let conditions = bundles.get("trust").await.unwrap().status?.conditions?;
+            conditions
+                .iter()
+                .any(|c| c.type_ == "Synced" && c.status == "True")
+                .then_some(())
+        }
+    })
+    .await;
+    assert!(
+        log.changes().iter().all(|(_, data)| data.is_some()),
+        "no target was ever deleted"
+    );
+}

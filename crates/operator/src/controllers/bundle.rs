@@ -16,9 +16,8 @@
 //! targets without their data (and every object cut down to what a pass reads), since the
 //! embedded API server does not serve metadata-only watches yet.
 //!
-//! With `--bundle-mode migrate` Bundles are not served here but by
-//! [`super::bundle_migration`], and ClusterBundles take over the targets of the Bundles of their
-//! names.
+//! With `--bundle-mode migrate` Bundles are not served here but by `bundle_migration`, and
+//! ClusterBundles take over the targets of the Bundles of their names.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -178,10 +177,10 @@ pub async fn run(ctx: Arc<Context>) {
         listeners.retain(|l| l.unbounded_send(change.clone()).is_ok());
         futures::future::ready(())
     });
+    // In migrate mode Bundles are `bundle_migration`'s.
     let bundles = async {
-        match trust.bundles.mode {
-            BundleMode::Serve => serve::<Bundle>(shared.clone()).await,
-            BundleMode::Migrate => super::bundle_migration::run(ctx.clone()).await,
+        if trust.bundles.mode == BundleMode::Serve {
+            serve::<Bundle>(shared.clone()).await;
         }
     };
     futures::join!(fan_out, bundles, serve::<ClusterBundle>(shared.clone()));

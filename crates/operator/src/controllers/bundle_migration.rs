@@ -23,7 +23,7 @@ use crate::context::Context;
 use crate::trust::api::{Bundle, FIELD_MANAGER};
 use crate::trust::cluster_bundle::ClusterBundle;
 use crate::trust::migration::{self, MIGRATION_MANAGER};
-use crate::trust::plan::StatusChange;
+use crate::trust::plan::{BundleMode, StatusChange};
 
 const CONTROLLER: &str = "bundle_migration";
 
@@ -32,8 +32,12 @@ struct Migration {
     cluster_bundles: Store<ClusterBundle>,
 }
 
-/// Runs until its streams end; idle until both CRDs are installed.
+/// Runs until its streams end, in `--bundle-mode migrate` only; idle until both CRDs are
+/// installed.
 pub async fn run(ctx: Arc<Context>) {
+    if ctx.settings.trust.bundles.mode != BundleMode::Migrate {
+        return;
+    }
     let client = ctx.client.clone();
     for crd in [BUNDLE_CRD, CLUSTER_BUNDLE_CRD] {
         if !crd_installed(Api::all(client.clone()), crd).await {

@@ -96,6 +96,7 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
         machines::run(ctx.clone(), caches.machines(), machine_changes),
         rollout::run(ctx.clone(), api, caches, changes),
         bundle::run(ctx.clone()),
+        bundle_migration::run(ctx.clone()),
     );
 }
 

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use caretaker_operator::controllers::bundle;
+use caretaker_operator::controllers::{bundle, bundle_migration};
 use caretaker_operator::metrics::Metrics;
 use caretaker_operator::trust::api::Bundle;
 use caretaker_operator::{Context, Settings};
@@ -63,7 +63,9 @@ impl Setup {
         self.stop();
         let ctx = Context::new(self.client.clone(), settings);
         self.metrics = ctx.metrics.clone();
-        self.controller = Some(tokio::spawn(bundle::run(ctx)));
+        self.controller = Some(tokio::spawn(async move {
+            futures::join!(bundle::run(ctx.clone()), bundle_migration::run(ctx));
+        }));
     }
 
     pub fn config_maps(&self, namespace: &str) -> Api<ConfigMap> {
