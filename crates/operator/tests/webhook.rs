@@ -559,10 +559,67 @@ async fn a_configuration_that_sends_other_kinds_fails_loudly() {
         refused.starts_with(
             "400 admission webhook \"configmaps.wrong.example\" denied the request: \
              caretaker's webhook validates only caretaker.dev/v1alpha1 CertificateAuthority and \
-             IssuedCertificate, and trust.cert-manager.io/v1alpha1 Bundle"
+             IssuedCertificate, trust.cert-manager.io/v1alpha1 Bundle and \
+             trust-manager.io/v1alpha2 ClusterBundle"
         ) && refused.contains("it was sent v1 ConfigMap"),
         "{refused}"
     );
+}
+
+/// trust-manager's ClusterBundle checks, which upstream has but does not serve, through the API
+/// server with the real kubectl: apimachinery's messages, several in one answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_apply_of_a_bad_cluster_bundle_is_refused_in_upstreams_words() {
+    let Some(kubectl) = Kubectl::find("kubectl_apply_of_a_bad_cluster_bundle_is_refused") else {
+        return;
+    };
+    let fixture = Fixture::start(limits(), false).await;
+    caretaker_testkit::capi_objects::install_trust_manager_crds(&fixture.client)
+        .await
+        .unwrap();
+    let kubectl = kubectl.against(&fixture.server.kubeconfig());
+    let bad = "\
+apiVersion: trust-manager.io/v1alpha2
+kind: ClusterBundle
+metadata: {name: bad}
+spec:
+  sourceRefs:
+  - {kind: ConfigMap, name: roots, key: ca.crt, selector: {}}
+  target:
+    configMap:
+      data: [{key: ca.crt, password: secret}]
+      metadata: {labels: {team: \"not ok\"}}
+    namespaceSelector: {matchLabels: {\"@@@@\": x}}
+";
+    let refused = kubectl.fails(&["apply", "-f", "-"], Some(bad)).await;
+    let name_part = "name part must consist of alphanumeric characters, '-', '_' or '.', and \
+                     must start and end with an alphanumeric character (e.g. 'MyName',  or \
+                     'my.name',  or '123-abc', regex used for validation is \
+                     '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')";
+    for expected in [
+        "admission webhook \"clusterbundles.trust-manager.io\" denied the request: [spec.sourceRefs[0]: \
+         Invalid value: exactly one of the fields in [name selector] must be set, "
+            .to_string(),
+        "spec.target.configMap.data[0].password: Forbidden: may only be set when format is 'PKCS12'"
+            .into(),
+        "spec.target.configMap.metadata.labels: Invalid value: \"not ok\": a valid label must be an \
+         empty string"
+            .into(),
+        format!("spec.target.namespaceSelector.matchLabels: Invalid value: \"@@@@\": {name_part}]"),
+    ] {
+        assert!(refused.contains(&expected), "{expected}\n{refused}");
+    }
+    let good = "\
+apiVersion: trust-manager.io/v1alpha2
+kind: ClusterBundle
+metadata: {name: good}
+spec:
+  sourceRefs: [{kind: ConfigMap, name: roots, key: \"*.crt\"}]
+  target:
+    configMap: {data: [{key: ca.crt}, {key: ca.p12, format: PKCS12, password: secret}]}
+    namespaceSelector: {matchLabels: {team: a}}
+";
+    kubectl.ok(&["apply", "-f", "-"], Some(good)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

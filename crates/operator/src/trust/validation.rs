@@ -1,11 +1,17 @@
-//! trust-manager's admission rules for a Bundle, with its field paths and messages (its webhook
-//! at `/validate-trust-cert-manager-io-v1alpha1-bundle`): every problem is listed, in
+//! trust-manager's admission rules for a Bundle ([`problems`], its webhook at
+//! `/validate-trust-cert-manager-io-v1alpha1-bundle`) and a ClusterBundle
+//! ([`cluster_bundle_problems`]), with its field paths and messages: every problem is listed, in
 //! trust-manager's order, each as `<field>: <Invalid value: "<value>" | Forbidden>: <why>`.
+//! Label selectors, labels and annotations are checked as apimachinery's validation checks
+//! them, with its messages (trust-manager calls it); keys of a map are checked in key order,
+//! where Go's map order is random.
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+
 use super::api::{Bundle, SourceObjectKeySelector, TargetMetadata};
-use super::selector::{Selector, valid_label_value, valid_qualified_name};
+use super::cluster_bundle::{ClusterBundle, KeyValueTarget};
 
 /// The problems of `bundle`, none when it is valid.
 pub fn problems(bundle: &Bundle) -> Vec<String> {
@@ -116,9 +122,83 @@ pub fn problems(bundle: &Bundle) -> Vec<String> {
             );
         }
     }
-    if let Err(e) = Selector::parse(target.namespace_selector.as_ref()) {
-        found.push(format!("spec.target.namespaceSelector: {e}"));
+    label_selector(
+        &mut found,
+        "spec.target.namespaceSelector",
+        target.namespace_selector.as_ref(),
+    );
+    found
+}
+
+/// The problems of a ClusterBundle, none when it is valid: trust-manager's ClusterBundle webhook
+/// (label selectors, target labels and annotations), preceded by the CRD's CEL rules, with their
+/// messages, for API servers that do not run them.
+pub fn cluster_bundle_problems(bundle: &ClusterBundle) -> Vec<String> {
+    let mut found = Vec::new();
+    let spec = &bundle.spec;
+    for (i, reference) in spec.source_refs.iter().flatten().enumerate() {
+        let path = format!("spec.sourceRefs[{i}]");
+        let named = reference.name.as_deref().is_some_and(|n| !n.is_empty());
+        if named == reference.selector.is_some() {
+            found.push(format!(
+                "{path}: Invalid value: exactly one of the fields in [name selector] must be set"
+            ));
+        }
+        label_selector(
+            &mut found,
+            &format!("{path}.selector"),
+            reference.selector.as_ref(),
+        );
     }
+    let Some(target) = &spec.target else {
+        return found;
+    };
+    if target.config_map.is_none() && target.secret.is_none() {
+        found.push(
+            "spec.target: Invalid value: at least one of the fields in [configMap secret] must be set"
+                .into(),
+        );
+    }
+    for (kind, template) in [
+        ("configMap", &target.config_map),
+        ("secret", &target.secret),
+    ] {
+        let Some(KeyValueTarget { data, metadata }) = template else {
+            continue;
+        };
+        for (i, entry) in data.iter().enumerate() {
+            let pkcs12 = entry.format.as_deref() == Some("PKCS12");
+            for (field, set) in [
+                ("password", entry.password.is_some()),
+                ("profile", entry.profile.is_some()),
+            ] {
+                if set && !pkcs12 {
+                    found.push(format!(
+                        "spec.target.{kind}.data[{i}].{field}: Forbidden: may only be set when format is 'PKCS12'"
+                    ));
+                }
+            }
+        }
+        let metadata = metadata.clone().unwrap_or_default();
+        let path = format!("spec.target.{kind}.metadata");
+        let empty = BTreeMap::new();
+        let annotations = metadata.annotations.as_ref().unwrap_or(&empty);
+        let labels = metadata.labels.as_ref().unwrap_or(&empty);
+        for (what, map) in [("annotations", annotations), ("labels", labels)] {
+            if map.keys().any(|k| k.starts_with("trust-manager.io/")) {
+                found.push(format!(
+                    "{path}.{what}: Forbidden: must not use forbidden domains as prefixes (e.g., trust-manager.io)"
+                ));
+            }
+        }
+        validate_annotations(&mut found, &format!("{path}.annotations"), annotations);
+        validate_labels(&mut found, &format!("{path}.labels"), labels);
+    }
+    label_selector(
+        &mut found,
+        "spec.target.namespaceSelector",
+        Some(&target.namespace_selector),
+    );
     found
 }
 
@@ -151,11 +231,11 @@ fn object_key_selector(
             "{path}: Invalid value: \"key: {key}, includeAllKeys: true\": source {kind} key cannot be defined when includeAllKeys is true"
         ));
     }
-    if let Some(selector) = &reference.selector
-        && let Err(e) = Selector::parse(Some(selector))
-    {
-        found.push(format!("{path}.selector: {e}"));
-    }
+    label_selector(
+        found,
+        &format!("{path}.selector"),
+        reference.selector.as_ref(),
+    );
 }
 
 fn target_metadata(found: &mut Vec<String>, path: &str, metadata: &TargetMetadata) {
@@ -171,22 +251,155 @@ fn target_metadata(found: &mut Vec<String>, path: &str, metadata: &TargetMetadat
                     ));
                 }
             }
-            if let Err(why) = valid_qualified_name(key) {
-                found.push(format!("{path}.{what}: Invalid value: {key:?}: {why}"));
+        }
+        match what {
+            "annotations" => validate_annotations(found, &format!("{path}.{what}"), map),
+            _ => validate_labels(found, &format!("{path}.{what}"), map),
+        }
+    }
+}
+
+/// The alphabet and shape of a label name or value, as apimachinery's messages describe it.
+const NAME_REGEX: &str = "([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]";
+const NAME_SHAPE: &str = "consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')";
+
+fn name_chars_ok(text: &str) -> bool {
+    let alnum = |c: Option<u8>| c.is_some_and(|b| b.is_ascii_alphanumeric());
+    alnum(text.bytes().next())
+        && alnum(text.bytes().last())
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+}
+
+fn dns_subdomain_ok(text: &str) -> bool {
+    text.split('.').all(|label| {
+        let alnum = |c: Option<u8>| c.is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
+        alnum(label.bytes().next())
+            && alnum(label.bytes().last())
+            && label
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+    })
+}
+
+/// apimachinery's `IsQualifiedName` (label keys): its messages, none when `key` is one.
+fn qualified_name_errors(key: &str) -> Vec<String> {
+    let parts: Vec<&str> = key.split('/').collect();
+    let name = match parts.as_slice() {
+        [name] => *name,
+        [prefix, name] => {
+            let mut errors = Vec::new();
+            if prefix.is_empty() {
+                errors.push("prefix part must be non-empty".to_string());
+            } else {
+                if prefix.len() > 253 {
+                    errors.push("prefix part must be no more than 253 bytes".to_string());
+                }
+                if !dns_subdomain_ok(prefix) {
+                    errors.push("prefix part a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')".to_string());
+                }
             }
+            return [errors, name_part_errors(name)].concat();
+        }
+        _ => {
+            return vec![format!(
+                "a valid label key must {NAME_SHAPE} with an optional DNS subdomain prefix and '/' (e.g. 'example.com/MyName')"
+            )];
+        }
+    };
+    name_part_errors(name)
+}
+
+fn name_part_errors(name: &str) -> Vec<String> {
+    let mut errors = Vec::new();
+    if name.is_empty() {
+        errors.push("name part must be non-empty".to_string());
+    } else if name.len() > 63 {
+        errors.push("name part must be no more than 63 bytes".to_string());
+    }
+    if !name_chars_ok(name) {
+        errors.push(format!("name part must {NAME_SHAPE}"));
+    }
+    errors
+}
+
+/// apimachinery's `IsValidLabelValue`: its messages, none when `value` is one.
+fn label_value_errors(value: &str) -> Vec<String> {
+    let mut errors = Vec::new();
+    if value.len() > 63 {
+        errors.push("must be no more than 63 bytes".to_string());
+    }
+    if !value.is_empty() && !name_chars_ok(value) {
+        errors.push(format!(
+            "a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyValue',  or 'my_value',  or '12345', regex used for validation is '({NAME_REGEX})?')"
+        ));
+    }
+    errors
+}
+
+/// apimachinery's `ValidateLabels`: keys, then values, at the map's own path.
+fn validate_labels(found: &mut Vec<String>, path: &str, labels: &BTreeMap<String, String>) {
+    for (key, value) in labels {
+        for why in qualified_name_errors(key) {
+            found.push(format!("{path}: Invalid value: {key:?}: {why}"));
+        }
+        for why in label_value_errors(value) {
+            found.push(format!("{path}: Invalid value: {value:?}: {why}"));
+        }
+    }
+}
+
+/// apimachinery's `ValidateAnnotations`: keys (checked lowercased) and the total size.
+fn validate_annotations(
+    found: &mut Vec<String>,
+    path: &str,
+    annotations: &BTreeMap<String, String>,
+) {
+    for key in annotations.keys() {
+        for why in qualified_name_errors(&key.to_lowercase()) {
+            found.push(format!("{path}: Invalid value: {key:?}: {why}"));
         }
     }
     let size: usize = annotations.iter().map(|(k, v)| k.len() + v.len()).sum();
     if size > 256 * 1024 {
         found.push(format!(
-            "{path}.annotations: Too long: may not be more than 262144 bytes"
+            "{path}: Too long: may not be more than 262144 bytes"
         ));
     }
-    for (key, value) in labels {
-        if let Err(why) = valid_label_value(value) {
+}
+
+/// apimachinery's `ValidateLabelSelector`.
+fn label_selector(found: &mut Vec<String>, path: &str, selector: Option<&LabelSelector>) {
+    let Some(selector) = selector else { return };
+    let empty = BTreeMap::new();
+    let labels = selector.match_labels.as_ref().unwrap_or(&empty);
+    validate_labels(found, &format!("{path}.matchLabels"), labels);
+    for (i, expression) in selector.match_expressions.iter().flatten().enumerate() {
+        let at = format!("{path}.matchExpressions[{i}]");
+        let values = expression.values.as_deref().unwrap_or_default();
+        match expression.operator.as_str() {
+            "In" | "NotIn" if values.is_empty() => found.push(format!(
+                "{at}.values: Required value: must be specified when `operator` is 'In' or 'NotIn'"
+            )),
+            "Exists" | "DoesNotExist" if !values.is_empty() => found.push(format!(
+                "{at}.values: Forbidden: may not be specified when `operator` is 'Exists' or 'DoesNotExist'"
+            )),
+            "In" | "NotIn" | "Exists" | "DoesNotExist" => {}
+            other => found.push(format!(
+                "{at}.operator: Invalid value: {other:?}: not a valid selector operator"
+            )),
+        }
+        for why in qualified_name_errors(&expression.key) {
             found.push(format!(
-                "{path}.labels: Invalid value: {value:?}: {why} (label {key:?})"
+                "{at}.key: Invalid value: {:?}: {why}",
+                expression.key
             ));
+        }
+        for (j, value) in values.iter().enumerate() {
+            for why in label_value_errors(value) {
+                found.push(format!("{at}.values[{j}]: Invalid value: {value:?}: {why}"));
+            }
         }
     }
 }
@@ -332,11 +545,163 @@ mod tests {
             "namespaceSelector": {"matchLabels": {"@@@@": "x"}}}}),
         );
         assert_eq!(problems.len(), 1);
-        assert!(problems[0].starts_with("spec.target.namespaceSelector: key: Invalid value: \"@@@@\": name part must consist"), "{problems:?}");
+        assert_eq!(
+            problems,
+            [format!(
+                "spec.target.namespaceSelector.matchLabels: Invalid value: \"@@@@\": name part must {NAME_SHAPE}"
+            )]
+        );
         let problems = of(
             json!({"sources": [{"inLine": "x"}], "target": {"configMap": {"key": "k", "metadata": {"labels": {"ok": "not ok"}}}}}),
         );
-        assert_eq!(problems.len(), 1, "{problems:?}");
-        assert!(problems[0].contains("\"not ok\""));
+        assert_eq!(
+            problems,
+            [
+                "spec.target.configMap.metadata.labels: Invalid value: \"not ok\": a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyValue',  or 'my_value',  or '12345', regex used for validation is '(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?')"
+            ]
+        );
+    }
+
+    /// A ClusterBundle `validation-x` with this spec.
+    fn of_cluster(spec: Value) -> Vec<String> {
+        let bundle: ClusterBundle = serde_json::from_value(json!({
+            "apiVersion": "trust-manager.io/v1alpha2", "kind": "ClusterBundle",
+            "metadata": {"name": "validation-x"}, "spec": spec,
+        }))
+        .unwrap();
+        cluster_bundle_problems(&bundle)
+    }
+
+    fn cluster_target(kind: &str, entry: Value, metadata: Value) -> Value {
+        json!({"namespaceSelector": {}, kind: {"data": [entry], "metadata": metadata}})
+    }
+
+    /// trust-manager's ClusterBundle validation test cases, with its expected messages.
+    #[test]
+    fn cluster_bundles_are_refused_as_upstreams_tests_expect() {
+        let bad_name = format!("name part must {NAME_SHAPE}");
+        assert_eq!(
+            of_cluster(
+                json!({"sourceRefs": [{"kind": "ConfigMap", "selector": {"matchLabels": {"@@@@": "test"}}, "key": "ca.crt"}]})
+            ),
+            [format!(
+                "spec.sourceRefs[0].selector.matchLabels: Invalid value: \"@@@@\": {bad_name}"
+            )]
+        );
+        for refs in [
+            json!([{"kind": "ConfigMap", "key": "ca.crt"}]),
+            json!([{"kind": "ConfigMap", "name": "ca", "selector": {}, "key": "ca.crt"}]),
+        ] {
+            assert_eq!(
+                of_cluster(json!({"sourceRefs": refs})),
+                [
+                    "spec.sourceRefs[0]: Invalid value: exactly one of the fields in [name selector] must be set"
+                ]
+            );
+        }
+        assert_eq!(
+            of_cluster(
+                json!({"sourceRefs": [{"kind": "Secret", "selector": {}, "key": "*"}],
+                "target": {"namespaceSelector": {"matchLabels": {"@@@@": "test"}}, "configMap": {"data": [{"key": "ca-bundle.crt"}]}}})
+            ),
+            [format!(
+                "spec.target.namespaceSelector.matchLabels: Invalid value: \"@@@@\": {bad_name}"
+            )]
+        );
+        assert_eq!(
+            of_cluster(json!({"target": {"namespaceSelector": {}}})),
+            [
+                "spec.target: Invalid value: at least one of the fields in [configMap secret] must be set"
+            ]
+        );
+        for kind in ["configMap", "secret"] {
+            for what in ["annotations", "labels"] {
+                let at = format!("spec.target.{kind}.metadata.{what}");
+                let with = |key: &str| {
+                    of_cluster(
+                        json!({"target": cluster_target(kind, json!({"key": "ca.crt"}), json!({what: {key: "x"}}))}),
+                    )
+                };
+                assert_eq!(
+                    with("trust-manager.io/hash"),
+                    [format!(
+                        "{at}: Forbidden: must not use forbidden domains as prefixes (e.g., trust-manager.io)"
+                    )]
+                );
+                assert_eq!(with("not-trust-manager.io/hash"), Vec::<String>::new());
+                assert_eq!(
+                    with("@@@@"),
+                    [format!("{at}: Invalid value: \"@@@@\": {bad_name}")]
+                );
+                let long = "a".repeat(64);
+                assert_eq!(
+                    with(&long),
+                    [format!(
+                        "{at}: Invalid value: \"{long}\": name part must be no more than 63 bytes"
+                    )]
+                );
+                assert_eq!(with(&format!("{long}/foo")), Vec::<String>::new());
+            }
+            let value = |v: &str, what: &str| {
+                of_cluster(
+                    json!({"target": cluster_target(kind, json!({"key": "ca.crt"}), json!({what: {"foo": v}}))}),
+                )
+            };
+            let long = "a".repeat(64);
+            assert_eq!(
+                value("@@@@@", "annotations"),
+                Vec::<String>::new(),
+                "annotation values are free"
+            );
+            assert_eq!(
+                value(&long, "labels"),
+                [format!(
+                    "spec.target.{kind}.metadata.labels: Invalid value: \"{long}\": must be no more than 63 bytes"
+                )]
+            );
+            assert!(value("@@@@@", "labels")[0].starts_with(&format!("spec.target.{kind}.metadata.labels: Invalid value: \"@@@@@\": a valid label must be an empty string")));
+            for (field, entry) in [
+                (
+                    "password",
+                    json!({"key": "ca.crt", "password": "my-password"}),
+                ),
+                (
+                    "profile",
+                    json!({"key": "ca.crt", "format": "PEM", "profile": "Modern2023"}),
+                ),
+            ] {
+                assert_eq!(
+                    of_cluster(json!({"target": cluster_target(kind, entry, json!(null))})),
+                    [format!(
+                        "spec.target.{kind}.data[0].{field}: Forbidden: may only be set when format is 'PKCS12'"
+                    )]
+                );
+            }
+            let pkcs12 = json!({"key": "ca.p12", "format": "PKCS12", "password": "p", "profile": "Modern2023"});
+            assert_eq!(
+                of_cluster(json!({"target": cluster_target(kind, pkcs12, json!(null))})),
+                Vec::<String>::new()
+            );
+        }
+    }
+
+    #[test]
+    fn selector_expressions_are_checked_as_apimachinery_checks_them() {
+        let selector = json!({"matchExpressions": [
+            {"key": "a", "operator": "In"},
+            {"key": "b", "operator": "Exists", "values": ["x"]},
+            {"key": "c", "operator": "Near"},
+            {"key": "/d", "operator": "NotIn", "values": ["ok", "not ok"]},
+        ]});
+        assert_eq!(
+            of_cluster(json!({"target": {"namespaceSelector": selector, "secret": {"data": [{"key": "k"}]}}})),
+            [
+                "spec.target.namespaceSelector.matchExpressions[0].values: Required value: must be specified when `operator` is 'In' or 'NotIn'".to_string(),
+                "spec.target.namespaceSelector.matchExpressions[1].values: Forbidden: may not be specified when `operator` is 'Exists' or 'DoesNotExist'".into(),
+                "spec.target.namespaceSelector.matchExpressions[2].operator: Invalid value: \"Near\": not a valid selector operator".into(),
+                "spec.target.namespaceSelector.matchExpressions[3].key: Invalid value: \"/d\": prefix part must be non-empty".into(),
+                format!("spec.target.namespaceSelector.matchExpressions[3].values[1]: Invalid value: \"not ok\": a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyValue',  or 'my_value',  or '12345', regex used for validation is '({NAME_REGEX})?')"),
+            ]
+        );
     }
 }

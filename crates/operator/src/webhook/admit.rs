@@ -28,6 +28,7 @@ use super::review::{
     Operation, Status,
 };
 use crate::trust::api::Bundle;
+use crate::trust::cluster_bundle::ClusterBundle;
 use crate::trust::validation;
 use crate::v1alpha1::{
     self, CertificateAuthority, CertificateAuthoritySpec, IssuedCertificate, SpecError,
@@ -40,13 +41,16 @@ pub enum Served {
     IssuedCertificate,
     /// trust-manager's Bundle, with trust-manager's rules and messages.
     Bundle,
+    /// trust-manager's ClusterBundle, likewise.
+    ClusterBundle,
 }
 
 impl Served {
-    pub const ALL: [Served; 3] = [
+    pub const ALL: [Served; 4] = [
         Served::CertificateAuthority,
         Served::IssuedCertificate,
         Served::Bundle,
+        Served::ClusterBundle,
     ];
 
     pub fn kind(self) -> &'static str {
@@ -54,6 +58,7 @@ impl Served {
             Served::CertificateAuthority => "CertificateAuthority",
             Served::IssuedCertificate => "IssuedCertificate",
             Served::Bundle => "Bundle",
+            Served::ClusterBundle => "ClusterBundle",
         }
     }
 
@@ -61,6 +66,7 @@ impl Served {
         match self {
             Served::CertificateAuthority | Served::IssuedCertificate => v1alpha1::GROUP,
             Served::Bundle => "trust.cert-manager.io",
+            Served::ClusterBundle => "trust-manager.io",
         }
     }
 
@@ -68,6 +74,7 @@ impl Served {
         match self {
             Served::CertificateAuthority | Served::IssuedCertificate => v1alpha1::VERSION,
             Served::Bundle => "v1alpha1",
+            Served::ClusterBundle => "v1alpha2",
         }
     }
 
@@ -82,6 +89,7 @@ impl Served {
             Served::CertificateAuthority => "certificateauthorities",
             Served::IssuedCertificate => "issuedcertificates",
             Served::Bundle => "bundles",
+            Served::ClusterBundle => "clusterbundles",
         }
     }
 
@@ -92,6 +100,7 @@ impl Served {
             Served::CertificateAuthority => "/validate-caretaker-dev-v1alpha1-certificateauthority",
             Served::IssuedCertificate => "/validate-caretaker-dev-v1alpha1-issuedcertificate",
             Served::Bundle => "/validate-trust-cert-manager-io-v1alpha1-bundle",
+            Served::ClusterBundle => "/validate-trust-manager-io-v1alpha2-clusterbundle",
         }
     }
 
@@ -158,6 +167,22 @@ pub async fn admit(
     }
 }
 
+/// trust-manager's answer: its field errors aggregated as Kubernetes aggregates them (repeats
+/// dropped; one alone, or all in brackets).
+fn trust_managers_answer(problems: Vec<String>) -> Result<(), Status> {
+    let mut unique: Vec<String> = Vec::new();
+    for problem in problems {
+        if !unique.contains(&problem) {
+            unique.push(problem);
+        }
+    }
+    match unique.as_slice() {
+        [] => Ok(()),
+        [one] => Err(status(403, "Forbidden", one.clone())),
+        many => Err(status(403, "Forbidden", format!("[{}]", many.join(", ")))),
+    }
+}
+
 fn status(code: u16, reason: &str, message: String) -> Status {
     Status {
         code,
@@ -177,7 +202,8 @@ async fn verdict(
             "BadRequest",
             format!(
                 "caretaker's webhook validates only {group}/{version} CertificateAuthority and \
-                 IssuedCertificate, and trust.cert-manager.io/v1alpha1 Bundle, each at its own \
+                 IssuedCertificate, trust.cert-manager.io/v1alpha1 Bundle and \
+                 trust-manager.io/v1alpha2 ClusterBundle, each at its own \
                  path ({path} is {kind}'s); it was sent {sent}: the rules of the webhook \
                  configuration that called it are wrong",
                 group = v1alpha1::GROUP,
@@ -221,12 +247,11 @@ async fn verdict(
     match served {
         Served::Bundle => {
             let bundle: Bundle = parse(served, &name, object)?;
-            // trust-manager's answer: its field errors aggregated as Kubernetes aggregates them.
-            return match validation::problems(&bundle).as_slice() {
-                [] => Ok(()),
-                [one] => Err(status(403, "Forbidden", one.clone())),
-                many => Err(status(403, "Forbidden", format!("[{}]", many.join(", ")))),
-            };
+            return trust_managers_answer(validation::problems(&bundle));
+        }
+        Served::ClusterBundle => {
+            let bundle: ClusterBundle = parse(served, &name, object)?;
+            return trust_managers_answer(validation::cluster_bundle_problems(&bundle));
         }
         Served::CertificateAuthority => {
             let ca: CertificateAuthority = parse(served, &name, object)?;

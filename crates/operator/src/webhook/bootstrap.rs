@@ -404,8 +404,8 @@ mod tests {
         let hooks = configuration["webhooks"].as_array().unwrap();
         assert_eq!(
             hooks.len(),
-            3,
-            "CertificateAuthority, IssuedCertificate and Bundle"
+            4,
+            "CertificateAuthority, IssuedCertificate, Bundle and ClusterBundle"
         );
         for hook in hooks {
             assert_eq!(
