@@ -3,6 +3,10 @@
 //! trust-manager's success message names the namespace selector in `labels.Selector.String()`
 //! form (`env=prod,team in (a,b)`), and GitOps health checks compare that message, so the text
 //! has to be Kubernetes' own: requirements sorted by key, values of `in`/`notin` sorted.
+//!
+//! Label keys and values are checked as apimachinery checks them, with its messages
+//! ([`qualified_name_errors`], [`label_value_errors`]), which trust-manager's admission answers
+//! carry.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -104,50 +108,22 @@ fn requirement(
 }
 
 fn valid_key(key: &str) -> Result<(), String> {
-    valid_qualified_name(key).map_err(|why| format!("key: Invalid value: {key:?}: {why}"))
+    match qualified_name_errors(key).into_iter().next() {
+        Some(why) => Err(format!("key: Invalid value: {key:?}: {why}")),
+        None => Ok(()),
+    }
 }
 
 fn valid_value(value: &str) -> Result<(), String> {
-    valid_label_value(value).map_err(|why| format!("values: Invalid value: {value:?}: {why}"))
+    match label_value_errors(value).into_iter().next() {
+        Some(why) => Err(format!("values: Invalid value: {value:?}: {why}")),
+        None => Ok(()),
+    }
 }
 
-/// A qualified name (label and annotation keys): an optional DNS-subdomain prefix and `/`, then
-/// a name of at most 63 characters; the reason when it is not one.
-pub(crate) fn valid_qualified_name(key: &str) -> Result<(), &'static str> {
-    let (prefix, name) = match key.split_once('/') {
-        Some((prefix, name)) => (Some(prefix), name),
-        None => (None, key),
-    };
-    if let Some(prefix) = prefix {
-        let label_ok = |l: &str| {
-            !l.is_empty()
-                && l.len() <= 63
-                && l.bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-                && !l.starts_with('-')
-                && !l.ends_with('-')
-        };
-        if prefix.is_empty() || prefix.len() > 253 || !prefix.split('.').all(label_ok) {
-            return Err("prefix part must be a lowercase RFC 1123 subdomain");
-        }
-    }
-    if name.is_empty() || name.len() > 63 || !name_chars_ok(name) {
-        return Err(
-            "name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character",
-        );
-    }
-    Ok(())
-}
-
-/// A label value: empty, or at most 63 characters of the name alphabet; the reason otherwise.
-pub(crate) fn valid_label_value(value: &str) -> Result<(), &'static str> {
-    if value.is_empty() || (value.len() <= 63 && name_chars_ok(value)) {
-        return Ok(());
-    }
-    Err(
-        "a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character",
-    )
-}
+/// The alphabet and shape of a label name or value, as apimachinery's messages describe it.
+pub(crate) const NAME_REGEX: &str = "([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]";
+pub(crate) const NAME_SHAPE: &str = "consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')";
 
 fn name_chars_ok(text: &str) -> bool {
     let alnum = |c: Option<u8>| c.is_some_and(|b| b.is_ascii_alphanumeric());
@@ -156,6 +132,72 @@ fn name_chars_ok(text: &str) -> bool {
         && text
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+}
+
+fn dns_subdomain_ok(text: &str) -> bool {
+    text.split('.').all(|label| {
+        let alnum = |c: Option<u8>| c.is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
+        alnum(label.bytes().next())
+            && alnum(label.bytes().last())
+            && label
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+    })
+}
+
+/// apimachinery's `IsQualifiedName` (label keys): its messages, none when `key` is one.
+pub(crate) fn qualified_name_errors(key: &str) -> Vec<String> {
+    let parts: Vec<&str> = key.split('/').collect();
+    let name = match parts.as_slice() {
+        [name] => *name,
+        [prefix, name] => {
+            let mut errors = Vec::new();
+            if prefix.is_empty() {
+                errors.push("prefix part must be non-empty".to_string());
+            } else {
+                if prefix.len() > 253 {
+                    errors.push("prefix part must be no more than 253 bytes".to_string());
+                }
+                if !dns_subdomain_ok(prefix) {
+                    errors.push("prefix part a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')".to_string());
+                }
+            }
+            return [errors, name_part_errors(name)].concat();
+        }
+        _ => {
+            return vec![format!(
+                "a valid label key must {NAME_SHAPE} with an optional DNS subdomain prefix and '/' (e.g. 'example.com/MyName')"
+            )];
+        }
+    };
+    name_part_errors(name)
+}
+
+fn name_part_errors(name: &str) -> Vec<String> {
+    let mut errors = Vec::new();
+    if name.is_empty() {
+        errors.push("name part must be non-empty".to_string());
+    } else if name.len() > 63 {
+        errors.push("name part must be no more than 63 bytes".to_string());
+    }
+    if !name_chars_ok(name) {
+        errors.push(format!("name part must {NAME_SHAPE}"));
+    }
+    errors
+}
+
+/// apimachinery's `IsValidLabelValue`: its messages, none when `value` is one.
+pub(crate) fn label_value_errors(value: &str) -> Vec<String> {
+    let mut errors = Vec::new();
+    if value.len() > 63 {
+        errors.push("must be no more than 63 bytes".to_string());
+    }
+    if !value.is_empty() && !name_chars_ok(value) {
+        errors.push(format!(
+            "a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyValue',  or 'my_value',  or '12345', regex used for validation is '({NAME_REGEX})?')"
+        ));
+    }
+    errors
 }
 
 impl fmt::Display for Selector {

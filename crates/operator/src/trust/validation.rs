@@ -12,6 +12,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use super::api::{Bundle, SourceObjectKeySelector, TargetMetadata};
 use super::cluster_bundle::{ClusterBundle, KeyValueTarget};
+use super::selector::{label_value_errors, qualified_name_errors};
 
 /// The problems of `bundle`, none when it is valid.
 pub fn problems(bundle: &Bundle) -> Vec<String> {
@@ -259,85 +260,6 @@ fn target_metadata(found: &mut Vec<String>, path: &str, metadata: &TargetMetadat
     }
 }
 
-/// The alphabet and shape of a label name or value, as apimachinery's messages describe it.
-const NAME_REGEX: &str = "([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]";
-const NAME_SHAPE: &str = "consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')";
-
-fn name_chars_ok(text: &str) -> bool {
-    let alnum = |c: Option<u8>| c.is_some_and(|b| b.is_ascii_alphanumeric());
-    alnum(text.bytes().next())
-        && alnum(text.bytes().last())
-        && text
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
-}
-
-fn dns_subdomain_ok(text: &str) -> bool {
-    text.split('.').all(|label| {
-        let alnum = |c: Option<u8>| c.is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
-        alnum(label.bytes().next())
-            && alnum(label.bytes().last())
-            && label
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-    })
-}
-
-/// apimachinery's `IsQualifiedName` (label keys): its messages, none when `key` is one.
-fn qualified_name_errors(key: &str) -> Vec<String> {
-    let parts: Vec<&str> = key.split('/').collect();
-    let name = match parts.as_slice() {
-        [name] => *name,
-        [prefix, name] => {
-            let mut errors = Vec::new();
-            if prefix.is_empty() {
-                errors.push("prefix part must be non-empty".to_string());
-            } else {
-                if prefix.len() > 253 {
-                    errors.push("prefix part must be no more than 253 bytes".to_string());
-                }
-                if !dns_subdomain_ok(prefix) {
-                    errors.push("prefix part a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')".to_string());
-                }
-            }
-            return [errors, name_part_errors(name)].concat();
-        }
-        _ => {
-            return vec![format!(
-                "a valid label key must {NAME_SHAPE} with an optional DNS subdomain prefix and '/' (e.g. 'example.com/MyName')"
-            )];
-        }
-    };
-    name_part_errors(name)
-}
-
-fn name_part_errors(name: &str) -> Vec<String> {
-    let mut errors = Vec::new();
-    if name.is_empty() {
-        errors.push("name part must be non-empty".to_string());
-    } else if name.len() > 63 {
-        errors.push("name part must be no more than 63 bytes".to_string());
-    }
-    if !name_chars_ok(name) {
-        errors.push(format!("name part must {NAME_SHAPE}"));
-    }
-    errors
-}
-
-/// apimachinery's `IsValidLabelValue`: its messages, none when `value` is one.
-fn label_value_errors(value: &str) -> Vec<String> {
-    let mut errors = Vec::new();
-    if value.len() > 63 {
-        errors.push("must be no more than 63 bytes".to_string());
-    }
-    if !value.is_empty() && !name_chars_ok(value) {
-        errors.push(format!(
-            "a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyValue',  or 'my_value',  or '12345', regex used for validation is '({NAME_REGEX})?')"
-        ));
-    }
-    errors
-}
-
 /// apimachinery's `ValidateLabels`: keys, then values, at the map's own path.
 fn validate_labels(found: &mut Vec<String>, path: &str, labels: &BTreeMap<String, String>) {
     for (key, value) in labels {
@@ -409,6 +331,7 @@ mod tests {
     use serde_json::{Value, json};
 
     use super::*;
+    use crate::trust::selector::{NAME_REGEX, NAME_SHAPE};
 
     /// The problems of a Bundle named `test-bundle` with this spec.
     fn of(spec: Value) -> Vec<String> {
