@@ -14,7 +14,7 @@ use crate::api::{
     ApiState, DeleteOptions, FieldValidation, ListQuery, Part, PropagationPolicy, WriteOptions,
 };
 use crate::error::ApiError;
-use crate::media::{BODY_MEDIA_TYPES, JSON_OR_YAML, PROTOBUF};
+use crate::media::{self, BODY_MEDIA_TYPES, JSON_OR_YAML, PROTOBUF};
 use crate::patch::PatchType;
 use crate::registry::{self, ResourceDef};
 use crate::selectors::{FieldSelector, LabelSelector};
@@ -335,11 +335,13 @@ fn delete_options(
     })
 }
 
-fn accept_table(headers: &HeaderMap) -> bool {
-    headers
-        .get(header::ACCEPT)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(table::wants_table)
+/// The representation the `Accept` header asks for (406 when none can be served).
+fn representation(
+    headers: &HeaderMap,
+    answer: media::Answer,
+) -> Result<media::Representation, ApiError> {
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+    media::negotiate(accept, answer)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -373,7 +375,8 @@ async fn resource_request(
                 timeout: Duration::from_secs(timeout),
                 labels: q.labels,
                 fields: q.fields,
-                table: accept_table(headers).then_some(include),
+                representation: representation(headers, media::Answer::Watch)?,
+                include,
                 bookmark_interval: state.bookmark_interval,
             };
             let stream = watch::start(api.clone(), def.clone(), wp);
@@ -389,26 +392,30 @@ async fn resource_request(
             Ok(resp)
         }
         (Method::GET, None) => {
+            let representation = representation(headers, media::Answer::List)?;
             let list = api.list(def, t.namespace.as_deref(), &list_query(params)?)?;
-            if accept_table(headers) {
-                let items = list["items"].as_array().cloned().unwrap_or_default();
-                return Ok(json_response(
-                    StatusCode::OK,
-                    &table::table(def, &items, list["metadata"].clone(), include),
-                ));
-            }
-            Ok(json_response(StatusCode::OK, &list))
+            let answer = match representation {
+                media::Representation::Object => list,
+                media::Representation::Table => {
+                    let items = list["items"].as_array().cloned().unwrap_or_default();
+                    table::table(def, &items, list["metadata"].clone(), include)
+                }
+                media::Representation::Metadata { version } => media::partial_list(&list, version),
+            };
+            Ok(json_response(StatusCode::OK, &answer))
         }
         (Method::GET, Some(name)) => {
+            let representation = representation(headers, media::Answer::Object)?;
             let obj = api.get(def, ns, name)?;
-            if accept_table(headers) {
-                let meta = json!({ "resourceVersion": obj.pointer("/metadata/resourceVersion").cloned().unwrap_or(json!("")) });
-                return Ok(json_response(
-                    StatusCode::OK,
-                    &table::table(def, &[obj], meta, include),
-                ));
-            }
-            Ok(json_response(StatusCode::OK, &obj))
+            let answer = match representation {
+                media::Representation::Object => obj,
+                media::Representation::Table => {
+                    let meta = json!({ "resourceVersion": obj.pointer("/metadata/resourceVersion").cloned().unwrap_or(json!("")) });
+                    table::table(def, &[obj], meta, include)
+                }
+                media::Representation::Metadata { version } => media::partial_object(&obj, version),
+            };
+            Ok(json_response(StatusCode::OK, &answer))
         }
         (Method::POST, None) if t.part == Part::Main => {
             if def.namespaced && t.namespace.is_none() {

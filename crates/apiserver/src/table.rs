@@ -4,14 +4,6 @@ use serde_json::{Value, json};
 
 use crate::registry::{PrinterColumn, ResourceDef};
 
-/// Whether an Accept header asks for a Table.
-pub fn wants_table(accept: &str) -> bool {
-    accept
-        .split(',')
-        .next()
-        .is_some_and(|first| first.contains("as=Table"))
-}
-
 /// How much of each object rows carry (`includeObject`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum IncludeObject {

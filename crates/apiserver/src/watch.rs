@@ -15,6 +15,7 @@ use tokio::sync::{broadcast, mpsc};
 
 use crate::api::ApiState;
 use crate::error::ApiError;
+use crate::media::{self, Representation};
 use crate::registry::ResourceDef;
 use crate::selectors::{FieldSelector, LabelSelector};
 use crate::storage::{Change, ChangeType};
@@ -29,8 +30,10 @@ pub struct WatchParams {
     pub timeout: Duration,
     pub labels: Option<LabelSelector>,
     pub fields: Option<FieldSelector>,
-    /// Set when the client asked for Table objects (`kubectl get -w`).
-    pub table: Option<IncludeObject>,
+    /// Objects, Table objects (`kubectl get -w`) or metadata only (metadata informers).
+    pub representation: Representation,
+    /// How much of each object a Table row carries.
+    pub include: IncludeObject,
     pub bookmark_interval: Duration,
 }
 
@@ -64,10 +67,16 @@ impl Watcher {
     }
 
     fn encode(&self, kind: &str, object: Value) -> Bytes {
-        let object = match self.params.table {
-            Some(include) if kind != "BOOKMARK" && kind != "ERROR" => {
-                table::table(&self.def, std::slice::from_ref(&object), json!({}), include)
-            }
+        let object = match self.params.representation {
+            _ if kind == "ERROR" => object,
+            Representation::Table if kind != "BOOKMARK" => table::table(
+                &self.def,
+                std::slice::from_ref(&object),
+                json!({}),
+                self.params.include,
+            ),
+            // Bookmarks too, as kube-apiserver transforms every event's object.
+            Representation::Metadata { version } => media::partial_object(&object, version),
             _ => object,
         };
         let mut line = json!({ "type": kind, "object": object }).to_string();

@@ -86,7 +86,16 @@ impl RawHttp {
     /// GETs a stream (a watch) until the server ends it, within 10 seconds; returns the lines
     /// of its body that hold JSON objects. HTTP/1.0, so that the body comes unchunked.
     pub async fn stream_lines(&self, path: &str) -> Vec<String> {
-        let head = format!("GET {path} HTTP/1.0\r\nHost: {}\r\n\r\n", self.addr);
+        self.stream_lines_with(path, &[]).await
+    }
+
+    /// [`Self::stream_lines`] with these headers too.
+    pub async fn stream_lines_with(&self, path: &str, headers: &[(&str, &str)]) -> Vec<String> {
+        let mut head = format!("GET {path} HTTP/1.0\r\nHost: {}\r\n", self.addr);
+        for (k, v) in headers {
+            head.push_str(&format!("{k}: {v}\r\n"));
+        }
+        head.push_str("\r\n");
         let (_, body) = tokio::time::timeout(Duration::from_secs(10), self.exchange(&head, ""))
             .await
             .expect("stream ended");

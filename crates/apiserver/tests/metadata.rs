@@ -1,0 +1,154 @@
+//! Metadata-only requests (`Accept: application/json;as=PartialObjectMetadata…`), as metadata
+//! informers (kube-rs's `metadata_watcher`, client-go's metadata client) make them: get, list and
+//! watch answer with metadata alone, and what cannot be served is 406.
+
+use std::time::Duration;
+
+use caretaker_apiserver::TestServer;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, ListParams, PartialObjectMeta, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use serde_json::{Value, json};
+
+mod common;
+use common::RawHttp;
+
+const PAYLOAD: &str = "a bundle nobody asked for";
+const ITEM: &str = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1";
+const LIST: &str = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1";
+
+fn config_map(name: &str) -> ConfigMap {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {"app": "trust"}, "annotations": {"note": "kept"}},
+        "data": {"ca.crt": PAYLOAD.repeat(100)},
+    }))
+    .unwrap()
+}
+
+/// `object` is a `meta.k8s.io/v1` PartialObjectMetadata of ConfigMap `name`, and nothing more.
+fn is_partial(object: &Value, name: &str) {
+    assert_eq!(object["kind"], "PartialObjectMetadata", "{object}");
+    assert_eq!(object["apiVersion"], "meta.k8s.io/v1");
+    assert_eq!(object["metadata"]["name"], name);
+    assert_eq!(object["metadata"]["labels"]["app"], "trust");
+    assert_eq!(object["metadata"]["annotations"]["note"], "kept");
+    let fields: Vec<&String> = object.as_object().unwrap().keys().collect();
+    assert_eq!(fields, ["apiVersion", "kind", "metadata"], "{object}");
+    assert!(!object.to_string().contains(PAYLOAD));
+}
+
+#[tokio::test]
+async fn get_list_and_watch_answer_with_metadata_alone() {
+    let server = TestServer::start().await;
+    let config_maps: Api<ConfigMap> = Api::namespaced(server.client(), "default");
+    config_maps
+        .create(&PostParams::default(), &config_map("one"))
+        .await
+        .unwrap();
+    let http = RawHttp::new(server.url());
+    let path = "/api/v1/namespaces/default/configmaps";
+
+    let (code, list) = http.request("GET", path, &[("Accept", LIST)], "").await;
+    assert_eq!(code, 200, "{list}");
+    assert_eq!(list["kind"], "PartialObjectMetadataList");
+    assert_eq!(list["apiVersion"], "meta.k8s.io/v1");
+    assert!(list["metadata"]["resourceVersion"].is_string());
+    let items = list["items"].as_array().unwrap();
+    assert_eq!(items.len(), 1);
+    is_partial(&items[0], "one");
+
+    let (code, one) = http
+        .request("GET", &format!("{path}/one"), &[("Accept", ITEM)], "")
+        .await;
+    assert_eq!(code, 200, "{one}");
+    is_partial(&one, "one");
+
+    // client-go's metadata client asks for protobuf first; JSON is what is served.
+    let client_go = format!(
+        "application/vnd.kubernetes.protobuf;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,{ITEM}"
+    );
+    let (code, one) = http
+        .request("GET", &format!("{path}/one"), &[("Accept", &client_go)], "")
+        .await;
+    assert_eq!(code, 200, "{one}");
+    is_partial(&one, "one");
+
+    let lines = http
+        .stream_lines_with(
+            &format!("{path}?watch=true&timeoutSeconds=1&allowWatchBookmarks=true"),
+            &[("Accept", ITEM)],
+        )
+        .await;
+    let events: Vec<Value> = lines
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(events[0]["type"], "ADDED", "{events:?}");
+    is_partial(&events[0]["object"], "one");
+    for event in &events {
+        assert_eq!(event["object"]["kind"], "PartialObjectMetadata", "{event}");
+    }
+}
+
+#[tokio::test]
+async fn representations_that_are_not_served_are_406() {
+    let server = TestServer::start().await;
+    let http = RawHttp::new(server.url());
+    let path = "/api/v1/namespaces/default/configmaps";
+    for (accept, at) in [
+        (
+            "application/json;as=Foo;g=meta.k8s.io;v=v1",
+            path.to_string(),
+        ),
+        // A list asked for as a single object's representation, and the other way round.
+        (ITEM, path.to_string()),
+        (LIST, format!("{path}/x")),
+    ] {
+        let (code, status) = http.request("GET", &at, &[("Accept", accept)], "").await;
+        assert_eq!(code, 406, "{accept} at {at}: {status}");
+        assert_eq!(status["reason"], "NotAcceptable");
+        assert_eq!(status["kind"], "Status");
+    }
+}
+
+/// kube-rs's metadata informer (a watcher over `Api<PartialObjectMeta<_>>`, which asks for
+/// metadata only) against the server: the objects and their changes arrive, as metadata.
+#[tokio::test]
+async fn kube_rs_metadata_watcher_sees_objects_and_changes() {
+    let server = TestServer::start().await;
+    let config_maps: Api<ConfigMap> = Api::namespaced(server.client(), "default");
+    config_maps
+        .create(&PostParams::default(), &config_map("one"))
+        .await
+        .unwrap();
+    let listed = config_maps
+        .list_metadata(&ListParams::default())
+        .await
+        .unwrap();
+    assert_eq!(listed.items.len(), 1);
+    assert_eq!(listed.items[0].metadata.name.as_deref(), Some("one"));
+
+    let metadata: Api<PartialObjectMeta<ConfigMap>> = Api::namespaced(server.client(), "default");
+    let mut seen = std::pin::pin!(watcher(metadata, watcher::Config::default()).applied_objects());
+    let first = tokio::time::timeout(Duration::from_secs(10), seen.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(first.metadata.name.as_deref(), Some("one"));
+    assert_eq!(first.types.as_ref().unwrap().kind, "PartialObjectMetadata");
+
+    let label = json!({"metadata": {"labels": {"app": "changed"}}});
+    config_maps
+        .patch("one", &PatchParams::default(), &Patch::Merge(&label))
+        .await
+        .unwrap();
+    let changed = tokio::time::timeout(Duration::from_secs(10), seen.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let labels = changed.metadata.labels.unwrap();
+    assert_eq!(labels["app"], "changed");
+}
