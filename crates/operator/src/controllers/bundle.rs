@@ -12,9 +12,8 @@
 //! The namespace, source and target watches are shared by both controllers; they start once
 //! either CRD is installed, and each controller starts once its own CRD is (the log says so once).
 //! A pass waits until every store has listed, so a target not yet seen is never taken for
-//! missing. Target data is never read, only metadata, as trust-manager does: the stores keep
-//! targets without their data (and every object cut down to what a pass reads), since the
-//! embedded API server does not serve metadata-only watches yet.
+//! missing. Targets are watched as metadata only, as trust-manager watches them, and every
+//! object is kept cut down to what a pass reads.
 //!
 //! With `--bundle-mode migrate` Bundles are not served here but by `bundle_migration`, and
 //! ClusterBundles take over the targets of the Bundles of their names.
@@ -27,7 +26,9 @@ use futures::{Stream, StreamExt};
 use k8s_openapi::ClusterResourceScope;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams};
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, PartialObjectMeta, Patch, PatchParams,
+};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -153,8 +154,8 @@ pub(super) struct Shared {
     namespaces: Store<Namespace>,
     sources: Store<ConfigMap>,
     secret_sources: Store<Secret>,
-    config_map_targets: TargetStores<ConfigMap>,
-    secret_targets: Option<TargetStores<Secret>>,
+    config_map_targets: TargetStores<PartialObjectMeta<ConfigMap>>,
+    secret_targets: Option<TargetStores<PartialObjectMeta<Secret>>>,
     listeners: Mutex<Vec<mpsc::UnboundedSender<Change>>>,
 }
 
@@ -227,9 +228,9 @@ impl Shared {
             trim_source,
         );
         let (config_map_targets, config_map_target_changes) =
-            TargetStores::watch(&client, trim_config_map_target);
+            TargetStores::watch(&client, trim_target);
         let (secret_targets, secret_target_changes) = if trust.bundles.secret_targets_enabled {
-            let (stores, changes) = TargetStores::watch(&client, trim_secret_target);
+            let (stores, changes) = TargetStores::watch(&client, trim_target);
             (Some(stores), changes.boxed())
         } else {
             (None, futures::stream::empty().boxed())
@@ -252,10 +253,10 @@ impl Shared {
                 .map(source(TargetKind::Secret))
                 .boxed(),
             config_map_target_changes
-                .map(|c: ConfigMap| Change::Target(c.name_any()))
+                .map(|c: PartialObjectMeta<ConfigMap>| Change::Target(c.name_any()))
                 .boxed(),
             secret_target_changes
-                .map(|s: Secret| Change::Target(s.name_any()))
+                .map(|s: PartialObjectMeta<Secret>| Change::Target(s.name_any()))
                 .boxed(),
         ]);
         let shared = Arc::new(Self {
@@ -429,8 +430,9 @@ fn trim_namespace(namespace: &mut Namespace) {
     }
 }
 
-/// Keeps only the metadata that decides whether a target needs a write ([`ObservedTarget`]):
-/// its data is never read, as trust-manager keeps targets as metadata only.
+/// Keeps only the metadata that decides whether a target needs a write ([`ObservedTarget`]).
+/// Targets are watched as metadata only (`PartialObjectMetadata`), as trust-manager watches
+/// them: their data is never read, nor sent.
 fn trim_target<K: Resource>(target: &mut K) {
     let meta = target.meta_mut();
     if let Some(entries) = &mut meta.managed_fields {
@@ -439,17 +441,6 @@ fn trim_target<K: Resource>(target: &mut K) {
     if let Some(annotations) = &mut meta.annotations {
         annotations.retain(|k, _| k == HASH_ANNOTATION || k == CLUSTER_HASH_ANNOTATION);
     }
-}
-
-fn trim_config_map_target(target: &mut ConfigMap) {
-    target.data = None;
-    target.binary_data = None;
-    trim_target(target);
-}
-
-fn trim_secret_target(target: &mut Secret) {
-    target.data = None;
-    trim_target(target);
 }
 
 /// The objects of `store` by name.
