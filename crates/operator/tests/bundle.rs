@@ -122,11 +122,7 @@ async fn targets_reach_every_namespace_as_trust_manager_writes_them_and_follow_c
 
 #[tokio::test]
 async fn a_broken_source_touches_no_target_and_says_why() {
-    let mut setup = setup(&["team-a"]).await;
-    let a = ca("root-a");
-    setup.put_source("roots", &a).await;
-    setup.create_bundle(simple_bundle(None)).await;
-    setup.start();
+    let (setup, a) = serving(&["team-a"]).await;
     let before = setup.target_holding("team-a", &canonical(&[&a])).await;
 
     let key = "-----BEGIN PRIVATE KEY-----\nc2VjcmV0\n-----END PRIVATE KEY-----";
@@ -242,12 +238,7 @@ async fn taking_over_from_trust_manager_rewrites_nothing() {
 #[tokio::test]
 async fn deleting_the_bundle_garbage_collects_its_targets() {
     // trust-manager's behaviour: targets are owned by their Bundle, and go with it.
-    let mut setup = setup(&["team-a"]).await;
-    let a = ca("root-a");
-    setup.put_source("roots", &a).await;
-    setup.create_bundle(simple_bundle(None)).await;
-    setup.start();
-    setup.target_holding("team-a", &canonical(&[&a])).await;
+    let (setup, _) = serving(&["team-a"]).await;
     setup
         .bundles()
         .delete("trust", &kube::api::DeleteParams::default())
@@ -433,13 +424,8 @@ async fn kubectl_shows_bundles_as_it_shows_trust_managers() {
 
 #[tokio::test]
 async fn an_edited_target_is_restored_and_a_users_own_keys_are_kept() {
-    let mut setup = setup(&["team-a"]).await;
-    let a = ca("root-a");
-    setup.put_source("roots", &a).await;
-    setup.create_bundle(simple_bundle(None)).await;
-    setup.start();
+    let (setup, a) = serving(&["team-a"]).await;
     let expected = canonical(&[&a]);
-    setup.target_holding("team-a", &expected).await;
 
     // Someone replaces the bundle with their own CA and adds a key of their own: an update by
     // another field manager, which takes the ownership of ca.crt away from trust-manager's.
@@ -475,11 +461,7 @@ async fn an_edited_target_is_restored_and_a_users_own_keys_are_kept() {
 
 #[tokio::test]
 async fn a_source_of_junk_and_a_huge_source_touch_no_target() {
-    let mut setup = setup(&["team-a"]).await;
-    let a = ca("root-a");
-    setup.put_source("roots", &a).await;
-    setup.create_bundle(simple_bundle(None)).await;
-    setup.start();
+    let (setup, a) = serving(&["team-a"]).await;
     let before = setup.target_holding("team-a", &canonical(&[&a])).await;
 
     // 900 KiB of text with no certificate in it: the bundle would be empty, so nothing is

@@ -225,12 +225,7 @@ async fn a_cluster_bundle_writes_its_targets_under_the_new_names() {
 
 #[tokio::test]
 async fn in_serve_mode_a_bundle_and_a_cluster_bundle_of_one_name_do_not_fight() {
-    let mut setup = setup(&["team-a"]).await;
-    let a = ca("root-a");
-    setup.put_source("roots", &a).await;
-    setup.create_bundle(simple_bundle(None)).await;
-    setup.start();
-    setup.target_holding("team-a", &canonical(&[&a])).await;
+    let (setup, a) = serving(&["team-a"]).await;
     setup.synced().await;
     let cb: ClusterBundle = serde_json::from_value(json!({
         "apiVersion": "trust-manager.io/v1alpha2", "kind": "ClusterBundle",

@@ -26,6 +26,7 @@ use futures::{Stream, StreamExt};
 use k8s_openapi::ClusterResourceScope;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, PartialObjectMeta, Patch, PatchParams,
 };
@@ -40,9 +41,8 @@ use crate::context::Context;
 use crate::trust::api::{BUNDLE_LABEL, Bundle, FIELD_MANAGER, HASH_ANNOTATION};
 use crate::trust::cluster_bundle::{CLUSTER_BUNDLE_LABEL, CLUSTER_HASH_ANNOTATION, ClusterBundle};
 use crate::trust::plan::{self, BundleMode, NamespaceView, Observed, Outcome, StatusChange};
-use crate::trust::selector::Selector;
 use crate::trust::sources::SourceContext;
-use crate::trust::target::{ObservedTarget, Owner, TargetKind, cleanup_body};
+use crate::trust::target::{ObservedTarget, Owner, OwnerApi, TargetKind, cleanup_body};
 
 /// The name of trust-manager's Bundle CRD.
 pub const BUNDLE_CRD: &str = "bundles.trust.cert-manager.io";
@@ -65,22 +65,6 @@ pub(super) trait Served:
     /// The controller's name in metrics and logs.
     const CONTROLLER: &'static str;
     fn object(&self) -> plan::TrustObject<'_>;
-    /// Whether it reads the source object `name` (with `labels`) of `kind`.
-    fn reads_source(&self, kind: TargetKind, name: &str, labels: &BTreeMap<String, String>)
-    -> bool;
-}
-
-/// Whether a reference by `name` or `selector` names the object `name` with `labels`.
-fn names(
-    wanted: Option<&str>,
-    selector: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector>,
-    name: &str,
-    labels: &BTreeMap<String, String>,
-) -> bool {
-    match wanted.filter(|n| !n.is_empty()) {
-        Some(wanted) => wanted == name,
-        None => Selector::parse(selector).is_ok_and(|s| s.matches(labels)),
-    }
 }
 
 impl Served for Bundle {
@@ -90,21 +74,6 @@ impl Served for Bundle {
     fn object(&self) -> plan::TrustObject<'_> {
         self.into()
     }
-
-    fn reads_source(
-        &self,
-        kind: TargetKind,
-        name: &str,
-        labels: &BTreeMap<String, String>,
-    ) -> bool {
-        self.spec.sources.iter().any(|source| {
-            let reference = match kind {
-                TargetKind::ConfigMap => source.config_map.as_ref(),
-                TargetKind::Secret => source.secret.as_ref(),
-            };
-            reference.is_some_and(|r| names(r.name.as_deref(), r.selector.as_ref(), name, labels))
-        })
-    }
 }
 
 impl Served for ClusterBundle {
@@ -113,17 +82,6 @@ impl Served for ClusterBundle {
 
     fn object(&self) -> plan::TrustObject<'_> {
         self.into()
-    }
-
-    fn reads_source(
-        &self,
-        kind: TargetKind,
-        name: &str,
-        labels: &BTreeMap<String, String>,
-    ) -> bool {
-        let refs = self.spec.source_refs.iter().flatten();
-        refs.filter(|r| r.kind == kind.as_str())
-            .any(|r| names(r.name.as_deref(), r.selector.as_ref(), name, labels))
     }
 }
 
@@ -362,7 +320,9 @@ async fn serve<K: Served>(shared: Arc<Shared>) {
             let all = objects.state();
             let woken = all.iter().filter(|object| match &change {
                 Change::Namespace => true,
-                Change::Source { kind, name, labels } => object.reads_source(*kind, name, labels),
+                Change::Source { kind, name, labels } => {
+                    object.object().reads_source(*kind, name, labels)
+                }
                 Change::Target(name) => object.meta().name.as_ref() == Some(name),
             });
             woken.map(|o| ObjectRef::from_obj(&**o)).collect::<Vec<_>>()
@@ -613,7 +573,8 @@ impl Shared {
     /// version when there is one) and publishes its event.
     async fn record<K: Served>(&self, object: &K, change: StatusChange) -> Result<(), Error> {
         let api = object.object().api();
-        let body = status_body(api.api_version(), api.kind(), &object.name_any(), &change);
+        let version = change.default_ca_version.as_deref();
+        let body = status_body(api, &object.name_any(), &change.condition, version);
         let objects: Api<K> = Api::all(self.ctx.client.clone());
         objects
             .patch_status(
@@ -630,18 +591,18 @@ impl Shared {
 /// The server-side apply of a status change: only `Synced`, and the default CA version when
 /// there is one.
 pub(super) fn status_body(
-    api_version: &str,
-    kind: &str,
+    api: OwnerApi,
     name: &str,
-    change: &StatusChange,
+    synced: &Condition,
+    default_ca_version: Option<&str>,
 ) -> Value {
-    let mut status = json!({"conditions": [change.condition]});
-    if let Some(version) = &change.default_ca_version {
+    let mut status = json!({"conditions": [synced]});
+    if let Some(version) = default_ca_version {
         status["defaultCAVersion"] = json!(version);
     }
     json!({
-        "apiVersion": api_version,
-        "kind": kind,
+        "apiVersion": api.api_version(),
+        "kind": api.kind(),
         "metadata": {"name": name},
         "status": status,
     })

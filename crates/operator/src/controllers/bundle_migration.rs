@@ -23,7 +23,8 @@ use crate::context::Context;
 use crate::trust::api::{Bundle, FIELD_MANAGER};
 use crate::trust::cluster_bundle::ClusterBundle;
 use crate::trust::migration::{self, MIGRATION_MANAGER};
-use crate::trust::plan::{BundleMode, StatusChange};
+use crate::trust::plan::BundleMode;
+use crate::trust::target::OwnerApi;
 
 const CONTROLLER: &str = "bundle_migration";
 
@@ -98,13 +99,9 @@ impl Migration {
                 .patch(&name, &as_migration, &Patch::Apply(&apply.record))
                 .await?;
         }
-        if let Some((condition, default_ca_version)) = pass.mirror {
-            let change = StatusChange {
-                condition,
-                default_ca_version,
-                event: crate::changes::Event::normal("Synced", String::new()),
-            };
-            let body = status_body("trust.cert-manager.io/v1alpha1", "Bundle", &name, &change);
+        if let Some((condition, default_ca_version)) = &pass.mirror {
+            let version = default_ca_version.as_deref();
+            let body = status_body(OwnerApi::Bundle, &name, condition, version);
             let bundles: Api<Bundle> = Api::all(self.ctx.client.clone());
             let apply = PatchParams::apply(FIELD_MANAGER).force();
             bundles

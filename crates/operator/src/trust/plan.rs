@@ -67,6 +67,35 @@ impl<'a> TrustObject<'a> {
         }
     }
 
+    /// Whether it reads the source object `name` (with `labels`) of `kind`, by name or selector.
+    pub fn reads_source(
+        self,
+        kind: TargetKind,
+        name: &str,
+        labels: &BTreeMap<String, String>,
+    ) -> bool {
+        let names = |wanted: Option<&String>, selector: Option<&LabelSelector>| match wanted
+            .filter(|n| !n.is_empty())
+        {
+            Some(wanted) => wanted == name,
+            None => Selector::parse(selector).is_ok_and(|s| s.matches(labels)),
+        };
+        match self {
+            Self::Bundle(b) => b.spec.sources.iter().any(|source| {
+                let reference = match kind {
+                    TargetKind::ConfigMap => source.config_map.as_ref(),
+                    TargetKind::Secret => source.secret.as_ref(),
+                };
+                reference.is_some_and(|r| names(r.name.as_ref(), r.selector.as_ref()))
+            }),
+            Self::ClusterBundle(b) => {
+                let refs = b.spec.source_refs.iter().flatten();
+                refs.filter(|r| r.kind == kind.as_str())
+                    .any(|r| names(r.name.as_ref(), r.selector.as_ref()))
+            }
+        }
+    }
+
     fn build(self, from: &SourceContext<'_>) -> Result<BuiltBundle, SourceError> {
         match self {
             Self::Bundle(b) => sources::build(&b.spec.sources, from),

@@ -174,6 +174,18 @@ impl Setup {
     }
 }
 
+/// A world serving [`simple_bundle`] from one CA's source with the default settings, once
+/// `namespaces[0]`'s target holds it; and that CA's PEM.
+pub async fn serving(namespaces: &[&str]) -> (Setup, String) {
+    let mut setup = setup(namespaces).await;
+    let a = ca("root-a");
+    setup.put_source("roots", &a).await;
+    setup.create_bundle(simple_bundle(None)).await;
+    setup.start();
+    setup.target_holding(namespaces[0], &canonical(&[&a])).await;
+    (setup, a)
+}
+
 pub async fn all_namespaces(client: &kube::Client) -> Vec<String> {
     let namespaces: Api<Namespace> = Api::all(client.clone());
     let list = namespaces.list(&ListParams::default()).await.unwrap();
