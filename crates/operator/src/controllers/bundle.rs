@@ -40,7 +40,9 @@ use crate::Error;
 use crate::context::Context;
 use crate::trust::api::{BUNDLE_LABEL, Bundle, FIELD_MANAGER, HASH_ANNOTATION};
 use crate::trust::cluster_bundle::{CLUSTER_BUNDLE_LABEL, CLUSTER_HASH_ANNOTATION, ClusterBundle};
-use crate::trust::plan::{self, BundleMode, NamespaceView, Observed, Outcome, StatusChange};
+use crate::trust::plan::{
+    self, BundleMode, NamespaceView, Observed, Outcome, StatusChange, TargetsView,
+};
 use crate::trust::sources::SourceContext;
 use crate::trust::target::{ObservedTarget, Owner, OwnerApi, TargetKind, cleanup_body};
 
@@ -100,20 +102,54 @@ enum Change {
     Target(String),
 }
 
-/// The targets of one kind: those labelled for Bundles, and those labelled for ClusterBundles.
-struct TargetStores<K: Resource<DynamicType = ()> + 'static> {
-    bundles: Store<K>,
-    cluster_bundles: Store<K>,
+/// What a watch keeps for the passes, by name, as `Arc` snapshots: a pass takes one without
+/// copying, and a change while a pass holds one copies the map then.
+struct Snapshots<V> {
+    current: Mutex<Arc<BTreeMap<String, V>>>,
+    /// Whether the watch has listed once.
+    listed: tokio::sync::watch::Sender<bool>,
 }
+
+impl<V: Clone> Snapshots<V> {
+    fn new() -> Arc<Self> {
+        Arc::new(Self {
+            current: Mutex::new(Arc::default()),
+            listed: tokio::sync::watch::Sender::new(false),
+        })
+    }
+
+    fn snapshot(&self) -> Arc<BTreeMap<String, V>> {
+        self.current.lock().expect("snapshot lock").clone()
+    }
+
+    fn update(&self, change: impl FnOnce(&mut BTreeMap<String, V>)) {
+        let mut current = self.current.lock().expect("snapshot lock");
+        change(Arc::make_mut(&mut current));
+    }
+
+    fn replace(&self, listed: BTreeMap<String, V>) {
+        *self.current.lock().expect("snapshot lock") = Arc::new(listed);
+        self.listed.send_replace(true);
+    }
+
+    async fn ready(&self) -> Result<(), Error> {
+        let mut listed = self.listed.subscribe();
+        let done = listed.wait_for(|listed| *listed).await;
+        done.map(drop).map_err(|_| Error::CacheStopped)
+    }
+}
+
+/// The targets of one name, by kind and namespace, as one watch sees them.
+type TargetsOf = Arc<BTreeMap<(TargetKind, String), ObservedTarget>>;
 
 /// What both controllers read, and the controllers that listen for its changes.
 pub(super) struct Shared {
     pub(super) ctx: Arc<Context>,
-    namespaces: Store<Namespace>,
+    namespaces: Arc<Snapshots<NamespaceView>>,
     sources: Store<ConfigMap>,
     secret_sources: Store<Secret>,
-    config_map_targets: TargetStores<PartialObjectMeta<ConfigMap>>,
-    secret_targets: Option<TargetStores<PartialObjectMeta<Secret>>>,
+    /// One per target kind and label (a Bundle's, then a ClusterBundle's), by target name.
+    targets: Vec<Arc<Snapshots<TargetsOf>>>,
     listeners: Mutex<Vec<mpsc::UnboundedSender<Change>>>,
 }
 
@@ -170,10 +206,22 @@ impl Shared {
     fn start(ctx: Arc<Context>) -> (Arc<Self>, impl Stream<Item = Change> + Send + 'static) {
         let client = ctx.client.clone();
         let trust = &ctx.settings.trust;
-        let (namespaces, namespace_changes) = watched(
+        let namespaces = Snapshots::new();
+        let namespace_changes = indexed(
             Api::<Namespace>::all(client.clone()),
             watcher::Config::default(),
-            trim_namespace,
+            namespaces.clone(),
+            |views, namespace: &Namespace| {
+                let phase = namespace.status.as_ref().and_then(|s| s.phase.as_deref());
+                let view = NamespaceView {
+                    labels: namespace.labels().clone(),
+                    terminating: phase == Some("Terminating"),
+                };
+                views.insert(namespace.name_any(), view);
+            },
+            |views, namespace| {
+                views.remove(&namespace.name_any());
+            },
         );
         let (sources, source_changes) = watched(
             Api::<ConfigMap>::namespaced(client.clone(), &trust.namespace),
@@ -185,14 +233,28 @@ impl Shared {
             watcher::Config::default(),
             trim_source,
         );
-        let (config_map_targets, config_map_target_changes) =
-            TargetStores::watch(&client, trim_target);
-        let (secret_targets, secret_target_changes) = if trust.bundles.secret_targets_enabled {
-            let (stores, changes) = TargetStores::watch(&client, trim_target);
-            (Some(stores), changes.boxed())
-        } else {
-            (None, futures::stream::empty().boxed())
-        };
+        let mut targets = Vec::new();
+        let mut target_changes = Vec::new();
+        let mut kinds = vec![TargetKind::ConfigMap];
+        if trust.bundles.secret_targets_enabled {
+            kinds.push(TargetKind::Secret);
+        }
+        for kind in kinds {
+            for label in [BUNDLE_LABEL, CLUSTER_BUNDLE_LABEL] {
+                let index = Snapshots::new();
+                let config = watcher::Config::default().labels(label);
+                let changes = match kind {
+                    TargetKind::ConfigMap => {
+                        watch_targets::<ConfigMap>(&client, config, kind, &index).boxed()
+                    }
+                    TargetKind::Secret => {
+                        watch_targets::<Secret>(&client, config, kind, &index).boxed()
+                    }
+                };
+                targets.push(index);
+                target_changes.push(changes.map(Change::Target).boxed());
+            }
+        }
         let source = |kind: TargetKind| {
             move |(name, labels): (String, BTreeMap<String, String>)| Change::Source {
                 kind,
@@ -201,7 +263,9 @@ impl Shared {
             }
         };
         let changes = futures::stream::select_all([
-            namespace_changes.map(|_| Change::Namespace).boxed(),
+            namespace_changes
+                .map(|_: Namespace| Change::Namespace)
+                .boxed(),
             source_changes
                 .map(|c: ConfigMap| (c.name_any(), c.labels().clone()))
                 .map(source(TargetKind::ConfigMap))
@@ -210,20 +274,14 @@ impl Shared {
                 .map(|s: Secret| (s.name_any(), s.labels().clone()))
                 .map(source(TargetKind::Secret))
                 .boxed(),
-            config_map_target_changes
-                .map(|c: PartialObjectMeta<ConfigMap>| Change::Target(c.name_any()))
-                .boxed(),
-            secret_target_changes
-                .map(|s: PartialObjectMeta<Secret>| Change::Target(s.name_any()))
-                .boxed(),
+            futures::stream::select_all(target_changes).boxed(),
         ]);
         let shared = Arc::new(Self {
             ctx,
             namespaces,
             sources,
             secret_sources,
-            config_map_targets,
-            secret_targets,
+            targets,
             listeners: Mutex::new(Vec::new()),
         });
         (shared, changes)
@@ -237,7 +295,61 @@ impl Shared {
     }
 }
 
-impl<K> TargetStores<K>
+/// Watches `api`, keeping what passes read of each object in `index` (`apply` adds or updates
+/// it, `remove` drops it; a new list replaces everything at once), and returns the stream of
+/// changed objects.
+fn indexed<K, V>(
+    api: Api<K>,
+    config: watcher::Config,
+    index: Arc<Snapshots<V>>,
+    apply: impl Fn(&mut BTreeMap<String, V>, &K) + Send + 'static,
+    remove: impl Fn(&mut BTreeMap<String, V>, &K) + Send + 'static,
+) -> impl Stream<Item = K> + Send + 'static
+where
+    K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
+    V: Clone + Send + Sync + 'static,
+{
+    let mut listing: Option<BTreeMap<String, V>> = None;
+    watcher(api, config)
+        .default_backoff()
+        .filter_map(move |event| {
+            let changed = match event {
+                Ok(watcher::Event::Init) => {
+                    listing = Some(BTreeMap::new());
+                    None
+                }
+                Ok(watcher::Event::InitApply(object)) => {
+                    if let Some(listing) = &mut listing {
+                        apply(listing, &object);
+                    }
+                    Some(object)
+                }
+                Ok(watcher::Event::InitDone) => {
+                    index.replace(listing.take().unwrap_or_default());
+                    None
+                }
+                Ok(watcher::Event::Apply(object)) => {
+                    index.update(|values| apply(values, &object));
+                    Some(object)
+                }
+                Ok(watcher::Event::Delete(object)) => {
+                    index.update(|values| remove(values, &object));
+                    Some(object)
+                }
+                Err(_) => None,
+            };
+            futures::future::ready(changed)
+        })
+}
+
+/// Watches targets of `kind` as metadata only, keeping what decides their writes
+/// ([`ObservedTarget`]) in `index` by target name; returns the names of changed targets.
+fn watch_targets<K>(
+    client: &kube::Client,
+    config: watcher::Config,
+    kind: TargetKind,
+    index: &Arc<Snapshots<TargetsOf>>,
+) -> impl Stream<Item = String> + Send + 'static
 where
     K: Resource<DynamicType = ()>
         + Clone
@@ -247,62 +359,35 @@ where
         + Sync
         + 'static,
 {
-    /// Watches the targets of both APIs.
-    fn watch(
-        client: &kube::Client,
-        trim: fn(&mut K),
-    ) -> (Self, impl Stream<Item = K> + Send + 'static) {
-        let labelled = |label| watcher::Config::default().labels(label);
-        let (bundles, bundle_changes) =
-            watched(Api::all(client.clone()), labelled(BUNDLE_LABEL), trim);
-        let (cluster_bundles, cluster_changes) = watched(
-            Api::all(client.clone()),
-            labelled(CLUSTER_BUNDLE_LABEL),
-            trim,
-        );
-        let stores = Self {
-            bundles,
-            cluster_bundles,
-        };
-        (
-            stores,
-            futures::stream::select(bundle_changes, cluster_changes),
-        )
-    }
-
-    async fn ready(&self) -> Result<(), Error> {
-        let lists = [
-            self.bundles.wait_until_ready().await,
-            self.cluster_bundles.wait_until_ready().await,
-        ];
-        lists
-            .into_iter()
-            .try_for_each(|r| r.map_err(|_| Error::CacheStopped))
-    }
-
-    /// What decides the writes of the targets named `name` of `kind`, by namespace, whichever
-    /// API's label they carry (a ClusterBundle takes over its Bundle's).
-    fn named(
-        &self,
-        name: &str,
-        kind: TargetKind,
-    ) -> BTreeMap<(TargetKind, String), ObservedTarget> {
-        let mut found = BTreeMap::new();
-        for store in [&self.bundles, &self.cluster_bundles] {
-            for target in store
-                .state()
-                .iter()
-                .filter(|t| t.meta().name.as_deref() == Some(name))
-            {
-                let namespace = target.meta().namespace.clone().unwrap_or_default();
-                found.insert(
-                    (kind, namespace),
-                    ObservedTarget::from_metadata(kind, target.meta()),
-                );
+    let key = move |target: &PartialObjectMeta<K>| {
+        let meta = target.meta();
+        let namespace = meta.namespace.clone().unwrap_or_default();
+        (meta.name.clone().unwrap_or_default(), (kind, namespace))
+    };
+    let changes = indexed(
+        Api::<PartialObjectMeta<K>>::all(client.clone()),
+        config,
+        index.clone(),
+        move |targets, target| {
+            let (name, at) = key(target);
+            let mut observed = ObservedTarget::from_metadata(kind, target.meta());
+            observed
+                .annotations
+                .retain(|k, _| k == HASH_ANNOTATION || k == CLUSTER_HASH_ANNOTATION);
+            let of_name = targets.entry(name).or_default();
+            Arc::make_mut(of_name).insert(at, observed);
+        },
+        move |targets, target| {
+            let (name, at) = key(target);
+            if let Some(of_name) = targets.get_mut(&name) {
+                Arc::make_mut(of_name).remove(&at);
+                if of_name.is_empty() {
+                    targets.remove(&name);
+                }
             }
-        }
-        found
-    }
+        },
+    );
+    changes.map(|target| target.name_any())
 }
 
 /// Serves `K` until its streams end; idle until its CRD is installed.
@@ -380,29 +465,6 @@ fn trim_source<K: Resource>(object: &mut K) {
     meta.annotations = None;
 }
 
-/// Keeps only a namespace's name, labels and phase.
-fn trim_namespace(namespace: &mut Namespace) {
-    namespace.metadata.managed_fields = None;
-    namespace.metadata.annotations = None;
-    namespace.spec = None;
-    if let Some(status) = &mut namespace.status {
-        status.conditions = None;
-    }
-}
-
-/// Keeps only the metadata that decides whether a target needs a write ([`ObservedTarget`]).
-/// Targets are watched as metadata only (`PartialObjectMetadata`), as trust-manager watches
-/// them: their data is never read, nor sent.
-fn trim_target<K: Resource>(target: &mut K) {
-    let meta = target.meta_mut();
-    if let Some(entries) = &mut meta.managed_fields {
-        entries.retain(|e| e.manager.as_deref() == Some(FIELD_MANAGER));
-    }
-    if let Some(annotations) = &mut meta.annotations {
-        annotations.retain(|k, _| k == HASH_ANNOTATION || k == CLUSTER_HASH_ANNOTATION);
-    }
-}
-
 /// The objects of `store` by name.
 fn by_name<K: Resource + Clone>(store: &Store<K>) -> BTreeMap<String, K>
 where
@@ -418,16 +480,15 @@ where
 impl Shared {
     async fn ready(&self) -> Result<(), Error> {
         let lists = [
-            self.namespaces.wait_until_ready().await,
             self.sources.wait_until_ready().await,
             self.secret_sources.wait_until_ready().await,
         ];
         lists
             .into_iter()
             .try_for_each(|r| r.map_err(|_| Error::CacheStopped))?;
-        self.config_map_targets.ready().await?;
-        if let Some(secrets) = &self.secret_targets {
-            secrets.ready().await?;
+        self.namespaces.ready().await?;
+        for targets in &self.targets {
+            targets.ready().await?;
         }
         Ok(())
     }
@@ -439,26 +500,13 @@ impl Shared {
         let name = object.name_any();
         let config_maps = by_name(&self.sources);
         let secrets = by_name(&self.secret_sources);
-        let namespaces: BTreeMap<String, NamespaceView> = self
-            .namespaces
-            .state()
+        let namespaces = self.namespaces.snapshot();
+        // Bundle-labelled targets first: a ClusterBundle's view of a target it took over counts.
+        let targets: Vec<TargetsOf> = self
+            .targets
             .iter()
-            .map(|n| {
-                let terminating =
-                    n.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Terminating");
-                (
-                    n.name_any(),
-                    NamespaceView {
-                        labels: n.labels().clone(),
-                        terminating,
-                    },
-                )
-            })
+            .filter_map(|index| index.snapshot().get(&name).cloned())
             .collect();
-        let mut targets = self.config_map_targets.named(&name, TargetKind::ConfigMap);
-        if let Some(secret_targets) = &self.secret_targets {
-            targets.extend(secret_targets.named(&name, TargetKind::Secret));
-        }
         let observed = Observed {
             object: object.object(),
             sources: SourceContext {
@@ -470,7 +518,7 @@ impl Shared {
                 now: time::OffsetDateTime::now_utc(),
             },
             namespaces: &namespaces,
-            targets: &targets,
+            targets: TargetsView::new(targets.iter().map(|t| &**t).collect()),
             settings: &trust.bundles,
             now: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
                 k8s_openapi::jiff::Timestamp::now(),

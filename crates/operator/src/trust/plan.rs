@@ -158,9 +158,32 @@ pub struct Observed<'a> {
     pub namespaces: &'a BTreeMap<String, NamespaceView>,
     /// The existing targets of this object's name (with either API's label), by kind and
     /// namespace.
-    pub targets: &'a BTreeMap<(TargetKind, String), ObservedTarget>,
+    pub targets: TargetsView<'a>,
     pub settings: &'a BundleSettings,
     pub now: Time,
+}
+
+/// Existing targets by kind and namespace, as the watches that see them keep them (one per
+/// target kind and label), read in place: where two hold the same target, the later one's view
+/// counts (a ClusterBundle's label over a Bundle's, once a target is taken over).
+#[derive(Debug, Clone, Default)]
+pub struct TargetsView<'a> {
+    maps: Vec<&'a BTreeMap<(TargetKind, String), ObservedTarget>>,
+}
+
+impl<'a> TargetsView<'a> {
+    pub fn new(maps: Vec<&'a BTreeMap<(TargetKind, String), ObservedTarget>>) -> Self {
+        Self { maps }
+    }
+
+    pub fn get(&self, key: &(TargetKind, String)) -> Option<&'a ObservedTarget> {
+        self.maps.iter().rev().find_map(|map| map.get(key))
+    }
+
+    /// Every target, each once.
+    pub fn all(&self) -> BTreeMap<&'a (TargetKind, String), &'a ObservedTarget> {
+        self.maps.iter().flat_map(|map| map.iter()).collect()
+    }
 }
 
 /// One target write: a server-side apply of [`TargetWrite::body`] to `kind`
@@ -326,7 +349,8 @@ pub fn plan(observed: &Observed<'_>) -> BundlePlan {
     }
     let cleanups = observed
         .targets
-        .iter()
+        .all()
+        .into_iter()
         .filter(|(key, existing)| {
             !wanted.contains(*key)
                 && !existing.deleting

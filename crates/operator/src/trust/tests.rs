@@ -16,7 +16,7 @@ use super::api::*;
 use super::cluster_bundle::{ClusterBundle, JKS_KEY_ANNOTATION};
 use super::package::DefaultPackage;
 use super::plan::{
-    BundleMode, BundleSettings, NamespaceView, Observed, Outcome, TrustObject, plan,
+    BundleMode, BundleSettings, NamespaceView, Observed, Outcome, TargetsView, TrustObject, plan,
 };
 use super::sources::{SourceContext, SourceError, build};
 use super::target::{self, ObservedTarget, TargetKind};
@@ -127,7 +127,7 @@ impl World {
             object,
             sources: self.sources(),
             namespaces: &self.namespaces,
-            targets: &self.targets,
+            targets: TargetsView::new(vec![&self.targets]),
             settings: &self.settings,
             now: Time(k8s_openapi::jiff::Timestamp::from_second(1_800_000_000).unwrap()),
         }
