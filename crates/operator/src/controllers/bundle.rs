@@ -5,15 +5,16 @@
 //! | watched | kept | a change wakes |
 //! |---|---|---|
 //! | Bundles, ClusterBundles | all | the object |
-//! | Namespaces | labels and phase | every object (one may start or stop matching) |
-//! | ConfigMaps and Secrets of the trust namespace | all | the objects with a source of that kind naming it or selecting it |
-//! | ConfigMaps (and Secrets, with Secret targets) labelled `trust.cert-manager.io/bundle` or `trust-manager.io/bundle` | metadata | the Bundle and the ClusterBundle of its name |
+//! | Namespaces | labels and phase ([`NamespaceView`]) | every object (one may start or stop matching) |
+//! | ConfigMaps and Secrets of the trust namespace | all but annotations and managed fields | the objects with a source of that kind naming it or selecting it |
+//! | ConfigMaps (and Secrets, with Secret targets) labelled `trust.cert-manager.io/bundle` or `trust-manager.io/bundle`, as metadata only | what decides a write ([`ObservedTarget`]), by target name | the Bundle and the ClusterBundle of its name |
 //!
 //! The namespace, source and target watches are shared by both controllers; they start once
 //! either CRD is installed, and each controller starts once its own CRD is (the log says so once).
-//! A pass waits until every store has listed, so a target not yet seen is never taken for
-//! missing. Targets are watched as metadata only, as trust-manager watches them, and every
-//! object is kept cut down to what a pass reads.
+//! A pass waits until every watch has listed, so a target not yet seen is never taken for
+//! missing. Namespaces and targets are kept as [`Snapshots`]: a pass over ten thousand
+//! namespaces takes them without copying or decoding anything. Targets are watched as metadata
+//! only, as trust-manager watches them.
 //!
 //! With `--bundle-mode migrate` Bundles are not served here but by `bundle_migration`, and
 //! ClusterBundles take over the targets of the Bundles of their names.
