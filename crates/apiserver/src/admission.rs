@@ -152,9 +152,15 @@ impl Admission {
         Ok(configs)
     }
 
-    /// Runs mutating webhooks in order; returns the (possibly patched) object.
-    pub async fn mutate(&self, store: &Store, req: &Request<'_>) -> Result<Value, ApiError> {
+    /// Runs mutating webhooks in order; returns the (possibly patched) object, and the warnings
+    /// the webhooks gave (kube-apiserver passes them to the client as `Warning` headers).
+    pub async fn mutate(
+        &self,
+        store: &Store,
+        req: &Request<'_>,
+    ) -> Result<(Value, Vec<String>), ApiError> {
         let mut object = req.object.clone();
+        let mut warnings = Vec::new();
         for (config, hook) in self.matching_hooks(store, MUTATING_KEY, req)? {
             let current = Request {
                 object: &object,
@@ -163,6 +169,7 @@ impl Admission {
             let Some(response) = self.call(&hook, &current).await? else {
                 continue;
             };
+            warnings.extend(response_warnings(&response));
             if let Some(patch) = response.get("patch").and_then(Value::as_str) {
                 let raw = base64::engine::general_purpose::STANDARD
                     .decode(patch)
@@ -186,15 +193,23 @@ impl Admission {
                 })?;
             }
         }
-        Ok(object)
+        Ok((object, warnings))
     }
 
-    /// Runs validating webhooks; the first denial wins.
-    pub async fn validate(&self, store: &Store, req: &Request<'_>) -> Result<(), ApiError> {
+    /// Runs validating webhooks; the first denial wins. Returns the warnings of those that
+    /// allowed.
+    pub async fn validate(
+        &self,
+        store: &Store,
+        req: &Request<'_>,
+    ) -> Result<Vec<String>, ApiError> {
+        let mut warnings = Vec::new();
         for (_, hook) in self.matching_hooks(store, VALIDATING_KEY, req)? {
-            self.call(&hook, req).await?;
+            if let Some(response) = self.call(&hook, req).await? {
+                warnings.extend(response_warnings(&response));
+            }
         }
-        Ok(())
+        Ok(warnings)
     }
 
     fn matching_hooks(
@@ -225,7 +240,8 @@ impl Admission {
         Ok(out)
     }
 
-    /// Calls one webhook. Ok(None) when it failed and its failurePolicy is Ignore.
+    /// Calls one webhook: its response when it allowed, Ok(None) when it failed and its
+    /// failurePolicy is Ignore.
     async fn call(&self, hook: &Value, req: &Request<'_>) -> Result<Option<Value>, ApiError> {
         let name = hook_name(hook);
         let timeout = Duration::from_secs(
@@ -548,6 +564,13 @@ fn review(req: &Request<'_>) -> Value {
         request["requestSubResource"] = json!(sub);
     }
     json!({ "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request })
+}
+
+/// The `warnings` of an admission response.
+fn response_warnings(response: &Value) -> Vec<String> {
+    let warnings = response.get("warnings").and_then(Value::as_array);
+    let texts = warnings.into_iter().flatten().filter_map(Value::as_str);
+    texts.map(String::from).collect()
 }
 
 #[cfg(test)]

@@ -16,7 +16,8 @@ use caretaker_apiserver::{ApiServer, TestServer};
 use caretaker_operator::BindAddress;
 use caretaker_operator::v1alpha1::CertificateAuthority as CaObject;
 use caretaker_operator::webhook::{
-    self, CertificateSource, Endpoint, Limits, SecretRead, ServingCertificate, Webhook,
+    self, BUNDLE_DEPRECATED, CertificateSource, Deprecations, Endpoint, Limits, SecretRead,
+    ServingCertificate, Webhook,
 };
 use caretaker_pki::{CaSpec, CertificateAuthority};
 use caretaker_testkit::kubectl::Kubectl;
@@ -68,6 +69,15 @@ impl Fixture {
     /// Everything running, the Secret created (unless `without_secret`) and its certificate
     /// served, the webhook configuration trusting its CA.
     async fn start(limits: Limits, without_secret: bool) -> Fixture {
+        Self::start_warning_of(limits, without_secret, Deprecations::default()).await
+    }
+
+    /// [`Fixture::start`], the webhook warning of `deprecations`.
+    async fn start_warning_of(
+        limits: Limits,
+        without_secret: bool,
+        deprecations: Deprecations,
+    ) -> Fixture {
         caretaker_apiserver::install_crypto_provider();
         let server = TestServer::start().await;
         let client = server.client();
@@ -87,7 +97,10 @@ impl Fixture {
             name: SECRET.into(),
         };
         let address: BindAddress = "127.0.0.1:0".parse().unwrap();
-        let webhook = Webhook::bind(&address, source, limits).await.unwrap();
+        let webhook = Webhook::bind(&address, source, limits)
+            .await
+            .unwrap()
+            .warning_of(deprecations);
         let addr = webhook.local_addr().unwrap();
         let certificate = webhook.certificate();
         let webhook = tokio::spawn(webhook.run(client.clone()));
@@ -620,6 +633,37 @@ spec:
     namespaceSelector: {matchLabels: {team: a}}
 ";
     kubectl.ok(&["apply", "-f", "-"], Some(good)).await;
+}
+
+/// `--bundle-mode migrate`: Bundles are served as deprecated. kubectl prints the webhook's
+/// warning, passed on by the API server, and the Bundle is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_is_warned_that_bundles_are_deprecated_while_they_are_migrated() {
+    let Some(kubectl) = Kubectl::find("kubectl_is_warned_that_bundles_are_deprecated") else {
+        return;
+    };
+    let deprecated = Deprecations { bundles: true };
+    let fixture = Fixture::start_warning_of(limits(), false, deprecated).await;
+    caretaker_testkit::capi_objects::install_trust_manager_crds(&fixture.client)
+        .await
+        .unwrap();
+    let kubectl = kubectl.against(&fixture.server.kubeconfig());
+    let bundle = "\
+apiVersion: trust.cert-manager.io/v1alpha1
+kind: Bundle
+metadata: {name: trust}
+spec:
+  sources: [{configMap: {name: roots, key: ca.crt}}]
+  target: {configMap: {key: ca.crt}}
+";
+    let applied = kubectl.run(&["apply", "-f", "-"], Some(bundle)).await;
+    let stderr = String::from_utf8_lossy(&applied.stderr);
+    assert!(applied.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!("Warning: {BUNDLE_DEPRECATED}")),
+        "{stderr}"
+    );
+    kubectl.ok(&["get", "bundle", "trust"], None).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -79,7 +79,7 @@ impl ApiState {
         let mut obj = take_part(def, target, obj);
         self.prepare_kind(def, &mut obj, old)?;
         let request = AdmissionRequest::write(def, part.subresource(), &obj, old, opts.dry_run);
-        let mut obj = self.admission.mutate(&self.store, &request).await?;
+        let (mut obj, mutating_warnings) = self.admission.mutate(&self.store, &request).await?;
         Self::stamp_metadata(def, &mut obj, old);
         match managed_fields {
             ManagedFields::Record => apply::record_update(old, &mut obj, &writer(def, part, opts)),
@@ -90,7 +90,10 @@ impl ApiState {
         }
         self.validate(def, &obj, old)?;
         let request = AdmissionRequest::write(def, part.subresource(), &obj, old, opts.dry_run);
-        self.admission.validate(&self.store, &request).await?;
+        let validating_warnings = self.admission.validate(&self.store, &request).await?;
+        let mut warnings = warnings;
+        warnings.extend(mutating_warnings);
+        warnings.extend(validating_warnings);
         let stored = match old {
             None => self.commit_create(def, obj, opts.dry_run)?,
             Some(old) => self.commit_update(def, old, obj, opts.dry_run)?,

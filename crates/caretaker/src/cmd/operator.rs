@@ -9,7 +9,7 @@ use caretaker_operator::metrics::{self, serve_health, serve_metrics, serve_metri
 use caretaker_operator::trust::package::DefaultPackage;
 use caretaker_operator::trust::plan::{BundleMode, BundleSettings};
 use caretaker_operator::webhook::bootstrap::{self, Bootstrap, WebhookUrl};
-use caretaker_operator::webhook::{CertificateSource, Limits, Webhook};
+use caretaker_operator::webhook::{CertificateSource, Deprecations, Limits, Webhook};
 use caretaker_operator::{BindAddress, Context, Settings, TrustSettings};
 use caretaker_pki::PoolFilters;
 
@@ -130,7 +130,8 @@ struct TrustArgs {
     /// (trust-manager.io/v1alpha2) of its name, with the field manager the Bundle was applied
     /// with and no owner reference; that ClusterBundle takes the Bundle's targets over in one
     /// write each, and the Bundle's status mirrors the ClusterBundle's. Deleting a Bundle, or
-    /// the Bundle CRD, then deletes no ClusterBundle and no target.
+    /// the Bundle CRD, then deletes no ClusterBundle and no target. The webhook warns of every
+    /// Bundle write that Bundle is deprecated.
     #[arg(long, value_enum, default_value_t = BundleModeArg::Serve)]
     bundle_mode: BundleModeArg,
     /// The only namespace Bundle sources (ConfigMaps and Secrets) are read from.
@@ -345,7 +346,10 @@ pub fn run(args: OperatorArgs) -> ExitCode {
             (Listen::On(address), Some(source)) => Some(
                 Webhook::bind(address, source, Limits::default())
                     .await
-                    .map_err(|e| format!("admission webhook: {e}"))?,
+                    .map_err(|e| format!("admission webhook: {e}"))?
+                    .warning_of(Deprecations {
+                        bundles: args.trust.bundle_mode == BundleModeArg::Migrate,
+                    }),
             ),
         };
         let metrics_listener = bind("--metrics-bind-address", &args.metrics_bind_address).await?;

@@ -136,6 +136,7 @@ pub async fn review(
     body: &[u8],
     served: Served,
     issuers: &impl Issuers,
+    deprecations: Deprecations,
 ) -> Result<AdmissionReview, BadReview> {
     let review: AdmissionReview =
         serde_json::from_slice(body).map_err(|e| BadReview(e.to_string()))?;
@@ -149,21 +150,41 @@ pub async fn review(
         .request
         .ok_or_else(|| BadReview("it has no request".into()))?;
     Ok(AdmissionReview::answer(
-        admit(&request, served, issuers).await,
+        admit(&request, served, issuers, deprecations).await,
     ))
 }
+
+/// What the webhook tells clients is deprecated.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Deprecations {
+    /// Bundles (`--bundle-mode migrate`): every allowed create or update of one is answered
+    /// with [`BUNDLE_DEPRECATED`].
+    pub bundles: bool,
+}
+
+/// The warning on a Bundle write while Bundles are migrated.
+pub const BUNDLE_DEPRECATED: &str = "trust.cert-manager.io/v1alpha1 Bundle is deprecated: caretaker applies it as the trust-manager.io/v1alpha2 ClusterBundle of the same name; switch to ClusterBundle";
 
 /// The verdict on `request`, sent to `served`'s path.
 pub async fn admit(
     request: &AdmissionRequest,
     served: Served,
     issuers: &impl Issuers,
+    deprecations: Deprecations,
 ) -> AdmissionResponse {
     let verdict = verdict(request, served, issuers).await.err();
+    let writes = matches!(request.operation, Operation::Create | Operation::Update);
+    let deprecated = served == Served::Bundle && deprecations.bundles && writes;
+    let warnings = if deprecated && verdict.is_none() {
+        vec![BUNDLE_DEPRECATED.to_string()]
+    } else {
+        Vec::new()
+    };
     AdmissionResponse {
         uid: request.uid.clone(),
         allowed: verdict.is_none(),
         status: verdict,
+        warnings,
     }
 }
 
@@ -468,9 +489,10 @@ mod tests {
         served: Served,
         known: &Known,
     ) -> AdmissionResponse {
-        let response = admit(request, served, known).await;
+        let response = admit(request, served, known, Deprecations::default()).await;
         assert_eq!(response.uid, request.uid);
         assert_eq!(response.allowed, response.status.is_none());
+        assert!(response.warnings.is_empty(), "nothing is deprecated");
         response
     }
 
@@ -887,9 +909,14 @@ mod tests {
             "request": {"uid": "u-1", "kind": gvk(IC), "operation": "CREATE",
                         "object": issued(json!({})), "dryRun": true},
         });
-        let answer = review(body.to_string().as_bytes(), IC, &known)
-            .await
-            .unwrap();
+        let answer = review(
+            body.to_string().as_bytes(),
+            IC,
+            &known,
+            Deprecations::default(),
+        )
+        .await
+        .unwrap();
         assert_eq!(
             serde_json::to_value(answer).unwrap(),
             json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
@@ -904,7 +931,7 @@ mod tests {
             let body = body.to_string();
             let known = &known;
             async move {
-                review(body.as_bytes(), CA, known)
+                review(body.as_bytes(), CA, known, Deprecations::default())
                     .await
                     .unwrap_err()
                     .to_string()
@@ -931,5 +958,29 @@ mod tests {
                       \"request\": {\"kind\": {\"version\": \"v1\", \"kind\": \"X\"}, \"operation\": \"CREATE\"}}")
             .await
             .contains("missing field `uid`"));
+    }
+
+    #[tokio::test]
+    async fn while_bundles_are_migrated_their_writes_are_warned_about() {
+        let known = Known::default();
+        let bundle = json!({"apiVersion": "trust.cert-manager.io/v1alpha1", "kind": "Bundle",
+            "metadata": {"name": "trust"},
+            "spec": {"sources": [{"inLine": "x"}], "target": {"configMap": {"key": "ca.crt"}}}});
+        let deprecated = Deprecations { bundles: true };
+        for operation in ["CREATE", "UPDATE"] {
+            let write = request(Served::Bundle, operation, Some(bundle.clone()), None);
+            let response = admit(&write, Served::Bundle, &known, deprecated).await;
+            assert!(response.allowed);
+            assert_eq!(response.warnings, [BUNDLE_DEPRECATED]);
+        }
+        // A refusal says why, and a DELETE is not warned about.
+        let bad = json!({"apiVersion": "trust.cert-manager.io/v1alpha1", "kind": "Bundle",
+            "metadata": {"name": "trust"}, "spec": {"sources": []}});
+        let refused = request(Served::Bundle, "CREATE", Some(bad), None);
+        let response = admit(&refused, Served::Bundle, &known, deprecated).await;
+        assert!(!response.allowed && response.warnings.is_empty());
+        let deleted = request(Served::Bundle, "DELETE", None, None);
+        let response = admit(&deleted, Served::Bundle, &known, deprecated).await;
+        assert!(response.allowed && response.warnings.is_empty());
     }
 }

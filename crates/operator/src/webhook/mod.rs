@@ -33,7 +33,7 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 use kube::api::ObjectMeta;
 
-pub use admit::{BadReview, Issuers, Served};
+pub use admit::{BUNDLE_DEPRECATED, BadReview, Deprecations, Issuers, Served};
 pub use certificate::{CertificateError, CertificatePair, SecretRead, ServingCertificate};
 pub use serve::Limits;
 
@@ -172,6 +172,7 @@ pub struct Webhook {
     source: CertificateSource,
     certificate: Arc<ServingCertificate>,
     limits: Limits,
+    deprecations: Deprecations,
 }
 
 impl Webhook {
@@ -204,7 +205,14 @@ impl Webhook {
             source,
             certificate,
             limits,
+            deprecations: Deprecations::default(),
         })
+    }
+
+    /// What allowed writes are warned about (`--bundle-mode migrate`: Bundles).
+    pub fn warning_of(mut self, deprecations: Deprecations) -> Self {
+        self.deprecations = deprecations;
+        self
     }
 
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
@@ -229,6 +237,7 @@ impl Webhook {
             self.certificate.clone(),
             issuers,
             self.limits,
+            self.deprecations,
         );
         match self.source {
             CertificateSource::Secret { namespace, name } => {

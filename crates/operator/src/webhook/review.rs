@@ -104,6 +104,9 @@ pub struct AdmissionResponse {
     /// Why not, when not allowed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<Status>,
+    /// Warnings the API server passes to the client (kubectl prints them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 /// The part of a `metav1.Status` an admission response carries: the API server passes the
@@ -192,6 +195,7 @@ mod tests {
             uid: "1".into(),
             allowed: true,
             status: None,
+            warnings: Vec::new(),
         });
         assert_eq!(
             serde_json::to_value(&allowed).unwrap(),
@@ -206,11 +210,12 @@ mod tests {
                 message: "no".into(),
                 reason: "Invalid".into(),
             }),
+            warnings: vec!["careful".into()],
         });
         assert_eq!(
             serde_json::to_value(&denied).unwrap(),
             json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-                   "response": {"uid": "2", "allowed": false,
+                   "response": {"uid": "2", "allowed": false, "warnings": ["careful"],
                                 "status": {"code": 422, "message": "no", "reason": "Invalid"}}})
         );
     }

@@ -24,7 +24,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
 
-use super::admit::{Issuers, Served, review};
+use super::admit::{Deprecations, Issuers, Served, review};
 use super::certificate::ServingCertificate;
 use crate::connections::{Busy, Connections, Slot, closing, text};
 
@@ -90,11 +90,13 @@ pub async fn serve<I: Issuers + 'static>(
     certificate: Arc<ServingCertificate>,
     issuers: I,
     limits: Limits,
+    deprecations: Deprecations,
 ) {
     let acceptor = TlsAcceptor::from(Arc::new(tls_config(certificate.clone())));
     let body_budget = Semaphore::new(limits.max_body_bytes_in_flight.min(Semaphore::MAX_PERMITS));
     let handler = Arc::new(Handler {
         issuers,
+        deprecations,
         limits,
         body_budget,
     });
@@ -182,6 +184,7 @@ const MAX_HEAD_BYTES: usize = 16 * 1024;
 /// What answers requests.
 struct Handler<I> {
     issuers: I,
+    deprecations: Deprecations,
     limits: Limits,
     /// Bytes of request bodies that may be held at once ([`Limits::max_body_bytes_in_flight`]).
     body_budget: Semaphore,
@@ -265,7 +268,7 @@ impl<I: Issuers> Handler<I> {
                 ));
             }
         };
-        match review(&body, served, &self.issuers).await {
+        match review(&body, served, &self.issuers, self.deprecations).await {
             Ok(answer) => {
                 if let Some(response) = &answer.response
                     && let Some(status) = &response.status
