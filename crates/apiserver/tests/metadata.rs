@@ -38,14 +38,20 @@ fn is_partial(object: &Value, name: &str) {
     assert!(!object.to_string().contains(PAYLOAD));
 }
 
-#[tokio::test]
-async fn get_list_and_watch_answer_with_metadata_alone() {
+/// A server holding ConfigMap `default/one`.
+async fn with_one_config_map() -> (caretaker_apiserver::ApiServer, Api<ConfigMap>) {
     let server = TestServer::start().await;
     let config_maps: Api<ConfigMap> = Api::namespaced(server.client(), "default");
     config_maps
         .create(&PostParams::default(), &config_map("one"))
         .await
         .unwrap();
+    (server, config_maps)
+}
+
+#[tokio::test]
+async fn get_list_and_watch_answer_with_metadata_alone() {
+    let (server, _) = with_one_config_map().await;
     let http = RawHttp::new(server.url());
     let path = "/api/v1/namespaces/default/configmaps";
 
@@ -116,12 +122,7 @@ async fn representations_that_are_not_served_are_406() {
 /// metadata only) against the server: the objects and their changes arrive, as metadata.
 #[tokio::test]
 async fn kube_rs_metadata_watcher_sees_objects_and_changes() {
-    let server = TestServer::start().await;
-    let config_maps: Api<ConfigMap> = Api::namespaced(server.client(), "default");
-    config_maps
-        .create(&PostParams::default(), &config_map("one"))
-        .await
-        .unwrap();
+    let (server, config_maps) = with_one_config_map().await;
     let listed = config_maps
         .list_metadata(&ListParams::default())
         .await

@@ -103,6 +103,29 @@ enum Change {
     Target(String),
 }
 
+/// What the watches here can watch: a kind of Kubernetes objects with a static type.
+pub(super) trait Watchable:
+    Resource<DynamicType = ()>
+    + Clone
+    + std::fmt::Debug
+    + serde::de::DeserializeOwned
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<K> Watchable for K where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static
+{
+}
+
 /// What a watch keeps for the passes, by name, as `Arc` snapshots: a pass takes one without
 /// copying, and a change while a pass holds one copies the map then.
 struct Snapshots<V> {
@@ -352,13 +375,7 @@ fn watch_targets<K>(
     index: &Arc<Snapshots<TargetsOf>>,
 ) -> impl Stream<Item = String> + Send + 'static
 where
-    K: Resource<DynamicType = ()>
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
+    K: Watchable,
 {
     let key = move |target: &PartialObjectMeta<K>| {
         let meta = target.meta();
@@ -443,13 +460,7 @@ pub(super) fn watched<K>(
     trim: fn(&mut K),
 ) -> (Store<K>, impl Stream<Item = K> + Send + 'static)
 where
-    K: Resource<DynamicType = ()>
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
+    K: Watchable,
 {
     let (store, writer) = reflector::store();
     let events = watcher(api, config).default_backoff().modify(trim);
