@@ -55,15 +55,7 @@ pub const CLUSTER_BUNDLE_CRD: &str = "clusterbundles.trust-manager.io";
 const CONCURRENT_WRITES: usize = 8;
 
 /// A served API: Bundle or ClusterBundle.
-pub(super) trait Served:
-    Resource<DynamicType = (), Scope = ClusterResourceScope>
-    + Clone
-    + std::fmt::Debug
-    + serde::de::DeserializeOwned
-    + Send
-    + Sync
-    + 'static
-{
+pub(super) trait Served: Watchable + Resource<Scope = ClusterResourceScope> {
     const CRD: &'static str;
     /// The controller's name in metrics and logs.
     const CONTROLLER: &'static str;
