@@ -68,6 +68,12 @@ impl Params {
             .map(|(_, v)| v.as_str())
     }
 
+    /// Every value of `key`, in order.
+    fn all(&self, key: &str) -> Vec<&str> {
+        let values = self.0.iter().filter(|(k, _)| k == key);
+        values.map(|(_, v)| v.as_str()).collect()
+    }
+
     fn flag(&self, key: &str) -> bool {
         matches!(self.get(key), Some("true" | "1"))
     }
@@ -244,19 +250,58 @@ fn decode_json_or_yaml(media: &str, body: &Bytes) -> Result<Value, ApiError> {
     }
 }
 
-fn write_options(params: &Params, headers: &HeaderMap) -> Result<WriteOptions, ApiError> {
+/// The longest field manager kube-apiserver accepts.
+const FIELD_MANAGER_MAX_BYTES: usize = 128;
+
+/// A 422 about the options of a request, as kube-apiserver words it (`options` is
+/// `CreateOptions`, `UpdateOptions`, `PatchOptions` or `DeleteOptions`).
+fn invalid_options(options: &str, problem: &str) -> ApiError {
+    ApiError::new(
+        422,
+        "Invalid",
+        format!("{options}.meta.k8s.io \"\" is invalid: {problem}"),
+    )
+}
+
+/// `dryRun`: only `All` is a dry run; any other value is refused (kube-apiserver's
+/// `ValidateDryRun`), never taken for a real write.
+fn dry_run(options: &str, values: &[&str]) -> Result<bool, ApiError> {
+    if values.iter().all(|v| *v == "All") {
+        return Ok(!values.is_empty());
+    }
+    let given = serde_json::to_string(values).unwrap_or_default();
+    Err(invalid_options(
+        options,
+        &format!("dryRun: Unsupported value: {given}: supported values: \"All\""),
+    ))
+}
+
+fn write_options(
+    options: &str,
+    params: &Params,
+    headers: &HeaderMap,
+) -> Result<WriteOptions, ApiError> {
     // kube-apiserver's default manager: the User-Agent up to its first '/'.
     let agent = headers
         .get(header::USER_AGENT)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("unknown");
     let default_manager = agent.split('/').next().unwrap_or("unknown").to_string();
+    let field_manager = params
+        .get("fieldManager")
+        .map(String::from)
+        .unwrap_or(default_manager);
+    if field_manager.len() > FIELD_MANAGER_MAX_BYTES {
+        return Err(invalid_options(
+            options,
+            &format!(
+                "fieldManager: Too long: may not be more than {FIELD_MANAGER_MAX_BYTES} bytes"
+            ),
+        ));
+    }
     Ok(WriteOptions {
-        dry_run: params.get("dryRun") == Some("All"),
-        field_manager: params
-            .get("fieldManager")
-            .map(String::from)
-            .unwrap_or(default_manager),
+        dry_run: dry_run(options, &params.all("dryRun"))?,
+        field_manager,
         field_validation: FieldValidation::parse(params.get("fieldValidation").unwrap_or(""))?,
         force: params.flag("force"),
     })
@@ -317,10 +362,10 @@ fn delete_options(
             ));
         }
     };
-    let dry_run = params.get("dryRun") == Some("All")
-        || from_body["dryRun"]
-            .as_array()
-            .is_some_and(|a| a.iter().any(|v| v == "All"));
+    let mut dry_run_values = params.all("dryRun");
+    let in_body = from_body["dryRun"].as_array().into_iter().flatten();
+    dry_run_values.extend(in_body.map(|v| v.as_str().unwrap_or_default()));
+    let dry_run = dry_run("DeleteOptions", &dry_run_values)?;
     Ok(DeleteOptions {
         propagation,
         precondition_uid: from_body
@@ -426,7 +471,7 @@ async fn resource_request(
                     def,
                     ns,
                     parse_body(headers, &body, object_media_types(def))?,
-                    &write_options(params, headers)?,
+                    &write_options("CreateOptions", params, headers)?,
                 )
                 .await?;
             Ok(with_warnings(
@@ -442,7 +487,7 @@ async fn resource_request(
                     name,
                     parse_body(headers, &body, object_media_types(def))?,
                     t.part,
-                    &write_options(params, headers)?,
+                    &write_options("UpdateOptions", params, headers)?,
                 )
                 .await?;
             Ok(with_warnings(
@@ -466,7 +511,7 @@ async fn resource_request(
                     )
                 })?;
             let patch = decode_json_or_yaml(content_type, &body)?;
-            let opts = write_options(params, headers)?;
+            let opts = write_options("PatchOptions", params, headers)?;
             if patch_type == PatchType::Apply
                 && params.get("fieldManager").is_none_or(str::is_empty)
             {

@@ -684,3 +684,104 @@ async fn a_write_that_changes_nothing_is_not_stored() {
     );
     assert_eq!(after.data.unwrap()["k"], "w");
 }
+
+/// Write options kube-apiserver refuses are refused, and nothing is written: a `dryRun` other
+/// than `All` (which a careless client might take for a dry run) and a field manager over 128
+/// bytes.
+#[tokio::test]
+async fn invalid_write_options_are_refused_and_write_nothing() {
+    let server = TestServer::start().await;
+    let cms: Api<ConfigMap> = Api::namespaced(server.client(), "default");
+    let http = RawHttp::new(server.url());
+    let path = "/api/v1/namespaces/default/configmaps";
+    let body = r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"a"}}"#;
+    let refused =
+        |options: &str, problem: &str| format!("{options}.meta.k8s.io \"\" is invalid: {problem}");
+    let bogus = r#"dryRun: Unsupported value: ["Bogus"]: supported values: "All""#;
+
+    let (code, status) = http
+        .send(
+            "POST",
+            &format!("{path}?dryRun=Bogus"),
+            "application/json",
+            body,
+        )
+        .await;
+    assert_eq!(
+        (code, status["reason"].as_str()),
+        (422, Some("Invalid")),
+        "{status}"
+    );
+    assert_eq!(status["message"], refused("CreateOptions", bogus));
+    assert!(cms.get_opt("a").await.unwrap().is_none(), "nothing stored");
+
+    let (code, _) = http
+        .send(
+            "POST",
+            &format!("{path}?dryRun=All"),
+            "application/json",
+            body,
+        )
+        .await;
+    assert_eq!(code, 201);
+    assert!(cms.get_opt("a").await.unwrap().is_none(), "a dry run");
+
+    let long = "m".repeat(129);
+    let (code, status) = http
+        .send(
+            "PATCH",
+            &format!("{path}/a?fieldManager={long}"),
+            "application/apply-patch+yaml",
+            body,
+        )
+        .await;
+    assert_eq!(code, 422, "{status}");
+    assert_eq!(
+        status["message"],
+        refused(
+            "PatchOptions",
+            "fieldManager: Too long: may not be more than 128 bytes"
+        )
+    );
+    assert!(cms.get_opt("a").await.unwrap().is_none());
+    let (code, status) = http
+        .send(
+            "PATCH",
+            &format!("{path}/a?fieldManager={}", "m".repeat(128)),
+            "application/apply-patch+yaml",
+            body,
+        )
+        .await;
+    assert_eq!(code, 201, "{status}");
+
+    for query in ["dryRun=Bogus", "dryRun=All&dryRun=Bogus"] {
+        let (code, status) = http
+            .send(
+                "DELETE",
+                &format!("{path}/a?{query}"),
+                "application/json",
+                "",
+            )
+            .await;
+        assert_eq!(code, 422, "{query}: {status}");
+        assert!(
+            cms.get_opt("a").await.unwrap().is_some(),
+            "{query}: not deleted"
+        );
+    }
+    let (code, status) = http
+        .send(
+            "PUT",
+            &format!("{path}/a?dryRun=Bogus"),
+            "application/json",
+            body,
+        )
+        .await;
+    assert_eq!(code, 422, "{status}");
+    assert!(
+        status["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("UpdateOptions.meta.k8s.io")
+    );
+}
