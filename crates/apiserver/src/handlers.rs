@@ -353,11 +353,10 @@ fn delete_options(
         (Some("Foreground"), _) => Some(PropagationPolicy::Foreground),
         (Some("Background"), _) | (None, _) => Some(PropagationPolicy::Background),
         (Some(other), _) => {
-            return Err(ApiError::new(
-                422,
-                "Invalid",
-                format!(
-                    "DeleteOptions.meta.k8s.io \"\" is invalid: propagationPolicy: Unsupported value: \"{other}\": supported values: \"Foreground\", \"Background\", \"Orphan\", \"nil\""
+            return Err(invalid_options(
+                "DeleteOptions",
+                &format!(
+                    "propagationPolicy: Unsupported value: \"{other}\": supported values: \"Foreground\", \"Background\", \"Orphan\", \"nil\""
                 ),
             ));
         }
@@ -515,17 +514,15 @@ async fn resource_request(
             if patch_type == PatchType::Apply
                 && params.get("fieldManager").is_none_or(str::is_empty)
             {
-                return Err(ApiError::new(
-                    422,
-                    "Invalid",
-                    "PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Required value: is required for apply patch",
+                return Err(invalid_options(
+                    "PatchOptions",
+                    "fieldManager: Required value: is required for apply patch",
                 ));
             }
             if patch_type != PatchType::Apply && params.get("force").is_some() {
-                return Err(ApiError::new(
-                    422,
-                    "Invalid",
-                    "PatchOptions.meta.k8s.io \"\" is invalid: force: Forbidden: may not be specified for non-apply patch",
+                return Err(invalid_options(
+                    "PatchOptions",
+                    "force: Forbidden: may not be specified for non-apply patch",
                 ));
             }
             let w = api

@@ -27,7 +27,6 @@ use futures::{Stream, StreamExt};
 use k8s_openapi::ClusterResourceScope;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, PartialObjectMeta, Patch, PatchParams,
 };
@@ -35,7 +34,7 @@ use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::Error;
 use crate::context::Context;
@@ -45,7 +44,7 @@ use crate::trust::plan::{
     self, BundleMode, NamespaceView, Observed, Outcome, StatusChange, TargetsView,
 };
 use crate::trust::sources::SourceContext;
-use crate::trust::target::{ObservedTarget, Owner, OwnerApi, TargetKind, cleanup_body};
+use crate::trust::target::{ObservedTarget, Owner, TargetKind, cleanup_body};
 
 /// The name of trust-manager's Bundle CRD.
 pub const BUNDLE_CRD: &str = "bundles.trust.cert-manager.io";
@@ -322,7 +321,7 @@ fn indexed<K, V>(
     remove: impl Fn(&mut BTreeMap<String, V>, &K) + Send + 'static,
 ) -> impl Stream<Item = K> + Send + 'static
 where
-    K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
+    K: Watchable,
     V: Clone + Send + Sync + 'static,
 {
     let mut listing: Option<BTreeMap<String, V>> = None;
@@ -626,7 +625,7 @@ impl Shared {
     async fn record<K: Served>(&self, object: &K, change: StatusChange) -> Result<(), Error> {
         let api = object.object().api();
         let version = change.default_ca_version.as_deref();
-        let body = status_body(api, &object.name_any(), &change.condition, version);
+        let body = plan::status_body(api, &object.name_any(), &change.condition, version);
         let objects: Api<K> = Api::all(self.ctx.client.clone());
         objects
             .patch_status(
@@ -638,24 +637,4 @@ impl Shared {
         self.ctx.event(&object.object_ref(&()), change.event).await;
         Ok(())
     }
-}
-
-/// The server-side apply of a status change: only `Synced`, and the default CA version when
-/// there is one.
-pub(super) fn status_body(
-    api: OwnerApi,
-    name: &str,
-    synced: &Condition,
-    default_ca_version: Option<&str>,
-) -> Value {
-    let mut status = json!({"conditions": [synced]});
-    if let Some(version) = default_ca_version {
-        status["defaultCAVersion"] = json!(version);
-    }
-    json!({
-        "apiVersion": api.api_version(),
-        "kind": api.kind(),
-        "metadata": {"name": name},
-        "status": status,
-    })
 }

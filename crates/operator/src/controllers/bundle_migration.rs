@@ -17,13 +17,13 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 
-use super::bundle::{BUNDLE_CRD, CLUSTER_BUNDLE_CRD, crd_installed, status_body, watched};
+use super::bundle::{BUNDLE_CRD, CLUSTER_BUNDLE_CRD, crd_installed, watched};
 use crate::Error;
 use crate::context::Context;
 use crate::trust::api::{Bundle, FIELD_MANAGER};
 use crate::trust::cluster_bundle::ClusterBundle;
 use crate::trust::migration::{self, MIGRATION_MANAGER};
-use crate::trust::plan::BundleMode;
+use crate::trust::plan::{self, BundleMode};
 use crate::trust::target::OwnerApi;
 
 const CONTROLLER: &str = "bundle_migration";
@@ -101,7 +101,7 @@ impl Migration {
         }
         if let Some((condition, default_ca_version)) = &pass.mirror {
             let version = default_ca_version.as_deref();
-            let body = status_body(OwnerApi::Bundle, &name, condition, version);
+            let body = plan::status_body(OwnerApi::Bundle, &name, condition, version);
             let bundles: Api<Bundle> = Api::all(self.ctx.client.clone());
             let apply = PatchParams::apply(FIELD_MANAGER).force();
             bundles

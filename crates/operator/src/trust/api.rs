@@ -157,3 +157,10 @@ pub struct BundleStatus {
     )]
     pub default_ca_version: Option<String>,
 }
+
+impl BundleStatus {
+    /// The `Synced` condition, if there is one.
+    pub fn synced(&self) -> Option<&Condition> {
+        self.conditions.iter().flatten().find(|c| c.type_ == SYNCED)
+    }
+}

@@ -18,7 +18,7 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use serde_json::{Value, json};
 
-use super::api::{Bundle, FIELD_MANAGER, SYNCED};
+use super::api::{Bundle, FIELD_MANAGER};
 use super::cluster_bundle::{ClusterBundle, MIGRATED_ANNOTATION, from_bundle};
 use crate::changes::Event;
 
@@ -137,11 +137,7 @@ fn mirrored(
     cluster_bundle: &ClusterBundle,
 ) -> Option<(Condition, Option<String>)> {
     let status = cluster_bundle.status.as_ref()?;
-    let synced = status
-        .conditions
-        .iter()
-        .flatten()
-        .find(|c| c.type_ == SYNCED)?;
+    let synced = status.synced()?;
     if synced.observed_generation != cluster_bundle.metadata.generation {
         return None;
     }
@@ -151,9 +147,7 @@ fn mirrored(
     };
     let version = status.default_ca_version.clone();
     let shown = bundle.status.as_ref();
-    let shown_condition = shown
-        .and_then(|s| s.conditions.as_ref())
-        .and_then(|c| c.iter().find(|c| c.type_ == SYNCED));
+    let shown_condition = shown.and_then(|s| s.synced());
     let shown_version = shown.and_then(|s| s.default_ca_version.clone());
     let same = shown_condition == Some(&condition) && shown_version == version;
     (!same).then_some((condition, version))
@@ -164,7 +158,7 @@ mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry, Time};
 
     use super::*;
-    use crate::trust::api::BundleStatus;
+    use crate::trust::api::{BundleStatus, SYNCED};
 
     fn bundle(generation: i64) -> Bundle {
         let mut bundle: Bundle = serde_json::from_value(json!({

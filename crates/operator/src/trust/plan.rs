@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, ObjectMeta, Time};
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use super::api::{Bundle, BundleStatus, SYNCED};
 use super::cluster_bundle::{ClusterBundle, JKS_KEY_ANNOTATION};
@@ -380,6 +380,26 @@ pub fn plan(observed: &Observed<'_>) -> BundlePlan {
     }
 }
 
+/// The server-side apply of a status change: only `Synced`, and the default CA version when
+/// there is one.
+pub fn status_body(
+    api: OwnerApi,
+    name: &str,
+    synced: &Condition,
+    default_ca_version: Option<&str>,
+) -> Value {
+    let mut status = json!({"conditions": [synced]});
+    if let Some(version) = default_ca_version {
+        status["defaultCAVersion"] = json!(version);
+    }
+    json!({
+        "apiVersion": api.api_version(),
+        "kind": api.kind(),
+        "metadata": {"name": name},
+        "status": status,
+    })
+}
+
 /// The status and event after writing `kind` to `namespace` failed with `error`.
 pub fn target_failed(
     observed: &Observed<'_>,
@@ -426,8 +446,7 @@ fn recorded_version<'a>(observed: &Observed<'a>) -> Option<&'a str> {
 }
 
 fn existing_synced<'a>(observed: &Observed<'a>) -> Option<&'a Condition> {
-    let conditions = observed.object.status()?.conditions.as_ref()?;
-    conditions.iter().find(|c| c.type_ == SYNCED)
+    observed.object.status()?.synced()
 }
 
 /// A `Synced` condition; the transition time stays when the status does not change.
