@@ -21,6 +21,7 @@ pub mod context;
 pub mod controllers;
 pub mod credentials;
 mod error;
+pub mod etcd;
 pub mod injection;
 pub mod machine;
 pub mod metrics;

@@ -370,6 +370,16 @@ pub struct IssuerView {
 }
 
 impl IssuerView {
+    /// The CAs a certificate of this issuer may be signed by: its bundle and the CA that
+    /// signs now.
+    pub fn candidates(&self) -> Vec<&Certificate> {
+        self.bundle
+            .iter()
+            .flat_map(|b| b.certificates())
+            .chain(self.signer.as_ref().ok().map(|s| &s.certificate))
+            .collect()
+    }
+
     /// The issuer as the CA Secret `secret` says at `now`.
     pub fn of(secret: &CaSecret, now: OffsetDateTime) -> Self {
         let signer = match &secret.current {

@@ -589,7 +589,7 @@ pub struct Condition {
 }
 
 impl Condition {
-    fn new(status: bool, reason: &'static str, message: impl Into<String>) -> Self {
+    pub(crate) fn new(status: bool, reason: &'static str, message: impl Into<String>) -> Self {
         Self {
             status,
             reason,
@@ -597,7 +597,7 @@ impl Condition {
         }
     }
 
-    fn as_expected() -> Self {
+    pub(crate) fn as_expected() -> Self {
         Self::new(false, names::REASON_AS_EXPECTED, "")
     }
 }

@@ -739,16 +739,6 @@ fn issuer_digest(state: &CaSecretState, now: OffsetDateTime) -> String {
     }
 }
 
-/// The CAs a certificate may be signed by: its issuer's bundle and the CA that signs now.
-pub(crate) fn candidates(issuer: &IssuerView) -> Vec<&Certificate> {
-    issuer
-        .bundle
-        .iter()
-        .flat_map(|b| b.certificates())
-        .chain(issuer.signer.as_ref().ok().map(|s| &s.certificate))
-        .collect()
-}
-
 /// The outcome of a write.
 pub(crate) enum Written {
     /// Written; the object's new `resourceVersion`.
@@ -1514,7 +1504,7 @@ impl Shared {
         published: &BTreeSet<String>,
         untrusting: &mut Untrusting,
     ) -> (BTreeSet<String>, bool, Option<BTreeSet<String>>) {
-        let candidates = candidates(issuer);
+        let candidates = issuer.candidates();
         let keys = lock(&self.index).of_issuer(authority);
         let mut in_use = BTreeSet::new();
         let mut missing = false;
@@ -1786,7 +1776,7 @@ pub(crate) async fn write_config_map(
 /// merge-patches `data`, the label and the annotation changes on `version`. A create is
 /// a create: an object that appeared since the pass read none is never overwritten (409,
 /// [`Written::Conflict`]: the next pass observes it).
-async fn create_or_patch<K>(
+pub(crate) async fn create_or_patch<K>(
     client: &kube::Client,
     key: &Key,
     version: Option<&str>,

@@ -130,7 +130,7 @@ async fn reconcile(
             secret: LeafSecretState::observe(
                 content.as_ref().map(|(d, a)| (d, a)),
                 serving,
-                authority_watch::candidates(&issuer),
+                issuer.candidates(),
             ),
         };
         let held_one = matches!(&seen.secret, LeafSecretState::Present(s) if s.certificate.is_ok());

@@ -20,6 +20,8 @@ pub mod ca_injection;
 pub mod ca_secrets;
 pub mod cache;
 pub mod certificate_authority;
+pub mod etcd_certificates;
+mod etcd_health;
 pub mod issued_certificate;
 mod machine_handle;
 pub mod machine_refresh;
@@ -97,6 +99,7 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
         rollout::run(ctx.clone(), api, caches, changes),
         bundle::run(ctx.clone()),
         bundle_migration::run(ctx.clone()),
+        etcd_certificates::run(ctx.clone()),
     );
 }
 

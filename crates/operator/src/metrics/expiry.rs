@@ -10,6 +10,9 @@
 //!   operator's `openshift_etcd_operator_signer_expiration_days` computes them (notAfter minus
 //!   now, in hours, over 24). That operator sets its gauge at each sync, once a minute; here it
 //!   is computed at the scrape, from the stored notAfter, so it is never older than the scrape.
+//! - `caretaker_etcd_signer_expiration_days{namespace, signer}`: the same for the two signers
+//!   of each `EtcdCertificates` (`signer` is `signer-ca` or `metrics-signer-ca`, the OpenShift
+//!   etcd operator's label values).
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -23,6 +26,7 @@ use super::CertificateKind;
 
 pub(super) const CERTIFICATE_EXPIRATION: &str = "caretaker_certificate_expiration_seconds";
 pub(super) const CA_EXPIRATION_DAYS: &str = "caretaker_ca_expiration_days";
+pub(super) const ETCD_SIGNER_EXPIRATION_DAYS: &str = "caretaker_etcd_signer_expiration_days";
 
 /// (kind, namespace, name): one certificate-holding object.
 type Series = (CertificateKind, String, String);
@@ -89,18 +93,37 @@ impl prometheus_client::collector::Collector for Collector {
                 ConstGauge::new(*not_after).encode(family.encode_family(&labels)?)?;
             }
         }
-        let mut family = encoder.encode_descriptor(
+        {
+            let mut family = encoder.encode_descriptor(
             CA_EXPIRATION_DAYS,
             "Days from now until the current CA of a CertificateAuthority expires; negative once it has.",
             None,
             MetricType::Gauge,
         )?;
-        for ((kind, _, name), not_after) in &expiries {
-            if *kind != CertificateKind::CertificateAuthority {
+            for ((kind, _, name), not_after) in &expiries {
+                if *kind != CertificateKind::CertificateAuthority {
+                    continue;
+                }
+                let days = (*not_after as f64 - now) / SECONDS_PER_DAY;
+                ConstGauge::new(days).encode(family.encode_family(&[("name", name.as_str())])?)?;
+            }
+        }
+        let mut family = encoder.encode_descriptor(
+            ETCD_SIGNER_EXPIRATION_DAYS,
+            "Days from now until an etcd signer of an EtcdCertificates expires; negative once it has.",
+            None,
+            MetricType::Gauge,
+        )?;
+        for ((kind, namespace, signer), not_after) in &expiries {
+            if *kind != CertificateKind::EtcdSigner {
                 continue;
             }
             let days = (*not_after as f64 - now) / SECONDS_PER_DAY;
-            ConstGauge::new(days).encode(family.encode_family(&[("name", name.as_str())])?)?;
+            let labels = [
+                ("namespace", namespace.as_str()),
+                ("signer", signer.as_str()),
+            ];
+            ConstGauge::new(days).encode(family.encode_family(&labels)?)?;
         }
         Ok(())
     }

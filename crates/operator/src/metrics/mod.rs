@@ -6,6 +6,7 @@
 //! |---|---|---|
 //! | `caretaker_certificate_expiration_seconds` | gauge | `kind`, `namespace`, `name` |
 //! | `caretaker_ca_expiration_days` | gauge | `name` |
+//! | `caretaker_etcd_signer_expiration_days` | gauge | `namespace`, `signer` |
 //! | `caretaker_certificate_rotations_total` | counter | `kind` |
 //! | `caretaker_certificate_rotation_failures_total` | counter | `kind`, `category` |
 //! | `caretaker_reconcile_total` | counter | `controller` |
@@ -49,13 +50,19 @@ pub enum CertificateKind {
     IssuedCertificate,
     /// A Cluster API Machine: the earliest notAfter of its node's certificates.
     Machine,
+    /// An etcd signer of an `EtcdCertificates` (its name: `signer-ca` or `metrics-signer-ca`).
+    EtcdSigner,
+    /// A certificate of an `EtcdCertificates` (its name: the Secret's).
+    EtcdCertificate,
 }
 
 impl CertificateKind {
-    pub const ALL: [CertificateKind; 3] = [
+    pub const ALL: [CertificateKind; 5] = [
         CertificateKind::CertificateAuthority,
         CertificateKind::IssuedCertificate,
         CertificateKind::Machine,
+        CertificateKind::EtcdSigner,
+        CertificateKind::EtcdCertificate,
     ];
 
     /// The kind as the `kind` label writes it.
@@ -64,6 +71,8 @@ impl CertificateKind {
             CertificateKind::CertificateAuthority => "CertificateAuthority",
             CertificateKind::IssuedCertificate => "IssuedCertificate",
             CertificateKind::Machine => "Machine",
+            CertificateKind::EtcdSigner => "EtcdSigner",
+            CertificateKind::EtcdCertificate => "EtcdCertificate",
         }
     }
 }

@@ -16,6 +16,7 @@ fn scrape(metrics: &Metrics) -> Exposition {
 
 const EXPIRATION: &str = "caretaker_certificate_expiration_seconds";
 const DAYS: &str = "caretaker_ca_expiration_days";
+const ETCD_DAYS: &str = "caretaker_etcd_signer_expiration_days";
 
 fn fixed_now() -> OffsetDateTime {
     datetime!(2026-03-01 00:00 UTC)
@@ -41,6 +42,7 @@ fn every_family_is_declared_with_its_type() {
             (DAYS, "gauge"),
             (EXPIRATION, "gauge"),
             ("caretaker_certificate_rotations", "counter"),
+            (ETCD_DAYS, "gauge"),
         ])
     );
     let names: Vec<String> = scrape(&metrics)
@@ -48,7 +50,7 @@ fn every_family_is_declared_with_its_type() {
         .into_iter()
         .map(|s| s.name)
         .collect();
-    assert_eq!(names, ["caretaker_certificate_rotations_total"; 3]);
+    assert_eq!(names, ["caretaker_certificate_rotations_total"; 5]);
 
     drop(metrics.reconcile_started("machine"));
     metrics.reconcile_failed("machine", &Error::CacheStopped);
@@ -60,11 +62,34 @@ fn every_family_is_declared_with_its_type() {
             (EXPIRATION, "gauge"),
             ("caretaker_certificate_rotation_failures", "counter"),
             ("caretaker_certificate_rotations", "counter"),
+            (ETCD_DAYS, "gauge"),
             ("caretaker_reconcile", "counter"),
             ("caretaker_reconcile_duration_seconds", "histogram"),
             ("caretaker_reconcile_errors", "counter"),
         ])
     );
+}
+
+/// The equivalent of `openshift_etcd_operator_signer_expiration_days`: per namespace and
+/// signer, days left at the scrape; the signers' notAfter is also an expiry series.
+#[test]
+fn etcd_signers_have_their_days_left() {
+    let metrics = Metrics::with_clock(fixed_now);
+    let at = fixed_now() + time::Duration::hours(36);
+    metrics.set_certificate_expiry(CertificateKind::EtcdSigner, "etcd-system", "signer-ca", at);
+    metrics.set_certificate_expiry(
+        CertificateKind::EtcdCertificate,
+        "etcd-system",
+        "etcd-peer-m0",
+        at,
+    );
+    let exposition = scrape(&metrics);
+    assert_eq!(
+        exposition.series(ETCD_DAYS),
+        [("namespace=etcd-system,signer=signer-ca".into(), 1.5)]
+    );
+    assert_eq!(exposition.series(DAYS), [], "not a CertificateAuthority's");
+    assert_eq!(exposition.series(EXPIRATION).len(), 2);
 }
 
 #[test]
@@ -223,6 +248,8 @@ fn rotations_and_their_failures_are_counted_by_kind_and_category() {
         exposition.series("caretaker_certificate_rotations_total"),
         [
             ("kind=CertificateAuthority".into(), 1.0),
+            ("kind=EtcdCertificate".into(), 0.0),
+            ("kind=EtcdSigner".into(), 0.0),
             ("kind=IssuedCertificate".into(), 0.0),
             ("kind=Machine".into(), 2.0),
         ]

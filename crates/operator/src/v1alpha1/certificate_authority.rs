@@ -131,6 +131,7 @@ impl CertificateAuthoritySpec {
             problems.namespace_name(&format!("spec.allowedNamespaces[{i}]"), namespace);
         }
         let (validity, rotation) = problems.lifetime(
+            "spec",
             &self.validity,
             self.renew_at_percent,
             self.renew_before.as_deref(),
@@ -309,7 +310,10 @@ mod tests {
     #[test]
     fn only_one_of_percent_and_renew_before() {
         let error = spec(json!({"renewBefore": "60d"})).policy().unwrap_err();
-        assert_eq!(error.errors[0].problem, Problem::BothRenewalSettings);
+        assert_eq!(
+            error.errors[0].problem,
+            Problem::BothRenewalSettings("spec".into())
+        );
         assert_eq!(error.errors[0].field, "spec.renewBefore");
     }
 

@@ -124,6 +124,7 @@ impl IssuedCertificateSpec {
         let usage = problems.usage("spec.usages", &self.usages);
         let algorithm = problems.key_algorithm("spec.keyAlgorithm", &self.key_algorithm);
         let (validity, rotation) = problems.lifetime(
+            "spec",
             &self.validity,
             self.renew_at_percent,
             self.renew_before.as_deref(),

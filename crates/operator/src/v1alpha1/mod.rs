@@ -15,11 +15,17 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 mod certificate_authority;
+mod etcd_certificates;
 mod issued_certificate;
 mod validation;
 
 pub use certificate_authority::{
     CertificateAuthority, CertificateAuthoritySpec, CertificateAuthorityStatus, PreviousCa,
+};
+pub use etcd_certificates::{
+    CertificateSettings, EtcdCertificates, EtcdCertificatesSpec, EtcdCertificatesStatus,
+    EtcdMember, EtcdPolicy, MemberSelector, MemberSpec, QuorumSettings, SelectorRequirement,
+    SignerSettings, SignerStatus,
 };
 pub use issued_certificate::{
     IssuedCertificate, IssuedCertificateSpec, IssuedCertificateStatus, IssuerReference,
@@ -48,10 +54,14 @@ pub const DEFAULT_CA_VALIDITY: &str = "10y";
 pub const DEFAULT_CERTIFICATE_VALIDITY: &str = "1y";
 pub const DEFAULT_TRUST_PROPAGATION: &str = "5m";
 
-/// Both CustomResourceDefinitions, CertificateAuthority first, as `caretaker crds` prints
+/// caretaker's CustomResourceDefinitions, CertificateAuthority first, as `caretaker crds` prints
 /// them: [`CustomResourceExt::crd`] with descriptions reflowed.
 pub fn crds() -> Vec<CustomResourceDefinition> {
-    let mut crds = vec![CertificateAuthority::crd(), IssuedCertificate::crd()];
+    let mut crds = vec![
+        CertificateAuthority::crd(),
+        IssuedCertificate::crd(),
+        EtcdCertificates::crd(),
+    ];
     for version in crds.iter_mut().flat_map(|crd| crd.spec.versions.iter_mut()) {
         let schema = version
             .schema

@@ -53,8 +53,13 @@ pub enum Problem {
     Empty,
     #[error(transparent)]
     Ttl(TtlError),
-    #[error("{value:?} is not shorter than spec.validity {validity:?}")]
-    NotShorterThanValidity { value: String, validity: String },
+    #[error("{value:?} is not shorter than {at}.validity {validity:?}")]
+    NotShorterThanValidity {
+        value: String,
+        validity: String,
+        /// Where the lifetime is described: `spec`, or a part of it such as `spec.signer`.
+        at: String,
+    },
     #[error(
         "{value:?} is not shorter than the time between the CA's rotation and its expiry \
          ({window}): the new CA could not sign before the old one expired"
@@ -62,8 +67,9 @@ pub enum Problem {
     LongerThanRenewalWindow { value: String, window: String },
     #[error("{0} is out of range; expected a whole number from 1 to 100")]
     PercentOutOfRange(i64),
-    #[error("set only one of spec.renewAtPercent and spec.renewBefore")]
-    BothRenewalSettings,
+    /// Both were set, in the part of the spec named (`spec`, `spec.signer`, ...).
+    #[error("set only one of {0}.renewAtPercent and {0}.renewBefore")]
+    BothRenewalSettings(String),
     #[error("{0:?} is not a key algorithm; accepted: {accepted}", accepted = key_algorithm_names())]
     UnknownKeyAlgorithm(String),
     #[error("no usage given; expected server, client, or both of them")]
@@ -74,6 +80,10 @@ pub enum Problem {
     NotADnsName { value: String, reason: &'static str },
     #[error("{0:?} is not an IP address")]
     NotAnIpAddress(String),
+    #[error("{0:?} is listed twice")]
+    Duplicate(String),
+    #[error("{0:?} is not an https URL with a host, such as https://10.0.0.1:2379")]
+    NotAnHttpsUrl(String),
     #[error("{value:?} is not a valid {kind} name: {expected}")]
     NotAnObjectName {
         value: String,
@@ -152,42 +162,53 @@ impl Problems {
         found.map(|(_, algorithm)| *algorithm)
     }
 
-    /// `spec.validity`, and when to renew within it: the lifetime both kinds describe the
-    /// same way.
+    /// `{at}.validity`, and when to renew within it: the lifetime every kind describes the
+    /// same way, at `spec` or in a part of it (`spec.signer`).
     pub(super) fn lifetime(
         &mut self,
+        at: &str,
         validity: &str,
         renew_at_percent: Option<i32>,
         renew_before: Option<&str>,
     ) -> (Option<Ttl>, Option<RotationPolicy>) {
-        let ttl = self.ttl("spec.validity", validity);
-        let rotation = self.rotation(renew_at_percent, renew_before, ttl.map(|t| (validity, t)));
+        let ttl = self.ttl(&format!("{at}.validity"), validity);
+        let rotation = self.rotation(
+            at,
+            renew_at_percent,
+            renew_before,
+            ttl.map(|t| (validity, t)),
+        );
         (ttl, rotation)
     }
 
-    /// `spec.renewAtPercent` or `spec.renewBefore` (80% when neither is set), checked
+    /// `{at}.renewAtPercent` or `{at}.renewBefore` (80% when neither is set), checked
     /// against `validity` (`None` when the validity itself is bad).
     fn rotation(
         &mut self,
+        at: &str,
         renew_at_percent: Option<i32>,
         renew_before: Option<&str>,
         validity: Option<(&str, Ttl)>,
     ) -> Option<RotationPolicy> {
         match (renew_at_percent, renew_before) {
             (Some(_), Some(_)) => {
-                self.add("spec.renewBefore", Problem::BothRenewalSettings);
+                self.add(
+                    format!("{at}.renewBefore"),
+                    Problem::BothRenewalSettings(at.to_string()),
+                );
                 None
             }
             (None, Some(value)) => {
-                let before = self.ttl("spec.renewBefore", value)?;
+                let before = self.ttl(&format!("{at}.renewBefore"), value)?;
                 if let Some((validity_text, validity)) = validity
                     && before.approximate() >= validity.approximate()
                 {
                     self.add(
-                        "spec.renewBefore",
+                        format!("{at}.renewBefore"),
                         Problem::NotShorterThanValidity {
                             value: value.to_string(),
                             validity: validity_text.to_string(),
+                            at: at.to_string(),
                         },
                     );
                     return None;
@@ -200,7 +221,7 @@ impl Problems {
                     Ok(policy) => Some(policy),
                     Err(_) => {
                         self.add(
-                            "spec.renewAtPercent",
+                            format!("{at}.renewAtPercent"),
                             Problem::PercentOutOfRange(percent.into()),
                         );
                         None
@@ -312,6 +333,32 @@ impl Problems {
 
     /// A namespace's name: an RFC 1123 label.
     pub(super) fn namespace_name(&mut self, field: &str, value: &str) {
+        self.label_name(field, "namespace", value)
+    }
+
+    /// An etcd member's name, part of its Secrets' names: an RFC 1123 label.
+    pub(super) fn member_name(&mut self, field: &str, value: &str) {
+        self.label_name(field, "member", value)
+    }
+
+    pub(super) fn empty(&mut self, field: &str) {
+        self.add(field, Problem::Empty);
+    }
+
+    pub(super) fn duplicate(&mut self, field: &str, value: &str) {
+        self.add(field, Problem::Duplicate(value.to_string()));
+    }
+
+    pub(super) fn https_url(&mut self, field: &str, value: &str) {
+        let ok = value.parse::<hyper::Uri>().is_ok_and(|uri| {
+            uri.scheme_str() == Some("https") && uri.host().is_some_and(|h| !h.is_empty())
+        });
+        if !ok {
+            self.add(field, Problem::NotAnHttpsUrl(value.to_string()));
+        }
+    }
+
+    fn label_name(&mut self, field: &str, kind: &'static str, value: &str) {
         if value.is_empty() {
             self.add(field, Problem::Empty);
         } else if !is_rfc1123(value, 63, false) {
@@ -319,7 +366,7 @@ impl Problems {
                 field,
                 Problem::NotAnObjectName {
                     value: value.to_string(),
-                    kind: "namespace",
+                    kind,
                     expected: "expected lowercase letters, digits and '-', starting and \
                                ending with a letter or digit, at most 63 characters",
                 },

@@ -1,0 +1,669 @@
+//! The EtcdCertificates controller: a pass reads the namespace's signer, bundle and
+//! certificate Secrets and ConfigMaps (fresh), the selected Nodes, and every member's answer
+//! ([`super::etcd_health`]), asks [`etcd::plan`], and carries the plan out in order, stopping
+//! at the first write that fails. `etcd-all-certs` is written only after the members are asked
+//! once more and the quorum gate still holds.
+//!
+//! It runs again when one of its Secrets or ConfigMaps or a Node changes, at the plan's
+//! wake-up time, and, while something waits on the members (the gate is closed, a revision
+//! is being installed, a next signer is being taken up), after a backoff that grows from 2 s
+//! to 30 s; nothing polls in steady state. Deleting an EtcdCertificates deletes nothing: the
+//! etcd cluster keeps its certificates.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
+use futures::StreamExt;
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Secret};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DeleteParams, ListParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+use kube::{Resource, ResourceExt};
+use serde_json::Value;
+use time::OffsetDateTime;
+
+use super::authority_watch::{self, Written};
+use super::etcd_health::Asker;
+use crate::Error;
+use crate::authority::ca::AuthorityStatus;
+use crate::authority::leaf::CertificateStep;
+use crate::authority::{CaKeyPair, PkiMint};
+use crate::changes::{AnnotationChanges, Event};
+use crate::context::Context;
+use crate::etcd::{
+    self, ALL_CERTS, EtcdObserved, EtcdPlan, EtcdStep, Quorum, REVISION_ANNOTATION, Signer,
+};
+use crate::metrics::CertificateKind;
+use crate::names;
+use crate::timestamp::format_time;
+use crate::trust::selector::Selector;
+use crate::v1alpha1::{
+    self, EtcdCertificates, EtcdCertificatesStatus, EtcdPolicy, MemberSpec, SignerStatus,
+};
+
+const CRD: &str = "etcdcertificates.caretaker.dev";
+const CONTROLLER: &str = "etcd_certificates";
+
+/// What passes keep between them, per object (namespace/name).
+#[derive(Default)]
+struct Memory {
+    last_good: Mutex<HashMap<String, BTreeMap<Signer, CaKeyPair>>>,
+    backoff: Mutex<HashMap<String, Duration>>,
+}
+
+struct Shared {
+    ctx: Arc<Context>,
+    memory: Memory,
+}
+
+/// Runs the controller once its CRD is installed, until its streams end.
+pub async fn run(ctx: Arc<Context>) {
+    let crds: Api<CustomResourceDefinition> = Api::all(ctx.client.clone());
+    if !super::bundle::crd_installed(crds, CRD).await {
+        return;
+    }
+    let client = ctx.client.clone();
+    let objects: Api<EtcdCertificates> = Api::all(client.clone());
+    let controller = Controller::new(objects, watcher::Config::default());
+    let store = controller.store();
+    let in_namespace = move |namespace: Option<String>| {
+        store
+            .state()
+            .iter()
+            .filter(|o| o.namespace() == namespace)
+            .map(|o| ObjectRef::from_obj(&**o))
+            .collect::<Vec<_>>()
+    };
+    let (for_secrets, for_config_maps) = (in_namespace.clone(), in_namespace.clone());
+    let store = controller.store();
+    let selecting = move |_: Node| {
+        store
+            .state()
+            .iter()
+            .filter(|o| o.spec.member_selector.is_some())
+            .map(|o| ObjectRef::from_obj(&**o))
+            .collect::<Vec<_>>()
+    };
+    let managed = watcher::Config::default().labels(&format!(
+        "{}={}",
+        names::MANAGED_BY.0,
+        names::MANAGED_BY.1
+    ));
+    let shared = Arc::new(Shared {
+        ctx: ctx.clone(),
+        memory: Memory::default(),
+    });
+    let error_policy = |_: Arc<EtcdCertificates>, error: &Error, shared: Arc<Shared>| {
+        tracing::warn!(error = %error, "EtcdCertificates pass failed; trying again in 10s");
+        shared.ctx.metrics.reconcile_failed(CONTROLLER, error);
+        Action::requeue(Duration::from_secs(10))
+    };
+    tracing::info!("EtcdCertificates controller starting");
+    controller
+        .watches(
+            Api::<Secret>::all(client.clone()),
+            managed.clone(),
+            move |s: Secret| for_secrets(s.namespace()),
+        )
+        .watches(
+            Api::<ConfigMap>::all(client.clone()),
+            managed,
+            move |c: ConfigMap| for_config_maps(c.namespace()),
+        )
+        .watches(
+            Api::<Node>::all(client),
+            watcher::Config::default(),
+            selecting,
+        )
+        .run(reconcile, error_policy, shared)
+        .for_each(|_| futures::future::ready(()))
+        .await;
+}
+
+async fn reconcile(object: Arc<EtcdCertificates>, shared: Arc<Shared>) -> Result<Action, Error> {
+    let timer = shared.ctx.metrics.reconcile_started(CONTROLLER);
+    let result = pass(&object, &shared).await;
+    drop(timer);
+    result
+}
+
+async fn pass(object: &EtcdCertificates, shared: &Shared) -> Result<Action, Error> {
+    if object.metadata.deletion_timestamp.is_some() {
+        return Ok(Action::await_change());
+    }
+    let namespace = object.namespace().unwrap_or_default();
+    let key = format!("{namespace}/{}", object.name_any());
+    let policy = match object.spec.policy() {
+        Ok(policy) => policy,
+        Err(e) => {
+            let message = format!("{e}; nothing was written");
+            return refuse(shared, object, names::REASON_INVALID_SPEC, message).await;
+        }
+    };
+    let client = shared.ctx.client.clone();
+    let members = members_of(&client, object, &policy).await?;
+
+    // Read what the pass decides from.
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
+    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);
+    let all_certs = secrets.get_opt(ALL_CERTS).await?;
+    let mut names: Vec<String> = etcd::leaves(&members)
+        .iter()
+        .map(etcd::Leaf::secret_name)
+        .chain(Signer::ALL.map(|s| s.secret().to_string()))
+        .chain([policy.client_secret.clone()])
+        .collect();
+    if let Some(all) = &all_certs {
+        let (data, _) = authority_watch::secret_content(all);
+        let text = data
+            .iter()
+            .map(|(k, v)| (k.clone(), String::from_utf8_lossy(v).into_owned()))
+            .collect();
+        for member in etcd::members_in_all_certs(&text) {
+            names.extend(etcd::Role::MEMBER.map(|r| etcd::member_secret(r, &member)));
+        }
+    }
+    names.sort();
+    names.dedup();
+    let read = futures::future::try_join_all(names.iter().map(|n| secrets.get_opt(n))).await?;
+    let mut found: Vec<Secret> = read.into_iter().flatten().collect();
+    found.extend(all_certs);
+    let bundles =
+        futures::future::try_join_all(Signer::ALL.map(|s| config_maps.get_opt(s.bundle()))).await?;
+    let bundles: Vec<ConfigMap> = bundles.into_iter().flatten().collect();
+
+    let foreign: Vec<String> = found
+        .iter()
+        .map(|s| ("Secret", &s.metadata))
+        .chain(bundles.iter().map(|c| ("ConfigMap", &c.metadata)))
+        .filter(|(_, meta)| {
+            meta.name.as_deref() != Some(policy.client_secret.as_str()) || is_ours(meta, &policy)
+        })
+        .filter_map(|(kind, meta)| {
+            let at = (namespace.clone(), meta.name.clone().unwrap_or_default());
+            authority_watch::not_managed(kind, &at, meta)
+        })
+        .collect();
+    if !foreign.is_empty() {
+        return refuse(
+            shared,
+            object,
+            names::REASON_OBJECT_NOT_MANAGED,
+            foreign.join("; "),
+        )
+        .await;
+    }
+
+    let mut versions: HashMap<String, String> = found
+        .iter()
+        .filter_map(|s| Some((s.name_any(), s.resource_version()?)))
+        .collect();
+    let mut bundle_versions: HashMap<String, String> = bundles
+        .iter()
+        .filter_map(|c| Some((c.name_any(), c.resource_version()?)))
+        .collect();
+    let old = object.status.clone().unwrap_or_default();
+    let mut seen = EtcdObserved {
+        namespace: namespace.clone(),
+        secrets: found
+            .iter()
+            .map(|s| (s.name_any(), authority_watch::secret_content(s)))
+            .collect(),
+        config_maps: bundles
+            .iter()
+            .map(|c| (c.name_any(), authority_watch::config_map_content(c)))
+            .collect(),
+        health: Vec::new(),
+        last_good: lock(&shared.memory.last_good)
+            .get(&key)
+            .cloned()
+            .unwrap_or_default(),
+        reported_degraded: degraded_message(&old.conditions).map(str::to_string),
+    };
+    let asker = asker(&seen, &policy);
+    seen.health = asker.ask_all(&policy.endpoints).await;
+
+    let plan_members = members.clone();
+    let plan = {
+        let (seen, policy) = (seen.clone(), policy.clone());
+        authority_watch::blocking(move || {
+            etcd::plan(
+                &seen,
+                &policy,
+                &plan_members,
+                OffsetDateTime::now_utc(),
+                &PkiMint,
+            )
+        })
+        .await
+        .map_err(|source| Error::SigningFailed {
+            certificate: format!("EtcdCertificates {key}"),
+            source,
+        })?
+    };
+
+    let reference = object.object_ref(&());
+    let mut written_revision = false;
+    for step in &plan.steps {
+        let outcome = match step {
+            EtcdStep::Signer(signer, ca_step) => {
+                use crate::authority::ca::AuthorityStep;
+                match ca_step {
+                    AuthorityStep::WriteSecret(secret) => {
+                        let name = signer.secret().to_string();
+                        let written = authority_watch::write_secret(
+                            &client,
+                            &(namespace.clone(), name.clone()),
+                            versions.get(&name).map(String::as_str),
+                            &secret.data(),
+                            &secret.annotation_changes(),
+                        )
+                        .await?;
+                        remember(&mut versions, name, written)
+                    }
+                    AuthorityStep::WriteBundle(bundle) => {
+                        let name = signer.bundle().to_string();
+                        let written = authority_watch::write_config_map(
+                            &client,
+                            &(namespace.clone(), name.clone()),
+                            bundle_versions.get(&name).map(String::as_str),
+                            &bundle.data(),
+                            &bundle.annotation_changes(),
+                        )
+                        .await?;
+                        remember(&mut bundle_versions, name, written)
+                    }
+                }
+            }
+            EtcdStep::Certificate { secret, step } => {
+                let written = authority_watch::write_secret(
+                    &client,
+                    &(namespace.clone(), secret.clone()),
+                    versions.get(secret).map(String::as_str),
+                    &step.data(),
+                    &step.annotation_changes(),
+                )
+                .await?;
+                remember(&mut versions, secret.clone(), written)
+            }
+            EtcdStep::AllCerts(all) => {
+                // Asked again right before: a member may have gone since the pass began.
+                if seen.secrets.contains_key(ALL_CERTS) {
+                    let again = asker.ask_all(&policy.endpoints).await;
+                    let quorum = Quorum::of(&again, &members);
+                    if !quorum.open() {
+                        tracing::warn!(etcd = %key, unhealthy = %quorum.unhealthy.join(", "), "{}", etcd::SKIPPING_FOR_QUORUM);
+                        return Ok(Action::requeue(backoff(shared, &key, true)));
+                    }
+                }
+                let stored = seen.all_certs().unwrap_or_default();
+                let written =
+                    write_all_certs(&client, &namespace, versions.get(ALL_CERTS), &stored, all)
+                        .await?;
+                written_revision = true;
+                remember(&mut versions, ALL_CERTS.to_string(), written)
+            }
+            EtcdStep::Delete(name) => {
+                match secrets.delete(name, &DeleteParams::default()).await {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(e)) if e.code == 404 => {}
+                    Err(e) => return Err(e.into()),
+                }
+                true
+            }
+        };
+        if !outcome {
+            tracing::info!(etcd = %key, "an object changed since this pass read it; the next pass starts from what is stored");
+            return Ok(Action::requeue(Duration::from_secs(1)));
+        }
+    }
+
+    if plan.held {
+        tracing::warn!(etcd = %key, unhealthy = %plan.quorum.unhealthy.join(", "), "{}", etcd::SKIPPING_FOR_QUORUM);
+    }
+    for event in &plan.events {
+        tracing::info!(etcd = %key, reason = event.reason, note = %event.note, "EtcdCertificates event");
+        shared.ctx.event(&reference, event.clone()).await;
+    }
+    remember_signers(shared, &key, &seen);
+    record_metrics(shared, &seen, &plan, &members);
+    let status = status_of(object, &plan, &old, &members, written_revision);
+    write_status(shared, object, &status, &old).await?;
+    shared.ctx.metrics.reconciled(CONTROLLER, Duration::ZERO);
+    let wake = plan.wake_at.map(authority_watch::until);
+    Ok(if plan.waits_on_members {
+        let wait = backoff(shared, &key, true);
+        Action::requeue(wake.map_or(wait, |w| w.min(wait)))
+    } else {
+        backoff(shared, &key, false);
+        wake.map_or_else(Action::await_change, Action::requeue)
+    })
+}
+
+/// Whether the health-check client Secret is one caretaker writes (its own `etcd-client`):
+/// a Secret the user names there is theirs, and is only read.
+fn is_ours(meta: &kube::api::ObjectMeta, policy: &EtcdPolicy) -> bool {
+    meta.name.as_deref() == Some(etcd::CLIENT_SECRET) && policy.client_secret == etcd::CLIENT_SECRET
+}
+
+/// Records a write's new version; `false` when the object changed since it was read.
+fn remember(versions: &mut HashMap<String, String>, name: String, written: Written) -> bool {
+    match written {
+        Written::Done(version) => {
+            versions.insert(name, version);
+            true
+        }
+        Written::Conflict => false,
+    }
+}
+
+/// The wait before asking the members again: 2 s, doubling to 30 s while something waits on
+/// them; forgotten once nothing does.
+fn backoff(shared: &Shared, key: &str, waiting: bool) -> Duration {
+    let mut backoff = lock(&shared.memory.backoff);
+    if !waiting {
+        backoff.remove(key);
+        return Duration::ZERO;
+    }
+    let next = backoff.get(key).map_or(Duration::from_secs(2), |d| {
+        (*d * 2).min(Duration::from_secs(30))
+    });
+    backoff.insert(key.to_string(), next);
+    next
+}
+
+/// The health checks' client: the client Secret's pair, the signer's trust, and a probe
+/// from the next signer during a rotation.
+fn asker(seen: &EtcdObserved, policy: &EtcdPolicy) -> Asker {
+    let now = OffsetDateTime::now_utc();
+    let trust = etcd::server_trust(seen, now);
+    let client = seen
+        .secrets
+        .get(&policy.client_secret)
+        .and_then(|(data, _)| {
+            let text = |k: &str| data.get(k).map(|v| String::from_utf8_lossy(v).into_owned());
+            Some((
+                text(crate::authority::TLS_CRT)?,
+                text(crate::authority::TLS_KEY)?,
+            ))
+        });
+    let next = etcd::next_signer(seen);
+    Asker::new(
+        trust.as_ref(),
+        client.as_ref().map(|(c, k)| (c.as_str(), k.as_str())),
+        next.as_ref(),
+    )
+}
+
+/// The spec's members and the selected Nodes' (a listed member wins over a Node of its name).
+async fn members_of(
+    client: &kube::Client,
+    object: &EtcdCertificates,
+    policy: &EtcdPolicy,
+) -> Result<Vec<MemberSpec>, Error> {
+    let mut members = policy.members.clone();
+    let Some(selector) = &object.spec.member_selector else {
+        return Ok(members);
+    };
+    let selector = match Selector::parse(Some(&selector.label_selector())) {
+        Ok(selector) => selector,
+        Err(e) => {
+            tracing::warn!(error = %e, "spec.memberSelector does not parse; only the listed members count");
+            return Ok(members);
+        }
+    };
+    let nodes: Api<Node> = Api::all(client.clone());
+    for node in nodes.list(&ListParams::default()).await? {
+        let name = node.name_any();
+        if !selector.matches(node.metadata.labels.as_ref().unwrap_or(&BTreeMap::new()))
+            || members.iter().any(|m| m.name == name)
+            || !v1alpha1::is_rfc1123(&name, 63, false)
+        {
+            continue;
+        }
+        let (mut dns_names, mut ip_addresses) = (vec![name.clone()], Vec::new());
+        for address in node
+            .status
+            .iter()
+            .flat_map(|s| s.addresses.iter().flatten())
+        {
+            match address.address.parse() {
+                Ok(ip) => ip_addresses.push(ip),
+                Err(_) => dns_names.push(address.address.clone()),
+            }
+        }
+        dns_names.sort();
+        dns_names.dedup();
+        members.push(MemberSpec {
+            name,
+            dns_names,
+            ip_addresses,
+        });
+    }
+    members.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(members)
+}
+
+/// Creates `etcd-all-certs` (type Opaque), or replaces its data on `version`: keys not in
+/// `all` are removed. Its annotation names the revision.
+async fn write_all_certs(
+    client: &kube::Client,
+    namespace: &str,
+    version: Option<&String>,
+    stored: &BTreeMap<String, String>,
+    all: &etcd::AllCerts,
+) -> Result<Written, Error> {
+    let mut annotations = AnnotationChanges::default();
+    annotations.set(REVISION_ANNOTATION, all.revision.clone());
+    let data = all.data.clone();
+    let secret = move |metadata| Secret {
+        metadata,
+        type_: Some("Opaque".into()),
+        data: Some(
+            data.iter()
+                .map(|(k, v)| (k.clone(), ByteString(v.as_bytes().to_vec())))
+                .collect(),
+        ),
+        ..Default::default()
+    };
+    let mut patch: serde_json::Map<String, Value> = all
+        .data
+        .iter()
+        .map(|(k, v)| (k.clone(), Value::String(STANDARD.encode(v))))
+        .collect();
+    for gone in stored.keys().filter(|k| !all.data.contains_key(*k)) {
+        patch.insert(gone.clone(), Value::Null);
+    }
+    authority_watch::create_or_patch(
+        client,
+        &(namespace.to_string(), ALL_CERTS.to_string()),
+        version.map(String::as_str),
+        &annotations,
+        secret,
+        patch,
+    )
+    .await
+}
+
+/// The signers seen valid, kept to sign while a Secret is unreadable.
+fn remember_signers(shared: &Shared, key: &str, seen: &EtcdObserved) {
+    let mut good = BTreeMap::new();
+    for signer in Signer::ALL {
+        if let Some((data, annotations)) = seen.secrets.get(signer.secret())
+            && let crate::authority::ca::CaSecretState::Valid(secret) =
+                crate::authority::ca::CaSecretState::observe(Some((data, annotations)))
+            && let Some(current) = secret.current
+        {
+            good.insert(signer, current);
+        } else if let Some(previous) = seen.last_good.get(&signer) {
+            good.insert(signer, previous.clone());
+        }
+    }
+    lock(&shared.memory.last_good).insert(key.to_string(), good);
+}
+
+/// The signers' and the certificates' expiry gauges, as the plan leaves them.
+fn record_metrics(shared: &Shared, seen: &EtcdObserved, plan: &EtcdPlan, members: &[MemberSpec]) {
+    let metrics = &shared.ctx.metrics;
+    let namespace = &seen.namespace;
+    for (signer, status) in &plan.status.signers {
+        if let Some(not_after) = status.not_after {
+            metrics.set_certificate_expiry(
+                CertificateKind::EtcdSigner,
+                namespace,
+                signer.label(),
+                not_after,
+            );
+        }
+    }
+    for leaf in etcd::leaves(members) {
+        let name = leaf.secret_name();
+        let issued = plan.steps.iter().find_map(|step| match step {
+            EtcdStep::Certificate {
+                secret,
+                step: CertificateStep::Issue(issued),
+            } if *secret == name => Some(issued.leaf.certificate.not_after()),
+            _ => None,
+        });
+        let stored = || {
+            let (data, _) = seen.secrets.get(&name)?;
+            let (leaf, _) = crate::authority::leaf::read_leaf(data);
+            leaf.ok().map(|c| c.not_after())
+        };
+        if let Some(not_after) = issued.or_else(stored) {
+            metrics.set_certificate_expiry(
+                CertificateKind::EtcdCertificate,
+                namespace,
+                &name,
+                not_after,
+            );
+        }
+    }
+}
+
+fn signer_status(status: &AuthorityStatus) -> SignerStatus {
+    SignerStatus {
+        serial_number: status.serial.clone(),
+        not_after: status.not_after.map(format_time),
+        next_rotation: status.next_rotation.map(format_time),
+        next_serial_number: status.next.as_ref().map(|n| n.serial.clone()),
+        previous_serial_numbers: status.previous.iter().map(|p| p.serial.clone()).collect(),
+    }
+}
+
+fn status_of(
+    object: &EtcdCertificates,
+    plan: &EtcdPlan,
+    old: &EtcdCertificatesStatus,
+    members: &[MemberSpec],
+    written_revision: bool,
+) -> EtcdCertificatesStatus {
+    let now = OffsetDateTime::now_utc();
+    let generation = object.metadata.generation;
+    let status = &plan.status;
+    let changed = if written_revision || old.all_certs_revision != status.revision {
+        Some(format_time(now))
+    } else {
+        old.all_certs_last_changed.clone()
+    };
+    EtcdCertificatesStatus {
+        conditions: vec![
+            authority_watch::condition(
+                &old.conditions,
+                v1alpha1::CONDITION_READY,
+                &status.ready,
+                generation,
+                now,
+            ),
+            authority_watch::condition(
+                &old.conditions,
+                etcd::CONDITION_DEGRADED,
+                &status.degraded,
+                generation,
+                now,
+            ),
+        ],
+        all_certs_revision: status.revision.clone(),
+        all_certs_last_changed: changed,
+        signer: status.signers.get(&Signer::Etcd).map(signer_status),
+        metrics_signer: status.signers.get(&Signer::Metrics).map(signer_status),
+        members: members.iter().map(|m| m.name.clone()).collect(),
+        observed_generation: generation,
+    }
+}
+
+fn degraded_message(conditions: &[v1alpha1::Condition]) -> Option<&str> {
+    conditions
+        .iter()
+        .find(|c| c.type_ == etcd::CONDITION_DEGRADED && c.status == "True")
+        .map(|c| c.message.as_str())
+}
+
+async fn write_status(
+    shared: &Shared,
+    object: &EtcdCertificates,
+    status: &EtcdCertificatesStatus,
+    old: &EtcdCertificatesStatus,
+) -> Result<(), Error> {
+    let api: Api<EtcdCertificates> = Api::namespaced(
+        shared.ctx.client.clone(),
+        &object.namespace().unwrap_or_default(),
+    );
+    authority_watch::write_status(&api, &object.name_any(), status, old).await
+}
+
+/// A spec or object caretaker cannot act on: Degraded with `reason`, nothing written, and a
+/// Warning unless the status already says the same.
+async fn refuse(
+    shared: &Shared,
+    object: &EtcdCertificates,
+    reason: &'static str,
+    message: String,
+) -> Result<Action, Error> {
+    let old = object.status.clone().unwrap_or_default();
+    if degraded_message(&old.conditions) != Some(message.as_str()) {
+        tracing::warn!(etcd = %object.name_any(), reason, %message, "EtcdCertificates not acted on");
+        shared
+            .ctx
+            .event(
+                &object.object_ref(&()),
+                Event::warning(reason, message.clone()),
+            )
+            .await;
+    }
+    let now = OffsetDateTime::now_utc();
+    let generation = object.metadata.generation;
+    let condition = |status| crate::authority::Condition::new(status, reason, message.clone());
+    let status = EtcdCertificatesStatus {
+        conditions: vec![
+            authority_watch::condition(
+                &old.conditions,
+                v1alpha1::CONDITION_READY,
+                &condition(false),
+                generation,
+                now,
+            ),
+            authority_watch::condition(
+                &old.conditions,
+                etcd::CONDITION_DEGRADED,
+                &condition(true),
+                generation,
+                now,
+            ),
+        ],
+        observed_generation: generation,
+        ..old.clone()
+    };
+    write_status(shared, object, &status, &old).await?;
+    Ok(Action::await_change())
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
