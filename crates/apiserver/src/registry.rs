@@ -171,6 +171,16 @@ fn builtins() -> Vec<ResourceDef> {
             .with_status()
             .flavor(Flavor::Namespace)
             .columns(vec![column("Status", "string", ".status.phase")]),
+        // Stored only: no kubelet reports to it. Operators select Nodes by label (the etcd
+        // members of an EtcdCertificates, say).
+        builtin("", "v1", "nodes", "Node", CLUSTER)
+            .short_names(&["no"])
+            .with_status()
+            .columns(vec![column(
+                "Version",
+                "string",
+                ".status.nodeInfo.kubeletVersion",
+            )]),
         builtin("", "v1", "configmaps", "ConfigMap", NAMESPACED)
             .short_names(&["cm"])
             .columns(vec![column("Data", "integer", ".data")]),

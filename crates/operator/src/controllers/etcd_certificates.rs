@@ -7,7 +7,7 @@
 //! It runs again when one of its Secrets or ConfigMaps or a Node changes, at the plan's
 //! wake-up time, and, while something waits on the members (the gate is closed, a revision
 //! is being installed, a next signer is being taken up), after a backoff that grows from 2 s
-//! to 30 s; nothing polls in steady state. Deleting an EtcdCertificates deletes nothing: the
+//! to 30 s while the gate is closed; nothing polls in steady state. Deleting an EtcdCertificates deletes nothing: the
 //! etcd cluster keeps its certificates.
 
 use std::collections::{BTreeMap, HashMap};
@@ -337,11 +337,10 @@ async fn pass(object: &EtcdCertificates, shared: &Shared) -> Result<Action, Erro
     write_status(shared, object, &status, &old).await?;
     shared.ctx.metrics.reconciled(CONTROLLER, Duration::ZERO);
     let wake = plan.wake_at.map(authority_watch::until);
+    let wait = backoff(shared, &key, plan.held);
     Ok(if plan.waits_on_members {
-        let wait = backoff(shared, &key, true);
         Action::requeue(wake.map_or(wait, |w| w.min(wait)))
     } else {
-        backoff(shared, &key, false);
         wake.map_or_else(Action::await_change, Action::requeue)
     })
 }
@@ -363,17 +362,19 @@ fn remember(versions: &mut HashMap<String, String>, name: String, written: Writt
     }
 }
 
-/// The wait before asking the members again: 2 s, doubling to 30 s while something waits on
-/// them; forgotten once nothing does.
-fn backoff(shared: &Shared, key: &str, waiting: bool) -> Duration {
+/// The wait before asking the members again. While the gate is closed: 2 s, doubling to
+/// 30 s, so that a member down for long is not asked in a tight loop. While a revision is
+/// being installed or a next signer taken up (progress that only the members show): 2 s.
+fn backoff(shared: &Shared, key: &str, held: bool) -> Duration {
+    const FIRST: Duration = Duration::from_secs(2);
     let mut backoff = lock(&shared.memory.backoff);
-    if !waiting {
+    if !held {
         backoff.remove(key);
-        return Duration::ZERO;
+        return FIRST;
     }
-    let next = backoff.get(key).map_or(Duration::from_secs(2), |d| {
-        (*d * 2).min(Duration::from_secs(30))
-    });
+    let next = backoff
+        .get(key)
+        .map_or(FIRST, |d| (*d * 2).min(Duration::from_secs(30)));
     backoff.insert(key.to_string(), next);
     next
 }

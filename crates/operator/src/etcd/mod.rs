@@ -340,20 +340,24 @@ impl Quorum {
     }
 }
 
-/// The member whose address is `endpoint`'s host, or the endpoint.
+/// The member whose address is `endpoint`'s host (when only one has it), or the endpoint.
 fn member_at(endpoint: &str, members: &[MemberSpec]) -> String {
     let host = endpoint
         .parse::<hyper::Uri>()
         .ok()
         .and_then(|u| u.host().map(|h| h.trim_matches(['[', ']']).to_string()));
-    let found = host.and_then(|host| {
-        members.iter().find(|m| {
-            m.dns_names.contains(&host) || m.ip_addresses.iter().any(|ip| ip.to_string() == host)
+    let found: Vec<&MemberSpec> = host
+        .iter()
+        .flat_map(|host| {
+            members.iter().filter(move |m| {
+                m.dns_names.contains(host)
+                    || m.ip_addresses.iter().any(|ip| ip.to_string() == *host)
+            })
         })
-    });
-    match found {
-        Some(member) => format!("member {} at {endpoint}", member.name),
-        None => endpoint.to_string(),
+        .collect();
+    match found[..] {
+        [member] => format!("member {} at {endpoint}", member.name),
+        _ => endpoint.to_string(),
     }
 }
 

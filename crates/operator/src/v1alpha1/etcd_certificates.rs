@@ -233,26 +233,27 @@ pub struct EtcdCertificatesStatus {
     pub observed_generation: Option<i64>,
 }
 
-/// A signer as the status shows it.
+/// A signer as the status shows it. Every field is written, empty ones too: a status merge
+/// patch must clear what a rotation leaves behind.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SignerStatus {
     /// Serial number of the CA that signs now, colon-separated hex.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub serial_number: Option<String>,
     /// When it expires, RFC 3339.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     #[schemars(extend("format" = "date-time"))]
     pub not_after: Option<String>,
     /// When it is next replaced (during a rotation: when the next signer signs), RFC 3339.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     #[schemars(extend("format" = "date-time"))]
     pub next_rotation: Option<String>,
     /// During a rotation: the next signer's serial number.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub next_serial_number: Option<String>,
     /// Older signers still trusted, by serial number.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(default)]
     pub previous_serial_numbers: Vec<String>,
 }
 
@@ -264,8 +265,10 @@ fn default_certificate_validity() -> String {
     "3y".into()
 }
 
+/// `etcd-client`, the client certificate caretaker manages (`etcd::CLIENT_SECRET`; written out
+/// here so that the API types do not depend on the decisions).
 fn default_client_secret() -> String {
-    crate::etcd::CLIENT_SECRET.into()
+    "etcd-client".into()
 }
 
 /// A member as validated: its name and the addresses its certificates name.

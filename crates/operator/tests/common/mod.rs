@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod authorities;
+pub mod etcd;
 pub mod openmetrics;
 pub mod outage;
 pub mod trust;

@@ -1,0 +1,451 @@
+//! A real three-member etcd cluster on loopback, installed the way a static-pod installer
+//! installs OpenShift's: each member's certificates and trusted CAs are written from
+//! `etcd-all-certs`, and when it changes the members restart one at a time onto it, each
+//! waited for until healthy. Also a small etcd client (the v3 JSON gateway over mutual TLS)
+//! that keeps its trust and client certificate as the cluster's ConfigMap and Secret say.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
+use caretaker_agent_api::tls::ClientIdentity;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::Api;
+use rustls::pki_types::ServerName;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::process::{Child, Command};
+use tokio_rustls::TlsConnector;
+
+/// Whether `etcd` is installed; a test that needs it says why it skips (CI installs it and
+/// sets `CARETAKER_REQUIRE_ETCD=1`, so there it fails instead).
+pub fn etcd_available(test: &str) -> bool {
+    let found = std::process::Command::new("etcd")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !found {
+        if std::env::var_os("CARETAKER_REQUIRE_ETCD").is_some() {
+            panic!("{test}: etcd is not installed and CARETAKER_REQUIRE_ETCD is set");
+        }
+        eprintln!("{test}: skipped: etcd is not installed (Debian: etcd-server)");
+    }
+    found
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+pub struct Member {
+    pub name: String,
+    pub client_port: u16,
+    pub peer_port: u16,
+    dir: PathBuf,
+    process: Option<Child>,
+    /// The `etcd-all-certs` revision it last started with.
+    pub revision: Option<String>,
+}
+
+impl Member {
+    pub fn client_url(&self) -> String {
+        format!("https://127.0.0.1:{}", self.client_port)
+    }
+
+    fn peer_url(&self) -> String {
+        format!("https://127.0.0.1:{}", self.peer_port)
+    }
+
+    fn write_files(&self, all: &BTreeMap<String, String>) {
+        std::fs::create_dir_all(&self.dir).unwrap();
+        let name = &self.name;
+        for (file, key) in [
+            ("peer.crt", format!("etcd-peer-{name}.crt")),
+            ("peer.key", format!("etcd-peer-{name}.key")),
+            ("server.crt", format!("etcd-serving-{name}.crt")),
+            ("server.key", format!("etcd-serving-{name}.key")),
+            ("ca.crt", "ca-bundle.crt".to_string()),
+        ] {
+            let path = self.dir.join(file);
+            std::fs::write(&path, &all[&key]).unwrap();
+        }
+    }
+
+    fn start(&mut self, initial_cluster: &str) {
+        let dir = &self.dir;
+        let file = |f: &str| dir.join(f).display().to_string();
+        let child = Command::new("etcd")
+            .args(["--name", &self.name])
+            .args(["--data-dir", &file("data")])
+            .args(["--listen-client-urls", &self.client_url()])
+            .args(["--advertise-client-urls", &self.client_url()])
+            .args(["--listen-peer-urls", &self.peer_url()])
+            .args(["--initial-advertise-peer-urls", &self.peer_url()])
+            .args(["--initial-cluster", initial_cluster])
+            .args(["--initial-cluster-state", "new"])
+            .args(["--initial-cluster-token", "caretaker-test"])
+            .args(["--cert-file", &file("server.crt")])
+            .args(["--key-file", &file("server.key")])
+            .args(["--trusted-ca-file", &file("ca.crt")])
+            .arg("--client-cert-auth")
+            .args(["--peer-cert-file", &file("peer.crt")])
+            .args(["--peer-key-file", &file("peer.key")])
+            .args(["--peer-trusted-ca-file", &file("ca.crt")])
+            .arg("--peer-client-cert-auth")
+            .args(["--logger", "zap", "--log-level", "error"])
+            .args(["--log-outputs", &file("etcd.log")])
+            // Loopback and a temp directory: no fsync latency worth waiting for.
+            .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("etcd starts");
+        self.process = Some(child);
+    }
+
+    /// Stops the member as a container runtime would: SIGTERM, then waits.
+    pub async fn stop(&mut self) {
+        if let Some(mut child) = self.process.take() {
+            if let Some(pid) = child.id() {
+                // SAFETY: sends a signal to our own child process.
+                unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+            }
+            if tokio::time::timeout(Duration::from_secs(10), child.wait())
+                .await
+                .is_err()
+            {
+                let _ = child.kill().await;
+            }
+        }
+    }
+
+    pub fn running(&self) -> bool {
+        self.process.is_some()
+    }
+}
+
+/// The cluster, and the installer that follows `etcd-all-certs`.
+pub struct EtcdCluster {
+    pub members: Vec<Member>,
+    pub dir: tempfile::TempDir,
+    secrets: Api<Secret>,
+    config_maps: Api<ConfigMap>,
+    /// Every revision installed, in order.
+    pub installed: Vec<String>,
+}
+
+impl EtcdCluster {
+    /// Three members, m0 to m2, not started.
+    pub fn new(client: &kube::Client, namespace: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let members = (0..3)
+            .map(|i| Member {
+                name: format!("m{i}"),
+                client_port: free_port(),
+                peer_port: free_port(),
+                dir: dir.path().join(format!("m{i}")),
+                process: None,
+                revision: None,
+            })
+            .collect();
+        Self {
+            members,
+            dir,
+            secrets: Api::namespaced(client.clone(), namespace),
+            config_maps: Api::namespaced(client.clone(), namespace),
+            installed: Vec::new(),
+        }
+    }
+
+    pub fn endpoints(&self) -> Vec<String> {
+        self.members.iter().map(Member::client_url).collect()
+    }
+
+    fn initial_cluster(&self) -> String {
+        self.members
+            .iter()
+            .map(|m| format!("{}={}", m.name, m.peer_url()))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// `etcd-all-certs` as stored, and its revision annotation.
+    pub async fn all_certs(&self) -> Option<(String, BTreeMap<String, String>)> {
+        let secret = self.secrets.get_opt("etcd-all-certs").await.ok()??;
+        let revision = secret
+            .metadata
+            .annotations
+            .as_ref()?
+            .get("caretaker.dev/revision")?
+            .clone();
+        let data = secret
+            .data?
+            .into_iter()
+            .map(|(k, v)| (k, String::from_utf8(v.0).unwrap()))
+            .collect();
+        Some((revision, data))
+    }
+
+    /// Waits for the first `etcd-all-certs` and starts every member with it.
+    pub async fn bootstrap(&mut self, seconds: u64) {
+        let deadline = Instant::now() + Duration::from_secs(seconds);
+        let (revision, all) = loop {
+            if let Some(found) = self.all_certs().await {
+                break found;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no etcd-all-certs within {seconds}s"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        let initial = self.initial_cluster();
+        for member in &mut self.members {
+            member.write_files(&all);
+            member.start(&initial);
+            member.revision = Some(revision.clone());
+        }
+        self.installed.push(revision);
+        for i in 0..self.members.len() {
+            self.wait_healthy(i, 30).await;
+        }
+    }
+
+    /// The installer's round: while a running member is not on the stored `etcd-all-certs`,
+    /// restarts the first such member onto it and waits until it is healthy. Each restart
+    /// takes the revision stored at that moment, so a member may skip one that came out in
+    /// the middle of a rollout, as OpenShift's installers do. Returns whether it restarted
+    /// any member.
+    pub async fn install_if_changed(&mut self) -> bool {
+        let initial = self.initial_cluster();
+        let mut restarted = false;
+        loop {
+            let Some((revision, all)) = self.all_certs().await else {
+                return restarted;
+            };
+            let behind = self
+                .members
+                .iter()
+                .position(|m| m.running() && m.revision.as_ref() != Some(&revision));
+            let Some(i) = behind else {
+                if restarted && self.installed.last() != Some(&revision) {
+                    self.installed.push(revision);
+                }
+                return restarted;
+            };
+            if self.installed.last() != Some(&revision) {
+                self.installed.push(revision.clone());
+            }
+            self.members[i].stop().await;
+            self.members[i].write_files(&all);
+            self.members[i].start(&initial);
+            self.members[i].revision = Some(revision);
+            self.wait_healthy(i, 30).await;
+            restarted = true;
+        }
+    }
+
+    /// Starts the stopped members again, with the files they had.
+    pub async fn restart_stopped(&mut self) {
+        let initial = self.initial_cluster();
+        for i in 0..self.members.len() {
+            if !self.members[i].running() {
+                self.members[i].start(&initial);
+                self.wait_healthy(i, 30).await;
+            }
+        }
+    }
+
+    /// A client as the cluster's consumers have one: `etcd-ca-bundle` to verify members,
+    /// `etcd-client` to present.
+    pub async fn client(&self) -> EtcdClient {
+        let client = EtcdClient {
+            endpoints: self.endpoints(),
+            config: Arc::new(Mutex::new(None)),
+        };
+        client.refresh(&self.secrets, &self.config_maps).await;
+        client
+    }
+
+    pub async fn wait_healthy(&self, index: usize, seconds: u64) {
+        let client = self.client().await;
+        let url = self.members[index].client_url();
+        let deadline = Instant::now() + Duration::from_secs(seconds);
+        loop {
+            if client.healthy(&url).await {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "member {} not healthy within {seconds}s; log: {}",
+                self.members[index].name,
+                std::fs::read_to_string(self.members[index].dir.join("etcd.log"))
+                    .unwrap_or_default()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    pub fn secrets(&self) -> &Api<Secret> {
+        &self.secrets
+    }
+
+    pub fn config_maps(&self) -> &Api<ConfigMap> {
+        &self.config_maps
+    }
+
+    pub fn member_dir(&self, index: usize) -> &Path {
+        &self.members[index].dir
+    }
+}
+
+impl Drop for EtcdCluster {
+    fn drop(&mut self) {
+        for member in &mut self.members {
+            if let Some(child) = &mut member.process {
+                let _ = child.start_kill();
+            }
+        }
+    }
+}
+
+/// The v3 JSON gateway over mutual TLS, one connection per request, trying the endpoints in
+/// turn as etcd's own client balances.
+#[derive(Clone)]
+pub struct EtcdClient {
+    pub endpoints: Vec<String>,
+    config: Arc<Mutex<Option<Arc<rustls::ClientConfig>>>>,
+}
+
+impl EtcdClient {
+    /// Takes up the bundle and client certificate as stored now.
+    pub async fn refresh(&self, secrets: &Api<Secret>, config_maps: &Api<ConfigMap>) {
+        let (Ok(Some(bundle)), Ok(Some(secret))) = (
+            config_maps.get_opt("etcd-ca-bundle").await,
+            secrets.get_opt("etcd-client").await,
+        ) else {
+            return;
+        };
+        let ca = bundle.data.unwrap_or_default()["ca-bundle.crt"].clone();
+        let data = secret.data.unwrap_or_default();
+        let text = |k: &str| String::from_utf8(data[k].0.clone()).unwrap();
+        let identity = ClientIdentity::from_pem(&ca, &text("tls.crt"), &text("tls.key")).unwrap();
+        *self.config.lock().unwrap() = Some(Arc::new(identity.config().unwrap()));
+    }
+
+    fn tls(&self) -> Arc<rustls::ClientConfig> {
+        self.config
+            .lock()
+            .unwrap()
+            .clone()
+            .expect("the client has its trust")
+    }
+
+    pub async fn healthy(&self, url: &str) -> bool {
+        matches!(request(&self.tls(), url, "GET", "/health", "").await, Ok(body) if body.contains("\"health\":\"true\""))
+    }
+
+    /// Puts `key`=`value`, on the first endpoint that answers.
+    pub async fn put(&self, key: &str, value: &str) -> Result<(), String> {
+        let body = format!(
+            r#"{{"key":"{}","value":"{}"}}"#,
+            STANDARD.encode(key),
+            STANDARD.encode(value)
+        );
+        self.on_any("/v3/kv/put", &body).await.map(|_| ())
+    }
+
+    /// The value of `key`, on the first endpoint that answers.
+    pub async fn get(&self, key: &str) -> Result<Option<String>, String> {
+        let body = format!(r#"{{"key":"{}"}}"#, STANDARD.encode(key));
+        let reply = self.on_any("/v3/kv/range", &body).await?;
+        let value: serde_json::Value = serde_json::from_str(&reply).map_err(|e| e.to_string())?;
+        Ok(value["kvs"][0]["value"]
+            .as_str()
+            .map(|v| String::from_utf8(STANDARD.decode(v).unwrap()).unwrap()))
+    }
+
+    async fn on_any(&self, path: &str, body: &str) -> Result<String, String> {
+        let mut errors = Vec::new();
+        for url in &self.endpoints {
+            match request(&self.tls(), url, "POST", path, body).await {
+                Ok(reply) => return Ok(reply),
+                Err(e) => errors.push(format!("{url}: {e}")),
+            }
+        }
+        Err(errors.join("; "))
+    }
+}
+
+/// One HTTP/1.1 request over a new TLS connection; the body of a 200 reply.
+async fn request(
+    config: &Arc<rustls::ClientConfig>,
+    url: &str,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> Result<String, String> {
+    let work = async {
+        let uri: hyper::Uri = url.parse().map_err(|_| "bad url".to_string())?;
+        let (host, port) = (uri.host().unwrap().to_string(), uri.port_u16().unwrap());
+        let tcp = TcpStream::connect((host.as_str(), port))
+            .await
+            .map_err(|e| format!("connect: {e}"))?;
+        let name = ServerName::try_from(host.clone()).unwrap();
+        let mut tls = TlsConnector::from(config.clone())
+            .connect(name, tcp)
+            .await
+            .map_err(|e| format!("TLS: {e}"))?;
+        let head = format!(
+            "{method} {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        tls.write_all(head.as_bytes())
+            .await
+            .map_err(|e| format!("write: {e}"))?;
+        let mut reply = Vec::new();
+        match tls.read_to_end(&mut reply).await {
+            Ok(_) => {}
+            // A server that closes without TLS's close_notify, after its whole reply.
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof && !reply.is_empty() => {}
+            Err(e) => return Err(format!("read: {e}")),
+        }
+        let reply = String::from_utf8_lossy(&reply).into_owned();
+        let (head, body) = reply.split_once("\r\n\r\n").unwrap_or((&reply, ""));
+        if !head.starts_with("HTTP/1.1 200") {
+            return Err(format!("reply: {}", head.lines().next().unwrap_or("")));
+        }
+        if head
+            .to_ascii_lowercase()
+            .contains("transfer-encoding: chunked")
+        {
+            return Ok(dechunk(body));
+        }
+        Ok(body.to_string())
+    };
+    tokio::time::timeout(Duration::from_secs(5), work)
+        .await
+        .unwrap_or_else(|_| Err("timed out".into()))
+}
+
+/// A chunked body's content.
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let size = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if size == 0 || rest.len() < size {
+            break;
+        }
+        out.push_str(&rest[..size]);
+        body = rest[size..].trim_start_matches("\r\n");
+    }
+    out
+}

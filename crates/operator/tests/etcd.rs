@@ -1,0 +1,395 @@
+//! EtcdCertificates on a real three-member etcd cluster with peer and client TLS (Debian's
+//! `etcd-server`), installed from `etcd-all-certs` by the harness as a static-pod installer
+//! would, with the operator's controller running against the embedded API server.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use caretaker_apiserver::TestServer;
+use caretaker_operator::authority::Certificate;
+use caretaker_operator::controllers::etcd_certificates;
+use caretaker_operator::v1alpha1::EtcdCertificates;
+use caretaker_operator::{Context, Settings};
+use common::authorities::{create_namespace, eventually, install_caretaker_crds};
+use common::etcd::{EtcdCluster, etcd_available};
+use k8s_openapi::api::core::v1::Event;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+const NS: &str = "etcd-system";
+
+struct Setup {
+    _server: caretaker_apiserver::ApiServer,
+    client: kube::Client,
+    cluster: EtcdCluster,
+    operator: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Setup {
+    fn drop(&mut self) {
+        self.operator.abort();
+    }
+}
+
+impl Setup {
+    async fn new() -> Self {
+        let server = TestServer::start().await;
+        let client = server.client();
+        install_caretaker_crds(&client).await;
+        create_namespace(&client, NS).await;
+        let cluster = EtcdCluster::new(&client, NS);
+        let members: Vec<_> = cluster
+            .members
+            .iter()
+            .map(|m| json!({"name": m.name, "addresses": ["127.0.0.1", format!("{}.etcd.example", m.name)]}))
+            .collect();
+        let object: EtcdCertificates = serde_json::from_value(json!({
+            "apiVersion": "caretaker.dev/v1alpha1", "kind": "EtcdCertificates",
+            "metadata": {"name": "etcd", "namespace": NS},
+            "spec": {
+                "members": members,
+                "signer": {"trustPropagation": "1s"},
+                "metricsSigner": {"trustPropagation": "1s"},
+                "quorum": {"endpoints": cluster.endpoints()},
+            },
+        }))
+        .unwrap();
+        Api::<EtcdCertificates>::namespaced(client.clone(), NS)
+            .create(&PostParams::default(), &object)
+            .await
+            .unwrap();
+        let operator = start_operator(&client);
+        Self {
+            _server: server,
+            client,
+            cluster,
+            operator,
+        }
+    }
+
+    fn objects(&self) -> Api<EtcdCertificates> {
+        Api::namespaced(self.client.clone(), NS)
+    }
+
+    async fn condition(&self, type_: &str) -> Option<(String, String, String)> {
+        let object = self.objects().get("etcd").await.ok()?;
+        object
+            .status?
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == type_)
+            .map(|c| (c.status, c.reason, c.message))
+    }
+
+    /// Forces a rotation of `etcd-signer` the documented way.
+    async fn force_rotation(&self) {
+        let patch =
+            json!({"metadata": {"annotations": {"auth.openshift.io/certificate-not-after": null}}});
+        self.cluster
+            .secrets()
+            .patch(
+                "etcd-signer",
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+            .unwrap();
+    }
+
+    async fn signer_serial(&self) -> String {
+        let object = self.objects().get("etcd").await.unwrap();
+        object
+            .status
+            .and_then(|s| s.signer)
+            .and_then(|s| s.serial_number)
+            .unwrap_or_default()
+    }
+
+    /// Installs revisions as they come until the operator has nothing left to do: Ready,
+    /// not degraded, no next signer, and no new revision for a few seconds.
+    async fn settle(&mut self) {
+        let mut quiet = 0;
+        for _ in 0..600 {
+            if self.cluster.install_if_changed().await {
+                quiet = 0;
+                continue;
+            }
+            let object = self.objects().get("etcd").await.unwrap();
+            let status = object.status.unwrap_or_default();
+            let ready = status
+                .conditions
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True");
+            let rotating = status.signer.as_ref().is_some_and(|s| {
+                s.next_serial_number.is_some() || !s.previous_serial_numbers.is_empty()
+            });
+            quiet = if ready && !rotating { quiet + 1 } else { 0 };
+            if quiet >= 20 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let status = self.objects().get("etcd").await.unwrap().status;
+        panic!(
+            "never settled; installed {:?}; status {status:#?}",
+            self.cluster.installed
+        );
+    }
+
+    async fn events(&self) -> Vec<Event> {
+        Api::<Event>::namespaced(self.client.clone(), NS)
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+    }
+}
+
+fn start_operator(client: &kube::Client) -> tokio::task::JoinHandle<()> {
+    let ctx = Context::new(client.clone(), Settings::default());
+    tokio::spawn(etcd_certificates::run(ctx))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bootstrap_a_three_member_tls_cluster_from_nothing() {
+    if !etcd_available("bootstrap_a_three_member_tls_cluster_from_nothing") {
+        return;
+    }
+    let mut setup = Setup::new().await;
+    setup.cluster.bootstrap(60).await;
+    setup.settle().await;
+    let client = setup.cluster.client().await;
+    client.put("hello", "world").await.unwrap();
+    assert_eq!(client.get("hello").await.unwrap().as_deref(), Some("world"));
+    let (revision, all) = setup.cluster.all_certs().await.unwrap();
+    let object = setup.objects().get("etcd").await.unwrap();
+    let status = object.status.unwrap();
+    assert_eq!(
+        status.all_certs_revision.as_deref(),
+        Some(revision.as_str())
+    );
+    assert_eq!(status.members, ["m0", "m1", "m2"]);
+    assert_eq!(
+        setup.cluster.installed.len(),
+        1,
+        "one revision from nothing"
+    );
+    // Every member certificate chains to its signer: etcd itself accepted the peer and
+    // client ones; the metrics ones chain to the metrics signer.
+    let metrics_ca = setup
+        .cluster
+        .config_maps()
+        .get("etcd-metric-ca-bundle")
+        .await
+        .unwrap()
+        .data
+        .unwrap()["ca-bundle.crt"]
+        .clone();
+    let cas = Certificate::parse_pem(&metrics_ca).unwrap();
+    for m in ["m0", "m1", "m2"] {
+        let leaf =
+            &Certificate::parse_pem(&all[&format!("etcd-serving-metrics-{m}.crt")]).unwrap()[0];
+        assert!(
+            cas.iter()
+                .any(|ca| caretaker_pki::is_issued_by(leaf.der(), ca.der()).unwrap()),
+            "{m}"
+        );
+    }
+    let condition = setup
+        .condition("EtcdCertSignerControllerDegraded")
+        .await
+        .unwrap();
+    assert_eq!(condition.0, "False");
+}
+
+/// A client writes and reads continuously while the signer is rotated twice; the members
+/// restart one at a time for each revision. Nothing fails, nothing is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn signer_rotations_under_load_fail_no_operation_and_lose_no_write() {
+    if !etcd_available("signer_rotations_under_load") {
+        return;
+    }
+    let mut setup = Setup::new().await;
+    setup.cluster.bootstrap(60).await;
+    setup.settle().await;
+
+    let client = setup.cluster.client().await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let (done, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let failures = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let written = Arc::new(std::sync::Mutex::new(BTreeMap::new()));
+    // The client takes up the bundle and its certificate as they change, as a workload
+    // mounting them would.
+    let refresher = {
+        let (client, stop) = (client.clone(), stop.clone());
+        let (secrets, config_maps) = (
+            setup.cluster.secrets().clone(),
+            setup.cluster.config_maps().clone(),
+        );
+        tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                client.refresh(&secrets, &config_maps).await;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+    // Eight writers, each on its own keys, each reading back what it wrote.
+    let load: Vec<_> = (0..8)
+        .map(|worker| {
+            let (client, stop, done, failed) =
+                (client.clone(), stop.clone(), done.clone(), failed.clone());
+            let (failures, written) = (failures.clone(), written.clone());
+            tokio::spawn(async move {
+                let mut i = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    i += 1;
+                    let (key, value) = (format!("w{worker}-k{}", i % 100), format!("v{i}"));
+                    let result = match client.put(&key, &value).await {
+                        Ok(()) => {
+                            written.lock().unwrap().insert(key.clone(), value.clone());
+                            client.get(&key).await.and_then(|got| {
+                                if got.as_deref() == Some(value.as_str()) {
+                                    Ok(())
+                                } else {
+                                    Err(format!("read {got:?} after writing {value}"))
+                                }
+                            })
+                        }
+                        Err(e) => Err(e),
+                    };
+                    match result {
+                        Ok(()) => done.fetch_add(2, Ordering::Relaxed),
+                        Err(e) => {
+                            failures.lock().unwrap().push(e);
+                            failed.fetch_add(1, Ordering::Relaxed)
+                        }
+                    };
+                }
+            })
+        })
+        .collect();
+    let started = std::time::Instant::now();
+
+    let mut serials = vec![setup.signer_serial().await];
+    for _ in 0..2 {
+        let before = setup.cluster.installed.len();
+        setup.force_rotation().await;
+        setup.settle().await;
+        serials.push(setup.signer_serial().await);
+        assert_eq!(
+            setup.cluster.installed.len() - before,
+            3,
+            "trust, certificates, the old signer gone: {:?}",
+            setup.cluster.installed
+        );
+    }
+    stop.store(true, Ordering::Relaxed);
+    for worker in load {
+        worker.await.unwrap();
+    }
+    refresher.await.unwrap();
+    let (done, failed) = (done.load(Ordering::Relaxed), failed.load(Ordering::Relaxed));
+    let seconds = started.elapsed().as_secs_f64();
+    eprintln!(
+        "operations: {done} succeeded ({:.0}/s over {seconds:.1}s), {failed} failed; signers {serials:?}",
+        done as f64 / seconds
+    );
+    assert_eq!(
+        failed,
+        0,
+        "failed operations: {:?}",
+        failures.lock().unwrap()
+    );
+    assert!(done > 100, "the load ran: {done}");
+    assert_eq!(
+        serials
+            .iter()
+            .collect::<std::collections::BTreeSet<_>>()
+            .len(),
+        3,
+        "two new signers: {serials:?}"
+    );
+    // Every acknowledged write is there, with its last value.
+    let reader = setup.cluster.client().await;
+    let written = written.lock().unwrap().clone();
+    for (key, value) in &written {
+        assert_eq!(
+            reader.get(key).await.unwrap().as_deref(),
+            Some(value.as_str()),
+            "{key}"
+        );
+    }
+}
+
+/// With a member stopped, a due rotation changes nothing that restarts a member; when the
+/// member is back, the rotation goes on by itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_quorum_gate_holds_a_rotation_until_the_member_is_back() {
+    if !etcd_available("the_quorum_gate_holds_a_rotation") {
+        return;
+    }
+    let mut setup = Setup::new().await;
+    setup.cluster.bootstrap(60).await;
+    setup.settle().await;
+    let (revision, _) = setup.cluster.all_certs().await.unwrap();
+    setup.cluster.members[2].stop().await;
+    setup.force_rotation().await;
+    let (status, reason, message) = eventually("Degraded for quorum", 30, || async {
+        setup
+            .condition("EtcdCertSignerControllerDegraded")
+            .await
+            .filter(|c| c.0 == "True")
+    })
+    .await;
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("True", "InsufficientQuorum")
+    );
+    assert!(
+        message.starts_with(
+            "skipping EtcdCertSignerController reconciliation due to insufficient quorum"
+        ) && message.contains(&format!(
+            "unhealthy: {} (",
+            setup.cluster.members[2].client_url()
+        )),
+        "{message}"
+    );
+    // Held for a while: no new revision, and the bundle already trusts the next signer.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(setup.cluster.all_certs().await.unwrap().0, revision);
+    let bundle = setup
+        .cluster
+        .config_maps()
+        .get("etcd-ca-bundle")
+        .await
+        .unwrap();
+    assert_eq!(
+        bundle.data.unwrap()["ca-bundle.crt"]
+            .matches("BEGIN CERTIFICATE")
+            .count(),
+        2
+    );
+    let events = setup.events().await;
+    let warnings = events
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some("InsufficientQuorum"))
+        .count();
+    assert_eq!(warnings, 1, "said once");
+
+    // Back: the rotation proceeds without anyone touching anything.
+    setup.cluster.restart_stopped().await;
+    setup.settle().await;
+    assert_ne!(setup.cluster.all_certs().await.unwrap().0, revision);
+    assert_eq!(
+        setup
+            .condition("EtcdCertSignerControllerDegraded")
+            .await
+            .unwrap()
+            .0,
+        "False"
+    );
+}
