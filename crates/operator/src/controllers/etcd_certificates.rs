@@ -335,7 +335,6 @@ async fn pass(object: &EtcdCertificates, shared: &Shared) -> Result<Action, Erro
     record_metrics(shared, &seen, &plan, &members);
     let status = status_of(object, &plan, &old, &members, written_revision);
     write_status(shared, object, &status, &old).await?;
-    shared.ctx.metrics.reconciled(CONTROLLER, Duration::ZERO);
     let wake = plan.wake_at.map(authority_watch::until);
     let wait = backoff(shared, &key, plan.held);
     Ok(if plan.waits_on_members {
