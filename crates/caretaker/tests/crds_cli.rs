@@ -66,7 +66,8 @@ fn crds_prints_the_types_crds_as_yaml_the_same_every_run() {
         names,
         [
             Some("certificateauthorities.caretaker.dev".to_string()),
-            Some("issuedcertificates.caretaker.dev".to_string())
+            Some("issuedcertificates.caretaker.dev".to_string()),
+            Some("etcdcertificates.caretaker.dev".to_string())
         ]
     );
 }
@@ -370,4 +371,56 @@ async fn apply_crds(kubectl: &Kubectl) -> String {
     .unwrap();
     assert!(output.status.success(), "{}", stderr(&output));
     stdout(&output)
+}
+
+/// The EtcdCertificates example of its issue, as users write it.
+const ETCD_EXAMPLE: &str = "\
+apiVersion: caretaker.dev/v1alpha1
+kind: EtcdCertificates
+metadata: {name: etcd, namespace: etcd-system}
+spec:
+  members:
+  - {name: m0, addresses: [127.0.0.1, m0.etcd.example]}
+  memberSelector: {matchLabels: {node-role.kubernetes.io/control-plane: \"\"}}   # optional, over Nodes
+  signer: {validity: 5y, renewAtPercent: 80, trustPropagation: 5m}
+  metricsSigner: {validity: 5y, renewAtPercent: 80, trustPropagation: 5m}
+  certificates: {validity: 3y, renewAtPercent: 80}
+  quorum: {endpoints: [\"https://127.0.0.1:2379\"], clientSecretName: etcd-client}
+";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_applies_the_etcd_example_and_lists_it_with_its_columns() {
+    let Some(kubectl) = Kubectl::find("kubectl_applies_the_etcd_example") else {
+        return;
+    };
+    let server = TestServer::start().await;
+    let kubectl = kubectl.against(&server.kubeconfig());
+    apply_crds(&kubectl).await;
+    kubectl
+        .ok(&["create", "namespace", "etcd-system"], None)
+        .await;
+    let created = kubectl.ok(&["apply", "-f", "-"], Some(ETCD_EXAMPLE)).await;
+    assert!(
+        created.contains("etcdcertificates.caretaker.dev/etcd created"),
+        "{created}"
+    );
+    let objects: Api<caretaker_operator::v1alpha1::EtcdCertificates> =
+        Api::namespaced(server.client(), "etcd-system");
+    let stored = objects.get("etcd").await.unwrap();
+    let policy = stored.spec.policy().unwrap();
+    assert_eq!(policy.members[0].name, "m0");
+    assert_eq!(policy.endpoints, ["https://127.0.0.1:2379"]);
+    let table = kubectl
+        .ok(&["get", "etcdcertificates", "-n", "etcd-system"], None)
+        .await;
+    let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(
+        header,
+        ["NAME", "READY", "DEGRADED", "REVISION", "AGE"],
+        "{table}"
+    );
+    assert!(
+        table.lines().nth(1).unwrap().starts_with("etcd "),
+        "{table}"
+    );
 }

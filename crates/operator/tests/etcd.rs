@@ -393,3 +393,127 @@ async fn the_quorum_gate_holds_a_rotation_until_the_member_is_back() {
         "False"
     );
 }
+
+/// The operator killed in the middle of a rotation: started again, it finishes the rotation
+/// with the signer it had made, and no revision is made twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_killed_mid_rotation_finishes_it_without_a_second_signer() {
+    if !etcd_available("an_operator_killed_mid_rotation") {
+        return;
+    }
+    let mut setup = Setup::new().await;
+    setup.cluster.bootstrap(60).await;
+    setup.settle().await;
+    let (before, _) = setup.cluster.all_certs().await.unwrap();
+    setup.force_rotation().await;
+    // Killed once the trust revision is written, before the members took it up.
+    eventually("the trust revision", 30, || async {
+        let (revision, _) = setup.cluster.all_certs().await?;
+        (revision != before).then_some(())
+    })
+    .await;
+    setup.operator.abort();
+    let next_of = |secret: k8s_openapi::api::core::v1::Secret| {
+        String::from_utf8(secret.data.unwrap()["next.crt"].0.clone()).unwrap()
+    };
+    let next = next_of(setup.cluster.secrets().get("etcd-signer").await.unwrap());
+    let installed = setup.cluster.installed.len();
+    setup.cluster.install_if_changed().await;
+
+    setup.operator = start_operator(&setup.client);
+    setup.settle().await;
+    let signer = setup.cluster.secrets().get("etcd-signer").await.unwrap();
+    let current = String::from_utf8(signer.data.unwrap()["tls.crt"].0.clone()).unwrap();
+    assert_eq!(current, next, "the signer made before the kill signs now");
+    let revisions = &setup.cluster.installed[installed - 1..];
+    assert_eq!(
+        revisions.len(),
+        4,
+        "before, trust, certificates, old signer gone: {revisions:?}"
+    );
+    let distinct: std::collections::BTreeSet<_> = revisions.iter().collect();
+    assert_eq!(distinct.len(), revisions.len(), "{revisions:?}");
+}
+
+/// Members selected from Nodes: each selected Node's name and addresses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_selected_by_label_are_members() {
+    let server = TestServer::start().await;
+    let client = server.client();
+    install_caretaker_crds(&client).await;
+    create_namespace(&client, NS).await;
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+    for (name, role, address) in [
+        ("cp-0", true, "10.0.0.10"),
+        ("cp-1", true, "10.0.0.11"),
+        ("w-0", false, "10.0.0.20"),
+    ] {
+        let mut labels = serde_json::Map::new();
+        if role {
+            labels.insert("node-role.kubernetes.io/control-plane".into(), json!(""));
+        }
+        let node = serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": labels},
+            "status": {"addresses": [{"type": "InternalIP", "address": address}, {"type": "Hostname", "address": format!("{name}.example")}]},
+        }))
+        .unwrap();
+        nodes.create(&PostParams::default(), &node).await.unwrap();
+    }
+    let object: EtcdCertificates = serde_json::from_value(json!({
+        "apiVersion": "caretaker.dev/v1alpha1", "kind": "EtcdCertificates",
+        "metadata": {"name": "etcd", "namespace": NS},
+        "spec": {
+            "memberSelector": {"matchLabels": {"node-role.kubernetes.io/control-plane": ""}},
+            "quorum": {"endpoints": ["https://10.0.0.10:2379", "https://10.0.0.11:2379"]},
+        },
+    }))
+    .unwrap();
+    let objects: Api<EtcdCertificates> = Api::namespaced(client.clone(), NS);
+    objects
+        .create(&PostParams::default(), &object)
+        .await
+        .unwrap();
+    let _operator = start_operator(&client);
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(client.clone(), NS);
+    let all = eventually("etcd-all-certs", 30, || async {
+        secrets.get_opt("etcd-all-certs").await.ok()?
+    })
+    .await;
+    let keys: Vec<String> = all.data.unwrap().into_keys().collect();
+    assert!(
+        keys.contains(&"etcd-peer-cp-0.crt".to_string())
+            && keys.contains(&"etcd-peer-cp-1.crt".to_string())
+    );
+    assert!(!keys.iter().any(|k| k.contains("w-0")), "{keys:?}");
+    let peer = secrets.get("etcd-peer-cp-1").await.unwrap();
+    let pem = String::from_utf8(peer.data.unwrap()["tls.crt"].0.clone()).unwrap();
+    let info = Certificate::parse_pem(&pem).unwrap()[0].info().clone();
+    assert!(
+        info.ip_addresses.contains(&"10.0.0.11".parse().unwrap()),
+        "{info:?}"
+    );
+    assert!(
+        info.dns_names.contains(&"cp-1.example".to_string())
+            && info.dns_names.contains(&"cp-1".to_string())
+    );
+    let status = eventually("the members in the status", 30, || async {
+        objects
+            .get("etcd")
+            .await
+            .ok()?
+            .status
+            .filter(|s| !s.members.is_empty())
+    })
+    .await;
+    assert_eq!(status.members, ["cp-0", "cp-1"]);
+    // A Node labelled later joins.
+    let patch = json!({"metadata": {"labels": {"node-role.kubernetes.io/control-plane": ""}}});
+    nodes
+        .patch("w-0", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    eventually("w-0's certificates", 30, || async {
+        secrets.get_opt("etcd-peer-w-0").await.ok()?.map(|_| ())
+    })
+    .await;
+}

@@ -538,3 +538,31 @@ fn revisions_are_content_hashes() {
     let c = BTreeMap::from([("kv".to_string(), String::new())]);
     assert_ne!(revision_of(&a), revision_of(&c));
 }
+
+/// library-go's forced rotation of one certificate: its annotation removed, it alone is
+/// issued again, in one revision.
+#[test]
+fn a_removed_annotation_reissues_that_certificate_in_one_revision() {
+    let mut world = World::new(&["m0", "m1", "m2"]);
+    world.pass();
+    world.start_all();
+    world.settle();
+    let first = world.revisions.len();
+    let before = world.seen.secrets.clone();
+    let (_, annotations) = world.seen.secrets.get_mut("etcd-peer-m1").unwrap();
+    annotations.remove(crate::names::CERTIFICATE_NOT_AFTER);
+    let plan = world.pass();
+    let event = plan
+        .events
+        .iter()
+        .find(|e| e.reason == "TargetUpdateRequired")
+        .expect("an event");
+    assert!(event.note.contains("missing notAfter"), "{}", event.note);
+    world.settle();
+    assert_eq!(world.revisions.len() - first, 1, "{:?}", world.revisions);
+    for (name, (data, _)) in &before {
+        let changed = world.seen.secrets[name].0 != *data;
+        let expected = name == "etcd-peer-m1" || name == ALL_CERTS;
+        assert_eq!(changed, expected, "{name}");
+    }
+}

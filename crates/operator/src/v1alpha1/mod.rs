@@ -224,7 +224,10 @@ mod tests {
             "issuedcertificates.caretaker.dev"
         );
         assert_eq!(issued["spec"]["scope"], "Namespaced");
-        for crd in [ca, issued] {
+        let etcd = crd("EtcdCertificates");
+        assert_eq!(etcd["metadata"]["name"], "etcdcertificates.caretaker.dev");
+        assert_eq!(etcd["spec"]["scope"], "Namespaced");
+        for crd in [ca, issued, etcd] {
             assert_eq!(crd["spec"]["group"], GROUP);
             let version = &crd["spec"]["versions"][0];
             assert_eq!(version["name"], VERSION);

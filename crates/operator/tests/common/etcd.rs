@@ -5,7 +5,7 @@
 //! that keeps its trust and client certificate as the cluster's ConfigMap and Secret say.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -300,10 +300,6 @@ impl EtcdCluster {
 
     pub fn config_maps(&self) -> &Api<ConfigMap> {
         &self.config_maps
-    }
-
-    pub fn member_dir(&self, index: usize) -> &Path {
-        &self.members[index].dir
     }
 }
 

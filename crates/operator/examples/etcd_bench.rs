@@ -1,0 +1,196 @@
+//! etcd certificates benchmark (issue 14): a real three-member etcd cluster with peer and
+//! client TLS (Debian's `etcd-server`), its certificates from an EtcdCertificates on the
+//! embedded API server, installed by the tests' harness (members restart one at a time onto
+//! each new `etcd-all-certs`). Eight clients write and read back continuously (the v3 JSON
+//! gateway over mutual TLS, one connection per request, failing over between members as
+//! etcd's client does) while `etcd-signer` is rotated (the documented way: its
+//! `auth.openshift.io/certificate-not-after` removed). Prints client operations per second
+//! before, during and after the rotation, failed operations, and the longest time in which
+//! no operation completed.
+//!
+//! `cargo run --release -p caretaker-operator --example etcd_bench [-- WINDOW_SECONDS]`
+//! (default 15: the length of the before and after windows).
+
+// The tests' harness; the benchmark uses part of it.
+#[allow(dead_code)]
+#[path = "../tests/common/etcd.rs"]
+mod etcd;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use caretaker_apiserver::TestServer;
+use caretaker_operator::controllers::etcd_certificates;
+use caretaker_operator::v1alpha1::{self, EtcdCertificates};
+use caretaker_operator::{Context, Settings};
+use etcd::EtcdCluster;
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+const NS: &str = "etcd-system";
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let window: u64 = std::env::args()
+        .nth(1)
+        .map(|a| a.parse().expect("WINDOW_SECONDS is a number"))
+        .unwrap_or(15);
+    if !etcd::etcd_available("etcd_bench") {
+        std::process::exit(2);
+    }
+    let server = TestServer::start().await;
+    let client = server.client();
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in v1alpha1::crds() {
+        crds.create(&PostParams::default(), &crd).await.unwrap();
+    }
+    let namespace = serde_json::from_value::<Namespace>(json!({"metadata": {"name": NS}})).unwrap();
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &namespace)
+        .await
+        .unwrap();
+    let mut cluster = EtcdCluster::new(&client, NS);
+    let members: Vec<_> = cluster
+        .members
+        .iter()
+        .map(|m| json!({"name": m.name, "addresses": ["127.0.0.1"]}))
+        .collect();
+    let object: EtcdCertificates = serde_json::from_value(json!({
+        "apiVersion": "caretaker.dev/v1alpha1", "kind": "EtcdCertificates",
+        "metadata": {"name": "etcd", "namespace": NS},
+        "spec": {
+            "members": members,
+            "signer": {"trustPropagation": "1s"},
+            "quorum": {"endpoints": cluster.endpoints()},
+        },
+    }))
+    .unwrap();
+    let objects: Api<EtcdCertificates> = Api::namespaced(client.clone(), NS);
+    objects
+        .create(&PostParams::default(), &object)
+        .await
+        .unwrap();
+    let ctx = Context::new(client.clone(), Settings::default());
+    let _operator = tokio::spawn(etcd_certificates::run(ctx));
+    cluster.bootstrap(60).await;
+    println!(
+        "etcd_bench: three members up on revision {:?}",
+        cluster.installed
+    );
+
+    let etcd_client = cluster.client().await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let failed = Arc::new(AtomicU64::new(0));
+    // Completion times of every operation, in milliseconds since `start`.
+    let completions = Arc::new(Mutex::new(Vec::<u64>::new()));
+    let start = Instant::now();
+    let refresher = {
+        let (c, stop) = (etcd_client.clone(), stop.clone());
+        let (secrets, config_maps) = (cluster.secrets().clone(), cluster.config_maps().clone());
+        tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                c.refresh(&secrets, &config_maps).await;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+    let workers: Vec<_> = (0..8)
+        .map(|w| {
+            let (c, stop, failed, completions) = (
+                etcd_client.clone(),
+                stop.clone(),
+                failed.clone(),
+                completions.clone(),
+            );
+            tokio::spawn(async move {
+                let mut i = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    i += 1;
+                    let key = format!("w{w}-k{}", i % 100);
+                    let ok = c.put(&key, &format!("v{i}")).await.is_ok()
+                        && c.get(&key).await.is_ok_and(|v| v == Some(format!("v{i}")));
+                    if ok {
+                        let at = start.elapsed().as_millis() as u64;
+                        let mut done = completions.lock().unwrap();
+                        done.push(at);
+                        done.push(at);
+                    } else {
+                        failed.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            })
+        })
+        .collect();
+
+    tokio::time::sleep(Duration::from_secs(window)).await;
+    let rotation_start = start.elapsed();
+    let secrets = cluster.secrets().clone();
+    let patch =
+        json!({"metadata": {"annotations": {"auth.openshift.io/certificate-not-after": null}}});
+    secrets
+        .patch(
+            "etcd-signer",
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+        .unwrap();
+    let first = cluster.installed.len();
+    // The rotation ends once the third revision (the old signer gone) is installed.
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while cluster.installed.len() < first + 3 {
+        assert!(
+            Instant::now() < deadline,
+            "the rotation did not end within 300 s"
+        );
+        if !cluster.install_if_changed().await {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    let rotation_end = start.elapsed();
+    tokio::time::sleep(Duration::from_secs(window)).await;
+    let end = start.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    for w in workers {
+        w.await.unwrap();
+    }
+    refresher.await.unwrap();
+
+    let mut done = completions.lock().unwrap().clone();
+    done.sort_unstable();
+    let ms = |d: Duration| d.as_millis() as u64;
+    let rate = |from: u64, to: u64| {
+        let n = done.iter().filter(|t| **t >= from && **t < to).count();
+        n as f64 / ((to - from) as f64 / 1000.0)
+    };
+    let before = rate(0, ms(rotation_start));
+    let during = rate(ms(rotation_start), ms(rotation_end));
+    let after = rate(ms(rotation_end), ms(end));
+    let longest_pause = done.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
+    let failed = failed.load(Ordering::Relaxed);
+    println!(
+        "rotation: {:.1} s, {} revisions installed ({:?})",
+        (rotation_end - rotation_start).as_secs_f64(),
+        cluster.installed.len() - first,
+        &cluster.installed[first..]
+    );
+    println!(
+        "client operations per second: before {before:.0}, during {during:.0}, after {after:.0}"
+    );
+    println!(
+        "failed operations: {failed}; longest time with no operation completed: {longest_pause} ms"
+    );
+    println!(
+        "goals: zero failed operations: {}; throughput during the rotation at least half of before: {} ({:.0}%)",
+        if failed == 0 { "met" } else { "missed" },
+        if during >= before / 2.0 {
+            "met"
+        } else {
+            "missed"
+        },
+        100.0 * during / before
+    );
+}
