@@ -571,8 +571,8 @@ async fn a_configuration_that_sends_other_kinds_fails_loudly() {
     assert!(
         refused.starts_with(
             "400 admission webhook \"configmaps.wrong.example\" denied the request: \
-             caretaker's webhook validates only caretaker.dev/v1alpha1 CertificateAuthority and \
-             IssuedCertificate, trust.cert-manager.io/v1alpha1 Bundle and \
+             caretaker's webhook validates only caretaker.dev/v1alpha1 CertificateAuthority, \
+             IssuedCertificate and EtcdCertificates, trust.cert-manager.io/v1alpha1 Bundle and \
              trust-manager.io/v1alpha2 ClusterBundle"
         ) && refused.contains("it was sent v1 ConfigMap"),
         "{refused}"

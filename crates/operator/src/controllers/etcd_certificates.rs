@@ -23,7 +23,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{Api, DeleteParams, ListParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
 use serde_json::Value;
 use time::OffsetDateTime;
@@ -90,6 +90,11 @@ pub async fn run(ctx: Arc<Context>) {
             .map(|o| ObjectRef::from_obj(&**o))
             .collect::<Vec<_>>()
     };
+    // Only what makes a Node a member, or changes its certificates: not its heartbeats.
+    let nodes = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
+        .default_backoff()
+        .touched_objects()
+        .predicate_filter(membership, Default::default());
     let managed = watcher::Config::default().labels(&format!(
         "{}={}",
         names::MANAGED_BY.0,
@@ -100,9 +105,7 @@ pub async fn run(ctx: Arc<Context>) {
         memory: Memory::default(),
     });
     let error_policy = |_: Arc<EtcdCertificates>, error: &Error, shared: Arc<Shared>| {
-        tracing::warn!(error = %error, "EtcdCertificates pass failed; trying again in 10s");
-        shared.ctx.metrics.reconcile_failed(CONTROLLER, error);
-        Action::requeue(Duration::from_secs(10))
+        super::requeue_after(CONTROLLER, error, &shared.ctx)
     };
     tracing::info!("EtcdCertificates controller starting");
     controller
@@ -116,11 +119,7 @@ pub async fn run(ctx: Arc<Context>) {
             managed,
             move |c: ConfigMap| for_config_maps(c.namespace()),
         )
-        .watches(
-            Api::<Node>::all(client),
-            watcher::Config::default(),
-            selecting,
-        )
+        .watches_stream(nodes, selecting)
         .run(reconcile, error_policy, shared)
         .for_each(|_| futures::future::ready(()))
         .await;
@@ -178,13 +177,17 @@ async fn pass(object: &EtcdCertificates, shared: &Shared) -> Result<Action, Erro
         futures::future::try_join_all(Signer::ALL.map(|s| config_maps.get_opt(s.bundle()))).await?;
     let bundles: Vec<ConfigMap> = bundles.into_iter().flatten().collect();
 
+    // A Secret the spec names for the health checks (other than caretaker's own
+    // `etcd-client`) is the user's, and only read.
+    let users_client = |meta: &kube::api::ObjectMeta| {
+        meta.name.as_deref() == Some(policy.client_secret.as_str())
+            && policy.client_secret != etcd::CLIENT_SECRET
+    };
     let foreign: Vec<String> = found
         .iter()
         .map(|s| ("Secret", &s.metadata))
         .chain(bundles.iter().map(|c| ("ConfigMap", &c.metadata)))
-        .filter(|(_, meta)| {
-            meta.name.as_deref() != Some(policy.client_secret.as_str()) || is_ours(meta, &policy)
-        })
+        .filter(|(_, meta)| !users_client(meta))
         .filter_map(|(kind, meta)| {
             let at = (namespace.clone(), meta.name.clone().unwrap_or_default());
             authority_watch::not_managed(kind, &at, meta)
@@ -344,10 +347,19 @@ async fn pass(object: &EtcdCertificates, shared: &Shared) -> Result<Action, Erro
     })
 }
 
-/// Whether the health-check client Secret is one caretaker writes (its own `etcd-client`):
-/// a Secret the user names there is theirs, and is only read.
-fn is_ours(meta: &kube::api::ObjectMeta, policy: &EtcdPolicy) -> bool {
-    meta.name.as_deref() == Some(etcd::CLIENT_SECRET) && policy.client_secret == etcd::CLIENT_SECRET
+/// A Node's labels and addresses, hashed: a change of either may change the members.
+fn membership(node: &Node) -> Option<u64> {
+    use std::hash::{Hash, Hasher};
+    let mut hash = std::collections::hash_map::DefaultHasher::new();
+    node.metadata.labels.hash(&mut hash);
+    for address in node
+        .status
+        .iter()
+        .flat_map(|s| s.addresses.iter().flatten())
+    {
+        address.address.hash(&mut hash);
+    }
+    Some(hash.finish())
 }
 
 /// Records a write's new version; `false` when the object changed since it was read.

@@ -1,7 +1,8 @@
 //! The decision: an AdmissionReview in, the response out. Nothing here does I/O but ask
 //! [`Issuers`] whether a CertificateAuthority exists.
 //!
-//! - CREATE and UPDATE of a CertificateAuthority or an IssuedCertificate: the spec is
+//! - CREATE and UPDATE of a CertificateAuthority, an IssuedCertificate or an EtcdCertificates:
+//!   the spec is
 //!   validated by its `policy()`, and every bad field is named with its value in one message
 //!   (422 `Invalid`). An IssuedCertificate must also name an existing CertificateAuthority in
 //!   `spec.issuerRef.name`, one that signs for its namespace (`spec.allowedNamespaces`).
@@ -31,7 +32,8 @@ use crate::trust::api::Bundle;
 use crate::trust::cluster_bundle::ClusterBundle;
 use crate::trust::validation;
 use crate::v1alpha1::{
-    self, CertificateAuthority, CertificateAuthoritySpec, IssuedCertificate, SpecError,
+    self, CertificateAuthority, CertificateAuthoritySpec, EtcdCertificates, IssuedCertificate,
+    SpecError,
 };
 
 /// A kind this webhook validates, each at its own path.
@@ -39,6 +41,7 @@ use crate::v1alpha1::{
 pub enum Served {
     CertificateAuthority,
     IssuedCertificate,
+    EtcdCertificates,
     /// trust-manager's Bundle, with trust-manager's rules and messages.
     Bundle,
     /// trust-manager's ClusterBundle, likewise.
@@ -46,9 +49,10 @@ pub enum Served {
 }
 
 impl Served {
-    pub const ALL: [Served; 4] = [
+    pub const ALL: [Served; 5] = [
         Served::CertificateAuthority,
         Served::IssuedCertificate,
+        Served::EtcdCertificates,
         Served::Bundle,
         Served::ClusterBundle,
     ];
@@ -57,6 +61,7 @@ impl Served {
         match self {
             Served::CertificateAuthority => "CertificateAuthority",
             Served::IssuedCertificate => "IssuedCertificate",
+            Served::EtcdCertificates => "EtcdCertificates",
             Served::Bundle => "Bundle",
             Served::ClusterBundle => "ClusterBundle",
         }
@@ -64,7 +69,9 @@ impl Served {
 
     pub fn group(self) -> &'static str {
         match self {
-            Served::CertificateAuthority | Served::IssuedCertificate => v1alpha1::GROUP,
+            Served::CertificateAuthority | Served::IssuedCertificate | Served::EtcdCertificates => {
+                v1alpha1::GROUP
+            }
             Served::Bundle => "trust.cert-manager.io",
             Served::ClusterBundle => "trust-manager.io",
         }
@@ -72,7 +79,9 @@ impl Served {
 
     pub fn version(self) -> &'static str {
         match self {
-            Served::CertificateAuthority | Served::IssuedCertificate => v1alpha1::VERSION,
+            Served::CertificateAuthority | Served::IssuedCertificate | Served::EtcdCertificates => {
+                v1alpha1::VERSION
+            }
             Served::Bundle => "v1alpha1",
             Served::ClusterBundle => "v1alpha2",
         }
@@ -80,7 +89,7 @@ impl Served {
 
     /// Whether objects of the kind live in namespaces.
     pub fn namespaced(self) -> bool {
-        matches!(self, Served::IssuedCertificate)
+        matches!(self, Served::IssuedCertificate | Served::EtcdCertificates)
     }
 
     /// The kind's resource (plural), as webhook rules name it.
@@ -88,6 +97,7 @@ impl Served {
         match self {
             Served::CertificateAuthority => "certificateauthorities",
             Served::IssuedCertificate => "issuedcertificates",
+            Served::EtcdCertificates => "etcdcertificates",
             Served::Bundle => "bundles",
             Served::ClusterBundle => "clusterbundles",
         }
@@ -99,6 +109,7 @@ impl Served {
         match self {
             Served::CertificateAuthority => "/validate-caretaker-dev-v1alpha1-certificateauthority",
             Served::IssuedCertificate => "/validate-caretaker-dev-v1alpha1-issuedcertificate",
+            Served::EtcdCertificates => "/validate-caretaker-dev-v1alpha1-etcdcertificates",
             Served::Bundle => "/validate-trust-cert-manager-io-v1alpha1-bundle",
             Served::ClusterBundle => "/validate-trust-manager-io-v1alpha2-clusterbundle",
         }
@@ -222,8 +233,8 @@ async fn verdict(
             400,
             "BadRequest",
             format!(
-                "caretaker's webhook validates only {group}/{version} CertificateAuthority and \
-                 IssuedCertificate, trust.cert-manager.io/v1alpha1 Bundle and \
+                "caretaker's webhook validates only {group}/{version} CertificateAuthority, \
+                 IssuedCertificate and EtcdCertificates, trust.cert-manager.io/v1alpha1 Bundle and \
                  trust-manager.io/v1alpha2 ClusterBundle, each at its own \
                  path ({path} is {kind}'s); it was sent {sent}: the rules of the webhook \
                  configuration that called it are wrong",
@@ -277,6 +288,10 @@ async fn verdict(
         Served::CertificateAuthority => {
             let ca: CertificateAuthority = parse(served, &name, object)?;
             problems.extend(field_problems(ca.spec.policy().err()));
+        }
+        Served::EtcdCertificates => {
+            let etcd: EtcdCertificates = parse(served, &name, object)?;
+            problems.extend(field_problems(etcd.spec.policy().err()));
         }
         Served::IssuedCertificate => {
             let certificate: IssuedCertificate = parse(served, &name, object)?;
@@ -513,6 +528,35 @@ mod tests {
 
     const CA: Served = Served::CertificateAuthority;
     const IC: Served = Served::IssuedCertificate;
+
+    #[tokio::test]
+    async fn etcd_certificates_are_judged_by_their_policy() {
+        let known = Known::with(&[]);
+        let etcd = |spec: Value| {
+            json!({"apiVersion": "caretaker.dev/v1alpha1", "kind": "EtcdCertificates",
+                   "metadata": {"name": "etcd", "namespace": "etcd-system"}, "spec": spec})
+        };
+        let good = etcd(
+            json!({"members": [{"name": "m0", "addresses": ["10.0.0.1"]}],
+                               "quorum": {"endpoints": ["https://10.0.0.1:2379"]}}),
+        );
+        assert!(create(Served::EtcdCertificates, good, &known).await.allowed);
+        let bad = etcd(
+            json!({"members": [{"name": "M0", "addresses": ["10.0.0.1"]}],
+                              "signer": {"validity": "5x"},
+                              "quorum": {"endpoints": ["http://10.0.0.1:2379"]}}),
+        );
+        let response = create(Served::EtcdCertificates, bad, &known).await;
+        let (code, reason, message) = denial(&response);
+        assert_eq!((code, reason), (422, "Invalid"));
+        for field in [
+            "spec.members[0].name: \"M0\"",
+            "spec.signer.validity",
+            "spec.quorum.endpoints[0]: \"http://10.0.0.1:2379\"",
+        ] {
+            assert!(message.contains(field), "{field} in {message}");
+        }
+    }
 
     fn bundle(spec: Value) -> Value {
         json!({"apiVersion": "trust.cert-manager.io/v1alpha1", "kind": "Bundle",
@@ -845,7 +889,7 @@ mod tests {
                 assert!(
                     message.starts_with(
                         "caretaker's webhook validates only caretaker.dev/v1alpha1 \
-                         CertificateAuthority and IssuedCertificate"
+                         CertificateAuthority, IssuedCertificate and EtcdCertificates"
                     ),
                     "{message}"
                 );

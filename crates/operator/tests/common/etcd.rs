@@ -112,7 +112,7 @@ impl Member {
     }
 
     /// Stops the member as a container runtime would: SIGTERM, then waits.
-    pub async fn stop(&mut self) {
+    async fn stop(&mut self) {
         if let Some(mut child) = self.process.take() {
             if let Some(pid) = child.id() {
                 // SAFETY: sends a signal to our own child process.
@@ -140,6 +140,8 @@ pub struct EtcdCluster {
     config_maps: Api<ConfigMap>,
     /// Every revision installed, in order.
     pub installed: Vec<String>,
+    /// Per member: stopped on purpose (or restarting and not yet seen healthy).
+    down: Arc<Mutex<Vec<bool>>>,
 }
 
 impl EtcdCluster {
@@ -162,6 +164,7 @@ impl EtcdCluster {
             secrets: Api::namespaced(client.clone(), namespace),
             config_maps: Api::namespaced(client.clone(), namespace),
             installed: Vec::new(),
+            down: Arc::new(Mutex::new(vec![true; 3])),
         }
     }
 
@@ -244,6 +247,7 @@ impl EtcdCluster {
             if self.installed.last() != Some(&revision) {
                 self.installed.push(revision.clone());
             }
+            self.down.lock().unwrap()[i] = true;
             self.members[i].stop().await;
             self.members[i].write_files(&all);
             self.members[i].start(&initial);
@@ -251,6 +255,48 @@ impl EtcdCluster {
             self.wait_healthy(i, 30).await;
             restarted = true;
         }
+    }
+
+    /// Stops member `index` on purpose.
+    pub async fn stop_member(&mut self, index: usize) {
+        self.down.lock().unwrap()[index] = true;
+        self.members[index].stop().await;
+    }
+
+    /// Asks every member that is neither stopped nor restarting for its health every 100 ms,
+    /// until `stop`; returns each time one stayed unhealthy for longer than 2 s (longer than
+    /// a leader election, during which every member says it has no leader).
+    pub fn watch_health(
+        &self,
+        client: EtcdClient,
+        stop: Arc<std::sync::atomic::AtomicBool>,
+    ) -> tokio::task::JoinHandle<Vec<String>> {
+        let urls: Vec<String> = self.endpoints();
+        let down = self.down.clone();
+        tokio::spawn(async move {
+            let mut seen = Vec::new();
+            let mut unhealthy_since: Vec<Option<Instant>> = vec![None; urls.len()];
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                for (i, url) in urls.iter().enumerate() {
+                    if down.lock().unwrap()[i] {
+                        unhealthy_since[i] = None;
+                        continue;
+                    }
+                    match client.health(url).await {
+                        Err(why) if !down.lock().unwrap()[i] => {
+                            let since = *unhealthy_since[i].get_or_insert_with(Instant::now);
+                            if since.elapsed() > Duration::from_secs(2) {
+                                seen.push(format!("{url}: {why}"));
+                                unhealthy_since[i] = None;
+                            }
+                        }
+                        _ => unhealthy_since[i] = None,
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            seen
+        })
     }
 
     /// Starts the stopped members again, with the files they had.
@@ -281,6 +327,7 @@ impl EtcdCluster {
         let deadline = Instant::now() + Duration::from_secs(seconds);
         loop {
             if client.healthy(&url).await {
+                self.down.lock().unwrap()[index] = false;
                 return;
             }
             assert!(
@@ -346,7 +393,16 @@ impl EtcdClient {
     }
 
     pub async fn healthy(&self, url: &str) -> bool {
-        matches!(request(&self.tls(), url, "GET", "/health", "").await, Ok(body) if body.contains("\"health\":\"true\""))
+        self.health(url).await.is_ok()
+    }
+
+    /// `/health`'s answer when healthy, else why not.
+    pub async fn health(&self, url: &str) -> Result<String, String> {
+        match request(&self.tls(), url, "GET", "/health", "").await {
+            Ok(body) if body.contains("\"health\":\"true\"") => Ok(body),
+            Ok(body) => Err(body),
+            Err(e) => Err(e),
+        }
     }
 
     /// Puts `key`=`value`, on the first endpoint that answers.
@@ -369,15 +425,24 @@ impl EtcdClient {
             .map(|v| String::from_utf8(STANDARD.decode(v).unwrap()).unwrap()))
     }
 
+    /// The request on the first endpoint that answers; as etcd's own client, rounds over the
+    /// endpoints are retried for up to 3 s (a leader election while a member restarts makes
+    /// every member refuse proposals for a moment), and only then does the operation fail.
     async fn on_any(&self, path: &str, body: &str) -> Result<String, String> {
-        let mut errors = Vec::new();
-        for url in &self.endpoints {
-            match request(&self.tls(), url, "POST", path, body).await {
-                Ok(reply) => return Ok(reply),
-                Err(e) => errors.push(format!("{url}: {e}")),
+        let deadline = Instant::now() + Duration::from_secs(3);
+        loop {
+            let mut errors = Vec::new();
+            for url in &self.endpoints {
+                match request(&self.tls(), url, "POST", path, body).await {
+                    Ok(reply) => return Ok(reply),
+                    Err(e) => errors.push(format!("{url}: {e}")),
+                }
             }
+            if Instant::now() > deadline {
+                return Err(errors.join("; "));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        Err(errors.join("; "))
     }
 }
 
@@ -417,7 +482,19 @@ async fn request(
         let reply = String::from_utf8_lossy(&reply).into_owned();
         let (head, body) = reply.split_once("\r\n\r\n").unwrap_or((&reply, ""));
         if !head.starts_with("HTTP/1.1 200") {
-            return Err(format!("reply: {}", head.lines().next().unwrap_or("")));
+            let body = if head
+                .to_ascii_lowercase()
+                .contains("transfer-encoding: chunked")
+            {
+                dechunk(body)
+            } else {
+                body.to_string()
+            };
+            return Err(format!(
+                "reply: {} {}",
+                head.lines().next().unwrap_or(""),
+                body.trim()
+            ));
         }
         if head
             .to_ascii_lowercase()
