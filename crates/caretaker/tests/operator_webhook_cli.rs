@@ -707,8 +707,9 @@ async fn from_an_empty_cluster_the_bootstrapped_webhook_refuses_a_bad_certificat
             .into_iter()
             .filter_map(|hook| hook.client_config.ca_bundle.map(|b| b.0))
             .collect();
-        // One webhook per kind: CertificateAuthority, IssuedCertificate, Bundle, ClusterBundle.
-        if bundles.len() == 4 && !bundles[0].is_empty() {
+        // One webhook per kind: CertificateAuthority, IssuedCertificate, EtcdCertificates,
+        // Bundle, ClusterBundle.
+        if bundles.len() == 5 && !bundles[0].is_empty() {
             assert!(bundles.iter().all(|b| *b == bundles[0]));
             break String::from_utf8(bundles[0].clone()).unwrap();
         }

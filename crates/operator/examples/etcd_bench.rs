@@ -16,15 +16,13 @@
 #[path = "../tests/common/etcd.rs"]
 mod etcd;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use caretaker_apiserver::TestServer;
 use caretaker_operator::controllers::etcd_certificates;
 use caretaker_operator::v1alpha1::{self, EtcdCertificates};
 use caretaker_operator::{Context, Settings};
-use etcd::EtcdCluster;
+use etcd::{EtcdCluster, Load};
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -82,51 +80,9 @@ async fn main() {
     );
 
     let etcd_client = cluster.client().await;
-    let stop = Arc::new(AtomicBool::new(false));
-    let failed = Arc::new(AtomicU64::new(0));
-    // Completion times of every operation, in milliseconds since `start`.
-    let completions = Arc::new(Mutex::new(Vec::<u64>::new()));
-    let start = Instant::now();
-    let refresher = {
-        let (c, stop) = (etcd_client.clone(), stop.clone());
-        let (secrets, config_maps) = (cluster.secrets().clone(), cluster.config_maps().clone());
-        tokio::spawn(async move {
-            while !stop.load(Ordering::Relaxed) {
-                c.refresh(&secrets, &config_maps).await;
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        })
-    };
-    let workers: Vec<_> = (0..8)
-        .map(|w| {
-            let (c, stop, failed, completions) = (
-                etcd_client.clone(),
-                stop.clone(),
-                failed.clone(),
-                completions.clone(),
-            );
-            tokio::spawn(async move {
-                let mut i = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    i += 1;
-                    let key = format!("w{w}-k{}", i % 100);
-                    let ok = c.put(&key, &format!("v{i}")).await.is_ok()
-                        && c.get(&key).await.is_ok_and(|v| v == Some(format!("v{i}")));
-                    if ok {
-                        let at = start.elapsed().as_millis() as u64;
-                        let mut done = completions.lock().unwrap();
-                        done.push(at);
-                        done.push(at);
-                    } else {
-                        failed.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-            })
-        })
-        .collect();
-
+    let load = Load::start(&cluster, &etcd_client, 8);
     tokio::time::sleep(Duration::from_secs(window)).await;
-    let rotation_start = start.elapsed();
+    let rotation_start = load.started.elapsed();
     let secrets = cluster.secrets().clone();
     let patch =
         json!({"metadata": {"annotations": {"auth.openshift.io/certificate-not-after": null}}});
@@ -150,27 +106,27 @@ async fn main() {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
-    let rotation_end = start.elapsed();
+    let rotation_end = load.started.elapsed();
     tokio::time::sleep(Duration::from_secs(window)).await;
-    let end = start.elapsed();
-    stop.store(true, Ordering::Relaxed);
-    for w in workers {
-        w.await.unwrap();
-    }
-    refresher.await.unwrap();
+    let end = load.started.elapsed();
+    let load = load.stop().await;
 
-    let mut done = completions.lock().unwrap().clone();
+    let mut done = load.completions.lock().unwrap().clone();
     done.sort_unstable();
-    let ms = |d: Duration| d.as_millis() as u64;
-    let rate = |from: u64, to: u64| {
+    let rate = |from: Duration, to: Duration| {
         let n = done.iter().filter(|t| **t >= from && **t < to).count();
-        n as f64 / ((to - from) as f64 / 1000.0)
+        n as f64 / (to - from).as_secs_f64()
     };
-    let before = rate(0, ms(rotation_start));
-    let during = rate(ms(rotation_start), ms(rotation_end));
-    let after = rate(ms(rotation_end), ms(end));
-    let longest_pause = done.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
-    let failed = failed.load(Ordering::Relaxed);
+    let before = rate(Duration::ZERO, rotation_start);
+    let during = rate(rotation_start, rotation_end);
+    let after = rate(rotation_end, end);
+    let longest_pause = done
+        .windows(2)
+        .map(|w| w[1] - w[0])
+        .max()
+        .unwrap_or_default()
+        .as_millis();
+    let failed = load.failed().len();
     println!(
         "rotation: {:.1} s, {} revisions installed ({:?})",
         (rotation_end - rotation_start).as_secs_f64(),

@@ -4,9 +4,8 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use caretaker_apiserver::TestServer;
@@ -15,7 +14,7 @@ use caretaker_operator::controllers::etcd_certificates;
 use caretaker_operator::v1alpha1::EtcdCertificates;
 use caretaker_operator::{Context, Settings};
 use common::authorities::{create_namespace, eventually, install_caretaker_crds};
-use common::etcd::{EtcdCluster, etcd_available};
+use common::etcd::{EtcdCluster, Load, etcd_available};
 use k8s_openapi::api::core::v1::Event;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -218,61 +217,8 @@ async fn signer_rotations_under_load_fail_no_operation_and_lose_no_write() {
     setup.settle().await;
 
     let client = setup.cluster.client().await;
+    let load = Load::start(&setup.cluster, &client, 8);
     let stop = Arc::new(AtomicBool::new(false));
-    let (done, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-    let failures = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let written = Arc::new(std::sync::Mutex::new(BTreeMap::new()));
-    // The client takes up the bundle and its certificate as they change, as a workload
-    // mounting them would.
-    let refresher = {
-        let (client, stop) = (client.clone(), stop.clone());
-        let (secrets, config_maps) = (
-            setup.cluster.secrets().clone(),
-            setup.cluster.config_maps().clone(),
-        );
-        tokio::spawn(async move {
-            while !stop.load(Ordering::Relaxed) {
-                client.refresh(&secrets, &config_maps).await;
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        })
-    };
-    // Eight writers, each on its own keys, each reading back what it wrote.
-    let load: Vec<_> = (0..8)
-        .map(|worker| {
-            let (client, stop, done, failed) =
-                (client.clone(), stop.clone(), done.clone(), failed.clone());
-            let (failures, written) = (failures.clone(), written.clone());
-            tokio::spawn(async move {
-                let mut i = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    i += 1;
-                    let (key, value) = (format!("w{worker}-k{}", i % 100), format!("v{i}"));
-                    let result = match client.put(&key, &value).await {
-                        Ok(()) => {
-                            written.lock().unwrap().insert(key.clone(), value.clone());
-                            client.get(&key).await.and_then(|got| {
-                                if got.as_deref() == Some(value.as_str()) {
-                                    Ok(())
-                                } else {
-                                    Err(format!("read {got:?} after writing {value}"))
-                                }
-                            })
-                        }
-                        Err(e) => Err(e),
-                    };
-                    match result {
-                        Ok(()) => done.fetch_add(2, Ordering::Relaxed),
-                        Err(e) => {
-                            failures.lock().unwrap().push(e);
-                            failed.fetch_add(1, Ordering::Relaxed)
-                        }
-                    };
-                }
-            })
-        })
-        .collect();
-    let started = std::time::Instant::now();
 
     // Every member is healthy throughout, but the one restarting (and the moment of a leader
     // election that its restart may cause).
@@ -291,27 +237,20 @@ async fn signer_rotations_under_load_fail_no_operation_and_lose_no_write() {
         );
     }
     stop.store(true, Ordering::Relaxed);
-    for worker in load {
-        worker.await.unwrap();
-    }
-    refresher.await.unwrap();
+    let load = load.stop().await;
     let unhealthy = health.await.unwrap();
     assert!(
         unhealthy.is_empty(),
         "members unhealthy while not restarting: {unhealthy:?}"
     );
-    let (done, failed) = (done.load(Ordering::Relaxed), failed.load(Ordering::Relaxed));
-    let seconds = started.elapsed().as_secs_f64();
+    let (done, failed) = (load.done(), load.failed());
+    let seconds = load.started.elapsed().as_secs_f64();
     eprintln!(
-        "operations: {done} succeeded ({:.0}/s over {seconds:.1}s), {failed} failed; signers {serials:?}",
-        done as f64 / seconds
+        "operations: {done} succeeded ({:.0}/s over {seconds:.1}s), {} failed; signers {serials:?}",
+        done as f64 / seconds,
+        failed.len()
     );
-    assert_eq!(
-        failed,
-        0,
-        "failed operations: {:?}",
-        failures.lock().unwrap()
-    );
+    assert!(failed.is_empty(), "failed operations: {failed:?}");
     assert!(done > 100, "the load ran: {done}");
     assert_eq!(
         serials
@@ -323,7 +262,7 @@ async fn signer_rotations_under_load_fail_no_operation_and_lose_no_write() {
     );
     // Every acknowledged write is there, with its last value.
     let reader = setup.cluster.client().await;
-    let written = written.lock().unwrap().clone();
+    let written = load.written.lock().unwrap().clone();
     for (key, value) in &written {
         assert_eq!(
             reader.get(key).await.unwrap().as_deref(),

@@ -585,22 +585,7 @@ fn status_of(
         old.all_certs_last_changed.clone()
     };
     EtcdCertificatesStatus {
-        conditions: vec![
-            authority_watch::condition(
-                &old.conditions,
-                v1alpha1::CONDITION_READY,
-                &status.ready,
-                generation,
-                now,
-            ),
-            authority_watch::condition(
-                &old.conditions,
-                etcd::CONDITION_DEGRADED,
-                &status.degraded,
-                generation,
-                now,
-            ),
-        ],
+        conditions: conditions(old, (&status.ready, &status.degraded), generation, now),
         all_certs_revision: status.revision.clone(),
         all_certs_last_changed: changed,
         signer: status.signers.get(&Signer::Etcd).map(signer_status),
@@ -608,6 +593,21 @@ fn status_of(
         members: members.iter().map(|m| m.name.clone()).collect(),
         observed_generation: generation,
     }
+}
+
+/// `Ready` and `EtcdCertSignerControllerDegraded`, each keeping its transition time from `old`
+/// unless its status changed.
+fn conditions(
+    old: &EtcdCertificatesStatus,
+    (ready, degraded): (&crate::authority::Condition, &crate::authority::Condition),
+    generation: Option<i64>,
+    now: OffsetDateTime,
+) -> Vec<v1alpha1::Condition> {
+    let old = &old.conditions;
+    vec![
+        authority_watch::condition(old, v1alpha1::CONDITION_READY, ready, generation, now),
+        authority_watch::condition(old, etcd::CONDITION_DEGRADED, degraded, generation, now),
+    ]
 }
 
 fn degraded_message(conditions: &[v1alpha1::Condition]) -> Option<&str> {
@@ -653,22 +653,7 @@ async fn refuse(
     let generation = object.metadata.generation;
     let condition = |status| crate::authority::Condition::new(status, reason, message.clone());
     let status = EtcdCertificatesStatus {
-        conditions: vec![
-            authority_watch::condition(
-                &old.conditions,
-                v1alpha1::CONDITION_READY,
-                &condition(false),
-                generation,
-                now,
-            ),
-            authority_watch::condition(
-                &old.conditions,
-                etcd::CONDITION_DEGRADED,
-                &condition(true),
-                generation,
-                now,
-            ),
-        ],
+        conditions: conditions(&old, (&condition(false), &condition(true)), generation, now),
         observed_generation: generation,
         ..old.clone()
     };

@@ -522,3 +522,96 @@ fn dechunk(mut body: &str) -> String {
     }
     out
 }
+
+/// Clients writing and reading back continuously: `workers` writers, each on its own keys,
+/// with the cluster's bundle and client certificate taken up as they change (as a workload
+/// mounting them would).
+pub struct Load {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    pub started: Instant,
+    /// When each operation completed (a put, then its read), since `started`.
+    pub completions: Arc<Mutex<Vec<Duration>>>,
+    /// Why each failed operation failed.
+    pub failures: Arc<Mutex<Vec<String>>>,
+    /// The last value acknowledged for each key.
+    pub written: Arc<Mutex<BTreeMap<String, String>>>,
+}
+
+impl Load {
+    pub fn start(cluster: &EtcdCluster, client: &EtcdClient, workers: usize) -> Self {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let running = |stop: &Arc<std::sync::atomic::AtomicBool>| {
+            !stop.load(std::sync::atomic::Ordering::Relaxed)
+        };
+        let started = Instant::now();
+        let completions = Arc::new(Mutex::new(Vec::new()));
+        let failures = Arc::new(Mutex::new(Vec::new()));
+        let written = Arc::new(Mutex::new(BTreeMap::new()));
+        let mut tasks = Vec::new();
+        let (c, s) = (client.clone(), stop.clone());
+        let (secrets, config_maps) = (cluster.secrets.clone(), cluster.config_maps.clone());
+        tasks.push(tokio::spawn(async move {
+            while running(&s) {
+                c.refresh(&secrets, &config_maps).await;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }));
+        for worker in 0..workers {
+            let (c, s) = (client.clone(), stop.clone());
+            let (completions, failures, written) =
+                (completions.clone(), failures.clone(), written.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut i = 0u64;
+                while running(&s) {
+                    i += 1;
+                    let (key, value) = (format!("w{worker}-k{}", i % 100), format!("v{i}"));
+                    let result = match c.put(&key, &value).await {
+                        Ok(()) => {
+                            written.lock().unwrap().insert(key.clone(), value.clone());
+                            c.get(&key).await.and_then(|got| match got {
+                                Some(got) if got == value => Ok(()),
+                                other => Err(format!("read {other:?} after writing {value}")),
+                            })
+                        }
+                        Err(e) => Err(e),
+                    };
+                    match result {
+                        Ok(()) => {
+                            let at = started.elapsed();
+                            completions.lock().unwrap().extend([at, at]);
+                        }
+                        Err(e) => failures.lock().unwrap().push(e),
+                    }
+                }
+            }));
+        }
+        Self {
+            stop,
+            tasks,
+            started,
+            completions,
+            failures,
+            written,
+        }
+    }
+
+    /// Stops the clients and waits for them.
+    pub async fn stop(self) -> Self {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for task in &self.tasks {
+            while !task.is_finished() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+        self
+    }
+
+    pub fn done(&self) -> usize {
+        self.completions.lock().unwrap().len()
+    }
+
+    pub fn failed(&self) -> Vec<String> {
+        self.failures.lock().unwrap().clone()
+    }
+}
