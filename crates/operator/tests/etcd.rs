@@ -464,3 +464,84 @@ async fn nodes_selected_by_label_are_members() {
     })
     .await;
 }
+
+/// A member added to the list gets its certificates in exactly one new revision, and joins
+/// with them; a member removed loses its certificates, again in one revision.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_added_costs_one_revision_and_a_member_removed_loses_its_certificates() {
+    if !etcd_available("a_member_added_costs_one_revision") {
+        return;
+    }
+    let mut setup = Setup::new().await;
+    setup.cluster.bootstrap(60).await;
+    setup.settle().await;
+    let first = setup.cluster.installed.len();
+    let objects = setup.objects();
+    let members = |names: &[&str]| -> serde_json::Value {
+        json!({"spec": {"members": names.iter()
+            .map(|m| json!({"name": m, "addresses": ["127.0.0.1"]}))
+            .collect::<Vec<_>>()}})
+    };
+    objects
+        .patch(
+            "etcd",
+            &PatchParams::default(),
+            &Patch::Merge(&members(&["m0", "m1", "m2", "m3"])),
+        )
+        .await
+        .unwrap();
+    eventually("m3's certificates in etcd-all-certs", 30, || async {
+        let (_, all) = setup.cluster.all_certs().await?;
+        all.contains_key("etcd-peer-m3.crt").then_some(())
+    })
+    .await;
+    setup.cluster.add_member().await;
+    setup.settle().await;
+    assert_eq!(
+        setup.cluster.installed.len() - first,
+        1,
+        "{:?}",
+        setup.cluster.installed
+    );
+    let client = setup.cluster.client().await;
+    client.put("after-join", "yes").await.unwrap();
+
+    setup.cluster.remove_last_member().await;
+    objects
+        .patch(
+            "etcd",
+            &PatchParams::default(),
+            &Patch::Merge(&members(&["m0", "m1", "m2"])),
+        )
+        .await
+        .unwrap();
+    eventually("m3's certificates gone", 30, || async {
+        let (_, all) = setup.cluster.all_certs().await?;
+        let secret = setup.cluster.secrets().get_opt("etcd-peer-m3").await.ok()?;
+        (!all.contains_key("etcd-peer-m3.crt") && secret.is_none()).then_some(())
+    })
+    .await;
+    setup.settle().await;
+    assert_eq!(
+        setup.cluster.installed.len() - first,
+        2,
+        "{:?}",
+        setup.cluster.installed
+    );
+    for gone in ["etcd-serving-m3", "etcd-serving-metrics-m3"] {
+        assert!(
+            setup
+                .cluster
+                .secrets()
+                .get_opt(gone)
+                .await
+                .unwrap()
+                .is_none(),
+            "{gone}"
+        );
+    }
+    assert_eq!(
+        client.get("after-join").await.unwrap().as_deref(),
+        Some("yes")
+    );
+}

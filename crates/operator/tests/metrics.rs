@@ -472,7 +472,7 @@ fn the_reference_lists_every_metric() {
     metrics.reconciled("machine", Duration::from_millis(1));
     metrics.reconcile_failed("machine", &error);
     let exposition = openmetrics::parse(&metrics.encode()).unwrap();
-    assert_eq!(exposition.types.len(), 7);
+    assert_eq!(exposition.types.len(), 8);
     for (family, kind) in &exposition.types {
         let name = match kind.as_str() {
             "counter" => format!("{family}_total"),

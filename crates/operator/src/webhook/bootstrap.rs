@@ -404,8 +404,8 @@ mod tests {
         let hooks = configuration["webhooks"].as_array().unwrap();
         assert_eq!(
             hooks.len(),
-            4,
-            "CertificateAuthority, IssuedCertificate, Bundle and ClusterBundle"
+            5,
+            "CertificateAuthority, IssuedCertificate, EtcdCertificates, Bundle and ClusterBundle"
         );
         for hook in hooks {
             assert_eq!(
@@ -419,9 +419,11 @@ mod tests {
             hooks[0]["clientConfig"]["service"]["path"],
             "/validate-caretaker-dev-v1alpha1-certificateauthority"
         );
-        assert_eq!(hooks[2]["name"], "bundles.trust.cert-manager.io");
+        assert_eq!(hooks[2]["name"], "etcdcertificates.caretaker.dev");
+        assert_eq!(hooks[2]["rules"][0]["scope"], "Namespaced");
+        assert_eq!(hooks[3]["name"], "bundles.trust.cert-manager.io");
         assert_eq!(
-            hooks[2]["rules"],
+            hooks[3]["rules"],
             json!([{"apiGroups": ["trust.cert-manager.io"], "apiVersions": ["v1alpha1"],
                     "operations": ["CREATE", "UPDATE"], "resources": ["bundles"], "scope": "Cluster"}])
         );

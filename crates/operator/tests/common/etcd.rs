@@ -78,7 +78,9 @@ impl Member {
         }
     }
 
-    fn start(&mut self, initial_cluster: &str) {
+    /// Starts etcd; `initial_cluster` names every member, and `joins` says that this member
+    /// joins a running cluster (added with the member API first).
+    fn start_with(&mut self, initial_cluster: &str, joins: bool) {
         let dir = &self.dir;
         let file = |f: &str| dir.join(f).display().to_string();
         let child = Command::new("etcd")
@@ -89,7 +91,10 @@ impl Member {
             .args(["--listen-peer-urls", &self.peer_url()])
             .args(["--initial-advertise-peer-urls", &self.peer_url()])
             .args(["--initial-cluster", initial_cluster])
-            .args(["--initial-cluster-state", "new"])
+            .args([
+                "--initial-cluster-state",
+                if joins { "existing" } else { "new" },
+            ])
             .args(["--initial-cluster-token", "caretaker-test"])
             .args(["--cert-file", &file("server.crt")])
             .args(["--key-file", &file("server.key")])
@@ -109,6 +114,10 @@ impl Member {
             .spawn()
             .expect("etcd starts");
         self.process = Some(child);
+    }
+
+    fn start(&mut self, initial_cluster: &str) {
+        self.start_with(initial_cluster, false)
     }
 
     /// Stops the member as a container runtime would: SIGTERM, then waits.
@@ -255,6 +264,62 @@ impl EtcdCluster {
             self.wait_healthy(i, 30).await;
             restarted = true;
         }
+    }
+
+    /// Adds a member (`m<N>`) with etcd's member API and starts it from the stored
+    /// `etcd-all-certs`, which must hold its certificates.
+    pub async fn add_member(&mut self) {
+        let index = self.members.len();
+        let member = Member {
+            name: format!("m{index}"),
+            client_port: free_port(),
+            peer_port: free_port(),
+            dir: self.dir.path().join(format!("m{index}")),
+            process: None,
+            revision: None,
+        };
+        let client = self.client().await;
+        let body = format!(r#"{{"peerURLs":["{}"]}}"#, member.peer_url());
+        client
+            .on_any("/v3/cluster/member/add", &body)
+            .await
+            .expect("member add");
+        self.members.push(member);
+        self.down.lock().unwrap().push(true);
+        let (revision, all) = self.all_certs().await.expect("etcd-all-certs");
+        let initial = self.initial_cluster();
+        let new = &mut self.members[index];
+        new.write_files(&all);
+        new.start_with(&initial, true);
+        new.revision = Some(revision);
+        self.wait_healthy(index, 30).await;
+    }
+
+    /// Removes the last member with etcd's member API, and stops it.
+    pub async fn remove_last_member(&mut self) {
+        let client = self.client().await;
+        let list = client
+            .on_any("/v3/cluster/member/list", "{}")
+            .await
+            .expect("member list");
+        let list: serde_json::Value = serde_json::from_str(&list).unwrap();
+        let name = self.members.last().unwrap().name.clone();
+        let id = list["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["name"] == name.as_str())
+            .and_then(|m| m["ID"].as_str())
+            .expect("the member is listed")
+            .to_string();
+        client
+            .on_any("/v3/cluster/member/remove", &format!(r#"{{"ID":"{id}"}}"#))
+            .await
+            .expect("member remove");
+        let index = self.members.len() - 1;
+        self.stop_member(index).await;
+        self.members.pop();
+        self.down.lock().unwrap().pop();
     }
 
     /// Stops member `index` on purpose.
@@ -428,7 +493,7 @@ impl EtcdClient {
     /// The request on the first endpoint that answers; as etcd's own client, rounds over the
     /// endpoints are retried for up to 3 s (a leader election while a member restarts makes
     /// every member refuse proposals for a moment), and only then does the operation fail.
-    async fn on_any(&self, path: &str, body: &str) -> Result<String, String> {
+    pub async fn on_any(&self, path: &str, body: &str) -> Result<String, String> {
         let deadline = Instant::now() + Duration::from_secs(3);
         loop {
             let mut errors = Vec::new();
