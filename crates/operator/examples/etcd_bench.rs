@@ -1,5 +1,6 @@
 //! etcd certificates benchmark (issue 14): a real three-member etcd cluster with peer and
-//! client TLS (Debian's `etcd-server`), its certificates from an EtcdCertificates on the
+//! client TLS (Debian's `etcd-server`), its certificates from an EtcdCertificates
+//! (`trustPropagation: 1s`) on the
 //! embedded API server, installed by the tests' harness (members restart one at a time onto
 //! each new `etcd-all-certs`). Eight clients write and read back continuously (the v3 JSON
 //! gateway over mutual TLS, one connection per request, failing over between members as
@@ -51,21 +52,7 @@ async fn main() {
         .await
         .unwrap();
     let mut cluster = EtcdCluster::new(&client, NS);
-    let members: Vec<_> = cluster
-        .members
-        .iter()
-        .map(|m| json!({"name": m.name, "addresses": ["127.0.0.1"]}))
-        .collect();
-    let object: EtcdCertificates = serde_json::from_value(json!({
-        "apiVersion": "caretaker.dev/v1alpha1", "kind": "EtcdCertificates",
-        "metadata": {"name": "etcd", "namespace": NS},
-        "spec": {
-            "members": members,
-            "signer": {"trustPropagation": "1s"},
-            "quorum": {"endpoints": cluster.endpoints()},
-        },
-    }))
-    .unwrap();
+    let object = cluster.certificates_object(NS);
     let objects: Api<EtcdCertificates> = Api::namespaced(client.clone(), NS);
     objects
         .create(&PostParams::default(), &object)

@@ -41,22 +41,7 @@ impl Setup {
         install_caretaker_crds(&client).await;
         create_namespace(&client, NS).await;
         let cluster = EtcdCluster::new(&client, NS);
-        let members: Vec<_> = cluster
-            .members
-            .iter()
-            .map(|m| json!({"name": m.name, "addresses": ["127.0.0.1", format!("{}.etcd.example", m.name)]}))
-            .collect();
-        let object: EtcdCertificates = serde_json::from_value(json!({
-            "apiVersion": "caretaker.dev/v1alpha1", "kind": "EtcdCertificates",
-            "metadata": {"name": "etcd", "namespace": NS},
-            "spec": {
-                "members": members,
-                "signer": {"trustPropagation": "1s"},
-                "metricsSigner": {"trustPropagation": "1s"},
-                "quorum": {"endpoints": cluster.endpoints()},
-            },
-        }))
-        .unwrap();
+        let object = cluster.certificates_object(NS);
         Api::<EtcdCertificates>::namespaced(client.clone(), NS)
             .create(&PostParams::default(), &object)
             .await

@@ -177,6 +177,32 @@ impl EtcdCluster {
         }
     }
 
+    /// The EtcdCertificates `etcd` for these members (each named by `127.0.0.1` and
+    /// `<name>.etcd.example`) and their endpoints, with both signers' `trustPropagation` 1 s.
+    pub fn certificates_object(
+        &self,
+        namespace: &str,
+    ) -> caretaker_operator::v1alpha1::EtcdCertificates {
+        let members: Vec<_> = self
+            .members
+            .iter()
+            .map(|m| {
+                serde_json::json!({"name": m.name, "addresses": ["127.0.0.1", format!("{}.etcd.example", m.name)]})
+            })
+            .collect();
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "caretaker.dev/v1alpha1", "kind": "EtcdCertificates",
+            "metadata": {"name": "etcd", "namespace": namespace},
+            "spec": {
+                "members": members,
+                "signer": {"trustPropagation": "1s"},
+                "metricsSigner": {"trustPropagation": "1s"},
+                "quorum": {"endpoints": self.endpoints()},
+            },
+        }))
+        .unwrap()
+    }
+
     pub fn endpoints(&self) -> Vec<String> {
         self.members.iter().map(Member::client_url).collect()
     }
