@@ -3,7 +3,9 @@
 //!
 //! Honoured: `clientConfig.url`, `clientConfig.service` (resolved through the service→address map
 //! given to the server builder, since there is no cluster network), `caBundle` (the only roots
-//! trusted; the server name checked is the URL host or `<service>.<namespace>.svc`), `rules`
+//! trusted; the server name checked is the URL host or `<service>.<namespace>.svc`; a serving
+//! certificate that is itself in `caBundle` is accepted even with CA:TRUE, as Go's TLS does),
+//! `rules`
 //! (groups, versions, operations, resources incl. subresources, scope), `namespaceSelector`,
 //! `objectSelector`, `failurePolicy` and `timeoutSeconds`. Mutations are JSON patches.
 
@@ -408,8 +410,10 @@ fn tls_config(ca_bundle: Option<&str>) -> Result<Arc<rustls::ClientConfig>, Stri
         .decode(ca_bundle.unwrap_or(""))
         .map_err(|e| format!("clientConfig.caBundle is not base64: {e}"))?;
     let mut roots = rustls::RootCertStore::empty();
+    let mut bundle = Vec::new();
     for cert in CertificateDer::pem_slice_iter(&pem) {
         let cert = cert.map_err(|e| format!("clientConfig.caBundle: {e}"))?;
+        bundle.push(cert.clone());
         roots
             .add(cert)
             .map_err(|e| format!("clientConfig.caBundle: {e}"))?;
@@ -420,11 +424,100 @@ fn tls_config(ca_bundle: Option<&str>) -> Result<Arc<rustls::ClientConfig>, Stri
                 .into(),
         );
     }
+    let inner = rustls::client::WebPkiServerVerifier::builder(Arc::new(roots))
+        .build()
+        .map_err(|e| format!("clientConfig.caBundle: {e}"))?;
     Ok(Arc::new(
         rustls::ClientConfig::builder()
-            .with_root_certificates(roots)
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(BundleVerifier { inner, bundle }))
             .with_no_client_auth(),
     ))
+}
+
+/// WebPKI verification against `caBundle`, and what Go's TLS (so kube-apiserver) also accepts:
+/// a serving certificate that is itself one of the `caBundle` certificates, CA or not (some
+/// operator frameworks serve a self-signed certificate with CA:TRUE, which WebPKI refuses as
+/// `CaUsedAsEndEntity`). That certificate must still be valid now, name the server, and, if it
+/// lists extended key usages, allow serverAuth; the handshake's signature is checked as always.
+#[derive(Debug)]
+struct BundleVerifier {
+    inner: Arc<rustls::client::WebPkiServerVerifier>,
+    bundle: Vec<CertificateDer<'static>>,
+}
+
+impl rustls::client::danger::ServerCertVerifier for BundleVerifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp: &[u8],
+        now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        let refused =
+            match self
+                .inner
+                .verify_server_cert(end_entity, intermediates, server_name, ocsp, now)
+            {
+                Ok(verified) => return Ok(verified),
+                Err(e) => e,
+            };
+        if !self
+            .bundle
+            .iter()
+            .any(|c| c.as_ref() == end_entity.as_ref())
+        {
+            return Err(refused);
+        }
+        let info = caretaker_pki::CertificateInfo::from_der(end_entity.as_ref())
+            .map_err(|_| refused.clone())?;
+        let seconds = now.as_secs() as i64;
+        let valid_now = info.not_before.unix_timestamp() <= seconds
+            && seconds <= info.not_after.unix_timestamp();
+        let names_server = match server_name {
+            ServerName::DnsName(name) => {
+                let name = name.as_ref().to_ascii_lowercase();
+                info.dns_names
+                    .iter()
+                    .any(|d| d.to_ascii_lowercase() == name)
+            }
+            ServerName::IpAddress(ip) => {
+                let ip = std::net::IpAddr::from(*ip);
+                info.ip_addresses.contains(&ip)
+            }
+            _ => false,
+        };
+        let for_servers = info.extended_key_usages.is_empty()
+            || info.extended_key_usages.iter().any(|u| u == "serverAuth");
+        if valid_now && names_server && for_servers {
+            Ok(rustls::client::danger::ServerCertVerified::assertion())
+        } else {
+            Err(refused)
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
 }
 
 fn matches_list(list: Option<&Value>, value: &str) -> bool {

@@ -55,7 +55,6 @@ impl Calls {
 /// /deny denies, /mutate adds `data.mutated`, /slow answers after 3 s, anything else allows. The
 /// rest of the path only names the webhook in [`Calls`].
 async fn start_webhook_server(ca: &CertificateAuthority, calls: Calls) -> SocketAddr {
-    caretaker_apiserver::install_crypto_provider();
     let serving = ca
         .issue(
             &LeafSpec::new("hooks.webhooks.svc", Usage::Server)
@@ -64,10 +63,16 @@ async fn start_webhook_server(ca: &CertificateAuthority, calls: Calls) -> Socket
         )
         .unwrap();
     let key_pem = serving.key.as_ref().unwrap().to_pem();
+    serve_webhooks(serving.certificate_der.clone(), &key_pem, calls).await
+}
+
+/// The webhook server of [`start_webhook_server`], serving `certificate_der` with `key_pem`.
+async fn serve_webhooks(certificate_der: Vec<u8>, key_pem: &str, calls: Calls) -> SocketAddr {
+    caretaker_apiserver::install_crypto_provider();
     let config = rustls::ServerConfig::builder()
         .with_no_client_auth()
         .with_single_cert(
-            vec![serving.certificate_der.clone().into()],
+            vec![certificate_der.into()],
             rustls::pki_types::PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).unwrap(),
         )
         .unwrap();
@@ -533,4 +538,91 @@ async fn webhooks_are_called_only_for_their_namespace_and_object_selectors() {
         .unwrap();
     other.create(&pp, &cm("late", json!({}))).await.unwrap();
     assert_eq!(f.calls.take(), ["/allow/namespaces CREATE other/late"]);
+}
+
+/// A self-signed certificate with CA:TRUE, naming `names`, as some operator frameworks serve
+/// their webhooks with: (DER, PEM, key PEM).
+fn self_signed_ca_serving(names: &[&str]) -> (Vec<u8>, String, String) {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut params =
+        rcgen::CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
+            .unwrap();
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let certificate = params.self_signed(&key).unwrap();
+    (
+        certificate.der().to_vec(),
+        certificate.pem(),
+        key.serialize_pem(),
+    )
+}
+
+/// kube-apiserver (Go's TLS) accepts a webhook serving a self-signed CA:TRUE certificate when
+/// that certificate itself is the `caBundle`; so does this server. Only then: the same
+/// certificate under another CA's bundle, or one not naming the host, is still refused.
+#[tokio::test]
+async fn a_self_signed_ca_serving_certificate_in_the_ca_bundle_is_accepted() {
+    let calls = Calls::default();
+    let (der, pem, key) = self_signed_ca_serving(&["127.0.0.1", "hooks.webhooks.svc"]);
+    let addr = serve_webhooks(der, &key, calls.clone()).await;
+    let server = ApiServer::builder().start().await.unwrap();
+    let gvk = kube::api::GroupVersionKind::gvk(
+        "admissionregistration.k8s.io",
+        "v1",
+        "ValidatingWebhookConfiguration",
+    );
+    let validating: Api<DynamicObject> = Api::all_with(
+        server.client(),
+        &ApiResource::from_gvk_with_plural(&gvk, "validatingwebhookconfigurations"),
+    );
+    let cms: Api<ConfigMap> = Api::namespaced(server.client(), "default");
+    let (pp, dp) = (PostParams::default(), DeleteParams::default());
+    let encode = |pem: &str| base64::engine::general_purpose::STANDARD.encode(pem);
+    let url = format!("https://127.0.0.1:{}/deny/self-signed", addr.port());
+    let refusal = |result: Result<ConfigMap, kube::Error>| match result {
+        Err(kube::Error::Api(status)) => status.message,
+        other => panic!("expected a refusal, got {other:?}"),
+    };
+
+    // In the bundle: called, and its answer (a denial) is what the client sees.
+    let config = webhook_config(
+        "ValidatingWebhookConfiguration",
+        json!({"url": url, "caBundle": encode(&pem)}),
+        "Fail",
+        5,
+    );
+    validating.create(&pp, &config).await.unwrap();
+    let message = refusal(cms.create(&pp, &cm("one", json!({}))).await);
+    assert!(message.contains("no configmaps today"), "{message}");
+    assert_eq!(calls.take(), ["/deny/self-signed CREATE default/one"]);
+    validating.delete("test-hooks", &dp).await.unwrap();
+
+    // Another CA's bundle: the handshake fails, failurePolicy Fail refuses, no call.
+    let other = new_ca();
+    let config = webhook_config(
+        "ValidatingWebhookConfiguration",
+        json!({"url": url, "caBundle": encode(&other.certificate_pem())}),
+        "Fail",
+        5,
+    );
+    validating.create(&pp, &config).await.unwrap();
+    let message = refusal(cms.create(&pp, &cm("two", json!({}))).await);
+    assert!(message.contains("failed calling webhook"), "{message}");
+    assert!(calls.take().is_empty());
+    validating.delete("test-hooks", &dp).await.unwrap();
+
+    // In the bundle but not naming the host the webhook is called at: refused too.
+    let calls_elsewhere = Calls::default();
+    let (der, pem, key) = self_signed_ca_serving(&["elsewhere.example"]);
+    let addr = serve_webhooks(der, &key, calls_elsewhere.clone()).await;
+    let url = format!("https://127.0.0.1:{}/deny/elsewhere", addr.port());
+    let config = webhook_config(
+        "ValidatingWebhookConfiguration",
+        json!({"url": url, "caBundle": encode(&pem)}),
+        "Fail",
+        5,
+    );
+    validating.create(&pp, &config).await.unwrap();
+    let message = refusal(cms.create(&pp, &cm("three", json!({}))).await);
+    assert!(message.contains("failed calling webhook"), "{message}");
+    assert!(calls_elsewhere.take().is_empty());
 }
