@@ -26,7 +26,7 @@ use caretaker_operator::{Context, Settings};
 use etcd::{EtcdCluster, Load};
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, PostParams};
 use serde_json::json;
 
 const NS: &str = "etcd-system";
@@ -70,17 +70,7 @@ async fn main() {
     let load = Load::start(&cluster, &etcd_client, 8);
     tokio::time::sleep(Duration::from_secs(window)).await;
     let rotation_start = load.started.elapsed();
-    let secrets = cluster.secrets().clone();
-    let patch =
-        json!({"metadata": {"annotations": {"auth.openshift.io/certificate-not-after": null}}});
-    secrets
-        .patch(
-            "etcd-signer",
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
-        .await
-        .unwrap();
+    cluster.force_rotation().await;
     let first = cluster.installed.len();
     // The rotation ends once the third revision (the old signer gone) is installed.
     let deadline = Instant::now() + Duration::from_secs(300);

@@ -69,21 +69,6 @@ impl Setup {
             .map(|c| (c.status, c.reason, c.message))
     }
 
-    /// Forces a rotation of `etcd-signer` the documented way.
-    async fn force_rotation(&self) {
-        let patch =
-            json!({"metadata": {"annotations": {"auth.openshift.io/certificate-not-after": null}}});
-        self.cluster
-            .secrets()
-            .patch(
-                "etcd-signer",
-                &PatchParams::default(),
-                &Patch::Merge(&patch),
-            )
-            .await
-            .unwrap();
-    }
-
     async fn signer_serial(&self) -> String {
         let object = self.objects().get("etcd").await.unwrap();
         object
@@ -211,7 +196,7 @@ async fn signer_rotations_under_load_fail_no_operation_and_lose_no_write() {
     let mut serials = vec![setup.signer_serial().await];
     for _ in 0..2 {
         let before = setup.cluster.installed.len();
-        setup.force_rotation().await;
+        setup.cluster.force_rotation().await;
         setup.settle().await;
         serials.push(setup.signer_serial().await);
         assert_eq!(
@@ -269,7 +254,7 @@ async fn the_quorum_gate_holds_a_rotation_until_the_member_is_back() {
     setup.settle().await;
     let (revision, _) = setup.cluster.all_certs().await.unwrap();
     setup.cluster.stop_member(2).await;
-    setup.force_rotation().await;
+    setup.cluster.force_rotation().await;
     let (status, reason, message) = eventually("Degraded for quorum", 30, || async {
         setup
             .condition("EtcdCertSignerControllerDegraded")
@@ -337,7 +322,7 @@ async fn an_operator_killed_mid_rotation_finishes_it_without_a_second_signer() {
     setup.cluster.bootstrap(60).await;
     setup.settle().await;
     let (before, _) = setup.cluster.all_certs().await.unwrap();
-    setup.force_rotation().await;
+    setup.cluster.force_rotation().await;
     // Killed once the trust revision is written, before the members took it up.
     eventually("the trust revision", 30, || async {
         let (revision, _) = setup.cluster.all_certs().await?;

@@ -51,8 +51,7 @@ use crate::authority::ca::{
 };
 use crate::authority::leaf::{self, CertificateStep, LeafObserved, LeafSecretState};
 use crate::authority::{
-    CA_BUNDLE_CRT, CaKeyPair, Certificate, CertificatePolicy, Condition, Mint, ObjectName, TLS_CRT,
-    TLS_KEY,
+    CaKeyPair, Certificate, CertificatePolicy, Condition, Mint, ObjectName, TLS_CRT, TLS_KEY,
 };
 use crate::changes::Event;
 use crate::v1alpha1::{EtcdPolicy, MemberSpec};
@@ -254,6 +253,16 @@ pub fn leaves(members: &[MemberSpec]) -> Vec<Leaf> {
         all.push(Leaf { role, member: None });
     }
     all
+}
+
+/// The role of an `etcd-all-certs` certificate key (`etcd-serving-<member>.crt` and so on).
+/// The longest prefix wins: `etcd-serving-metrics-m0.crt` also starts with `etcd-serving-`.
+fn role_of_certificate_key(key: &str) -> Option<Role> {
+    let mut roles = Role::MEMBER;
+    roles.sort_by_key(|r| std::cmp::Reverse(r.prefix().len()));
+    roles
+        .into_iter()
+        .find(|r| key.starts_with(&format!("{}-", r.prefix())) && key.ends_with(".crt"))
 }
 
 /// The members `etcd-all-certs` holds certificates of, from its keys.
@@ -668,16 +677,7 @@ fn observe_signer(
         }
     }
     for (key, pem) in stored_all.into_iter().flatten() {
-        let role_of_key = Role::MEMBER
-            .into_iter()
-            .find(|r| key.starts_with(&format!("{}-", r.prefix())) && key.ends_with(".crt"));
-        // `etcd-serving-metrics-` also starts with `etcd-serving-`: the signer decides.
-        let signer_of_key = match role_of_key {
-            Some(_) if key.starts_with("etcd-serving-metrics-") => Signer::Metrics,
-            Some(role) => role.signer(),
-            None => continue,
-        };
-        if signer_of_key == signer
+        if role_of_certificate_key(key).is_some_and(|role| role.signer() == signer)
             && let Some(fp) = signed_by(pem)
         {
             observed.in_use.insert(fp);
@@ -834,11 +834,7 @@ fn change_of(old: Option<&BTreeMap<String, String>>, new: &BTreeMap<String, Stri
 fn serving_in_place(health: &[EndpointHealth], all: &BTreeMap<String, String>) -> bool {
     let serving: BTreeSet<String> = all
         .iter()
-        .filter(|(k, _)| {
-            k.starts_with(&format!("{}-", Role::Serving.prefix()))
-                && !k.starts_with("etcd-serving-metrics-")
-                && k.ends_with(".crt")
-        })
+        .filter(|(k, _)| role_of_certificate_key(k) == Some(Role::Serving))
         .filter_map(|(_, pem)| Certificate::parse_pem(pem).ok()?.into_iter().next())
         .map(|c| c.fingerprint().to_string())
         .collect();
@@ -871,6 +867,3 @@ pub fn server_trust(seen: &EtcdObserved, now: OffsetDateTime) -> Option<Bundle> 
     let bundle = Bundle::of(cas, now);
     (!bundle.is_empty()).then_some(bundle)
 }
-
-/// Keys of a bundle ConfigMap, for readers: `ca-bundle.crt`.
-pub const BUNDLE_KEY: &str = CA_BUNDLE_CRT;

@@ -8,8 +8,8 @@ use serde_json::json;
 use time::OffsetDateTime;
 
 use super::*;
-use crate::authority::PkiMint;
 use crate::authority::ca::AuthorityStep;
+use crate::authority::{CA_BUNDLE_CRT, PkiMint};
 use crate::v1alpha1::EtcdCertificatesSpec;
 
 fn policy(members: &[&str]) -> EtcdPolicy {

@@ -203,6 +203,20 @@ impl EtcdCluster {
         .unwrap()
     }
 
+    /// Forces a rotation of `etcd-signer` the documented way: its
+    /// `auth.openshift.io/certificate-not-after` removed.
+    pub async fn force_rotation(&self) {
+        let patch = serde_json::json!({"metadata": {"annotations": {"auth.openshift.io/certificate-not-after": null}}});
+        self.secrets
+            .patch(
+                "etcd-signer",
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&patch),
+            )
+            .await
+            .unwrap();
+    }
+
     pub fn endpoints(&self) -> Vec<String> {
         self.members.iter().map(Member::client_url).collect()
     }
