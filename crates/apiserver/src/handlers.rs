@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
-use axum::extract::{Query, State};
+use axum::extract::{Extension, Query, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
@@ -13,6 +13,7 @@ use serde_json::{Value, json};
 use crate::api::{
     ApiState, DeleteOptions, FieldValidation, ListQuery, Part, PropagationPolicy, WriteOptions,
 };
+use crate::auth::{Auth, Requester, UserInfo, reviews};
 use crate::error::ApiError;
 use crate::media::{self, BODY_MEDIA_TYPES, JSON_OR_YAML, PROTOBUF};
 use crate::patch::PatchType;
@@ -25,6 +26,7 @@ use crate::{discovery, openapi};
 /// Shared by every request.
 pub struct ServerState {
     pub api: Arc<ApiState>,
+    pub auth: Arc<Auth>,
     pub bookmark_interval: Duration,
 }
 
@@ -90,12 +92,13 @@ struct Target {
 /// Entry point for every request.
 pub async fn dispatch(
     State(state): State<Arc<ServerState>>,
+    Extension(Requester(user)): Extension<Requester>,
     method: Method,
     uri: Uri,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    match route(&state, &method, &uri, &headers, body).await {
+    match route(&state, &user, &method, &uri, &headers, body).await {
         Ok(resp) => resp,
         Err(e) => e.into_response(),
     }
@@ -103,6 +106,7 @@ pub async fn dispatch(
 
 async fn route(
     state: &ServerState,
+    user: &UserInfo,
     method: &Method,
     uri: &Uri,
     headers: &HeaderMap,
@@ -140,6 +144,19 @@ async fn route(
         ["openapi", "v3", "api", "v1"] => get_only(openapi::v3_group_version(registry, "", "v1")?),
         ["openapi", "v3", "apis", group, version] => {
             get_only(openapi::v3_group_version(registry, group, version)?)
+        }
+        [
+            "apis",
+            reviews::GROUP,
+            "v1",
+            plural @ (reviews::ACCESS_REVIEWS | reviews::RULES_REVIEWS),
+        ] => {
+            if method != Method::POST {
+                return Err(ApiError::method_not_allowed());
+            }
+            let review = parse_body(headers, &body, BODY_MEDIA_TYPES)?;
+            let answer = reviews::answer(&state.auth, &state.api, user, plural, review)?;
+            Ok(json_response(StatusCode::CREATED, &answer))
         }
         ["api", "v1", rest @ ..] => {
             resource_request(state, "", "v1", rest, method, &params, headers, body).await
@@ -400,6 +417,10 @@ async fn resource_request(
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let t = resolve(state, group, version, rest)?;
+    if t.def.flavor == registry::Flavor::Review {
+        // Only created, at their collection's path (`route`).
+        return Err(ApiError::method_not_allowed());
+    }
     let api = &state.api;
     let def = &t.def;
     let ns = t.namespace.as_deref().unwrap_or("");

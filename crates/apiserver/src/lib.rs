@@ -15,6 +15,7 @@
 mod admission;
 mod api;
 mod apply;
+mod auth;
 mod controllers;
 mod crd;
 mod discovery;
@@ -37,6 +38,10 @@ mod table;
 mod tls;
 mod watch;
 
+pub use auth::{Access, Authorization};
 pub use error::ApiError;
-pub use server::{ApiServer, ApiServerBuilder, DATABASE_FILE, ServerError, TestServer};
+pub use server::{
+    ADMIN_USER, ApiServer, ApiServerBuilder, DATABASE_FILE, ServerError, Subject, TestServer,
+    kubeconfig_for,
+};
 pub use tls::install_crypto_provider;

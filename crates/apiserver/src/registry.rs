@@ -22,6 +22,8 @@ pub enum Flavor {
     EventsV1Event,
     CustomResourceDefinition,
     CustomResource,
+    /// A review of `authorization.k8s.io`: created, answered, never stored.
+    Review,
 }
 
 /// An `additionalPrinterColumns` entry (also used for built-in kinds' table columns).
@@ -165,6 +167,8 @@ fn builtins() -> Vec<ResourceDef> {
     // One store for both Event APIs, as in Kubernetes.
     v1_events.storage_key = core_events.storage_key.clone();
     let webhooks = "admissionregistration.k8s.io";
+    let rbac = "rbac.authorization.k8s.io";
+    let reviews = "authorization.k8s.io";
     vec![
         builtin("", "v1", "namespaces", "Namespace", CLUSTER)
             .short_names(&["ns"])
@@ -197,6 +201,55 @@ fn builtins() -> Vec<ResourceDef> {
             "string",
             ".spec.holderIdentity",
         )]),
+        // Stored only: nothing runs Pods for them. The operator's manifests (deploy/) hold them.
+        builtin("", "v1", "serviceaccounts", "ServiceAccount", NAMESPACED)
+            .short_names(&["sa"])
+            .columns(vec![column("Secrets", "integer", ".secrets")]),
+        builtin("", "v1", "services", "Service", NAMESPACED)
+            .short_names(&["svc"])
+            .with_status()
+            .columns(vec![
+                column("Type", "string", ".spec.type"),
+                column("Cluster-IP", "string", ".spec.clusterIP"),
+            ]),
+        builtin("apps", "v1", "deployments", "Deployment", NAMESPACED)
+            .short_names(&["deploy"])
+            .with_status()
+            .columns(vec![
+                column("Up-to-date", "integer", ".status.updatedReplicas"),
+                column("Available", "integer", ".status.availableReplicas"),
+            ]),
+        builtin(rbac, "v1", "clusterroles", "ClusterRole", CLUSTER),
+        builtin(
+            rbac,
+            "v1",
+            "clusterrolebindings",
+            "ClusterRoleBinding",
+            CLUSTER,
+        )
+        .columns(vec![column("Role", "string", ".roleRef.name")]),
+        builtin(rbac, "v1", "roles", "Role", NAMESPACED),
+        builtin(rbac, "v1", "rolebindings", "RoleBinding", NAMESPACED).columns(vec![column(
+            "Role",
+            "string",
+            ".roleRef.name",
+        )]),
+        builtin(
+            reviews,
+            "v1",
+            "selfsubjectaccessreviews",
+            "SelfSubjectAccessReview",
+            CLUSTER,
+        )
+        .flavor(Flavor::Review),
+        builtin(
+            reviews,
+            "v1",
+            "selfsubjectrulesreviews",
+            "SelfSubjectRulesReview",
+            CLUSTER,
+        )
+        .flavor(Flavor::Review),
         builtin(
             "apiextensions.k8s.io",
             "v1",
@@ -406,16 +459,20 @@ pub fn is_builtin_group(group: &str) -> bool {
 
 /// The discovery entry (APIResource) for a definition, plus its subresources.
 pub fn discovery_entries(def: &ResourceDef) -> Vec<Value> {
-    let verbs = json!([
-        "create",
-        "delete",
-        "deletecollection",
-        "get",
-        "list",
-        "patch",
-        "update",
-        "watch"
-    ]);
+    let verbs = if def.flavor == Flavor::Review {
+        json!(["create"])
+    } else {
+        json!([
+            "create",
+            "delete",
+            "deletecollection",
+            "get",
+            "list",
+            "patch",
+            "update",
+            "watch"
+        ])
+    };
     let mut main = json!({
         "name": def.plural,
         "singularName": def.singular,

@@ -13,6 +13,8 @@ use tokio::net::TcpListener;
 use tokio::task::{JoinHandle, JoinSet};
 
 use crate::api::ApiState;
+use crate::auth::tokens::TokenKey;
+use crate::auth::{Access, Auth, AuthLayer, Authorization, PeerIdentity, UserInfo};
 use crate::guard::RequestGuard;
 use crate::handlers::{self, ServerState};
 use crate::storage::{Store, StoreError};
@@ -41,6 +43,15 @@ pub enum ServerError {
     Api(#[from] crate::error::ApiError),
     #[error("building a client: {0}")]
     Client(#[from] kube::Error),
+    #[error(
+        "RBAC authorization needs TLS: users are identified by their client certificates (use --tls)"
+    )]
+    RbacNeedsTls,
+    #[error("the ServiceAccount token key {path}: {source}")]
+    TokenKey {
+        path: PathBuf,
+        source: std::io::Error,
+    },
 }
 
 /// Configures and starts an [`ApiServer`].
@@ -52,6 +63,7 @@ pub struct ApiServerBuilder {
     bookmark_interval: Duration,
     history: u64,
     webhook_services: std::collections::HashMap<String, SocketAddr>,
+    authorization: Authorization,
 }
 
 impl Default for ApiServerBuilder {
@@ -63,6 +75,7 @@ impl Default for ApiServerBuilder {
             bookmark_interval: Duration::from_secs(10),
             history: crate::storage::DEFAULT_HISTORY,
             webhook_services: Default::default(),
+            authorization: Authorization::AlwaysAllow,
         }
     }
 }
@@ -107,7 +120,18 @@ impl ApiServerBuilder {
         self
     }
 
+    /// How requests are authorized. [`Authorization::Rbac`] needs [`Self::tls`]: users are
+    /// the client certificates' subjects, and ServiceAccounts' bearer tokens. Default:
+    /// everything is allowed.
+    pub fn authorization(mut self, mode: Authorization) -> Self {
+        self.authorization = mode;
+        self
+    }
+
     pub async fn start(self) -> Result<ApiServer, ServerError> {
+        if self.authorization == Authorization::Rbac && !self.tls {
+            return Err(ServerError::RbacNeedsTls);
+        }
         crate::tls::install_crypto_provider();
         let store = match &self.data_dir {
             Some(dir) => {
@@ -124,10 +148,23 @@ impl ApiServerBuilder {
         api.admission = crate::admission::Admission::with_services(self.webhook_services.clone());
         let api = Arc::new(api);
         api.ensure_default_namespaces().await?;
+        if self.authorization == Authorization::Rbac {
+            crate::auth::bootstrap::ensure(&api).await?;
+        }
         let tls = match (&self.data_dir, self.tls) {
             (_, false) => None,
             (Some(dir), true) => Some(TlsMaterial::load_or_generate(&dir.join("pki"))?),
             (None, true) => Some(TlsMaterial::generate()?),
+        };
+        let tokens = token_key(self.data_dir.as_deref())?;
+        let auth = Arc::new(Auth::new(self.authorization, tokens));
+        // The admin's own credentials: a client certificate in `system:masters`.
+        let admin = match (&tls, self.authorization) {
+            (Some(tls), Authorization::Rbac) => {
+                let groups = [crate::auth::MASTERS.to_string()];
+                Some(tls.client_certificate(ADMIN_USER, &groups)?)
+            }
+            _ => None,
         };
         let listener =
             TcpListener::bind(self.listen)
@@ -144,12 +181,21 @@ impl ApiServerBuilder {
             })?;
         let state = Arc::new(ServerState {
             api: api.clone(),
+            auth: auth.clone(),
             bookmark_interval: self.bookmark_interval,
         });
         let guard = Arc::new(RequestGuard::new(addr, tls.is_some()));
+        let auth_layer = Arc::new(AuthLayer {
+            auth: auth.clone(),
+            api: api.clone(),
+        });
         let router = Router::new()
             .fallback(handlers::dispatch)
             .layer(DefaultBodyLimit::max(64 * 1024 * 1024))
+            .layer(axum::middleware::from_fn_with_state(
+                auth_layer,
+                crate::auth::middleware,
+            ))
             .layer(axum::middleware::from_fn_with_state(
                 guard,
                 crate::guard::guard,
@@ -178,9 +224,155 @@ impl ApiServerBuilder {
             addr,
             tls,
             api,
+            auth,
+            admin,
             tasks: vec![serving, controllers],
         })
     }
+}
+
+/// The user of the admin kubeconfig when RBAC is on.
+pub const ADMIN_USER: &str = "caretaker-admin";
+
+/// The key of ServiceAccount tokens: `pki/serviceaccount.key` in the data directory, or a new
+/// one in memory.
+fn token_key(data_dir: Option<&Path>) -> Result<TokenKey, ServerError> {
+    match data_dir {
+        Some(dir) => {
+            let pki = dir.join("pki");
+            let path = pki.join("serviceaccount.key");
+            crate::private_files::create_dir(&pki)
+                .and_then(|()| TokenKey::load_or_generate(&path))
+                .map_err(|source| ServerError::TokenKey { path, source })
+        }
+        None => TokenKey::generate().map_err(|source| ServerError::TokenKey {
+            path: PathBuf::from("(memory)"),
+            source,
+        }),
+    }
+}
+
+/// Who a kubeconfig is for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Subject {
+    /// A user, by client certificate: CN `name`, O `groups`.
+    User { name: String, groups: Vec<String> },
+    /// A ServiceAccount, by bearer token.
+    ServiceAccount { namespace: String, name: String },
+}
+
+impl Subject {
+    /// `system:serviceaccount:NAMESPACE:NAME` or a user name (with `groups`; a ServiceAccount
+    /// has its own).
+    pub fn parse(subject: &str, groups: &[String]) -> Result<Subject, String> {
+        if let Some(rest) = subject.strip_prefix("system:serviceaccount:") {
+            let (namespace, name) = rest
+                .split_once(':')
+                .filter(|(ns, name)| !ns.is_empty() && !name.is_empty() && !name.contains(':'))
+                .ok_or_else(|| {
+                    format!("{subject:?} is not system:serviceaccount:NAMESPACE:NAME")
+                })?;
+            if !groups.is_empty() {
+                return Err(format!(
+                    "a ServiceAccount's groups are its own; {subject} cannot be given others"
+                ));
+            }
+            return Ok(Subject::ServiceAccount {
+                namespace: namespace.into(),
+                name: name.into(),
+            });
+        }
+        if subject.is_empty() {
+            return Err("the user name is empty".into());
+        }
+        Ok(Subject::User {
+            name: subject.into(),
+            groups: groups.to_vec(),
+        })
+    }
+}
+
+/// How a kubeconfig's user proves who it is.
+enum Credentials {
+    Token(String),
+    Certificate { cert_pem: String, key_pem: String },
+}
+
+fn render_kubeconfig(
+    url: &str,
+    ca_pem: Option<&str>,
+    user: &str,
+    credentials: &Credentials,
+) -> String {
+    use base64::Engine;
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    let ca = ca_pem
+        .map(|pem| {
+            // The serving certificate names only loopback: a client of a non-loopback
+            // listen address verifies it as `localhost`.
+            format!(
+                "    certificate-authority-data: {}\n    tls-server-name: localhost\n",
+                b64(pem)
+            )
+        })
+        .unwrap_or_default();
+    let credentials = match credentials {
+        Credentials::Token(token) => format!("    token: {token}\n"),
+        Credentials::Certificate { cert_pem, key_pem } => format!(
+            "    client-certificate-data: {}\n    client-key-data: {}\n",
+            b64(cert_pem),
+            b64(key_pem)
+        ),
+    };
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: caretaker\n  cluster:\n    server: {url}\n{ca}users:\n- name: {user:?}\n  user:\n{credentials}contexts:\n- name: caretaker\n  context:\n    cluster: caretaker\n    user: {user:?}\n    namespace: default\ncurrent-context: caretaker\n"
+    )
+}
+
+/// A kubeconfig for `subject` on the server at `url` whose data directory is `data_dir`
+/// (`caretaker apiserver --kubeconfig-for`): a client certificate from its client CA, or a
+/// ServiceAccount token made with its key. The server need not be running.
+pub fn kubeconfig_for(
+    data_dir: &Path,
+    url: &str,
+    subject: &Subject,
+) -> Result<String, ServerError> {
+    let tls = TlsMaterial::load_or_generate(&data_dir.join("pki"))?;
+    let tokens = token_key(Some(data_dir))?;
+    credentials_kubeconfig(url, Some(&tls), &tokens, subject)
+}
+
+fn credentials(
+    tls: Option<&TlsMaterial>,
+    tokens: &TokenKey,
+    subject: &Subject,
+) -> Result<(String, Credentials), ServerError> {
+    Ok(match subject {
+        Subject::ServiceAccount { namespace, name } => (
+            crate::auth::service_account_user(namespace, name),
+            Credentials::Token(tokens.token_for(namespace, name)),
+        ),
+        Subject::User { name, groups } => {
+            let tls = tls.ok_or(ServerError::RbacNeedsTls)?;
+            let (cert_pem, key_pem) = tls.client_certificate(name, groups)?;
+            (name.clone(), Credentials::Certificate { cert_pem, key_pem })
+        }
+    })
+}
+
+fn credentials_kubeconfig(
+    url: &str,
+    tls: Option<&TlsMaterial>,
+    tokens: &TokenKey,
+    subject: &Subject,
+) -> Result<String, ServerError> {
+    let (user, credentials) = credentials(tls, tokens, subject)?;
+    Ok(render_kubeconfig(
+        url,
+        tls.map(|t| t.ca_pem.as_str()),
+        &user,
+        &credentials,
+    ))
 }
 
 /// Accepts connections until aborted; aborting drops the JoinSet, which ends every connection.
@@ -198,13 +390,22 @@ async fn serve(listener: TcpListener, router: Router, tls: Option<tokio_rustls::
         };
         let _ = stream.set_nodelay(true);
         while connections.try_join_next().is_some() {}
-        let service = TowerToHyperService::new(router.clone());
+        let router = router.clone();
         let tls = tls.clone();
         connections.spawn(async move {
             let http = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
             let result = match tls {
                 Some(acceptor) => match acceptor.accept(stream).await {
                     Ok(s) => {
+                        let peer = s
+                            .get_ref()
+                            .1
+                            .peer_certificates()
+                            .and_then(|chain| chain.first())
+                            .and_then(|leaf| UserInfo::from_certificate(leaf))
+                            .map(Arc::new);
+                        let router = router.layer(axum::Extension(PeerIdentity(peer)));
+                        let service = TowerToHyperService::new(router);
                         http.serve_connection_with_upgrades(TokioIo::new(s), service)
                             .await
                     }
@@ -214,6 +415,7 @@ async fn serve(listener: TcpListener, router: Router, tls: Option<tokio_rustls::
                     }
                 },
                 None => {
+                    let service = TowerToHyperService::new(router);
                     http.serve_connection_with_upgrades(TokioIo::new(stream), service)
                         .await
                 }
@@ -231,6 +433,9 @@ pub struct ApiServer {
     addr: SocketAddr,
     tls: Option<TlsMaterial>,
     api: Arc<ApiState>,
+    auth: Arc<Auth>,
+    /// The admin's client certificate and key, with RBAC on.
+    admin: Option<(String, String)>,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -258,8 +463,17 @@ impl ApiServer {
         self.api.store.current_rv().unwrap_or(0)
     }
 
-    /// Client configuration for this server (trusting its CA when serving HTTPS).
+    /// Client configuration for this server (trusting its CA when serving HTTPS), as the
+    /// admin: with RBAC on, a client certificate in `system:masters`.
     pub fn kube_config(&self) -> kube::Config {
+        let mut config = self.bare_config();
+        if let Some((cert_pem, key_pem)) = &self.admin {
+            Self::with_certificate(&mut config, cert_pem, key_pem);
+        }
+        config
+    }
+
+    fn bare_config(&self) -> kube::Config {
         let uri = self.url.parse().expect("the server URL is a valid URI");
         let mut config = kube::Config::new(uri);
         config.default_namespace = "default".into();
@@ -269,30 +483,59 @@ impl ApiServer {
         config
     }
 
+    fn with_certificate(config: &mut kube::Config, cert_pem: &str, key_pem: &str) {
+        use base64::Engine;
+        let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+        config.auth_info.client_certificate_data = Some(b64(cert_pem));
+        config.auth_info.client_key_data = Some(b64(key_pem).into());
+    }
+
+    /// Client configuration acting as `subject`: a client certificate for a user (TLS only),
+    /// a bearer token for a ServiceAccount.
+    pub fn kube_config_for(&self, subject: &Subject) -> Result<kube::Config, ServerError> {
+        let mut config = self.bare_config();
+        match credentials(self.tls.as_ref(), self.auth.tokens(), subject)?.1 {
+            Credentials::Token(token) => config.auth_info.token = Some(token.into()),
+            Credentials::Certificate { cert_pem, key_pem } => {
+                Self::with_certificate(&mut config, &cert_pem, &key_pem)
+            }
+        }
+        Ok(config)
+    }
+
+    /// A kubeconfig (YAML) acting as `subject`.
+    pub fn kubeconfig_for(&self, subject: &Subject) -> Result<String, ServerError> {
+        credentials_kubeconfig(&self.url, self.tls.as_ref(), self.auth.tokens(), subject)
+    }
+
+    /// Every kind of resource request each user made (with RBAC on): verb, group, resource,
+    /// subresource, namespace, and whether it was allowed.
+    pub fn access_log(&self) -> Vec<Access> {
+        self.auth.access_log()
+    }
+
     /// A kube client for this server.
     pub fn client(&self) -> kube::Client {
         kube::Client::try_from(self.kube_config())
             .expect("a client for a loopback URL can always be built")
     }
 
-    /// A kubeconfig (YAML) for this server, with the CA inline when serving HTTPS.
+    /// A kubeconfig (YAML) for this server, with the CA inline when serving HTTPS. With RBAC
+    /// on, its user is the admin (`system:masters`, by client certificate).
     pub fn kubeconfig(&self) -> String {
-        use base64::Engine;
-        let ca = self
-            .ca_pem()
-            .map(|pem| {
-                // The serving certificate names only loopback: a client of a non-loopback
-                // listen address verifies it as `localhost`.
-                format!(
-                    "    certificate-authority-data: {}\n    tls-server-name: localhost\n",
-                    base64::engine::general_purpose::STANDARD.encode(pem)
-                )
-            })
-            .unwrap_or_default();
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: caretaker\n  cluster:\n    server: {}\n{ca}users:\n- name: caretaker\n  user:\n    # The server does not authenticate; a token keeps kubectl from prompting for a password.\n    token: caretaker-no-auth\ncontexts:\n- name: caretaker\n  context:\n    cluster: caretaker\n    user: caretaker\n    namespace: default\ncurrent-context: caretaker\n",
-            self.url
-        )
+        let (user, credentials) = match &self.admin {
+            Some((cert_pem, key_pem)) => (
+                ADMIN_USER,
+                Credentials::Certificate {
+                    cert_pem: cert_pem.clone(),
+                    key_pem: key_pem.clone(),
+                },
+            ),
+            // The server does not authenticate; a token keeps kubectl from prompting for a
+            // password.
+            None => ("caretaker", Credentials::Token("caretaker-no-auth".into())),
+        };
+        render_kubeconfig(&self.url, self.ca_pem(), user, &credentials)
     }
 
     /// Writes [`Self::kubeconfig`] to `path` (mode 0600).

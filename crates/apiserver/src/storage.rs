@@ -6,6 +6,7 @@
 //! released. That makes resourceVersions strictly increasing in commit order and guarantees
 //! watchers see changes in that same order, which is what the watch protocol promises.
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -100,6 +101,8 @@ pub struct Store {
     conn: Mutex<Connection>,
     changes: broadcast::Sender<Arc<Change>>,
     history: u64,
+    /// Storage key → the resourceVersion of its last write since the store was opened.
+    latest_writes: Mutex<HashMap<String, u64>>,
 }
 
 const SCHEMA: &str = "
@@ -158,6 +161,7 @@ impl Store {
             conn: Mutex::new(conn),
             changes: tx,
             history: DEFAULT_HISTORY,
+            latest_writes: Mutex::new(HashMap::new()),
         })
     }
 
@@ -175,6 +179,13 @@ impl Store {
 
     pub fn subscribe(&self) -> broadcast::Receiver<Arc<Change>> {
         self.changes.subscribe()
+    }
+
+    /// The resourceVersion of the last write to `resource` (a storage key) since the store was
+    /// opened, 0 if none: caches of a few kinds compare it to know they are current.
+    pub fn latest_write(&self, resource: &str) -> u64 {
+        let latest = self.latest_writes.lock().unwrap_or_else(|p| p.into_inner());
+        latest.get(resource).copied().unwrap_or(0)
     }
 
     /// The newest resourceVersion handed out.
@@ -479,6 +490,15 @@ impl Store {
                 .execute(params![floor as i64])?;
         }
         tx.commit()?;
+        {
+            let mut latest = self.latest_writes.lock().unwrap_or_else(|p| p.into_inner());
+            match latest.get_mut(&key.resource) {
+                Some(last) => *last = rv,
+                None => {
+                    latest.insert(key.resource.clone(), rv);
+                }
+            }
+        }
         // No receivers is fine: nobody is watching.
         let _ = self.changes.send(Arc::new(Change {
             rv,

@@ -1,6 +1,7 @@
 //! Serving certificates: a self-signed CA and a server certificate for the loopback names,
-//! kept in the data directory so that a restarted server keeps the same CA (and its
-//! kubeconfig stays valid).
+//! and the client CA whose certificates identify users (CN the user, O its groups), kept in
+//! the data directory so that a restarted server keeps the same CAs (and its kubeconfigs stay
+//! valid).
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::Path;
@@ -11,11 +12,24 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 /// PEM-encoded serving material.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct TlsMaterial {
     pub ca_pem: String,
     pub cert_pem: String,
     pub key_pem: String,
+    /// The CA of users' client certificates, and its key.
+    pub client_ca_pem: String,
+    pub client_ca_key_pem: String,
+}
+
+impl std::fmt::Debug for TlsMaterial {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsMaterial")
+            .field("ca_pem", &self.ca_pem)
+            .field("cert_pem", &self.cert_pem)
+            .field("client_ca_pem", &self.client_ca_pem)
+            .finish_non_exhaustive()
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -50,11 +64,36 @@ impl TlsMaterial {
                 .with_validity(lifetime),
         )?;
         let key = server.key.as_ref().expect("issue() returns the new key");
+        let client_ca = Self::client_ca()?;
         Ok(TlsMaterial {
             ca_pem: ca.certificate_pem(),
             cert_pem: server.certificate_pem.clone(),
             key_pem: key.to_pem(),
+            client_ca_pem: client_ca.certificate_pem(),
+            client_ca_key_pem: client_ca.private_key_pem(),
         })
+    }
+
+    fn client_ca() -> Result<CertificateAuthority, TlsError> {
+        Ok(CertificateAuthority::create(&CaSpec::new(
+            "caretaker-apiserver-client-ca",
+        ))?)
+    }
+
+    /// A client certificate and its key for `user` in `groups`, valid for a year.
+    pub fn client_certificate(
+        &self,
+        user: &str,
+        groups: &[String],
+    ) -> Result<(String, String), TlsError> {
+        let ca = CertificateAuthority::from_pem(&self.client_ca_pem, &self.client_ca_key_pem)?;
+        let issued = ca.issue(
+            &LeafSpec::new(user, Usage::Client)
+                .with_organizations(groups.iter().cloned())
+                .with_validity(Ttl::calendar(1, 0, 0).expect("1y is a valid TTL")),
+        )?;
+        let key = issued.key.as_ref().expect("issue() returns the new key");
+        Ok((issued.certificate_pem.clone(), key.to_pem()))
     }
 
     /// Loads the material from `dir`, or generates and stores it there (owner-only, see
@@ -69,21 +108,42 @@ impl TlsMaterial {
             dir.join("server.crt"),
             dir.join("server.key"),
         ];
+        let client_files = [dir.join("client-ca.crt"), dir.join("client-ca.key")];
         crate::private_files::create_dir(dir).map_err(io(dir))?;
-        if files.iter().all(|f| f.exists()) {
-            let read = |p: &Path| {
-                crate::private_files::restrict(p).map_err(io(p))?;
-                std::fs::read_to_string(p).map_err(io(p))
+        let read = |p: &Path| {
+            crate::private_files::restrict(p).map_err(io(p))?;
+            std::fs::read_to_string(p).map_err(io(p))
+        };
+        let m = if files.iter().all(|f| f.exists()) {
+            let (client_ca_pem, client_ca_key_pem) = if client_files.iter().all(|f| f.exists()) {
+                (read(&client_files[0])?, read(&client_files[1])?)
+            } else {
+                // A data directory from before client certificates: the serving CA stays.
+                let ca = Self::client_ca()?;
+                (ca.certificate_pem(), ca.private_key_pem())
             };
-            return Ok(TlsMaterial {
+            TlsMaterial {
                 ca_pem: read(&files[0])?,
                 cert_pem: read(&files[1])?,
                 key_pem: read(&files[2])?,
-            });
-        }
-        let m = Self::generate()?;
-        for (path, content) in files.iter().zip([&m.ca_pem, &m.cert_pem, &m.key_pem]) {
-            crate::private_files::write(path, content).map_err(io(path))?;
+                client_ca_pem,
+                client_ca_key_pem,
+            }
+        } else {
+            Self::generate()?
+        };
+        let all_files = files.iter().chain(&client_files);
+        let contents = [
+            &m.ca_pem,
+            &m.cert_pem,
+            &m.key_pem,
+            &m.client_ca_pem,
+            &m.client_ca_key_pem,
+        ];
+        for (path, content) in all_files.zip(contents) {
+            if !path.exists() {
+                crate::private_files::write(path, content).map_err(io(path))?;
+            }
         }
         Ok(m)
     }
@@ -102,8 +162,22 @@ impl TlsMaterial {
                 .map_err(|e| TlsError::Load(format!("server certificate: {e}")))?;
         let key = PrivateKeyDer::from_pem_slice(self.key_pem.as_bytes())
             .map_err(|e| TlsError::Load(format!("server key: {e}")))?;
+        // Client certificates are asked for, not required: a request without one is
+        // anonymous, or authenticated by its bearer token. One that does not chain to the
+        // client CA fails the handshake, as in kube-apiserver.
+        let mut roots = rustls::RootCertStore::empty();
+        for ca in CertificateDer::pem_slice_iter(self.client_ca_pem.as_bytes()) {
+            let ca = ca.map_err(|e| TlsError::Load(format!("client CA: {e}")))?;
+            roots
+                .add(ca)
+                .map_err(|e| TlsError::Load(format!("client CA: {e}")))?;
+        }
+        let verifier = rustls::server::WebPkiClientVerifier::builder(Arc::new(roots))
+            .allow_unauthenticated()
+            .build()
+            .map_err(|e| TlsError::Load(format!("client CA: {e}")))?;
         let mut config = rustls::ServerConfig::builder()
-            .with_no_client_auth()
+            .with_client_cert_verifier(verifier)
             .with_single_cert(certs, key)
             .map_err(|e| TlsError::Load(e.to_string()))?;
         config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];

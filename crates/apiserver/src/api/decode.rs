@@ -25,9 +25,16 @@ fn known_builtin_field(def: &ResourceDef, field: &str) -> Option<bool> {
         (Flavor::Generic, "validatingwebhookconfigurations" | "mutatingwebhookconfigurations") => {
             &["webhooks"]
         }
-        (Flavor::CustomResourceDefinition, _) | (Flavor::Generic, "apiservices") => {
-            &["spec", "status"]
-        }
+        (Flavor::CustomResourceDefinition, _)
+        | (Flavor::Generic, "apiservices" | "services" | "deployments") => &["spec", "status"],
+        (Flavor::Generic, "serviceaccounts") => &[
+            "secrets",
+            "imagePullSecrets",
+            "automountServiceAccountToken",
+        ],
+        (Flavor::Generic, "clusterroles") => &["rules", "aggregationRule"],
+        (Flavor::Generic, "roles") => &["rules"],
+        (Flavor::Generic, "clusterrolebindings" | "rolebindings") => &["subjects", "roleRef"],
         _ => return None,
     };
     Some(fields.contains(&field))

@@ -23,10 +23,9 @@ impl ApiState {
         let mut errs: Vec<FieldError> = Vec::new();
         let name_problem = match def.flavor {
             Flavor::Namespace => meta::check_dns_label(name),
-            Flavor::CustomResource => {
-                (name.contains('/') || name.contains('%') || name == "." || name == "..")
-                    .then(|| "may not contain '/' or '%' and may not be '.' or '..'".to_string())
-            }
+            // RBAC names are path segments (`system:discovery`), as custom resources' are.
+            _ if def.group == "rbac.authorization.k8s.io" => path_segment_problem(name),
+            Flavor::CustomResource => path_segment_problem(name),
             _ => meta::check_dns_subdomain(name),
         };
         errs.extend(metadata_errors(obj));
@@ -156,4 +155,10 @@ fn metadata_errors(obj: &Value) -> Vec<FieldError> {
         }
     }
     errs
+}
+
+/// kube's `IsValidPathSegmentName`: the names of custom resources and RBAC objects.
+fn path_segment_problem(name: &str) -> Option<String> {
+    (name.contains('/') || name.contains('%') || name == "." || name == "..")
+        .then(|| "may not contain '/' or '%' and may not be '.' or '..'".to_string())
 }

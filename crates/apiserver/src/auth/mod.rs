@@ -1,0 +1,445 @@
+//! Who sends a request, and whether they may: authentication by client certificate or
+//! ServiceAccount token, and RBAC authorization, as kube-apiserver does them. Off unless the
+//! server is built with [`Authorization::Rbac`]: then every request is authenticated and
+//! authorized before anything else reads it.
+//!
+//! - [`attributes`]: what a request asks to do (kube-apiserver's `RequestInfo`).
+//! - [`rbac`]: the decision, a pure function of the stored RBAC objects.
+//! - [`tokens`]: ServiceAccount bearer tokens.
+//! - [`bootstrap`]: the ClusterRoles and bindings every cluster starts with.
+//! - [`reviews`]: SelfSubjectAccessReview and SelfSubjectRulesReview (`kubectl auth can-i`).
+
+pub mod attributes;
+pub mod bootstrap;
+pub mod rbac;
+pub mod reviews;
+pub mod tokens;
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+
+use axum::extract::{Request, State};
+use axum::http::header;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use serde::de::DeserializeOwned;
+
+use crate::api::ApiState;
+use crate::error::ApiError;
+use crate::storage::ObjectKey;
+use attributes::{Attributes, ResourceAttributes};
+use rbac::{Decision, Policy};
+use tokens::TokenKey;
+
+/// The group whose members every request is allowed to, without RBAC (kube-apiserver's
+/// privileged group authorizer).
+pub const MASTERS: &str = "system:masters";
+const AUTHENTICATED: &str = "system:authenticated";
+const UNAUTHENTICATED: &str = "system:unauthenticated";
+
+/// Who a request is from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UserInfo {
+    pub name: String,
+    pub groups: Vec<String>,
+}
+
+/// `system:serviceaccount:NAMESPACE:NAME`.
+pub fn service_account_user(namespace: &str, name: &str) -> String {
+    format!("system:serviceaccount:{namespace}:{name}")
+}
+
+impl UserInfo {
+    /// A user with `groups`, and `system:authenticated` as every authenticated user has.
+    pub fn new(name: impl Into<String>, groups: impl IntoIterator<Item = String>) -> UserInfo {
+        let mut groups: Vec<String> = groups.into_iter().collect();
+        if !groups.iter().any(|g| g == AUTHENTICATED) {
+            groups.push(AUTHENTICATED.into());
+        }
+        UserInfo {
+            name: name.into(),
+            groups,
+        }
+    }
+
+    pub fn service_account(namespace: &str, name: &str) -> UserInfo {
+        UserInfo::new(
+            service_account_user(namespace, name),
+            [
+                "system:serviceaccounts".to_string(),
+                format!("system:serviceaccounts:{namespace}"),
+            ],
+        )
+    }
+
+    pub fn anonymous() -> UserInfo {
+        UserInfo {
+            name: "system:anonymous".into(),
+            groups: vec![UNAUTHENTICATED.into()],
+        }
+    }
+
+    /// The user of a client certificate that chains to the server's client CA: its subject's
+    /// CN is the name, its O values the groups.
+    pub fn from_certificate(der: &[u8]) -> Option<UserInfo> {
+        let info = caretaker_pki::CertificateInfo::from_der(der).ok()?;
+        let name = info.common_name.filter(|cn| !cn.is_empty())?;
+        Some(UserInfo::new(name, info.organizations))
+    }
+
+    fn is_master(&self) -> bool {
+        self.groups.iter().any(|g| g == MASTERS)
+    }
+}
+
+/// What the TLS handshake of a connection proved: the user of its client certificate, if it
+/// presented one (a certificate that does not chain to the client CA fails the handshake).
+#[derive(Debug, Clone, Default)]
+pub struct PeerIdentity(pub Option<Arc<UserInfo>>);
+
+/// The authenticated user of a request, for the handlers that answer about the requester.
+#[derive(Debug, Clone)]
+pub struct Requester(pub Arc<UserInfo>);
+
+/// How requests are authorized.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Authorization {
+    /// Every request may do everything (the default: a server on loopback for one user).
+    #[default]
+    AlwaysAllow,
+    /// Client certificates and ServiceAccount tokens identify users; RBAC decides.
+    Rbac,
+}
+
+/// One kind of request a user made: what the least-privilege test compares with the grants.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Access {
+    pub user: String,
+    pub verb: String,
+    pub group: String,
+    pub resource: String,
+    pub subresource: String,
+    pub namespace: String,
+    pub allowed: bool,
+}
+
+/// RBAC's stored objects, by storage key.
+const CLUSTER_ROLES: &str = "rbac.authorization.k8s.io/clusterroles";
+const ROLES: &str = "rbac.authorization.k8s.io/roles";
+const CLUSTER_ROLE_BINDINGS: &str = "rbac.authorization.k8s.io/clusterrolebindings";
+const ROLE_BINDINGS: &str = "rbac.authorization.k8s.io/rolebindings";
+const RBAC_KINDS: [&str; 4] = [CLUSTER_ROLES, ROLES, CLUSTER_ROLE_BINDINGS, ROLE_BINDINGS];
+
+/// Authentication and authorization for one server.
+pub struct Auth {
+    pub mode: Authorization,
+    tokens: TokenKey,
+    /// The policy, with the last write to each RBAC kind it has seen.
+    policy: Mutex<Option<([u64; 4], Arc<Policy>)>>,
+    access: Mutex<BTreeSet<Access>>,
+}
+
+impl Auth {
+    pub fn new(mode: Authorization, tokens: TokenKey) -> Auth {
+        Auth {
+            mode,
+            tokens,
+            policy: Mutex::new(None),
+            access: Mutex::new(BTreeSet::new()),
+        }
+    }
+
+    /// The key ServiceAccount tokens are made with.
+    pub fn tokens(&self) -> &TokenKey {
+        &self.tokens
+    }
+
+    /// Every kind of request made so far (with [`Authorization::Rbac`] only).
+    pub fn access_log(&self) -> Vec<Access> {
+        let log = self.access.lock().unwrap_or_else(|p| p.into_inner());
+        log.iter().cloned().collect()
+    }
+
+    /// The request's user; 401 for a bearer token that is not a live ServiceAccount's.
+    fn authenticate(
+        &self,
+        api: &ApiState,
+        peer: Option<Arc<UserInfo>>,
+        authorization: Option<&str>,
+    ) -> Result<Arc<UserInfo>, ApiError> {
+        if let Some(user) = peer {
+            return Ok(user);
+        }
+        let Some(value) = authorization else {
+            return Ok(Arc::new(UserInfo::anonymous()));
+        };
+        let token = value
+            .strip_prefix("Bearer ")
+            .map(str::trim)
+            .filter(|t| !t.is_empty());
+        let (namespace, name) = token
+            .and_then(|t| self.tokens.verify(t))
+            .ok_or_else(unauthorized)?;
+        let key = ObjectKey {
+            resource: "/serviceaccounts".into(),
+            namespace: namespace.clone(),
+            name: name.clone(),
+        };
+        match api.store.get(&key)? {
+            Some(_) => Ok(Arc::new(UserInfo::service_account(&namespace, &name))),
+            None => Err(unauthorized()),
+        }
+    }
+
+    /// Whether `user` may make `request`; the reason either way.
+    pub fn authorize(&self, api: &ApiState, user: &UserInfo, request: &Attributes) -> Decision {
+        if self.mode == Authorization::AlwaysAllow || user.is_master() {
+            return Decision::Allow(String::new());
+        }
+        match self.policy(api) {
+            Ok(policy) => policy.authorize(user, request),
+            Err(e) => Decision::Deny(format!("RBAC: {}", e.message)),
+        }
+    }
+
+    /// The rules `user` has in `namespace`, and whether some could not be read.
+    pub fn rules_for(
+        &self,
+        api: &ApiState,
+        user: &UserInfo,
+        namespace: &str,
+    ) -> Result<(Vec<k8s_openapi::api::rbac::v1::PolicyRule>, bool), ApiError> {
+        Ok(self.policy(api)?.rules_for(user, namespace))
+    }
+
+    /// The policy as stored now: read again only after an RBAC object was written.
+    fn policy(&self, api: &ApiState) -> Result<Arc<Policy>, ApiError> {
+        let stamp = RBAC_KINDS.map(|kind| api.store.latest_write(kind));
+        let mut cached = self.policy.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((seen, policy)) = cached.as_ref()
+            && *seen == stamp
+        {
+            return Ok(policy.clone());
+        }
+        let policy = Arc::new(Policy::new(
+            load(api, CLUSTER_ROLES)?,
+            load(api, ROLES)?,
+            load(api, CLUSTER_ROLE_BINDINGS)?,
+            load(api, ROLE_BINDINGS)?,
+        ));
+        *cached = Some((stamp, policy.clone()));
+        Ok(policy)
+    }
+
+    fn record(&self, user: &UserInfo, request: &Attributes, allowed: bool) {
+        if let Attributes::Resource(r) = request {
+            let mut log = self.access.lock().unwrap_or_else(|p| p.into_inner());
+            log.insert(Access {
+                user: user.name.clone(),
+                verb: r.verb.clone(),
+                group: r.group.clone(),
+                resource: r.resource.clone(),
+                subresource: r.subresource.clone(),
+                namespace: r.namespace.clone(),
+                allowed,
+            });
+        }
+    }
+}
+
+/// Every stored object of an RBAC kind; one that does not parse grants nothing.
+fn load<T: DeserializeOwned>(api: &ApiState, storage_key: &str) -> Result<Vec<T>, ApiError> {
+    let (objects, _) = api.store.list(storage_key, None, None)?;
+    Ok(objects
+        .into_iter()
+        .filter_map(|o| match serde_json::from_value(o) {
+            Ok(parsed) => Some(parsed),
+            Err(e) => {
+                tracing::warn!(kind = storage_key, error = %e, "an RBAC object that does not parse grants nothing");
+                None
+            }
+        })
+        .collect())
+}
+
+fn unauthorized() -> ApiError {
+    ApiError::new(401, "Unauthorized", "Unauthorized")
+}
+
+/// kube-apiserver's 403: `secrets "s" is forbidden: User "u" cannot get resource "secrets" in
+/// API group "" in the namespace "n"`, with the RBAC reason appended when there is one.
+fn forbidden(user: &UserInfo, request: &Attributes, reason: &str) -> ApiError {
+    let mut because = format!("User {:?} cannot {request}", user.name);
+    if !reason.is_empty() {
+        because = format!("{because}: {reason}");
+    }
+    match request {
+        Attributes::NonResource { .. } => {
+            ApiError::new(403, "Forbidden", format!("forbidden: {because}"))
+        }
+        Attributes::Resource(r) => {
+            let resource = crate::error::qualified(&r.group, &r.resource);
+            let message = if r.name.is_empty() {
+                format!("{resource} is forbidden: {because}")
+            } else {
+                format!("{resource} {:?} is forbidden: {because}", r.name)
+            };
+            let mut details = serde_json::json!({"kind": r.resource});
+            if !r.name.is_empty() {
+                details["name"] = r.name.clone().into();
+            }
+            if !r.group.is_empty() {
+                details["group"] = r.group.clone().into();
+            }
+            ApiError {
+                details: Some(details),
+                ..ApiError::new(403, "Forbidden", message)
+            }
+        }
+    }
+}
+
+/// A server-side apply of an object that does not exist creates it, so it must also be
+/// allowed to `create` (kube-apiserver's patch handler asks the same): these attributes, or
+/// None for any other request.
+fn apply_creating(api: &ApiState, request: &Request, patch: &Attributes) -> Option<Attributes> {
+    let Attributes::Resource(r) = patch else {
+        return None;
+    };
+    let is_apply = request
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|t| t.starts_with("application/apply-patch"));
+    if r.verb != "patch" || !is_apply || !r.subresource.is_empty() {
+        return None;
+    }
+    let def = api.registry.lookup(&r.group, &r.version, &r.resource)?;
+    let key = ApiState::key(&def, &r.namespace, &r.name);
+    match api.store.get(&key) {
+        Ok(None) => Some(Attributes::Resource(ResourceAttributes {
+            verb: "create".into(),
+            ..r.clone()
+        })),
+        _ => None,
+    }
+}
+
+/// The state the middleware needs.
+pub struct AuthLayer {
+    pub auth: Arc<Auth>,
+    pub api: Arc<ApiState>,
+}
+
+/// Authenticates and authorizes every request before the handlers see it, and hands the
+/// handlers its [`Requester`].
+pub async fn middleware(
+    State(layer): State<Arc<AuthLayer>>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    let peer = request
+        .extensions()
+        .get::<PeerIdentity>()
+        .and_then(|p| p.0.clone());
+    let auth = &layer.auth;
+    let user = if auth.mode == Authorization::AlwaysAllow {
+        peer.unwrap_or_else(|| Arc::new(UserInfo::new("system:admin", [MASTERS.to_string()])))
+    } else {
+        let header = request
+            .headers()
+            .get(header::AUTHORIZATION)
+            .map(|v| v.to_str().unwrap_or_default());
+        match auth.authenticate(&layer.api, peer, header) {
+            Ok(user) => user,
+            Err(e) => return e.into_response(),
+        }
+    };
+    if auth.mode == Authorization::Rbac {
+        let params: Vec<(String, String)> = axum::extract::Query::try_from_uri(request.uri())
+            .map(|q| q.0)
+            .unwrap_or_default();
+        let attributes = Attributes::of(request.method().as_str(), request.uri().path(), &params);
+        let mut checks = vec![attributes];
+        if let Some(create) = apply_creating(&layer.api, &request, &checks[0]) {
+            checks.push(create);
+        }
+        for attributes in &checks {
+            let decision = auth.authorize(&layer.api, &user, attributes);
+            let allowed = matches!(decision, Decision::Allow(_));
+            auth.record(&user, attributes, allowed);
+            if let Decision::Deny(reason) = decision {
+                tracing::debug!(user = %user.name, request = %attributes, "forbidden");
+                return forbidden(&user, attributes, &reason).into_response();
+            }
+        }
+    }
+    request.extensions_mut().insert(Requester(user));
+    next.run(request).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn forbidden_messages_are_kube_apiservers() {
+        let alice = UserInfo::new("alice", []);
+        let named = Attributes::Resource(ResourceAttributes {
+            verb: "get".into(),
+            resource: "secrets".into(),
+            namespace: "team".into(),
+            name: "db".into(),
+            ..Default::default()
+        });
+        let e = forbidden(&alice, &named, "");
+        assert_eq!((e.code, e.reason), (403, "Forbidden"));
+        assert_eq!(
+            e.message,
+            "secrets \"db\" is forbidden: User \"alice\" cannot get resource \"secrets\" in API group \"\" in the namespace \"team\""
+        );
+        assert_eq!(
+            e.details,
+            Some(serde_json::json!({"kind": "secrets", "name": "db"}))
+        );
+        let list = Attributes::Resource(ResourceAttributes {
+            verb: "list".into(),
+            group: "cluster.x-k8s.io".into(),
+            resource: "machines".into(),
+            ..Default::default()
+        });
+        assert_eq!(
+            forbidden(
+                &alice,
+                &list,
+                "RBAC: [role.rbac.authorization.k8s.io \"x\" not found]"
+            )
+            .message,
+            "machines.cluster.x-k8s.io is forbidden: User \"alice\" cannot list resource \"machines\" in API group \"cluster.x-k8s.io\" at the cluster scope: RBAC: [role.rbac.authorization.k8s.io \"x\" not found]"
+        );
+        let path = Attributes::NonResource {
+            verb: "get".into(),
+            path: "/openapi/v2".into(),
+        };
+        assert_eq!(
+            forbidden(&alice, &path, "").message,
+            "forbidden: User \"alice\" cannot get path \"/openapi/v2\""
+        );
+    }
+
+    #[test]
+    fn users_carry_the_groups_kube_apiserver_gives_them() {
+        let sa = UserInfo::service_account("caretaker-system", "caretaker");
+        assert_eq!(sa.name, "system:serviceaccount:caretaker-system:caretaker");
+        assert_eq!(
+            sa.groups,
+            [
+                "system:serviceaccounts",
+                "system:serviceaccounts:caretaker-system",
+                "system:authenticated"
+            ]
+        );
+        assert_eq!(UserInfo::anonymous().groups, ["system:unauthenticated"]);
+        assert!(UserInfo::new("root", [MASTERS.to_string()]).is_master());
+    }
+}

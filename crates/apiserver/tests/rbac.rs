@@ -1,0 +1,504 @@
+//! Authentication and RBAC (`Authorization::Rbac`): who a request is from (client
+//! certificates, ServiceAccount tokens, nobody) and what RBAC lets them do, answered as
+//! kube-apiserver answers; and the attacks: forged tokens, certificates from another CA, a
+//! deleted ServiceAccount, anonymous writes.
+
+use caretaker_apiserver::{ApiServer, Authorization, ServerError, Subject};
+use caretaker_pki::{CaSpec, CertificateAuthority, LeafSpec, Usage};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::api::{Api, DeleteParams, PostParams};
+use serde_json::{Value, json};
+
+mod common;
+use common::api_status;
+
+async fn rbac_server() -> ApiServer {
+    ApiServer::builder()
+        .tls(true)
+        .authorization(Authorization::Rbac)
+        .start()
+        .await
+        .expect("start an RBAC server")
+}
+
+fn client_as(server: &ApiServer, subject: &Subject) -> kube::Client {
+    kube::Client::try_from(server.kube_config_for(subject).unwrap()).unwrap()
+}
+
+fn user(name: &str, groups: &[&str]) -> Subject {
+    Subject::User {
+        name: name.into(),
+        groups: groups.iter().map(|g| g.to_string()).collect(),
+    }
+}
+
+fn service_account(namespace: &str, name: &str) -> Subject {
+    Subject::ServiceAccount {
+        namespace: namespace.into(),
+        name: name.into(),
+    }
+}
+
+/// Creates `object` (JSON with apiVersion and kind) as the admin.
+async fn create(server: &ApiServer, object: Value) {
+    let (group, version) = match object["apiVersion"].as_str().unwrap().split_once('/') {
+        Some((g, v)) => (g.to_string(), v.to_string()),
+        None => (
+            String::new(),
+            object["apiVersion"].as_str().unwrap().to_string(),
+        ),
+    };
+    let kind = object["kind"].as_str().unwrap();
+    let plural = format!("{}s", kind.to_lowercase());
+    let gvk = kube::core::GroupVersionKind::gvk(&group, &version, kind);
+    let resource = kube::api::ApiResource::from_gvk_with_plural(&gvk, &plural);
+    let namespace = object
+        .pointer("/metadata/namespace")
+        .and_then(Value::as_str);
+    let api: Api<kube::api::DynamicObject> = match namespace {
+        Some(ns) => Api::namespaced_with(server.client(), ns, &resource),
+        None => Api::all_with(server.client(), &resource),
+    };
+    api.create(
+        &PostParams::default(),
+        &serde_json::from_value(object).unwrap(),
+    )
+    .await
+    .unwrap();
+}
+
+async fn get_path(client: &kube::Client, path: &str) -> Result<String, kube::Error> {
+    client
+        .request_text(http::Request::get(path).body(vec![]).unwrap())
+        .await
+}
+
+#[tokio::test]
+async fn rbac_without_tls_is_refused_at_start() {
+    let refused = ApiServer::builder()
+        .authorization(Authorization::Rbac)
+        .start()
+        .await;
+    assert!(matches!(refused, Err(ServerError::RbacNeedsTls)));
+}
+
+#[tokio::test]
+async fn the_admin_is_in_system_masters_and_nobody_else_is_let_in_by_default() {
+    let server = rbac_server().await;
+    // The admin kubeconfig's client certificate.
+    let admin = Api::<Secret>::namespaced(server.client(), "default");
+    admin.list(&Default::default()).await.unwrap();
+
+    // Without credentials: the public health and version endpoints only.
+    let mut config = server.kube_config();
+    config.auth_info = Default::default();
+    let anonymous = kube::Client::try_from(config).unwrap();
+    get_path(&anonymous, "/version").await.unwrap();
+    get_path(&anonymous, "/healthz").await.unwrap();
+    let denied = api_status(get_path(&anonymous, "/api").await.unwrap_err());
+    assert_eq!((denied.code, denied.reason.as_str()), (403, "Forbidden"));
+    assert_eq!(
+        denied.message,
+        "forbidden: User \"system:anonymous\" cannot get path \"/api\""
+    );
+    let denied = api_status(
+        Api::<Secret>::namespaced(anonymous.clone(), "default")
+            .get("anything")
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(
+        denied.message,
+        "secrets \"anything\" is forbidden: User \"system:anonymous\" cannot get resource \"secrets\" in API group \"\" in the namespace \"default\""
+    );
+    let written = Api::<ConfigMap>::namespaced(anonymous, "default")
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "x"}})).unwrap(),
+        )
+        .await;
+    assert_eq!(api_status(written.unwrap_err()).code, 403);
+    assert!(
+        Api::<ConfigMap>::namespaced(server.client(), "default")
+            .get_opt("x")
+            .await
+            .unwrap()
+            .is_none(),
+        "a refused write stores nothing"
+    );
+
+    // An authenticated user with no bindings may discover and ask what it may do.
+    let nobody = client_as(&server, &user("nobody", &[]));
+    get_path(&nobody, "/apis").await.unwrap();
+    let denied = api_status(
+        Api::<Secret>::all(nobody.clone())
+            .list(&Default::default())
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(
+        denied.message,
+        "secrets is forbidden: User \"nobody\" cannot list resource \"secrets\" in API group \"\" at the cluster scope"
+    );
+}
+
+#[tokio::test]
+async fn a_users_groups_come_from_its_certificate_and_bindings_grant_by_group() {
+    let server = rbac_server().await;
+    create(
+        &server,
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+               "metadata": {"name": "configmap-reader"},
+               "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list"]}]}),
+    )
+    .await;
+    create(
+        &server,
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+               "metadata": {"name": "team-reads"},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "configmap-reader"},
+               "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "team"}]}),
+    )
+    .await;
+    let member = client_as(&server, &user("alice", &["team"]));
+    let outsider = client_as(&server, &user("bob", &["other"]));
+    let configmaps = |c: &kube::Client| Api::<ConfigMap>::namespaced(c.clone(), "kube-system");
+    configmaps(&member).list(&Default::default()).await.unwrap();
+    assert_eq!(
+        api_status(
+            configmaps(&outsider)
+                .list(&Default::default())
+                .await
+                .unwrap_err()
+        )
+        .code,
+        403
+    );
+    // Reading is not writing.
+    let create = configmaps(&member)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "x"}})).unwrap(),
+        )
+        .await;
+    assert_eq!(api_status(create.unwrap_err()).code, 403);
+}
+
+#[tokio::test]
+async fn a_certificate_from_another_ca_claiming_system_masters_gets_no_connection() {
+    let server = rbac_server().await;
+    let forger = CertificateAuthority::create(&CaSpec::new("not-the-client-ca")).unwrap();
+    let forged = forger
+        .issue(&LeafSpec::new("mallory", Usage::Client).with_organizations(["system:masters"]))
+        .unwrap();
+    let mut config = server.kube_config();
+    use base64::Engine;
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    config.auth_info.client_certificate_data = Some(b64(&forged.certificate_pem));
+    config.auth_info.client_key_data = Some(b64(&forged.key.as_ref().unwrap().to_pem()).into());
+    let mallory = kube::Client::try_from(config).unwrap();
+    match Api::<Secret>::all(mallory).list(&Default::default()).await {
+        Err(kube::Error::Api(status)) => panic!("the request reached the API: {status:?}"),
+        Err(_) => {} // The handshake failed.
+        Ok(_) => panic!("a forged certificate read every Secret"),
+    }
+}
+
+#[tokio::test]
+async fn a_service_account_token_works_in_its_bindings_namespace_until_the_account_is_deleted() {
+    let server = rbac_server().await;
+    let ns = "caretaker-system";
+    create(
+        &server,
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}),
+    )
+    .await;
+    let operator = client_as(&server, &service_account(ns, "caretaker"));
+    // Not yet: the ServiceAccount does not exist, so its token authenticates nobody.
+    let unknown = api_status(get_path(&operator, "/api").await.unwrap_err());
+    assert_eq!(
+        (unknown.code, unknown.message.as_str()),
+        (401, "Unauthorized")
+    );
+
+    create(&server, json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "caretaker", "namespace": ns}})).await;
+    create(
+        &server,
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+               "metadata": {"name": "leases", "namespace": ns},
+               "rules": [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get"], "resourceNames": ["caretaker-operator"]}]}),
+    )
+    .await;
+    create(
+        &server,
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+               "metadata": {"name": "caretaker-leases", "namespace": ns},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "leases"},
+               "subjects": [{"kind": "ServiceAccount", "name": "caretaker"}]}),
+    )
+    .await;
+    let leases = |namespace: &str| {
+        Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(operator.clone(), namespace)
+    };
+    // Allowed: the named Lease (absent, so 404, past authorization).
+    assert_eq!(
+        api_status(leases(ns).get("caretaker-operator").await.unwrap_err()).code,
+        404
+    );
+    // Another name, or another namespace, is forbidden.
+    let other_name = api_status(leases(ns).get("someone-else").await.unwrap_err());
+    assert_eq!(
+        other_name.message,
+        "leases.coordination.k8s.io \"someone-else\" is forbidden: User \"system:serviceaccount:caretaker-system:caretaker\" cannot get resource \"leases\" in API group \"coordination.k8s.io\" in the namespace \"caretaker-system\""
+    );
+    assert_eq!(
+        api_status(
+            leases("default")
+                .get("caretaker-operator")
+                .await
+                .unwrap_err()
+        )
+        .code,
+        403
+    );
+
+    // A token made with another key, or with this token's signature on another account.
+    let elsewhere = rbac_server().await;
+    let foreign_token = match elsewhere
+        .kube_config_for(&service_account(ns, "caretaker"))
+        .unwrap()
+        .auth_info
+        .token
+    {
+        Some(t) => t,
+        None => panic!("a ServiceAccount config carries a token"),
+    };
+    let mut config = server
+        .kube_config_for(&service_account(ns, "caretaker"))
+        .unwrap();
+    config.auth_info.token = Some(foreign_token);
+    let foreign = kube::Client::try_from(config).unwrap();
+    assert_eq!(
+        api_status(get_path(&foreign, "/api").await.unwrap_err()).code,
+        401
+    );
+
+    // Deleting the ServiceAccount revokes its token.
+    Api::<k8s_openapi::api::core::v1::ServiceAccount>::namespaced(server.client(), ns)
+        .delete("caretaker", &DeleteParams::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        api_status(leases(ns).get("caretaker-operator").await.unwrap_err()).code,
+        401
+    );
+}
+
+#[tokio::test]
+async fn aggregated_cluster_roles_and_changed_bindings_take_effect_at_once() {
+    let server = rbac_server().await;
+    create(
+        &server,
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+               "metadata": {"name": "fleet-view"},
+               "aggregationRule": {"clusterRoleSelectors": [{"matchLabels": {"example.dev/aggregate-to-fleet-view": "true"}}]}}),
+    )
+    .await;
+    create(
+        &server,
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+               "metadata": {"name": "carol-views"},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "fleet-view"},
+               "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "carol"}]}),
+    )
+    .await;
+    let carol = client_as(&server, &user("carol", &[]));
+    let secrets = Api::<Secret>::namespaced(carol, "default");
+    assert_eq!(
+        api_status(secrets.list(&Default::default()).await.unwrap_err()).code,
+        403
+    );
+    // A labelled ClusterRole joins the aggregate: the next request sees it.
+    create(
+        &server,
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+               "metadata": {"name": "secrets-view", "labels": {"example.dev/aggregate-to-fleet-view": "true"}},
+               "rules": [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["list"]}]}),
+    )
+    .await;
+    secrets.list(&Default::default()).await.unwrap();
+    // And leaves with its binding.
+    let bindings = Api::<k8s_openapi::api::rbac::v1::ClusterRoleBinding>::all(server.client());
+    bindings
+        .delete("carol-views", &DeleteParams::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        api_status(secrets.list(&Default::default()).await.unwrap_err()).code,
+        403
+    );
+}
+
+#[tokio::test]
+async fn self_subject_reviews_answer_for_the_requester() {
+    let server = rbac_server().await;
+    create(
+        &server,
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+               "metadata": {"name": "dave-discovers"},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "system:discovery"},
+               "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "dave"}]}),
+    )
+    .await;
+    let dave = client_as(&server, &user("dave", &[]));
+    let review = |body: Value| {
+        let dave = dave.clone();
+        async move {
+            let plural = if body["spec"]["namespace"].is_null() {
+                "selfsubjectaccessreviews"
+            } else {
+                "selfsubjectrulesreviews"
+            };
+            let request = http::Request::post(format!("/apis/authorization.k8s.io/v1/{plural}"))
+                .header("Content-Type", "application/json")
+                .body(serde_json::to_vec(&body).unwrap())
+                .unwrap();
+            let text = dave.request_text(request).await.unwrap();
+            serde_json::from_str::<Value>(&text).unwrap()
+        }
+    };
+    let asked = review(json!({"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+        "spec": {"resourceAttributes": {"verb": "list", "resource": "secrets", "namespace": "default"}}}))
+    .await;
+    assert_eq!(asked["status"], json!({"allowed": false}));
+    assert_eq!(
+        asked["spec"]["resourceAttributes"]["resource"], "secrets",
+        "the spec is echoed"
+    );
+    let path =
+        review(json!({"spec": {"nonResourceAttributes": {"verb": "get", "path": "/apis"}}})).await;
+    assert_eq!(path["status"]["allowed"], true);
+    assert!(
+        path["status"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("ClusterRoleBinding")
+    );
+    let rules = review(json!({"spec": {"namespace": "default"}})).await;
+    let urls = rules["status"]["nonResourceRules"].to_string();
+    assert!(urls.contains("/apis/*"), "{urls}");
+    let resources = rules["status"]["resourceRules"].to_string();
+    assert!(
+        resources.contains("selfsubjectaccessreviews"),
+        "{resources}"
+    );
+    assert!(!resources.contains("secrets"), "{resources}");
+    assert_eq!(rules["status"]["incomplete"], false);
+}
+
+#[tokio::test]
+async fn the_access_log_holds_what_each_user_did() {
+    let server = rbac_server().await;
+    let nobody = client_as(&server, &user("erin", &[]));
+    let _ = Api::<Secret>::namespaced(nobody, "default").get("s").await;
+    let log = server.access_log();
+    let erin: Vec<_> = log.iter().filter(|a| a.user == "erin").collect();
+    assert_eq!(erin.len(), 1, "{log:?}");
+    let a = erin[0];
+    assert_eq!(
+        (
+            a.verb.as_str(),
+            a.group.as_str(),
+            a.resource.as_str(),
+            a.namespace.as_str(),
+            a.allowed
+        ),
+        ("get", "", "secrets", "default", false)
+    );
+}
+
+#[tokio::test]
+async fn kubeconfigs_for_users_and_service_accounts_are_written_from_the_data_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = ApiServer::builder()
+        .data_dir(dir.path())
+        .tls(true)
+        .authorization(Authorization::Rbac)
+        .start()
+        .await
+        .unwrap();
+    // Made from the data directory alone, as `caretaker apiserver --kubeconfig-for` does.
+    let yaml = caretaker_apiserver::kubeconfig_for(
+        dir.path(),
+        server.url(),
+        &Subject::parse("frank", &["team".into()]).unwrap(),
+    )
+    .unwrap();
+    assert!(yaml.contains("client-certificate-data"), "{yaml}");
+    let kubeconfig = kube::config::Kubeconfig::from_yaml(&yaml).unwrap();
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .unwrap();
+    let frank = kube::Client::try_from(config).unwrap();
+    let denied = api_status(
+        Api::<Secret>::namespaced(frank, "default")
+            .get("x")
+            .await
+            .unwrap_err(),
+    );
+    assert!(
+        denied.message.contains("User \"frank\""),
+        "{}",
+        denied.message
+    );
+
+    let sa = caretaker_apiserver::kubeconfig_for(
+        dir.path(),
+        server.url(),
+        &Subject::parse("system:serviceaccount:default:builder", &[]).unwrap(),
+    )
+    .unwrap();
+    assert!(sa.contains("token: caretaker-sa."), "{sa}");
+    assert!(Subject::parse("system:serviceaccount:default", &[]).is_err());
+    assert!(Subject::parse("system:serviceaccount:a:b", &["x".into()]).is_err());
+}
+
+#[tokio::test]
+async fn a_server_side_apply_that_creates_needs_create_as_well_as_patch() {
+    let server = rbac_server().await;
+    create(
+        &server,
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+               "metadata": {"name": "configmap-patcher"},
+               "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["patch"]}]}),
+    )
+    .await;
+    create(
+        &server,
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+               "metadata": {"name": "gina-patches"},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "configmap-patcher"},
+               "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "gina"}]}),
+    )
+    .await;
+    let gina = Api::<ConfigMap>::namespaced(client_as(&server, &user("gina", &[])), "default");
+    let apply = kube::api::PatchParams::apply("gina");
+    let object = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "applied"}, "data": {"k": "v"}});
+    let refused = gina
+        .patch("applied", &apply, &kube::api::Patch::Apply(&object))
+        .await
+        .unwrap_err();
+    let refused = api_status(refused);
+    assert!(
+        refused
+            .message
+            .contains("cannot create resource \"configmaps\""),
+        "{}",
+        refused.message
+    );
+    // Once it exists, patch alone is enough.
+    create(&server, json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "applied", "namespace": "default"}})).await;
+    gina.patch("applied", &apply, &kube::api::Patch::Apply(&object))
+        .await
+        .unwrap();
+}
