@@ -167,13 +167,69 @@ fn decode_kind(kind: &str, raw: &[u8]) -> Option<Value> {
                 }
                 o.insert("spec".into(), Value::Object(spec));
             }
+            ("SelfSubjectAccessReview", 2, Field::Bytes(x)) => {
+                o.insert("spec".into(), access_review_spec(x)?);
+            }
+            ("SelfSubjectRulesReview", 2, Field::Bytes(x)) => {
+                let mut spec = Map::new();
+                for (n, f) in fields(x)? {
+                    if let (1, Field::Bytes(namespace)) = (n, f) {
+                        spec.insert("namespace".into(), text(namespace)?);
+                    }
+                }
+                o.insert("spec".into(), Value::Object(spec));
+            }
             _ => {}
         }
     }
     Some(Value::Object(o))
 }
 
-/// Decodes a protobuf-encoded ConfigMap, Secret or Namespace into JSON.
+/// `SelfSubjectAccessReviewSpec`: resourceAttributes = 1, nonResourceAttributes = 2
+/// (k8s.io/api/authorization/v1/generated.proto); kubectl auth can-i sends it in protobuf.
+fn access_review_spec(b: &[u8]) -> Option<Value> {
+    const RESOURCE: [&str; 7] = [
+        "namespace",
+        "verb",
+        "group",
+        "version",
+        "resource",
+        "subresource",
+        "name",
+    ];
+    const NON_RESOURCE: [&str; 2] = ["path", "verb"];
+    let attributes = |b: &[u8], names: &[&str]| -> Option<Value> {
+        let mut a = Map::new();
+        for (n, f) in fields(b)? {
+            let name = usize::try_from(n)
+                .ok()
+                .and_then(|n| names.get(n.checked_sub(1)?));
+            if let (Some(name), Field::Bytes(x)) = (name, f) {
+                a.insert((*name).into(), text(x)?);
+            }
+        }
+        Some(Value::Object(a))
+    };
+    let mut spec = Map::new();
+    for (n, f) in fields(b)? {
+        match (n, f) {
+            (1, Field::Bytes(x)) => {
+                spec.insert("resourceAttributes".into(), attributes(x, &RESOURCE)?);
+            }
+            (2, Field::Bytes(x)) => {
+                spec.insert(
+                    "nonResourceAttributes".into(),
+                    attributes(x, &NON_RESOURCE)?,
+                );
+            }
+            _ => {}
+        }
+    }
+    Some(Value::Object(spec))
+}
+
+/// Decodes a protobuf-encoded ConfigMap, Secret, Namespace, SelfSubjectAccessReview or
+/// SelfSubjectRulesReview into JSON.
 pub fn decode(body: &[u8], content_type: &str) -> Result<Value, ApiError> {
     let bad = || {
         ApiError::bad_request(
@@ -200,7 +256,17 @@ pub fn decode(body: &[u8], content_type: &str) -> Result<Value, ApiError> {
             _ => {}
         }
     }
-    if api_version != "v1" || !matches!(kind.as_str(), "ConfigMap" | "Secret" | "Namespace") {
+    let known = match api_version.as_str() {
+        "v1" => matches!(kind.as_str(), "ConfigMap" | "Secret" | "Namespace"),
+        "authorization.k8s.io/v1" => {
+            matches!(
+                kind.as_str(),
+                "SelfSubjectAccessReview" | "SelfSubjectRulesReview"
+            )
+        }
+        _ => false,
+    };
+    if !known {
         return Err(ApiError::unsupported_media_type(content_type, JSON_OR_YAML));
     }
     let mut obj = decode_kind(&kind, raw).ok_or_else(bad)?;
@@ -240,6 +306,28 @@ mod tests {
             "metadata": {"name": "cm", "labels": {"app": "web"}}, "data": {"k": "v"}})
         );
         assert!(decode(b"k8s\0\xff\xff", "x").is_err());
+
+        // What `kubectl auth can-i patch machines/status -n fleet` sends.
+        let attributes = [
+            field(1, b"fleet"),
+            field(2, b"patch"),
+            field(3, b"cluster.x-k8s.io"),
+            field(5, b"machines"),
+            field(6, b"status"),
+        ]
+        .concat();
+        let review = [field(1, &[]), field(2, &field(1, &attributes))].concat();
+        let type_meta = [
+            field(1, b"authorization.k8s.io/v1"),
+            field(2, b"SelfSubjectAccessReview"),
+        ]
+        .concat();
+        let body = [MAGIC.to_vec(), field(1, &type_meta), field(2, &review)].concat();
+        assert_eq!(
+            decode(&body, "application/vnd.kubernetes.protobuf").unwrap()["spec"],
+            json!({"resourceAttributes": {"namespace": "fleet", "verb": "patch",
+                "group": "cluster.x-k8s.io", "resource": "machines", "subresource": "status"}})
+        );
         assert!(decode(b"nope", "x").is_err());
     }
 }

@@ -72,6 +72,21 @@ fn crds_prints_the_types_crds_as_yaml_the_same_every_run() {
     );
 }
 
+/// deploy/ installs the CRDs from a checked-in copy (`kubectl apply -k` reads files): it must be
+/// exactly what this build prints.
+#[test]
+fn the_deploy_manifests_hold_exactly_the_crds_caretaker_crds_prints() {
+    let printed = caretaker(&["crds"]);
+    assert!(printed.status.success(), "{}", stderr(&printed));
+    let file = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../deploy/crds/caretaker.dev.yaml");
+    let checked_in = std::fs::read_to_string(&file).expect("deploy/crds/caretaker.dev.yaml");
+    assert!(
+        checked_in == stdout(&printed),
+        "deploy/crds/caretaker.dev.yaml differs from `caretaker crds`: run `cargo run -- crds > deploy/crds/caretaker.dev.yaml`"
+    );
+}
+
 #[test]
 fn the_reference_documents_every_field() {
     let reference = std::fs::read_to_string(

@@ -23,6 +23,7 @@ use crate::metrics::{Metrics, Readiness};
 use crate::names::Operation;
 
 use crate::credentials::{ClusterCredentials, CredentialStore};
+use crate::shutdown::Shutdown;
 
 fn time_now() -> time::OffsetDateTime {
     time::OffsetDateTime::now_utc()
@@ -52,6 +53,8 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     /// What `/readyz` answers.
     pub readiness: Arc<Readiness>,
+    /// Tells the controllers to stop taking new work (SIGTERM).
+    pub shutdown: Arc<Shutdown>,
 }
 
 /// Expiry reads from agents at once.
@@ -69,6 +72,7 @@ impl Context {
             expiry_reads: tokio::sync::Semaphore::new(EXPIRY_READS),
             metrics: Metrics::new(),
             readiness: Readiness::new(),
+            shutdown: Shutdown::new(),
         })
     }
 

@@ -114,7 +114,7 @@ async fn serve_agent(args: AgentArgs) -> Result<ExitCode, Failure> {
         result = serve(listener, config, router) => {
             result.map_err(|e| format!("serving failed: {e}"))?;
         }
-        _ = tokio::signal::ctrl_c() => tracing::info!("stopping"),
+        _ = super::stop_requested() => tracing::info!("stopping"),
     }
     Ok(ExitCode::SUCCESS)
 }

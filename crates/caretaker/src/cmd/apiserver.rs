@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use caretaker_apiserver::ApiServer;
+use caretaker_apiserver::{ApiServer, Authorization, Subject};
 
 use super::Failure;
 
@@ -15,12 +15,21 @@ use super::Failure;
 /// writes DIR/kubeconfig for kubectl and clients (with the CA inline when --tls is given; the
 /// CA and serving certificate are kept in DIR/pki and reused on restart).
 ///
-/// There is no authentication and no authorization: anyone who can connect has full access.
-/// That is why the server listens on loopback only, unless --allow-remote is given.
+/// By default there is no authentication and no authorization: anyone who can connect has
+/// full access. That is why the server listens on loopback only, unless --allow-remote is
+/// given. With --tls --authorization rbac, users are identified by client certificates (CN the
+/// user, O its groups) and ServiceAccounts by bearer tokens, and RBAC (Roles, ClusterRoles
+/// and their bindings, as kube-apiserver evaluates them) decides; DIR/kubeconfig is then the
+/// admin's (system:masters), and --kubeconfig-for writes one for anyone else.
 ///
-/// Example:
+/// Examples:
 ///   caretaker apiserver --data-dir /tmp/k --listen 127.0.0.1:6443 --tls &
 ///   KUBECONFIG=/tmp/k/kubeconfig kubectl get namespaces
+///
+///   caretaker apiserver --data-dir /tmp/k --tls --authorization rbac &
+///   caretaker apiserver --data-dir /tmp/k --kubeconfig-for \
+///     system:serviceaccount:caretaker-system:caretaker > operator.kubeconfig
+///   kubectl --kubeconfig operator.kubeconfig auth can-i list secrets
 #[derive(Debug, clap::Args)]
 #[command(verbatim_doc_comment)]
 pub struct ApiserverArgs {
@@ -46,9 +55,35 @@ pub struct ApiserverArgs {
     /// --tls-server-name=localhost); DIR/kubeconfig carries it.
     #[arg(long)]
     pub allow_remote: bool,
+
+    /// How requests are authorized: always-allow (anyone may do anything), or rbac (needs
+    /// --tls: client certificates and ServiceAccount tokens identify users; RBAC decides).
+    #[arg(long, value_enum, default_value_t = AuthorizationArg::AlwaysAllow)]
+    pub authorization: AuthorizationArg,
+
+    /// Instead of serving: print a kubeconfig for SUBJECT, a user (a client certificate from
+    /// DIR/pki/client-ca.crt, with --group for its groups) or
+    /// system:serviceaccount:NAMESPACE:NAME (a bearer token, valid while that ServiceAccount
+    /// exists), for the server of DIR/kubeconfig. The output holds a private key or a token:
+    /// keep it as you would a password.
+    #[arg(long, value_name = "SUBJECT")]
+    pub kubeconfig_for: Option<String>,
+
+    /// With --kubeconfig-for USER: a group of the user (repeatable).
+    #[arg(long, value_name = "GROUP", requires = "kubeconfig_for")]
+    pub group: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum AuthorizationArg {
+    AlwaysAllow,
+    Rbac,
 }
 
 pub fn run(args: ApiserverArgs) -> ExitCode {
+    if let Some(subject) = &args.kubeconfig_for {
+        return super::run("apiserver", || print_kubeconfig(&args, subject));
+    }
     if !args.listen.ip().is_loopback() && !args.allow_remote {
         return super::run("apiserver", || {
             Err(Failure::from(format!(
@@ -60,7 +95,35 @@ pub fn run(args: ApiserverArgs) -> ExitCode {
             .with_code(2))
         });
     }
-    super::run_async("apiserver", serve(args, wait_for_stop()))
+    super::run_async("apiserver", serve(args, super::stop_requested()))
+}
+
+/// `--kubeconfig-for`: the kubeconfig of `subject` on the server whose data directory and
+/// kubeconfig are in `--data-dir`.
+fn print_kubeconfig(args: &ApiserverArgs, subject: &str) -> Result<ExitCode, Failure> {
+    let subject = Subject::parse(subject, &args.group)
+        .map_err(|e| Failure::from(format!("--kubeconfig-for: {e}")).with_code(2))?;
+    let admin = args.data_dir.join("kubeconfig");
+    let url = kube::config::Kubeconfig::read_from(&admin)
+        .ok()
+        .and_then(|k| k.clusters.into_iter().next())
+        .and_then(|c| c.cluster?.server)
+        .ok_or_else(|| {
+            format!(
+                "cannot read the server's address from {}: start `caretaker apiserver --data-dir {} --tls --authorization rbac` first",
+                admin.display(),
+                args.data_dir.display()
+            )
+        })?;
+    if !url.starts_with("https://") {
+        return Err(format!(
+            "the server at {url} does not serve TLS: users need --tls --authorization rbac"
+        )
+        .into());
+    }
+    let kubeconfig = caretaker_apiserver::kubeconfig_for(&args.data_dir, &url, &subject)?;
+    print!("{kubeconfig}");
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Serves until `stop` completes.
@@ -72,6 +135,10 @@ async fn serve(
         .data_dir(&args.data_dir)
         .listen(args.listen)
         .tls(args.tls)
+        .authorization(match args.authorization {
+            AuthorizationArg::AlwaysAllow => Authorization::AlwaysAllow,
+            AuthorizationArg::Rbac => Authorization::Rbac,
+        })
         .start()
         .await?;
     let kubeconfig = args.data_dir.join("kubeconfig");
@@ -91,29 +158,6 @@ async fn serve(
     Ok(ExitCode::SUCCESS)
 }
 
-/// Ctrl-C or SIGTERM.
-async fn wait_for_stop() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
-                    _ = term.recv() => {}
-                }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -124,6 +168,9 @@ mod tests {
             listen: listen.parse().unwrap(),
             tls: false,
             allow_remote,
+            authorization: AuthorizationArg::AlwaysAllow,
+            kubeconfig_for: None,
+            group: vec![],
         }
     }
 
@@ -185,9 +232,7 @@ mod tests {
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let args = ApiserverArgs {
             data_dir: dir.to_path_buf(),
-            listen: "127.0.0.1:0".parse().unwrap(),
-            tls: false,
-            allow_remote: false,
+            ..args("127.0.0.1:0", false)
         };
         let task = tokio::spawn(serve(args, async move {
             let _ = rx.await;

@@ -124,3 +124,26 @@ pub fn ttl(flag: &str, value: &str) -> Result<Ttl, String> {
         format!("invalid {flag} {value:?} ({TTL_EXAMPLES}): {}", e.problem)
     })
 }
+
+/// Ctrl-C (SIGINT) or SIGTERM, which is how systemd and the kubelet stop a process.
+pub async fn stop_requested() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

@@ -4,8 +4,9 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use caretaker_operator::controllers;
+use caretaker_operator::leader::{Election, LeaseSettings};
 use caretaker_operator::metrics::{self, serve_health, serve_metrics, serve_metrics_tls};
+use caretaker_operator::replica;
 use caretaker_operator::trust::package::DefaultPackage;
 use caretaker_operator::trust::plan::{BundleMode, BundleSettings};
 use caretaker_operator::webhook::bootstrap::{self, Bootstrap, WebhookUrl};
@@ -117,7 +118,33 @@ pub struct OperatorArgs {
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
     #[command(flatten)]
+    leader: LeaderArgs,
+    #[command(flatten)]
     trust: TrustArgs,
+}
+
+/// Leader election, for running several replicas.
+#[derive(Debug, clap::Args)]
+#[command(next_help_heading = "Leader election")]
+struct LeaderArgs {
+    /// Reconcile only while holding the Lease (coordination.k8s.io/v1) named by
+    /// --leader-election-id. Until then the replica stands by: it serves the webhook, /metrics
+    /// and the probes (/readyz answers 200), and takes the Lease once its holder has not
+    /// renewed it for --leader-election-lease-duration. A holder that cannot renew stops
+    /// (exit status 1) and comes back as a standby; SIGTERM gives the Lease up at once.
+    #[arg(long)]
+    leader_elect: bool,
+    /// The Lease's namespace: by default $POD_NAMESPACE, else the namespace of
+    /// --webhook-bootstrap, else caretaker-system.
+    #[arg(long, value_name = "NAMESPACE", requires = "leader_elect")]
+    leader_election_namespace: Option<String>,
+    /// The Lease's name.
+    #[arg(long, value_name = "NAME", default_value = caretaker_operator::leader::DEFAULT_LEASE)]
+    leader_election_id: String,
+    /// How long a Lease its holder has not renewed stays its own (whole seconds, at least 2s);
+    /// the holder renews a third of it before it ends.
+    #[arg(long, value_name = "DURATION", default_value = "15s", value_parser = super::duration)]
+    leader_election_lease_duration: Duration,
 }
 
 /// trust-manager's flags, with its names and defaults, for the Bundle and ClusterBundle
@@ -277,6 +304,30 @@ impl OperatorArgs {
         metrics::mutual_tls(&certificate, &key, &client_ca).map(Some)
     }
 
+    /// What --leader-elect asks for, if anything.
+    fn lease(&self) -> Option<LeaseSettings> {
+        if !self.leader.leader_elect {
+            return None;
+        }
+        let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+        let namespace = self
+            .leader
+            .leader_election_namespace
+            .clone()
+            .or_else(|| env("POD_NAMESPACE"))
+            .or_else(|| self.webhook_bootstrap.as_ref().map(|(ns, _)| ns.clone()))
+            .unwrap_or_else(|| "caretaker-system".into());
+        let base = env("POD_NAME")
+            .or_else(|| env("HOSTNAME"))
+            .unwrap_or_else(|| "caretaker".into());
+        Some(LeaseSettings {
+            namespace,
+            name: self.leader.leader_election_id.clone(),
+            identity: LeaseSettings::identity(&base),
+            duration: self.leader.leader_election_lease_duration,
+        })
+    }
+
     /// What --webhook-bootstrap asks for, if anything.
     fn webhook_bootstrap(&self) -> Option<Bootstrap> {
         let (namespace, service) = self.webhook_bootstrap.clone()?;
@@ -390,13 +441,32 @@ pub fn run(args: OperatorArgs) -> ExitCode {
         let health = serve_if(
             health_listener.map(|listener| serve_health(listener, ctx.readiness.clone(), limits)),
         );
+        // Every replica serves these, leading or not; none of them ends by itself.
+        let servers = async {
+            tokio::select! {
+                _ = webhook => {}
+                _ = bootstrap => {}
+                _ = metrics => {}
+                _ = health => {}
+            }
+        };
+        tokio::pin!(servers);
+        let election = match args.lease() {
+            None => None,
+            Some(lease) => {
+                tracing::info!(lease = %lease.name, namespace = %lease.namespace, identity = %lease.identity, "standing by for the leader Lease");
+                Some(Election::join(client.clone(), lease).await?)
+            }
+        };
+        let replica = replica::run(
+            ctx,
+            args.namespace.clone(),
+            election,
+            super::stop_requested(),
+        );
         tokio::select! {
-            _ = controllers::run(ctx, args.namespace.clone()) => {}
-            _ = webhook => {}
-            _ = bootstrap => {}
-            _ = metrics => {}
-            _ = health => {}
-            _ = tokio::signal::ctrl_c() => tracing::info!("stopping"),
+            stopped = replica => stopped?,
+            () = &mut servers => return Ok(ExitCode::FAILURE),
         }
         Ok(ExitCode::SUCCESS)
     })

@@ -1251,9 +1251,11 @@ impl Shared {
                 pass.await
             }
         };
+        let _running = self.ctx.shutdown.running();
         Controller::for_stream_with(objects, store, ())
             .reconcile_on(wake)
             .with_config(Config::default().concurrency(concurrency))
+            .graceful_shutdown_on(self.ctx.shutdown.signal())
             .run(timed, error_policy, self.clone())
             .for_each(|result| async move {
                 if let Err(e) = result {

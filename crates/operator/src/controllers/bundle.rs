@@ -425,8 +425,11 @@ async fn serve<K: Served>(shared: Arc<Shared>) {
     let error_policy = |_: Arc<K>, error: &Error, shared: Arc<Shared>| {
         super::requeue_after(K::CONTROLLER, error, &shared.ctx)
     };
+    let _running = shared.ctx.shutdown.running();
+    let stop = shared.ctx.shutdown.signal();
     controller
         .reconcile_on(wakes)
+        .graceful_shutdown_on(stop)
         .run(
             |object, shared: Arc<Shared>| async move {
                 let _timer = shared.ctx.metrics.reconcile_started(K::CONTROLLER);

@@ -52,12 +52,15 @@ pub async fn run(ctx: Arc<Context>) {
         |_| {},
     );
     let wakes = changes.map(|cb: ClusterBundle| ObjectRef::<Bundle>::new(&cb.name_any()));
+    let _running = ctx.shutdown.running();
+    let stop = ctx.shutdown.signal();
     let migration = Arc::new(Migration {
         ctx,
         cluster_bundles,
     });
     Controller::new(Api::<Bundle>::all(client), watcher::Config::default())
         .reconcile_on(wakes)
+        .graceful_shutdown_on(stop)
         .run(
             |bundle, migration: Arc<Migration>| async move {
                 let _timer = migration.ctx.metrics.reconcile_started(CONTROLLER);

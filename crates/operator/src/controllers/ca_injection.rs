@@ -392,7 +392,9 @@ async fn run_kind(
                 .collect()
         }
     };
+    let _running = injector.ctx.shutdown.running();
     Controller::for_stream_with(watched, targets.clone(), resource.clone())
+        .graceful_shutdown_on(injector.ctx.shutdown.signal())
         .watches_stream_with(
             changes.config_maps,
             mapper(config_map_change),

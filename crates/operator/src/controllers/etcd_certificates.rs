@@ -69,6 +69,8 @@ pub async fn run(ctx: Arc<Context>) {
         return;
     }
     let client = ctx.client.clone();
+    let _running = ctx.shutdown.running();
+    let stop = ctx.shutdown.signal();
     let objects: Api<EtcdCertificates> = Api::all(client.clone());
     let controller = Controller::new(objects, watcher::Config::default());
     let store = controller.store();
@@ -120,6 +122,7 @@ pub async fn run(ctx: Arc<Context>) {
             move |c: ConfigMap| for_config_maps(c.namespace()),
         )
         .watches_stream(nodes, selecting)
+        .graceful_shutdown_on(stop)
         .run(reconcile, error_policy, shared)
         .for_each(|_| futures::future::ready(()))
         .await;

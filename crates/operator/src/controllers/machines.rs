@@ -34,7 +34,9 @@ const CONTROLLER: &str = "machine";
 /// Runs the controller over the shared Machine cache until its stream of changes ends.
 pub async fn run(ctx: Arc<Context>, machines: Store<DynamicObject>, changes: MachineChanges) {
     let metrics = ctx.metrics.clone();
+    let _running = ctx.shutdown.running();
     Controller::for_stream_with(changes, machines, machine::api_resource())
+        .graceful_shutdown_on(ctx.shutdown.signal())
         .run(reconcile, error_policy, ctx)
         .for_each(|result| {
             match result {

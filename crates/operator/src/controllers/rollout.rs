@@ -59,7 +59,9 @@ async fn run_kind(
 ) {
     let resource = kind.api_resource();
     let mapper_resource = resource.clone();
+    let _running = ctx.shutdown.running();
     Controller::new_with(parents, watcher::Config::default(), resource)
+        .graceful_shutdown_on(ctx.shutdown.signal())
         .watches_stream_with(
             machine_changes,
             move |m| parents_of(kind, &MachineView::from_object(&m), &mapper_resource),

@@ -12,6 +12,7 @@
 //! | `caretaker_reconcile_total` | counter | `controller` |
 //! | `caretaker_reconcile_errors_total` | counter | `controller`, `category` |
 //! | `caretaker_reconcile_duration_seconds` | histogram | `controller` |
+//! | `caretaker_leader` | gauge | |
 //!
 //! The two expiry gauges come from one table of certificates and their notAfter
 //! ([`expiry`]), read at each scrape: the days left are computed then, never stored, so they
@@ -28,6 +29,7 @@ use std::time::{Duration, Instant};
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
 use time::OffsetDateTime;
@@ -121,6 +123,7 @@ pub struct Metrics {
     reconciles: Family<ControllerLabels, Counter>,
     reconcile_errors: Family<ControllerErrorLabels, Counter>,
     reconcile_duration: Histograms,
+    leader: Gauge,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -184,7 +187,14 @@ impl Metrics {
             Unit::Seconds,
             reconcile_duration.clone(),
         );
+        let leader = Gauge::default();
+        registry.register(
+            "caretaker_leader",
+            "1 while this replica reconciles (it holds the leader Lease, or runs without --leader-elect), 0 while it stands by",
+            leader.clone(),
+        );
         Metrics {
+            leader,
             registry,
             expiries,
             rotations,
@@ -211,6 +221,11 @@ impl Metrics {
     /// its series leave both expiry gauges.
     pub fn remove_certificate_expiry(&self, kind: CertificateKind, namespace: &str, name: &str) {
         self.expiries.remove(kind, namespace, name);
+    }
+
+    /// Whether this replica is the one that reconciles.
+    pub fn set_leader(&self, leading: bool) {
+        self.leader.set(i64::from(leading));
     }
 
     /// Counts a certificate of `kind` replaced.

@@ -78,10 +78,13 @@ impl Default for Limits {
 }
 
 /// What `/readyz` answers: ready once the operator's caches have had their first complete
-/// list (the moment the controllers stop waiting on them), and from then on.
+/// list (the moment the controllers stop waiting on them), and from then on; or, with
+/// `--leader-elect`, as soon as the replica stands by: a standby serves the webhook and
+/// `/metrics` with no cache at all.
 #[derive(Debug, Default)]
 pub struct Readiness {
     caches_synced: AtomicBool,
+    standing_by: AtomicBool,
 }
 
 impl Readiness {
@@ -96,8 +99,15 @@ impl Readiness {
         }
     }
 
+    /// The replica stands by for the leader Lease.
+    pub fn standing_by(&self) {
+        if !self.standing_by.swap(true, Ordering::SeqCst) {
+            tracing::info!("standing by for the leader Lease: /readyz answers 200");
+        }
+    }
+
     pub fn is_ready(&self) -> bool {
-        self.caches_synced.load(Ordering::SeqCst)
+        self.caches_synced.load(Ordering::SeqCst) || self.standing_by.load(Ordering::SeqCst)
     }
 }
 

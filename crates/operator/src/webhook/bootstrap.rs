@@ -55,6 +55,7 @@ pub const SERVICE_PORT: i32 = 443;
 pub const FIELD_MANAGER: &str = "caretaker";
 /// The label on every object created.
 pub const MANAGED_BY: (&str, &str) = crate::names::MANAGED_BY;
+use crate::names::WEBHOOK_BOOTSTRAP;
 
 /// What `--webhook-bootstrap` and `--webhook-url` ask for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -156,6 +157,15 @@ fn metadata(name: &str, namespace: Option<&str>) -> ObjectMeta {
     }
 }
 
+/// Marks an object the webhook configuration leaves out (see [`WEBHOOK_BOOTSTRAP`]).
+fn bootstrap_label(metadata: &mut ObjectMeta) {
+    let (key, value) = WEBHOOK_BOOTSTRAP;
+    metadata
+        .labels
+        .get_or_insert_default()
+        .insert(key.into(), value.into());
+}
+
 impl Bootstrap {
     /// `SERVICE.NAMESPACE.svc`.
     pub fn service_host(&self) -> String {
@@ -208,6 +218,7 @@ impl Bootstrap {
             },
         );
         authority.metadata = metadata(NAME, None);
+        bootstrap_label(&mut authority.metadata);
 
         let host = self.service_host();
         let mut dns_names = vec![host.clone(), format!("{host}.cluster.local")];
@@ -233,6 +244,7 @@ impl Bootstrap {
             },
         );
         certificate.metadata = metadata(NAME, Some(&self.namespace));
+        bootstrap_label(&mut certificate.metadata);
 
         let mut configuration = super::configuration(NAME, &self.endpoint(), "");
         let mut meta = metadata(NAME, None);

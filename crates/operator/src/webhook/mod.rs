@@ -30,6 +30,7 @@ use k8s_openapi::api::admissionregistration::v1::{
     WebhookClientConfig,
 };
 use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 use kube::Api;
 use kube::api::ObjectMeta;
 
@@ -112,6 +113,16 @@ pub fn configuration(
             failure_policy: Some("Fail".into()),
             side_effects: "None".into(),
             timeout_seconds: Some(10),
+            // The bootstrap's own objects give the webhook its certificate: they cannot wait
+            // on it.
+            object_selector: Some(LabelSelector {
+                match_expressions: Some(vec![LabelSelectorRequirement {
+                    key: crate::names::WEBHOOK_BOOTSTRAP.0.into(),
+                    operator: "DoesNotExist".into(),
+                    values: None,
+                }]),
+                ..Default::default()
+            }),
             rules: Some(vec![RuleWithOperations {
                 api_groups: Some(vec![served.group().into()]),
                 api_versions: Some(vec![served.version().into()]),
