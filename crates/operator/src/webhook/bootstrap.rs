@@ -378,10 +378,10 @@ mod tests {
         );
         let authority = serde_json::to_value(&objects.authority).unwrap();
         assert_eq!(authority["metadata"]["name"], "caretaker-webhook");
-        assert_eq!(
-            authority["metadata"]["labels"],
-            json!({"app.kubernetes.io/managed-by": "caretaker"})
-        );
+        // The bootstrap label keeps them out of the webhook that cannot serve without them.
+        let labels = json!({"app.kubernetes.io/managed-by": "caretaker",
+                            "caretaker.dev/webhook-bootstrap": "true"});
+        assert_eq!(authority["metadata"]["labels"], labels);
         assert_eq!(
             authority["spec"],
             json!({"commonName": "caretaker-webhook",
@@ -396,6 +396,7 @@ mod tests {
         let certificate = serde_json::to_value(&objects.certificate).unwrap();
         assert_eq!(certificate["metadata"]["name"], "caretaker-webhook");
         assert_eq!(certificate["metadata"]["namespace"], "caretaker-system");
+        assert_eq!(certificate["metadata"]["labels"], labels);
         assert_eq!(
             certificate["spec"],
             json!({"issuerRef": {"name": "caretaker-webhook"},
@@ -414,6 +415,12 @@ mod tests {
             json!({"caretaker.dev/inject-ca-from": "caretaker-webhook"})
         );
         let hooks = configuration["webhooks"].as_array().unwrap();
+        for hook in hooks {
+            assert_eq!(
+                hook["objectSelector"],
+                json!({"matchExpressions": [{"key": "caretaker.dev/webhook-bootstrap", "operator": "DoesNotExist"}]})
+            );
+        }
         assert_eq!(
             hooks.len(),
             5,

@@ -51,6 +51,17 @@ impl Drop for World {
 pub async fn world(settings: Settings) -> World {
     let server = TestServer::start().await;
     let client = server.client();
+    world_on(server, client, settings).await
+}
+
+/// A world on `server`, whose controllers act through `operator` (the test itself acts as
+/// the server's admin).
+pub async fn world_on(
+    server: caretaker_apiserver::ApiServer,
+    operator: kube::Client,
+    settings: Settings,
+) -> World {
+    let client = server.client();
     // The fixtures' CRDs, embedded (a unit test checks they are the same files).
     capi_objects::install_upstream_crds(&client).await.unwrap();
     let cas = ClusterCas::create().unwrap();
@@ -58,7 +69,7 @@ pub async fn world(settings: Settings) -> World {
     cluster.create(&cas).await.unwrap();
     cluster.create_machine_deployment("c1-md-0").await.unwrap();
 
-    let ctx = Context::new(client.clone(), settings);
+    let ctx = Context::new(operator, settings);
     let controller = tokio::spawn(run_controllers(ctx.clone()));
     World {
         server,
