@@ -812,3 +812,134 @@ async fn from_an_empty_cluster_the_bootstrapped_webhook_refuses_a_bad_certificat
         assert!(!log.contains(line), "the log holds the private key");
     }
 }
+
+/// The Lease's holder, if any.
+async fn lease_holder(client: &kube::Client) -> Option<String> {
+    Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(client.clone(), "default")
+        .get_opt("caretaker-operator")
+        .await
+        .unwrap()?
+        .spec?
+        .holder_identity
+}
+
+/// `caretaker operator --leader-elect` as the Pod `pod` with `kubeconfig`, serving /metrics and
+/// the probes on the returned ports.
+fn elected_operator(
+    kubeconfig: &std::path::Path,
+    pod: &str,
+    log: &std::path::Path,
+) -> (Running, u16, u16) {
+    let (metrics, health) = (free_port(), free_port());
+    let child = caretaker_command()
+        .args([
+            "operator",
+            "--kubeconfig",
+            path(kubeconfig),
+            "--leader-elect",
+            "--leader-election-namespace",
+            "default",
+            "--leader-election-lease-duration",
+            "20s",
+            "--webhook-bind-address",
+            "0",
+            "--metrics-bind-address",
+            &format!("127.0.0.1:{metrics}"),
+            "--health-probe-bind-address",
+            &format!("127.0.0.1:{health}"),
+        ])
+        .env("POD_NAME", pod)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log).unwrap())
+        .spawn()
+        .unwrap();
+    (Running(child), metrics, health)
+}
+
+async fn eventually_true<F, Fut>(what: &str, within: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let start = Instant::now();
+    while !check().await {
+        assert!(start.elapsed() < within, "never within {within:?}: {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_makes_the_leader_give_its_lease_to_the_standby_and_exit_0() {
+    let server = TestServer::start().await;
+    let client = server.client();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    server.write_kubeconfig(&kubeconfig).unwrap();
+    let (a_log, b_log) = (dir.path().join("a.log"), dir.path().join("b.log"));
+
+    let (mut leader, leader_metrics, _) = elected_operator(&kubeconfig, "op-a", &a_log);
+    eventually_true("op-a holds the Lease", Duration::from_secs(30), || async {
+        lease_holder(&client)
+            .await
+            .is_some_and(|h| h.starts_with("op-a_"))
+    })
+    .await;
+    let (_standby, standby_metrics, standby_health) = elected_operator(&kubeconfig, "op-b", &b_log);
+    eventually_true(
+        "op-b is ready as a standby",
+        Duration::from_secs(30),
+        || async move {
+            tokio::net::TcpStream::connect(("127.0.0.1", standby_health))
+                .await
+                .is_ok()
+                && http_get(standby_health, "/readyz").await.0.contains("200")
+        },
+    )
+    .await;
+    assert!(
+        http_get(leader_metrics, "/metrics")
+            .await
+            .1
+            .contains("caretaker_leader 1")
+    );
+    assert!(
+        http_get(standby_metrics, "/metrics")
+            .await
+            .1
+            .contains("caretaker_leader 0")
+    );
+
+    // SIGTERM: the leader stops taking work, gives the Lease up and exits 0, well before the
+    // Lease's 20 s would have run out.
+    let stopping = Instant::now();
+    let pid = i32::try_from(leader.0.id()).unwrap();
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let status = tokio::task::spawn_blocking(move || leader.0.wait().unwrap())
+        .await
+        .unwrap();
+    assert!(
+        status.success(),
+        "{status:?}\n{}",
+        std::fs::read_to_string(&a_log).unwrap()
+    );
+    let said = std::fs::read_to_string(&a_log).unwrap();
+    assert!(said.contains("gave the leader Lease up"), "{said}");
+    eventually_true("op-b holds the Lease", Duration::from_secs(10), || async {
+        lease_holder(&client)
+            .await
+            .is_some_and(|h| h.starts_with("op-b_"))
+    })
+    .await;
+    assert!(stopping.elapsed() < Duration::from_secs(15));
+    eventually_true(
+        "op-b says it leads",
+        Duration::from_secs(5),
+        || async move {
+            http_get(standby_metrics, "/metrics")
+                .await
+                .1
+                .contains("caretaker_leader 1")
+        },
+    )
+    .await;
+}

@@ -19,11 +19,11 @@ use crate::Settings;
 use crate::changes::{AnnotationChanges, Event, EventType};
 use crate::machine::MachineView;
 use crate::machine::plan::end_patch;
-use crate::metrics::{Metrics, Readiness};
+use crate::metrics::{Metrics, Readiness, ReconcileTimer};
 use crate::names::Operation;
 
 use crate::credentials::{ClusterCredentials, CredentialStore};
-use crate::shutdown::Shutdown;
+use crate::shutdown::{Running, Shutdown};
 
 fn time_now() -> time::OffsetDateTime {
     time::OffsetDateTime::now_utc()
@@ -57,6 +57,12 @@ pub struct Context {
     pub shutdown: Arc<Shutdown>,
 }
 
+/// A reconcile being run: see [`Context::reconcile_started`].
+pub struct Reconciling {
+    _timer: ReconcileTimer,
+    _running: Running,
+}
+
 /// Expiry reads from agents at once.
 const EXPIRY_READS: usize = 16;
 
@@ -74,6 +80,16 @@ impl Context {
             readiness: Readiness::new(),
             shutdown: Shutdown::new(),
         })
+    }
+
+    /// Times one reconcile of `controller` and counts it as running (what SIGTERM waits
+    /// for) until the returned guard is dropped.
+    #[must_use = "the reconcile is recorded when the guard is dropped"]
+    pub fn reconcile_started(&self, controller: &'static str) -> Reconciling {
+        Reconciling {
+            _timer: self.metrics.reconcile_started(controller),
+            _running: self.shutdown.running(),
+        }
     }
 
     /// Whether this process has written the parent `key` since it was at `version`: a write at

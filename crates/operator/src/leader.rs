@@ -7,12 +7,11 @@
 //! has taken over, and two replicas reconciling could refresh one Machine twice. The process
 //! then ends, as controller-runtime's managers do, and comes back as a standby.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use kube::Client;
 use kube_lease_manager::{LeaseManager, LeaseManagerBuilder};
-use tokio::sync::watch;
+use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
 /// What `--leader-elect` and its flags ask for.
@@ -28,6 +27,9 @@ pub struct LeaseSettings {
     /// before it ends.
     pub duration: Duration,
 }
+
+/// How often a standby reads the Lease, as controller-runtime's retry period.
+const STANDBY_RETRY: Duration = Duration::from_secs(2);
 
 /// The Lease caretaker's replicas share, unless `--leader-election-id` says otherwise.
 pub const DEFAULT_LEASE: &str = "caretaker-operator";
@@ -63,33 +65,23 @@ pub enum Role {
 /// This replica's part in the election; see the module's documentation.
 pub struct Election {
     role: watch::Receiver<Role>,
-    manager: Arc<LeaseManager>,
+    leave: Option<oneshot::Sender<()>>,
     task: JoinHandle<()>,
-    settings: LeaseSettings,
 }
 
 impl Election {
     /// Joins the election (creating the Lease if it does not exist). Fails when the Lease
     /// cannot be read or made: wrong namespace, or no permission.
     pub async fn join(client: Client, settings: LeaseSettings) -> Result<Election, String> {
-        let (duration, grace) = settings.seconds();
-        let manager = LeaseManagerBuilder::new(client, &settings.name)
-            .with_namespace(&settings.namespace)
-            .with_identity(&settings.identity)
-            .with_duration(duration)
-            .with_grace(grace)
-            .with_field_manager("caretaker-leader-election")
-            .build()
-            .await
-            .map_err(|e| format!("the Lease {}/{}: {e}", settings.namespace, settings.name))?;
-        let manager = Arc::new(manager);
+        // Read once here, so that a Lease this replica may not read stops it at start.
+        let manager = manager(&client, &settings).await?;
         let (sender, role) = watch::channel(Role::Standby);
-        let task = tokio::spawn(follow(manager.clone(), sender));
+        let (leave, left) = oneshot::channel();
+        let task = tokio::spawn(follow(client, settings, manager, sender, left));
         Ok(Election {
             role,
-            manager,
+            leave: Some(leave),
             task,
-            settings,
         })
     }
 
@@ -120,50 +112,99 @@ impl Election {
 
     /// Leaves the election, giving the Lease up if this replica holds it, so that a standby
     /// takes it at once rather than after its duration. Waits at most `bound`.
-    pub async fn leave(self, bound: Duration) {
-        self.task.abort();
-        let _ = self.task.await;
-        match tokio::time::timeout(bound, self.manager.release()).await {
-            Ok(Ok(())) => tracing::info!(
-                lease = %self.settings.name,
-                namespace = %self.settings.namespace,
-                "released the leader Lease"
-            ),
-            Ok(Err(e)) => {
-                tracing::warn!(error = %e, "could not release the leader Lease: a standby takes it when it expires")
-            }
-            Err(_) => tracing::warn!(
-                "releasing the leader Lease timed out: a standby takes it when it expires"
-            ),
+    pub async fn leave(mut self, bound: Duration) {
+        if let Some(leave) = self.leave.take() {
+            let _ = leave.send(());
+        }
+        if tokio::time::timeout(bound, &mut self.task).await.is_err() {
+            tracing::warn!(
+                "giving the leader Lease up timed out: a standby takes it when it expires"
+            );
         }
     }
 }
 
-/// Publishes this replica's role as the Lease changes, until it has led and lost.
-async fn follow(manager: Arc<LeaseManager>, role: watch::Sender<Role>) {
+/// An election dropped without [`Election::leave`] (its replica crashed, or was cut off)
+/// stops renewing: the Lease then expires and a standby takes it.
+impl Drop for Election {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn manager(client: &Client, settings: &LeaseSettings) -> Result<LeaseManager, String> {
+    let (duration, grace) = settings.seconds();
+    LeaseManagerBuilder::new(client.clone(), &settings.name)
+        .with_namespace(&settings.namespace)
+        .with_identity(&settings.identity)
+        .with_duration(duration)
+        .with_grace(grace)
+        .with_field_manager("caretaker-leader-election")
+        .build()
+        .await
+        .map_err(|e| format!("the Lease {}/{}: {e}", settings.namespace, settings.name))
+}
+
+/// Stands by until this replica takes the Lease, then holds it until it loses it or is told
+/// to leave, publishing each change of role.
+///
+/// kube-lease-manager's standby reads the Lease again only once the holder's term has run
+/// out, so it would miss a Lease given up early; a standby here takes a new manager, which
+/// reads the Lease afresh, every [`STANDBY_RETRY`].
+async fn follow(
+    client: Client,
+    settings: LeaseSettings,
+    first: LeaseManager,
+    role: watch::Sender<Role>,
+    mut left: oneshot::Receiver<()>,
+) {
+    let mut manager = Some(first);
     let mut retry = Duration::from_millis(500);
-    loop {
-        let leading = *role.borrow() == Role::Leading;
-        match manager.changed().await {
-            Ok(true) => {
-                tracing::info!("holding the leader Lease: reconciling");
-                role.send_replace(Role::Leading);
-                retry = Duration::from_millis(500);
+    let leader = loop {
+        let standby = match manager.take() {
+            Some(m) => m,
+            None => match self::manager(&client, &settings).await {
+                Ok(m) => m,
+                Err(e) => {
+                    tracing::warn!(error = %e, "reading the leader Lease failed; trying again");
+                    tokio::select! {
+                        _ = &mut left => return,
+                        () = tokio::time::sleep(retry) => {}
+                    }
+                    retry = (retry * 2).min(Duration::from_secs(10));
+                    continue;
+                }
+            },
+        };
+        tokio::select! {
+            _ = &mut left => return,
+            changed = tokio::time::timeout(STANDBY_RETRY, standby.changed()) => match changed {
+                Ok(Ok(true)) => break standby,
+                Ok(Ok(false)) | Err(_) => {}
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "reading the leader Lease failed; trying again");
+                    tokio::time::sleep(retry).await;
+                    retry = (retry * 2).min(Duration::from_secs(10));
+                }
+            },
+        }
+    };
+    tracing::info!(identity = %settings.identity, "holding the leader Lease: reconciling");
+    role.send_replace(Role::Leading);
+    tokio::select! {
+        _ = &mut left => {
+            match leader.release().await {
+                Ok(()) => tracing::info!(lease = %settings.name, namespace = %settings.namespace, "gave the leader Lease up"),
+                Err(e) => tracing::warn!(error = %e, "could not give the leader Lease up: a standby takes it when it expires"),
             }
-            Ok(false) if leading => {
-                role.send_replace(Role::Lost("another replica holds the leader Lease".into()));
-                return;
-            }
-            Ok(false) => {}
-            Err(e) if leading => {
-                role.send_replace(Role::Lost(format!("renewing the leader Lease failed: {e}")));
-                return;
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "reading the leader Lease failed; trying again");
-                tokio::time::sleep(retry).await;
-                retry = (retry * 2).min(Duration::from_secs(10));
-            }
+        }
+        // Renews until the Lease is no longer this replica's: any answer is the end.
+        changed = leader.changed() => {
+            let why = match changed {
+                Ok(_) => "another replica holds the leader Lease".to_string(),
+                Err(e) => format!("renewing the leader Lease failed: {e}"),
+            };
+            role.send_replace(Role::Lost(why));
         }
     }
 }

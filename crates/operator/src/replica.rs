@@ -70,7 +70,7 @@ pub async fn run(
         () = &mut controllers => true,
     };
     if finished {
-        tracing::info!("every controller stopped");
+        tracing::info!("no reconcile running");
     } else {
         tracing::warn!(
             still_running = ctx.shutdown.still_running(),

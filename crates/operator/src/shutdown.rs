@@ -1,7 +1,8 @@
-//! Stopping cleanly on SIGTERM: every controller stops taking new work (kube-runtime's
+//! Stopping cleanly on SIGTERM: every controller stops taking new events (kube-runtime's
 //! `graceful_shutdown_on`), the reconciles already running finish, and the process waits for
 //! them within a bound. A reconcile is the unit caretaker keeps safe: each one ends with what
-//! it did written down, so one cut off by the bound is taken up again by the next leader.
+//! it did written down, so one cut off by the bound, or a requeue still scheduled, is taken up
+//! again by the next leader from what the objects say.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -10,7 +11,7 @@ use std::time::Duration;
 
 use tokio::sync::{Notify, watch};
 
-/// Tells controllers to stop, and counts those still running.
+/// Tells controllers to stop, and counts the reconciles still running.
 #[derive(Debug)]
 pub struct Shutdown {
     begun: watch::Sender<bool>,
@@ -28,7 +29,7 @@ impl Default for Shutdown {
     }
 }
 
-/// Held while a controller runs; dropped when its stream has ended.
+/// Held while a reconcile runs.
 #[derive(Debug)]
 pub struct Running(Arc<Shutdown>);
 
@@ -65,18 +66,18 @@ impl Shutdown {
         }
     }
 
-    /// Counts a controller as running until the returned guard is dropped.
+    /// Counts a reconcile as running until the returned guard is dropped.
     pub fn running(self: &Arc<Self>) -> Running {
         self.running.fetch_add(1, Ordering::AcqRel);
         Running(self.clone())
     }
 
-    /// How many controllers are still running.
+    /// How many reconciles are running.
     pub fn still_running(&self) -> usize {
         self.running.load(Ordering::Acquire)
     }
 
-    /// Waits until no controller runs, or `bound` has passed; true when none runs.
+    /// Waits until no reconcile runs, or `bound` has passed; true when none runs.
     pub async fn finished(&self, bound: Duration) -> bool {
         let idle = async {
             loop {
@@ -96,7 +97,7 @@ mod tests {
     use super::*;
 
     #[tokio::test]
-    async fn finished_waits_for_every_running_controller_within_the_bound() {
+    async fn finished_waits_for_every_running_reconcile_within_the_bound() {
         let shutdown = Shutdown::new();
         assert!(
             shutdown.finished(Duration::from_millis(10)).await,

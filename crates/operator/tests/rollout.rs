@@ -11,6 +11,7 @@ use caretaker_agent::command::CommandTemplate;
 use caretaker_agent_api::kubeadm::NodeRole;
 use caretaker_operator::{machine, names};
 use caretaker_testkit::capi_objects::ClusterObjects;
+use common::hooks::{concurrency, concurrency_of, logging_scripts};
 use common::{NS, World, fast, unreachable_agent_url, world};
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use serde_json::json;
@@ -398,66 +399,6 @@ fn wait_for_gate(gate: &std::path::Path) -> String {
         "i=0\nwhile [ ! -e {gate} ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done",
         gate = gate.display()
     )
-}
-
-/// Per-Machine hook scripts (upgrade or restart commands) that log `start NAME T` and
-/// `end NAME T` to one shared file, sleeping `seconds` in between.
-fn logging_scripts(
-    root: std::path::PathBuf,
-    seconds: &str,
-) -> (std::path::PathBuf, impl Fn(&str) -> CommandTemplate + use<>) {
-    std::fs::create_dir_all(&root).unwrap();
-    let log = root.join("log");
-    let root2 = root.clone();
-    let seconds = seconds.to_string();
-    let make = move |name: &str| {
-        let dir = root2.join(name);
-        std::fs::create_dir_all(&dir).unwrap();
-        let script = dir.join("upgrade.sh");
-        std::fs::write(
-            &script,
-            format!("#!/bin/sh\necho \"start {name} $(date +%s.%N)\" >> {log}\nsleep {seconds}\necho \"end {name} $(date +%s.%N)\" >> {log}\n", log = root2.join("log").display()),
-        )
-        .unwrap();
-        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-        CommandTemplate::parse(script.to_str().unwrap()).unwrap()
-    };
-    (log, make)
-}
-
-/// The most upgrades that ran at once, and how often each Machine ran, from the shared log.
-fn concurrency(log: &std::path::Path) -> (usize, std::collections::BTreeMap<String, usize>) {
-    concurrency_of(log, |_| true)
-}
-
-/// Like [`concurrency`], counting only the Machines `only` accepts.
-fn concurrency_of(
-    log: &std::path::Path,
-    only: impl Fn(&str) -> bool,
-) -> (usize, std::collections::BTreeMap<String, usize>) {
-    let text = std::fs::read_to_string(log).unwrap_or_default();
-    let mut events: Vec<(f64, i32)> = Vec::new();
-    let mut runs = std::collections::BTreeMap::new();
-    for line in text.lines() {
-        let parts: Vec<&str> = line.split_whitespace().collect();
-        if !only(parts[1]) {
-            continue;
-        }
-        let t: f64 = parts[2].parse().unwrap();
-        if parts[0] == "start" {
-            events.push((t, 1));
-            *runs.entry(parts[1].to_string()).or_insert(0) += 1;
-        } else {
-            events.push((t, -1));
-        }
-    }
-    events.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    let (mut now, mut max) = (0i32, 0i32);
-    for (_, delta) in events {
-        now += delta;
-        max = max.max(now);
-    }
-    (max as usize, runs)
 }
 
 /// Checks, from the shared log of [`logging_scripts`], that every control-plane Machine

@@ -1244,14 +1244,13 @@ impl Shared {
         };
         let mut reconcile = reconcile;
         let timed = move |object: Arc<K>, shared: Arc<Shared>| {
-            let timer = shared.ctx.metrics.reconcile_started(controller);
+            let timer = shared.ctx.reconcile_started(controller);
             let pass = reconcile(object, shared);
             async move {
                 let _timer = timer;
                 pass.await
             }
         };
-        let _running = self.ctx.shutdown.running();
         Controller::for_stream_with(objects, store, ())
             .reconcile_on(wake)
             .with_config(Config::default().concurrency(concurrency))

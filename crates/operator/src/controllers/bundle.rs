@@ -425,14 +425,13 @@ async fn serve<K: Served>(shared: Arc<Shared>) {
     let error_policy = |_: Arc<K>, error: &Error, shared: Arc<Shared>| {
         super::requeue_after(K::CONTROLLER, error, &shared.ctx)
     };
-    let _running = shared.ctx.shutdown.running();
     let stop = shared.ctx.shutdown.signal();
     controller
         .reconcile_on(wakes)
         .graceful_shutdown_on(stop)
         .run(
             |object, shared: Arc<Shared>| async move {
-                let _timer = shared.ctx.metrics.reconcile_started(K::CONTROLLER);
+                let _timer = shared.ctx.reconcile_started(K::CONTROLLER);
                 shared.reconcile(&*object).await
             },
             error_policy,

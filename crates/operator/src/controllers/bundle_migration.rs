@@ -52,7 +52,6 @@ pub async fn run(ctx: Arc<Context>) {
         |_| {},
     );
     let wakes = changes.map(|cb: ClusterBundle| ObjectRef::<Bundle>::new(&cb.name_any()));
-    let _running = ctx.shutdown.running();
     let stop = ctx.shutdown.signal();
     let migration = Arc::new(Migration {
         ctx,
@@ -63,7 +62,7 @@ pub async fn run(ctx: Arc<Context>) {
         .graceful_shutdown_on(stop)
         .run(
             |bundle, migration: Arc<Migration>| async move {
-                let _timer = migration.ctx.metrics.reconcile_started(CONTROLLER);
+                let _timer = migration.ctx.reconcile_started(CONTROLLER);
                 migration.reconcile(&bundle).await
             },
             |_, error, migration| super::requeue_after(CONTROLLER, error, &migration.ctx),

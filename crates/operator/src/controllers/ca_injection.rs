@@ -392,7 +392,6 @@ async fn run_kind(
                 .collect()
         }
     };
-    let _running = injector.ctx.shutdown.running();
     Controller::for_stream_with(watched, targets.clone(), resource.clone())
         .graceful_shutdown_on(injector.ctx.shutdown.signal())
         .watches_stream_with(
@@ -456,7 +455,7 @@ async fn reconcile(
     injector: Arc<Injector>,
     kind: TargetKind,
 ) -> Result<Action, Error> {
-    let _timer = injector.ctx.metrics.reconcile_started(CONTROLLER);
+    let _timer = injector.ctx.reconcile_started(CONTROLLER);
     // As cainjector: an object on its way out is left alone.
     if target.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());

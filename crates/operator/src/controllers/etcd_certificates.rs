@@ -69,7 +69,6 @@ pub async fn run(ctx: Arc<Context>) {
         return;
     }
     let client = ctx.client.clone();
-    let _running = ctx.shutdown.running();
     let stop = ctx.shutdown.signal();
     let objects: Api<EtcdCertificates> = Api::all(client.clone());
     let controller = Controller::new(objects, watcher::Config::default());
@@ -129,7 +128,7 @@ pub async fn run(ctx: Arc<Context>) {
 }
 
 async fn reconcile(object: Arc<EtcdCertificates>, shared: Arc<Shared>) -> Result<Action, Error> {
-    let timer = shared.ctx.metrics.reconcile_started(CONTROLLER);
+    let timer = shared.ctx.reconcile_started(CONTROLLER);
     let result = pass(&object, &shared).await;
     drop(timer);
     result

@@ -34,7 +34,6 @@ const CONTROLLER: &str = "machine";
 /// Runs the controller over the shared Machine cache until its stream of changes ends.
 pub async fn run(ctx: Arc<Context>, machines: Store<DynamicObject>, changes: MachineChanges) {
     let metrics = ctx.metrics.clone();
-    let _running = ctx.shutdown.running();
     Controller::for_stream_with(changes, machines, machine::api_resource())
         .graceful_shutdown_on(ctx.shutdown.signal())
         .run(reconcile, error_policy, ctx)
@@ -56,7 +55,7 @@ pub async fn run(ctx: Arc<Context>, machines: Store<DynamicObject>, changes: Mac
 }
 
 async fn reconcile(object: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let _timer = ctx.metrics.reconcile_started(CONTROLLER);
+    let _timer = ctx.reconcile_started(CONTROLLER);
     let view = MachineView::from_object(&object);
     follow_expiry(&ctx, &view);
     let machine = MachineHandle {

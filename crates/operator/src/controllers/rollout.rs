@@ -59,7 +59,6 @@ async fn run_kind(
 ) {
     let resource = kind.api_resource();
     let mapper_resource = resource.clone();
-    let _running = ctx.shutdown.running();
     Controller::new_with(parents, watcher::Config::default(), resource)
         .graceful_shutdown_on(ctx.shutdown.signal())
         .watches_stream_with(
@@ -112,7 +111,7 @@ async fn reconcile(
     kind: ParentKind,
     caches: Caches,
 ) -> Result<Action, Error> {
-    let _timer = ctx.metrics.reconcile_started(CONTROLLER);
+    let _timer = ctx.reconcile_started(CONTROLLER);
     // An empty cache would read as a rollout with no Machines, and so as done.
     caches.wait_until_ready().await?;
     let view = observe_parent(kind, &parent, &caches);

@@ -5,6 +5,7 @@
 
 pub mod authorities;
 pub mod etcd;
+pub mod hooks;
 pub mod openmetrics;
 pub mod outage;
 pub mod trust;
