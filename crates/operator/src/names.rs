@@ -218,6 +218,14 @@ pub enum Operation {
 impl Operation {
     pub const ALL: [Operation; 2] = [Operation::RefreshCertificates, Operation::InPlaceUpgrade];
 
+    /// The operation as the `operation` label of caretaker's metrics writes it.
+    pub fn metric_label(self) -> &'static str {
+        match self {
+            Operation::RefreshCertificates => "refresh-certificates",
+            Operation::InPlaceUpgrade => "in-place-upgrade",
+        }
+    }
+
     /// The names this operation reads and writes.
     pub fn names(self) -> &'static OperationNames {
         match self {

@@ -324,6 +324,18 @@ async fn the_operator_runs_as_its_deploy_service_account_with_only_the_grants_it
         }
     })
     .await;
+    // The CA rotated, the documented way: its leaf is re-issued by the new CA.
+    let ca_secrets = Api::<Secret>::namespaced(world.client.clone(), NS);
+    let before = secrets.get("web-tls").await.unwrap().data;
+    ca_secrets
+        .patch("apps-ca", &PatchParams::default(), &Patch::Merge(&forget))
+        .await
+        .unwrap();
+    eventually("the leaf re-issued by the rotated CA", 60, || {
+        let (secrets, before) = (secrets.clone(), before.clone());
+        async move { (secrets.get("web-tls").await.ok()?.data != before).then_some(()) }
+    })
+    .await;
     eventually("the CA bundle injected", 30, || {
         let mutating = mutating.clone();
         async move {
@@ -370,6 +382,21 @@ async fn the_operator_runs_as_its_deploy_service_account_with_only_the_grants_it
     )
     .await;
 
+    // Where each rollout stands, on /metrics.
+    let metrics = world.ctx.metrics.encode();
+    for (kind, name, machines) in [
+        ("Cluster", "c1", 2),
+        ("MachineDeployment", "c1-md-0", 1),
+        ("CK8sControlPlane", control_plane.as_str(), 1),
+    ] {
+        for state in ["total", "done"] {
+            let series = format!(
+                "caretaker_rollout_machines{{kind=\"{kind}\",namespace=\"{NS}\",name=\"{name}\",operation=\"refresh-certificates\",state=\"{state}\"}} {machines}"
+            );
+            assert!(metrics.contains(&series), "{series}\n{metrics}");
+        }
+    }
+
     // A ClusterBundle from the trust namespace's ConfigMap into every namespace.
     common::authorities::create_namespace(&world.client, "cert-manager").await;
     let roots: ConfigMap = serde_json::from_value(json!({
@@ -402,6 +429,85 @@ async fn the_operator_runs_as_its_deploy_service_account_with_only_the_grants_it
         async move { targets.get_opt("trust").await.ok().flatten() }
     })
     .await;
+
+    // What kubectl says the ServiceAccount may do.
+    let as_operator = Kubectl::find("deploy").unwrap().against(
+        &world
+            .server
+            .kubeconfig_for(&Subject::ServiceAccount {
+                namespace: SYSTEM.into(),
+                name: ACCOUNT.into(),
+            })
+            .unwrap(),
+    );
+    for allowed in [
+        vec!["auth", "can-i", "list", "secrets", "--all-namespaces"],
+        vec![
+            "auth",
+            "can-i",
+            "patch",
+            "machines.cluster.x-k8s.io",
+            "-n",
+            NS,
+        ],
+        vec![
+            "auth",
+            "can-i",
+            "patch",
+            "issuedcertificates.caretaker.dev",
+            "--subresource",
+            "status",
+            "-n",
+            NS,
+        ],
+        vec![
+            "auth",
+            "can-i",
+            "get",
+            "leases/caretaker-operator",
+            "-n",
+            SYSTEM,
+        ],
+    ] {
+        assert_eq!(
+            as_operator.ok(&allowed, None).await.trim(),
+            "yes",
+            "{allowed:?}"
+        );
+    }
+    for denied in [
+        vec![
+            "auth",
+            "can-i",
+            "delete",
+            "machines.cluster.x-k8s.io",
+            "-n",
+            NS,
+        ],
+        vec!["auth", "can-i", "get", "leases/someone-else", "-n", SYSTEM],
+        vec!["auth", "can-i", "create", "clusterrolebindings"],
+        vec![
+            "auth",
+            "can-i",
+            "patch",
+            "issuedcertificates.caretaker.dev",
+            "-n",
+            NS,
+        ],
+    ] {
+        let out = as_operator.run(&denied, None).await;
+        assert!(!out.status.success(), "{denied:?}");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            "no",
+            "{denied:?}"
+        );
+    }
+    let listed = as_operator
+        .ok(&["auth", "can-i", "--list", "-n", SYSTEM], None)
+        .await;
+    assert!(listed.contains("leases.coordination.k8s.io"), "{listed}");
+    assert!(listed.contains("[caretaker-operator]"), "{listed}");
 
     // Leaving gives the Lease up (a patch).
     election.leave(Duration::from_secs(5)).await;

@@ -185,7 +185,10 @@ async fn a_stopped_leader_gives_the_lease_up_and_the_standby_leads_at_once() {
     wait_leading(&world, &first, Duration::from_secs(10)).await;
     let second = replica(&world, "replica-b", lease).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(!leads_and_reconciles(&second).0, "the standby does not lead");
+    assert!(
+        !leads_and_reconciles(&second).0,
+        "the standby does not lead"
+    );
 
     let stopping = Instant::now();
     first.stop.take().unwrap().send(()).unwrap();

@@ -145,6 +145,13 @@ async fn reconcile_operation(
         ParentStep::Roll(rollout) => {
             let machines = covered_machines(parent, view, caches);
             let plan = plan_rollout(ctx, &rollout, view, &machines).await;
+            ctx.metrics.set_rollout_progress(
+                &view.kind.api_resource().kind,
+                &parent.namespace().unwrap_or_default(),
+                &view.name,
+                operation.metric_label(),
+                &plan.progress(),
+            );
             rollout.changes(view, &machines, &plan, ctx.settings.retry_base)
         }
     };

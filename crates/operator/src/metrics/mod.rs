@@ -13,6 +13,7 @@
 //! | `caretaker_reconcile_errors_total` | counter | `controller`, `category` |
 //! | `caretaker_reconcile_duration_seconds` | histogram | `controller` |
 //! | `caretaker_leader` | gauge | |
+//! | `caretaker_rollout_machines` | gauge | `kind`, `namespace`, `name`, `operation`, `state` |
 //!
 //! The two expiry gauges come from one table of certificates and their notAfter
 //! ([`expiry`]), read at each scrape: the days left are computed then, never stored, so they
@@ -90,6 +91,16 @@ struct KindErrorLabels {
     category: &'static str,
 }
 
+/// One parent's rollout of one operation, and a state of its Machines.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RolloutLabels {
+    kind: String,
+    namespace: String,
+    name: String,
+    operation: &'static str,
+    state: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ControllerLabels {
     controller: &'static str,
@@ -124,6 +135,7 @@ pub struct Metrics {
     reconcile_errors: Family<ControllerErrorLabels, Counter>,
     reconcile_duration: Histograms,
     leader: Gauge,
+    rollout_machines: Family<RolloutLabels, Gauge>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -193,8 +205,15 @@ impl Metrics {
             "1 while this replica reconciles (it holds the leader Lease, or runs without --leader-elect), 0 while it stands by",
             leader.clone(),
         );
+        let rollout_machines = Family::<RolloutLabels, Gauge>::default();
+        registry.register(
+            "caretaker_rollout_machines",
+            "Machines of each parent's rollout (the running one, else the last), by state: total (those it covers), done, running, skipped",
+            rollout_machines.clone(),
+        );
         Metrics {
             leader,
+            rollout_machines,
             registry,
             expiries,
             rotations,
@@ -226,6 +245,35 @@ impl Metrics {
     /// Whether this replica is the one that reconciles.
     pub fn set_leader(&self, leading: bool) {
         self.leader.set(i64::from(leading));
+    }
+
+    /// Records where the rollout of `operation` (`refresh-certificates`, `in-place-upgrade`)
+    /// over the parent `kind` `namespace`/`name` stands.
+    pub fn set_rollout_progress(
+        &self,
+        kind: &str,
+        namespace: &str,
+        name: &str,
+        operation: &'static str,
+        progress: &crate::rollout::Progress,
+    ) {
+        for (state, machines) in [
+            ("total", progress.total),
+            ("done", progress.done),
+            ("running", progress.running),
+            ("skipped", progress.skipped),
+        ] {
+            let labels = RolloutLabels {
+                kind: kind.to_string(),
+                namespace: namespace.to_string(),
+                name: name.to_string(),
+                operation,
+                state,
+            };
+            self.rollout_machines
+                .get_or_create(&labels)
+                .set(i64::try_from(machines).unwrap_or(i64::MAX));
+        }
     }
 
     /// Counts a certificate of `kind` replaced.
