@@ -182,6 +182,39 @@ mod tests {
     }
 
     #[test]
+    fn kubeconfig_for_refuses_bad_subjects_and_servers_without_tls() {
+        let dir = tempfile::tempdir().unwrap();
+        let with = |subject: &str, groups: &[&str]| ApiserverArgs {
+            data_dir: dir.path().to_path_buf(),
+            kubeconfig_for: Some(subject.into()),
+            group: groups.iter().map(|g| g.to_string()).collect(),
+            ..args("127.0.0.1:0", false)
+        };
+        // A ServiceAccount takes no groups, and needs both its namespace and name.
+        assert_eq!(
+            run(with("system:serviceaccount:a:b", &["x"])),
+            ExitCode::from(2)
+        );
+        assert_eq!(run(with("system:serviceaccount:a", &[])), ExitCode::from(2));
+        // No server has written its kubeconfig here: nothing to address.
+        assert_eq!(run(with("alice", &[])), ExitCode::FAILURE);
+        std::fs::write(
+            dir.path().join("kubeconfig"),
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: http://127.0.0.1:1\n",
+        )
+        .unwrap();
+        assert_eq!(
+            run(with("alice", &[])),
+            ExitCode::FAILURE,
+            "a plain-HTTP server has no users"
+        );
+        assert!(
+            !dir.path().join("pki").exists(),
+            "nothing was made for a refused request"
+        );
+    }
+
+    #[test]
     fn help_explains_the_flags() {
         use clap::CommandFactory;
         #[derive(clap::Parser)]
@@ -198,6 +231,12 @@ mod tests {
             "no authentication",
             "IP address",
             "tls-server-name",
+            "--authorization <AUTHORIZATION>",
+            "always-allow",
+            "rbac",
+            "--kubeconfig-for <SUBJECT>",
+            "system:serviceaccount:NAMESPACE:NAME",
+            "--group <GROUP>",
         ] {
             assert!(help.contains(flag), "{flag} missing from:\n{help}");
         }
