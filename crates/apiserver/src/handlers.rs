@@ -139,6 +139,16 @@ async fn route(
         ["api", "v1"] => get_only(discovery::resource_list(registry, "", "v1")?),
         ["apis", group] => get_only(discovery::group(registry, group)?),
         ["apis", group, version] => get_only(discovery::resource_list(registry, group, version)?),
+        ["openapi", "v2"] if method == Method::GET && openapi::wants_v2_protobuf(headers) => {
+            let mut resp = Response::new(Body::from(openapi::v2_protobuf()));
+            resp.headers_mut().insert(
+                header::CONTENT_TYPE,
+                // As kube-openapi answers it: Go's mime parser refuses the `@` of the
+                // protobuf type, so clients read the type they asked for from their Accept.
+                HeaderValue::from_static("application/octet-stream"),
+            );
+            Ok(resp)
+        }
         ["openapi", "v2"] => get_only(openapi::v2(registry)),
         ["openapi", "v3"] => get_only(openapi::v3_root(registry)),
         ["openapi", "v3", "api", "v1"] => get_only(openapi::v3_group_version(registry, "", "v1")?),

@@ -32,6 +32,48 @@ pub fn v2(_registry: &Registry) -> Value {
     json!({ "swagger": "2.0", "info": info(), "paths": {}, "definitions": {} })
 }
 
+/// The media type of OpenAPI v2 in protobuf (gnostic's `openapi_v2.Document`), which kubectl
+/// asks `/openapi/v2` for when it validates a kind its OpenAPI v3 cache does not know yet (an
+/// object of a CRD created by the same `kubectl apply`).
+pub const V2_PROTOBUF: &str = "application/com.github.proto-openapi.spec.v2@v1.0+protobuf";
+
+/// Whether the request's `Accept` prefers the protobuf form: its first media range names it,
+/// as kubectl's does. Anything else gets JSON, as kube-apiserver gives it.
+pub fn wants_v2_protobuf(headers: &axum::http::HeaderMap) -> bool {
+    headers
+        .get(axum::http::header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|accept| accept.split(',').next())
+        .is_some_and(|first| {
+            let media = first.split(';').next().unwrap_or("").trim();
+            media.starts_with("application/com.github.proto-openapi.spec.v2")
+        })
+}
+
+/// [`v2`] as protobuf: `Document { swagger: "2.0" (1), info (2): { title (1), version (2) },
+/// paths (8): {} }`, so that kubectl finds no definition and leaves validation to the server.
+pub fn v2_protobuf() -> Vec<u8> {
+    fn field(number: u8, bytes: &[u8]) -> Vec<u8> {
+        let mut out = vec![(number << 3) | 2];
+        let mut len = bytes.len();
+        loop {
+            let byte = (len & 0x7f) as u8;
+            len >>= 7;
+            if len == 0 {
+                out.push(byte);
+                break;
+            }
+            out.push(byte | 0x80);
+        }
+        out.extend_from_slice(bytes);
+        out
+    }
+    let info = info();
+    let text = |key: &str| info[key].as_str().unwrap_or_default().as_bytes().to_vec();
+    let info = [field(1, &text("title")), field(2, &text("version"))].concat();
+    [field(1, b"2.0"), field(2, &info), field(8, &[])].concat()
+}
+
 pub fn v3_root(registry: &Registry) -> Value {
     let mut paths = Map::new();
     for (group, versions) in registry.groups() {
@@ -122,4 +164,46 @@ pub fn v3_group_version(
     Ok(
         json!({ "openapi": "3.0.0", "info": info(), "paths": paths, "components": { "schemas": schemas } }),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn openapi_v2_in_protobuf_is_a_document_with_its_version_and_no_paths() {
+        let bytes = v2_protobuf();
+        // swagger = "2.0"
+        assert_eq!(&bytes[..5], &[0x0a, 3, b'2', b'.', b'0']);
+        // info, holding the title and version of the JSON form
+        assert_eq!(bytes[5], 0x12);
+        let info_len = bytes[6] as usize;
+        let info = &bytes[7..7 + info_len];
+        let title = v2(&Registry::new())["info"]["title"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        assert_eq!(&info[..2], &[0x0a, title.len() as u8]);
+        assert_eq!(&info[2..2 + title.len()], title.as_bytes());
+        // paths, empty, last
+        assert_eq!(&bytes[7 + info_len..], &[0x42, 0]);
+    }
+
+    #[test]
+    fn protobuf_is_served_only_to_who_asks_for_it_first() {
+        let with = |accept: &str| {
+            let mut headers = axum::http::HeaderMap::new();
+            headers.insert(axum::http::header::ACCEPT, accept.parse().unwrap());
+            wants_v2_protobuf(&headers)
+        };
+        assert!(with(V2_PROTOBUF));
+        assert!(with(
+            "application/com.github.proto-openapi.spec.v2.v1.0+protobuf, application/json"
+        ));
+        assert!(!with("application/json"));
+        assert!(!with(
+            "application/json, application/com.github.proto-openapi.spec.v2@v1.0+protobuf"
+        ));
+        assert!(!wants_v2_protobuf(&axum::http::HeaderMap::new()));
+    }
 }

@@ -659,3 +659,77 @@ async fn kubectl_over_https_trusts_the_kubeconfig_ca() {
         "blue"
     );
 }
+
+/// One file with a new CRD and an object of it: kubectl's OpenAPI v3 cache does not know the
+/// kind yet, so it asks `/openapi/v2` in protobuf, which must parse (it got JSON and failed
+/// with `proto: cannot parse invalid wire-format data`). kubectl then does what it does against
+/// kube-apiserver: the CRD is created, the object's kind is not in the discovery it read before
+/// (`ensure CRDs are installed first`), and the same apply run again creates it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_applies_a_new_crd_and_an_object_of_it_from_one_file() {
+    let Some(bin) = kubectl_or_skip("kubectl_applies_a_new_crd_and_an_object_of_it_from_one_file")
+    else {
+        return;
+    };
+    let server = TestServer::start().await;
+    let k = Kubectl::new(bin, &server);
+    let file = "apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: widgets.example.dev
+spec:
+  group: example.dev
+  names: {plural: widgets, singular: widget, kind: Widget, listKind: WidgetList}
+  scope: Namespaced
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    schema:
+      openAPIV3Schema:
+        type: object
+        properties:
+          spec:
+            type: object
+            properties:
+              size: {type: integer}
+---
+apiVersion: example.dev/v1
+kind: Widget
+metadata: {name: w1}
+spec: {size: 3}
+";
+    let first = k.run(&["apply", "-f", "-"], Some(file)).await;
+    assert!(
+        first
+            .stdout
+            .contains("customresourcedefinition.apiextensions.k8s.io/widgets.example.dev created"),
+        "{}\n{}",
+        first.stdout,
+        first.stderr
+    );
+    assert!(
+        !first.stderr.contains("proto:") && !first.stderr.contains("error validating"),
+        "{}",
+        first.stderr
+    );
+    assert!(
+        first.stderr.contains("ensure CRDs are installed first"),
+        "{}",
+        first.stderr
+    );
+    let out = k.ok_with(&["apply", "-f", "-"], Some(file)).await;
+    assert!(
+        out.contains("customresourcedefinition.apiextensions.k8s.io/widgets.example.dev unchanged")
+            && out.contains("widget.example.dev/w1 created"),
+        "{out}"
+    );
+    let widget = k.json(&["get", "widget", "w1"]).await;
+    assert_eq!(widget["spec"]["size"], 3);
+    // The server still validates: a wrong type is refused with the field named.
+    let bad = file
+        .replace("size: 3", "size: three")
+        .replace("name: w1", "name: w2");
+    let err = k.fails(&["apply", "-f", "-"], Some(&bad)).await;
+    assert!(err.contains("spec.size"), "{err}");
+}

@@ -471,8 +471,21 @@ fn the_reference_lists_every_metric() {
     metrics.rotation_failed(metrics::CertificateKind::Machine, &error);
     metrics.reconciled("machine", Duration::from_millis(1));
     metrics.reconcile_failed("machine", &error);
+    let progress = caretaker_operator::rollout::Progress {
+        done: 0,
+        total: 1,
+        skipped: 0,
+        running: 1,
+    };
+    metrics.set_rollout_progress(
+        "Cluster",
+        "default",
+        "c1",
+        "refresh-certificates",
+        &progress,
+    );
     let exposition = openmetrics::parse(&metrics.encode()).unwrap();
-    assert_eq!(exposition.types.len(), 8);
+    assert_eq!(exposition.types.len(), 10);
     for (family, kind) in &exposition.types {
         let name = match kind.as_str() {
             "counter" => format!("{family}_total"),

@@ -43,6 +43,7 @@ fn every_family_is_declared_with_its_type() {
             (EXPIRATION, "gauge"),
             ("caretaker_certificate_rotations", "counter"),
             (ETCD_DAYS, "gauge"),
+            ("caretaker_leader", "gauge"),
         ])
     );
     let names: Vec<String> = scrape(&metrics)
@@ -50,7 +51,9 @@ fn every_family_is_declared_with_its_type() {
         .into_iter()
         .map(|s| s.name)
         .collect();
-    assert_eq!(names, ["caretaker_certificate_rotations_total"; 5]);
+    let mut expected = vec!["caretaker_certificate_rotations_total"; 5];
+    expected.push("caretaker_leader");
+    assert_eq!(names, expected);
 
     drop(metrics.reconcile_started("machine"));
     metrics.reconcile_failed("machine", &Error::CacheStopped);
@@ -63,11 +66,58 @@ fn every_family_is_declared_with_its_type() {
             ("caretaker_certificate_rotation_failures", "counter"),
             ("caretaker_certificate_rotations", "counter"),
             (ETCD_DAYS, "gauge"),
+            ("caretaker_leader", "gauge"),
             ("caretaker_reconcile", "counter"),
             ("caretaker_reconcile_duration_seconds", "histogram"),
             ("caretaker_reconcile_errors", "counter"),
         ])
     );
+}
+
+/// Where each parent's rollout stands, and which replica leads.
+#[test]
+fn rollouts_and_leadership_have_their_gauges() {
+    let metrics = Metrics::new();
+    assert_eq!(
+        scrape(&metrics).series("caretaker_leader"),
+        [(String::new(), 0.0)]
+    );
+    metrics.set_leader(true);
+    assert_eq!(
+        scrape(&metrics).series("caretaker_leader"),
+        [(String::new(), 1.0)]
+    );
+    let progress = crate::rollout::Progress {
+        done: 2,
+        total: 5,
+        skipped: 1,
+        running: 1,
+    };
+    metrics.set_rollout_progress(
+        "MachineDeployment",
+        "fleet",
+        "md-0",
+        "in-place-upgrade",
+        &progress,
+    );
+    let series = scrape(&metrics).series("caretaker_rollout_machines");
+    let labels = |state: &str| {
+        format!(
+            "kind=MachineDeployment,name=md-0,namespace=fleet,operation=in-place-upgrade,state={state}"
+        )
+    };
+    for (state, value) in [
+        ("done", 2.0),
+        ("running", 1.0),
+        ("skipped", 1.0),
+        ("total", 5.0),
+    ] {
+        assert!(
+            series.contains(&(labels(state), value)),
+            "{state}: {series:?}"
+        );
+    }
+    assert_eq!(series.len(), 4);
 }
 
 /// The equivalent of `openshift_etcd_operator_signer_expiration_days`: per namespace and
