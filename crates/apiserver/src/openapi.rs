@@ -35,7 +35,11 @@ pub fn v2(_registry: &Registry) -> Value {
 /// The media type of OpenAPI v2 in protobuf (gnostic's `openapi_v2.Document`), which kubectl
 /// asks `/openapi/v2` for when it validates a kind its OpenAPI v3 cache does not know yet (an
 /// object of a CRD created by the same `kubectl apply`).
-pub const V2_PROTOBUF: &str = "application/com.github.proto-openapi.spec.v2@v1.0+protobuf";
+/// (The second is its older spelling.)
+const V2_PROTOBUF: [&str; 2] = [
+    "application/com.github.proto-openapi.spec.v2@v1.0+protobuf",
+    "application/com.github.proto-openapi.spec.v2.v1.0+protobuf",
+];
 
 /// Whether the request's `Accept` prefers the protobuf form: its first media range names it,
 /// as kubectl's does. Anything else gets JSON, as kube-apiserver gives it.
@@ -46,7 +50,7 @@ pub fn wants_v2_protobuf(headers: &axum::http::HeaderMap) -> bool {
         .and_then(|accept| accept.split(',').next())
         .is_some_and(|first| {
             let media = first.split(';').next().unwrap_or("").trim();
-            media.starts_with("application/com.github.proto-openapi.spec.v2")
+            V2_PROTOBUF.contains(&media)
         })
 }
 
@@ -196,7 +200,7 @@ mod tests {
             headers.insert(axum::http::header::ACCEPT, accept.parse().unwrap());
             wants_v2_protobuf(&headers)
         };
-        assert!(with(V2_PROTOBUF));
+        assert!(with(V2_PROTOBUF[0]));
         assert!(with(
             "application/com.github.proto-openapi.spec.v2.v1.0+protobuf, application/json"
         ));
