@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 
 use crate::error::{FieldError, FieldErrorKind};
 use crate::meta::strings_at;
-use crate::registry::{Flavor, PrinterColumn, ResourceDef};
+use crate::registry::{Flavor, PrinterColumn, ResourceDef, ScalePaths};
 
 fn str_at<'a>(v: &'a Value, ptr: &str) -> &'a str {
     v.pointer(ptr).and_then(Value::as_str).unwrap_or("")
@@ -65,6 +65,14 @@ pub fn served_resources(crd: &Value) -> Vec<ResourceDef> {
                 flavor: Flavor::CustomResource,
                 schema: v.pointer("/schema/openAPIV3Schema").cloned().map(Arc::new),
                 printer_columns,
+                scale: v.pointer("/subresources/scale").map(|s| ScalePaths {
+                    spec_replicas: str_at(s, "/specReplicasPath").into(),
+                    status_replicas: str_at(s, "/statusReplicasPath").into(),
+                    label_selector: s
+                        .get("labelSelectorPath")
+                        .and_then(Value::as_str)
+                        .map(String::from),
+                }),
             })
         })
         .collect()

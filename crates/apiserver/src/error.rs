@@ -218,6 +218,95 @@ impl ApiError {
     }
 }
 
+/// A `Status` as kube-apiserver writes it, field for field in its order (clients that compare
+/// bytes exist): kind, apiVersion, metadata, status, message, reason, details, code.
+#[derive(serde::Serialize)]
+struct StatusBody<'a> {
+    kind: &'static str,
+    #[serde(rename = "apiVersion")]
+    api_version: &'static str,
+    metadata: serde_json::Map<String, Value>,
+    status: &'static str,
+    message: &'a str,
+    reason: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    details: Option<StatusDetails>,
+    code: u16,
+}
+
+/// `StatusDetails`, in kube's field order.
+#[derive(serde::Serialize)]
+struct StatusDetails {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    name: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    group: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    kind: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    uid: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    causes: Option<Vec<StatusCause>>,
+    #[serde(rename = "retryAfterSeconds", skip_serializing_if = "Option::is_none")]
+    retry_after_seconds: Option<Value>,
+}
+
+#[derive(serde::Serialize)]
+struct StatusCause {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    message: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    field: Option<Value>,
+}
+
+impl StatusDetails {
+    fn of(details: &Value) -> StatusDetails {
+        let field = |v: &Value, key: &str| v.get(key).filter(|x| !x.is_null()).cloned();
+        StatusDetails {
+            name: field(details, "name"),
+            group: field(details, "group"),
+            kind: field(details, "kind"),
+            uid: field(details, "uid"),
+            causes: details
+                .get("causes")
+                .and_then(Value::as_array)
+                .map(|causes| {
+                    causes
+                        .iter()
+                        .map(|c| StatusCause {
+                            reason: field(c, "reason"),
+                            message: field(c, "message"),
+                            field: field(c, "field"),
+                        })
+                        .collect()
+                }),
+            retry_after_seconds: field(details, "retryAfterSeconds"),
+        }
+    }
+}
+
+impl ApiError {
+    /// The body of this error's answer: its `Status` in kube-apiserver's field order, ending
+    /// in a newline as kube-apiserver's JSON encoder ends every answer.
+    pub fn status_body(&self) -> String {
+        let body = StatusBody {
+            kind: "Status",
+            api_version: "v1",
+            metadata: serde_json::Map::new(),
+            status: "Failure",
+            message: &self.message,
+            reason: self.reason,
+            details: self.details.as_ref().map(StatusDetails::of),
+            code: self.code,
+        };
+        let mut text = serde_json::to_string(&body).unwrap_or_default();
+        text.push('\n');
+        text
+    }
+}
+
 impl From<crate::storage::StoreError> for ApiError {
     fn from(e: crate::storage::StoreError) -> Self {
         ApiError::internal(e.to_string())
@@ -294,5 +383,19 @@ impl FieldError {
 impl std::fmt::Display for FieldError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}: {}", self.field, self.message_with_kind())
+    }
+}
+
+#[cfg(test)]
+mod status_body_tests {
+    #[test]
+    fn status_bodies_are_in_kube_apiservers_field_order_and_end_in_a_newline() {
+        let e = super::ApiError::not_found("", "configmaps", "x");
+        assert_eq!(
+            e.status_body(),
+            "{\"kind\":\"Status\",\"apiVersion\":\"v1\",\"metadata\":{},\"status\":\"Failure\",\"message\":\"configmaps \\\"x\\\" not found\",\"reason\":\"NotFound\",\"details\":{\"name\":\"x\",\"kind\":\"configmaps\"},\"code\":404}\n"
+        );
+        let body: serde_json::Value = serde_json::from_str(&e.status_body()).unwrap();
+        assert_eq!(body, e.to_status());
     }
 }

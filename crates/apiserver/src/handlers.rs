@@ -11,7 +11,8 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
 use crate::api::{
-    ApiState, DeleteOptions, FieldValidation, ListQuery, Part, PropagationPolicy, WriteOptions,
+    ApiState, DeleteOptions, FieldValidation, ListQuery, Part, PropagationPolicy, ScaleChange,
+    WriteOptions,
 };
 use crate::auth::{Auth, Requester, UserInfo, reviews};
 use crate::error::ApiError;
@@ -31,7 +32,10 @@ pub struct ServerState {
 }
 
 pub fn json_response(code: StatusCode, body: &Value) -> Response {
-    let mut resp = Response::new(Body::from(body.to_string()));
+    // kube-apiserver's JSON encoder ends every answer with a newline.
+    let mut text = body.to_string();
+    text.push('\n');
+    let mut resp = Response::new(Body::from(text));
     *resp.status_mut() = code;
     resp.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -44,7 +48,13 @@ pub fn json_response(code: StatusCode, body: &Value) -> Response {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let code = StatusCode::from_u16(self.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        json_response(code, &self.to_status())
+        let mut resp = Response::new(Body::from(self.status_body()));
+        *resp.status_mut() = code;
+        resp.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        resp
     }
 }
 
@@ -87,6 +97,8 @@ struct Target {
     namespace: Option<String>,
     name: Option<String>,
     part: Part,
+    /// `…/scale` of a custom resource whose CRD declares it.
+    scale: bool,
 }
 
 /// Entry point for every request.
@@ -209,10 +221,11 @@ fn resolve(
     if def.namespaced && name.is_some() && namespace.is_none() {
         return Err(ApiError::unknown_resource());
     }
-    let part = match sub {
-        None => Part::Main,
-        Some("status") if def.has_status => Part::Status,
-        Some("finalize") if def.flavor == registry::Flavor::Namespace => Part::Finalize,
+    let (part, scale) = match sub {
+        None => (Part::Main, false),
+        Some("status") if def.has_status => (Part::Status, false),
+        Some("finalize") if def.flavor == registry::Flavor::Namespace => (Part::Finalize, false),
+        Some("scale") if def.scale.is_some() => (Part::Main, true),
         Some(_) => return Err(ApiError::unknown_resource()),
     };
     Ok(Target {
@@ -220,6 +233,7 @@ fn resolve(
         namespace,
         name,
         part,
+        scale,
     })
 }
 
@@ -406,6 +420,53 @@ fn delete_options(
     })
 }
 
+/// `GET`, `PUT` or `PATCH` of a custom resource's `…/scale`.
+async fn scale_request(
+    state: &ServerState,
+    t: &Target,
+    method: &Method,
+    params: &Params,
+    headers: &HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let (api, def) = (&state.api, &t.def);
+    let ns = t.namespace.as_deref().unwrap_or("");
+    let Some(name) = t.name.as_deref() else {
+        return Err(ApiError::unknown_resource());
+    };
+    let change = match *method {
+        Method::GET => {
+            return Ok(json_response(
+                StatusCode::OK,
+                &api.get_scale(def, ns, name)?,
+            ));
+        }
+        Method::PUT => ScaleChange::Replace(parse_body(headers, &body, BODY_MEDIA_TYPES)?),
+        Method::PATCH => {
+            let content_type = headers
+                .get(header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("");
+            // JSON, merge and strategic patches of the Scale (no apply here).
+            let patch_type = PatchType::from_content_type(content_type)
+                .filter(|t| *t != PatchType::Apply)
+                .ok_or_else(|| {
+                    ApiError::unsupported_media_type(content_type, PatchType::media_types(true))
+                })?;
+            ScaleChange::Patch(patch_type, decode_json_or_yaml(content_type, &body)?)
+        }
+        _ => return Err(ApiError::method_not_allowed()),
+    };
+    let options = if *method == Method::PUT {
+        "UpdateOptions"
+    } else {
+        "PatchOptions"
+    };
+    let opts = write_options(options, params, headers)?;
+    let scale = api.update_scale(def, ns, name, change, &opts).await?;
+    Ok(json_response(StatusCode::OK, &scale))
+}
+
 /// The representation the `Accept` header asks for (406 when none can be served).
 fn representation(
     headers: &HeaderMap,
@@ -430,6 +491,9 @@ async fn resource_request(
     if t.def.flavor == registry::Flavor::Review {
         // Only created, at their collection's path (`route`).
         return Err(ApiError::method_not_allowed());
+    }
+    if t.scale {
+        return scale_request(state, &t, method, params, headers, body).await;
     }
     let api = &state.api;
     let def = &t.def;

@@ -54,6 +54,16 @@ pub struct ResourceDef {
     /// The version's openAPIV3Schema (custom resources only).
     pub schema: Option<Arc<Value>>,
     pub printer_columns: Vec<PrinterColumn>,
+    /// The scale subresource a CRD version declares (custom resources only).
+    pub scale: Option<ScalePaths>,
+}
+
+/// `subresources.scale` of a CRD version: where a Scale's numbers are in the object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScalePaths {
+    pub spec_replicas: String,
+    pub status_replicas: String,
+    pub label_selector: Option<String>,
 }
 
 impl ResourceDef {
@@ -108,6 +118,7 @@ fn builtin(group: &str, version: &str, plural: &str, kind: &str, namespaced: boo
         flavor: Flavor::Generic,
         schema: None,
         printer_columns: vec![],
+        scale: None,
     }
 }
 
@@ -487,6 +498,17 @@ pub fn discovery_entries(def: &ResourceDef) -> Vec<Value> {
         main["categories"] = json!(def.categories);
     }
     let mut out = vec![main];
+    if def.scale.is_some() {
+        out.push(json!({
+            "name": format!("{}/scale", def.plural),
+            "singularName": "",
+            "namespaced": def.namespaced,
+            "group": "autoscaling",
+            "version": "v1",
+            "kind": "Scale",
+            "verbs": ["get", "patch", "update"],
+        }));
+    }
     if def.has_status {
         out.push(json!({
             "name": format!("{}/status", def.plural),

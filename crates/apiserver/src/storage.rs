@@ -216,6 +216,30 @@ impl Store {
         self.list_page(resource, namespace, after, None)
     }
 
+    /// How many objects of `resource` (in `namespace`, or everywhere) come after `after` in
+    /// list order: a paged list's `remainingItemCount`.
+    pub fn count_after(
+        &self,
+        resource: &str,
+        namespace: Option<&str>,
+        after: (&str, &str),
+    ) -> Result<u64, StoreError> {
+        let conn = self.lock();
+        let count: i64 = match namespace {
+            Some(ns) => conn
+                .prepare_cached(
+                    "SELECT COUNT(*) FROM objects WHERE resource=?1 AND namespace=?2 AND (namespace, name) > (?3, ?4)",
+                )?
+                .query_row(params![resource, ns, after.0, after.1], |r| r.get(0))?,
+            None => conn
+                .prepare_cached(
+                    "SELECT COUNT(*) FROM objects WHERE resource=?1 AND (namespace, name) > (?2, ?3)",
+                )?
+                .query_row(params![resource, after.0, after.1], |r| r.get(0))?,
+        };
+        Ok(u64::try_from(count).unwrap_or(0))
+    }
+
     /// Like [`Self::list`], with at most `max` objects.
     pub fn list_page(
         &self,

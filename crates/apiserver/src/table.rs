@@ -2,7 +2,7 @@
 
 use serde_json::{Value, json};
 
-use crate::registry::{PrinterColumn, ResourceDef};
+use crate::registry::{Flavor, PrinterColumn, ResourceDef};
 
 /// How much of each object rows carry (`includeObject`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -185,7 +185,13 @@ fn row(
     now: i64,
 ) -> Value {
     let cells: Vec<Value> = cols.iter().map(|c| cell(c, obj, now)).collect();
-    let object = match include {
+    let _ = def;
+    json!({ "cells": cells, "object": row_object(obj, include) })
+}
+
+/// What a row carries of its object (`includeObject`).
+fn row_object(obj: &Value, include: IncludeObject) -> Value {
+    match include {
         IncludeObject::None => Value::Null,
         IncludeObject::Object => obj.clone(),
         IncludeObject::Metadata => json!({
@@ -193,9 +199,122 @@ fn row(
             "apiVersion": "meta.k8s.io/v1",
             "metadata": obj.get("metadata").cloned().unwrap_or(json!({})),
         }),
+    }
+}
+
+/// kube-apiserver's columns for Events (pkg/printers/internalversion `printEvent`): no Name or
+/// Age by default, but when last seen, and the object as `kind/name`; the rest for `-o wide`.
+const EVENT_COLUMNS: [(&str, i64); 10] = [
+    ("Last Seen", 0),
+    ("Type", 0),
+    ("Reason", 0),
+    ("Object", 0),
+    ("Subobject", 1),
+    ("Source", 1),
+    ("Message", 0),
+    ("First Seen", 1),
+    ("Count", 1),
+    ("Name", 1),
+];
+
+/// One Event's cells, from its core/v1 form or its events.k8s.io/v1 form.
+fn event_cells(event: &Value, now: i64) -> Vec<Value> {
+    let text = |path: &str| {
+        event
+            .pointer(path)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string()
     };
-    let _ = def;
-    json!({ "cells": cells, "object": object })
+    let first_of = |paths: &[&str]| {
+        paths
+            .iter()
+            .map(|p| text(p))
+            .find(|t| !t.is_empty())
+            .unwrap_or_default()
+    };
+    let since = |at: &str| match crate::meta::parse_time(at) {
+        Some(at) => human_duration(now - at),
+        None => "<unknown>".to_string(),
+    };
+    let first = first_of(&["/firstTimestamp", "/deprecatedFirstTimestamp", "/eventTime"]);
+    let series_last = text("/series/lastObservedTime");
+    let last = if series_last.is_empty() {
+        first_of(&["/lastTimestamp", "/deprecatedLastTimestamp"])
+    } else {
+        series_last
+    };
+    let last = if last.is_empty() { first.clone() } else { last };
+    let count = event
+        .pointer("/series/count")
+        .or_else(|| event.get("count"))
+        .or_else(|| event.get("deprecatedCount"))
+        .and_then(Value::as_i64)
+        .filter(|c| *c > 0)
+        .unwrap_or(1);
+    let (kind, name) = if event.get("involvedObject").is_some() {
+        (text("/involvedObject/kind"), text("/involvedObject/name"))
+    } else {
+        (text("/regarding/kind"), text("/regarding/name"))
+    };
+    let object = if name.is_empty() {
+        kind.to_lowercase()
+    } else {
+        format!("{}/{name}", kind.to_lowercase())
+    };
+    let source = {
+        let component = first_of(&[
+            "/source/component",
+            "/reportingController",
+            "/reportingComponent",
+        ]);
+        let host = first_of(&["/source/host", "/reportingInstance"]);
+        match (component.is_empty(), host.is_empty()) {
+            (true, _) => String::new(),
+            (false, true) => component,
+            (false, false) => format!("{component}, {host}"),
+        }
+    };
+    vec![
+        json!(since(&last)),
+        json!(text("/type")),
+        json!(text("/reason")),
+        json!(object),
+        json!(first_of(&[
+            "/involvedObject/fieldPath",
+            "/regarding/fieldPath"
+        ])),
+        json!(source),
+        json!(first_of(&["/message", "/note"]).trim()),
+        json!(since(&first)),
+        json!(count),
+        json!(text("/metadata/name")),
+    ]
+}
+
+fn event_table(objects: &[Value], list_meta: Value, include: IncludeObject, now: i64) -> Value {
+    let defs: Vec<Value> = EVENT_COLUMNS
+        .iter()
+        .map(|(name, priority)| {
+            let (type_, format) = match *name {
+                "Count" => ("integer", ""),
+                "Name" => ("string", "name"),
+                _ => ("string", ""),
+            };
+            json!({ "name": name, "type": type_, "format": format, "description": "", "priority": priority })
+        })
+        .collect();
+    let rows: Vec<Value> = objects
+        .iter()
+        .map(|o| json!({ "cells": event_cells(o, now), "object": row_object(o, include) }))
+        .collect();
+    json!({
+        "kind": "Table",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": list_meta,
+        "columnDefinitions": defs,
+        "rows": rows,
+    })
 }
 
 /// A Table of `objects` with the list metadata `list_meta`.
@@ -205,8 +324,11 @@ pub fn table(
     list_meta: Value,
     include: IncludeObject,
 ) -> Value {
-    let cols = columns(def);
     let now = time::OffsetDateTime::now_utc().unix_timestamp();
+    if matches!(def.flavor, Flavor::CoreEvent | Flavor::EventsV1Event) {
+        return event_table(objects, list_meta, include, now);
+    }
+    let cols = columns(def);
     let defs: Vec<Value> = cols
         .iter()
         .map(|c| {
@@ -235,6 +357,57 @@ mod tests {
         assert_eq!(human_duration(3600 * 5 + 60), "5h1m");
         assert_eq!(human_duration(86400 * 3), "3d");
         assert_eq!(human_duration(86400 * 30), "30d");
+    }
+
+    #[test]
+    fn events_print_as_kube_apiserver_prints_them() {
+        let now = crate::meta::parse_time("2026-11-26T10:00:00Z").unwrap();
+        let core = json!({
+            "metadata": {"name": "m1.17a"},
+            "involvedObject": {"kind": "Machine", "name": "m1", "fieldPath": ""},
+            "reason": "RefreshCertsDone", "type": "Normal", "message": " refreshed \n",
+            "firstTimestamp": "2026-11-26T09:00:00Z", "lastTimestamp": "2026-11-26T09:58:00Z",
+            "count": 3, "source": {"component": "caretaker"},
+        });
+        assert_eq!(
+            event_cells(&core, now),
+            [
+                json!("2m"),
+                json!("Normal"),
+                json!("RefreshCertsDone"),
+                json!("machine/m1"),
+                json!(""),
+                json!("caretaker"),
+                json!("refreshed"),
+                json!("60m"),
+                json!(3),
+                json!("m1.17a")
+            ]
+        );
+        // events.k8s.io/v1: regarding, note, a series, the reporting controller and instance.
+        let v1 = json!({
+            "metadata": {"name": "e"},
+            "regarding": {"kind": "Cluster", "name": "c1"},
+            "reason": "R", "type": "Warning", "note": "n",
+            "eventTime": "2026-11-26T09:59:00.000000Z",
+            "series": {"count": 7, "lastObservedTime": "2026-11-26T09:59:50.000000Z"},
+            "reportingController": "caretaker", "reportingInstance": "op-1",
+        });
+        let cells = event_cells(&v1, now);
+        assert_eq!(cells[0], json!("10s"));
+        assert_eq!(cells[3], json!("cluster/c1"));
+        assert_eq!(cells[5], json!("caretaker, op-1"));
+        assert_eq!(cells[7], json!("60s"));
+        assert_eq!(cells[8], json!(7));
+        let table = event_table(&[core], json!({}), IncludeObject::None, now);
+        let shown: Vec<&str> = table["columnDefinitions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| c["priority"] == 0)
+            .map(|c| c["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(shown, ["Last Seen", "Type", "Reason", "Object", "Message"]);
     }
 
     #[test]

@@ -148,6 +148,30 @@ async fn configmap_lifecycle_and_errors() {
         .collect();
     assert_eq!(unpaged.len(), 7, "{unpaged:?}");
     assert_eq!(all, unpaged);
+    // remainingItemCount: what is left after each page, as kube-apiserver counts it; not
+    // given with a selector (kube-apiserver would have to scan to count).
+    let first = cms.list(&ListParams::default().limit(3)).await.unwrap();
+    assert_eq!(first.metadata.remaining_item_count, Some(4));
+    let token = first.metadata.continue_.unwrap();
+    let second = cms
+        .list(&ListParams::default().limit(3).continue_token(&token))
+        .await
+        .unwrap();
+    assert_eq!(second.metadata.remaining_item_count, Some(1));
+    let last = cms
+        .list(
+            &ListParams::default()
+                .limit(3)
+                .continue_token(&second.metadata.continue_.unwrap()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(last.metadata.remaining_item_count, None, "nothing remains");
+    let selected = cms
+        .list(&ListParams::default().labels("app=paged").limit(2))
+        .await
+        .unwrap();
+    assert_eq!(selected.metadata.remaining_item_count, None);
     let web = cms
         .list(&ListParams::default().labels("app in (web)"))
         .await

@@ -338,6 +338,21 @@ async fn kubectl_on_builtin_kinds() {
         events.contains("Tested") && events.contains("hello from a test"),
         "{events}"
     );
+    // kube-apiserver's columns: no NAME, the object as kind/name.
+    let header: Vec<&str> = events
+        .lines()
+        .next()
+        .unwrap()
+        .split("  ")
+        .filter(|c| !c.trim().is_empty())
+        .map(str::trim)
+        .collect();
+    assert_eq!(
+        header,
+        ["LAST SEEN", "TYPE", "REASON", "OBJECT", "MESSAGE"],
+        "{events}"
+    );
+    assert!(events.contains("configmap/app"), "{events}");
     let core = k.json(&["get", "events.v1.", "app.1"]).await;
     assert_eq!(core["involvedObject"]["name"], "app");
 
@@ -732,4 +747,99 @@ spec: {size: 3}
         .replace("name: w1", "name: w2");
     let err = k.fails(&["apply", "-f", "-"], Some(&bad)).await;
     assert!(err.contains("spec.size"), "{err}");
+}
+
+/// `kubectl scale` on a custom resource whose CRD declares the scale subresource.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_scales_a_custom_resource_through_its_scale_subresource() {
+    let Some(bin) =
+        kubectl_or_skip("kubectl_scales_a_custom_resource_through_its_scale_subresource")
+    else {
+        return;
+    };
+    let server = TestServer::start().await;
+    let k = Kubectl::new(bin, &server);
+    let crd = "apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: pools.example.dev
+spec:
+  group: example.dev
+  names: {plural: pools, singular: pool, kind: Pool, listKind: PoolList}
+  scope: Namespaced
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    subresources:
+      status: {}
+      scale: {specReplicasPath: .spec.size, statusReplicasPath: .status.ready, labelSelectorPath: .status.selector}
+    schema:
+      openAPIV3Schema:
+        type: object
+        properties:
+          spec:
+            type: object
+            properties:
+              size: {type: integer}
+              flavour: {type: string}
+          status:
+            type: object
+            properties:
+              ready: {type: integer}
+              selector: {type: string}
+";
+    k.ok_with(&["apply", "-f", "-"], Some(crd)).await;
+    k.ok(&[
+        "wait",
+        "--for",
+        "condition=established",
+        "--timeout=30s",
+        "crd/pools.example.dev",
+    ])
+    .await;
+    let pool = "apiVersion: example.dev/v1\nkind: Pool\nmetadata: {name: p1}\nspec: {size: 1, flavour: blue}\n";
+    k.ok_with(&["apply", "-f", "-"], Some(pool)).await;
+    let discovery = k.ok(&["api-resources", "--api-group", "example.dev"]).await;
+    assert!(discovery.contains("pools"), "{discovery}");
+
+    let out = k.ok(&["scale", "pool/p1", "--replicas=4"]).await;
+    assert!(out.contains("pool.example.dev/p1 scaled"), "{out}");
+    let p1 = k.json(&["get", "pool", "p1"]).await;
+    assert_eq!(p1["spec"]["size"], 4);
+    assert_eq!(p1["spec"]["flavour"], "blue", "nothing else changed");
+    let scale: Value = serde_json::from_str(
+        &k.ok(&[
+            "get",
+            "--raw",
+            "/apis/example.dev/v1/namespaces/default/pools/p1/scale",
+        ])
+        .await,
+    )
+    .unwrap();
+    assert_eq!(scale["kind"], "Scale");
+    assert_eq!(scale["apiVersion"], "autoscaling/v1");
+    assert_eq!(scale["spec"]["replicas"], 4);
+    assert_eq!(scale["status"]["replicas"], 0);
+    // A patch of the Scale itself; one with a stale resourceVersion is refused with 409, one
+    // with negative replicas with 422.
+    let patch = |body: &'static str| {
+        [
+            "patch",
+            "pool",
+            "p1",
+            "--subresource=scale",
+            "--type=merge",
+            "-p",
+            body,
+        ]
+    };
+    k.ok(&patch(r#"{"spec":{"replicas":6}}"#)).await;
+    assert_eq!(k.json(&["get", "pool", "p1"]).await["spec"]["size"], 6);
+    let stale = r#"{"metadata":{"resourceVersion":"1"},"spec":{"replicas":2}}"#;
+    let err = k.fails(&patch(stale), None).await;
+    assert!(err.contains("the object has been modified"), "{err}");
+    let err = k.fails(&patch(r#"{"spec":{"replicas":-1}}"#), None).await;
+    assert!(err.contains("spec.replicas"), "{err}");
+    assert_eq!(k.json(&["get", "pool", "p1"]).await["spec"]["size"], 6);
 }

@@ -16,6 +16,7 @@ mod delete;
 mod options;
 mod prepare;
 mod read;
+mod scale;
 mod update;
 mod validate;
 mod write;
@@ -33,6 +34,7 @@ use crate::storage::{ObjectKey, Store, WriteError};
 pub use options::{
     DeleteOptions, FieldValidation, ListQuery, Part, PropagationPolicy, WriteOptions,
 };
+pub use scale::ScaleChange;
 
 /// Everything the verbs need: storage, the served resources and admission.
 pub struct ApiState {

@@ -76,7 +76,13 @@ impl ApiState {
                 meta::namespace_of(last),
                 name_of(last)
             ));
-            if !selective && fetch.is_none() {
+            // As kube-apiserver: counted only when no selector makes counting cost a scan.
+            if !selective {
+                let remaining = self.store.count_after(
+                    &def.storage_key,
+                    namespace,
+                    (meta::namespace_of(last), name_of(last)),
+                )?;
                 metadata["remainingItemCount"] = json!(remaining);
             }
         }
