@@ -7,14 +7,17 @@ use std::sync::Arc;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
+use kube::core::PartialObjectMeta;
 use kube::runtime::{WatchStreamExt, watcher};
 
 use crate::context::Context;
 use crate::credentials::cluster_of_ca_secret;
 
 /// Watches `secrets` until the stream ends. Every Secret is looked at, not only those with
-/// Cluster API's labels: a CA Secret written by hand must not be missed.
-pub async fn run(ctx: Arc<Context>, secrets: Api<Secret>) {
+/// Cluster API's labels: a CA Secret written by hand must not be missed. Only names matter
+/// here, so the watch is of metadata: no Secret's data crosses the wire for it (a CA rotation
+/// over 10,000 certificates writes each of their Secrets).
+pub async fn run(ctx: Arc<Context>, secrets: Api<PartialObjectMeta<Secret>>) {
     let events = watcher(secrets, watcher::Config::default()).default_backoff();
     futures::pin_mut!(events);
     while let Some(event) = events.next().await {
@@ -31,7 +34,7 @@ pub async fn run(ctx: Arc<Context>, secrets: Api<Secret>) {
     }
 }
 
-async fn forget_if_ca(ctx: &Context, secret: &Secret) {
+async fn forget_if_ca(ctx: &Context, secret: &PartialObjectMeta<Secret>) {
     let (Some(namespace), Some(name)) = (&secret.metadata.namespace, &secret.metadata.name) else {
         return;
     };
