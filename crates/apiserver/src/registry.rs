@@ -24,6 +24,10 @@ pub enum Flavor {
     CustomResource,
     /// A review of `authorization.k8s.io`: created, answered, never stored.
     Review,
+    /// core/v1 Service: a `clusterIP` is allocated, as kube-apiserver allocates one.
+    Service,
+    /// core/v1 Pod: the defaults clients notice (`restartPolicy`, `dnsPolicy`, …).
+    Pod,
 }
 
 /// An `additionalPrinterColumns` entry (also used for built-in kinds' table columns).
@@ -84,7 +88,20 @@ impl ResourceDef {
         matches!(
             self.flavor,
             Flavor::CustomResource | Flavor::CustomResourceDefinition | Flavor::Namespace
-        ) || self.plural == "apiservices"
+        ) || matches!(
+            self.plural.as_str(),
+            "apiservices"
+                | "deployments"
+                | "replicasets"
+                | "statefulsets"
+                | "daemonsets"
+                | "replicationcontrollers"
+                | "jobs"
+                | "cronjobs"
+                | "poddisruptionbudgets"
+                | "networkpolicies"
+                | "ingresses"
+        )
     }
 
     /// A stored object as served at this group/version (conversion `None`, Events converted).
@@ -141,6 +158,17 @@ impl ResourceDef {
 
     fn columns(mut self, columns: Vec<PrinterColumn>) -> Self {
         self.printer_columns = columns;
+        self
+    }
+
+    /// A `scale` subresource over `.spec.replicas`, `.status.replicas` and `.spec.selector`,
+    /// as kube-apiserver serves it for the workload kinds.
+    fn scalable(mut self) -> Self {
+        self.scale = Some(ScalePaths {
+            spec_replicas: ".spec.replicas".into(),
+            status_replicas: ".status.replicas".into(),
+            label_selector: Some(".spec.selector".into()),
+        });
         self
     }
 
@@ -219,6 +247,7 @@ fn builtins() -> Vec<ResourceDef> {
         builtin("", "v1", "services", "Service", NAMESPACED)
             .short_names(&["svc"])
             .with_status()
+            .flavor(Flavor::Service)
             .columns(vec![
                 column("Type", "string", ".spec.type"),
                 column("Cluster-IP", "string", ".spec.clusterIP"),
@@ -226,10 +255,141 @@ fn builtins() -> Vec<ResourceDef> {
         builtin("apps", "v1", "deployments", "Deployment", NAMESPACED)
             .short_names(&["deploy"])
             .with_status()
+            .scalable()
             .columns(vec![
                 column("Up-to-date", "integer", ".status.updatedReplicas"),
                 column("Available", "integer", ".status.availableReplicas"),
             ]),
+        // More workload and policy kinds clients' end-to-end suites create: stored with their
+        // status (and scale) subresources; nothing runs them.
+        builtin("", "v1", "pods", "Pod", NAMESPACED)
+            .short_names(&["po"])
+            .with_status()
+            .flavor(Flavor::Pod)
+            .columns(vec![
+                column("Status", "string", ".status.phase"),
+                column("Node", "string", ".spec.nodeName"),
+            ]),
+        builtin(
+            "",
+            "v1",
+            "replicationcontrollers",
+            "ReplicationController",
+            NAMESPACED,
+        )
+        .short_names(&["rc"])
+        .with_status()
+        .scalable()
+        .columns(vec![
+            column("Desired", "integer", ".spec.replicas"),
+            column("Current", "integer", ".status.replicas"),
+            column("Ready", "integer", ".status.readyReplicas"),
+        ]),
+        builtin(
+            "",
+            "v1",
+            "persistentvolumeclaims",
+            "PersistentVolumeClaim",
+            NAMESPACED,
+        )
+        .short_names(&["pvc"])
+        .with_status()
+        .columns(vec![
+            column("Status", "string", ".status.phase"),
+            column("Volume", "string", ".spec.volumeName"),
+            column("Capacity", "string", ".status.capacity.storage"),
+            column("Access Modes", "string", ".spec.accessModes"),
+            column("StorageClass", "string", ".spec.storageClassName"),
+        ]),
+        builtin("apps", "v1", "replicasets", "ReplicaSet", NAMESPACED)
+            .short_names(&["rs"])
+            .with_status()
+            .scalable()
+            .columns(vec![
+                column("Desired", "integer", ".spec.replicas"),
+                column("Current", "integer", ".status.replicas"),
+                column("Ready", "integer", ".status.readyReplicas"),
+            ]),
+        builtin("apps", "v1", "statefulsets", "StatefulSet", NAMESPACED)
+            .short_names(&["sts"])
+            .with_status()
+            .scalable()
+            .columns(vec![
+                column("Replicas", "integer", ".spec.replicas"),
+                column("Ready", "integer", ".status.readyReplicas"),
+            ]),
+        builtin("apps", "v1", "daemonsets", "DaemonSet", NAMESPACED)
+            .short_names(&["ds"])
+            .with_status()
+            .columns(vec![
+                column("Desired", "integer", ".status.desiredNumberScheduled"),
+                column("Current", "integer", ".status.currentNumberScheduled"),
+                column("Ready", "integer", ".status.numberReady"),
+                column("Up-to-date", "integer", ".status.updatedNumberScheduled"),
+                column("Available", "integer", ".status.numberAvailable"),
+            ]),
+        builtin("batch", "v1", "jobs", "Job", NAMESPACED)
+            .with_status()
+            .columns(vec![
+                column("Completions", "integer", ".spec.completions"),
+                column("Succeeded", "integer", ".status.succeeded"),
+            ]),
+        builtin("batch", "v1", "cronjobs", "CronJob", NAMESPACED)
+            .short_names(&["cj"])
+            .with_status()
+            .columns(vec![
+                column("Schedule", "string", ".spec.schedule"),
+                column("Suspend", "string", ".spec.suspend"),
+                column("Last Schedule", "date", ".status.lastScheduleTime"),
+            ]),
+        builtin(
+            "networking.k8s.io",
+            "v1",
+            "ingresses",
+            "Ingress",
+            NAMESPACED,
+        )
+        .short_names(&["ing"])
+        .with_status()
+        .columns(vec![
+            column("Class", "string", ".spec.ingressClassName"),
+            column("Hosts", "string", ".spec.rules[*].host"),
+            column("Address", "string", ".status.loadBalancer.ingress[*].ip"),
+        ]),
+        builtin(
+            "networking.k8s.io",
+            "v1",
+            "networkpolicies",
+            "NetworkPolicy",
+            NAMESPACED,
+        )
+        .short_names(&["netpol"]),
+        builtin(
+            "policy",
+            "v1",
+            "poddisruptionbudgets",
+            "PodDisruptionBudget",
+            NAMESPACED,
+        )
+        .short_names(&["pdb"])
+        .with_status()
+        .columns(vec![
+            column("Min Available", "string", ".spec.minAvailable"),
+            column("Max Unavailable", "string", ".spec.maxUnavailable"),
+            column(
+                "Allowed Disruptions",
+                "integer",
+                ".status.disruptionsAllowed",
+            ),
+        ]),
+        builtin(
+            "certificates.k8s.io",
+            "v1beta1",
+            "clustertrustbundles",
+            "ClusterTrustBundle",
+            CLUSTER,
+        )
+        .columns(vec![column("SignerName", "string", ".spec.signerName")]),
         builtin(rbac, "v1", "clusterroles", "ClusterRole", CLUSTER),
         builtin(
             rbac,

@@ -843,3 +843,149 @@ spec:
     assert!(err.contains("spec.replicas"), "{err}");
     assert_eq!(k.json(&["get", "pool", "p1"]).await["spec"]["size"], 6);
 }
+
+/// The workload and policy kinds clients' end-to-end suites create: stored, with their
+/// defaults, status and scale subresources and columns (nothing runs them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_on_the_workload_kinds() {
+    let Some(bin) = kubectl_or_skip("kubectl_on_the_workload_kinds") else {
+        return;
+    };
+    let server = TestServer::start().await;
+    let k = Kubectl::new(bin, &server);
+    let objects = "apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  selector: {app: web}
+  ports: [{port: 80}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: web-0, labels: {app: web}}
+spec:
+  containers: [{name: web, image: nginx}]
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web}
+spec:
+  replicas: 2
+  selector: {matchLabels: {app: web}}
+  template:
+    metadata: {labels: {app: web}}
+    spec: {containers: [{name: web, image: nginx:1.27}]}
+---
+apiVersion: apps/v1
+kind: StatefulSet
+metadata: {name: db}
+spec:
+  replicas: 1
+  serviceName: db
+  selector: {matchLabels: {app: db}}
+  template:
+    metadata: {labels: {app: db}}
+    spec: {containers: [{name: db, image: postgres:17}]}
+---
+apiVersion: batch/v1
+kind: CronJob
+metadata: {name: nightly}
+spec:
+  schedule: '0 3 * * *'
+  jobTemplate: {spec: {template: {spec: {restartPolicy: Never, containers: [{name: j, image: busybox}]}}}}
+---
+apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata: {name: web}
+spec: {minAvailable: 1, selector: {matchLabels: {app: web}}}
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: deny}
+spec: {podSelector: {}}
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: data}
+spec: {accessModes: [ReadWriteOnce], resources: {requests: {storage: 1Gi}}}
+";
+    let created = k.ok_with(&["apply", "-f", "-"], Some(objects)).await;
+    assert_eq!(created.matches(" created").count(), 8, "{created}");
+
+    // Defaults a client notices.
+    let service = k.json(&["get", "service", "web"]).await;
+    let ip = service["spec"]["clusterIP"].as_str().unwrap().to_string();
+    assert!(ip.starts_with("10.9") || ip.starts_with("10.1"), "{ip}");
+    assert_eq!(service["spec"]["clusterIPs"], json!([ip]));
+    assert_eq!(service["spec"]["type"], "ClusterIP");
+    k.ok(&["label", "service", "web", "tier=front"]).await;
+    assert_eq!(
+        k.json(&["get", "service", "web"]).await["spec"]["clusterIP"],
+        ip.as_str(),
+        "an update keeps the address"
+    );
+    let pod = k.json(&["get", "pod", "web-0"]).await;
+    assert_eq!(pod["spec"]["restartPolicy"], "Always");
+    assert_eq!(pod["spec"]["containers"][0]["imagePullPolicy"], "Always");
+    assert_eq!(pod["status"]["phase"], "Pending");
+
+    // Status and scale subresources.
+    k.ok(&[
+        "patch",
+        "deployment",
+        "web",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        r#"{"status":{"replicas":2,"updatedReplicas":2,"availableReplicas":1}}"#,
+    ])
+    .await;
+    let table = k.ok(&["get", "deployments"]).await;
+    assert!(table.starts_with("NAME"), "{table}");
+    assert!(
+        table.contains("UP-TO-DATE") && table.contains("AVAILABLE"),
+        "{table}"
+    );
+    assert!(
+        k.ok(&["scale", "deployment/web", "--replicas=5"])
+            .await
+            .contains("scaled")
+    );
+    let deployment = k.json(&["get", "deployment", "web"]).await;
+    assert_eq!(deployment["spec"]["replicas"], 5);
+    assert_eq!(
+        deployment["status"]["availableReplicas"], 1,
+        "the status stays"
+    );
+    assert_eq!(
+        deployment["metadata"]["generation"], 2,
+        "a spec change bumps the generation"
+    );
+    let scale: Value = serde_json::from_str(
+        &k.ok(&[
+            "get",
+            "--raw",
+            "/apis/apps/v1/namespaces/default/deployments/web/scale",
+        ])
+        .await,
+    )
+    .unwrap();
+    assert_eq!(scale["status"]["selector"], "app=web");
+    assert!(
+        k.ok(&["scale", "statefulset/db", "--replicas=3"])
+            .await
+            .contains("scaled")
+    );
+
+    // Columns, and every kind listed by its short name.
+    let cronjobs = k.ok(&["get", "cj"]).await;
+    assert!(
+        cronjobs.contains("SCHEDULE") && cronjobs.contains("0 3 * * *"),
+        "{cronjobs}"
+    );
+    let pdbs = k.ok(&["get", "pdb"]).await;
+    assert!(pdbs.contains("MIN AVAILABLE"), "{pdbs}");
+    for short in ["po", "svc", "deploy", "sts", "cj", "pdb", "netpol", "pvc"] {
+        k.ok(&["get", short]).await;
+    }
+}

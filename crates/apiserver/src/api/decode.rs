@@ -25,8 +25,25 @@ fn known_builtin_field(def: &ResourceDef, field: &str) -> Option<bool> {
         (Flavor::Generic, "validatingwebhookconfigurations" | "mutatingwebhookconfigurations") => {
             &["webhooks"]
         }
-        (Flavor::CustomResourceDefinition, _)
-        | (Flavor::Generic, "apiservices" | "services" | "deployments") => &["spec", "status"],
+        (Flavor::CustomResourceDefinition, _) | (Flavor::Service | Flavor::Pod, _) => {
+            &["spec", "status"]
+        }
+        (
+            Flavor::Generic,
+            "apiservices"
+            | "deployments"
+            | "replicationcontrollers"
+            | "persistentvolumeclaims"
+            | "replicasets"
+            | "statefulsets"
+            | "daemonsets"
+            | "jobs"
+            | "cronjobs"
+            | "ingresses"
+            | "networkpolicies"
+            | "poddisruptionbudgets"
+            | "clustertrustbundles",
+        ) => &["spec", "status"],
         (Flavor::Generic, "serviceaccounts") => &[
             "secrets",
             "imagePullSecrets",

@@ -75,6 +75,8 @@ impl ApiState {
                     labels["kubernetes.io/metadata.name"] = json!(name);
                 }
             }
+            Flavor::Service => self.default_service(obj, old)?,
+            Flavor::Pod if old.is_none() => default_pod(obj),
             Flavor::CustomResourceDefinition => {
                 let name = name_of(obj).to_string();
                 let group = obj
@@ -93,6 +95,76 @@ impl ApiState {
             _ => {}
         }
         Ok(())
+    }
+
+    /// A Service's defaults: `type: ClusterIP`, `sessionAffinity: None`, and a `clusterIP`
+    /// (with `clusterIPs`) from 10.96.0.0/12 unless it is headless (`None`) or an
+    /// ExternalName. An update keeps the address, which is immutable.
+    fn default_service(&self, obj: &mut Value, old: Option<&Value>) -> Result<(), ApiError> {
+        if !obj.get("spec").is_some_and(Value::is_object) {
+            obj["spec"] = json!({});
+        }
+        let spec = &mut obj["spec"];
+        if spec.get("type").is_none_or(Value::is_null) {
+            spec["type"] = json!("ClusterIP");
+        }
+        if spec.get("sessionAffinity").is_none_or(Value::is_null) {
+            spec["sessionAffinity"] = json!("None");
+        }
+        if spec["type"] == "ExternalName" {
+            return Ok(());
+        }
+        let given = spec
+            .get("clusterIP")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string();
+        let kept = old
+            .and_then(|o| o.pointer("/spec/clusterIP"))
+            .and_then(Value::as_str);
+        let ip = match (given.as_str(), kept) {
+            ("", Some(kept)) => kept.to_string(),
+            (given, Some(kept)) if given != kept => {
+                return Err(ApiError::invalid(
+                    "",
+                    "Service",
+                    name_of(obj),
+                    &[crate::error::FieldError::new(
+                        "spec.clusterIP",
+                        crate::error::FieldErrorKind::Invalid,
+                        format!("Invalid value: {given:?}: field is immutable"),
+                    )],
+                ));
+            }
+            ("", None) => self.free_cluster_ip(obj)?,
+            (given, _) => given.to_string(),
+        };
+        obj["spec"]["clusterIP"] = json!(ip);
+        obj["spec"]["clusterIPs"] = json!([ip]);
+        Ok(())
+    }
+
+    /// An address of 10.96.0.0/12 no Service has: the first free one from a hash of the
+    /// Service's namespace and name (10.96.0.1 is the `kubernetes` Service's in a cluster).
+    fn free_cluster_ip(&self, obj: &Value) -> Result<String, ApiError> {
+        let (services, _) = self.store.list("/services", None, None)?;
+        let taken: std::collections::HashSet<&str> = services
+            .iter()
+            .filter_map(|s| s.pointer("/spec/clusterIP").and_then(Value::as_str))
+            .collect();
+        let seed = format!("{}/{}", meta::namespace_of(obj), name_of(obj))
+            .bytes()
+            .fold(0u32, |h, b| h.wrapping_mul(31).wrapping_add(u32::from(b)));
+        const HOSTS: u32 = 1 << 20;
+        let base = u32::from(std::net::Ipv4Addr::new(10, 96, 0, 0));
+        for step in 0..HOSTS {
+            let host = (seed.wrapping_add(step) % (HOSTS - 2)) + 2;
+            let ip = std::net::Ipv4Addr::from(base + host).to_string();
+            if !taken.contains(ip.as_str()) {
+                return Ok(ip);
+            }
+        }
+        Err(ApiError::internal("no free cluster IP in 10.96.0.0/12"))
     }
 
     /// Sets server-owned metadata: on create from scratch, on update carried over from `old`.
@@ -150,4 +222,83 @@ fn spec_like(obj: &Value) -> Value {
         m.remove("status");
     }
     o
+}
+
+/// A new Pod's defaults, those clients notice: the Pod's `restartPolicy`, `dnsPolicy`,
+/// `schedulerName` and `terminationGracePeriodSeconds`, each container's `imagePullPolicy`
+/// (`Always` for `:latest` or no tag) and termination message settings, and `Pending`.
+fn default_pod(obj: &mut Value) {
+    if !obj.get("spec").is_some_and(Value::is_object) {
+        obj["spec"] = json!({});
+    }
+    let spec = &mut obj["spec"];
+    for (field, value) in [
+        ("restartPolicy", json!("Always")),
+        ("dnsPolicy", json!("ClusterFirst")),
+        ("schedulerName", json!("default-scheduler")),
+        ("terminationGracePeriodSeconds", json!(30)),
+        ("securityContext", json!({})),
+    ] {
+        if spec.get(field).is_none_or(Value::is_null) {
+            spec[field] = value;
+        }
+    }
+    for list in ["initContainers", "containers"] {
+        for container in spec
+            .get_mut(list)
+            .and_then(Value::as_array_mut)
+            .into_iter()
+            .flatten()
+        {
+            let image = container["image"].as_str().unwrap_or_default();
+            let tag = image.rsplit('/').next().unwrap_or_default();
+            let latest =
+                !image.contains('@') && tag.split_once(':').is_none_or(|(_, tag)| tag == "latest");
+            let pull = if latest { "Always" } else { "IfNotPresent" };
+            for (field, value) in [
+                ("imagePullPolicy", json!(pull)),
+                ("terminationMessagePath", json!("/dev/termination-log")),
+                ("terminationMessagePolicy", json!("File")),
+            ] {
+                if container.get(field).is_none_or(Value::is_null) {
+                    container[field] = value;
+                }
+            }
+        }
+    }
+    if obj.get("status").is_none_or(|s| !s.is_object()) {
+        obj["status"] = json!({});
+    }
+    if obj["status"].get("phase").is_none() {
+        obj["status"]["phase"] = json!("Pending");
+    }
+}
+
+#[cfg(test)]
+mod pod_tests {
+    use super::*;
+
+    #[test]
+    fn a_new_pod_gets_the_defaults_clients_notice() {
+        let mut pod = json!({"spec": {"containers": [
+            {"name": "a", "image": "nginx"},
+            {"name": "b", "image": "registry.local:5000/app:1.2"},
+            {"name": "c", "image": "app:latest", "imagePullPolicy": "Never"},
+        ], "restartPolicy": "OnFailure"}});
+        default_pod(&mut pod);
+        assert_eq!(
+            pod["spec"]["restartPolicy"], "OnFailure",
+            "given values stay"
+        );
+        assert_eq!(pod["spec"]["dnsPolicy"], "ClusterFirst");
+        assert_eq!(pod["spec"]["terminationGracePeriodSeconds"], 30);
+        let pulls: Vec<&str> = pod["spec"]["containers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["imagePullPolicy"].as_str().unwrap())
+            .collect();
+        assert_eq!(pulls, ["Always", "IfNotPresent", "Never"]);
+        assert_eq!(pod["status"]["phase"], "Pending");
+    }
 }

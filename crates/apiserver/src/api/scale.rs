@@ -40,12 +40,11 @@ fn scale_of(def: &ResourceDef, paths: &ScalePaths, object: &Value) -> Value {
             .unwrap_or(0)
     };
     let mut status = json!({ "replicas": replicas(&paths.status_replicas) });
-    if let Some(selector) = paths.label_selector.as_deref().and_then(|p| {
-        json_path(object, p)
-            .first()
-            .and_then(|v| v.as_str())
-            .map(String::from)
-    }) {
+    if let Some(selector) = paths
+        .label_selector
+        .as_deref()
+        .and_then(|p| json_path(object, p).first().and_then(|v| selector_text(v)))
+    {
         status["selector"] = json!(selector);
     }
     let meta = |key: &str| object.pointer(&format!("/metadata/{key}")).cloned();
@@ -69,6 +68,47 @@ fn scale_of(def: &ResourceDef, paths: &ScalePaths, object: &Value) -> Value {
         "spec": { "replicas": replicas(&paths.spec_replicas) },
         "status": status,
     })
+}
+
+/// A selector as a Scale's `status.selector` writes it: a custom resource's string as it is;
+/// a workload's `LabelSelector` (or a ReplicationController's map) in label-selector syntax.
+fn selector_text(selector: &Value) -> Option<String> {
+    if let Some(text) = selector.as_str() {
+        return Some(text.to_string());
+    }
+    let object = selector.as_object()?;
+    let labels = match object.get("matchLabels") {
+        Some(Value::Object(labels)) => Some(labels),
+        Some(_) => None,
+        None if !object.contains_key("matchExpressions") => Some(object),
+        None => None,
+    };
+    let mut parts: Vec<String> = labels
+        .into_iter()
+        .flatten()
+        .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
+        .collect();
+    for e in object
+        .get("matchExpressions")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let key = e["key"].as_str().unwrap_or_default();
+        let values: Vec<&str> = e["values"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
+        parts.push(match e["operator"].as_str().unwrap_or_default() {
+            "In" => format!("{key} in ({})", values.join(",")),
+            "NotIn" => format!("{key} notin ({})", values.join(",")),
+            "Exists" => key.to_string(),
+            _ => format!("!{key}"),
+        });
+    }
+    Some(parts.join(","))
 }
 
 fn paths_of(def: &ResourceDef) -> Result<&ScalePaths, ApiError> {
@@ -168,6 +208,19 @@ fn set_at(object: &mut Value, pointer: &str, value: Value) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn selectors_are_written_as_label_selectors() {
+        assert_eq!(selector_text(&json!("app=x")).unwrap(), "app=x");
+        assert_eq!(
+            selector_text(&json!({"matchLabels": {"app": "web", "tier": "a"},
+                "matchExpressions": [{"key": "env", "operator": "In", "values": ["prod", "qa"]},
+                                     {"key": "canary", "operator": "DoesNotExist"}]}))
+            .unwrap(),
+            "app=web,tier=a,env in (prod,qa),!canary"
+        );
+        assert_eq!(selector_text(&json!({"app": "rc"})).unwrap(), "app=rc");
+    }
 
     #[test]
     fn replicas_are_set_where_the_crd_says_making_the_way() {
