@@ -16,6 +16,7 @@ mod admission;
 mod api;
 mod apply;
 mod auth;
+mod builtin_schemas;
 mod controllers;
 mod crd;
 mod discovery;

@@ -128,12 +128,18 @@ pub fn v3_group_version(
     let mut schemas = Map::new();
     let query = |name: &str| json!({ "name": name, "in": "query", "schema": { "type": "string", "uniqueItems": true } });
     for def in &defs {
+        // A built-in kind's schema comes from k8s-openapi, with every schema it refers to;
+        // a custom resource's is its CRD's.
+        let builtin = (def.flavor != crate::registry::Flavor::CustomResource)
+            .then(|| crate::builtin_schemas::of(&def.group, &def.version, &def.kind))
+            .flatten();
+        let name = builtin.map_or_else(|| definition_name(def), |b| b.name.clone());
         let item = if def.namespaced {
             format!("{prefix}/namespaces/{{namespace}}/{}/{{name}}", def.plural)
         } else {
             format!("{prefix}/{}/{{name}}", def.plural)
         };
-        let reference = json!({ "$ref": format!("#/components/schemas/{}", definition_name(def)) });
+        let reference = json!({ "$ref": format!("#/components/schemas/{name}") });
         let ok = json!({ "200": { "description": "OK", "content": { "application/json": { "schema": reference } } } });
         let operation = |id: &str, params: Vec<Value>| {
             json!({
@@ -153,6 +159,17 @@ pub fn v3_group_version(
                 "delete": operation("delete", vec![query("dryRun"), query("propagationPolicy")]),
             }),
         );
+        if let Some(builtin) = builtin {
+            for (definition, schema) in &builtin.definitions {
+                schemas
+                    .entry(definition.clone())
+                    .or_insert_with(|| schema.clone());
+            }
+            if let Some(own) = schemas.get_mut(&name) {
+                own["x-kubernetes-group-version-kind"] = json!([gvk(def)]);
+            }
+            continue;
+        }
         let mut schema = def.schema.as_deref().cloned().unwrap_or_else(
             || json!({ "type": "object", "x-kubernetes-preserve-unknown-fields": true }),
         );
@@ -163,7 +180,7 @@ pub fn v3_group_version(
                 json!({ "description": "Standard object's metadata.", "type": "object", "x-kubernetes-preserve-unknown-fields": true }),
             );
         }
-        schemas.insert(definition_name(def), schema);
+        schemas.insert(name, schema);
     }
     Ok(
         json!({ "openapi": "3.0.0", "info": info(), "paths": paths, "components": { "schemas": schemas } }),

@@ -989,3 +989,25 @@ spec: {accessModes: [ReadWriteOnce], resources: {requests: {storage: 1Gi}}}
         k.ok(&["get", short]).await;
     }
 }
+
+/// `kubectl explain` of built-in kinds reads k8s-openapi's schemas, documentation included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_explains_built_in_kinds() {
+    let Some(bin) = kubectl_or_skip("kubectl_explains_built_in_kinds") else {
+        return;
+    };
+    let server = TestServer::start().await;
+    let k = Kubectl::new(bin, &server);
+    let restart = k.ok(&["explain", "pods.spec.restartPolicy"]).await;
+    assert!(
+        restart.contains("Restart policy for all containers"),
+        "{restart}"
+    );
+    let deployment = k.ok(&["explain", "deployment.spec"]).await;
+    assert!(
+        deployment.contains("replicas") && deployment.contains("<integer>"),
+        "{deployment}"
+    );
+    let data = k.ok(&["explain", "configmaps.data"]).await;
+    assert!(data.contains("map[string]string"), "{data}");
+}
