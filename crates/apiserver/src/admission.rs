@@ -566,39 +566,9 @@ fn rules_match(hook: &Value, req: &Request<'_>) -> bool {
         })
 }
 
-/// A metav1.LabelSelector (matchLabels, matchExpressions) in selector syntax.
+/// A metav1.LabelSelector (matchLabels, matchExpressions) as a selector.
 fn selector(v: Option<&Value>) -> Option<LabelSelector> {
-    let v = v?;
-    let mut parts = Vec::new();
-    for (k, val) in v
-        .get("matchLabels")
-        .and_then(Value::as_object)
-        .into_iter()
-        .flatten()
-    {
-        parts.push(format!("{k}={}", val.as_str().unwrap_or("")));
-    }
-    for e in v
-        .get("matchExpressions")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-    {
-        let key = e["key"].as_str().unwrap_or("");
-        let values: Vec<&str> = e["values"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(Value::as_str)
-            .collect();
-        parts.push(match e["operator"].as_str().unwrap_or("") {
-            "In" => format!("{key} in ({})", values.join(",")),
-            "NotIn" => format!("{key} notin ({})", values.join(",")),
-            "Exists" => key.to_string(),
-            _ => format!("!{key}"),
-        });
-    }
-    LabelSelector::parse(&parts.join(",")).ok()
+    LabelSelector::parse(&crate::selectors::label_selector_text(v?)).ok()
 }
 
 fn selectors_match(store: &Store, hook: &Value, req: &Request<'_>) -> Result<bool, ApiError> {

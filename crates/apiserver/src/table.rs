@@ -308,11 +308,15 @@ fn event_table(objects: &[Value], list_meta: Value, include: IncludeObject, now:
         .iter()
         .map(|o| json!({ "cells": event_cells(o, now), "object": row_object(o, include) }))
         .collect();
+    envelope(list_meta, defs, rows)
+}
+
+fn envelope(list_meta: Value, column_definitions: Vec<Value>, rows: Vec<Value>) -> Value {
     json!({
         "kind": "Table",
         "apiVersion": "meta.k8s.io/v1",
         "metadata": list_meta,
-        "columnDefinitions": defs,
+        "columnDefinitions": column_definitions,
         "rows": rows,
     })
 }
@@ -337,13 +341,11 @@ pub fn table(
             json!({ "name": c.name, "type": type_, "format": format, "description": c.description, "priority": c.priority })
         })
         .collect();
-    json!({
-        "kind": "Table",
-        "apiVersion": "meta.k8s.io/v1",
-        "metadata": list_meta,
-        "columnDefinitions": defs,
-        "rows": objects.iter().map(|o| row(def, &cols, o, include, now)).collect::<Vec<_>>(),
-    })
+    let rows = objects
+        .iter()
+        .map(|o| row(def, &cols, o, include, now))
+        .collect();
+    envelope(list_meta, defs, rows)
 }
 
 #[cfg(test)]

@@ -77,38 +77,15 @@ fn selector_text(selector: &Value) -> Option<String> {
         return Some(text.to_string());
     }
     let object = selector.as_object()?;
-    let labels = match object.get("matchLabels") {
-        Some(Value::Object(labels)) => Some(labels),
-        Some(_) => None,
-        None if !object.contains_key("matchExpressions") => Some(object),
-        None => None,
-    };
-    let mut parts: Vec<String> = labels
-        .into_iter()
-        .flatten()
+    if object.contains_key("matchLabels") || object.contains_key("matchExpressions") {
+        return Some(crate::selectors::label_selector_text(selector));
+    }
+    // A ReplicationController's selector: a plain map of labels.
+    let labels: Vec<String> = object
+        .iter()
         .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
         .collect();
-    for e in object
-        .get("matchExpressions")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-    {
-        let key = e["key"].as_str().unwrap_or_default();
-        let values: Vec<&str> = e["values"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(Value::as_str)
-            .collect();
-        parts.push(match e["operator"].as_str().unwrap_or_default() {
-            "In" => format!("{key} in ({})", values.join(",")),
-            "NotIn" => format!("{key} notin ({})", values.join(",")),
-            "Exists" => key.to_string(),
-            _ => format!("!{key}"),
-        });
-    }
-    Some(parts.join(","))
+    Some(labels.join(","))
 }
 
 fn paths_of(def: &ResourceDef) -> Result<&ScalePaths, ApiError> {
