@@ -23,6 +23,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
 use serde_json::{Value, json};
 
+use crate::auth::UserInfo;
 use crate::error::ApiError;
 use crate::registry::ResourceDef;
 use crate::selectors::LabelSelector;
@@ -54,6 +55,7 @@ pub struct Request<'a> {
     object: &'a Value,
     old: Option<&'a Value>,
     dry_run: bool,
+    user: Option<&'a UserInfo>,
 }
 
 impl<'a> Request<'a> {
@@ -76,7 +78,14 @@ impl<'a> Request<'a> {
             object,
             old,
             dry_run,
+            user: None,
         }
+    }
+
+    /// The request is `user`'s (`userInfo` in the review).
+    pub fn by(mut self, user: Option<&'a UserInfo>) -> Self {
+        self.user = user;
+        self
     }
 
     /// The first DELETE of `old`.
@@ -88,6 +97,7 @@ impl<'a> Request<'a> {
             object: old,
             old: Some(old),
             dry_run,
+            user: None,
         }
     }
 }
@@ -609,7 +619,10 @@ fn review(req: &Request<'_>) -> Value {
         "requestResource": gvr,
         "name": crate::meta::name_of(req.object),
         "operation": req.operation.as_str(),
-        "userInfo": { "username": "system:anonymous", "groups": ["system:unauthenticated"] },
+        "userInfo": match req.user {
+            Some(user) => json!({ "username": user.name, "groups": user.groups }),
+            None => json!({ "username": "system:anonymous", "groups": ["system:unauthenticated"] }),
+        },
         "object": if req.operation == Operation::Delete { Value::Null } else { def.served(req.object) },
         "oldObject": req.old.map(|o| def.served(o)),
         "dryRun": req.dry_run,

@@ -14,7 +14,7 @@ use crate::api::{
     ApiState, DeleteOptions, FieldValidation, ListQuery, Part, PropagationPolicy, ScaleChange,
     WriteOptions,
 };
-use crate::auth::{Auth, Requester, UserInfo, reviews};
+use crate::auth::{Auth, Authorization, Requester, UserInfo, reviews};
 use crate::error::ApiError;
 use crate::media::{self, BODY_MEDIA_TYPES, JSON_OR_YAML, PROTOBUF};
 use crate::patch::PatchType;
@@ -118,7 +118,7 @@ pub async fn dispatch(
 
 async fn route(
     state: &ServerState,
-    user: &UserInfo,
+    user: &Arc<UserInfo>,
     method: &Method,
     uri: &Uri,
     headers: &HeaderMap,
@@ -181,10 +181,15 @@ async fn route(
             Ok(json_response(StatusCode::CREATED, &answer))
         }
         ["api", "v1", rest @ ..] => {
-            resource_request(state, "", "v1", rest, method, &params, headers, body).await
+            let by = requester(state, user);
+            resource_request(state, "", "v1", rest, method, &params, headers, body, by).await
         }
         ["apis", group, version, rest @ ..] => {
-            resource_request(state, group, version, rest, method, &params, headers, body).await
+            let by = requester(state, user);
+            resource_request(
+                state, group, version, rest, method, &params, headers, body, by,
+            )
+            .await
         }
         _ => Err(ApiError::unknown_resource()),
     }
@@ -317,10 +322,17 @@ fn dry_run(options: &str, values: &[&str]) -> Result<bool, ApiError> {
     ))
 }
 
+/// Who admission webhooks are told a request is from: its user with RBAC on; with
+/// everything allowed, nobody in particular (`system:anonymous`), as before.
+fn requester(state: &ServerState, user: &Arc<UserInfo>) -> Option<Arc<UserInfo>> {
+    (state.auth.mode == Authorization::Rbac).then(|| user.clone())
+}
+
 fn write_options(
     options: &str,
     params: &Params,
     headers: &HeaderMap,
+    user: &Option<Arc<UserInfo>>,
 ) -> Result<WriteOptions, ApiError> {
     // kube-apiserver's default manager: the User-Agent up to its first '/'.
     let agent = headers
@@ -345,6 +357,7 @@ fn write_options(
         field_manager,
         field_validation: FieldValidation::parse(params.get("fieldValidation").unwrap_or(""))?,
         force: params.flag("force"),
+        user: user.clone(),
     })
 }
 
@@ -375,6 +388,7 @@ fn delete_options(
     params: &Params,
     headers: &HeaderMap,
     body: &Bytes,
+    user: &Option<Arc<UserInfo>>,
 ) -> Result<DeleteOptions, ApiError> {
     let from_body = if body.is_empty() {
         json!({})
@@ -417,6 +431,7 @@ fn delete_options(
             .and_then(Value::as_str)
             .and_then(|s| s.parse().ok()),
         dry_run,
+        user: user.clone(),
     })
 }
 
@@ -428,6 +443,7 @@ async fn scale_request(
     params: &Params,
     headers: &HeaderMap,
     body: Bytes,
+    user: &Option<Arc<UserInfo>>,
 ) -> Result<Response, ApiError> {
     let (api, def) = (&state.api, &t.def);
     let ns = t.namespace.as_deref().unwrap_or("");
@@ -462,7 +478,7 @@ async fn scale_request(
     } else {
         "PatchOptions"
     };
-    let opts = write_options(options, params, headers)?;
+    let opts = write_options(options, params, headers, user)?;
     let scale = api.update_scale(def, ns, name, change, &opts).await?;
     Ok(json_response(StatusCode::OK, &scale))
 }
@@ -486,6 +502,7 @@ async fn resource_request(
     params: &Params,
     headers: &HeaderMap,
     body: Bytes,
+    user: Option<Arc<UserInfo>>,
 ) -> Result<Response, ApiError> {
     let t = resolve(state, group, version, rest)?;
     if t.def.flavor == registry::Flavor::Review {
@@ -493,7 +510,7 @@ async fn resource_request(
         return Err(ApiError::method_not_allowed());
     }
     if t.scale {
-        return scale_request(state, &t, method, params, headers, body).await;
+        return scale_request(state, &t, method, params, headers, body, &user).await;
     }
     let api = &state.api;
     let def = &t.def;
@@ -565,7 +582,7 @@ async fn resource_request(
                     def,
                     ns,
                     parse_body(headers, &body, object_media_types(def))?,
-                    &write_options("CreateOptions", params, headers)?,
+                    &write_options("CreateOptions", params, headers, &user)?,
                 )
                 .await?;
             Ok(with_warnings(
@@ -581,7 +598,7 @@ async fn resource_request(
                     name,
                     parse_body(headers, &body, object_media_types(def))?,
                     t.part,
-                    &write_options("UpdateOptions", params, headers)?,
+                    &write_options("UpdateOptions", params, headers, &user)?,
                 )
                 .await?;
             Ok(with_warnings(
@@ -605,7 +622,7 @@ async fn resource_request(
                     )
                 })?;
             let patch = decode_json_or_yaml(content_type, &body)?;
-            let opts = write_options("PatchOptions", params, headers)?;
+            let opts = write_options("PatchOptions", params, headers, &user)?;
             if patch_type == PatchType::Apply
                 && params.get("fieldManager").is_none_or(str::is_empty)
             {
@@ -632,7 +649,12 @@ async fn resource_request(
         }
         (Method::DELETE, Some(name)) if t.part == Part::Main => {
             let (obj, gone) = api
-                .delete(def, ns, name, &delete_options(params, headers, &body)?)
+                .delete(
+                    def,
+                    ns,
+                    name,
+                    &delete_options(params, headers, &body, &user)?,
+                )
                 .await?;
             Ok(json_response(
                 if gone {
@@ -649,7 +671,7 @@ async fn resource_request(
                     def,
                     t.namespace.as_deref(),
                     &list_query(params)?,
-                    &delete_options(params, headers, &body)?,
+                    &delete_options(params, headers, &body, &user)?,
                 )
                 .await?;
             Ok(json_response(StatusCode::OK, &list))

@@ -8,7 +8,7 @@ use axum::Json;
 use axum::extract::State;
 use axum::routing::post;
 use base64::Engine;
-use caretaker_apiserver::ApiServer;
+use caretaker_apiserver::{ApiServer, Authorization, Subject};
 use caretaker_pki::{CaSpec, CertificateAuthority, LeafSpec, Usage};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::service::TowerToHyperService;
@@ -29,11 +29,12 @@ fn new_ca() -> CertificateAuthority {
 /// The admission requests the webhook server received, one line each:
 /// `<path> <operation> <namespace>/<name>`, with ` dryRun` when the review says so.
 #[derive(Clone, Default)]
-struct Calls(Arc<Mutex<Vec<String>>>);
+struct Calls(Arc<Mutex<Vec<String>>>, Arc<Mutex<Vec<Value>>>);
 
 impl Calls {
     fn record(&self, path: &str, review: &Value) {
         let r = &review["request"];
+        self.1.lock().unwrap().push(r["userInfo"].clone());
         let text = |v: &Value| v.as_str().unwrap_or("").to_string();
         let dry_run = if r["dryRun"] == true { " dryRun" } else { "" };
         let line = format!(
@@ -43,6 +44,11 @@ impl Calls {
             text(&r["name"])
         );
         self.0.lock().unwrap().push(line);
+    }
+
+    /// The `userInfo` of every review so far.
+    fn users(&self) -> Vec<Value> {
+        self.1.lock().unwrap().clone()
     }
 
     /// The calls since the last take.
@@ -141,11 +147,17 @@ struct Fixture {
 
 impl Fixture {
     async fn start() -> Self {
+        Self::start_with(Authorization::AlwaysAllow).await
+    }
+
+    async fn start_with(authorization: Authorization) -> Self {
         let ca = new_ca();
         let calls = Calls::default();
         let hook_addr = start_webhook_server(&ca, calls.clone()).await;
         let server = ApiServer::builder()
             .webhook_service("webhooks", "hooks", hook_addr)
+            .tls(authorization == Authorization::Rbac)
+            .authorization(authorization)
             .start()
             .await
             .unwrap();
@@ -625,4 +637,85 @@ async fn a_self_signed_ca_serving_certificate_in_the_ca_bundle_is_accepted() {
     let message = refusal(cms.create(&pp, &cm("three", json!({}))).await);
     assert!(message.contains("failed calling webhook"), "{message}");
     assert!(calls_elsewhere.take().is_empty());
+}
+
+/// Reviews name who asks, with RBAC on; with everything allowed nobody is authenticated, and
+/// they say `system:anonymous`.
+#[tokio::test]
+async fn reviews_carry_the_requesting_user_when_users_are_authenticated() {
+    let open = Fixture::start().await;
+    open.validating
+        .create(
+            &PostParams::default(),
+            &webhook_config(
+                "ValidatingWebhookConfiguration",
+                open.url("/allow"),
+                "Fail",
+                5,
+            ),
+        )
+        .await
+        .unwrap();
+    open.configmaps("default")
+        .create(&PostParams::default(), &cm("a", json!({})))
+        .await
+        .unwrap();
+    assert_eq!(open.calls.users()[0]["username"], "system:anonymous");
+
+    let f = Fixture::start_with(Authorization::Rbac).await;
+    f.validating
+        .create(
+            &PostParams::default(),
+            &webhook_config("ValidatingWebhookConfiguration", f.url("/allow"), "Fail", 5),
+        )
+        .await
+        .unwrap();
+    f.configmaps("default")
+        .create(&PostParams::default(), &cm("by-admin", json!({})))
+        .await
+        .unwrap();
+    let admin = &f.calls.users()[0];
+    assert_eq!(admin["username"], "caretaker-admin");
+    assert!(
+        admin["groups"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("system:masters")),
+        "{admin}"
+    );
+    // A user RBAC lets write ConfigMaps.
+    let rbac = |kind: &str, plural: &str| {
+        let gvk = kube::api::GroupVersionKind::gvk("rbac.authorization.k8s.io", "v1", kind);
+        Api::<DynamicObject>::all_with(
+            f.server.client(),
+            &ApiResource::from_gvk_with_plural(&gvk, plural),
+        )
+    };
+    let role: DynamicObject = serde_json::from_value(json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+        "metadata": {"name": "cm-writer"}, "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create"]}]})).unwrap();
+    rbac("ClusterRole", "clusterroles")
+        .create(&PostParams::default(), &role)
+        .await
+        .unwrap();
+    let binding: DynamicObject = serde_json::from_value(json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": "alice-writes"}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cm-writer"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "alice"}]})).unwrap();
+    rbac("ClusterRoleBinding", "clusterrolebindings")
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap();
+    let alice = Subject::User {
+        name: "alice".into(),
+        groups: vec!["team".into()],
+    };
+    let client = kube::Client::try_from(f.server.kube_config_for(&alice).unwrap()).unwrap();
+    Api::<ConfigMap>::namespaced(client, "default")
+        .create(&PostParams::default(), &cm("by-alice", json!({})))
+        .await
+        .unwrap();
+    let user = f.calls.users().last().unwrap().clone();
+    assert_eq!(
+        user,
+        json!({"username": "alice", "groups": ["team", "system:authenticated"]})
+    );
 }

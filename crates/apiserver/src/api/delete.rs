@@ -65,7 +65,8 @@ impl ApiState {
             }
             // Webhooks see the first DELETE of an object, not the finalizer bookkeeping after it.
             if !is_deleting(&old) {
-                let request = AdmissionRequest::delete(def, &old, opts.dry_run);
+                let request =
+                    AdmissionRequest::delete(def, &old, opts.dry_run).by(opts.user.as_deref());
                 // Mutations of a deletion have nothing to apply to; mutating webhooks may still deny.
                 self.admission.mutate(&self.store, &request).await?;
                 self.admission.validate(&self.store, &request).await?;

@@ -32,6 +32,9 @@ pub struct WriteOptions {
     pub field_manager: String,
     pub field_validation: FieldValidation,
     pub force: bool,
+    /// Who asks, as admission webhooks are told (`userInfo`); None is the server itself or an
+    /// unauthenticated request.
+    pub user: Option<std::sync::Arc<crate::auth::UserInfo>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -48,6 +51,8 @@ pub struct DeleteOptions {
     pub precondition_uid: Option<String>,
     pub precondition_rv: Option<u64>,
     pub dry_run: bool,
+    /// As [`WriteOptions::user`].
+    pub user: Option<std::sync::Arc<crate::auth::UserInfo>>,
 }
 
 /// Which part of an object a request addresses.

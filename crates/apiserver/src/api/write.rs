@@ -78,7 +78,8 @@ impl ApiState {
         let (old, part) = (target.old(), target.part());
         let mut obj = take_part(def, target, obj);
         self.prepare_kind(def, &mut obj, old)?;
-        let request = AdmissionRequest::write(def, part.subresource(), &obj, old, opts.dry_run);
+        let request = AdmissionRequest::write(def, part.subresource(), &obj, old, opts.dry_run)
+            .by(opts.user.as_deref());
         let (mut obj, mutating_warnings) = self.admission.mutate(&self.store, &request).await?;
         Self::stamp_metadata(def, &mut obj, old);
         match managed_fields {
@@ -89,7 +90,8 @@ impl ApiState {
             }
         }
         self.validate(def, &obj, old)?;
-        let request = AdmissionRequest::write(def, part.subresource(), &obj, old, opts.dry_run);
+        let request = AdmissionRequest::write(def, part.subresource(), &obj, old, opts.dry_run)
+            .by(opts.user.as_deref());
         let validating_warnings = self.admission.validate(&self.store, &request).await?;
         let mut warnings = warnings;
         warnings.extend(mutating_warnings);
