@@ -23,11 +23,11 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
 use serde_json::{Value, json};
 
-use crate::auth::UserInfo;
 use crate::error::ApiError;
 use crate::registry::ResourceDef;
 use crate::selectors::LabelSelector;
 use crate::storage::{ObjectKey, Store};
+use crate::user::UserInfo;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Operation {

@@ -37,6 +37,7 @@ mod server;
 mod storage;
 mod table;
 mod tls;
+mod user;
 mod watch;
 
 pub use auth::{Access, Authorization};

@@ -34,7 +34,7 @@ pub struct WriteOptions {
     pub force: bool,
     /// Who asks, as admission webhooks are told (`userInfo`); None is the server itself or an
     /// unauthenticated request.
-    pub user: Option<std::sync::Arc<crate::auth::UserInfo>>,
+    pub user: Option<std::sync::Arc<crate::user::UserInfo>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -52,7 +52,7 @@ pub struct DeleteOptions {
     pub precondition_rv: Option<u64>,
     pub dry_run: bool,
     /// As [`WriteOptions::user`].
-    pub user: Option<std::sync::Arc<crate::auth::UserInfo>>,
+    pub user: Option<std::sync::Arc<crate::user::UserInfo>>,
 }
 
 /// Which part of an object a request addresses.

@@ -27,70 +27,10 @@ use serde::de::DeserializeOwned;
 use crate::api::ApiState;
 use crate::error::ApiError;
 use crate::storage::ObjectKey;
+pub use crate::user::{MASTERS, UserInfo, service_account_user};
 use attributes::{Attributes, ResourceAttributes};
 use rbac::{Decision, Policy};
 use tokens::TokenKey;
-
-/// The group whose members every request is allowed to, without RBAC (kube-apiserver's
-/// privileged group authorizer).
-pub const MASTERS: &str = "system:masters";
-const AUTHENTICATED: &str = "system:authenticated";
-const UNAUTHENTICATED: &str = "system:unauthenticated";
-
-/// Who a request is from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UserInfo {
-    pub name: String,
-    pub groups: Vec<String>,
-}
-
-/// `system:serviceaccount:NAMESPACE:NAME`.
-pub fn service_account_user(namespace: &str, name: &str) -> String {
-    format!("system:serviceaccount:{namespace}:{name}")
-}
-
-impl UserInfo {
-    /// A user with `groups`, and `system:authenticated` as every authenticated user has.
-    pub fn new(name: impl Into<String>, groups: impl IntoIterator<Item = String>) -> UserInfo {
-        let mut groups: Vec<String> = groups.into_iter().collect();
-        if !groups.iter().any(|g| g == AUTHENTICATED) {
-            groups.push(AUTHENTICATED.into());
-        }
-        UserInfo {
-            name: name.into(),
-            groups,
-        }
-    }
-
-    pub fn service_account(namespace: &str, name: &str) -> UserInfo {
-        UserInfo::new(
-            service_account_user(namespace, name),
-            [
-                "system:serviceaccounts".to_string(),
-                format!("system:serviceaccounts:{namespace}"),
-            ],
-        )
-    }
-
-    pub fn anonymous() -> UserInfo {
-        UserInfo {
-            name: "system:anonymous".into(),
-            groups: vec![UNAUTHENTICATED.into()],
-        }
-    }
-
-    /// The user of a client certificate that chains to the server's client CA: its subject's
-    /// CN is the name, its O values the groups.
-    pub fn from_certificate(der: &[u8]) -> Option<UserInfo> {
-        let info = caretaker_pki::CertificateInfo::from_der(der).ok()?;
-        let name = info.common_name.filter(|cn| !cn.is_empty())?;
-        Some(UserInfo::new(name, info.organizations))
-    }
-
-    fn is_master(&self) -> bool {
-        self.groups.iter().any(|g| g == MASTERS)
-    }
-}
 
 /// What the TLS handshake of a connection proved: the user of its client certificate, if it
 /// presented one (a certificate that does not chain to the client CA fails the handshake).
