@@ -35,6 +35,11 @@ pub fn json_response(code: StatusCode, body: &Value) -> Response {
     // kube-apiserver's JSON encoder ends every answer with a newline.
     let mut text = body.to_string();
     text.push('\n');
+    json_text_response(code, text)
+}
+
+/// An answer of JSON already written out.
+fn json_text_response(code: StatusCode, text: String) -> Response {
     let mut resp = Response::new(Body::from(text));
     *resp.status_mut() = code;
     resp.headers_mut().insert(
@@ -48,13 +53,7 @@ pub fn json_response(code: StatusCode, body: &Value) -> Response {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let code = StatusCode::from_u16(self.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        let mut resp = Response::new(Body::from(self.status_body()));
-        *resp.status_mut() = code;
-        resp.headers_mut().insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
-        resp
+        json_text_response(code, self.status_body())
     }
 }
 

@@ -166,12 +166,9 @@ async fn follow(
             None => match self::manager(&client, &settings).await {
                 Ok(m) => m,
                 Err(e) => {
-                    tracing::warn!(error = %e, "reading the leader Lease failed; trying again");
-                    tokio::select! {
-                        _ = &mut left => return,
-                        () = tokio::time::sleep(retry) => {}
+                    if !back_off(&e, &mut retry, &mut left).await {
+                        return;
                     }
-                    retry = (retry * 2).min(Duration::from_secs(10));
                     continue;
                 }
             },
@@ -182,9 +179,9 @@ async fn follow(
                 Ok(Ok(true)) => break standby,
                 Ok(Ok(false)) | Err(_) => {}
                 Ok(Err(e)) => {
-                    tracing::warn!(error = %e, "reading the leader Lease failed; trying again");
-                    tokio::time::sleep(retry).await;
-                    retry = (retry * 2).min(Duration::from_secs(10));
+                    if !back_off(&e, &mut retry, &mut left).await {
+                        return;
+                    }
                 }
             },
         }
@@ -207,6 +204,22 @@ async fn follow(
             role.send_replace(Role::Lost(why));
         }
     }
+}
+
+/// After a failed read of the Lease: says so, waits `retry` (doubled for next time, up to
+/// 10 s), and returns false if told to leave meanwhile.
+async fn back_off(
+    error: &(dyn std::fmt::Display + Sync),
+    retry: &mut Duration,
+    left: &mut oneshot::Receiver<()>,
+) -> bool {
+    tracing::warn!(error = %error, "reading the leader Lease failed; trying again");
+    let waited = tokio::select! {
+        _ = left => false,
+        () = tokio::time::sleep(*retry) => true,
+    };
+    *retry = (*retry * 2).min(Duration::from_secs(10));
+    waited
 }
 
 #[cfg(test)]

@@ -32,7 +32,7 @@ fn pointer(path: &str) -> String {
 }
 
 /// The Scale of `object` (served form) under `paths`.
-fn scale_of(def: &ResourceDef, paths: &ScalePaths, object: &Value) -> Value {
+fn scale_of(paths: &ScalePaths, object: &Value) -> Value {
     let replicas = |path: &str| {
         json_path(object, path)
             .first()
@@ -60,7 +60,6 @@ fn scale_of(def: &ResourceDef, paths: &ScalePaths, object: &Value) -> Value {
             metadata[key] = v;
         }
     }
-    let _ = def;
     json!({
         "kind": "Scale",
         "apiVersion": "autoscaling/v1",
@@ -100,7 +99,7 @@ impl ApiState {
         name: &str,
     ) -> Result<Value, ApiError> {
         let paths = paths_of(def)?;
-        Ok(scale_of(def, paths, &self.get(def, namespace, name)?))
+        Ok(scale_of(paths, &self.get(def, namespace, name)?))
     }
 
     /// Writes the replicas of a new Scale to the object's `specReplicasPath`; the answer is
@@ -117,7 +116,7 @@ impl ApiState {
         let paths = paths_of(def)?;
         for _ in 0..10 {
             let old = self.get(def, namespace, name)?;
-            let current = scale_of(def, paths, &old);
+            let current = scale_of(paths, &old);
             let wanted = match &change {
                 ScaleChange::Replace(body) => body.clone(),
                 ScaleChange::Patch(patch_type, body) => {
@@ -149,7 +148,7 @@ impl ApiState {
             {
                 return Err(ApiError::conflict(&def.group, &def.plural, name));
             }
-            let mut object = old.clone();
+            let mut object = old;
             set_at(&mut object, &pointer(&paths.spec_replicas), json!(count));
             match self
                 .update(def, namespace, name, object, Part::Main, opts)
@@ -158,7 +157,7 @@ impl ApiState {
                 // Someone wrote the object between the read and the write: read again.
                 Err(e) if e.code == 409 && resource_version_of(&wanted).is_none() => continue,
                 Err(e) => return Err(e),
-                Ok(written) => return Ok(scale_of(def, paths, &written.object)),
+                Ok(written) => return Ok(scale_of(paths, &written.object)),
             }
         }
         Err(ApiError::conflict(&def.group, &def.plural, name))

@@ -77,15 +77,23 @@ pub struct Auth {
     /// The policy, with the last write to each RBAC kind it has seen.
     policy: Mutex<Option<([u64; 4], Arc<Policy>)>>,
     access: Mutex<BTreeSet<Access>>,
+    /// Who a request without credentials is: `system:anonymous`, or, with everything allowed,
+    /// an admin. Made once, shared by every such request.
+    nobody: Arc<UserInfo>,
 }
 
 impl Auth {
     pub fn new(mode: Authorization, tokens: TokenKey) -> Auth {
+        let nobody = match mode {
+            Authorization::AlwaysAllow => UserInfo::new("system:admin", [MASTERS.to_string()]),
+            Authorization::Rbac => UserInfo::anonymous(),
+        };
         Auth {
             mode,
             tokens,
             policy: Mutex::new(None),
             access: Mutex::new(BTreeSet::new()),
+            nobody: Arc::new(nobody),
         }
     }
 
@@ -111,7 +119,7 @@ impl Auth {
             return Ok(user);
         }
         let Some(value) = authorization else {
-            return Ok(Arc::new(UserInfo::anonymous()));
+            return Ok(self.nobody.clone());
         };
         let token = value
             .strip_prefix("Bearer ")
@@ -284,7 +292,7 @@ pub async fn middleware(
         .and_then(|p| p.0.clone());
     let auth = &layer.auth;
     let user = if auth.mode == Authorization::AlwaysAllow {
-        peer.unwrap_or_else(|| Arc::new(UserInfo::new("system:admin", [MASTERS.to_string()])))
+        peer.unwrap_or_else(|| auth.nobody.clone())
     } else {
         let header = request
             .headers()
