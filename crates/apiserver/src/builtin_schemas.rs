@@ -1,142 +1,135 @@
-//! The OpenAPI v3 schemas of built-in kinds, generated from k8s-openapi's types (their field
-//! documentation included), for `kubectl explain`: each kind with every schema it refers to,
-//! under kube-apiserver's definition names (`io.k8s.api.core.v1.Pod`).
+//! The built-in kinds as k8s-openapi types describe them: their OpenAPI v3 schemas (field
+//! documentation included, for `kubectl explain`), each kind with every schema it refers to
+//! under kube-apiserver's definition names (`io.k8s.api.core.v1.Pod`), and their merge, from
+//! which strategic merge patch learns each list's strategy.
 
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
 
 use k8s_openapi::api::{
-    apps, batch, certificates, coordination, core, events, networking, policy, rbac,
+    admissionregistration, apps, autoscaling, batch, certificates, coordination, core, events,
+    networking, policy, rbac,
 };
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1 as apiextensions;
 use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1 as apiregistration;
+use k8s_openapi::{DeepMerge, Resource};
 use schemars::generate::{SchemaGenerator, SchemaSettings};
 use schemars::{JsonSchema, Schema};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
-/// A kind's schema: its definition name, and every definition (its own among them).
+/// A built-in kind's schema and merge, both from its k8s-openapi type.
 #[derive(Debug)]
 pub struct KindSchema {
+    /// kube-apiserver's definition name of the kind (`io.k8s.api.core.v1.Pod`).
     pub name: String,
+    /// Every definition the kind refers to, its own among them.
     pub definitions: Map<String, Value>,
+    /// k8s-openapi's `DeepMerge` of two objects of the kind, which follows the list strategies
+    /// Kubernetes declares for each field (`patch_meta` learns them from it).
+    pub merge: Merge,
 }
 
+/// Merges `new` into `current`, both objects of one kind; `None` if either does not decode.
+pub type Merge = fn(Value, Value) -> Option<Value>;
+
 type Generate = fn(&mut SchemaGenerator) -> Schema;
+
+struct Builtin {
+    group: &'static str,
+    version: &'static str,
+    kind: &'static str,
+    generate: Generate,
+    merge: Merge,
+}
+
+const fn builtin<T>(group: &'static str, version: &'static str, kind: &'static str) -> Builtin
+where
+    T: JsonSchema + DeepMerge + Resource + DeserializeOwned + Serialize,
+{
+    Builtin {
+        group,
+        version,
+        kind,
+        generate: generate::<T>,
+        merge: merge::<T>,
+    }
+}
 
 fn generate<T: JsonSchema>(generator: &mut SchemaGenerator) -> Schema {
     generator.subschema_for::<T>()
 }
 
-/// (group, version, kind) of every built-in kind with a k8s-openapi type.
-const KINDS: &[(&str, &str, &str, Generate)] = &[
-    ("", "v1", "Namespace", generate::<core::v1::Namespace>),
-    ("", "v1", "Node", generate::<core::v1::Node>),
-    ("", "v1", "ConfigMap", generate::<core::v1::ConfigMap>),
-    ("", "v1", "Secret", generate::<core::v1::Secret>),
-    ("", "v1", "Event", generate::<core::v1::Event>),
-    (
-        "",
-        "v1",
-        "ServiceAccount",
-        generate::<core::v1::ServiceAccount>,
-    ),
-    ("", "v1", "Service", generate::<core::v1::Service>),
-    ("", "v1", "Pod", generate::<core::v1::Pod>),
-    (
-        "",
-        "v1",
-        "ReplicationController",
-        generate::<core::v1::ReplicationController>,
-    ),
-    (
-        "",
-        "v1",
-        "PersistentVolumeClaim",
-        generate::<core::v1::PersistentVolumeClaim>,
-    ),
-    (
-        "events.k8s.io",
-        "v1",
-        "Event",
-        generate::<events::v1::Event>,
-    ),
-    (
-        "coordination.k8s.io",
-        "v1",
-        "Lease",
-        generate::<coordination::v1::Lease>,
-    ),
-    ("apps", "v1", "Deployment", generate::<apps::v1::Deployment>),
-    ("apps", "v1", "ReplicaSet", generate::<apps::v1::ReplicaSet>),
-    (
-        "apps",
-        "v1",
-        "StatefulSet",
-        generate::<apps::v1::StatefulSet>,
-    ),
-    ("apps", "v1", "DaemonSet", generate::<apps::v1::DaemonSet>),
-    ("batch", "v1", "Job", generate::<batch::v1::Job>),
-    ("batch", "v1", "CronJob", generate::<batch::v1::CronJob>),
-    (
-        "networking.k8s.io",
-        "v1",
-        "Ingress",
-        generate::<networking::v1::Ingress>,
-    ),
-    (
-        "networking.k8s.io",
-        "v1",
-        "NetworkPolicy",
-        generate::<networking::v1::NetworkPolicy>,
-    ),
-    (
-        "policy",
-        "v1",
-        "PodDisruptionBudget",
-        generate::<policy::v1::PodDisruptionBudget>,
-    ),
-    (
-        "rbac.authorization.k8s.io",
-        "v1",
-        "Role",
-        generate::<rbac::v1::Role>,
-    ),
-    (
-        "rbac.authorization.k8s.io",
-        "v1",
-        "ClusterRole",
-        generate::<rbac::v1::ClusterRole>,
-    ),
-    (
-        "rbac.authorization.k8s.io",
-        "v1",
-        "RoleBinding",
-        generate::<rbac::v1::RoleBinding>,
-    ),
-    (
+fn merge<T>(current: Value, new: Value) -> Option<Value>
+where
+    T: DeepMerge + Resource + DeserializeOwned + Serialize,
+{
+    // k8s-openapi checks apiVersion and kind when it decodes a kind.
+    let typed = |mut value: Value| {
+        let object = value.as_object_mut()?;
+        object.insert("apiVersion".into(), T::API_VERSION.into());
+        object.insert("kind".into(), T::KIND.into());
+        serde_json::from_value::<T>(value).ok()
+    };
+    let mut current = typed(current)?;
+    current.merge_from(typed(new)?);
+    serde_json::to_value(current).ok()
+}
+
+/// Every built-in kind with a k8s-openapi type.
+const KINDS: &[Builtin] = &[
+    builtin::<core::v1::Namespace>("", "v1", "Namespace"),
+    builtin::<core::v1::Node>("", "v1", "Node"),
+    builtin::<core::v1::ConfigMap>("", "v1", "ConfigMap"),
+    builtin::<core::v1::Secret>("", "v1", "Secret"),
+    builtin::<core::v1::Event>("", "v1", "Event"),
+    builtin::<core::v1::ServiceAccount>("", "v1", "ServiceAccount"),
+    builtin::<core::v1::Service>("", "v1", "Service"),
+    builtin::<core::v1::Pod>("", "v1", "Pod"),
+    builtin::<core::v1::ReplicationController>("", "v1", "ReplicationController"),
+    builtin::<core::v1::PersistentVolumeClaim>("", "v1", "PersistentVolumeClaim"),
+    builtin::<events::v1::Event>("events.k8s.io", "v1", "Event"),
+    builtin::<coordination::v1::Lease>("coordination.k8s.io", "v1", "Lease"),
+    builtin::<apps::v1::Deployment>("apps", "v1", "Deployment"),
+    builtin::<apps::v1::ReplicaSet>("apps", "v1", "ReplicaSet"),
+    builtin::<apps::v1::StatefulSet>("apps", "v1", "StatefulSet"),
+    builtin::<apps::v1::DaemonSet>("apps", "v1", "DaemonSet"),
+    builtin::<autoscaling::v1::Scale>("autoscaling", "v1", "Scale"),
+    builtin::<batch::v1::Job>("batch", "v1", "Job"),
+    builtin::<batch::v1::CronJob>("batch", "v1", "CronJob"),
+    builtin::<networking::v1::Ingress>("networking.k8s.io", "v1", "Ingress"),
+    builtin::<networking::v1::NetworkPolicy>("networking.k8s.io", "v1", "NetworkPolicy"),
+    builtin::<policy::v1::PodDisruptionBudget>("policy", "v1", "PodDisruptionBudget"),
+    builtin::<rbac::v1::Role>("rbac.authorization.k8s.io", "v1", "Role"),
+    builtin::<rbac::v1::ClusterRole>("rbac.authorization.k8s.io", "v1", "ClusterRole"),
+    builtin::<rbac::v1::RoleBinding>("rbac.authorization.k8s.io", "v1", "RoleBinding"),
+    builtin::<rbac::v1::ClusterRoleBinding>(
         "rbac.authorization.k8s.io",
         "v1",
         "ClusterRoleBinding",
-        generate::<rbac::v1::ClusterRoleBinding>,
     ),
-    (
+    builtin::<certificates::v1beta1::ClusterTrustBundle>(
         "certificates.k8s.io",
         "v1beta1",
         "ClusterTrustBundle",
-        generate::<certificates::v1beta1::ClusterTrustBundle>,
     ),
-    (
+    builtin::<admissionregistration::v1::ValidatingWebhookConfiguration>(
+        "admissionregistration.k8s.io",
+        "v1",
+        "ValidatingWebhookConfiguration",
+    ),
+    builtin::<admissionregistration::v1::MutatingWebhookConfiguration>(
+        "admissionregistration.k8s.io",
+        "v1",
+        "MutatingWebhookConfiguration",
+    ),
+    builtin::<apiextensions::CustomResourceDefinition>(
         "apiextensions.k8s.io",
         "v1",
         "CustomResourceDefinition",
-        generate::<apiextensions::CustomResourceDefinition>,
     ),
-    (
-        "apiregistration.k8s.io",
-        "v1",
-        "APIService",
-        generate::<apiregistration::APIService>,
-    ),
+    builtin::<apiregistration::APIService>("apiregistration.k8s.io", "v1", "APIService"),
 ];
 
 /// The schema of the built-in kind `group`/`version`/`kind`, if k8s-openapi has its type.
@@ -146,18 +139,27 @@ pub fn of(group: &str, version: &str, kind: &str) -> Option<&'static KindSchema>
     let schemas = SCHEMAS.get_or_init(|| {
         KINDS
             .iter()
-            .map(|(group, version, kind, generate)| {
+            .map(|builtin| {
                 let mut generator = SchemaSettings::openapi3().into_generator();
-                let reference = generate(&mut generator);
+                let reference = (builtin.generate)(&mut generator);
                 let name = reference
                     .get("$ref")
                     .and_then(Value::as_str)
                     .and_then(|r| r.rsplit('/').next())
-                    .unwrap_or(kind)
+                    .unwrap_or(builtin.kind)
                     .to_string();
                 let definitions = generator.take_definitions(true);
-                let key = (group.to_string(), version.to_string(), kind.to_string());
-                (key, KindSchema { name, definitions })
+                let key = (
+                    builtin.group.into(),
+                    builtin.version.into(),
+                    builtin.kind.into(),
+                );
+                let schema = KindSchema {
+                    name,
+                    definitions,
+                    merge: builtin.merge,
+                };
+                (key, schema)
             })
             .collect()
     });

@@ -1,14 +1,10 @@
-//! PATCH bodies: JSON patch (RFC 6902), JSON merge patch (RFC 7386) and strategic merge patch.
-//! Server-side apply lives in `apply.rs`.
-//!
-//! Strategic merge patch is merge patch plus the list strategies the built-in kinds served here
-//! declare (`finalizers` merged as a set, `ownerReferences` by uid, webhooks by name, conditions by
-//! type) and the `$patch`, `$deleteFromPrimitiveList`, `$setElementOrder` and `$retainKeys`
-//! directives kubectl sends.
+//! PATCH bodies: JSON patch (RFC 6902), JSON merge patch (RFC 7386) and strategic merge patch
+//! (`strategic_merge.rs`). Server-side apply lives in `apply.rs`.
 
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use crate::error::ApiError;
+use crate::patch_meta::PatchMeta;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PatchType {
@@ -51,11 +47,13 @@ impl PatchType {
     }
 }
 
-/// Applies a JSON, merge or strategic patch to `target`.
+/// Applies a JSON, merge or strategic patch to `target`, an object of the kind `meta`
+/// describes (its lists' strategies, for strategic merge patch).
 pub fn apply_patch(
     patch_type: PatchType,
     target: &Value,
     patch: &Value,
+    meta: PatchMeta,
 ) -> Result<Value, ApiError> {
     match patch_type {
         PatchType::Json => {
@@ -85,102 +83,11 @@ pub fn apply_patch(
                     "strategic merge patch must be a JSON object",
                 ));
             };
-            let mut doc = target.clone();
-            strategic_merge(&mut doc, p, "");
-            Ok(doc)
+            crate::strategic_merge::apply(target, p, meta)
         }
         PatchType::Apply => Err(ApiError::internal(
             "apply patches are handled by server-side apply",
         )),
-    }
-}
-
-/// The merge key of lists the served built-in kinds merge rather than replace.
-fn list_merge_key(field: &str) -> Option<Option<&'static str>> {
-    match field {
-        "finalizers" => Some(None),
-        "ownerReferences" => Some(Some("uid")),
-        "webhooks" => Some(Some("name")),
-        "conditions" => Some(Some("type")),
-        _ => None,
-    }
-}
-
-fn strategic_merge(target: &mut Value, patch: &Map<String, Value>, _path: &str) {
-    if patch.get("$patch").and_then(Value::as_str) == Some("replace") {
-        let mut p = patch.clone();
-        p.remove("$patch");
-        *target = Value::Object(p);
-        return;
-    }
-    if !target.is_object() {
-        *target = Value::Object(Map::new());
-    }
-    let t = target.as_object_mut().expect("made an object above");
-    for (key, value) in patch {
-        if key.starts_with("$setElementOrder/") || key == "$retainKeys" || key == "$patch" {
-            continue;
-        }
-        if let Some(field) = key.strip_prefix("$deleteFromPrimitiveList/") {
-            if let (Some(Value::Array(list)), Value::Array(remove)) = (t.get_mut(field), value) {
-                list.retain(|v| !remove.contains(v));
-            }
-            continue;
-        }
-        match value {
-            Value::Null => {
-                t.remove(key);
-            }
-            Value::Object(p) if p.get("$patch").and_then(Value::as_str) == Some("delete") => {
-                t.remove(key);
-            }
-            Value::Object(p) => {
-                strategic_merge(t.entry(key.clone()).or_insert(Value::Null), p, key)
-            }
-            Value::Array(items) => match (list_merge_key(key), t.get_mut(key)) {
-                (Some(merge_key), Some(Value::Array(existing))) => {
-                    merge_list(existing, items, merge_key)
-                }
-                _ => {
-                    let cleaned: Vec<Value> = items
-                        .iter()
-                        .filter(|i| i.get("$patch").is_none())
-                        .cloned()
-                        .collect();
-                    t.insert(key.clone(), Value::Array(cleaned));
-                }
-            },
-            other => {
-                t.insert(key.clone(), other.clone());
-            }
-        }
-    }
-}
-
-fn merge_list(existing: &mut Vec<Value>, items: &[Value], merge_key: Option<&str>) {
-    match merge_key {
-        None => {
-            for item in items {
-                if !existing.contains(item) {
-                    existing.push(item.clone());
-                }
-            }
-        }
-        Some(k) => {
-            for item in items {
-                let Some(id) = item.get(k) else { continue };
-                let position = existing.iter().position(|e| e.get(k) == Some(id));
-                let delete = item.get("$patch").and_then(Value::as_str) == Some("delete");
-                match (position, item) {
-                    (Some(i), _) if delete => {
-                        existing.remove(i);
-                    }
-                    (Some(i), Value::Object(p)) => strategic_merge(&mut existing[i], p, k),
-                    (None, _) if !delete => existing.push(item.clone()),
-                    _ => {}
-                }
-            }
-        }
     }
 }
 
@@ -189,23 +96,17 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    #[test]
-    fn strategic_merge_of_finalizers_and_directives() {
-        let target = json!({"metadata": {"finalizers": ["a"], "labels": {"x": "1", "y": "2"}}, "data": {"k": "v"}});
-        let patch = json!({"metadata": {"finalizers": ["b"], "labels": {"x": null}, "$setElementOrder/finalizers": ["a", "b"]},
-            "data": {"$patch": "replace", "n": "m"}});
-        let out = apply_patch(PatchType::Strategic, &target, &patch).unwrap();
-        assert_eq!(
-            out,
-            json!({"metadata": {"finalizers": ["a", "b"], "labels": {"y": "2"}}, "data": {"n": "m"}})
-        );
-        let out = apply_patch(
-            PatchType::Strategic,
-            &out,
-            &json!({"metadata": {"$deleteFromPrimitiveList/finalizers": ["a"]}}),
+    fn apply_patch(
+        patch_type: PatchType,
+        target: &Value,
+        patch: &Value,
+    ) -> Result<Value, ApiError> {
+        super::apply_patch(
+            patch_type,
+            target,
+            patch,
+            PatchMeta::of("", "v1", "ConfigMap"),
         )
-        .unwrap();
-        assert_eq!(out["metadata"]["finalizers"], json!(["b"]));
     }
 
     #[test]

@@ -990,6 +990,161 @@ spec: {accessModes: [ReadWriteOnce], resources: {requests: {storage: 1Gi}}}
     }
 }
 
+/// `kubectl patch`, `kubectl set env` and `kubectl apply` send strategic merge patches: lists
+/// of built-in kinds merge by their keys (containers by name, env by name, ports by port), and
+/// kubectl apply's directives remove and order items.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_strategic_merge_patches_merge_lists_by_key() {
+    let Some(bin) = kubectl_or_skip("kubectl_strategic_merge_patches_merge_lists_by_key") else {
+        return;
+    };
+    let server = TestServer::start().await;
+    let k = Kubectl::new(bin, &server);
+    let deployment = |image: &str, sidecar: bool| {
+        let sidecar = if sidecar {
+            "\n      - {name: log, image: busybox}"
+        } else {
+            ""
+        };
+        format!(
+            "apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: web}}
+spec:
+  selector: {{matchLabels: {{app: web}}}}
+  template:
+    metadata: {{labels: {{app: web}}}}
+    spec:
+      containers:
+      - name: web
+        image: {image}
+        env: [{{name: A, value: '1'}}]{sidecar}
+"
+        )
+    };
+    k.ok_with(&["apply", "-f", "-"], Some(&deployment("nginx:1.26", true)))
+        .await;
+    let containers = |d: &Value| d["spec"]["template"]["spec"]["containers"].clone();
+    let env_names = |d: &Value| -> Vec<String> {
+        containers(d)[0]["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+
+    // A patch naming one container changes that container only.
+    k.ok(&[
+        "patch",
+        "deployment",
+        "web",
+        "-p",
+        r#"{"spec":{"template":{"spec":{"containers":[{"name":"web","env":[{"name":"B","value":"2"}]}]}}}}"#,
+    ])
+    .await;
+    let d = k.json(&["get", "deployment", "web"]).await;
+    assert_eq!(containers(&d).as_array().unwrap().len(), 2, "{d}");
+    assert_eq!(containers(&d)[0]["image"], "nginx:1.26");
+    assert_eq!(
+        env_names(&d),
+        ["B", "A"],
+        "new items come first, as kube-apiserver puts them"
+    );
+
+    k.ok(&["set", "env", "deployment/web", "-c", "web", "C=3"])
+        .await;
+    let d = k.json(&["get", "deployment", "web"]).await;
+    let mut names = env_names(&d);
+    names.sort();
+    assert_eq!(names, ["A", "B", "C"]);
+
+    // kubectl apply deletes the container dropped from the file, updates the other, and keeps
+    // what others added (env B and C were never in the file).
+    k.ok_with(
+        &["apply", "-f", "-"],
+        Some(&deployment("nginx:1.27", false)),
+    )
+    .await;
+    let d = k.json(&["get", "deployment", "web"]).await;
+    let all = containers(&d);
+    assert_eq!(all.as_array().unwrap().len(), 1, "{all}");
+    assert_eq!(all[0]["name"], "web");
+    assert_eq!(all[0]["image"], "nginx:1.27");
+    let mut names = env_names(&d);
+    names.sort();
+    assert_eq!(names, ["A", "B", "C"]);
+
+    // A Service's ports merge by port; a Pod's tolerations have no strategy and are replaced.
+    k.ok_with(
+        &["apply", "-f", "-"],
+        Some(
+            "apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec: {ports: [{name: http, port: 80}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: p}
+spec:
+  containers: [{name: c, image: busybox}]
+  tolerations: [{key: a, operator: Exists}]
+",
+        ),
+    )
+    .await;
+    k.ok(&[
+        "patch",
+        "service",
+        "web",
+        "-p",
+        r#"{"spec":{"ports":[{"name":"https","port":443}]}}"#,
+    ])
+    .await;
+    let ports = k.json(&["get", "service", "web"]).await["spec"]["ports"].clone();
+    let ports: Vec<i64> = ports
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["port"].as_i64().unwrap())
+        .collect();
+    assert_eq!(ports, [443, 80]);
+    k.ok(&[
+        "patch",
+        "pod",
+        "p",
+        "-p",
+        r#"{"spec":{"tolerations":[{"key":"b","operator":"Exists"}]}}"#,
+    ])
+    .await;
+    let pod = k.json(&["get", "pod", "p"]).await;
+    assert_eq!(
+        pod["spec"]["tolerations"],
+        json!([{"key": "b", "operator": "Exists"}])
+    );
+
+    // A patch item without its merge key is refused, and nothing changes.
+    let refused = k
+        .fails(
+            &[
+                "patch",
+                "deployment",
+                "web",
+                "-p",
+                r#"{"spec":{"template":{"spec":{"containers":[{"image":"x"}]}}}}"#,
+            ],
+            None,
+        )
+        .await;
+    assert!(
+        refused.contains("does not contain declared merge key: name"),
+        "{refused}"
+    );
+    let d = k.json(&["get", "deployment", "web"]).await;
+    assert_eq!(containers(&d)[0]["image"], "nginx:1.27");
+}
+
 /// `kubectl explain` of built-in kinds reads k8s-openapi's schemas, documentation included.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_explains_built_in_kinds() {

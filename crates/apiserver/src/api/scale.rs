@@ -9,6 +9,7 @@ use super::options::{Part, WriteOptions};
 use crate::error::{ApiError, FieldError, FieldErrorKind};
 use crate::meta::resource_version_of;
 use crate::patch::{self, PatchType};
+use crate::patch_meta::PatchMeta;
 use crate::registry::{ResourceDef, ScalePaths};
 use crate::table::json_path;
 
@@ -120,7 +121,8 @@ impl ApiState {
             let wanted = match &change {
                 ScaleChange::Replace(body) => body.clone(),
                 ScaleChange::Patch(patch_type, body) => {
-                    patch::apply_patch(*patch_type, &current, body)?
+                    let scale = PatchMeta::of("autoscaling", "v1", "Scale");
+                    patch::apply_patch(*patch_type, &current, body, scale)?
                 }
             };
             let invalid = |message: &str, value: &Value| {

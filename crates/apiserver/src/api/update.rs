@@ -9,6 +9,7 @@ use crate::apply;
 use crate::error::ApiError;
 use crate::meta::{name_of, resource_version_of};
 use crate::patch::{self, PatchType};
+use crate::patch_meta::PatchMeta;
 use crate::registry::ResourceDef;
 
 impl ApiState {
@@ -68,7 +69,12 @@ impl ApiState {
                 )?;
                 (merged, ManagedFields::Keep)
             } else {
-                let patched = patch::apply_patch(patch_type, &served_old, body)?;
+                let patched = patch::apply_patch(
+                    patch_type,
+                    &served_old,
+                    body,
+                    PatchMeta::of(&def.group, &def.version, &def.kind),
+                )?;
                 (patched, ManagedFields::Record)
             };
             let (new, warnings) = self.decode(def, namespace, Some(name), patched, opts)?;
