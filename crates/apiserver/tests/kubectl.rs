@@ -928,6 +928,12 @@ spec: {accessModes: [ReadWriteOnce], resources: {requests: {storage: 1Gi}}}
     assert_eq!(pod["spec"]["restartPolicy"], "Always");
     assert_eq!(pod["spec"]["containers"][0]["imagePullPolicy"], "Always");
     assert_eq!(pod["status"]["phase"], "Pending");
+    let db = k.json(&["get", "statefulset", "db"]).await;
+    assert_eq!(db["spec"]["updateStrategy"]["type"], "RollingUpdate");
+    assert_eq!(db["spec"]["template"]["spec"]["dnsPolicy"], "ClusterFirst");
+    let nightly = k.json(&["get", "cronjob", "nightly"]).await;
+    assert_eq!(nightly["spec"]["concurrencyPolicy"], "Allow");
+    assert_eq!(nightly["spec"]["jobTemplate"]["spec"]["backoffLimit"], 6);
 
     // Status and scale subresources.
     k.ok(&[

@@ -12,6 +12,7 @@
 
 mod create;
 mod decode;
+mod defaults;
 mod delete;
 mod options;
 mod prepare;

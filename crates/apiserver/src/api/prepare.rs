@@ -6,6 +6,7 @@ use base64::Engine;
 use serde_json::{Value, json};
 
 use super::ApiState;
+use super::defaults;
 use crate::crd;
 use crate::error::ApiError;
 use crate::meta::{self, is_deleting, metadata_mut, name_of};
@@ -76,7 +77,8 @@ impl ApiState {
                 }
             }
             Flavor::Service => self.default_service(obj, old)?,
-            Flavor::Pod if old.is_none() => default_pod(obj),
+            Flavor::Pod => defaults::pod(obj),
+            Flavor::Generic => defaults::workload(&def.group, &def.plural, obj),
             Flavor::CustomResourceDefinition => {
                 let name = name_of(obj).to_string();
                 let group = obj
@@ -222,83 +224,4 @@ fn spec_like(obj: &Value) -> Value {
         m.remove("status");
     }
     o
-}
-
-/// A new Pod's defaults, those clients notice: the Pod's `restartPolicy`, `dnsPolicy`,
-/// `schedulerName` and `terminationGracePeriodSeconds`, each container's `imagePullPolicy`
-/// (`Always` for `:latest` or no tag) and termination message settings, and `Pending`.
-fn default_pod(obj: &mut Value) {
-    if !obj.get("spec").is_some_and(Value::is_object) {
-        obj["spec"] = json!({});
-    }
-    let spec = &mut obj["spec"];
-    for (field, value) in [
-        ("restartPolicy", json!("Always")),
-        ("dnsPolicy", json!("ClusterFirst")),
-        ("schedulerName", json!("default-scheduler")),
-        ("terminationGracePeriodSeconds", json!(30)),
-        ("securityContext", json!({})),
-    ] {
-        if spec.get(field).is_none_or(Value::is_null) {
-            spec[field] = value;
-        }
-    }
-    for list in ["initContainers", "containers"] {
-        for container in spec
-            .get_mut(list)
-            .and_then(Value::as_array_mut)
-            .into_iter()
-            .flatten()
-        {
-            let image = container["image"].as_str().unwrap_or_default();
-            let tag = image.rsplit('/').next().unwrap_or_default();
-            let latest =
-                !image.contains('@') && tag.split_once(':').is_none_or(|(_, tag)| tag == "latest");
-            let pull = if latest { "Always" } else { "IfNotPresent" };
-            for (field, value) in [
-                ("imagePullPolicy", json!(pull)),
-                ("terminationMessagePath", json!("/dev/termination-log")),
-                ("terminationMessagePolicy", json!("File")),
-            ] {
-                if container.get(field).is_none_or(Value::is_null) {
-                    container[field] = value;
-                }
-            }
-        }
-    }
-    if obj.get("status").is_none_or(|s| !s.is_object()) {
-        obj["status"] = json!({});
-    }
-    if obj["status"].get("phase").is_none() {
-        obj["status"]["phase"] = json!("Pending");
-    }
-}
-
-#[cfg(test)]
-mod pod_tests {
-    use super::*;
-
-    #[test]
-    fn a_new_pod_gets_the_defaults_clients_notice() {
-        let mut pod = json!({"spec": {"containers": [
-            {"name": "a", "image": "nginx"},
-            {"name": "b", "image": "registry.local:5000/app:1.2"},
-            {"name": "c", "image": "app:latest", "imagePullPolicy": "Never"},
-        ], "restartPolicy": "OnFailure"}});
-        default_pod(&mut pod);
-        assert_eq!(
-            pod["spec"]["restartPolicy"], "OnFailure",
-            "given values stay"
-        );
-        assert_eq!(pod["spec"]["dnsPolicy"], "ClusterFirst");
-        assert_eq!(pod["spec"]["terminationGracePeriodSeconds"], 30);
-        let pulls: Vec<&str> = pod["spec"]["containers"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|c| c["imagePullPolicy"].as_str().unwrap())
-            .collect();
-        assert_eq!(pulls, ["Always", "IfNotPresent", "Never"]);
-        assert_eq!(pod["status"]["phase"], "Pending");
-    }
 }
