@@ -29,6 +29,7 @@ mod meta;
 mod openapi;
 mod patch;
 mod patch_meta;
+mod printers;
 mod private_files;
 mod protobuf;
 mod registry;

@@ -30,7 +30,7 @@ pub enum Flavor {
     Pod,
 }
 
-/// An `additionalPrinterColumns` entry (also used for built-in kinds' table columns).
+/// An `additionalPrinterColumns` entry of a CRD version.
 #[derive(Debug, Clone)]
 pub struct PrinterColumn {
     pub name: String,
@@ -57,6 +57,8 @@ pub struct ResourceDef {
     pub flavor: Flavor,
     /// The version's openAPIV3Schema (custom resources only).
     pub schema: Option<Arc<Value>>,
+    /// The version's `additionalPrinterColumns` (custom resources only: built-in kinds print
+    /// as `printers.rs` says).
     pub printer_columns: Vec<PrinterColumn>,
     /// The scale subresource a CRD version declares (custom resources only).
     pub scale: Option<ScalePaths>,
@@ -156,11 +158,6 @@ impl ResourceDef {
         self
     }
 
-    fn columns(mut self, columns: Vec<PrinterColumn>) -> Self {
-        self.printer_columns = columns;
-        self
-    }
-
     /// A `scale` subresource over `.spec.replicas`, `.status.replicas` and `.spec.selector`,
     /// as kube-apiserver serves it for the workload kinds.
     fn scalable(mut self) -> Self {
@@ -178,28 +175,12 @@ impl ResourceDef {
     }
 }
 
-fn column(name: &str, type_: &str, json_path: &str) -> PrinterColumn {
-    PrinterColumn {
-        name: name.into(),
-        type_: type_.into(),
-        json_path: json_path.into(),
-        priority: 0,
-        description: String::new(),
-    }
-}
-
 fn builtins() -> Vec<ResourceDef> {
     const NAMESPACED: bool = true;
     const CLUSTER: bool = false;
     let core_events = builtin("", "v1", "events", "Event", NAMESPACED)
         .short_names(&["ev"])
-        .flavor(Flavor::CoreEvent)
-        .columns(vec![
-            column("Type", "string", ".type"),
-            column("Reason", "string", ".reason"),
-            column("Object", "string", ".involvedObject.name"),
-            column("Message", "string", ".message"),
-        ]);
+        .flavor(Flavor::CoreEvent);
     let mut v1_events = builtin("events.k8s.io", "v1", "events", "Event", NAMESPACED)
         .short_names(&["ev"])
         .flavor(Flavor::EventsV1Event);
@@ -212,64 +193,33 @@ fn builtins() -> Vec<ResourceDef> {
         builtin("", "v1", "namespaces", "Namespace", CLUSTER)
             .short_names(&["ns"])
             .with_status()
-            .flavor(Flavor::Namespace)
-            .columns(vec![column("Status", "string", ".status.phase")]),
+            .flavor(Flavor::Namespace),
         // Stored only: no kubelet reports to it. Operators select Nodes by label (the etcd
         // members of an EtcdCertificates, say).
         builtin("", "v1", "nodes", "Node", CLUSTER)
             .short_names(&["no"])
-            .with_status()
-            .columns(vec![column(
-                "Version",
-                "string",
-                ".status.nodeInfo.kubeletVersion",
-            )]),
-        builtin("", "v1", "configmaps", "ConfigMap", NAMESPACED)
-            .short_names(&["cm"])
-            .columns(vec![column("Data", "integer", ".data")]),
-        builtin("", "v1", "secrets", "Secret", NAMESPACED)
-            .flavor(Flavor::Secret)
-            .columns(vec![
-                column("Type", "string", ".type"),
-                column("Data", "integer", ".data"),
-            ]),
+            .with_status(),
+        builtin("", "v1", "configmaps", "ConfigMap", NAMESPACED).short_names(&["cm"]),
+        builtin("", "v1", "secrets", "Secret", NAMESPACED).flavor(Flavor::Secret),
         core_events,
         v1_events,
-        builtin("coordination.k8s.io", "v1", "leases", "Lease", NAMESPACED).columns(vec![column(
-            "Holder",
-            "string",
-            ".spec.holderIdentity",
-        )]),
+        builtin("coordination.k8s.io", "v1", "leases", "Lease", NAMESPACED),
         // Stored only: nothing runs Pods for them. The operator's manifests (deploy/) hold them.
-        builtin("", "v1", "serviceaccounts", "ServiceAccount", NAMESPACED)
-            .short_names(&["sa"])
-            .columns(vec![column("Secrets", "integer", ".secrets")]),
+        builtin("", "v1", "serviceaccounts", "ServiceAccount", NAMESPACED).short_names(&["sa"]),
         builtin("", "v1", "services", "Service", NAMESPACED)
             .short_names(&["svc"])
             .with_status()
-            .flavor(Flavor::Service)
-            .columns(vec![
-                column("Type", "string", ".spec.type"),
-                column("Cluster-IP", "string", ".spec.clusterIP"),
-            ]),
+            .flavor(Flavor::Service),
         builtin("apps", "v1", "deployments", "Deployment", NAMESPACED)
             .short_names(&["deploy"])
             .with_status()
-            .scalable()
-            .columns(vec![
-                column("Up-to-date", "integer", ".status.updatedReplicas"),
-                column("Available", "integer", ".status.availableReplicas"),
-            ]),
+            .scalable(),
         // More workload and policy kinds clients' end-to-end suites create: stored with their
         // status (and scale) subresources; nothing runs them.
         builtin("", "v1", "pods", "Pod", NAMESPACED)
             .short_names(&["po"])
             .with_status()
-            .flavor(Flavor::Pod)
-            .columns(vec![
-                column("Status", "string", ".status.phase"),
-                column("Node", "string", ".spec.nodeName"),
-            ]),
+            .flavor(Flavor::Pod),
         builtin(
             "",
             "v1",
@@ -279,12 +229,7 @@ fn builtins() -> Vec<ResourceDef> {
         )
         .short_names(&["rc"])
         .with_status()
-        .scalable()
-        .columns(vec![
-            column("Desired", "integer", ".spec.replicas"),
-            column("Current", "integer", ".status.replicas"),
-            column("Ready", "integer", ".status.readyReplicas"),
-        ]),
+        .scalable(),
         builtin(
             "",
             "v1",
@@ -293,55 +238,22 @@ fn builtins() -> Vec<ResourceDef> {
             NAMESPACED,
         )
         .short_names(&["pvc"])
-        .with_status()
-        .columns(vec![
-            column("Status", "string", ".status.phase"),
-            column("Volume", "string", ".spec.volumeName"),
-            column("Capacity", "string", ".status.capacity.storage"),
-            column("Access Modes", "string", ".spec.accessModes"),
-            column("StorageClass", "string", ".spec.storageClassName"),
-        ]),
+        .with_status(),
         builtin("apps", "v1", "replicasets", "ReplicaSet", NAMESPACED)
             .short_names(&["rs"])
             .with_status()
-            .scalable()
-            .columns(vec![
-                column("Desired", "integer", ".spec.replicas"),
-                column("Current", "integer", ".status.replicas"),
-                column("Ready", "integer", ".status.readyReplicas"),
-            ]),
+            .scalable(),
         builtin("apps", "v1", "statefulsets", "StatefulSet", NAMESPACED)
             .short_names(&["sts"])
             .with_status()
-            .scalable()
-            .columns(vec![
-                column("Replicas", "integer", ".spec.replicas"),
-                column("Ready", "integer", ".status.readyReplicas"),
-            ]),
+            .scalable(),
         builtin("apps", "v1", "daemonsets", "DaemonSet", NAMESPACED)
             .short_names(&["ds"])
-            .with_status()
-            .columns(vec![
-                column("Desired", "integer", ".status.desiredNumberScheduled"),
-                column("Current", "integer", ".status.currentNumberScheduled"),
-                column("Ready", "integer", ".status.numberReady"),
-                column("Up-to-date", "integer", ".status.updatedNumberScheduled"),
-                column("Available", "integer", ".status.numberAvailable"),
-            ]),
-        builtin("batch", "v1", "jobs", "Job", NAMESPACED)
-            .with_status()
-            .columns(vec![
-                column("Completions", "integer", ".spec.completions"),
-                column("Succeeded", "integer", ".status.succeeded"),
-            ]),
+            .with_status(),
+        builtin("batch", "v1", "jobs", "Job", NAMESPACED).with_status(),
         builtin("batch", "v1", "cronjobs", "CronJob", NAMESPACED)
             .short_names(&["cj"])
-            .with_status()
-            .columns(vec![
-                column("Schedule", "string", ".spec.schedule"),
-                column("Suspend", "string", ".spec.suspend"),
-                column("Last Schedule", "date", ".status.lastScheduleTime"),
-            ]),
+            .with_status(),
         builtin(
             "networking.k8s.io",
             "v1",
@@ -350,12 +262,7 @@ fn builtins() -> Vec<ResourceDef> {
             NAMESPACED,
         )
         .short_names(&["ing"])
-        .with_status()
-        .columns(vec![
-            column("Class", "string", ".spec.ingressClassName"),
-            column("Hosts", "string", ".spec.rules[*].host"),
-            column("Address", "string", ".status.loadBalancer.ingress[*].ip"),
-        ]),
+        .with_status(),
         builtin(
             "networking.k8s.io",
             "v1",
@@ -372,24 +279,14 @@ fn builtins() -> Vec<ResourceDef> {
             NAMESPACED,
         )
         .short_names(&["pdb"])
-        .with_status()
-        .columns(vec![
-            column("Min Available", "string", ".spec.minAvailable"),
-            column("Max Unavailable", "string", ".spec.maxUnavailable"),
-            column(
-                "Allowed Disruptions",
-                "integer",
-                ".status.disruptionsAllowed",
-            ),
-        ]),
+        .with_status(),
         builtin(
             "certificates.k8s.io",
             "v1beta1",
             "clustertrustbundles",
             "ClusterTrustBundle",
             CLUSTER,
-        )
-        .columns(vec![column("SignerName", "string", ".spec.signerName")]),
+        ),
         builtin(rbac, "v1", "clusterroles", "ClusterRole", CLUSTER),
         builtin(
             rbac,
@@ -397,14 +294,9 @@ fn builtins() -> Vec<ResourceDef> {
             "clusterrolebindings",
             "ClusterRoleBinding",
             CLUSTER,
-        )
-        .columns(vec![column("Role", "string", ".roleRef.name")]),
+        ),
         builtin(rbac, "v1", "roles", "Role", NAMESPACED),
-        builtin(rbac, "v1", "rolebindings", "RoleBinding", NAMESPACED).columns(vec![column(
-            "Role",
-            "string",
-            ".roleRef.name",
-        )]),
+        builtin(rbac, "v1", "rolebindings", "RoleBinding", NAMESPACED),
         builtin(
             reviews,
             "v1",

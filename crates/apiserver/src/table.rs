@@ -2,6 +2,7 @@
 
 use serde_json::{Value, json};
 
+use crate::printers::{self, Printer};
 use crate::registry::{Flavor, PrinterColumn, ResourceDef};
 
 /// How much of each object rows carry (`includeObject`).
@@ -39,8 +40,8 @@ fn columns(def: &ResourceDef) -> Vec<PrinterColumn> {
     };
     let mut cols = vec![name];
     cols.extend(def.printer_columns.iter().cloned());
-    // CRDs that declare columns choose their own; otherwise an Age column ends the table.
-    if def.schema.is_none() || def.printer_columns.is_empty() {
+    // A CRD that declares columns chooses them all; otherwise an Age column ends the table.
+    if def.printer_columns.is_empty() {
         cols.push(age);
     }
     cols
@@ -48,6 +49,9 @@ fn columns(def: &ResourceDef) -> Vec<PrinterColumn> {
 
 /// kube's duration.HumanDuration.
 pub fn human_duration(secs: i64) -> String {
+    if secs < -1 {
+        return "<invalid>".into();
+    }
     let s = secs.max(0);
     let (m, h, d) = (s / 60, s / 3600, s / 86400);
     if s < 120 {
@@ -146,18 +150,6 @@ fn cell_text(v: &Value) -> String {
 
 fn cell(col: &PrinterColumn, obj: &Value, now: i64) -> Value {
     let found = json_path(obj, &col.json_path);
-    // Built-in "Data" columns count entries, as kubectl's printers do.
-    if col.type_ == "integer"
-        && let Some(Value::Object(m)) = found.first()
-    {
-        return json!(
-            m.len()
-                + obj
-                    .get("binaryData")
-                    .and_then(Value::as_object)
-                    .map_or(0, |b| b.len())
-        );
-    }
     match (col.type_.as_str(), found.as_slice()) {
         (_, []) => json!("<none>"),
         ("date", [Value::String(t), ..]) => match crate::meta::parse_time(t) {
@@ -177,15 +169,8 @@ fn cell(col: &PrinterColumn, obj: &Value, now: i64) -> Value {
     }
 }
 
-fn row(
-    def: &ResourceDef,
-    cols: &[PrinterColumn],
-    obj: &Value,
-    include: IncludeObject,
-    now: i64,
-) -> Value {
+fn row(cols: &[PrinterColumn], obj: &Value, include: IncludeObject, now: i64) -> Value {
     let cells: Vec<Value> = cols.iter().map(|c| cell(c, obj, now)).collect();
-    let _ = def;
     json!({ "cells": cells, "object": row_object(obj, include) })
 }
 
@@ -311,6 +296,36 @@ fn event_table(objects: &[Value], list_meta: Value, include: IncludeObject, now:
     envelope(list_meta, defs, rows)
 }
 
+/// A built-in kind's Table, as its kube-apiserver printer makes it.
+fn printed_table(
+    printer: &Printer,
+    objects: &[Value],
+    list_meta: Value,
+    include: IncludeObject,
+    now: i64,
+) -> Value {
+    let defs = printer
+        .columns
+        .iter()
+        .map(|c| {
+            json!({ "name": c.name, "type": c.type_, "format": c.format,
+                "description": c.description, "priority": c.priority })
+        })
+        .collect();
+    let rows = objects
+        .iter()
+        .map(|o| {
+            let mut row =
+                json!({ "cells": (printer.cells)(o, now), "object": row_object(o, include) });
+            if let Some(conditions) = (printer.conditions)(o) {
+                row["conditions"] = conditions;
+            }
+            row
+        })
+        .collect();
+    envelope(list_meta, defs, rows)
+}
+
 fn envelope(list_meta: Value, column_definitions: Vec<Value>, rows: Vec<Value>) -> Value {
     json!({
         "kind": "Table",
@@ -332,6 +347,11 @@ pub fn table(
     if matches!(def.flavor, Flavor::CoreEvent | Flavor::EventsV1Event) {
         return event_table(objects, list_meta, include, now);
     }
+    if def.flavor != Flavor::CustomResource
+        && let Some(printer) = printers::of(&def.group, &def.kind)
+    {
+        return printed_table(&printer, objects, list_meta, include, now);
+    }
     let cols = columns(def);
     let defs: Vec<Value> = cols
         .iter()
@@ -343,7 +363,7 @@ pub fn table(
         .collect();
     let rows = objects
         .iter()
-        .map(|o| row(def, &cols, o, include, now))
+        .map(|o| row(&cols, o, include, now))
         .collect();
     envelope(list_meta, defs, rows)
 }

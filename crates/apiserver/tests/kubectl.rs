@@ -983,6 +983,47 @@ spec: {accessModes: [ReadWriteOnce], resources: {requests: {storage: 1Gi}}}
             .contains("scaled")
     );
 
+    // Computed columns, as kube-apiserver's printers compute them.
+    let lines = |table: String| -> Vec<Vec<String>> {
+        table
+            .lines()
+            .map(|l| l.split_whitespace().map(String::from).collect())
+            .collect()
+    };
+    let pods = lines(k.ok(&["get", "pods"]).await);
+    assert_eq!(pods[0][..4], ["NAME", "READY", "STATUS", "RESTARTS"]);
+    assert_eq!(pods[1][..4], ["web-0", "0/1", "Pending", "0"]);
+    k.ok(&[
+        "patch",
+        "pod",
+        "web-0",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        r#"{"status":{"phase":"Running","podIP":"10.0.0.5","containerStatuses":[{"name":"web","ready":true,"restartCount":0,"image":"nginx","imageID":"","state":{"running":{}}}]}}"#,
+    ])
+    .await;
+    let pods = lines(k.ok(&["get", "pods", "-o", "wide"]).await);
+    assert_eq!(pods[1][..4], ["web-0", "1/1", "Running", "0"]);
+    assert_eq!(pods[1][5], "10.0.0.5");
+    let deployments = lines(k.ok(&["get", "deployments"]).await);
+    assert_eq!(
+        deployments[0][..4],
+        ["NAME", "READY", "UP-TO-DATE", "AVAILABLE"]
+    );
+    assert_eq!(deployments[1][..4], ["web", "0/5", "2", "1"]);
+    let services = lines(k.ok(&["get", "services"]).await);
+    assert_eq!(
+        services[0][..5],
+        ["NAME", "TYPE", "CLUSTER-IP", "EXTERNAL-IP", "PORT(S)"]
+    );
+    assert_eq!(
+        [&services[1][..2], &services[1][3..5]].concat(),
+        ["web", "ClusterIP", "<none>", "80/TCP"]
+    );
+    let statefulsets = lines(k.ok(&["get", "statefulsets"]).await);
+    assert_eq!(statefulsets[1][..2], ["db", "0/3"]);
+
     // Columns, and every kind listed by its short name.
     let cronjobs = k.ok(&["get", "cj"]).await;
     assert!(

@@ -99,7 +99,8 @@ impl ApiState {
         Ok(())
     }
 
-    /// A Service's defaults: `type: ClusterIP`, `sessionAffinity: None`, and a `clusterIP`
+    /// A Service's defaults: `type: ClusterIP`, `sessionAffinity: None`, each port's `TCP`
+    /// and `targetPort` (its `port`), and a `clusterIP`
     /// (with `clusterIPs`) from 10.96.0.0/12 unless it is headless (`None`) or an
     /// ExternalName. An update keeps the address, which is immutable.
     fn default_service(&self, obj: &mut Value, old: Option<&Value>) -> Result<(), ApiError> {
@@ -112,6 +113,19 @@ impl ApiState {
         }
         if spec.get("sessionAffinity").is_none_or(Value::is_null) {
             spec["sessionAffinity"] = json!("None");
+        }
+        for port in spec
+            .get_mut("ports")
+            .and_then(Value::as_array_mut)
+            .into_iter()
+            .flatten()
+        {
+            if port.get("protocol").is_none_or(Value::is_null) {
+                port["protocol"] = json!("TCP");
+            }
+            if port.get("targetPort").is_none_or(Value::is_null) {
+                port["targetPort"] = port.get("port").cloned().unwrap_or(Value::Null);
+            }
         }
         if spec["type"] == "ExternalName" {
             return Ok(());
