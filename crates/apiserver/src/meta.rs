@@ -1,4 +1,4 @@
-//! Object metadata helpers: timestamps, uids, generated names and name validation.
+//! Object metadata helpers: timestamps and ages, uids, generated names and name validation.
 
 use serde_json::Value;
 
@@ -15,6 +15,47 @@ pub fn parse_time(s: &str) -> Option<i64> {
     time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339)
         .ok()
         .map(|t| t.unix_timestamp())
+}
+
+/// An age as kube's `duration.HumanDuration` writes it; `<invalid>` more than a second
+/// in the future.
+pub fn human_duration(secs: i64) -> String {
+    if secs < -1 {
+        return "<invalid>".into();
+    }
+    let s = secs.max(0);
+    let (m, h, d) = (s / 60, s / 3600, s / 86400);
+    if s < 120 {
+        format!("{s}s")
+    } else if m < 10 {
+        if s % 60 == 0 {
+            format!("{m}m")
+        } else {
+            format!("{m}m{}s", s % 60)
+        }
+    } else if m < 180 {
+        format!("{m}m")
+    } else if h < 8 {
+        if m % 60 == 0 {
+            format!("{h}h")
+        } else {
+            format!("{h}h{}m", m % 60)
+        }
+    } else if h < 48 {
+        format!("{h}h")
+    } else if h < 24 * 8 {
+        if h % 24 == 0 {
+            format!("{d}d")
+        } else {
+            format!("{d}d{}h", h % 24)
+        }
+    } else if d < 365 * 2 {
+        format!("{d}d")
+    } else if d < 365 * 8 {
+        format!("{}y{}d", d / 365, d % 365)
+    } else {
+        format!("{}y", d / 365)
+    }
 }
 
 fn random_bytes<const N: usize>() -> [u8; N] {
@@ -174,6 +215,20 @@ pub fn metadata_mut(obj: &mut Value) -> &mut serde_json::Map<String, Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn durations_like_kubectl() {
+        assert_eq!(human_duration(5), "5s");
+        assert_eq!(human_duration(125), "2m5s");
+        assert_eq!(human_duration(3600 * 5 + 60), "5h1m");
+        assert_eq!(human_duration(86400 * 3), "3d");
+        assert_eq!(human_duration(86400 * 30), "30d");
+        assert_eq!(human_duration(119), "119s");
+        assert_eq!(human_duration(120), "2m");
+        assert_eq!(human_duration(86400 * (365 * 2 + 30)), "2y30d");
+        assert_eq!(human_duration(-1), "0s", "a second ahead is clock skew");
+        assert_eq!(human_duration(-2), "<invalid>");
+    }
 
     #[test]
     fn uids_are_v4_and_distinct() {

@@ -9,8 +9,7 @@
 use serde_json::{Map, Value, json};
 
 use crate::builtin_schemas;
-use crate::meta::parse_time;
-use crate::table::human_duration;
+use crate::meta::{human_duration, parse_time};
 
 /// One column definition of a Table.
 #[derive(Debug, Clone)]

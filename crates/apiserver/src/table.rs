@@ -2,6 +2,7 @@
 
 use serde_json::{Value, json};
 
+use crate::meta;
 use crate::printers::{self, Printer};
 use crate::registry::{Flavor, PrinterColumn, ResourceDef};
 
@@ -45,46 +46,6 @@ fn columns(def: &ResourceDef) -> Vec<PrinterColumn> {
         cols.push(age);
     }
     cols
-}
-
-/// kube's duration.HumanDuration.
-pub fn human_duration(secs: i64) -> String {
-    if secs < -1 {
-        return "<invalid>".into();
-    }
-    let s = secs.max(0);
-    let (m, h, d) = (s / 60, s / 3600, s / 86400);
-    if s < 120 {
-        format!("{s}s")
-    } else if m < 10 {
-        if s % 60 == 0 {
-            format!("{m}m")
-        } else {
-            format!("{m}m{}s", s % 60)
-        }
-    } else if m < 180 {
-        format!("{m}m")
-    } else if h < 8 {
-        if m % 60 == 0 {
-            format!("{h}h")
-        } else {
-            format!("{h}h{}m", m % 60)
-        }
-    } else if h < 48 {
-        format!("{h}h")
-    } else if h < 24 * 8 {
-        if h % 24 == 0 {
-            format!("{d}d")
-        } else {
-            format!("{d}d{}h", h % 24)
-        }
-    } else if d < 365 * 2 {
-        format!("{d}d")
-    } else if d < 365 * 8 {
-        format!("{}y{}d", d / 365, d % 365)
-    } else {
-        format!("{}y", d / 365)
-    }
 }
 
 /// Evaluates the simple JSONPath subset printer columns use: `.a.b`, `.a[0]`, `.a[*].b`,
@@ -152,8 +113,8 @@ fn cell(col: &PrinterColumn, obj: &Value, now: i64) -> Value {
     let found = json_path(obj, &col.json_path);
     match (col.type_.as_str(), found.as_slice()) {
         (_, []) => json!("<none>"),
-        ("date", [Value::String(t), ..]) => match crate::meta::parse_time(t) {
-            Some(at) => json!(human_duration(now - at)),
+        ("date", [Value::String(t), ..]) => match meta::parse_time(t) {
+            Some(at) => json!(meta::human_duration(now - at)),
             None => json!("<invalid>"),
         },
         (_, [single]) => match single {
@@ -218,8 +179,8 @@ fn event_cells(event: &Value, now: i64) -> Vec<Value> {
             .find(|t| !t.is_empty())
             .unwrap_or_default()
     };
-    let since = |at: &str| match crate::meta::parse_time(at) {
-        Some(at) => human_duration(now - at),
+    let since = |at: &str| match meta::parse_time(at) {
+        Some(at) => meta::human_duration(now - at),
         None => "<unknown>".to_string(),
     };
     let first = first_of(&["/firstTimestamp", "/deprecatedFirstTimestamp", "/eventTime"]);
@@ -373,17 +334,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn durations_like_kubectl() {
-        assert_eq!(human_duration(5), "5s");
-        assert_eq!(human_duration(125), "2m5s");
-        assert_eq!(human_duration(3600 * 5 + 60), "5h1m");
-        assert_eq!(human_duration(86400 * 3), "3d");
-        assert_eq!(human_duration(86400 * 30), "30d");
-    }
-
-    #[test]
     fn events_print_as_kube_apiserver_prints_them() {
-        let now = crate::meta::parse_time("2026-11-26T10:00:00Z").unwrap();
+        let now = meta::parse_time("2026-11-26T10:00:00Z").unwrap();
         let core = json!({
             "metadata": {"name": "m1.17a"},
             "involvedObject": {"kind": "Machine", "name": "m1", "fieldPath": ""},
