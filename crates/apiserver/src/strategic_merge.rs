@@ -8,6 +8,8 @@
 //! Merged lists keep kube-apiserver's order: the patch's items in the patch's (or
 //! `$setElementOrder`'s) order, interleaved with the items only the server had, in theirs.
 
+use std::collections::HashMap;
+
 use serde_json::{Map, Value};
 
 use crate::error::ApiError;
@@ -56,7 +58,8 @@ fn unclassified(message: String) -> ApiError {
 
 fn no_merge_key(item: &Value, key: &str) -> ApiError {
     unclassified(format!(
-        "map: {item} does not contain declared merge key: {key}"
+        "map: {} does not contain declared merge key: {key}",
+        brief(item)
     ))
 }
 
@@ -77,8 +80,9 @@ impl StrategicMerge<'_> {
                 Some("replace") => Ok(without_directives_map(patch)),
                 Some("delete") => Ok(Map::new()),
                 _ => Err(unclassified(format!(
-                    "unknown patch type: {directive} in map: {}",
-                    Value::Object(patch)
+                    "unknown patch type: {} in map: {}",
+                    brief(&directive),
+                    brief(&Value::Object(patch))
                 ))),
             };
         }
@@ -164,24 +168,33 @@ impl StrategicMerge<'_> {
             };
             let (original, patch) = apply_list_directives(original, patch, key)?;
             let mut merged = original.clone();
+            let mut positions = Positions::of(&merged, Some(key));
             for item in &patch {
-                let id = item.get(key).ok_or_else(|| no_merge_key(item, key))?;
-                let found = merged.iter().position(|m| m.get(key) == Some(id));
-                match (found, item) {
+                if item.get(key).is_none() {
+                    return Err(no_merge_key(item, key));
+                }
+                match (positions.get(item, Some(key)), item) {
                     (Some(i), Value::Object(new)) => {
                         let Value::Object(old) = std::mem::take(&mut merged[i]) else {
                             unreachable!("items are maps")
                         };
                         merged[i] = Value::Object(self.merge_map(old, new.clone(), path)?);
                     }
-                    _ => merged.extend(without_directives(item.clone())),
+                    _ => {
+                        if let Some(item) = without_directives(item.clone()) {
+                            positions.add(&item, Some(key), merged.len());
+                            merged.push(item);
+                        }
+                    }
                 }
             }
             (original, patch, merged)
         } else {
+            let mut seen = Positions::default();
             let mut merged: Vec<Value> = Vec::with_capacity(original.len() + patch.len());
             for value in original.iter().chain(&patch) {
-                if !merged.contains(value) {
+                if seen.get(value, None).is_none() {
+                    seen.add(value, None, merged.len());
                     merged.push(value.clone());
                 }
             }
@@ -301,13 +314,16 @@ fn apply_list_directives(
 ) -> Result<(Vec<Value>, Vec<Value>), ApiError> {
     let mut plain = Vec::with_capacity(patch.len());
     let mut replace = false;
+    let mut deleted = Positions::default();
     for item in patch {
         match item.get(DIRECTIVE) {
             None => plain.push(item),
             Some(directive) => match directive.as_str() {
                 Some("delete") => {
-                    let id = item.get(key).ok_or_else(|| no_merge_key(&item, key))?;
-                    original.retain(|o| o.get(key) != Some(id));
+                    if item.get(key).is_none() {
+                        return Err(no_merge_key(&item, key));
+                    }
+                    deleted.add(&item, Some(key), 0);
                 }
                 Some("replace") => replace = true,
                 Some("merge") => {
@@ -317,12 +333,15 @@ fn apply_list_directives(
                 }
                 _ => {
                     return Err(unclassified(format!(
-                        "unknown patch type: {directive} in map: {item}"
+                        "unknown patch type: {} in map: {}",
+                        brief(directive),
+                        brief(&item)
                     )));
                 }
             },
         }
     }
+    original.retain(|o| deleted.get(o, Some(key)).is_none());
     Ok(if replace {
         (plain, Vec::new())
     } else {
@@ -338,16 +357,37 @@ fn identity<'a>(item: &'a Value, key: Option<&str>) -> Option<&'a Value> {
     }
 }
 
-fn position(list: &[Value], item: &Value, key: Option<&str>) -> Option<usize> {
-    let id = identity(item, key)?;
-    list.iter().position(|l| identity(l, key) == Some(id))
+/// Where each identity first stands in a list, so that merging lists of any length stays
+/// linear (a patch with a hundred thousand items must not hold a worker for minutes).
+#[derive(Default)]
+struct Positions(HashMap<String, usize>);
+
+impl Positions {
+    fn of(list: &[Value], key: Option<&str>) -> Self {
+        let mut positions = Positions::default();
+        for (i, item) in list.iter().enumerate() {
+            positions.add(item, key, i);
+        }
+        positions
+    }
+
+    fn add(&mut self, item: &Value, key: Option<&str>, at: usize) {
+        if let Some(id) = identity(item, key) {
+            self.0.entry(id.to_string()).or_insert(at);
+        }
+    }
+
+    fn get(&self, item: &Value, key: Option<&str>) -> Option<usize> {
+        self.0.get(&identity(item, key)?.to_string()).copied()
+    }
 }
 
 /// Splits `merged` into the items `by` names and the others, each in `merged`'s order.
 fn partition(merged: Vec<Value>, by: &[Value], key: Option<&str>) -> (Vec<Value>, Vec<Value>) {
+    let by = Positions::of(by, key);
     merged
         .into_iter()
-        .partition(|item| position(by, item, key).is_some())
+        .partition(|item| by.get(item, key).is_some())
 }
 
 /// kube-apiserver's order of a merged list: the patch's items sorted by `patch_order`, the
@@ -360,14 +400,16 @@ fn normalize_order(
     server_order: &[Value],
     key: Option<&str>,
 ) -> Vec<Value> {
-    in_patch.sort_by_key(|item| position(patch_order, item, key).unwrap_or(usize::MAX));
-    server_only.sort_by_key(|item| position(server_order, item, key).unwrap_or(usize::MAX));
+    let patch_order = Positions::of(patch_order, key);
+    let server_order = Positions::of(server_order, key);
+    in_patch.sort_by_cached_key(|item| patch_order.get(item, key).unwrap_or(usize::MAX));
+    server_only.sort_by_cached_key(|item| server_order.get(item, key).unwrap_or(usize::MAX));
     let mut out = Vec::with_capacity(in_patch.len() + server_only.len());
     let mut server = server_only.into_iter().peekable();
     for item in in_patch {
-        let at = position(server_order, &item, key);
+        let at = server_order.get(&item, key);
         while let Some(next) = server.peek() {
-            match (position(server_order, next, key), at) {
+            match (server_order.get(next, key), at) {
                 (Some(s), Some(p)) if s < p => out.extend(server.next()),
                 _ => break,
             }
@@ -392,12 +434,34 @@ fn check_order(patch: &[Value], order: &[Value], key: Option<&str>) -> Result<()
         if !remaining.any(|o| identity(o, key) == id) {
             return Err(unclassified(format!(
                 "The order in patch list:\n{}\n doesn't match {SET_ELEMENT_ORDER} list:\n{}\n",
-                Value::Array(patch.to_vec()),
-                Value::Array(order.to_vec())
+                abridged(patch),
+                abridged(order)
             )));
         }
     }
     Ok(())
+}
+
+/// A value for an error message, cut short so that a huge patch is not echoed back.
+fn brief(value: &Value) -> String {
+    const SHOWN: usize = 200;
+    let text = value.to_string();
+    match text.char_indices().nth(SHOWN) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text,
+    }
+}
+
+/// A list for an error message: its first items only, so that a huge patch is not echoed back.
+fn abridged(list: &[Value]) -> String {
+    const SHOWN: usize = 8;
+    let shown: Vec<String> = list.iter().take(SHOWN).map(Value::to_string).collect();
+    let more = list.len().saturating_sub(SHOWN);
+    if more == 0 {
+        format!("[{}]", shown.join(","))
+    } else {
+        format!("[{},… {more} more]", shown.join(","))
+    }
 }
 
 /// A patch value as it enters the object: maps with a `$patch` directive dropped, other
@@ -564,6 +628,44 @@ mod tests {
     }
 
     #[test]
+    fn huge_lists_merge_in_linear_time() {
+        // A hostile patch (a body near the size limit holds this many items) against an object
+        // as large: a quadratic merge would take minutes; this takes milliseconds.
+        const N: usize = 100_000;
+        let items = |from: usize| -> Vec<Value> {
+            (from..from + N)
+                .map(|i| json!({"name": i.to_string()}))
+                .collect()
+        };
+        let values = |from: usize| -> Vec<Value> { (from..from + N).map(|i| json!(i)).collect() };
+        let current = json!({"mergingList": items(0), "mergingIntList": values(0)});
+        let mut reversed = items(N / 2);
+        reversed.reverse();
+        let patch = json!({
+            "mergingList": reversed.clone(),
+            "$setElementOrder/mergingList": reversed,
+            "mergingIntList": values(N / 2),
+        });
+        let out = patched(current.clone(), patch)
+            .map_err(|e| e.message.chars().take(300).collect::<String>())
+            .unwrap();
+        assert_eq!(out["mergingList"].as_array().unwrap().len(), N + N / 2);
+        assert_eq!(out["mergingIntList"].as_array().unwrap().len(), N + N / 2);
+        // A refused one does not echo the whole patch back.
+        let refused = patched(
+            current,
+            json!({"mergingList": items(0), "$setElementOrder/mergingList": items(1)}),
+        )
+        .unwrap_err();
+        assert!(
+            refused.message.len() < 1_000,
+            "{}",
+            &refused.message[..1_000]
+        );
+        assert!(refused.message.contains("more]"), "{}", refused.message);
+    }
+
+    #[test]
     fn bad_patches_are_refused_as_kube_apiserver_refuses_them() {
         let current = json!({"mergingList": [{"name": "a"}], "map": {"x": 1}, "nestedList": [[0]]});
         for (patch, code, words) in [
@@ -602,6 +704,7 @@ mod tests {
             (json!({"nestedList": [[1]]}), 422, "lists of lists"),
         ] {
             let error = patched(current.clone(), patch.clone()).unwrap_err();
+            assert!(error.message.len() < 1_000, "a short message, not the patch");
             assert_eq!(error.code, code, "{patch}: {}", error.message);
             assert!(error.message.contains(words), "{patch}: {}", error.message);
         }
