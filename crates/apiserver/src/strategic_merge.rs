@@ -704,7 +704,10 @@ mod tests {
             (json!({"nestedList": [[1]]}), 422, "lists of lists"),
         ] {
             let error = patched(current.clone(), patch.clone()).unwrap_err();
-            assert!(error.message.len() < 1_000, "a short message, not the patch");
+            assert!(
+                error.message.len() < 1_000,
+                "a short message, not the patch"
+            );
             assert_eq!(error.code, code, "{patch}: {}", error.message);
             assert!(error.message.contains(words), "{patch}: {}", error.message);
         }
