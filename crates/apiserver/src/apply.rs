@@ -3,8 +3,9 @@
 //! Field sets are sets of paths to leaves, in the `fieldsV1` vocabulary: `f:<field>` for map
 //! fields, `k:{"<key>":<value>}` for items of lists the schema declares
 //! `x-kubernetes-list-type: map`, `v:<value>` for items of `set` lists. Every other list is
-//! atomic: one leaf, owned and replaced as a whole. Built-in kinds have no schemas here, except
-//! for metadata (`finalizers` is a set, `ownerReferences` a map keyed by uid).
+//! atomic: one leaf, owned and replaced as a whole. Built-in kinds' list types come from their
+//! patch metadata (`patch_meta::PatchMeta::apply_schema`); metadata has its own (`finalizers`
+//! is a set, `ownerReferences` a map keyed by uid).
 //!
 //! Applying as manager M:
 //! - a field M sets to a value that differs from the live one and that another manager owns is a
@@ -415,7 +416,7 @@ pub struct Writer<'a> {
     pub api_version: String,
     pub subresource: Option<&'a str>,
     pub now: String,
-    /// The kind's openAPIV3Schema, for list types (None: every list is atomic).
+    /// The kind's schema, for list types (None: every list is atomic).
     pub schema: Option<&'a Value>,
 }
 

@@ -1,6 +1,7 @@
-//! Strategic merge patch metadata of the built-in kinds: for each list field, whether a patch
-//! replaces it, merges it as a set of values, or merges its items by a key (a Pod's
-//! `containers` by `name`, their `ports` by `containerPort`).
+//! Patch metadata of the built-in kinds: for each list field, whether a patch replaces it,
+//! merges it as a set of values, or merges its items by a key (a Pod's `containers` by `name`,
+//! their `ports` by `containerPort`). Strategic merge patch reads it, and server-side apply
+//! reads it as list types (`apply_schema`).
 //!
 //! kube-apiserver reads this from the `patchStrategy` and `patchMergeKey` tags of its Go types.
 //! k8s-openapi, generated from the same API definitions, carries it only in code: the
@@ -59,6 +60,112 @@ impl PatchMeta {
             .expect("not poisoned")
             .insert(key, strategy.clone());
         strategy
+    }
+}
+
+impl PatchMeta {
+    /// The kind's fields as server-side apply reads them (`properties`, `items`,
+    /// `additionalProperties`), each list marked with the `x-kubernetes-list-type` its merge
+    /// declares: `map` by its merge key, `set`, or `atomic`. Built on first use, once per kind,
+    /// and kept for the life of the process as the kinds' schemas are. `metadata` is left out:
+    /// server-side apply has its own rules for it.
+    pub fn apply_schema(&self) -> Option<&'static Value> {
+        let kind = self.kind?;
+        static BUILT: OnceLock<Mutex<HashMap<String, &'static Value>>> = OnceLock::new();
+        let mut built = BUILT
+            .get_or_init(Mutex::default)
+            .lock()
+            .expect("not poisoned");
+        if let Some(schema) = built.get(&kind.name) {
+            return Some(schema);
+        }
+        let root = kind.definitions.get(&kind.name)?;
+        let structure = Structure {
+            meta: *self,
+            schemas: Schemas(&kind.definitions),
+        };
+        let schema = structure.of(root, "", &mut vec![kind.name.as_str()]);
+        // At most one per built-in kind, like the schemas it is made from.
+        let schema: &'static Value = Box::leak(Box::new(schema));
+        built.insert(kind.name.clone(), schema);
+        Some(schema)
+    }
+}
+
+/// Builds a kind's apply schema (see [`PatchMeta::apply_schema`]).
+struct Structure<'a> {
+    meta: PatchMeta,
+    schemas: Schemas<'a>,
+}
+
+impl<'a> Structure<'a> {
+    /// The structure of `node`, found at `path`; `within` names the definitions on the way
+    /// there, so that a recursive one (a CRD's JSONSchemaProps) ends instead of repeating.
+    fn of(&self, node: &'a Value, path: &str, within: &mut Vec<&'a str>) -> Value {
+        let definition = reference_name(node);
+        if let Some(name) = definition {
+            if within.contains(&name) && !path.is_empty() {
+                return json!({});
+            }
+            within.push(name);
+        }
+        let resolved = self.schemas.resolve(node);
+        let mut out = Map::new();
+        if resolved.get("type").and_then(Value::as_str) == Some("array") {
+            if let Some(items) = resolved.get("items") {
+                out.insert("items".into(), self.of(items, path, within));
+            }
+            let (list_type, keys) = match self.meta.list(path) {
+                ListStrategy::MergeByKey(key) => ("map", Some(key)),
+                ListStrategy::MergeValues => ("set", None),
+                ListStrategy::Replace => ("atomic", None),
+            };
+            out.insert("type".into(), json!("array"));
+            out.insert("x-kubernetes-list-type".into(), json!(list_type));
+            if let Some(key) = keys {
+                out.insert("x-kubernetes-list-map-keys".into(), json!([key]));
+            }
+        }
+        if let Some(Value::Object(properties)) = resolved.get("properties") {
+            let fields: Map<String, Value> = properties
+                .iter()
+                .filter(|(name, _)| !(path.is_empty() && *name == "metadata"))
+                .map(|(name, child)| (name.clone(), self.of(child, &join(path, name), within)))
+                .collect();
+            out.insert("properties".into(), Value::Object(fields));
+        }
+        if let Some(values) = resolved
+            .get("additionalProperties")
+            .filter(|v| v.is_object())
+        {
+            // Map values have no field name: `*` stands for any key (see `Schemas::field`).
+            out.insert(
+                "additionalProperties".into(),
+                self.of(values, &join(path, "*"), within),
+            );
+        }
+        if definition.is_some() {
+            within.pop();
+        }
+        Value::Object(out)
+    }
+}
+
+/// The definition a schema refers to (directly or as `allOf` its one reference).
+fn reference_name(schema: &Value) -> Option<&str> {
+    schema
+        .pointer("/allOf/0/$ref")
+        .or_else(|| schema.get("$ref"))
+        .and_then(Value::as_str)
+        .and_then(|r| r.rsplit('/').next())
+}
+
+/// `field` below `path`, in the dotted form list strategies are looked up by.
+pub fn join(path: &str, field: &str) -> String {
+    if path.is_empty() {
+        field.to_string()
+    } else {
+        format!("{path}.{field}")
     }
 }
 
@@ -375,6 +482,35 @@ mod tests {
             }
             collect_lists(schemas, child, child_path, out, depth + 1);
         }
+    }
+
+    #[test]
+    fn apply_schemas_mark_each_list_as_its_merge_treats_it() {
+        let schema = PatchMeta::of("apps", "v1", "Deployment")
+            .apply_schema()
+            .unwrap();
+        let pod = &schema["properties"]["spec"]["properties"]["template"]["properties"]["spec"];
+        let containers = &pod["properties"]["containers"];
+        assert_eq!(containers["x-kubernetes-list-type"], "map");
+        assert_eq!(containers["x-kubernetes-list-map-keys"], json!(["name"]));
+        let env = &containers["items"]["properties"]["env"];
+        assert_eq!(env["x-kubernetes-list-map-keys"], json!(["name"]));
+        assert_eq!(
+            pod["properties"]["tolerations"]["x-kubernetes-list-type"],
+            "atomic"
+        );
+        assert!(
+            schema["properties"].get("metadata").is_none(),
+            "apply has its own rules"
+        );
+        // A recursive kind ends instead of repeating.
+        let crd = PatchMeta::of("apiextensions.k8s.io", "v1", "CustomResourceDefinition");
+        assert!(crd.apply_schema().is_some());
+        assert!(
+            PatchMeta::of("example.com", "v1", "Widget")
+                .apply_schema()
+                .is_none()
+        );
     }
 
     #[test]

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use serde_json::{Map, Value};
 
 use crate::error::ApiError;
-use crate::patch_meta::{ListStrategy, PatchMeta};
+use crate::patch_meta::{ListStrategy, PatchMeta, join};
 
 const DIRECTIVE: &str = "$patch";
 const RETAIN_KEYS: &str = "$retainKeys";
@@ -482,14 +482,6 @@ fn without_directives_map(map: Map<String, Value>) -> Map<String, Value> {
         .filter(|(k, v)| !k.starts_with('$') && !v.is_null())
         .filter_map(|(k, v)| without_directives(v).map(|v| (k, v)))
         .collect()
-}
-
-fn join(path: &str, field: &str) -> String {
-    if path.is_empty() {
-        field.to_string()
-    } else {
-        format!("{path}.{field}")
-    }
 }
 
 #[cfg(test)]

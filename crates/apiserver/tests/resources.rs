@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use caretaker_apiserver::TestServer;
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Client;
@@ -300,6 +301,76 @@ async fn server_side_apply_ownership_conflicts_and_force() {
         after.data.unwrap(),
         [("a".to_string(), "9".to_string())].into()
     );
+}
+
+fn container_names(deployment: &Deployment) -> Vec<String> {
+    let value = serde_json::to_value(deployment).unwrap();
+    value["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// Server-side apply of a built-in kind merges its lists by their keys, as kube-apiserver's
+/// structured merge does: two managers own different containers of one Deployment, and only
+/// the same field of the same container conflicts.
+#[tokio::test]
+async fn server_side_apply_merges_built_in_lists_by_key() {
+    let server = TestServer::start().await;
+    let deployments: Api<Deployment> = Api::namespaced(server.client(), "default");
+    let cfg = |containers: Value| {
+        json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"},
+               "spec": {"selector": {"matchLabels": {"app": "web"}},
+                        "template": {"metadata": {"labels": {"app": "web"}},
+                                     "spec": {"containers": containers}}}})
+    };
+    let alice = PatchParams::apply("alice");
+    let bob = PatchParams::apply("bob");
+    let web = json!([{"name": "web", "image": "nginx:1.27"}]);
+    deployments
+        .patch("web", &alice, &Patch::Apply(cfg(web.clone())))
+        .await
+        .unwrap();
+    let both = deployments
+        .patch(
+            "web",
+            &bob,
+            &Patch::Apply(cfg(json!([{"name": "log", "image": "busybox"}]))),
+        )
+        .await
+        .unwrap();
+    let names = container_names(&both);
+    assert_eq!(names, ["web", "log"]);
+    let fields = serde_json::to_string(&both.metadata.managed_fields).unwrap();
+    assert!(fields.contains(r#"k:{\"name\":\"log\"}"#), "{fields}");
+
+    let conflict = api_status(
+        deployments
+            .patch(
+                "web",
+                &bob,
+                &Patch::Apply(cfg(json!([{"name": "log", "image": "busybox"},
+                                         {"name": "web", "image": "nginx:1.28"}]))),
+            )
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(conflict.code, 409);
+    assert_eq!(
+        conflict.message,
+        "Apply failed with 1 conflict: conflict with \"alice\" using apps/v1: \
+         .spec.template.spec.containers[name=\"web\"].image"
+    );
+
+    // Alice leaves: her container goes, bob's stays.
+    let after = deployments
+        .patch("web", &alice, &Patch::Apply(cfg(json!([]))))
+        .await
+        .unwrap();
+    let names = container_names(&after);
+    assert_eq!(names, ["log"]);
 }
 
 #[tokio::test]

@@ -16,6 +16,7 @@ use crate::admission::Request as AdmissionRequest;
 use crate::apply::{self, Writer};
 use crate::error::ApiError;
 use crate::meta::{self, finalizers_of, is_deleting, metadata_mut, name_of, resource_version_of};
+use crate::patch_meta::PatchMeta;
 use crate::registry::{Flavor, ResourceDef};
 
 /// The result of a write.
@@ -286,6 +287,10 @@ pub(super) fn writer<'a>(def: &'a ResourceDef, part: Part, opts: &'a WriteOption
         // Entries name the status subresource; finalize writes count as the main resource.
         subresource: (part == Part::Status).then_some("status"),
         now: meta::now(),
-        schema: def.schema.as_deref(),
+        // Custom resources' list types come from their schema, built-in kinds' from their merge.
+        schema: def
+            .schema
+            .as_deref()
+            .or_else(|| PatchMeta::of(&def.group, &def.version, &def.kind).apply_schema()),
     }
 }
