@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
+use axum::extract::rejection::BytesRejection;
 use axum::extract::{Extension, Query, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
@@ -107,13 +108,29 @@ pub async fn dispatch(
     method: Method,
     uri: Uri,
     headers: HeaderMap,
-    body: Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> Response {
+    let body = match body {
+        Ok(body) => body,
+        Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+            return ApiError::new(
+                413,
+                "RequestEntityTooLarge",
+                format!("Request entity too large: limit is {MAX_REQUEST_BODY}"),
+            )
+            .into_response();
+        }
+        Err(rejection) => return ApiError::bad_request(rejection.body_text()).into_response(),
+    };
     match route(&state, &user, &method, &uri, &headers, body).await {
         Ok(resp) => resp,
         Err(e) => e.into_response(),
     }
 }
+
+/// The largest request body, as kube-apiserver's (3 MiB): larger ones are refused with 413
+/// before any of it is decoded.
+pub const MAX_REQUEST_BODY: usize = 3 * 1024 * 1024;
 
 async fn route(
     state: &ServerState,

@@ -191,7 +191,7 @@ impl ApiServerBuilder {
         });
         let router = Router::new()
             .fallback(handlers::dispatch)
-            .layer(DefaultBodyLimit::max(64 * 1024 * 1024))
+            .layer(DefaultBodyLimit::max(handlers::MAX_REQUEST_BODY))
             .layer(axum::middleware::from_fn_with_state(
                 auth_layer,
                 crate::auth::middleware,

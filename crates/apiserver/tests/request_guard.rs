@@ -282,3 +282,58 @@ async fn a_foreign_host_cannot_read_secrets() {
         assert_eq!(reply.1["data"]["tls.key"], "UFJJVkFURSBLRVk=");
     }
 }
+
+/// A body larger than kube-apiserver's 3 MiB is refused with its 413 Status before anything
+/// decodes it (a flood of huge bodies cannot make the server parse or merge them), and nothing
+/// is stored; a large body under the limit is still taken.
+#[tokio::test]
+async fn bodies_over_three_mebibytes_are_refused() {
+    let server = TestServer::start().await;
+    let http = RawHttp::new(server.url());
+    let with_data = |name: &str, bytes: usize| {
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name},
+               "data": {"k": "x".repeat(bytes)}})
+        .to_string()
+    };
+    let reply = http
+        .send(
+            "POST",
+            CONFIGMAPS,
+            "application/json",
+            &with_data("huge", 4 * 1024 * 1024),
+        )
+        .await;
+    assert_status(&reply, 413, "RequestEntityTooLarge");
+    assert_eq!(
+        reply.1["message"],
+        "Request entity too large: limit is 3145728"
+    );
+    // A strategic merge patch of the same size, against an object that exists.
+    assert_eq!(
+        http.send("POST", CONFIGMAPS, "application/json", &configmap("kept"))
+            .await
+            .0,
+        201
+    );
+    let patch = json!({"metadata": {"finalizers": vec!["x"; 900_000]}}).to_string();
+    assert!(patch.len() > 3 * 1024 * 1024);
+    let reply = http
+        .send(
+            "PATCH",
+            &format!("{CONFIGMAPS}/kept"),
+            "application/strategic-merge-patch+json",
+            &patch,
+        )
+        .await;
+    assert_status(&reply, 413, "RequestEntityTooLarge");
+    assert_eq!(configmap_names(&server).await, ["kept"]);
+    let reply = http
+        .send(
+            "POST",
+            CONFIGMAPS,
+            "application/json",
+            &with_data("large", 2 * 1024 * 1024),
+        )
+        .await;
+    assert_eq!(reply.0, 201, "{}", reply.1["message"]);
+}
