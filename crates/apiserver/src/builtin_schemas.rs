@@ -3,7 +3,6 @@
 //! under kube-apiserver's definition names (`io.k8s.api.core.v1.Pod`), and their merge, from
 //! which strategic merge patch learns each list's strategy.
 
-use std::collections::BTreeMap;
 use std::sync::OnceLock;
 
 use k8s_openapi::api::{
@@ -29,6 +28,8 @@ pub struct KindSchema {
     /// k8s-openapi's `DeepMerge` of two objects of the kind, which follows the list strategies
     /// Kubernetes declares for each field (`patch_meta` learns them from it).
     pub merge: Merge,
+    /// The kind's structure for server-side apply, built by `patch_meta` on first use.
+    pub apply_schema: OnceLock<Value>,
 }
 
 /// Merges `new` into `current`, both objects of one kind; `None` if either does not decode.
@@ -133,37 +134,30 @@ const KINDS: &[Builtin] = &[
 ];
 
 /// The schema of the built-in kind `group`/`version`/`kind`, if k8s-openapi has its type.
-/// Generated once, on first use.
+/// Each kind's is generated on its first use (writes look theirs up; a kind nobody uses costs
+/// nothing).
 pub fn of(group: &str, version: &str, kind: &str) -> Option<&'static KindSchema> {
-    static SCHEMAS: OnceLock<BTreeMap<(String, String, String), KindSchema>> = OnceLock::new();
-    let schemas = SCHEMAS.get_or_init(|| {
-        KINDS
-            .iter()
-            .map(|builtin| {
-                let mut generator = SchemaSettings::openapi3().into_generator();
-                let reference = (builtin.generate)(&mut generator);
-                let name = reference
-                    .get("$ref")
-                    .and_then(Value::as_str)
-                    .and_then(|r| r.rsplit('/').next())
-                    .unwrap_or(builtin.kind)
-                    .to_string();
-                let definitions = generator.take_definitions(true);
-                let key = (
-                    builtin.group.into(),
-                    builtin.version.into(),
-                    builtin.kind.into(),
-                );
-                let schema = KindSchema {
-                    name,
-                    definitions,
-                    merge: builtin.merge,
-                };
-                (key, schema)
-            })
-            .collect()
-    });
-    schemas.get(&(group.into(), version.into(), kind.into()))
+    static SCHEMAS: [OnceLock<KindSchema>; KINDS.len()] = [const { OnceLock::new() }; KINDS.len()];
+    let at = KINDS
+        .iter()
+        .position(|b| (b.group, b.version, b.kind) == (group, version, kind))?;
+    Some(SCHEMAS[at].get_or_init(|| {
+        let builtin = &KINDS[at];
+        let mut generator = SchemaSettings::openapi3().into_generator();
+        let reference = (builtin.generate)(&mut generator);
+        let name = reference
+            .get("$ref")
+            .and_then(Value::as_str)
+            .and_then(|r| r.rsplit('/').next())
+            .unwrap_or(builtin.kind)
+            .to_string();
+        KindSchema {
+            name,
+            definitions: generator.take_definitions(true),
+            merge: builtin.merge,
+            apply_schema: OnceLock::new(),
+        }
+    }))
 }
 
 #[cfg(test)]

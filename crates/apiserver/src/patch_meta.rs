@@ -66,29 +66,18 @@ impl PatchMeta {
 impl PatchMeta {
     /// The kind's fields as server-side apply reads them (`properties`, `items`,
     /// `additionalProperties`), each list marked with the `x-kubernetes-list-type` its merge
-    /// declares: `map` by its merge key, `set`, or `atomic`. Built on first use, once per kind,
-    /// and kept for the life of the process as the kinds' schemas are. `metadata` is left out:
-    /// server-side apply has its own rules for it.
+    /// declares: `map` by its merge key, `set`, or `atomic`. Built on first use, once per kind.
+    /// `metadata` is left out: server-side apply has its own rules for it.
     pub fn apply_schema(&self) -> Option<&'static Value> {
         let kind = self.kind?;
-        static BUILT: OnceLock<Mutex<HashMap<String, &'static Value>>> = OnceLock::new();
-        let mut built = BUILT
-            .get_or_init(Mutex::default)
-            .lock()
-            .expect("not poisoned");
-        if let Some(schema) = built.get(&kind.name) {
-            return Some(schema);
-        }
         let root = kind.definitions.get(&kind.name)?;
-        let structure = Structure {
-            meta: *self,
-            schemas: Schemas(&kind.definitions),
-        };
-        let schema = structure.of(root, "", &mut vec![kind.name.as_str()]);
-        // At most one per built-in kind, like the schemas it is made from.
-        let schema: &'static Value = Box::leak(Box::new(schema));
-        built.insert(kind.name.clone(), schema);
-        Some(schema)
+        Some(kind.apply_schema.get_or_init(|| {
+            let structure = Structure {
+                meta: *self,
+                schemas: Schemas(&kind.definitions),
+            };
+            structure.of(root, "", &mut vec![kind.name.as_str()])
+        }))
     }
 }
 
