@@ -561,11 +561,11 @@ pub fn apply(
         ));
     }
     if force {
+        let taken: HashSet<&Path> = conflicts.iter().map(|(_, _, c)| c).collect();
         for e in entries
             .iter_mut()
             .filter(|e| !(e.manager == writer.manager && e.operation == "Apply"))
         {
-            let taken: HashSet<&Path> = conflicts.iter().map(|(_, _, c)| c).collect();
             e.fields.retain(|p| !taken.contains(p));
         }
     }

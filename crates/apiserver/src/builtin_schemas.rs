@@ -32,6 +32,63 @@ pub struct KindSchema {
     pub apply_schema: OnceLock<Value>,
 }
 
+impl KindSchema {
+    /// The kind's own definition.
+    pub fn root(&self) -> Option<&Value> {
+        self.definitions.get(&self.name)
+    }
+
+    /// The schema a reference names, followed to the end; a documented reference is `allOf`
+    /// that one reference.
+    pub fn resolve<'a>(&'a self, schema: &'a Value) -> &'a Value {
+        match reference(schema).and_then(|name| self.definitions.get(name)) {
+            Some(target) => self.resolve(target),
+            None => schema,
+        }
+    }
+
+    /// The schema of the field at `fields` below `schema` (as written in its parent, with its
+    /// documentation), through list items and map values.
+    pub fn field<'a>(&'a self, schema: &'a Value, fields: &[&str]) -> Option<&'a Value> {
+        let Some((first, rest)) = fields.split_first() else {
+            return Some(schema);
+        };
+        let node = self.element(self.resolve(schema));
+        let child = node
+            .get("properties")
+            .and_then(|p| p.get(*first))
+            .or_else(|| node.get("additionalProperties").filter(|a| a.is_object()))?;
+        self.field(child, rest)
+    }
+
+    /// A list's item schema, or the schema itself when it is no list.
+    pub fn element<'a>(&'a self, schema: &'a Value) -> &'a Value {
+        match (
+            schema.get("type").and_then(Value::as_str),
+            schema.get("items"),
+        ) {
+            (Some("array"), Some(items)) => self.resolve(items),
+            _ => schema,
+        }
+    }
+}
+
+/// The name of the definition a schema refers to: its `$ref`, or the one reference of its
+/// `allOf`.
+pub fn reference(schema: &Value) -> Option<&str> {
+    let only = match schema
+        .get("allOf")
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+    {
+        Some([only]) => only,
+        _ => schema,
+    };
+    only.get("$ref")
+        .and_then(Value::as_str)
+        .and_then(|r| r.rsplit('/').next())
+}
+
 /// Merges `new` into `current`, both objects of one kind; `None` if either does not decode.
 pub type Merge = fn(Value, Value) -> Option<Value>;
 

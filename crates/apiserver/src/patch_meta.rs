@@ -44,6 +44,7 @@ impl PatchMeta {
         }
     }
 
+    /// How strategic merge patch treats the list at `path`, learnt on first use.
     pub fn list(&self, path: &str) -> ListStrategy {
         let Some(kind) = self.kind else {
             return ListStrategy::Replace;
@@ -61,20 +62,18 @@ impl PatchMeta {
             .insert(key, strategy.clone());
         strategy
     }
-}
 
-impl PatchMeta {
     /// The kind's fields as server-side apply reads them (`properties`, `items`,
     /// `additionalProperties`), each list marked with the `x-kubernetes-list-type` its merge
     /// declares: `map` by its merge key, `set`, or `atomic`. Built on first use, once per kind.
     /// `metadata` is left out: server-side apply has its own rules for it.
     pub fn apply_schema(&self) -> Option<&'static Value> {
         let kind = self.kind?;
-        let root = kind.definitions.get(&kind.name)?;
+        let root = kind.root()?;
         Some(kind.apply_schema.get_or_init(|| {
             let structure = Structure {
                 meta: *self,
-                schemas: Schemas(&kind.definitions),
+                schemas: Schemas(kind),
             };
             structure.of(root, "", &mut vec![kind.name.as_str()])
         }))
@@ -91,7 +90,7 @@ impl<'a> Structure<'a> {
     /// The structure of `node`, found at `path`; `within` names the definitions on the way
     /// there, so that a recursive one (a CRD's JSONSchemaProps) ends instead of repeating.
     fn of(&self, node: &'a Value, path: &str, within: &mut Vec<&'a str>) -> Value {
-        let definition = reference_name(node);
+        let definition = builtin_schemas::reference(node);
         if let Some(name) = definition {
             if within.contains(&name) && !path.is_empty() {
                 return json!({});
@@ -140,15 +139,6 @@ impl<'a> Structure<'a> {
     }
 }
 
-/// The definition a schema refers to (directly or as `allOf` its one reference).
-fn reference_name(schema: &Value) -> Option<&str> {
-    schema
-        .pointer("/allOf/0/$ref")
-        .or_else(|| schema.get("$ref"))
-        .and_then(Value::as_str)
-        .and_then(|r| r.rsplit('/').next())
-}
-
 /// `field` below `path`, in the dotted form list strategies are looked up by.
 pub fn join(path: &str, field: &str) -> String {
     if path.is_empty() {
@@ -162,8 +152,8 @@ pub fn join(path: &str, field: &str) -> String {
 /// of the kind or the probes do not decode.
 fn learn(kind: &KindSchema, path: &str) -> Option<ListStrategy> {
     let fields: Vec<&str> = path.split('.').collect();
-    let schemas = Schemas(&kind.definitions);
-    let root = kind.definitions.get(&kind.name)?;
+    let schemas = Schemas(kind);
+    let root = kind.root()?;
     let list = schemas.field(root, &fields)?;
     if schemas.resolve(list).get("type").and_then(Value::as_str) != Some("array") {
         return None;
@@ -229,51 +219,16 @@ fn list_at<'a>(doc: &'a Value, fields: &[&str]) -> Option<&'a Vec<Value>> {
     at.as_array()
 }
 
-/// A kind's definitions, to walk its schema and build objects that decode as it.
-struct Schemas<'a>(&'a Map<String, Value>);
+/// A kind's schema, to walk it and build objects that decode as the kind.
+struct Schemas<'a>(&'a KindSchema);
 
 impl<'a> Schemas<'a> {
-    /// The schema a reference names; a documented reference is `allOf` that one reference.
     fn resolve(&self, schema: &'a Value) -> &'a Value {
-        if let Some([only]) = schema
-            .get("allOf")
-            .and_then(Value::as_array)
-            .map(Vec::as_slice)
-        {
-            return self.resolve(only);
-        }
-        match schema.get("$ref").and_then(Value::as_str) {
-            Some(reference) => reference
-                .rsplit('/')
-                .next()
-                .and_then(|name| self.0.get(name))
-                .map_or(schema, |target| self.resolve(target)),
-            None => schema,
-        }
+        self.0.resolve(schema)
     }
 
-    /// The schema of the field at `fields` below `schema`, through list items and map values.
     fn field(&self, schema: &'a Value, fields: &[&str]) -> Option<&'a Value> {
-        let Some((first, rest)) = fields.split_first() else {
-            return Some(schema);
-        };
-        let node = self.element(self.resolve(schema));
-        let child = node
-            .get("properties")
-            .and_then(|p| p.get(*first))
-            .or_else(|| node.get("additionalProperties").filter(|a| a.is_object()))?;
-        self.field(child, rest)
-    }
-
-    /// A list's item schema, or the schema itself when it is no list.
-    fn element(&self, schema: &'a Value) -> &'a Value {
-        match (
-            schema.get("type").and_then(Value::as_str),
-            schema.get("items"),
-        ) {
-            (Some("array"), Some(items)) => self.resolve(items),
-            _ => schema,
-        }
+        self.0.field(schema, fields)
     }
 
     fn is_scalar(&self, schema: &Value) -> bool {
@@ -431,7 +386,7 @@ mod tests {
         // a few deep kinds and check that the merge answered.
         for (group, kind) in [("", "Pod"), ("apps", "Deployment"), ("", "Service")] {
             let schema = builtin_schemas::of(group, "v1", kind).unwrap();
-            let schemas = Schemas(&schema.definitions);
+            let schemas = Schemas(schema);
             let mut lists = Vec::new();
             let root = &schema.definitions[&schema.name];
             collect_lists(&schemas, root, String::new(), &mut lists, 0);
@@ -452,7 +407,7 @@ mod tests {
         out: &mut Vec<String>,
         depth: usize,
     ) {
-        let node = schemas.element(schemas.resolve(schema));
+        let node = schemas.0.element(schemas.resolve(schema));
         let Some(Value::Object(properties)) = node.get("properties") else {
             return;
         };

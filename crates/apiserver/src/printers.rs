@@ -6,7 +6,7 @@
 //! As in kube-apiserver, the wide columns (priority 1) are always sent; kubectl hides them
 //! unless `-o wide`. Cells keep Go's types: some columns declared `string` hold numbers.
 
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
 use crate::builtin_schemas;
 use crate::meta::{human_duration, parse_time};
@@ -554,38 +554,14 @@ impl Docs {
         let Some(schema) = builtin_schemas::of(group, version, kind) else {
             return String::new();
         };
-        let definitions = &schema.definitions;
-        let resolve = |node| resolve_reference(definitions, node);
-        let mut node = definitions.get(&schema.name);
-        let mut field = None;
-        for part in path.split('.') {
-            field = node
-                .map(resolve)
-                .and_then(|n| n.get("properties"))
-                .and_then(|p| p.get(part));
-            node = field;
-        }
-        field
+        let fields: Vec<&str> = path.split('.').collect();
+        schema
+            .root()
+            .and_then(|root| schema.field(root, &fields))
             .and_then(|f| f.get("description"))
             .and_then(Value::as_str)
             .unwrap_or_default()
             .to_string()
-    }
-}
-
-/// The definition a field's schema refers to (itself, its list items or `allOf`), or the
-/// schema itself.
-fn resolve_reference<'a>(definitions: &'a Map<String, Value>, mut node: &'a Value) -> &'a Value {
-    loop {
-        let reference = node
-            .pointer("/allOf/0/$ref")
-            .or_else(|| node.get("$ref"))
-            .or_else(|| node.pointer("/items/$ref"))
-            .and_then(Value::as_str);
-        match reference.and_then(|r| definitions.get(r.rsplit('/').next()?)) {
-            Some(target) => node = target,
-            None => return node,
-        }
     }
 }
 

@@ -99,6 +99,23 @@ pub(super) fn workload(group: &str, plural: &str, obj: &mut Value) {
     }
 }
 
+/// A Service spec's `type: ClusterIP` and `sessionAffinity: None`, and each port's `TCP` and
+/// `targetPort` (its `port`). Its cluster IP is allocated apart.
+pub(super) fn service_spec(spec: &mut Value) {
+    fill(
+        spec,
+        &[
+            ("type", json!("ClusterIP")),
+            ("sessionAffinity", json!("None")),
+        ],
+    );
+    let ports = spec.get_mut("ports").and_then(Value::as_array_mut);
+    for port in ports.into_iter().flatten() {
+        let target = port.get("port").cloned().unwrap_or(Value::Null);
+        fill(port, &[("protocol", json!("TCP")), ("targetPort", target)]);
+    }
+}
+
 fn job_spec(spec: &mut Value) {
     let parallelism = spec.get("parallelism").is_some_and(|p| !p.is_null());
     if !parallelism && spec.get("completions").is_none_or(Value::is_null) {

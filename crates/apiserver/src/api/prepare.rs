@@ -108,25 +108,7 @@ impl ApiState {
             obj["spec"] = json!({});
         }
         let spec = &mut obj["spec"];
-        if spec.get("type").is_none_or(Value::is_null) {
-            spec["type"] = json!("ClusterIP");
-        }
-        if spec.get("sessionAffinity").is_none_or(Value::is_null) {
-            spec["sessionAffinity"] = json!("None");
-        }
-        for port in spec
-            .get_mut("ports")
-            .and_then(Value::as_array_mut)
-            .into_iter()
-            .flatten()
-        {
-            if port.get("protocol").is_none_or(Value::is_null) {
-                port["protocol"] = json!("TCP");
-            }
-            if port.get("targetPort").is_none_or(Value::is_null) {
-                port["targetPort"] = port.get("port").cloned().unwrap_or(Value::Null);
-            }
-        }
+        defaults::service_spec(spec);
         if spec["type"] == "ExternalName" {
             return Ok(());
         }
