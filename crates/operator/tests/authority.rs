@@ -23,7 +23,7 @@
 
 mod common;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::process::Command;
 use std::sync::{Arc, Mutex};
@@ -669,18 +669,14 @@ async fn an_issued_certificate_verifies_against_its_ca_with_its_names_usages_and
 }
 
 /// The CA certificate of a CA Secret (`tls.crt`).
-/// With `trustPropagation: 0s`, a forced rotation: every version of the certificate Secrets,
-/// watched in order, shows no leaf from the new CA while another Ready certificate's `ca.crt`
-/// does not trust it yet (clients verify with `ca.crt`). The race this guards against is
-/// timing-dependent (the old gate passed here too on this machine); the unit test
-/// `a_next_ca_signs_only_once_every_ready_certificates_ca_crt_holds_it` pins the gate.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_new_ca_signs_only_once_every_certificates_ca_crt_trusts_it() {
+/// Two certificates of a CA with `trust_propagation`, settled; a forced rotation; every version
+/// of their Secrets, in watch order, until both hold a leaf from the new CA. And the old CA.
+async fn versions_through_a_rotation(trust_propagation: &str) -> (Vec<Secret>, Certificate) {
     use futures::StreamExt;
     use kube::runtime::watcher;
     let setup = setup().await;
     setup
-        .create_ca("webhooks", json!({ "trustPropagation": "0s" }))
+        .create_ca("webhooks", json!({ "trustPropagation": trust_propagation }))
         .await;
     setup.create_certificate("web", "webhooks", json!({})).await;
     setup.create_certificate("api", "webhooks", json!({})).await;
@@ -717,9 +713,20 @@ async fn a_new_ca_signs_only_once_every_certificates_ca_crt_trusts_it() {
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
     recorder.abort();
+    let versions = versions.lock().unwrap().clone();
+    (versions, old_ca)
+}
 
+/// With time to propagate, a forced rotation: every version of the certificate Secrets,
+/// watched in order, shows no leaf from the new CA while another Ready certificate's `ca.crt`
+/// does not trust it yet (clients verify with `ca.crt`). The race this guards against is
+/// timing-dependent; the unit test
+/// `a_next_ca_is_trusted_only_once_every_ready_certificates_ca_crt_holds_it` pins the gate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_ca_signs_only_once_every_certificates_ca_crt_trusts_it() {
+    let (versions, old_ca) = versions_through_a_rotation("1s").await;
     let mut latest: BTreeMap<String, Secret> = BTreeMap::new();
-    for secret in versions.lock().unwrap().iter() {
+    for secret in &versions {
         latest.insert(secret.metadata.name.clone().unwrap(), secret.clone());
         for (name, signed) in &latest {
             let leaf = leaf(signed);
@@ -737,6 +744,38 @@ async fn a_new_ca_signs_only_once_every_certificates_ca_crt_trusts_it() {
                 );
             }
         }
+    }
+}
+
+/// With `trustPropagation: 0s` nothing waits for `ca.crt`: a rotation writes each certificate
+/// Secret once up to its new leaf, whose `ca.crt` trusts the new CA and the old one (which
+/// still signs the other certificate's leaf, or did a moment ago).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_no_propagation_time_a_rotation_writes_each_secret_once_up_to_its_new_leaf() {
+    let (versions, old_ca) = versions_through_a_rotation("0s").await;
+    for name in ["web-tls", "api-tls"] {
+        let mine: Vec<&Secret> = versions
+            .iter()
+            .filter(|s| s.metadata.name.as_deref() == Some(name))
+            .collect();
+        let first_new = mine
+            .iter()
+            .position(|s| !signed_by(&leaf(s), &old_ca))
+            .expect("a new leaf");
+        // Before it: the version as settled, unchanged (a watch may repeat it on a relist).
+        let before: BTreeSet<&str> = mine[..first_new]
+            .iter()
+            .filter_map(|s| s.metadata.resource_version.as_deref())
+            .collect();
+        assert_eq!(before.len(), 1, "{name} was written before its new leaf");
+        let renewed = mine[first_new];
+        let trusted = fingerprints(&text(renewed, "ca.crt"));
+        let new_ca = certificates(&text(renewed, "ca.crt"))
+            .into_iter()
+            .find(|ca| signed_by(&leaf(renewed), ca))
+            .expect("ca.crt trusts the new leaf's CA");
+        assert!(trusted.contains(&old_ca.fingerprint().to_string()));
+        assert!(trusted.contains(&new_ca.fingerprint().to_string()));
     }
 }
 

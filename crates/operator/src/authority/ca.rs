@@ -426,6 +426,31 @@ impl IssuerView {
     }
 }
 
+impl IssuerView {
+    /// What the CA's IssuedCertificates are issued from, and what their `ca.crt` holds: the
+    /// issuer as observed, except that with no `trust_propagation` a next CA enters `ca.crt`
+    /// only once it signs. Nothing waits for `ca.crt` to trust it then (see [`plan`]), so
+    /// each Secret takes the new CA up in the same write as its new certificate: one write
+    /// per Secret for the rotation, where a `ca.crt` written ahead would be a second.
+    pub fn for_certificates(
+        seen: &AuthorityObserved,
+        trust_propagation: Duration,
+        now: OffsetDateTime,
+    ) -> Self {
+        let mut view = Self::observed(seen, now);
+        if trust_propagation.is_zero()
+            && let CaSecretState::Valid(secret) = &seen.secret
+            && let Some(next) = &secret.next
+            && let Some(bundle) = &mut view.bundle
+        {
+            let trusted = bundle.certificates().iter();
+            let without = trusted.filter(|ca| ca.fingerprint() != next.fingerprint());
+            *bundle = Bundle::of(without.cloned(), now);
+        }
+        view
+    }
+}
+
 /// What a managed certificate of the CA may be signed by, to tell which CAs are in use
 /// ([`AuthorityObserved::in_use`]): the issuer as observed, and every CA the published bundle
 /// holds besides (one only the bundle holds stays while certificates it signed remain).
@@ -521,12 +546,19 @@ pub fn plan(
 
         // 3. Once the writes so far are in place, the next CA is in the bundle ConfigMap;
         // with it in every injection point too, it is trusted from now (recorded after the
-        // ConfigMap is written), and it signs once trusted for `trust_propagation`.
+        // ConfigMap is written), and it signs once trusted for `trust_propagation`. The
+        // certificates' `ca.crt` count as injection points when there is time to propagate;
+        // with none, each takes the next CA up with its new certificate
+        // ([`IssuerView::for_certificates`]).
         let Some(next) = &desired.next else { break };
-        let injected = [&seen.injected, &seen.distributed].into_iter().all(|held| {
-            held.as_ref()
-                .is_none_or(|trusted| trusted.contains(next.fingerprint()))
-        });
+        let ca_crt = (!prop.is_zero()).then_some(&seen.distributed);
+        let injected = [Some(&seen.injected), ca_crt]
+            .into_iter()
+            .flatten()
+            .all(|held| {
+                held.as_ref()
+                    .is_none_or(|trusted| trusted.contains(next.fingerprint()))
+            });
         let in_bundle = bundle_now.as_ref().is_some_and(|b| {
             b.certificates
                 .iter()

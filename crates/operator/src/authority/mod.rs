@@ -53,7 +53,7 @@
 //! publish plan.events on the CertificateAuthority; write plan.status; requeue at plan.wake_at
 //!
 //! // An IssuedCertificate (woken by its Secret, its CA's objects, and at plan.wake_at):
-//! issuer = IssuerView::observed(&its CA's AuthorityObserved, now)
+//! issuer = IssuerView::for_certificates(&its CA's AuthorityObserved, trust_propagation, now)
 //! seen = LeafObserved { secret: LeafSecretState::observe(.., serving, candidates), .. }
 //! plan = leaf::plan(&seen, &policy, &issuer, now, &PkiMint)?
 //! at most one step: write data() and annotation_changes(); events, status, wake_at as above
@@ -839,7 +839,11 @@ pub(crate) mod tests {
                     }
                 }
             }
-            let issuer = ca::IssuerView::observed(&self.authority(None), now);
+            let issuer = ca::IssuerView::for_certificates(
+                &self.authority(None),
+                policy.trust_propagation,
+                now,
+            );
             let seen = leaf::LeafObserved {
                 secret_name: ObjectName::new("demo", "web-tls"),
                 secret: self.certificate(&issuer),

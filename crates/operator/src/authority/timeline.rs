@@ -531,7 +531,11 @@ impl World {
     }
 
     fn leaf_pass(&mut self, i: usize) -> Result<bool, TestCaseError> {
-        let issuer = IssuerView::observed(&self.ca_observed(), self.now);
+        let issuer = IssuerView::for_certificates(
+            &self.ca_observed(),
+            self.policy.trust_propagation,
+            self.now,
+        );
         let seen = self.leaf_observed(i, &issuer);
         let policy = self.leaf_policies[i].clone();
         let plan = leaf::plan(&seen, &policy, &issuer, self.now, &self.mint).expect("model mint");
@@ -561,7 +565,11 @@ impl World {
             self.check_trust("a certificate write")?;
         }
         if !plan.steps.is_empty() {
-            let issuer = IssuerView::observed(&self.ca_observed(), self.now);
+            let issuer = IssuerView::for_certificates(
+                &self.ca_observed(),
+                self.policy.trust_propagation,
+                self.now,
+            );
             let seen = self.leaf_observed(i, &issuer);
             let again = leaf::plan(&seen, &policy, &issuer, self.now, &NoMint)
                 .map_err(|e| fail(&format!("deciding leaf {i} again at {}", self.now), e))?;
@@ -600,7 +608,7 @@ impl World {
         let seen = self.ca_observed();
         let plan = ca::plan(&seen, &self.policy, self.now, &NoMint)
             .map_err(|e| fail("the CA's wake-up", e))?;
-        let issuer = IssuerView::observed(&seen, self.now);
+        let issuer = IssuerView::for_certificates(&seen, self.policy.trust_propagation, self.now);
         let reloads = self.reloads.iter().flatten().map(|(at, _, _)| *at);
         let mut wakes: Vec<OffsetDateTime> = plan
             .wake_at
@@ -627,7 +635,7 @@ impl World {
             "CA writes at {t}, before its wake-up: {:?}",
             plan.steps
         );
-        let issuer = IssuerView::observed(&seen, t);
+        let issuer = IssuerView::for_certificates(&seen, self.policy.trust_propagation, t);
         for i in 0..self.leaves.len() {
             let seen = self.leaf_observed(i, &issuer);
             let plan = leaf::plan(&seen, &self.leaf_policies[i], &issuer, t, &NoMint)

@@ -1650,12 +1650,15 @@ impl Shared {
                 format!("CertificateAuthority {name} not found{crd}; waiting for it"),
             )));
         };
-        if let Err(e) = ca.spec.policy() {
-            return Ok(Err(not_ready(
-                names::REASON_ISSUER_INVALID,
-                format!("CertificateAuthority {name} has an invalid spec: {e}"),
-            )));
-        }
+        let policy = match ca.spec.policy() {
+            Ok(policy) => policy,
+            Err(e) => {
+                return Ok(Err(not_ready(
+                    names::REASON_ISSUER_INVALID,
+                    format!("CertificateAuthority {name} has an invalid spec: {e}"),
+                )));
+            }
+        };
         if let Some(problem) = self.outside_scope(&ca.spec) {
             return Ok(Err(not_ready(
                 names::REASON_ISSUER_INVALID,
@@ -1696,7 +1699,11 @@ impl Shared {
             last_good: self.last_good(name),
             reported_degraded: None,
         };
-        Ok(Ok(IssuerView::observed(&seen, now)))
+        Ok(Ok(IssuerView::for_certificates(
+            &seen,
+            policy.trust_propagation,
+            now,
+        )))
     }
 
     /// Notes that a certificate pass wrote the Secret `key`, which was at `before`.

@@ -158,8 +158,18 @@ async fn reconcile(
             reported_degraded,
         };
         let candidates = ca::in_use_candidates(&seen, now);
-        (seen.in_use, seen.certificates_missing, seen.distributed) =
-            observing.certificates_of(&who, &candidates, &trusted, &mut untrusting);
+        // With no propagation time, `ca.crt` holds no next CA up (see `ca::plan`): the
+        // status names only the injection points it waits for.
+        let mut ca_crt_untrusting = Untrusting::default();
+        (seen.in_use, seen.certificates_missing, seen.distributed) = observing.certificates_of(
+            &who,
+            &candidates,
+            &trusted,
+            match policy.trust_propagation.is_zero() {
+                true => &mut ca_crt_untrusting,
+                false => &mut untrusting,
+            },
+        );
         seen.untrusting = untrusting;
         ca::plan(&seen, &policy, now, &PkiMint)
     })

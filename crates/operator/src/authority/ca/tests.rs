@@ -345,16 +345,11 @@ fn with_no_injection_point_and_no_propagation_a_rotation_takes_one_pass() {
     );
 }
 
-/// The `ca.crt` of the Ready certificates' Secrets is a place clients trust from: with no
-/// propagation time, the next CA is promoted only once every one holds it (it was promoted in
-/// the pass that published it, and leaves from it met clients whose `ca.crt` did not trust it).
+/// The `ca.crt` of the Ready certificates' Secrets is a place clients trust from: with time to
+/// propagate, the wait for trust starts only once every one holds the next CA.
 #[test]
-fn a_next_ca_signs_only_once_every_ready_certificates_ca_crt_holds_it() {
-    let policy = AuthorityPolicy {
-        trust_propagation: Duration::ZERO,
-        ..policy()
-    };
-    let model = Model::new(at(0));
+fn a_next_ca_is_trusted_only_once_every_ready_certificates_ca_crt_holds_it() {
+    let (policy, model) = (policy(), Model::new(at(0)));
     let mut seen = started(&policy, &model);
     let old = secret(&seen).current.clone().unwrap();
     seen.in_use = BTreeSet::from([old.fingerprint().to_string()]);
@@ -375,8 +370,8 @@ fn a_next_ca_signs_only_once_every_ready_certificates_ca_crt_holds_it() {
         seen.untrusting
             .add(|| format!("the ca.crt of IssuedCertificate demo/web-{i}"));
     }
-    let waiting = decide(&seen, &policy, &model, due);
-    assert!(waiting.steps.is_empty());
+    let waiting = decide(&seen, &policy, &model, due + 2 * PROP.as_secs() as i64);
+    assert!(waiting.steps.is_empty(), "{:?}", waiting.steps);
     let ready = &waiting.status.ready;
     assert!(ready.status, "the old CA signs meanwhile");
     assert!(
@@ -392,18 +387,82 @@ fn a_next_ca_signs_only_once_every_ready_certificates_ca_crt_holds_it() {
     );
     seen.untrusting = Untrusting::default();
 
-    // Every Ready certificate's ca.crt holds it now: trusted, and (no propagation) promoted.
+    // Every Ready certificate's ca.crt holds it now: trusted from now, promoted PROP later.
     seen.distributed = Some(BTreeSet::from([
         old.fingerprint().to_string(),
         next.fingerprint().to_string(),
     ]));
-    let promoted = decide(&seen, &policy, &model, due + 1);
+    let trusted_at = due + 3 * PROP.as_secs() as i64;
+    let trusted = decide(&seen, &policy, &model, trusted_at);
+    assert_eq!(trusted.issuer.signer, Ok(old.clone()));
+    apply(&mut seen, &trusted);
+    assert_eq!(secret(&seen).next_trusted_at, Some(at(trusted_at)));
+    let promoted = decide(&seen, &policy, &model, trusted_at + PROP.as_secs() as i64);
     assert_eq!(promoted.issuer.signer, Ok(next));
     assert!(
         !promoted.status.ready.message.contains("not trusted yet"),
         "{}",
         promoted.status.ready.message
     );
+}
+
+/// With no propagation time nothing waits for `ca.crt`: the next CA signs from the pass that
+/// publishes it (no injection point names the CA), and until then the certificates' view of
+/// the issuer leaves it out of `ca.crt`, so that each Secret takes it up with its new
+/// certificate, in one write. With propagation time, `ca.crt` holds it from the start.
+#[test]
+fn with_no_propagation_time_ca_crt_takes_the_next_ca_with_the_new_certificate() {
+    let policy = AuthorityPolicy {
+        trust_propagation: Duration::ZERO,
+        ..policy()
+    };
+    let model = Model::new(at(0));
+    let mut seen = started(&policy, &model);
+    let old = secret(&seen).current.clone().unwrap();
+    seen.in_use = BTreeSet::from([old.fingerprint().to_string()]);
+    seen.distributed = Some(BTreeSet::from([old.fingerprint().to_string()]));
+    let due = due_of(&seen, &policy);
+
+    let rotation = decide(&seen, &policy, &model, due);
+    let next = rotation.issuer.signer.clone().expect("a signer");
+    assert_ne!(next, old, "promoted in the pass that published it");
+    let [
+        AuthorityStep::WriteSecret(stored),
+        AuthorityStep::WriteBundle(published),
+        AuthorityStep::WriteSecret(promoted),
+        // library-go's annotations describe the CA that signs.
+        AuthorityStep::WriteBundle(_),
+    ] = rotation.steps.as_slice()
+    else {
+        panic!("{:?}", rotation.steps)
+    };
+    assert_eq!(stored.next.as_ref(), Some(&next), "stored before published");
+    assert!(published.certificates.contains(&next.certificate));
+    assert_eq!(promoted.current.as_ref(), Some(&next));
+
+    // Between the two Secret writes, a certificate pass sees the next CA stored, not signing.
+    seen.secret = CaSecretState::Valid(Box::new(stored.clone()));
+    seen.bundle = BundleState::Present(published.clone());
+    let between = IssuerView::for_certificates(&seen, policy.trust_propagation, at(due));
+    assert_eq!(between.signer, Ok(old.clone()));
+    let trusted = between.bundle.expect("a bundle");
+    assert_eq!(fingerprints(trusted.certificates()), [old.fingerprint()]);
+    let with_time = IssuerView::for_certificates(&seen, PROP, at(due));
+    assert_eq!(
+        with_time.bundle.expect("a bundle").certificates().len(),
+        2,
+        "with propagation time ca.crt takes the next CA up at once"
+    );
+
+    // Once promoted, ca.crt holds both: the old CA signs what is not re-issued yet.
+    seen.secret = CaSecretState::Valid(Box::new(promoted.clone()));
+    let after = IssuerView::for_certificates(&seen, policy.trust_propagation, at(due));
+    assert_eq!(after.signer, Ok(next.clone()));
+    let mut held = fingerprints(after.bundle.as_ref().unwrap().certificates());
+    held.sort();
+    let mut both = [old.fingerprint(), next.fingerprint()];
+    both.sort();
+    assert_eq!(held, both);
 }
 
 /// A CA promoted at `trusted + PROP` with the old one in previous, settled.
