@@ -87,6 +87,26 @@ pub fn parse(text: &str) -> Result<Vec<BundleCertificate>, BundleError> {
         .collect()
 }
 
+/// The SHA-256 fingerprints of the certificates of a PEM text, in order, without decoding
+/// them: what a bundle holds, when only that matters. The PEM is read as strictly as by
+/// [`parse`]; a block whose DER is not a certificate still has a fingerprint, one no
+/// certificate has.
+pub fn fingerprints(text: &str) -> Result<Vec<String>, BundleError> {
+    let blocks = pem::parse_many(text).map_err(|e| BundleError::MalformedPem(e.to_string()))?;
+    if blocks.is_empty() {
+        return Err(BundleError::NoCertificates);
+    }
+    (blocks.iter().enumerate())
+        .map(|(i, block)| match block.tag() {
+            "CERTIFICATE" => Ok(crate::inspect::sha256_fingerprint(block.contents())),
+            label => Err(BundleError::NotACertificate {
+                index: i + 1,
+                label: label.to_string(),
+            }),
+        })
+        .collect()
+}
+
 /// The DER of the first certificate of a strictly parsed PEM text.
 pub(crate) fn first_certificate_der(text: &str) -> Result<Vec<u8>, crate::PkiError> {
     let mut certificates = parse(text)?;

@@ -98,7 +98,7 @@ fn describe(cert: &X509Certificate<'_>, der: &[u8]) -> CertificateInfo {
         subject_key_id: None,
         authority_key_id: None,
         key_algorithm: describe_public_key(cert.public_key()),
-        sha256_fingerprint: hex(&Sha256::digest(der)),
+        sha256_fingerprint: sha256_fingerprint(der),
     };
     for extension in cert.extensions() {
         match extension.parsed_extension() {
@@ -225,9 +225,20 @@ pub fn is_issued_by(certificate_der: &[u8], issuer_der: &[u8]) -> Result<bool, P
 }
 
 pub(crate) fn hex(bytes: &[u8]) -> String {
-    bytes
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect::<Vec<_>>()
-        .join(":")
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    // Every certificate read makes one: one allocation, not one per byte.
+    let mut text = String::with_capacity(bytes.len() * 3);
+    for (i, b) in bytes.iter().enumerate() {
+        if i > 0 {
+            text.push(':');
+        }
+        text.push(DIGITS[usize::from(b >> 4)] as char);
+        text.push(DIGITS[usize::from(b & 0xf)] as char);
+    }
+    text
+}
+
+/// The SHA-256 fingerprint of a certificate's DER, as [`CertificateInfo::sha256_fingerprint`].
+pub fn sha256_fingerprint(der: &[u8]) -> String {
+    hex(&Sha256::digest(der))
 }

@@ -46,6 +46,33 @@ fn undecodable_and_empty_bundles_are_errors() {
 }
 
 #[test]
+fn fingerprints_without_decoding_are_those_of_the_decoded_certificates() {
+    let certs = cas(2);
+    let text = format!("# first\n{}\n{}", certs[0], certs[1]);
+    let decoded: Vec<String> = (bundle::parse(&text).unwrap().iter())
+        .map(|c| c.info().sha256_fingerprint.clone())
+        .collect();
+    assert_eq!(bundle::fingerprints(&text).unwrap(), decoded);
+
+    let ca = CertificateAuthority::create(&CaSpec::new("ca")).unwrap();
+    let with_key = format!("{}{}", ca.certificate_pem(), ca.private_key_pem());
+    assert_eq!(
+        bundle::fingerprints(&with_key),
+        Err(BundleError::NotACertificate {
+            index: 2,
+            label: "PRIVATE KEY".into()
+        })
+    );
+    assert_eq!(
+        bundle::fingerprints("just a comment\n"),
+        Err(BundleError::NoCertificates)
+    );
+    // Not DER: a fingerprint no certificate has.
+    let garbage = pem::encode(&pem::Pem::new("CERTIFICATE", b"not der".to_vec()));
+    assert!(!decoded.contains(&bundle::fingerprints(&garbage).unwrap()[0]));
+}
+
+#[test]
 fn comments_between_blocks_are_ignored() {
     let certs = cas(2);
     let text = format!("# first\n{}\n# second\n{}", certs[0], certs[1]);

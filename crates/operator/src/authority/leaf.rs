@@ -92,11 +92,8 @@ impl LeafSecretState {
                 .find(|ca| caretaker_pki::is_issued_by(leaf.der(), ca.der()).unwrap_or(false))
                 .map(|ca| ca.fingerprint().to_string())
         });
-        let ca_bundle = text(CA_CRT).and_then(|pem| {
-            Certificate::parse_pem(&pem)
-                .ok()
-                .map(|all| all.iter().map(|c| c.fingerprint().to_string()).collect())
-        });
+        // Only which CAs it holds matters, not what they say.
+        let ca_bundle = text(CA_CRT).and_then(|pem| caretaker_pki::bundle::fingerprints(&pem).ok());
         LeafSecretState::Present(LeafSecret {
             certificate,
             extra_certificates,

@@ -21,7 +21,7 @@
 //! certificates would be taken for unused), and counts the injection points as not yet
 //! holding a new CA until every target kind is listed.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -77,6 +77,12 @@ const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 /// the watch brings the write, the store still shows the version before it; a pass then
 /// would issue again for nothing.
 const WRITE_SETTLES: Duration = Duration::from_secs(10);
+
+/// How long a CA waits, after one of its certificates' Secrets changed, before its pass counts
+/// the CAs in use again. A pass reads every certificate of the CA, and a rotation changes
+/// thousands of Secrets in a burst: the changes within this time take one pass, not one each.
+/// (A first change is never put off by later ones: a busy CA still runs this often.)
+const CERTIFICATES_SETTLE: Duration = Duration::from_secs(1);
 
 /// Whether each of caretaker's CRDs is installed; `None` until the CRDs are listed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -360,8 +366,8 @@ fn stored_ca_bundle(secret: &Secret) -> BTreeSet<String> {
         .as_ref()
         .and_then(|data| data.get(CA_CRT))
         .and_then(|value| std::str::from_utf8(&value.0).ok());
-    pem.and_then(|pem| Certificate::parse_pem(pem).ok())
-        .map(|all| all.iter().map(|ca| ca.fingerprint().to_string()).collect())
+    pem.and_then(|pem| caretaker_pki::bundle::fingerprints(pem).ok())
+        .map(BTreeSet::from_iter)
         .unwrap_or_default()
 }
 
@@ -409,6 +415,8 @@ pub(crate) struct Shared {
     last_good: Mutex<HashMap<String, CaKeyPair>>,
     /// What each object's last pass said was wrong with it.
     pub degraded: DegradedMemory,
+    /// What each object's last status write said, until the store shows it.
+    statuses: StatusMemory,
     /// What each certificate Secret says of the CAs in use, by Secret version and candidates.
     leaf_uses: Mutex<HashMap<Key, KnownLeaf>>,
     /// The distinct `ca.crt` contents of [`Shared::leaf_uses`]: thousands of certificates of
@@ -417,6 +425,8 @@ pub(crate) struct Shared {
     /// Secrets a certificate pass wrote, with the version before the write, until the store
     /// shows the write.
     written: Mutex<HashMap<Key, (Option<String>, Instant)>>,
+    /// CAs to be woken once their certificates' Secrets settle ([`CERTIFICATES_SETTLE`]).
+    settling: Mutex<HashSet<String>>,
     /// Held while a certificate's expiry series is set or removed (see
     /// [`Shared::record_certificate`]).
     series: Mutex<()>,
@@ -467,9 +477,11 @@ pub(crate) fn start(
         issuers_seen: Mutex::default(),
         last_good: Mutex::default(),
         degraded: DegradedMemory::default(),
+        statuses: StatusMemory::default(),
         leaf_uses: Mutex::default(),
         ca_bundles: SharedSets::default(),
         written: Mutex::default(),
+        settling: Mutex::default(),
         series: Mutex::default(),
         wake_authorities,
         wake_certificates,
@@ -649,6 +661,45 @@ impl DegradedMemory {
     }
 }
 
+/// The status each object's last write in this process gave it, with the object's
+/// `resourceVersion` before that write, until a pass reads the object as it is after. A pass
+/// that starts before the watch brings the write compares with the status before it, and
+/// would write the same status again.
+#[derive(Default)]
+pub(crate) struct StatusMemory(Mutex<HashMap<String, (Option<String>, u64)>>);
+
+impl StatusMemory {
+    /// Whether `status` (a status patch of `object`, as read) is what this process wrote last,
+    /// on the version `object` still is.
+    fn written<K: Resource<DynamicType = ()>>(&self, object: &K, status: &Value) -> bool {
+        let key = DegradedMemory::key(object);
+        let mut written = lock(&self.0);
+        match written.get(&key) {
+            Some((before, digest)) if *before == object.meta().resource_version => {
+                *digest == Self::digest(status)
+            }
+            Some(_) => {
+                // The store shows the write (or something later): the status read is current.
+                written.remove(&key);
+                false
+            }
+            None => false,
+        }
+    }
+
+    fn remember<K: Resource<DynamicType = ()>>(&self, object: &K, status: &Value) {
+        let before = object.meta().resource_version.clone();
+        lock(&self.0).insert(DegradedMemory::key(object), (before, Self::digest(status)));
+    }
+
+    fn digest(status: &Value) -> u64 {
+        use std::hash::{DefaultHasher, Hash, Hasher};
+        let mut hasher = DefaultHasher::new();
+        status.to_string().hash(&mut hasher);
+        hasher.finish()
+    }
+}
+
 /// The key of a namespaced object.
 fn key_of(meta: &ObjectMeta) -> Key {
     (
@@ -768,6 +819,20 @@ impl Shared {
         let _ = self.wake_authorities.send(name.to_string());
     }
 
+    /// Wakes the CA `name` [`CERTIFICATES_SETTLE`] from now, unless a wake-up is due already.
+    fn wake_authority_settled(self: &Arc<Self>, name: &str) {
+        if !lock(&self.settling).insert(name.to_string()) {
+            return;
+        }
+        let (shared, name) = (self.clone(), name.to_string());
+        tokio::spawn(async move {
+            tokio::time::sleep(CERTIFICATES_SETTLE).await;
+            // Out of the set first: a change from now on takes the next wake-up.
+            lock(&shared.settling).remove(&name);
+            shared.wake_authority(&name);
+        });
+    }
+
     fn wake_certificates_of(&self, authority: &str) {
         let keys = lock(&self.index).of_issuer(authority);
         for key in keys {
@@ -848,7 +913,7 @@ impl Shared {
         }
     }
 
-    async fn watch_secrets(&self, api: Api<Secret>, mut writer: Writer<Secret>) {
+    async fn watch_secrets(self: &Arc<Self>, api: Api<Secret>, mut writer: Writer<Secret>) {
         let mut listed_before = false;
         let events = Failing::new(AUTHORITIES, "Secret").events(
             watcher(api, watcher::Config::default())
@@ -878,7 +943,7 @@ impl Shared {
     /// Wakes what a Secret concerns: the CAs whose Secret it is (and, if what their
     /// certificates are issued from changed, those certificates), and the certificates kept
     /// in it with their issuers.
-    fn secret_changed(&self, secret: &Secret) {
+    fn secret_changed(self: &Arc<Self>, secret: &Secret) {
         let key = key_of(&secret.metadata);
         let stored = self.stored_secret(&key);
         // A write of this process the store now shows: no pass needs to wait for it.
@@ -908,7 +973,7 @@ impl Shared {
             issuers.insert(issuer);
         }
         for issuer in issuers {
-            self.wake_authority(&issuer);
+            self.wake_authority_settled(&issuer);
         }
     }
 
@@ -1958,6 +2023,34 @@ where
     }
 }
 
+impl Shared {
+    /// Writes `object`'s status subresource, only when it changed: from `old`, the status
+    /// `object` was read with, and from what this process wrote last, when the store does not
+    /// show that write yet.
+    pub(crate) async fn write_status<K, S>(
+        &self,
+        api: &Api<K>,
+        object: &K,
+        status: &S,
+        old: &S,
+    ) -> Result<(), Error>
+    where
+        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + fmt::Debug,
+        S: Serialize + PartialEq,
+    {
+        if status == old {
+            return Ok(());
+        }
+        let written = serde_json::to_value(status).unwrap_or_default();
+        if self.statuses.written(object, &written) {
+            return Ok(());
+        }
+        write_status(api, &object.name_any(), status, old).await?;
+        self.statuses.remember(object, &written);
+        Ok(())
+    }
+}
+
 /// A merge patch that makes the status exactly `status`: the fields it leaves out are
 /// removed (`null`), not kept.
 pub(crate) fn status_patch<T: Serialize>(status: &T, old: &T) -> Value {
@@ -2152,6 +2245,37 @@ mod tests {
         memory.remember(&first, &degraded("bad validity"));
         memory.forget::<ConfigMap>("default", "bad");
         assert_eq!(memory.reported(&first, &stale), None);
+    }
+
+    #[test]
+    fn a_status_is_not_written_again_while_the_store_shows_the_version_before_it() {
+        let memory = StatusMemory::default();
+        let object = |version: &str| -> ConfigMap {
+            serde_json::from_value(json!({
+                "metadata": { "name": "web", "namespace": "demo", "resourceVersion": version },
+            }))
+            .unwrap()
+        };
+        let issued = json!({ "serialNumber": "02" });
+        assert!(
+            !memory.written(&object("7"), &issued),
+            "nothing written yet"
+        );
+        memory.remember(&object("7"), &issued);
+        assert!(
+            memory.written(&object("7"), &issued),
+            "the store still shows 7"
+        );
+        assert!(
+            !memory.written(&object("7"), &json!({ "serialNumber": "03" })),
+            "another status is written"
+        );
+        // The store shows the write: the status read is current, and decides alone.
+        assert!(!memory.written(&object("8"), &issued));
+        assert!(
+            !memory.written(&object("7"), &issued),
+            "forgotten once caught up"
+        );
     }
 
     fn crd(name: &str) -> DynamicObject {

@@ -285,7 +285,7 @@ async fn write_status(
         .degraded
         .remember(authority, &status.certificate.conditions);
     let api: Api<CertificateAuthority> = Api::all(shared.ctx.client.clone());
-    authority_watch::write_status(&api, &authority.name_any(), status, old).await
+    shared.write_status(&api, authority, status, old).await
 }
 
 /// A spec caretaker cannot act on: Ready false and Degraded with `reason`, nothing written,

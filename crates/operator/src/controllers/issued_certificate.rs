@@ -199,7 +199,7 @@ async fn write_status(
         shared.ctx.client.clone(),
         &certificate.namespace().unwrap_or_default(),
     );
-    authority_watch::write_status(&api, &certificate.name_any(), status, old).await
+    shared.write_status(&api, certificate, status, old).await
 }
 
 /// The issuer is missing or cannot be acted on: Ready false with its reason, nothing written;
