@@ -98,7 +98,7 @@ pub fn fingerprints(text: &str) -> Result<Vec<String>, BundleError> {
     }
     (blocks.iter().enumerate())
         .map(|(i, block)| match block.tag() {
-            "CERTIFICATE" => Ok(crate::inspect::sha256_fingerprint(block.contents())),
+            "CERTIFICATE" => Ok(CertificateInfo::fingerprint_of(block.contents())),
             label => Err(BundleError::NotACertificate {
                 index: i + 1,
                 label: label.to_string(),

@@ -47,6 +47,12 @@ pub struct CertificateInfo {
 }
 
 impl CertificateInfo {
+    /// The SHA-256 fingerprint of a certificate's DER, as [`Self::sha256_fingerprint`] says
+    /// it, without decoding the certificate.
+    pub fn fingerprint_of(der: &[u8]) -> String {
+        hex(&Sha256::digest(der))
+    }
+
     /// Inspects one DER certificate.
     pub fn from_der(der: &[u8]) -> Result<Self, PkiError> {
         let cert = parse_der(der)?;
@@ -98,7 +104,7 @@ fn describe(cert: &X509Certificate<'_>, der: &[u8]) -> CertificateInfo {
         subject_key_id: None,
         authority_key_id: None,
         key_algorithm: describe_public_key(cert.public_key()),
-        sha256_fingerprint: sha256_fingerprint(der),
+        sha256_fingerprint: CertificateInfo::fingerprint_of(der),
     };
     for extension in cert.extensions() {
         match extension.parsed_extension() {
@@ -236,9 +242,4 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
         text.push(DIGITS[usize::from(b & 0xf)] as char);
     }
     text
-}
-
-/// The SHA-256 fingerprint of a certificate's DER, as [`CertificateInfo::sha256_fingerprint`].
-pub fn sha256_fingerprint(der: &[u8]) -> String {
-    hex(&Sha256::digest(der))
 }
