@@ -24,7 +24,9 @@ use std::sync::{Arc, Mutex};
 
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-use kube::api::{Api, ApiResource, DynamicObject, ObjectMeta, Patch, PatchParams};
+use kube::api::{
+    Api, ApiResource, DynamicObject, ObjectMeta, PartialObjectMeta, Patch, PatchParams,
+};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::store::Writer;
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -66,7 +68,10 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
     let (config_maps, config_map_changes) = fan_out();
     let (secrets, secret_changes) = fan_out();
     let (authorities, authority_changes) = fan_out();
-    let (config_map_api, secret_api): (Api<ConfigMap>, Api<Secret>) = match &namespace {
+    // Only names matter to the targets: the watches read metadata, and no Secret's or
+    // ConfigMap's data crosses the wire for them.
+    type Meta<K> = PartialObjectMeta<K>;
+    let (config_map_api, secret_api): (Api<Meta<ConfigMap>>, Api<Meta<Secret>>) = match &namespace {
         Some(ns) => (
             Api::namespaced(client.clone(), ns),
             Api::namespaced(client.clone(), ns),
@@ -99,16 +104,15 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
         });
     futures::join!(
         futures::future::join_all(controllers),
-        watch_sources(config_map_api, config_maps, move |cm: &ConfigMap| {
+        watch_sources(config_map_api, config_maps, move |cm: &ObjectMeta| {
             // Only a CertificateAuthority's bundle matters.
             bundles.state().iter().any(|ca| {
                 injection::bundle_of(ca).is_some_and(|b| {
-                    Some(&b.namespace) == cm.metadata.namespace.as_ref()
-                        && Some(&b.name) == cm.metadata.name.as_ref()
+                    Some(&b.namespace) == cm.namespace.as_ref() && Some(&b.name) == cm.name.as_ref()
                 })
             })
         }),
-        watch_sources(secret_api, secrets, |_: &Secret| true),
+        watch_sources(secret_api, secrets, |_: &ObjectMeta| true),
         watch_authorities(
             Api::all_with(client, &authority_resource()),
             authorities_writer,
@@ -213,9 +217,12 @@ fn fan_out() -> (FanOut, Vec<SourceChanges>) {
 /// Watches `api`'s objects and passes on each change that `matters`, also after a (re)list,
 /// so that a change missed while the watch was down is caught. Deletions matter too: targets
 /// then say what went missing.
-async fn watch_sources<K>(api: Api<K>, changes: FanOut, matters: impl Fn(&K) -> bool)
-where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + 'static,
+async fn watch_sources<K>(
+    api: Api<PartialObjectMeta<K>>,
+    changes: FanOut,
+    matters: impl Fn(&ObjectMeta) -> bool,
+) where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
     let resource = ApiResource::erase::<K>(&());
     let events = watcher(api, watcher::Config::default()).default_backoff();
@@ -225,9 +232,9 @@ where
         if let watcher::Event::Apply(object)
         | watcher::Event::InitApply(object)
         | watcher::Event::Delete(object) = event
-            && matters(&object)
+            && matters(&object.metadata)
         {
-            changes.send(&resource, object.meta()).await;
+            changes.send(&resource, &object.metadata).await;
         }
     }
 }
