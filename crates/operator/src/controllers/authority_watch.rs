@@ -358,17 +358,69 @@ impl SharedSets {
     }
 }
 
-/// The CAs (fingerprints) the `ca.crt` of a certificate Secret as stored holds; none when it
-/// is missing or unreadable.
-fn stored_ca_bundle(secret: &Secret) -> BTreeSet<String> {
-    let pem = secret
-        .data
-        .as_ref()
-        .and_then(|data| data.get(CA_CRT))
-        .and_then(|value| std::str::from_utf8(&value.0).ok());
+/// The CAs (fingerprints) a `ca.crt` holds; none when it is missing or unreadable.
+fn ca_bundle_of(ca_crt: Option<&[u8]>) -> BTreeSet<String> {
+    let pem = ca_crt.and_then(|value| std::str::from_utf8(value).ok());
     pem.and_then(|pem| caretaker_pki::bundle::fingerprints(pem).ok())
         .map(BTreeSet::from_iter)
         .unwrap_or_default()
+}
+
+/// The `ca.crt` of the cached Secrets, out of the Secret store and kept once per distinct
+/// content: thousands of certificates of one CA hold the same bundle. By Secret, with the
+/// version it is of.
+#[derive(Default)]
+struct CaCrts {
+    by_secret: HashMap<Key, (Option<String>, Arc<[u8]>)>,
+    distinct: HashSet<Arc<[u8]>>,
+}
+
+impl CaCrts {
+    /// Moves `ca.crt` out of a Secret the watch brought into this table.
+    fn take_from(&mut self, secret: &mut Secret) {
+        let key = key_of(&secret.metadata);
+        let taken = secret.data.as_mut().and_then(|data| data.remove(CA_CRT));
+        let Some(ByteString(bytes)) = taken else {
+            self.forget(&key);
+            return;
+        };
+        let shared = match self.distinct.get(bytes.as_slice()) {
+            Some(same) => same.clone(),
+            None => {
+                let new: Arc<[u8]> = bytes.into();
+                self.distinct.insert(new.clone());
+                new
+            }
+        };
+        let version = secret.metadata.resource_version.clone();
+        if let Some((_, before)) = self.by_secret.insert(key, (version, shared)) {
+            self.release(before);
+        }
+    }
+
+    fn forget(&mut self, key: &Key) {
+        if let Some((_, before)) = self.by_secret.remove(key) {
+            self.release(before);
+        }
+    }
+
+    /// Drops a content no Secret holds any more.
+    fn release(&mut self, content: Arc<[u8]>) {
+        // Held here, by `distinct`, and by no one else.
+        if Arc::strong_count(&content) == 2 {
+            self.distinct.remove(&content);
+        }
+    }
+
+    /// The `ca.crt` of the Secret `key` at `version`: `Err` when this table holds another
+    /// version (the store and this table are a write apart).
+    fn of(&self, key: &Key, version: Option<&str>) -> Result<Option<Arc<[u8]>>, ()> {
+        match self.by_secret.get(key) {
+            Some((held, content)) if held.as_deref() == version => Ok(Some(content.clone())),
+            Some(_) => Err(()),
+            None => Ok(None),
+        }
+    }
 }
 
 /// The inputs of the two controllers: the objects they act on, and wake-ups of those objects
@@ -417,6 +469,8 @@ pub(crate) struct Shared {
     pub degraded: DegradedMemory,
     /// What each object's last status write said, until the store shows it.
     statuses: StatusMemory,
+    /// The `ca.crt` of the cached Secrets (the store holds them without it).
+    ca_crts: Mutex<CaCrts>,
     /// What each certificate Secret says of the CAs in use, by Secret version and candidates.
     leaf_uses: Mutex<HashMap<Key, KnownLeaf>>,
     /// The distinct `ca.crt` contents of [`Shared::leaf_uses`]: thousands of certificates of
@@ -478,6 +532,7 @@ pub(crate) fn start(
         last_good: Mutex::default(),
         degraded: DegradedMemory::default(),
         statuses: StatusMemory::default(),
+        ca_crts: Mutex::default(),
         leaf_uses: Mutex::default(),
         ca_bundles: SharedSets::default(),
         written: Mutex::default(),
@@ -921,13 +976,36 @@ impl Shared {
                 .default_backoff(),
         );
         futures::pin_mut!(events);
-        while let Some(event) = events.next().await {
+        while let Some(mut event) = events.next().await {
+            // Before the store: a pass that finds this version there finds its ca.crt.
+            match &mut event {
+                watcher::Event::Apply(secret) | watcher::Event::InitApply(secret) => {
+                    lock(&self.ca_crts).take_from(secret)
+                }
+                watcher::Event::Delete(secret) => {
+                    lock(&self.ca_crts).forget(&key_of(&secret.metadata))
+                }
+                watcher::Event::Init | watcher::Event::InitDone => {}
+            }
             writer.apply_watcher_event(&event);
             match &event {
                 watcher::Event::Apply(secret) | watcher::Event::Delete(secret) => {
                     self.secret_changed(secret)
                 }
                 watcher::Event::InitDone => {
+                    // Secrets gone while the watch was down went with the relist.
+                    let listed: HashSet<Key> = (writer.as_reader().state().iter())
+                        .map(|s| key_of(&s.metadata))
+                        .collect();
+                    let mut ca_crts = lock(&self.ca_crts);
+                    let gone: Vec<Key> = (ca_crts.by_secret.keys())
+                        .filter(|k| !listed.contains(*k))
+                        .cloned()
+                        .collect();
+                    for key in gone {
+                        ca_crts.forget(&key);
+                    }
+                    drop(ca_crts);
                     self.synced.secrets.send_replace(true);
                     if listed_before {
                         self.wake_every_authority();
@@ -1246,9 +1324,11 @@ impl Shared {
                     let before = index.insert(certificate);
                     (before, index.entries.get(&key).cloned())
                 };
-                let _ = self.certificate_objects.send(certificate.clone());
-                // A status write changes nothing the CA reads, nor any other certificate.
+                // A status write changes nothing the CA reads, nor any other certificate, and
+                // its controller acts on a generation only once: it is not passed on (thousands
+                // of copies would wait in the feed while a rotation writes their statuses).
                 if before != now {
+                    let _ = self.certificate_objects.send(certificate.clone());
                     self.certificate_moved(&key, before.into_iter().chain(now));
                 }
             }
@@ -1389,15 +1469,32 @@ impl Shared {
         self.secrets.get(&ObjectRef::new(&key.1).within(&key.0))
     }
 
-    /// A Secret as stored, or read fresh when the store keeps it without its data (not
-    /// `kubernetes.io/tls`).
+    /// A Secret as stored, with its `ca.crt`; or read fresh when the store keeps it without
+    /// its data (not `kubernetes.io/tls`), or the store and the `ca.crt` table are a write
+    /// apart.
     pub(crate) async fn secret(&self, key: &Key) -> Result<Option<Arc<Secret>>, Error> {
-        match self.stored_secret(key) {
-            Some(secret) if secret.type_.as_deref() != Some(SECRET_TYPE_TLS) => {
+        let stored = self.stored_secret(key);
+        let whole = match &stored {
+            Some(secret) if secret.type_.as_deref() != Some(SECRET_TYPE_TLS) => None,
+            Some(secret) => match lock(&self.ca_crts).of(key, secret.resource_version().as_deref())
+            {
+                Ok(None) => Some(stored.clone()),
+                Ok(Some(ca_crt)) => {
+                    let mut whole = (**secret).clone();
+                    let data = whole.data.get_or_insert_default();
+                    data.insert(CA_CRT.to_string(), ByteString(ca_crt.to_vec()));
+                    Some(Some(Arc::new(whole)))
+                }
+                Err(()) => None,
+            },
+            None => Some(None),
+        };
+        match whole {
+            Some(whole) => Ok(whole),
+            None => {
                 let api: Api<Secret> = Api::namespaced(self.ctx.client.clone(), &key.0);
                 Ok(api.get_opt(&key.1).await?.map(Arc::new))
             }
-            stored => Ok(stored),
         }
     }
 
@@ -1641,6 +1738,12 @@ impl Shared {
         let mut known = match cached {
             Some(known) => known,
             None => {
+                let stored_version = secret.metadata.resource_version.as_deref();
+                let Ok(ca_crt) = lock(&self.ca_crts).of(key, stored_version) else {
+                    // The store and the ca.crt table are a write apart: unknown for now (not
+                    // kept), and the write's own event brings another pass.
+                    return LeafUse::Missing;
+                };
                 // Someone's Secret tells nothing of what the certificate's workload serves.
                 let leaf = match not_managed("Secret", key, &secret.metadata) {
                     Some(_) => None,
@@ -1649,10 +1752,9 @@ impl Shared {
                 let known = KnownLeaf {
                     version,
                     readable: leaf.is_some(),
-                    ca_bundle: self.ca_bundles.share(if leaf.is_some() {
-                        stored_ca_bundle(&secret)
-                    } else {
-                        BTreeSet::new()
+                    ca_bundle: self.ca_bundles.share(match leaf {
+                        Some(_) => ca_bundle_of(ca_crt.as_deref()),
+                        None => BTreeSet::new(),
                     }),
                     signed_by: HashMap::new(),
                 };
@@ -2276,6 +2378,44 @@ mod tests {
             !memory.written(&object("7"), &issued),
             "forgotten once caught up"
         );
+    }
+
+    #[test]
+    fn cached_secrets_keep_one_copy_of_each_ca_crt() {
+        let secret = |name: &str, version: &str, ca_crt: &str| -> Secret {
+            serde_json::from_value(json!({
+                "metadata": { "name": name, "namespace": "demo", "resourceVersion": version },
+                "type": SECRET_TYPE_TLS,
+                "data": { "tls.crt": "bGVhZg==", CA_CRT: STANDARD.encode(ca_crt) },
+            }))
+            .unwrap()
+        };
+        let mut table = CaCrts::default();
+        let (mut web, mut api) = (secret("web", "1", "both"), secret("api", "2", "both"));
+        table.take_from(&mut web);
+        table.take_from(&mut api);
+        let data = web.data.as_ref().unwrap();
+        assert!(!data.contains_key(CA_CRT) && data.contains_key("tls.crt"));
+        let (web_key, api_key) = (key("demo", "web"), key("demo", "api"));
+        let held = |table: &CaCrts, key: &Key, version| table.of(key, Some(version)).unwrap();
+        let (a, b) = (held(&table, &web_key, "1"), held(&table, &api_key, "2"));
+        assert!(
+            Arc::ptr_eq(a.as_ref().unwrap(), b.as_ref().unwrap()),
+            "one copy"
+        );
+        assert_eq!(table.distinct.len(), 1);
+        drop((a, b));
+        assert_eq!(table.of(&web_key, Some("0")), Err(()), "another version");
+
+        table.take_from(&mut secret("web", "3", "new"));
+        assert_eq!(held(&table, &web_key, "3").as_deref(), Some(&b"new"[..]));
+        assert_eq!(table.distinct.len(), 2);
+        table.take_from(&mut secret("api", "4", "new"));
+        assert_eq!(table.distinct.len(), 1, "a content no Secret holds goes");
+        table.forget(&web_key);
+        table.forget(&api_key);
+        assert!(table.distinct.is_empty() && table.by_secret.is_empty());
+        assert_eq!(table.of(&web_key, Some("3")), Ok(None));
     }
 
     fn crd(name: &str) -> DynamicObject {
