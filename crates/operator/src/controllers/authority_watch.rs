@@ -176,7 +176,9 @@ struct Indexed {
 #[derive(Debug, Default)]
 struct CertificateIndex {
     entries: HashMap<Key, Indexed>,
-    by_secret: HashMap<Key, BTreeSet<Key>>,
+    /// Nearly always one certificate per Secret: a list, not a set (whose first node alone
+    /// takes room for eleven).
+    by_secret: HashMap<Key, Vec<Key>>,
     by_issuer: HashMap<String, BTreeSet<Key>>,
 }
 
@@ -194,10 +196,11 @@ impl CertificateIndex {
         let before = self.remove(&key);
         let secret = (key.0.clone(), certificate.spec.secret_name.clone());
         let issuer = certificate.spec.issuer_ref.name.clone();
+        // `remove` above took it out of any list it was in.
         self.by_secret
             .entry(secret.clone())
             .or_default()
-            .insert(key.clone());
+            .push(key.clone());
         self.by_issuer
             .entry(issuer.clone())
             .or_default()
@@ -218,7 +221,7 @@ impl CertificateIndex {
         let indexed = self.entries.remove(key)?;
         let Indexed { secret, issuer, .. } = &indexed;
         if let Some(keys) = self.by_secret.get_mut(secret) {
-            keys.remove(key);
+            keys.retain(|k| k != key);
             if keys.is_empty() {
                 self.by_secret.remove(secret);
             }
@@ -305,15 +308,24 @@ struct KnownLeaf {
     readable: bool,
     /// The CAs (fingerprints) its `ca.crt` holds.
     ca_bundle: Arc<BTreeSet<String>>,
-    signed_by: HashMap<String, bool>,
+    /// Each CA checked (shared, not copied: every certificate of the CA holds the same), and
+    /// whether it signed the leaf.
+    signed_by: Vec<(Certificate, bool)>,
 }
 
 impl KnownLeaf {
+    /// Whether `ca` signed it, if that was checked.
+    fn checked(&self, ca: &Certificate) -> Option<bool> {
+        (self.signed_by.iter())
+            .find(|(checked, _)| checked.fingerprint() == ca.fingerprint())
+            .map(|(_, signed)| *signed)
+    }
+
     /// Which of `candidates` signed it (the first), when that is known: every candidate up
     /// to the first that signed it (or all, if none did) was checked already.
     fn signer(&self, candidates: &[&Certificate]) -> Option<Option<usize>> {
         for (i, ca) in candidates.iter().enumerate() {
-            match self.signed_by.get(ca.fingerprint()) {
+            match self.checked(ca) {
                 None => return None,
                 Some(true) => return Some(Some(i)),
                 Some(false) => {}
@@ -1756,7 +1768,7 @@ impl Shared {
                         Some(_) => ca_bundle_of(ca_crt.as_deref()),
                         None => BTreeSet::new(),
                     }),
-                    signed_by: HashMap::new(),
+                    signed_by: Vec::new(),
                 };
                 parsed = Some(leaf);
                 known
@@ -1766,18 +1778,18 @@ impl Shared {
             lock(&self.leaf_uses).insert(key.clone(), known);
             return LeafUse::Missing;
         }
-        known
-            .signed_by
-            .retain(|fp, _| candidates.iter().any(|ca| ca.fingerprint() == fp));
+        known.signed_by.retain(|(checked, _)| {
+            (candidates.iter()).any(|ca| ca.fingerprint() == checked.fingerprint())
+        });
         for ca in candidates {
-            let signed = match known.signed_by.get(ca.fingerprint()) {
-                Some(signed) => *signed,
+            let signed = match known.checked(ca) {
+                Some(signed) => signed,
                 None => {
                     let leaf = parsed.get_or_insert_with(|| stored_leaf(&secret));
                     let signed = leaf.as_ref().is_some_and(|leaf| {
                         caretaker_pki::is_issued_by(leaf.der(), ca.der()).unwrap_or(false)
                     });
-                    known.signed_by.insert(ca.fingerprint().to_string(), signed);
+                    known.signed_by.push(((*ca).clone(), signed));
                     signed
                 }
             };
@@ -2278,7 +2290,7 @@ mod tests {
             ca_bundle: Arc::default(),
             signed_by: checked
                 .iter()
-                .map(|(ca, signed)| (ca.fingerprint().to_string(), *signed))
+                .map(|(ca, signed)| ((*ca).clone(), *signed))
                 .collect(),
         };
         assert_eq!(known(&[]).signer(&candidates), None);
