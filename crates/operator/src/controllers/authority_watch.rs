@@ -707,15 +707,24 @@ impl DegradedMemory {
         }
     }
 
-    /// Remembers the conditions a pass gives `object`'s status, its Warnings said.
+    /// Remembers the conditions a pass gives `object`'s status (`now`), its Warnings said;
+    /// `read`: the conditions it was read with.
     pub(crate) fn remember<K: Resource<DynamicType = ()>>(
         &self,
         object: &K,
-        conditions: &[v1alpha1::Condition],
+        read: &[v1alpha1::Condition],
+        now: &[v1alpha1::Condition],
     ) {
         let uid = object.meta().uid.clone().unwrap_or_default();
-        let message = degraded_message(conditions).map(str::to_string);
-        lock(&self.0).insert(Self::key(object), (uid, message));
+        let message = degraded_message(now).map(str::to_string);
+        let mut memory = lock(&self.0);
+        let key = Self::key(object);
+        // Nothing wrong, before or now: a pass that reads the status before this write reads
+        // that too, so there is nothing to remember (thousands of healthy objects).
+        if message.is_none() && degraded_message(read).is_none() && !memory.contains_key(&key) {
+            return;
+        }
+        memory.insert(key, (uid, message));
     }
 
     fn forget<K: Resource<DynamicType = ()>>(&self, namespace: &str, name: &str) {
@@ -751,6 +760,19 @@ impl StatusMemory {
                 false
             }
             None => false,
+        }
+    }
+
+    /// The watch brought `object`: a write of this process it does not show yet is still
+    /// remembered, anything older goes.
+    fn caught_up<K: Resource<DynamicType = ()>>(&self, object: &K) {
+        let key = DegradedMemory::key(object);
+        let mut written = lock(&self.0);
+        if written
+            .get(&key)
+            .is_some_and(|(before, _)| *before != object.meta().resource_version)
+        {
+            written.remove(&key);
         }
     }
 
@@ -1330,6 +1352,7 @@ impl Shared {
     ) {
         match event {
             watcher::Event::Apply(certificate) => {
+                self.statuses.caught_up(certificate);
                 let key = CertificateIndex::key(certificate);
                 let (before, now) = {
                     let mut index = lock(&self.index);
@@ -2340,7 +2363,11 @@ mod tests {
             Some("old")
         );
 
-        memory.remember(&first, &degraded("bad validity"));
+        // Healthy before and after: nothing to remember, the status read says it all.
+        memory.remember(&first, &[], &[]);
+        assert!(lock(&memory.0).is_empty());
+
+        memory.remember(&first, &[], &degraded("bad validity"));
         let stale = [];
         assert_eq!(
             memory.reported(&first, &stale).as_deref(),
@@ -2353,10 +2380,10 @@ mod tests {
         );
 
         // Fixed: a stale status still saying the problem does not hide its return.
-        memory.remember(&first, &[]);
+        memory.remember(&first, &degraded("bad validity"), &[]);
         assert_eq!(memory.reported(&first, &degraded("bad validity")), None);
 
-        memory.remember(&first, &degraded("bad validity"));
+        memory.remember(&first, &[], &degraded("bad validity"));
         memory.forget::<ConfigMap>("default", "bad");
         assert_eq!(memory.reported(&first, &stale), None);
     }
@@ -2390,6 +2417,14 @@ mod tests {
             !memory.written(&object("7"), &issued),
             "forgotten once caught up"
         );
+
+        // The watch bringing the write is enough to forget it (a pass that finds the status
+        // as it wants it never asks).
+        memory.remember(&object("8"), &issued);
+        memory.caught_up(&object("8"));
+        assert_eq!(lock(&memory.0).len(), 1, "the watch still shows 8");
+        memory.caught_up(&object("9"));
+        assert!(lock(&memory.0).is_empty());
     }
 
     #[test]

@@ -281,9 +281,11 @@ async fn write_status(
     status: &CertificateAuthorityStatus,
     old: &CertificateAuthorityStatus,
 ) -> Result<(), Error> {
-    shared
-        .degraded
-        .remember(authority, &status.certificate.conditions);
+    (shared.degraded).remember(
+        authority,
+        &old.certificate.conditions,
+        &status.certificate.conditions,
+    );
     let api: Api<CertificateAuthority> = Api::all(shared.ctx.client.clone());
     shared.write_status(&api, authority, status, old).await
 }

@@ -194,7 +194,7 @@ async fn write_status(
     status: &IssuedCertificateStatus,
     old: &IssuedCertificateStatus,
 ) -> Result<(), Error> {
-    shared.degraded.remember(certificate, &status.conditions);
+    (shared.degraded).remember(certificate, &old.conditions, &status.conditions);
     let api: Api<IssuedCertificate> = Api::namespaced(
         shared.ctx.client.clone(),
         &certificate.namespace().unwrap_or_default(),
