@@ -740,19 +740,22 @@ impl DegradedMemory {
 /// The status each object's last write in this process gave it, with the object's
 /// `resourceVersion` before that write, until a pass reads the object as it is after. A pass
 /// that starts before the watch brings the write compares with the status before it, and
-/// would write the same status again.
+/// would write the same status again. An entry stays until then (the watch bringing the write
+/// is not enough: a pass may have read the object just before), so entries are digests, a few
+/// bytes for each of thousands of certificates: (object, version before) -> status.
 #[derive(Default)]
-pub(crate) struct StatusMemory(Mutex<HashMap<String, (Option<String>, u64)>>);
+pub(crate) struct StatusMemory(Mutex<HashMap<u64, (u64, u64)>>);
 
 impl StatusMemory {
     /// Whether `status` (a status patch of `object`, as read) is what this process wrote last,
     /// on the version `object` still is.
     fn written<K: Resource<DynamicType = ()>>(&self, object: &K, status: &Value) -> bool {
-        let key = DegradedMemory::key(object);
+        let key = Self::digest(DegradedMemory::key(object));
+        let version = Self::digest(&object.meta().resource_version);
         let mut written = lock(&self.0);
         match written.get(&key) {
-            Some((before, digest)) if *before == object.meta().resource_version => {
-                *digest == Self::digest(status)
+            Some((before, digest)) if *before == version => {
+                *digest == Self::digest(status.to_string())
             }
             Some(_) => {
                 // The store shows the write (or something later): the status read is current.
@@ -763,29 +766,17 @@ impl StatusMemory {
         }
     }
 
-    /// The watch brought `object`: a write of this process it does not show yet is still
-    /// remembered, anything older goes.
-    fn caught_up<K: Resource<DynamicType = ()>>(&self, object: &K) {
-        let key = DegradedMemory::key(object);
-        let mut written = lock(&self.0);
-        if written
-            .get(&key)
-            .is_some_and(|(before, _)| *before != object.meta().resource_version)
-        {
-            written.remove(&key);
-        }
-    }
-
     fn remember<K: Resource<DynamicType = ()>>(&self, object: &K, status: &Value) {
-        let before = object.meta().resource_version.clone();
-        lock(&self.0).insert(DegradedMemory::key(object), (before, Self::digest(status)));
+        let key = Self::digest(DegradedMemory::key(object));
+        let before = Self::digest(&object.meta().resource_version);
+        let status = Self::digest(status.to_string());
+        lock(&self.0).insert(key, (before, status));
     }
 
-    fn digest(status: &Value) -> u64 {
-        use std::hash::{DefaultHasher, Hash, Hasher};
-        let mut hasher = DefaultHasher::new();
-        status.to_string().hash(&mut hasher);
-        hasher.finish()
+    fn digest(value: impl std::hash::Hash) -> u64 {
+        use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+        // Fixed keys: the same value gives the same digest for the life of the process.
+        BuildHasherDefault::<DefaultHasher>::default().hash_one(value)
     }
 }
 
@@ -1352,7 +1343,6 @@ impl Shared {
     ) {
         match event {
             watcher::Event::Apply(certificate) => {
-                self.statuses.caught_up(certificate);
                 let key = CertificateIndex::key(certificate);
                 let (before, now) = {
                     let mut index = lock(&self.index);
@@ -2417,14 +2407,6 @@ mod tests {
             !memory.written(&object("7"), &issued),
             "forgotten once caught up"
         );
-
-        // The watch bringing the write is enough to forget it (a pass that finds the status
-        // as it wants it never asks).
-        memory.remember(&object("8"), &issued);
-        memory.caught_up(&object("8"));
-        assert_eq!(lock(&memory.0).len(), 1, "the watch still shows 8");
-        memory.caught_up(&object("9"));
-        assert!(lock(&memory.0).is_empty());
     }
 
     #[test]
