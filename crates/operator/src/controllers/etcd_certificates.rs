@@ -55,6 +55,41 @@ const CONTROLLER: &str = "etcd_certificates";
 struct Memory {
     last_good: Mutex<HashMap<String, BTreeMap<Signer, CaKeyPair>>>,
     backoff: Mutex<HashMap<String, Duration>>,
+    /// The Degraded message (or none) the last status write gave each object, with its uid: a
+    /// pass may read the status from before that write, and must not say its Warning again.
+    degraded: Mutex<HashMap<String, Said>>,
+}
+
+/// An object's uid, and the Degraded message its last status write gave it.
+type Said = (Option<String>, Option<String>);
+
+impl Memory {
+    /// What the status says is wrong with `object` now: what this process last wrote, else
+    /// what `old` (the status it was read with) says.
+    fn reported_degraded(
+        &self,
+        object: &EtcdCertificates,
+        old: &EtcdCertificatesStatus,
+    ) -> Option<String> {
+        match lock(&self.degraded).get(&memory_key(object)) {
+            Some((uid, message)) if *uid == object.metadata.uid => message.clone(),
+            _ => degraded_message(&old.conditions).map(str::to_string),
+        }
+    }
+
+    fn remember_degraded(&self, object: &EtcdCertificates, status: &EtcdCertificatesStatus) {
+        let message = degraded_message(&status.conditions).map(str::to_string);
+        let uid = object.metadata.uid.clone();
+        lock(&self.degraded).insert(memory_key(object), (uid, message));
+    }
+}
+
+fn memory_key(object: &EtcdCertificates) -> String {
+    format!(
+        "{}/{}",
+        object.namespace().unwrap_or_default(),
+        object.name_any()
+    )
 }
 
 struct Shared {
@@ -229,7 +264,7 @@ async fn pass(object: &EtcdCertificates, shared: &Shared) -> Result<Action, Erro
             .get(&key)
             .cloned()
             .unwrap_or_default(),
-        reported_degraded: degraded_message(&old.conditions).map(str::to_string),
+        reported_degraded: shared.memory.reported_degraded(object, &old),
     };
     let asker = asker(&seen, &policy);
     seen.health = asker.ask_all(&policy.endpoints).await;
@@ -629,7 +664,9 @@ async fn write_status(
         shared.ctx.client.clone(),
         &object.namespace().unwrap_or_default(),
     );
-    authority_watch::write_status(&api, &object.name_any(), status, old).await
+    authority_watch::write_status(&api, &object.name_any(), status, old).await?;
+    shared.memory.remember_degraded(object, status);
+    Ok(())
 }
 
 /// A spec or object caretaker cannot act on: Degraded with `reason`, nothing written, and a
@@ -641,7 +678,7 @@ async fn refuse(
     message: String,
 ) -> Result<Action, Error> {
     let old = object.status.clone().unwrap_or_default();
-    if degraded_message(&old.conditions) != Some(message.as_str()) {
+    if shared.memory.reported_degraded(object, &old).as_deref() != Some(message.as_str()) {
         tracing::warn!(etcd = %object.name_any(), reason, %message, "EtcdCertificates not acted on");
         shared
             .ctx
