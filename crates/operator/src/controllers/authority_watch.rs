@@ -694,40 +694,41 @@ pub(crate) struct DegradedMemory(Mutex<HashMap<String, (String, Option<String>)>
 
 impl DegradedMemory {
     /// What was last said to be wrong with `object` (the Degraded message a Warning told): what
-    /// its last pass in this process decided, else what `status` (its conditions) says.
+    /// its last pass in this process decided, else `read`, the message in the status it was
+    /// read with. Each kind finds its Degraded message in its own conditions, so callers pass
+    /// messages.
     pub(crate) fn reported<K: Resource<DynamicType = ()>>(
         &self,
         object: &K,
-        status: &[v1alpha1::Condition],
+        read: Option<&str>,
     ) -> Option<String> {
         let meta = object.meta();
         match lock(&self.0).get(&Self::key(object)) {
             Some((uid, message)) if meta.uid.as_ref() == Some(uid) => message.clone(),
-            _ => degraded_message(status).map(str::to_string),
+            _ => read.map(str::to_string),
         }
     }
 
-    /// Remembers the conditions a pass gives `object`'s status (`now`), its Warnings said;
-    /// `read`: the conditions it was read with.
+    /// Remembers the Degraded message a pass gives `object`'s status (`now`), which its
+    /// Warnings said; `read`: the message in the status it was read with.
     pub(crate) fn remember<K: Resource<DynamicType = ()>>(
         &self,
         object: &K,
-        read: &[v1alpha1::Condition],
-        now: &[v1alpha1::Condition],
+        read: Option<&str>,
+        now: Option<&str>,
     ) {
-        let uid = object.meta().uid.clone().unwrap_or_default();
-        let message = degraded_message(now).map(str::to_string);
         let mut memory = lock(&self.0);
         let key = Self::key(object);
         // Nothing wrong, before or now: a pass that reads the status before this write reads
         // that too, so there is nothing to remember (thousands of healthy objects).
-        if message.is_none() && degraded_message(read).is_none() && !memory.contains_key(&key) {
+        if now.is_none() && read.is_none() && !memory.contains_key(&key) {
             return;
         }
-        memory.insert(key, (uid, message));
+        let uid = object.meta().uid.clone().unwrap_or_default();
+        memory.insert(key, (uid, now.map(str::to_string)));
     }
 
-    fn forget<K: Resource<DynamicType = ()>>(&self, namespace: &str, name: &str) {
+    pub(crate) fn forget<K: Resource<DynamicType = ()>>(&self, namespace: &str, name: &str) {
         lock(&self.0).remove(&format!("{}/{namespace}/{name}", K::kind(&())));
     }
 
@@ -2337,45 +2338,33 @@ mod tests {
             }))
             .unwrap()
         };
-        let degraded = |message: &str| {
-            refused_conditions(
-                &[],
-                "InvalidSpec",
-                message,
-                Some(1),
-                OffsetDateTime::now_utc(),
-            )
-        };
         let (first, again) = (object("one"), object("two"));
-        assert_eq!(memory.reported(&first, &[]), None);
-        assert_eq!(
-            memory.reported(&first, &degraded("old")).as_deref(),
-            Some("old")
-        );
+        assert_eq!(memory.reported(&first, None), None);
+        assert_eq!(memory.reported(&first, Some("old")).as_deref(), Some("old"));
 
         // Healthy before and after: nothing to remember, the status read says it all.
-        memory.remember(&first, &[], &[]);
+        memory.remember(&first, None, None);
         assert!(lock(&memory.0).is_empty());
 
-        memory.remember(&first, &[], &degraded("bad validity"));
-        let stale = [];
+        memory.remember(&first, None, Some("bad validity"));
+        let stale = None;
         assert_eq!(
-            memory.reported(&first, &stale).as_deref(),
+            memory.reported(&first, stale).as_deref(),
             Some("bad validity")
         );
         assert_eq!(
-            memory.reported(&again, &stale),
+            memory.reported(&again, stale),
             None,
             "another object by that name"
         );
 
         // Fixed: a stale status still saying the problem does not hide its return.
-        memory.remember(&first, &degraded("bad validity"), &[]);
-        assert_eq!(memory.reported(&first, &degraded("bad validity")), None);
+        memory.remember(&first, Some("bad validity"), None);
+        assert_eq!(memory.reported(&first, Some("bad validity")), None);
 
-        memory.remember(&first, &[], &degraded("bad validity"));
+        memory.remember(&first, None, Some("bad validity"));
         memory.forget::<ConfigMap>("default", "bad");
-        assert_eq!(memory.reported(&first, &stale), None);
+        assert_eq!(memory.reported(&first, stale), None);
     }
 
     #[test]

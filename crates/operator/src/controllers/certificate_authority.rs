@@ -121,9 +121,10 @@ async fn reconcile(
         config_map.as_ref().and_then(|c| c.resource_version()),
     );
     let old = authority.status.clone().unwrap_or_default();
-    let reported_degraded = shared
-        .degraded
-        .reported(&*authority, &old.certificate.conditions);
+    let reported_degraded = shared.degraded.reported(
+        &*authority,
+        authority_watch::degraded_message(&old.certificate.conditions),
+    );
     let now = OffsetDateTime::now_utc();
 
     let observing = shared.clone();
@@ -283,8 +284,8 @@ async fn write_status(
 ) -> Result<(), Error> {
     (shared.degraded).remember(
         authority,
-        &old.certificate.conditions,
-        &status.certificate.conditions,
+        authority_watch::degraded_message(&old.certificate.conditions),
+        authority_watch::degraded_message(&status.certificate.conditions),
     );
     let api: Api<CertificateAuthority> = Api::all(shared.ctx.client.clone());
     shared.write_status(&api, authority, status, old).await
@@ -299,11 +300,8 @@ async fn refuse(
     message: String,
 ) -> Result<Action, Error> {
     let old = authority.status.clone().unwrap_or_default();
-    if shared
-        .degraded
-        .reported(authority, &old.certificate.conditions)
-        != Some(message.clone())
-    {
+    let read = authority_watch::degraded_message(&old.certificate.conditions);
+    if shared.degraded.reported(authority, read) != Some(message.clone()) {
         tracing::warn!(authority = %authority.name_any(), reason, %message, "CertificateAuthority not acted on");
         shared
             .ctx

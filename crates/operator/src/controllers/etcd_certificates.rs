@@ -28,7 +28,7 @@ use kube::{Resource, ResourceExt};
 use serde_json::Value;
 use time::OffsetDateTime;
 
-use super::authority_watch::{self, Written};
+use super::authority_watch::{self, DegradedMemory, Written};
 use super::etcd_health::Asker;
 use crate::Error;
 use crate::authority::ca::AuthorityStatus;
@@ -55,41 +55,9 @@ const CONTROLLER: &str = "etcd_certificates";
 struct Memory {
     last_good: Mutex<HashMap<String, BTreeMap<Signer, CaKeyPair>>>,
     backoff: Mutex<HashMap<String, Duration>>,
-    /// The Degraded message (or none) the last status write gave each object, with its uid: a
-    /// pass may read the status from before that write, and must not say its Warning again.
-    degraded: Mutex<HashMap<String, Said>>,
-}
-
-/// An object's uid, and the Degraded message its last status write gave it.
-type Said = (Option<String>, Option<String>);
-
-impl Memory {
-    /// What the status says is wrong with `object` now: what this process last wrote, else
-    /// what `old` (the status it was read with) says.
-    fn reported_degraded(
-        &self,
-        object: &EtcdCertificates,
-        old: &EtcdCertificatesStatus,
-    ) -> Option<String> {
-        match lock(&self.degraded).get(&memory_key(object)) {
-            Some((uid, message)) if *uid == object.metadata.uid => message.clone(),
-            _ => degraded_message(&old.conditions).map(str::to_string),
-        }
-    }
-
-    fn remember_degraded(&self, object: &EtcdCertificates, status: &EtcdCertificatesStatus) {
-        let message = degraded_message(&status.conditions).map(str::to_string);
-        let uid = object.metadata.uid.clone();
-        lock(&self.degraded).insert(memory_key(object), (uid, message));
-    }
-}
-
-fn memory_key(object: &EtcdCertificates) -> String {
-    format!(
-        "{}/{}",
-        object.namespace().unwrap_or_default(),
-        object.name_any()
-    )
+    /// The Degraded message the last status write gave each object: a pass may read the
+    /// status from before that write, and must not say its Warning again.
+    degraded: DegradedMemory,
 }
 
 struct Shared {
@@ -264,7 +232,8 @@ async fn pass(object: &EtcdCertificates, shared: &Shared) -> Result<Action, Erro
             .get(&key)
             .cloned()
             .unwrap_or_default(),
-        reported_degraded: shared.memory.reported_degraded(object, &old),
+        reported_degraded: (shared.memory.degraded)
+            .reported(object, degraded_message(&old.conditions)),
     };
     let asker = asker(&seen, &policy);
     seen.health = asker.ask_all(&policy.endpoints).await;
@@ -665,7 +634,11 @@ async fn write_status(
         &object.namespace().unwrap_or_default(),
     );
     authority_watch::write_status(&api, &object.name_any(), status, old).await?;
-    shared.memory.remember_degraded(object, status);
+    shared.memory.degraded.remember(
+        object,
+        degraded_message(&old.conditions),
+        degraded_message(&status.conditions),
+    );
     Ok(())
 }
 
@@ -678,7 +651,8 @@ async fn refuse(
     message: String,
 ) -> Result<Action, Error> {
     let old = object.status.clone().unwrap_or_default();
-    if shared.memory.reported_degraded(object, &old).as_deref() != Some(message.as_str()) {
+    let reported = (shared.memory.degraded).reported(object, degraded_message(&old.conditions));
+    if reported.as_deref() != Some(message.as_str()) {
         tracing::warn!(etcd = %object.name_any(), reason, %message, "EtcdCertificates not acted on");
         shared
             .ctx

@@ -194,7 +194,11 @@ async fn write_status(
     status: &IssuedCertificateStatus,
     old: &IssuedCertificateStatus,
 ) -> Result<(), Error> {
-    (shared.degraded).remember(certificate, &old.conditions, &status.conditions);
+    (shared.degraded).remember(
+        certificate,
+        authority_watch::degraded_message(&old.conditions),
+        authority_watch::degraded_message(&status.conditions),
+    );
     let api: Api<IssuedCertificate> = Api::namespaced(
         shared.ctx.client.clone(),
         &certificate.namespace().unwrap_or_default(),
@@ -238,7 +242,8 @@ async fn refuse(
     message: String,
 ) -> Result<Action, Error> {
     let old = certificate.status.clone().unwrap_or_default();
-    if shared.degraded.reported(certificate, &old.conditions) != Some(message.clone()) {
+    let read = authority_watch::degraded_message(&old.conditions);
+    if shared.degraded.reported(certificate, read) != Some(message.clone()) {
         tracing::warn!(certificate = %certificate.name_any(), %message, "IssuedCertificate not acted on");
         shared
             .ctx
