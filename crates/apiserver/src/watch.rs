@@ -47,13 +47,13 @@ struct Watcher {
 }
 
 impl Watcher {
-    fn matches(&self, change: &Change, served: &Value) -> bool {
+    fn in_namespace(&self, change: &Change) -> bool {
         change.key.resource == self.def.storage_key
-            && self
-                .params
-                .namespace
-                .as_deref()
-                .is_none_or(|ns| ns == change.key.namespace)
+            && (self.params.namespace.as_deref()).is_none_or(|ns| ns == change.key.namespace)
+    }
+
+    fn matches(&self, change: &Change, served: &Value) -> bool {
+        self.in_namespace(change)
             && self
                 .params
                 .labels
@@ -67,7 +67,14 @@ impl Watcher {
     }
 
     fn encode(&self, kind: &str, object: Value) -> Bytes {
-        let object = match self.params.representation {
+        let mut line = json!({ "type": kind, "object": self.form(kind, object) }).to_string();
+        line.push('\n');
+        Bytes::from(line)
+    }
+
+    /// `object` (served) in the form this watch asked for.
+    fn form(&self, kind: &str, object: Value) -> Value {
+        match self.params.representation {
             _ if kind == "ERROR" => object,
             Representation::Table if kind != "BOOKMARK" => table::table(
                 &self.def,
@@ -78,10 +85,7 @@ impl Watcher {
             // Bookmarks too, as kube-apiserver transforms every event's object.
             Representation::Metadata { version } => media::partial_object(&object, version),
             _ => object,
-        };
-        let mut line = json!({ "type": kind, "object": object }).to_string();
-        line.push('\n');
-        Bytes::from(line)
+        }
     }
 
     async fn send(&self, kind: &str, object: Value) -> bool {
@@ -96,21 +100,55 @@ impl Watcher {
         if change.key.resource != self.def.storage_key {
             return true;
         }
-        let served = self.def.served(&change.object);
-        let now_matches = self.matches(change, &served);
-        // With a selector, an object that starts or stops matching is ADDED or DELETED for this
-        // watch, as kube-apiserver's watch cache reports it.
-        let was_matching = change
-            .previous
-            .as_ref()
-            .map(|p| self.matches(change, &self.def.served(p)));
-        let kind = match (change.kind, was_matching, now_matches) {
-            (ChangeType::Modified, Some(true), false) => "DELETED",
-            (ChangeType::Modified, Some(false), true) => "ADDED",
-            (_, _, false) => return true,
-            (kind, _, true) => kind.as_str(),
+        let kind = if self.params.labels.is_none() && self.params.fields.is_none() {
+            // Nothing to match but the namespace: no copy of the object needed.
+            if !self.in_namespace(change) {
+                return true;
+            }
+            change.kind.as_str()
+        } else {
+            let now_matches = self.matches(change, &self.def.served(&change.object));
+            // With a selector, an object that starts or stops matching is ADDED or DELETED for
+            // this watch, as kube-apiserver's watch cache reports it.
+            let was_matching = change
+                .previous
+                .as_deref()
+                .and_then(|p| serde_json::from_str(p).ok())
+                .map(|p: Value| self.matches(change, &self.def.served(&p)));
+            match (change.kind, was_matching, now_matches) {
+                (ChangeType::Modified, Some(true), false) => "DELETED",
+                (ChangeType::Modified, Some(false), true) => "ADDED",
+                (_, _, false) => return true,
+                (kind, _, true) => kind.as_str(),
+            }
         };
-        self.send(kind, served).await
+        let object = match self.shared_form() {
+            Some(form) => change.encoded.get_or_encode(&form, || {
+                let object = self.form(kind, self.def.served(&change.object));
+                Bytes::from(serde_json::to_vec(&object).expect("JSON values encode"))
+            }),
+            None => {
+                let object = self.form(kind, self.def.served(&change.object));
+                Bytes::from(serde_json::to_vec(&object).expect("JSON values encode"))
+            }
+        };
+        let mut line = Vec::with_capacity(object.len() + 32);
+        line.extend_from_slice(br#"{"type":""#);
+        line.extend_from_slice(kind.as_bytes());
+        line.extend_from_slice(br#"","object":"#);
+        line.extend_from_slice(&object);
+        line.extend_from_slice(b"}\n");
+        self.out.send(Bytes::from(line)).await.is_ok()
+    }
+
+    /// The name under which watches share the encoding of a change's object in this watch's
+    /// form (see [`Change::encoded`]); none for Tables, whose rows are this watch's own.
+    fn shared_form(&self) -> Option<String> {
+        match self.params.representation {
+            Representation::Object => Some(self.def.api_version()),
+            Representation::Metadata { version } => Some(format!("meta.k8s.io/{version}")),
+            Representation::Table => None,
+        }
     }
 
     async fn bookmark(&self, initial_events_end: bool) -> bool {
@@ -179,6 +217,7 @@ impl Watcher {
                     kind: ChangeType::Added,
                     object: Arc::new(object),
                     previous: None,
+                    encoded: Default::default(),
                 };
                 if self.matches(&fake, &served) && !self.send("ADDED", served).await {
                     return false;

@@ -119,7 +119,9 @@ async fn representations_that_are_not_served_are_406() {
 }
 
 /// kube-rs's metadata informer (a watcher over `Api<PartialObjectMeta<_>>`, which asks for
-/// metadata only) against the server: the objects and their changes arrive, as metadata.
+/// metadata only) against the server: the objects and their changes arrive, as metadata, while
+/// a watch of whole objects sees the same change whole (watches share each change's encoding
+/// by form).
 #[tokio::test]
 async fn kube_rs_metadata_watcher_sees_objects_and_changes() {
     let (server, config_maps) = with_one_config_map().await;
@@ -140,6 +142,15 @@ async fn kube_rs_metadata_watcher_sees_objects_and_changes() {
     assert_eq!(first.metadata.name.as_deref(), Some("one"));
     assert_eq!(first.types.as_ref().unwrap().kind, "PartialObjectMetadata");
 
+    let mut whole =
+        std::pin::pin!(watcher(config_maps.clone(), watcher::Config::default()).applied_objects());
+    let listed_whole = tokio::time::timeout(Duration::from_secs(10), whole.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(listed_whole.data.is_some());
+
     let label = json!({"metadata": {"labels": {"app": "changed"}}});
     config_maps
         .patch("one", &PatchParams::default(), &Patch::Merge(&label))
@@ -150,6 +161,21 @@ async fn kube_rs_metadata_watcher_sees_objects_and_changes() {
         .unwrap()
         .unwrap()
         .unwrap();
+    assert_eq!(
+        changed.types.as_ref().unwrap().kind,
+        "PartialObjectMetadata"
+    );
     let labels = changed.metadata.labels.unwrap();
     assert_eq!(labels["app"], "changed");
+    let changed_whole = tokio::time::timeout(Duration::from_secs(10), whole.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(changed_whole.metadata.labels.unwrap()["app"], "changed");
+    assert_eq!(
+        changed_whole.data.unwrap()["ca.crt"],
+        PAYLOAD.repeat(100),
+        "the whole object, though a metadata watch sent the change first"
+    );
 }

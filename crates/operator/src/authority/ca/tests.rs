@@ -293,15 +293,8 @@ fn the_next_ca_signs_only_once_trusted_everywhere_for_the_propagation_time() {
 
 #[test]
 fn with_no_injection_point_and_no_propagation_a_rotation_takes_one_pass() {
-    let policy = AuthorityPolicy {
-        trust_propagation: Duration::ZERO,
-        ..policy()
-    };
-    let model = Model::new(at(0));
-    let mut seen = started(&policy, &model);
-    let old = secret(&seen).current.clone().unwrap();
-    seen.in_use = BTreeSet::from([old.fingerprint().to_string()]);
-    let due = due_of(&seen, &policy);
+    let (policy, model) = (no_propagation(), Model::new(at(0)));
+    let (mut seen, old, due) = due_for_rotation(&policy, &model);
     let rotation = decide(&seen, &policy, &model, due);
     let kinds: Vec<_> = rotation
         .steps
@@ -350,11 +343,8 @@ fn with_no_injection_point_and_no_propagation_a_rotation_takes_one_pass() {
 #[test]
 fn a_next_ca_is_trusted_only_once_every_ready_certificates_ca_crt_holds_it() {
     let (policy, model) = (policy(), Model::new(at(0)));
-    let mut seen = started(&policy, &model);
-    let old = secret(&seen).current.clone().unwrap();
-    seen.in_use = BTreeSet::from([old.fingerprint().to_string()]);
+    let (mut seen, old, due) = due_for_rotation(&policy, &model);
     seen.distributed = Some(BTreeSet::from([old.fingerprint().to_string()]));
-    let due = due_of(&seen, &policy);
     let rotation = decide(&seen, &policy, &model, due);
     apply(&mut seen, &rotation);
     let next = secret(&seen)
@@ -412,16 +402,9 @@ fn a_next_ca_is_trusted_only_once_every_ready_certificates_ca_crt_holds_it() {
 /// certificate, in one write. With propagation time, `ca.crt` holds it from the start.
 #[test]
 fn with_no_propagation_time_ca_crt_takes_the_next_ca_with_the_new_certificate() {
-    let policy = AuthorityPolicy {
-        trust_propagation: Duration::ZERO,
-        ..policy()
-    };
-    let model = Model::new(at(0));
-    let mut seen = started(&policy, &model);
-    let old = secret(&seen).current.clone().unwrap();
-    seen.in_use = BTreeSet::from([old.fingerprint().to_string()]);
+    let (policy, model) = (no_propagation(), Model::new(at(0)));
+    let (mut seen, old, due) = due_for_rotation(&policy, &model);
     seen.distributed = Some(BTreeSet::from([old.fingerprint().to_string()]));
-    let due = due_of(&seen, &policy);
 
     let rotation = decide(&seen, &policy, &model, due);
     let next = rotation.issuer.signer.clone().expect("a signer");
@@ -463,6 +446,25 @@ fn with_no_propagation_time_ca_crt_takes_the_next_ca_with_the_new_certificate() 
     let mut both = [old.fingerprint(), next.fingerprint()];
     both.sort();
     assert_eq!(held, both);
+}
+
+fn no_propagation() -> AuthorityPolicy {
+    AuthorityPolicy {
+        trust_propagation: Duration::ZERO,
+        ..policy()
+    }
+}
+
+/// A started CA that signs one certificate, and the moment its rotation is due.
+fn due_for_rotation(
+    policy: &AuthorityPolicy,
+    model: &Model,
+) -> (AuthorityObserved, CaKeyPair, i64) {
+    let mut seen = started(policy, model);
+    let old = secret(&seen).current.clone().unwrap();
+    seen.in_use = BTreeSet::from([old.fingerprint().to_string()]);
+    let due = due_of(&seen, policy);
+    (seen, old, due)
 }
 
 /// A CA promoted at `trusted + PROP` with the old one in previous, settled.
