@@ -218,16 +218,48 @@ pub fn key_matches_certificate(key: &PrivateKey, certificate_der: &[u8]) -> Resu
 }
 
 /// Whether `certificate_der` was signed by the CA `issuer_der`: the issuer name matches the
-/// CA's subject and the signature verifies with the CA's public key.
+/// CA's subject, the authority key identifier (when both carry one) the CA's subject key
+/// identifier, and the signature verifies with the CA's public key.
+///
+/// The key identifiers tell apart CAs of one name (each rotation's), without the signature
+/// check that costs as much as signing: OpenSSL too refuses an issuer whose key identifier is
+/// not the one the certificate names (`X509_V_ERR_AKID_SKID_MISMATCH`).
 pub fn is_issued_by(certificate_der: &[u8], issuer_der: &[u8]) -> Result<bool, PkiError> {
     let certificate = parse_der(certificate_der)?;
     let issuer = parse_der(issuer_der)?;
     if certificate.issuer().as_raw() != issuer.subject().as_raw() {
         return Ok(false);
     }
+    if let (Some(named), Some(own)) = (authority_key_id(&certificate), subject_key_id(&issuer))
+        && named != own
+    {
+        return Ok(false);
+    }
     Ok(certificate
         .verify_signature(Some(issuer.public_key()))
         .is_ok())
+}
+
+fn authority_key_id<'a>(certificate: &'a X509Certificate<'_>) -> Option<&'a [u8]> {
+    certificate
+        .extensions()
+        .iter()
+        .find_map(|extension| match extension.parsed_extension() {
+            ParsedExtension::AuthorityKeyIdentifier(aki) => {
+                aki.key_identifier.as_ref().map(|id| id.0)
+            }
+            _ => None,
+        })
+}
+
+fn subject_key_id<'a>(certificate: &'a X509Certificate<'_>) -> Option<&'a [u8]> {
+    certificate
+        .extensions()
+        .iter()
+        .find_map(|extension| match extension.parsed_extension() {
+            ParsedExtension::SubjectKeyIdentifier(id) => Some(id.0),
+            _ => None,
+        })
 }
 
 pub(crate) fn hex(bytes: &[u8]) -> String {

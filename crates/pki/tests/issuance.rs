@@ -380,3 +380,40 @@ fn issued_by_checks_name_and_signature() {
     let other = CertificateAuthority::create(&CaSpec::new("other-name")).unwrap();
     assert!(!caretaker_pki::is_issued_by(&leaf.certificate_der, other.certificate_der()).unwrap());
 }
+
+/// A leaf whose authority key identifier names another key than the CA's is not the CA's, even
+/// with a signature that verifies (as OpenSSL says too): each rotation's CA has the same name,
+/// and the identifiers tell them apart without checking signatures.
+#[test]
+fn issued_by_refuses_a_leaf_naming_another_key_identifier() {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyIdMethod, KeyPair};
+    let key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "rotating");
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params.key_identifier_method = KeyIdMethod::PreSpecified(vec![1; 20]);
+    let ca = ca_params.self_signed(&key).unwrap();
+    let leaf = |issuer_key_id: u8| {
+        let mut issuer_params = ca_params.clone();
+        issuer_params.key_identifier_method = KeyIdMethod::PreSpecified(vec![issuer_key_id; 20]);
+        let issuer = Issuer::new(issuer_params, &key);
+        let mut params = CertificateParams::new(vec!["leaf.example".to_string()]).unwrap();
+        params.distinguished_name.push(DnType::CommonName, "leaf");
+        params.use_authority_key_identifier_extension = true;
+        params
+            .signed_by(&KeyPair::generate().unwrap(), &issuer)
+            .unwrap()
+    };
+    let (honest, naming_another) = (leaf(1), leaf(2));
+    assert!(caretaker_pki::is_issued_by(honest.der(), ca.der()).unwrap());
+    assert!(!caretaker_pki::is_issued_by(naming_another.der(), ca.der()).unwrap());
+
+    let dir = tempfile::tempdir().unwrap();
+    let verify =
+        |leaf: &rcgen::Certificate| openssl_verify(dir.path(), &ca.pem(), &leaf.pem(), "sslserver");
+    assert!(verify(&honest).0, "{}", verify(&honest).1);
+    let (ok, said) = verify(&naming_another);
+    assert!(!ok, "{said}");
+}

@@ -16,6 +16,7 @@ use time::OffsetDateTime;
 
 use super::bundle::Bundle;
 use super::ca::{IssuerView, NoSigner};
+use super::signatures::Signatures;
 use super::{
     CA_CRT, CaKeyPair, Certificate, CertificatePolicy, CertificateStatus, Condition, IssuedLeaf,
     Mint, ObjectName, SecretContent, SecretData, TLS_CRT, TLS_KEY, TlsAnnotations, due, expiring,
@@ -63,11 +64,12 @@ impl LeafSecretState {
     /// Reads a Secret's `data` and annotations (`None`: there is no such Secret). `serving`:
     /// whether the certificate serves TLS (and so carries the hostnames annotation);
     /// `issuers`: the CAs it may be signed by (its issuer's bundle and signer), tried in
-    /// order.
+    /// order; `signatures`: those known to verify.
     pub fn observe<'a>(
         secret: Option<SecretContent<'_>>,
         serving: bool,
         issuers: impl IntoIterator<Item = &'a Certificate>,
+        signatures: &Signatures,
     ) -> Self {
         let Some((data, annotations)) = secret else {
             return LeafSecretState::Absent;
@@ -89,7 +91,7 @@ impl LeafSecretState {
         let issuer = certificate.as_ref().ok().and_then(|leaf| {
             issuers
                 .into_iter()
-                .find(|ca| caretaker_pki::is_issued_by(leaf.der(), ca.der()).unwrap_or(false))
+                .find(|ca| signatures.is_issued_by(leaf, ca))
                 .map(|ca| ca.fingerprint().to_string())
         });
         // Only which CAs it holds matters, not what they say.

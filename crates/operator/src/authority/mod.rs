@@ -132,6 +132,7 @@ pub mod ca;
 pub mod leaf;
 #[cfg(test)]
 mod model;
+pub mod signatures;
 #[cfg(test)]
 mod timeline;
 
@@ -813,7 +814,8 @@ pub(crate) mod tests {
                 .iter()
                 .flat_map(|b| b.certificates())
                 .chain(issuer.signer.as_ref().ok().map(|s| &s.certificate));
-            leaf::LeafSecretState::observe(Self::secret(&self.leaf), true, candidates)
+            let signatures = signatures::Signatures::default();
+            leaf::LeafSecretState::observe(Self::secret(&self.leaf), true, candidates, &signatures)
         }
 
         /// One pass of both controllers, as the glue runs them; the events they publish.

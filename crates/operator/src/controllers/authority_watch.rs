@@ -50,6 +50,7 @@ use crate::Error;
 use crate::authority::bundle::BundleState;
 use crate::authority::ca::{AuthorityObserved, CaSecretState, IssuerView, Untrusting};
 use crate::authority::leaf;
+use crate::authority::signatures::Signatures;
 use crate::authority::{
     self, CA_CRT, CaKeyPair, Certificate, ObjectName, SECRET_TYPE_TLS, SecretData, TLS_CRT,
 };
@@ -485,6 +486,8 @@ pub(crate) struct Shared {
     ca_crts: Mutex<CaCrts>,
     /// What each certificate Secret says of the CAs in use, by Secret version and candidates.
     leaf_uses: Mutex<HashMap<Key, KnownLeaf>>,
+    /// Signatures known to verify: the leaves this process signed, and those checked.
+    pub signatures: Signatures,
     /// The distinct `ca.crt` contents of [`Shared::leaf_uses`]: thousands of certificates of
     /// one CA hold the same bundle.
     ca_bundles: SharedSets,
@@ -546,6 +549,7 @@ pub(crate) fn start(
         statuses: StatusMemory::default(),
         ca_crts: Mutex::default(),
         leaf_uses: Mutex::default(),
+        signatures: Signatures::default(),
         ca_bundles: SharedSets::default(),
         written: Mutex::default(),
         settling: Mutex::default(),
@@ -1800,9 +1804,8 @@ impl Shared {
                 Some(signed) => signed,
                 None => {
                     let leaf = parsed.get_or_insert_with(|| stored_leaf(&secret));
-                    let signed = leaf.as_ref().is_some_and(|leaf| {
-                        caretaker_pki::is_issued_by(leaf.der(), ca.der()).unwrap_or(false)
-                    });
+                    let signed =
+                        (leaf.as_ref()).is_some_and(|leaf| self.signatures.is_issued_by(leaf, ca));
                     known.signed_by.push(((*ca).clone(), signed));
                     signed
                 }

@@ -123,6 +123,7 @@ async fn reconcile(
     }
     let serving = matches!(policy.leaf.usage, Usage::Server | Usage::Both);
     let secret_name = ObjectName::new(&key.0, &key.1);
+    let observing = shared.clone();
     let (plan, held_one) = authority_watch::blocking(move || {
         let content = secret.as_deref().map(authority_watch::secret_content);
         let seen = LeafObserved {
@@ -131,10 +132,20 @@ async fn reconcile(
                 content.as_ref().map(|(d, a)| (d, a)),
                 serving,
                 issuer.candidates(),
+                &observing.signatures,
             ),
         };
         let held_one = matches!(&seen.secret, LeafSecretState::Present(s) if s.certificate.is_ok());
-        leaf::plan(&seen, &policy, &issuer, now, &PkiMint).map(|plan| (plan, held_one))
+        let plan = leaf::plan(&seen, &policy, &issuer, now, &PkiMint)?;
+        // Signed here: its next observations need not check the signature.
+        for step in &plan.steps {
+            if let (CertificateStep::Issue(issued), Ok(signer)) = (step, &issuer.signer)
+                && issued.issuer == signer.certificate.fingerprint()
+            {
+                (observing.signatures).signed(&issued.leaf.certificate, &signer.certificate);
+            }
+        }
+        Ok((plan, held_one))
     })
     .await
     .map_err(|source| Error::SigningFailed {

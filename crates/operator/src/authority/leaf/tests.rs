@@ -7,6 +7,7 @@ use std::net::IpAddr;
 use super::*;
 use crate::authority::PkiMint;
 use crate::authority::model::{Model, at};
+use crate::authority::signatures::Signatures;
 use caretaker_pki::{CaSpec, LeafSpec, RotationPolicy, Ttl};
 
 const DAY: i64 = 86_400;
@@ -491,7 +492,12 @@ fn a_written_certificate_reads_back_as_the_model_says() {
         step.annotation_changes().apply_to(&mut annotations);
         let serving = serving(policy.leaf.usage);
         let candidates = issuer.bundle.as_ref().unwrap().certificates();
-        let read = LeafSecretState::observe(Some((&data, &annotations)), serving, candidates);
+        let read = LeafSecretState::observe(
+            Some((&data, &annotations)),
+            serving,
+            candidates,
+            &Signatures::default(),
+        );
         assert_eq!(read, LeafSecretState::Absent.after(step));
         let seen = LeafObserved {
             secret_name: name(),
@@ -537,7 +543,12 @@ fn an_empty_validity_annotation_reads_as_missing() {
         let candidates = issuer.bundle.as_ref().unwrap().certificates();
         let seen = LeafObserved {
             secret_name: name(),
-            secret: LeafSecretState::observe(Some((&data, &annotations)), true, candidates),
+            secret: LeafSecretState::observe(
+                Some((&data, &annotations)),
+                true,
+                candidates,
+                &Signatures::default(),
+            ),
         };
         let again = plan(&seen, &policy(), &issuer, now, &PkiMint).unwrap();
         assert_eq!(reasons_of(&again), reason);
@@ -591,6 +602,7 @@ fn observing_finds_the_issuer_and_what_is_wrong_without_echoing_keys() {
             Some((&data, &BTreeMap::new())),
             true,
             issuers.iter().copied(),
+            &Signatures::default(),
         ) {
             LeafSecretState::Present(s) => s,
             LeafSecretState::Absent => unreachable!(),
@@ -652,7 +664,7 @@ fn observing_finds_the_issuer_and_what_is_wrong_without_echoing_keys() {
         ])
     );
     assert_eq!(
-        LeafSecretState::observe(None, true, []),
+        LeafSecretState::observe(None, true, [], &Signatures::default()),
         LeafSecretState::Absent
     );
 }
