@@ -379,6 +379,63 @@ fn ca_bundle_of(ca_crt: Option<&[u8]>) -> BTreeSet<String> {
         .unwrap_or_default()
 }
 
+/// The certificate Secret writes of this process the store does not show yet.
+#[derive(Default)]
+struct OwnWrites(HashMap<Key, OwnWrite>);
+
+impl OwnWrites {
+    fn note(&mut self, key: Key, before: Option<String>, after: String, by: Key, now: Instant) {
+        let write = OwnWrite {
+            before,
+            after,
+            by,
+            at: now,
+            held: false,
+        };
+        self.0.insert(key, write);
+    }
+
+    /// How long a pass that reads the Secret `key` at `stored` waits for the watch to bring
+    /// this process's write to it, if it is still the version before that write.
+    fn behind(&mut self, key: &Key, stored: Option<&str>, now: Instant) -> Option<Duration> {
+        let write = self.0.get_mut(key)?;
+        let age = now.saturating_duration_since(write.at);
+        if write.before.as_deref() == stored && age < WRITE_SETTLES {
+            // The write's event must wake the certificate again.
+            write.held = true;
+            return Some(WRITE_SETTLES - age);
+        }
+        self.0.remove(key);
+        None
+    }
+
+    /// Forgets the write to `key` once the store shows it (at `stored`) or something else;
+    /// returns the certificate whose pass made it when `stored` is that write and no pass
+    /// waits for it: that pass decided on what it wrote, and needs no other.
+    fn shown(&mut self, key: &Key, stored: Option<&str>) -> Option<Key> {
+        let write = self.0.get(key)?;
+        if write.before.as_deref() == stored {
+            return None;
+        }
+        let own = (Some(write.after.as_str()) == stored && !write.held).then(|| write.by.clone());
+        self.0.remove(key);
+        own
+    }
+}
+
+/// A certificate Secret write of this process the store does not show yet.
+struct OwnWrite {
+    /// The Secret's version before the write (none: created).
+    before: Option<String>,
+    /// Its version after.
+    after: String,
+    /// The certificate (namespace, name) whose pass wrote it.
+    by: Key,
+    at: Instant,
+    /// A pass of that certificate waits for the write to show ([`Shared::behind_own_write`]).
+    held: bool,
+}
+
 /// The `ca.crt` of the cached Secrets, out of the Secret store and kept once per distinct
 /// content: thousands of certificates of one CA hold the same bundle. By Secret, with the
 /// version it is of.
@@ -491,9 +548,8 @@ pub(crate) struct Shared {
     /// The distinct `ca.crt` contents of [`Shared::leaf_uses`]: thousands of certificates of
     /// one CA hold the same bundle.
     ca_bundles: SharedSets,
-    /// Secrets a certificate pass wrote, with the version before the write, until the store
-    /// shows the write.
-    written: Mutex<HashMap<Key, (Option<String>, Instant)>>,
+    /// Secrets a certificate pass wrote, until the store shows the write.
+    written: Mutex<OwnWrites>,
     /// CAs to be woken once their certificates' Secrets settle ([`CERTIFICATES_SETTLE`]).
     settling: Mutex<HashSet<String>>,
     /// Held while a certificate's expiry series is set or removed (see
@@ -1054,9 +1110,10 @@ impl Shared {
     fn secret_changed(self: &Arc<Self>, secret: &Secret) {
         let key = key_of(&secret.metadata);
         let stored = self.stored_secret(&key);
-        // A write of this process the store now shows: no pass needs to wait for it.
+        // A write of this process the store now shows: no pass needs to wait for it, and the
+        // pass that made it needs no other.
         let version = stored.as_ref().and_then(|s| s.resource_version());
-        lock(&self.written).retain(|k, (before, _)| *k != key || *before == version);
+        let own = lock(&self.written).shown(&key, version.as_deref());
         if stored.is_none() {
             lock(&self.leaf_uses).remove(&key);
             lock(&self.ca_secrets).remove(&key);
@@ -1077,7 +1134,9 @@ impl Shared {
         let certificates = lock(&self.index).in_secret(&key);
         let mut issuers = BTreeSet::new();
         for (certificate, issuer) in certificates {
-            let _ = self.wake_certificates.send(certificate);
+            if own.as_ref() != Some(&certificate) {
+                let _ = self.wake_certificates.send(certificate);
+            }
             issuers.insert(issuer);
         }
         for issuer in issuers {
@@ -1902,22 +1961,22 @@ impl Shared {
         )))
     }
 
-    /// Notes that a certificate pass wrote the Secret `key`, which was at `before`.
-    pub(crate) fn note_written(&self, key: Key, before: Option<String>) {
-        lock(&self.written).insert(key, (before, Instant::now()));
+    /// Notes that the pass of `certificate` wrote the Secret `key`, from version `before` to
+    /// `after`.
+    pub(crate) fn note_written(
+        &self,
+        key: Key,
+        before: Option<String>,
+        after: String,
+        certificate: Key,
+    ) {
+        lock(&self.written).note(key, before, after, certificate, Instant::now());
     }
 
     /// Whether the store still shows the Secret `key` as it was before this process wrote it
     /// (at `stored`): then how long to wait for the watch to bring the write, at most.
     pub(crate) fn behind_own_write(&self, key: &Key, stored: Option<&str>) -> Option<Duration> {
-        let mut written = lock(&self.written);
-        let (before, at) = written.get(key)?;
-        let age = at.elapsed();
-        if before.as_deref() == stored && age < WRITE_SETTLES {
-            return Some(WRITE_SETTLES - age);
-        }
-        written.remove(key);
-        None
+        lock(&self.written).behind(key, stored, Instant::now())
     }
 }
 
@@ -2368,6 +2427,47 @@ mod tests {
         memory.remember(&first, None, Some("bad validity"));
         memory.forget::<ConfigMap>("default", "bad");
         assert_eq!(memory.reported(&first, stale), None);
+    }
+
+    /// The event of a certificate's own Secret write does not wake that certificate again
+    /// (its pass decided on what it wrote), unless a pass waited for it meanwhile; anyone
+    /// else's write does.
+    #[test]
+    fn a_certificates_own_write_does_not_wake_it_again() {
+        let secret = || ("demo".to_string(), "web-tls".to_string());
+        let web = ("demo".to_string(), "web".to_string());
+        let now = Instant::now();
+        let mut writes = OwnWrites::default();
+        writes.note(secret(), Some("7".into()), "8".into(), web.clone(), now);
+        assert_eq!(writes.shown(&secret(), Some("7")), None, "not shown yet");
+        assert_eq!(writes.shown(&secret(), Some("8")), Some(web.clone()));
+        assert_eq!(
+            writes.shown(&secret(), Some("8")),
+            None,
+            "forgotten once shown"
+        );
+
+        // Someone else's write came first: it wakes the certificate, and the entry goes.
+        writes.note(secret(), Some("8".into()), "9".into(), web.clone(), now);
+        assert_eq!(writes.shown(&secret(), Some("10")), None);
+        assert!(writes.0.is_empty());
+
+        // A pass read the version before the write and waits: the write's event wakes it.
+        writes.note(secret(), Some("10".into()), "11".into(), web.clone(), now);
+        let wait = writes.behind(&secret(), Some("10"), now + Duration::from_secs(1));
+        assert_eq!(wait, Some(WRITE_SETTLES - Duration::from_secs(1)));
+        assert_eq!(writes.shown(&secret(), Some("11")), None);
+
+        // A created Secret: before is none.
+        writes.note(secret(), None, "1".into(), web.clone(), now);
+        assert_eq!(
+            writes.behind(&secret(), Some("1"), now),
+            None,
+            "the store shows it"
+        );
+        writes.note(secret(), None, "1".into(), web.clone(), now);
+        assert_eq!(writes.shown(&secret(), None), None);
+        assert_eq!(writes.shown(&secret(), Some("1")), Some(web));
     }
 
     #[test]

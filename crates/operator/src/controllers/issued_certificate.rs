@@ -166,7 +166,9 @@ async fn reconcile(
         .inspect_err(|e| {
             (shared.ctx.metrics).rotation_failed(CertificateKind::IssuedCertificate, e)
         })? {
-            Written::Done(_) => shared.note_written(key.clone(), version.clone()),
+            Written::Done(after) => {
+                shared.note_written(key.clone(), version.clone(), after, own.clone())
+            }
             Written::Conflict => return Ok(Action::await_change()),
         }
     }
