@@ -229,12 +229,12 @@ impl Store {
 
     pub fn get(&self, key: &ObjectKey) -> Result<Option<Value>, StoreError> {
         let conn = self.lock();
+        // Cached: every patch starts with a get.
         let body: Option<String> = conn
-            .query_row(
+            .prepare_cached(
                 "SELECT body FROM objects WHERE resource=?1 AND namespace=?2 AND name=?3",
-                params![key.resource, key.namespace, key.name],
-                |r| r.get(0),
-            )
+            )?
+            .query_row(params![key.resource, key.namespace, key.name], |r| r.get(0))
             .optional()?;
         Ok(body.map(|b| serde_json::from_str(&b)).transpose()?)
     }
