@@ -253,10 +253,17 @@ async fn run(count: usize, steady: Duration) {
         renewed.as_secs_f64(),
         verdict(renewed.as_secs_f64() < GOAL_ROTATION_S && report.not_from_new_ca == 0)
     );
+    // The goal's writes: each Secret's changes up to its leaf from the new CA, as the watch
+    // saw them (the CA Secret is not among them).
+    let most = f64::from(report.most_changes_to_renewed);
     println!(
-        "| Secret writes per Secret, rotation until settled | {:.2} | {GOAL_SECRET_WRITES} | {} |",
-        per(secret_writes),
-        verdict(per(secret_writes) <= GOAL_SECRET_WRITES)
+        "| Secret writes per Secret until it holds a leaf from the new CA | {:.2} (at most {most}) | {GOAL_SECRET_WRITES} | {} |",
+        per(report.changes_to_renewed),
+        verdict(most <= GOAL_SECRET_WRITES)
+    );
+    println!(
+        "| Secret writes per Secret, rotation until the operator stopped writing | {:.2} | (reported) | |",
+        per(secret_writes)
     );
     println!(
         "| IssuedCertificate status writes per certificate, same span | {:.2} | (reported) | |",
@@ -376,6 +383,8 @@ struct SecretSeen {
     changes: u32,
     /// The first leaf from another CA than the old one, and when it was seen.
     renewed: Option<(Instant, String)>,
+    /// Changes seen since the rotation up to and with that leaf's.
+    changes_to_renewed: u32,
 }
 
 /// A watch on the certificates' Secrets, counting them as the operator writes them.
@@ -389,6 +398,9 @@ struct Report {
     last_renewed: Option<Instant>,
     verified: usize,
     not_from_new_ca: usize,
+    /// Changes of each Secret up to its new leaf: all of them, and the most of one Secret.
+    changes_to_renewed: u64,
+    most_changes_to_renewed: u32,
 }
 
 impl SecretWatch {
@@ -424,6 +436,7 @@ impl SecretWatch {
                         && authority_key_id(&pem).as_ref() != Some(old_key_id)
                     {
                         entry.renewed = Some((now, pem));
+                        entry.changes_to_renewed = entry.changes;
                         newly_renewed = true;
                     }
                 }
@@ -457,6 +470,8 @@ impl SecretWatch {
             last_renewed: None,
             verified: 0,
             not_from_new_ca: 0,
+            changes_to_renewed: 0,
+            most_changes_to_renewed: 0,
         };
         for secret in seen.secrets.values() {
             let Some((at, pem)) = &secret.renewed else {
@@ -468,6 +483,9 @@ impl SecretWatch {
                 report.not_from_new_ca += 1;
             }
             report.last_renewed = report.last_renewed.max(Some(*at));
+            report.changes_to_renewed += u64::from(secret.changes_to_renewed);
+            report.most_changes_to_renewed =
+                (report.most_changes_to_renewed).max(secret.changes_to_renewed);
         }
         report
     }
