@@ -122,15 +122,13 @@ impl Watcher {
                 (kind, _, true) => kind.as_str(),
             }
         };
+        let encode = || {
+            let object = self.form(kind, self.def.served(&change.object));
+            Bytes::from(serde_json::to_vec(&object).expect("JSON values encode"))
+        };
         let object = match self.shared_form() {
-            Some(form) => change.encoded.get_or_encode(&form, || {
-                let object = self.form(kind, self.def.served(&change.object));
-                Bytes::from(serde_json::to_vec(&object).expect("JSON values encode"))
-            }),
-            None => {
-                let object = self.form(kind, self.def.served(&change.object));
-                Bytes::from(serde_json::to_vec(&object).expect("JSON values encode"))
-            }
+            Some(form) => change.encoded.get_or_encode(&form, encode),
+            None => encode(),
         };
         let mut line = Vec::with_capacity(object.len() + 32);
         line.extend_from_slice(br#"{"type":""#);
