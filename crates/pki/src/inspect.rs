@@ -101,8 +101,8 @@ fn describe(cert: &X509Certificate<'_>, der: &[u8]) -> CertificateInfo {
         path_len: None,
         key_usages: Vec::new(),
         extended_key_usages: Vec::new(),
-        subject_key_id: None,
-        authority_key_id: None,
+        subject_key_id: subject_key_id(cert).map(hex),
+        authority_key_id: authority_key_id(cert).map(hex),
         key_algorithm: describe_public_key(cert.public_key()),
         sha256_fingerprint: CertificateInfo::fingerprint_of(der),
     };
@@ -149,10 +149,6 @@ fn describe(cert: &X509Certificate<'_>, der: &[u8]) -> CertificateInfo {
                     .map(|(_, name)| name.to_string())
                     .chain(eku.other.iter().map(|oid| oid.to_id_string()))
                     .collect();
-            }
-            ParsedExtension::SubjectKeyIdentifier(id) => info.subject_key_id = Some(hex(id.0)),
-            ParsedExtension::AuthorityKeyIdentifier(aki) => {
-                info.authority_key_id = aki.key_identifier.as_ref().map(|id| hex(id.0));
             }
             _ => {}
         }
