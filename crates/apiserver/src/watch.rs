@@ -44,6 +44,9 @@ struct Watcher {
     out: mpsc::Sender<Bytes>,
     /// Newest resourceVersion this watch has accounted for (sent or filtered out).
     seen_rv: u64,
+    /// The name under which watches share the encoding of a change's object in this watch's
+    /// form (see [`Change::encoded`]); none for Tables, whose rows are this watch's own.
+    shared_form: Option<String>,
 }
 
 impl Watcher {
@@ -126,8 +129,8 @@ impl Watcher {
             let object = self.form(kind, self.def.served(&change.object));
             Bytes::from(serde_json::to_vec(&object).expect("JSON values encode"))
         };
-        let object = match self.shared_form() {
-            Some(form) => change.encoded.get_or_encode(&form, encode),
+        let object = match &self.shared_form {
+            Some(form) => change.encoded.get_or_encode(form, encode),
             None => encode(),
         };
         let mut line = Vec::with_capacity(object.len() + 32);
@@ -137,16 +140,6 @@ impl Watcher {
         line.extend_from_slice(&object);
         line.extend_from_slice(b"}\n");
         self.out.send(Bytes::from(line)).await.is_ok()
-    }
-
-    /// The name under which watches share the encoding of a change's object in this watch's
-    /// form (see [`Change::encoded`]); none for Tables, whose rows are this watch's own.
-    fn shared_form(&self) -> Option<String> {
-        match self.params.representation {
-            Representation::Object => Some(self.def.api_version()),
-            Representation::Metadata { version } => Some(format!("meta.k8s.io/{version}")),
-            Representation::Table => None,
-        }
     }
 
     async fn bookmark(&self, initial_events_end: bool) -> bool {
@@ -265,12 +258,18 @@ pub fn start(
 ) -> impl futures::Stream<Item = Result<Bytes, Infallible>> + Send + 'static {
     let live = state.store.subscribe();
     let (tx, rx) = mpsc::channel::<Bytes>(256);
+    let shared_form = match params.representation {
+        Representation::Object => Some(def.api_version()),
+        Representation::Metadata { version } => Some(format!("meta.k8s.io/{version}")),
+        Representation::Table => None,
+    };
     let watcher = Watcher {
         state,
         def,
         params,
         out: tx,
         seen_rv: 0,
+        shared_form,
     };
     tokio::spawn(watcher.run(live));
     futures::stream::unfold(
