@@ -417,3 +417,31 @@ fn issued_by_refuses_a_leaf_naming_another_key_identifier() {
     let (ok, said) = verify(&naming_another);
     assert!(!ok, "{said}");
 }
+
+/// A hostile leaf that copies the CA's name and key identifier, signed with another key, is
+/// refused by its signature (as OpenSSL refuses it): the key identifiers only rule CAs out.
+#[test]
+fn issued_by_refuses_a_forged_leaf_naming_the_cas_key_identifier() {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyIdMethod, KeyPair};
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "rotating");
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params.key_identifier_method = KeyIdMethod::PreSpecified(vec![1; 20]);
+    let ca = ca_params
+        .self_signed(&KeyPair::generate().unwrap())
+        .unwrap();
+    // Same name and key identifier as the CA, another key.
+    let forger = Issuer::new(ca_params, KeyPair::generate().unwrap());
+    let mut params = CertificateParams::new(vec!["leaf.example".to_string()]).unwrap();
+    params.use_authority_key_identifier_extension = true;
+    let forged = params
+        .signed_by(&KeyPair::generate().unwrap(), &forger)
+        .unwrap();
+    assert!(!caretaker_pki::is_issued_by(forged.der(), ca.der()).unwrap());
+
+    let dir = tempfile::tempdir().unwrap();
+    let (ok, said) = openssl_verify(dir.path(), &ca.pem(), &forged.pem(), "sslserver");
+    assert!(!ok, "{said}");
+}
