@@ -386,14 +386,9 @@ fn issued_by_checks_name_and_signature() {
 /// and the identifiers tell them apart without checking signatures.
 #[test]
 fn issued_by_refuses_a_leaf_naming_another_key_identifier() {
-    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyIdMethod, KeyPair};
+    use rcgen::{CertificateParams, DnType, Issuer, KeyIdMethod, KeyPair};
     let key = KeyPair::generate().unwrap();
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params
-        .distinguished_name
-        .push(DnType::CommonName, "rotating");
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params.key_identifier_method = KeyIdMethod::PreSpecified(vec![1; 20]);
+    let ca_params = rotating_ca_params();
     let ca = ca_params.self_signed(&key).unwrap();
     let leaf = |issuer_key_id: u8| {
         let mut issuer_params = ca_params.clone();
@@ -422,13 +417,8 @@ fn issued_by_refuses_a_leaf_naming_another_key_identifier() {
 /// refused by its signature (as OpenSSL refuses it): the key identifiers only rule CAs out.
 #[test]
 fn issued_by_refuses_a_forged_leaf_naming_the_cas_key_identifier() {
-    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyIdMethod, KeyPair};
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params
-        .distinguished_name
-        .push(DnType::CommonName, "rotating");
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params.key_identifier_method = KeyIdMethod::PreSpecified(vec![1; 20]);
+    use rcgen::{CertificateParams, Issuer, KeyPair};
+    let ca_params = rotating_ca_params();
     let ca = ca_params
         .self_signed(&KeyPair::generate().unwrap())
         .unwrap();
@@ -444,4 +434,16 @@ fn issued_by_refuses_a_forged_leaf_naming_the_cas_key_identifier() {
     let dir = tempfile::tempdir().unwrap();
     let (ok, said) = openssl_verify(dir.path(), &ca.pem(), &forged.pem(), "sslserver");
     assert!(!ok, "{said}");
+}
+
+/// A CA named `rotating` whose subject key identifier is twenty bytes of 1.
+fn rotating_ca_params() -> rcgen::CertificateParams {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyIdMethod};
+    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "rotating");
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.key_identifier_method = KeyIdMethod::PreSpecified(vec![1; 20]);
+    params
 }
