@@ -32,9 +32,9 @@ pub struct ServerState {
     pub bookmark_interval: Duration,
 }
 
-pub fn json_response(code: StatusCode, body: &Value) -> Response {
+pub fn json_response(code: StatusCode, body: &impl serde::Serialize) -> Response {
     // kube-apiserver's JSON encoder ends every answer with a newline.
-    let mut text = body.to_string();
+    let mut text = serde_json::to_string(body).expect("JSON values encode");
     text.push('\n');
     json_text_response(code, text)
 }
@@ -499,6 +499,36 @@ async fn scale_request(
     Ok(json_response(StatusCode::OK, &scale))
 }
 
+/// `obj` in the representation the request asked for. kube-apiserver answers writes in it
+/// too, not only reads: a writer that asks for metadata alone reads no more than that.
+fn object_answer<'a>(
+    def: &ResourceDef,
+    obj: &'a Value,
+    representation: media::Representation,
+    include: IncludeObject,
+) -> ObjectAnswer<'a> {
+    match representation {
+        media::Representation::Object => ObjectAnswer::Object(obj),
+        media::Representation::Table => {
+            let version = obj.pointer("/metadata/resourceVersion").cloned();
+            let meta = json!({ "resourceVersion": version.unwrap_or(json!("")) });
+            ObjectAnswer::Table(table::table(def, std::slice::from_ref(obj), meta, include))
+        }
+        media::Representation::Metadata { version } => {
+            ObjectAnswer::Metadata(media::PartialObject::of(obj, version))
+        }
+    }
+}
+
+/// One object's answer, encoded from what it borrows.
+#[derive(serde::Serialize)]
+#[serde(untagged)]
+enum ObjectAnswer<'a> {
+    Object(&'a Value),
+    Table(Value),
+    Metadata(media::PartialObject<'a>),
+}
+
 /// The representation the `Accept` header asks for (406 when none can be served).
 fn representation(
     headers: &HeaderMap,
@@ -579,20 +609,14 @@ async fn resource_request(
         (Method::GET, Some(name)) => {
             let representation = representation(headers, media::Answer::Object)?;
             let obj = api.get(def, ns, name)?;
-            let answer = match representation {
-                media::Representation::Object => obj,
-                media::Representation::Table => {
-                    let meta = json!({ "resourceVersion": obj.pointer("/metadata/resourceVersion").cloned().unwrap_or(json!("")) });
-                    table::table(def, &[obj], meta, include)
-                }
-                media::Representation::Metadata { version } => media::partial_object(&obj, version),
-            };
+            let answer = object_answer(def, &obj, representation, include);
             Ok(json_response(StatusCode::OK, &answer))
         }
         (Method::POST, None) if t.part == Part::Main => {
             if def.namespaced && t.namespace.is_none() {
                 return Err(ApiError::method_not_allowed());
             }
+            let representation = representation(headers, media::Answer::Object)?;
             let w = api
                 .create(
                     def,
@@ -601,12 +625,14 @@ async fn resource_request(
                     &write_options("CreateOptions", params, headers, &user)?,
                 )
                 .await?;
+            let answer = object_answer(def, &w.object, representation, include);
             Ok(with_warnings(
-                json_response(StatusCode::CREATED, &w.object),
+                json_response(StatusCode::CREATED, &answer),
                 &w.warnings,
             ))
         }
         (Method::PUT, Some(name)) => {
+            let representation = representation(headers, media::Answer::Object)?;
             let w = api
                 .update(
                     def,
@@ -617,8 +643,9 @@ async fn resource_request(
                     &write_options("UpdateOptions", params, headers, &user)?,
                 )
                 .await?;
+            let answer = object_answer(def, &w.object, representation, include);
             Ok(with_warnings(
-                json_response(StatusCode::OK, &w.object),
+                json_response(StatusCode::OK, &answer),
                 &w.warnings,
             ))
         }
@@ -639,6 +666,7 @@ async fn resource_request(
                 })?;
             let patch = decode_json_or_yaml(content_type, &body)?;
             let opts = write_options("PatchOptions", params, headers, &user)?;
+            let representation = representation(headers, media::Answer::Object)?;
             if patch_type == PatchType::Apply
                 && params.get("fieldManager").is_none_or(str::is_empty)
             {
@@ -661,9 +689,11 @@ async fn resource_request(
             } else {
                 StatusCode::OK
             };
-            Ok(with_warnings(json_response(code, &w.object), &w.warnings))
+            let answer = object_answer(def, &w.object, representation, include);
+            Ok(with_warnings(json_response(code, &answer), &w.warnings))
         }
         (Method::DELETE, Some(name)) if t.part == Part::Main => {
+            let representation = representation(headers, media::Answer::Object)?;
             let (obj, gone) = api
                 .delete(
                     def,
@@ -678,7 +708,7 @@ async fn resource_request(
                 } else {
                     StatusCode::ACCEPTED
                 },
-                &obj,
+                &object_answer(def, &obj, representation, include),
             ))
         }
         (Method::DELETE, None) if t.part == Part::Main => {

@@ -84,11 +84,33 @@ pub fn negotiate(
 
 /// `object` as `PartialObjectMetadata`: its metadata alone.
 pub fn partial_object(object: &serde_json::Value, version: &str) -> serde_json::Value {
-    serde_json::json!({
-        "kind": "PartialObjectMetadata",
-        "apiVersion": format!("meta.k8s.io/{version}"),
-        "metadata": object.get("metadata").cloned().unwrap_or_else(|| serde_json::json!({})),
-    })
+    serde_json::to_value(PartialObject::of(object, version)).expect("JSON values encode")
+}
+
+/// An object's `PartialObjectMetadata`, borrowing its metadata: encoded without a copy of it
+/// (a Secret's managedFields are most of what a metadata answer holds). Its fields encode in
+/// the order a JSON value's keys do.
+#[derive(serde::Serialize)]
+pub struct PartialObject<'a> {
+    #[serde(rename = "apiVersion")]
+    api_version: &'static str,
+    kind: &'static str,
+    metadata: &'a serde_json::Value,
+}
+
+impl<'a> PartialObject<'a> {
+    pub fn of(object: &'a serde_json::Value, version: &str) -> Self {
+        static EMPTY: std::sync::LazyLock<serde_json::Value> =
+            std::sync::LazyLock::new(|| serde_json::json!({}));
+        Self {
+            api_version: match version {
+                "v1beta1" => "meta.k8s.io/v1beta1",
+                _ => "meta.k8s.io/v1",
+            },
+            kind: "PartialObjectMetadata",
+            metadata: object.get("metadata").unwrap_or(&EMPTY),
+        }
+    }
 }
 
 /// `list` as `PartialObjectMetadataList`: its list metadata, and each item's metadata alone.

@@ -2,6 +2,7 @@
 //! every CustomResourceDefinition. Handlers resolve URL paths through it; discovery and OpenAPI
 //! are generated from it.
 
+use std::borrow::Cow;
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
@@ -108,15 +109,37 @@ impl ResourceDef {
 
     /// A stored object as served at this group/version (conversion `None`, Events converted).
     pub fn served(&self, stored: &Value) -> Value {
+        self.as_served(stored).into_owned()
+    }
+
+    /// [`Self::served`], without a copy when `stored` is served as it is.
+    pub fn as_served<'a>(&self, stored: &'a Value) -> Cow<'a, Value> {
         if self.flavor == Flavor::EventsV1Event {
-            return events::core_to_v1(stored);
+            return Cow::Owned(events::core_to_v1(stored));
+        }
+        if self.serves_as_stored(stored) {
+            return Cow::Borrowed(stored);
         }
         let mut o = stored.clone();
         if let Some(m) = o.as_object_mut() {
             m.insert("apiVersion".into(), json!(self.api_version()));
             m.insert("kind".into(), json!(self.kind));
         }
-        o
+        Cow::Owned(o)
+    }
+
+    /// Whether `stored` is served at this group/version exactly as stored: it names this
+    /// version's apiVersion and kind (as everything written through this version does), and
+    /// the kind is not converted. Its stored JSON is then its served JSON too.
+    pub fn serves_as_stored(&self, stored: &Value) -> bool {
+        let text = |field| stored.get(field).and_then(Value::as_str);
+        let this_version = |v: &str| match self.group.as_str() {
+            "" => v == self.version,
+            group => v.strip_prefix(group).and_then(|v| v.strip_prefix('/')) == Some(&self.version),
+        };
+        self.flavor != Flavor::EventsV1Event
+            && text("kind") == Some(self.kind.as_str())
+            && text("apiVersion").is_some_and(this_version)
     }
 }
 
@@ -576,6 +599,44 @@ pub fn discovery_entries(def: &ResourceDef) -> Vec<Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An object written through the version it is read through is served as stored, with no
+    /// copy (and its stored JSON is its served JSON); one written through another version, or
+    /// of a converted kind, is served as that version says.
+    #[test]
+    fn served_as_stored_only_when_version_and_kind_are_the_served_ones() {
+        let registry = Registry::new();
+        let def = |group, version, plural| registry.lookup(group, version, plural).unwrap();
+        let config_map =
+            json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a"}});
+        let config_maps = def("", "v1", "configmaps");
+        assert!(matches!(
+            config_maps.as_served(&config_map),
+            Cow::Borrowed(_)
+        ));
+        assert_eq!(config_maps.served(&config_map), config_map);
+
+        let deployments = def("apps", "v1", "deployments");
+        let deployment = json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {}});
+        assert!(deployments.serves_as_stored(&deployment));
+        // A group that merely starts the same, a version that merely ends the same.
+        for other in ["apps.example.com/v1", "apps/v1beta1", "apps/xv1", "v1"] {
+            let stored = json!({"apiVersion": other, "kind": "Deployment", "metadata": {}});
+            assert!(!deployments.serves_as_stored(&stored), "{other}");
+            let served = deployments.as_served(&stored);
+            assert!(matches!(served, Cow::Owned(_)), "{other}");
+            assert_eq!(served["apiVersion"], "apps/v1");
+        }
+        let wrong_kind = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {}});
+        assert!(!config_maps.serves_as_stored(&wrong_kind));
+        assert_eq!(config_maps.served(&wrong_kind)["kind"], "ConfigMap");
+
+        // Stored as core/v1 Events, served converted at events.k8s.io/v1.
+        let events = def("events.k8s.io", "v1", "events");
+        let event = json!({"apiVersion": "events.k8s.io/v1", "kind": "Event", "metadata": {}});
+        assert!(!events.serves_as_stored(&event));
+        assert!(matches!(events.as_served(&event), Cow::Owned(_)));
+    }
 
     #[test]
     fn version_priority_matches_kubernetes() {

@@ -96,19 +96,38 @@ pub struct Change {
     /// keep it). Watches with selectors parse it to turn "stopped matching" into DELETED, as
     /// kube-apiserver does; the others never need it, so it is not parsed for them.
     pub previous: Option<Arc<str>>,
-    /// The object's JSON as watches send it, encoded by the first watch that sends it in a
-    /// form and shared with the others that send the same (every Secret write reaches several).
+    /// The object's JSON as watches send it: as stored, and encoded by the first watch that
+    /// sends it in another form, shared with the others that send the same (every Secret write
+    /// reaches several).
     pub encoded: Encoded,
 }
 
-/// Encodings of a change's object, by form (see [`Change::encoded`]).
+/// Encodings of a change's object (see [`Change::encoded`]).
 #[derive(Debug, Clone, Default)]
-pub struct Encoded(Arc<Mutex<Vec<(String, bytes::Bytes)>>>);
+pub struct Encoded {
+    /// The object's JSON as the store wrote it, when the change carries it.
+    stored: Option<bytes::Bytes>,
+    /// By form.
+    forms: Arc<Mutex<Vec<(String, bytes::Bytes)>>>,
+}
 
 impl Encoded {
+    /// Encodings of an object whose stored JSON is `stored`.
+    fn of_stored(stored: bytes::Bytes) -> Self {
+        Self {
+            stored: Some(stored),
+            forms: Arc::default(),
+        }
+    }
+
+    /// The object's JSON as stored, if known.
+    pub fn as_stored(&self) -> Option<&bytes::Bytes> {
+        self.stored.as_ref()
+    }
+
     /// The encoding of the object in `form`, made by `encode` if no watch has made it yet.
     pub fn get_or_encode(&self, form: &str, encode: impl FnOnce() -> bytes::Bytes) -> bytes::Bytes {
-        let mut forms = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut forms = self.forms.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((_, bytes)) = forms.iter().find(|(f, _)| f == form) {
             return bytes.clone();
         }
@@ -480,7 +499,7 @@ impl Store {
             new_rv,
             key,
             ChangeType::Deleted,
-            &body,
+            body,
             object.clone(),
             None,
         )?;
@@ -525,7 +544,7 @@ impl Store {
             }
         }
         let object = Arc::new(object);
-        self.commit(tx, new_rv, key, kind, &body, object.clone(), previous)?;
+        self.commit(tx, new_rv, key, kind, body, object.clone(), previous)?;
         Ok(object)
     }
 
@@ -538,7 +557,7 @@ impl Store {
         rv: u64,
         key: &ObjectKey,
         kind: ChangeType,
-        body: &str,
+        body: String,
         object: Arc<Value>,
         previous: Option<Arc<str>>,
     ) -> Result<(), WriteError> {
@@ -571,7 +590,7 @@ impl Store {
             kind,
             object,
             previous,
-            encoded: Encoded::default(),
+            encoded: Encoded::of_stored(body.into()),
         }));
         Ok(())
     }
@@ -612,7 +631,7 @@ impl Store {
                 kind: ChangeType::parse(&kind),
                 object: Arc::new(serde_json::from_str(&body)?),
                 previous: None,
-                encoded: Encoded::default(),
+                encoded: Encoded::of_stored(body.into()),
             });
         }
         Ok(Ok(out))

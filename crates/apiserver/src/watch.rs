@@ -126,12 +126,25 @@ impl Watcher {
             }
         };
         let encode = || {
-            let object = self.form(kind, self.def.served(&change.object));
-            Bytes::from(serde_json::to_vec(&object).expect("JSON values encode"))
+            let encoded = match self.params.representation {
+                // Metadata alone: encoded from the object's own, without a copy of anything.
+                Representation::Metadata { version } => {
+                    serde_json::to_vec(&media::PartialObject::of(&change.object, version))
+                }
+                _ => serde_json::to_vec(&self.form(kind, self.def.served(&change.object))),
+            };
+            Bytes::from(encoded.expect("JSON values encode"))
         };
-        let object = match &self.shared_form {
-            Some(form) => change.encoded.get_or_encode(form, encode),
-            None => encode(),
+        let stored = change.encoded.as_stored();
+        let object = match (&self.params.representation, stored, &self.shared_form) {
+            // Served as stored: the store's JSON is this watch's, with nothing to encode.
+            (Representation::Object, Some(stored), _)
+                if self.def.serves_as_stored(&change.object) =>
+            {
+                stored.clone()
+            }
+            (_, _, Some(form)) => change.encoded.get_or_encode(form, encode),
+            (_, _, None) => encode(),
         };
         let mut line = Vec::with_capacity(object.len() + 32);
         line.extend_from_slice(br#"{"type":""#);

@@ -97,6 +97,82 @@ async fn get_list_and_watch_answer_with_metadata_alone() {
     }
 }
 
+/// A write answers in the representation asked for, as a read does (kube-apiserver transforms
+/// every single-object answer): create, update, patch and delete, metadata alone or as a Table.
+#[tokio::test]
+async fn writes_answer_with_metadata_alone_when_asked() {
+    let server = TestServer::start().await;
+    let http = RawHttp::new(server.url());
+    let path = "/api/v1/namespaces/default/configmaps";
+    let json = ("Content-Type", "application/json");
+    let body = serde_json::to_string(&config_map("one")).unwrap();
+
+    let (code, created) = http
+        .request("POST", path, &[("Accept", ITEM), json], &body)
+        .await;
+    assert_eq!(code, 201, "{created}");
+    is_partial(&created, "one");
+
+    let patch = json!({"metadata": {"labels": {"round": "2"}}, "data": {"extra": "x"}});
+    let merge = ("Content-Type", "application/merge-patch+json");
+    let (code, patched) = http
+        .request(
+            "PATCH",
+            &format!("{path}/one"),
+            &[("Accept", ITEM), merge],
+            &patch.to_string(),
+        )
+        .await;
+    assert_eq!(code, 200, "{patched}");
+    is_partial(&patched, "one");
+    assert_eq!(patched["metadata"]["labels"]["round"], "2");
+    // The answer names the version the write made: what a writer needs to go on from.
+    let (_, stored) = http.request("GET", &format!("{path}/one"), &[], "").await;
+    assert_eq!(
+        stored["data"]["extra"], "x",
+        "the patch was applied: {stored}"
+    );
+    assert_eq!(
+        patched["metadata"]["resourceVersion"],
+        stored["metadata"]["resourceVersion"]
+    );
+
+    let table = "application/json;as=Table;g=meta.k8s.io;v=v1";
+    let (code, replaced) = http
+        .request(
+            "PUT",
+            &format!("{path}/one"),
+            &[("Accept", table), json],
+            &stored.to_string(),
+        )
+        .await;
+    assert_eq!(code, 200, "{replaced}");
+    assert_eq!(replaced["kind"], "Table", "{replaced}");
+    assert_eq!(replaced["rows"][0]["cells"][0], "one", "{replaced}");
+
+    let (code, deleted) = http
+        .request("DELETE", &format!("{path}/one"), &[("Accept", ITEM)], "")
+        .await;
+    assert_eq!(code, 200, "{deleted}");
+    is_partial(&deleted, "one");
+}
+
+/// A write asking for a representation that is not served is refused before it is made:
+/// nothing is written.
+#[tokio::test]
+async fn a_write_asking_for_what_is_not_served_writes_nothing() {
+    let server = TestServer::start().await;
+    let http = RawHttp::new(server.url());
+    let path = "/api/v1/namespaces/default/configmaps";
+    let body = serde_json::to_string(&config_map("one")).unwrap();
+    let headers = [("Accept", LIST), ("Content-Type", "application/json")];
+    let (code, status) = http.request("POST", path, &headers, &body).await;
+    assert_eq!(code, 406, "{status}");
+    assert_eq!(status["reason"], "NotAcceptable");
+    let (code, _) = http.request("GET", &format!("{path}/one"), &[], "").await;
+    assert_eq!(code, 404, "the refused create stored nothing");
+}
+
 #[tokio::test]
 async fn representations_that_are_not_served_are_406() {
     let server = TestServer::start().await;

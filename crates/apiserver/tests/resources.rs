@@ -9,7 +9,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::Client;
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch,
-    PatchParams, PostParams,
+    PatchParams, PostParams, WatchEvent, WatchParams,
 };
 use kube::core::Status;
 use serde_json::{Value, json};
@@ -197,6 +197,22 @@ async fn crds_are_served_validated_and_removed() {
     let via_beta = beta.get("w1").await.unwrap();
     assert_eq!(via_beta.types.unwrap().api_version, "example.com/v1beta1");
     assert_eq!(via_beta.data["spec"]["size"], 3);
+    // A watch through v1beta1 sees a write through v1 as v1beta1 (not as it was stored).
+    let since = via_beta.metadata.resource_version.clone().unwrap();
+    let watch = beta
+        .watch(&WatchParams::default().timeout(5), &since)
+        .await
+        .unwrap();
+    futures::pin_mut!(watch);
+    let relabel = json!({"metadata": {"labels": {"seen-through": "v1"}}});
+    w.patch("w1", &PatchParams::default(), &Patch::Merge(&relabel))
+        .await
+        .unwrap();
+    let Some(Ok(WatchEvent::Modified(seen))) = futures::StreamExt::next(&mut watch).await else {
+        panic!("no change seen through v1beta1");
+    };
+    assert_eq!(seen.types.unwrap().api_version, "example.com/v1beta1");
+    assert_eq!(seen.metadata.labels.unwrap()["seen-through"], "v1");
     assert_eq!(
         widgets(&client, "v1", None)
             .list(&ListParams::default())

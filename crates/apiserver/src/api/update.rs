@@ -51,7 +51,7 @@ impl ApiState {
                 }
                 None => return Err(ApiError::not_found(&def.group, &def.plural, name)),
             };
-            let served_old = def.served(&old);
+            let served_old = def.as_served(&old);
             let (patched, managed_fields) = if patch_type == PatchType::Apply {
                 // The configuration as decoded (unknown fields pruned), in the served form.
                 let (cfg, _) = self.decode(def, namespace, Some(name), body.clone(), opts)?;

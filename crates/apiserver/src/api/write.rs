@@ -6,6 +6,7 @@
 //! server-owned metadata, managedFields, validation, validating admission, and the
 //! compare-and-swap in storage.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use serde_json::{Value, json};
@@ -22,7 +23,8 @@ use crate::registry::{Flavor, ResourceDef};
 /// The result of a write.
 #[derive(Debug, Clone)]
 pub struct Written {
-    pub object: Value,
+    /// As served: shared with the store when it is served as stored (no copy).
+    pub object: Arc<Value>,
     pub warnings: Vec<String>,
     pub created: bool,
 }
@@ -101,8 +103,12 @@ impl ApiState {
             None => self.commit_create(def, obj, opts.dry_run)?,
             Some(old) => self.commit_update(def, old, obj, opts.dry_run)?,
         };
+        let object = match def.as_served(&stored) {
+            Cow::Borrowed(_) => stored.clone(),
+            Cow::Owned(served) => Arc::new(served),
+        };
         Ok(Written {
-            object: def.served(&stored),
+            object,
             warnings,
             created: old.is_none(),
         })
