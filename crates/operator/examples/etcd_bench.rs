@@ -16,6 +16,8 @@
 #[allow(dead_code)]
 #[path = "../tests/common/etcd.rs"]
 mod etcd;
+#[path = "../tests/common/ports.rs"]
+mod ports;
 
 use std::time::{Duration, Instant};
 

@@ -36,14 +36,6 @@ pub fn etcd_available(test: &str) -> bool {
     found
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 pub struct Member {
     pub name: String,
     pub client_port: u16,
@@ -160,8 +152,8 @@ impl EtcdCluster {
         let members = (0..3)
             .map(|i| Member {
                 name: format!("m{i}"),
-                client_port: free_port(),
-                peer_port: free_port(),
+                client_port: super::ports::reusable_port(),
+                peer_port: super::ports::reusable_port(),
                 dir: dir.path().join(format!("m{i}")),
                 process: None,
                 revision: None,
@@ -312,8 +304,8 @@ impl EtcdCluster {
         let index = self.members.len();
         let member = Member {
             name: format!("m{index}"),
-            client_port: free_port(),
-            peer_port: free_port(),
+            client_port: super::ports::reusable_port(),
+            peer_port: super::ports::reusable_port(),
             dir: self.dir.path().join(format!("m{index}")),
             process: None,
             revision: None,

@@ -8,6 +8,7 @@ pub mod etcd;
 pub mod hooks;
 pub mod openmetrics;
 pub mod outage;
+pub mod ports;
 pub mod trust;
 pub mod unanswering;
 
