@@ -10,7 +10,9 @@ use k8s_openapi::api::events::v1::Event as KubeEvent;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::Client;
 use kube::Resource;
-use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
+use kube::api::{
+    Api, ApiResource, DynamicObject, PartialObjectMeta, Patch, PatchParams, PostParams,
+};
 
 use caretaker_agent_api::client::AgentClient;
 
@@ -320,11 +322,46 @@ impl Context {
             ..Default::default()
         };
         let events: Api<KubeEvent> = Api::namespaced(self.client.clone(), &namespace);
-        if let Err(e) = events.create(&PostParams::default(), &event).await {
+        let params = PostParams::default();
+        if let Err(e) = create_for_metadata(&self.client, &events, &params, &event).await {
             tracing::warn!(reason, error = %e, "cannot publish an event");
         }
     }
 }
+
+/// Creates `object` through `api`, answered with its metadata alone ([`send_for_metadata`]).
+pub(crate) async fn create_for_metadata<K: Resource + serde::Serialize>(
+    client: &Client,
+    api: &Api<K>,
+    params: &PostParams,
+    object: &K,
+) -> Result<PartialObjectMeta<K>, kube::Error> {
+    let body = serde_json::to_vec(object).map_err(kube::Error::SerdeError)?;
+    let request = kube::core::Request::new(api.resource_url())
+        .create(params, body)
+        .map_err(kube::Error::BuildRequest)?;
+    send_for_metadata(client, request, "create").await
+}
+
+/// Sends `request` (a single-object request; `verb` names it for the client's metrics) asking
+/// for the answer's metadata alone, as kube-apiserver serves any such answer: writers that only
+/// look at the answer's resourceVersion (events, status, Secret patches) would otherwise read
+/// the whole object back, each one encoded, sent and decoded for nothing.
+pub(crate) async fn send_for_metadata<K: Resource>(
+    client: &Client,
+    mut request: http::Request<Vec<u8>>,
+    verb: &'static str,
+) -> Result<PartialObjectMeta<K>, kube::Error> {
+    request.headers_mut().insert(
+        http::header::ACCEPT,
+        http::HeaderValue::from_static(METADATA_ONLY),
+    );
+    request.extensions_mut().insert(verb);
+    client.request(request).await
+}
+
+/// The `Accept` value that asks for a single object's metadata alone.
+const METADATA_ONLY: &str = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1";
 
 /// Names one operation's work for one Machine.
 fn work_key(operation: Operation, machine: &MachineView) -> String {

@@ -227,23 +227,27 @@ impl Setup {
         self.certificates().get(name).await.unwrap()
     }
 
-    /// Waits until the CertificateAuthority's condition `type_` has `status` and `reason`.
+    /// Waits until the CertificateAuthority's condition `type_` has `status` and `reason`, for
+    /// its current generation.
     async fn wait_ca_condition(&self, name: &str, type_: &str, status: &str, reason: &str) {
         eventually(
             &format!("{name} {type_}={status} ({reason})"),
             20,
             || async {
                 let ca = self.authority(name).await;
+                let generation = ca.metadata.generation;
                 let conditions = ca
                     .status
                     .map(|s| s.certificate.conditions)
                     .unwrap_or_default();
-                has(&conditions, type_, status, reason).then_some(())
+                has(&conditions, generation, type_, status, reason).then_some(())
             },
         )
         .await
     }
 
+    /// Waits until the IssuedCertificate's condition `type_` has `status` and `reason`, for its
+    /// current generation.
     async fn wait_certificate_condition(
         &self,
         name: &str,
@@ -256,8 +260,9 @@ impl Setup {
             20,
             || async {
                 let certificate = self.certificate(name).await;
+                let generation = certificate.metadata.generation;
                 let conditions = certificate.status.map(|s| s.conditions).unwrap_or_default();
-                has(&conditions, type_, status, reason).then_some(())
+                has(&conditions, generation, type_, status, reason).then_some(())
             },
         )
         .await
@@ -376,10 +381,21 @@ impl Setup {
     }
 }
 
-fn has(conditions: &[Condition], type_: &str, status: &str, reason: &str) -> bool {
-    conditions
-        .iter()
-        .any(|c| c.type_ == type_ && c.status == status && c.reason == reason)
+/// Whether `conditions` hold `type_` with `status` and `reason`, observed at `generation`: a
+/// status is written after the Secret, so the one of the spec before may still be there.
+fn has(
+    conditions: &[Condition],
+    generation: Option<i64>,
+    type_: &str,
+    status: &str,
+    reason: &str,
+) -> bool {
+    conditions.iter().any(|c| {
+        c.type_ == type_
+            && c.status == status
+            && c.reason == reason
+            && c.observed_generation == generation
+    })
 }
 
 fn condition<'a>(conditions: &'a [Condition], type_: &str) -> &'a Condition {

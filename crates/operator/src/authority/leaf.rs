@@ -11,12 +11,12 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use caretaker_pki::{KeyAlgorithm, PkiError, PrivateKey, Usage, key_matches_certificate};
+use caretaker_pki::{KeyAlgorithm, PkiError, PrivateKey, Usage};
 use time::OffsetDateTime;
 
 use super::bundle::Bundle;
 use super::ca::{IssuerView, NoSigner};
-use super::signatures::Signatures;
+use super::verified::Verified;
 use super::{
     CA_CRT, CaKeyPair, Certificate, CertificatePolicy, CertificateStatus, Condition, IssuedLeaf,
     Mint, ObjectName, SecretContent, SecretData, TLS_CRT, TLS_KEY, TlsAnnotations, due, expiring,
@@ -64,34 +64,34 @@ impl LeafSecretState {
     /// Reads a Secret's `data` and annotations (`None`: there is no such Secret). `serving`:
     /// whether the certificate serves TLS (and so carries the hostnames annotation);
     /// `issuers`: the CAs it may be signed by (its issuer's bundle and signer), tried in
-    /// order; `signatures`: those known to verify.
+    /// order; `verified`: what is known to verify.
     pub fn observe<'a>(
         secret: Option<SecretContent<'_>>,
         serving: bool,
         issuers: impl IntoIterator<Item = &'a Certificate>,
-        signatures: &Signatures,
+        verified: &Verified,
     ) -> Self {
         let Some((data, annotations)) = secret else {
             return LeafSecretState::Absent;
         };
         let text = |key: &str| text(data, key);
         let (certificate, extra_certificates) = read_leaf(data);
-        let key = match text(TLS_KEY) {
-            None => KeyState::Missing,
-            Some(pem) => match PrivateKey::from_pem(&pem) {
+        let key = match (text(TLS_KEY), &certificate) {
+            (None, _) => KeyState::Missing,
+            (Some(pem), Ok(leaf)) => match verified.key_of(leaf, &pem) {
+                Err(e) => KeyState::Unreadable(e),
+                Ok(Some(algorithm)) => KeyState::Matches(algorithm),
+                Ok(None) => KeyState::Mismatch,
+            },
+            (Some(pem), Err(_)) => match PrivateKey::from_pem(&pem) {
                 Err(e) => KeyState::Unreadable(e.to_string()),
-                Ok(key) => match &certificate {
-                    Ok(c) if key_matches_certificate(&key, c.der()).unwrap_or(false) => {
-                        KeyState::Matches(key.algorithm())
-                    }
-                    _ => KeyState::Mismatch,
-                },
+                Ok(_) => KeyState::Mismatch,
             },
         };
         let issuer = certificate.as_ref().ok().and_then(|leaf| {
             issuers
                 .into_iter()
-                .find(|ca| signatures.is_issued_by(leaf, ca))
+                .find(|ca| verified.is_issued_by(leaf, ca))
                 .map(|ca| ca.fingerprint().to_string())
         });
         // Only which CAs it holds matters, not what they say.

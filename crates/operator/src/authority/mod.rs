@@ -132,14 +132,14 @@ pub mod ca;
 pub mod leaf;
 #[cfg(test)]
 mod model;
-pub mod signatures;
 #[cfg(test)]
 mod timeline;
+pub mod verified;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::IpAddr;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use caretaker_pki::bundle::BundleCertificate;
@@ -367,14 +367,37 @@ impl fmt::Debug for KeyPem {
 }
 
 /// A CA: its certificate, its key and the key's algorithm.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct CaKeyPair {
     pub certificate: Certificate,
     pub key: KeyPem,
     pub algorithm: KeyAlgorithm,
+    /// The CA read from the fields, once, and shared by every copy: a CA that issues
+    /// thousands of certificates would otherwise read and check its key for each. (So a
+    /// pair's fields are never changed once it exists: a different CA is a new pair.)
+    signer: Arc<OnceLock<CertificateAuthority>>,
 }
 
+impl PartialEq for CaKeyPair {
+    fn eq(&self, other: &Self) -> bool {
+        (&self.certificate, &self.key, self.algorithm)
+            == (&other.certificate, &other.key, other.algorithm)
+    }
+}
+
+impl Eq for CaKeyPair {}
+
 impl CaKeyPair {
+    /// A CA from its parts, read into a signer when it first signs.
+    pub fn new(certificate: Certificate, key: KeyPem, algorithm: KeyAlgorithm) -> Self {
+        Self {
+            certificate,
+            key,
+            algorithm,
+            signer: Arc::default(),
+        }
+    }
+
     /// Whether it can still sign at `now`: before its notAfter, as pki's issuance requires
     /// (a certificate cut at the CA's expiry would have no lifetime left). At notAfter itself
     /// it is still trusted ([`Certificate::expired_at`]) but signs nothing.
@@ -384,21 +407,26 @@ impl CaKeyPair {
 
     /// Reads a CA from PEM, checking that the certificate is a CA and the key is its own.
     pub fn from_pem(certificate_pem: &str, key_pem: &str) -> Result<Self, PkiError> {
-        let authority = CertificateAuthority::from_pem(certificate_pem, key_pem)?;
-        Self::from_authority(&authority)
+        Self::from_authority(CertificateAuthority::from_pem(certificate_pem, key_pem)?)
     }
 
-    pub fn from_authority(authority: &CertificateAuthority) -> Result<Self, PkiError> {
-        Ok(Self {
-            certificate: Certificate::from_der(authority.certificate_der().to_vec())?,
-            key: KeyPem(authority.private_key_pem()),
-            algorithm: authority.algorithm(),
-        })
+    pub fn from_authority(authority: CertificateAuthority) -> Result<Self, PkiError> {
+        let pair = Self::new(
+            Certificate::from_der(authority.certificate_der().to_vec())?,
+            KeyPem(authority.private_key_pem()),
+            authority.algorithm(),
+        );
+        let _ = pair.signer.set(authority);
+        Ok(pair)
     }
 
     /// The CA, ready to sign.
-    pub fn authority(&self) -> Result<CertificateAuthority, PkiError> {
-        CertificateAuthority::from_pem(self.certificate.pem(), self.key.expose())
+    pub fn authority(&self) -> Result<&CertificateAuthority, PkiError> {
+        if let Some(signer) = self.signer.get() {
+            return Ok(signer);
+        }
+        let read = CertificateAuthority::from_pem(self.certificate.pem(), self.key.expose())?;
+        Ok(self.signer.get_or_init(|| read))
     }
 
     pub fn fingerprint(&self) -> &str {
@@ -428,7 +456,7 @@ pub struct PkiMint;
 
 impl Mint for PkiMint {
     fn create_ca(&self, spec: &CaSpec) -> Result<CaKeyPair, PkiError> {
-        CaKeyPair::from_authority(&CertificateAuthority::create(spec)?)
+        CaKeyPair::from_authority(CertificateAuthority::create(spec)?)
     }
 
     fn issue(&self, signer: &CaKeyPair, spec: &LeafSpec) -> Result<IssuedLeaf, PkiError> {
@@ -814,8 +842,8 @@ pub(crate) mod tests {
                 .iter()
                 .flat_map(|b| b.certificates())
                 .chain(issuer.signer.as_ref().ok().map(|s| &s.certificate));
-            let signatures = signatures::Signatures::default();
-            leaf::LeafSecretState::observe(Self::secret(&self.leaf), true, candidates, &signatures)
+            let verified = verified::Verified::default();
+            leaf::LeafSecretState::observe(Self::secret(&self.leaf), true, candidates, &verified)
         }
 
         /// One pass of both controllers, as the glue runs them; the events they publish.

@@ -92,11 +92,8 @@ impl Model {
     /// A CA key pair valid for `days` from now, without logging it.
     pub fn ca(&self, common_name: &str, days: i64) -> CaKeyPair {
         let certificate = self.ca_cert(common_name, days);
-        CaKeyPair {
-            key: KeyPem::new(format!("model key of {}", certificate.serial())),
-            certificate,
-            algorithm: caretaker_pki::KeyAlgorithm::EcdsaP256,
-        }
+        let key = KeyPem::new(format!("model key of {}", certificate.serial()));
+        CaKeyPair::new(certificate, key, caretaker_pki::KeyAlgorithm::EcdsaP256)
     }
 }
 
@@ -120,11 +117,8 @@ impl Mint for Model {
             fingerprint: certificate.fingerprint().to_string(),
             at: now,
         });
-        Ok(CaKeyPair {
-            key: KeyPem::new(format!("model key of {n}")),
-            certificate,
-            algorithm: spec.algorithm,
-        })
+        let key = KeyPem::new(format!("model key of {n}"));
+        Ok(CaKeyPair::new(certificate, key, spec.algorithm))
     }
 
     fn issue(&self, signer: &CaKeyPair, spec: &LeafSpec) -> Result<IssuedLeaf, PkiError> {

@@ -33,7 +33,9 @@ use std::future::Future;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::{ByteString, NamespaceResourceScope};
-use kube::api::{Api, DynamicObject, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{
+    Api, DynamicObject, ObjectMeta, PartialObjectMeta, Patch, PatchParams, PostParams,
+};
 use kube::runtime::controller::{Action, Config, Controller};
 use kube::runtime::reflector::store::Writer;
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -50,12 +52,12 @@ use crate::Error;
 use crate::authority::bundle::BundleState;
 use crate::authority::ca::{AuthorityObserved, CaSecretState, IssuerView, Untrusting};
 use crate::authority::leaf;
-use crate::authority::signatures::Signatures;
+use crate::authority::verified::Verified;
 use crate::authority::{
     self, CA_CRT, CaKeyPair, Certificate, ObjectName, SECRET_TYPE_TLS, SecretData, TLS_CRT,
 };
 use crate::changes::AnnotationChanges;
-use crate::context::Context;
+use crate::context::{Context, create_for_metadata, send_for_metadata};
 use crate::injection::{self, SourceRef, TargetKind};
 use crate::metrics::CertificateKind;
 use crate::names;
@@ -543,8 +545,9 @@ pub(crate) struct Shared {
     ca_crts: Mutex<CaCrts>,
     /// What each certificate Secret says of the CAs in use, by Secret version and candidates.
     leaf_uses: Mutex<HashMap<Key, KnownLeaf>>,
-    /// Signatures known to verify: the leaves this process signed, and those checked.
-    pub signatures: Signatures,
+    /// Signatures and keys known to verify: those of the leaves this process issued, and
+    /// those checked.
+    pub verified: Verified,
     /// The distinct `ca.crt` contents of [`Shared::leaf_uses`]: thousands of certificates of
     /// one CA hold the same bundle.
     ca_bundles: SharedSets,
@@ -605,7 +608,7 @@ pub(crate) fn start(
         statuses: StatusMemory::default(),
         ca_crts: Mutex::default(),
         leaf_uses: Mutex::default(),
-        signatures: Signatures::default(),
+        verified: Verified::default(),
         ca_bundles: SharedSets::default(),
         written: Mutex::default(),
         settling: Mutex::default(),
@@ -808,16 +811,14 @@ impl DegradedMemory {
 pub(crate) struct StatusMemory(Mutex<HashMap<u64, (u64, u64)>>);
 
 impl StatusMemory {
-    /// Whether `status` (a status patch of `object`, as read) is what this process wrote last,
-    /// on the version `object` still is.
-    fn written<K: Resource<DynamicType = ()>>(&self, object: &K, status: &Value) -> bool {
+    /// Whether `patch` (a status patch of `object`, as read; [`Self::patch_digest`]) is what
+    /// this process wrote last, on the version `object` still is.
+    fn written<K: Resource<DynamicType = ()>>(&self, object: &K, patch: u64) -> bool {
         let key = Self::digest(DegradedMemory::key(object));
         let version = Self::digest(&object.meta().resource_version);
         let mut written = lock(&self.0);
         match written.get(&key) {
-            Some((before, digest)) if *before == version => {
-                *digest == Self::digest(status.to_string())
-            }
+            Some((before, digest)) if *before == version => *digest == patch,
             Some(_) => {
                 // The store shows the write (or something later): the status read is current.
                 written.remove(&key);
@@ -827,11 +828,16 @@ impl StatusMemory {
         }
     }
 
-    fn remember<K: Resource<DynamicType = ()>>(&self, object: &K, status: &Value) {
+    fn remember<K: Resource<DynamicType = ()>>(&self, object: &K, patch: u64) {
         let key = Self::digest(DegradedMemory::key(object));
         let before = Self::digest(&object.meta().resource_version);
-        let status = Self::digest(status.to_string());
-        lock(&self.0).insert(key, (before, status));
+        lock(&self.0).insert(key, (before, patch));
+    }
+
+    /// A status patch's digest. On one version of an object (one status read), two patches
+    /// are equal exactly when the statuses they write are.
+    fn patch_digest(patch: &Value) -> u64 {
+        Self::digest(patch.to_string())
     }
 
     fn digest(value: impl std::hash::Hash) -> u64 {
@@ -1864,7 +1870,7 @@ impl Shared {
                 None => {
                     let leaf = parsed.get_or_insert_with(|| stored_leaf(&secret));
                     let signed =
-                        (leaf.as_ref()).is_some_and(|leaf| self.signatures.is_issued_by(leaf, ca));
+                        (leaf.as_ref()).is_some_and(|leaf| self.verified.is_issued_by(leaf, ca));
                     known.signed_by.push(((*ca).clone(), signed));
                     signed
                 }
@@ -2071,7 +2077,11 @@ where
                 field_manager: Some(FIELD_MANAGER.into()),
                 ..Default::default()
             };
-            outcome(api.create(&params, &object).await, false)
+            // Answered with the metadata alone, as a patch is below.
+            outcome(
+                create_for_metadata(client, &api, &params, &object).await,
+                false,
+            )
         }
         Some(version) => {
             // The label too: an object an earlier caretaker wrote without it gets it.
@@ -2084,6 +2094,8 @@ where
                 },
                 "data": data,
             });
+            // Answered with the metadata alone: only its resourceVersion is used.
+            let api: Api<PartialObjectMeta<K>> = Api::namespaced(client.clone(), &key.0);
             outcome(
                 api.patch(&key.1, &patch_params(), &Patch::Merge(&body))
                     .await,
@@ -2196,17 +2208,26 @@ pub(crate) async fn write_status<K, S>(
     old: &S,
 ) -> Result<(), Error>
 where
-    K: Clone + DeserializeOwned + fmt::Debug,
+    K: Resource + Clone + DeserializeOwned + fmt::Debug,
     S: Serialize + PartialEq,
 {
     if status == old {
         return Ok(());
     }
-    let patch = status_patch(status, old);
-    match api
-        .patch_status(name, &patch_params(), &Patch::Merge(&patch))
-        .await
-    {
+    send_status_patch(api, name, &status_patch(status, old)).await
+}
+
+/// Merge-patches `name`'s status subresource with `patch`; an object deleted meanwhile needs
+/// none.
+async fn send_status_patch<K>(api: &Api<K>, name: &str, patch: &Value) -> Result<(), Error>
+where
+    K: Resource + Clone + DeserializeOwned + fmt::Debug,
+{
+    let request = kube::core::Request::new(api.resource_url())
+        .patch_subresource("status", name, &patch_params(), &Patch::Merge(&patch))
+        .map_err(kube::Error::BuildRequest)?;
+    let client = api.clone().into_client();
+    match send_for_metadata::<K>(&client, request, "patch_status").await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
         Err(e) => Err(e.into()),
@@ -2231,12 +2252,13 @@ impl Shared {
         if status == old {
             return Ok(());
         }
-        let written = serde_json::to_value(status).unwrap_or_default();
-        if self.statuses.written(object, &written) {
+        let patch = status_patch(status, old);
+        let digest = StatusMemory::patch_digest(&patch);
+        if self.statuses.written(object, digest) {
             return Ok(());
         }
-        write_status(api, &object.name_any(), status, old).await?;
-        self.statuses.remember(object, &written);
+        send_status_patch(api, &object.name_any(), &patch).await?;
+        self.statuses.remember(object, digest);
         Ok(())
     }
 }
@@ -2479,24 +2501,22 @@ mod tests {
             }))
             .unwrap()
         };
-        let issued = json!({ "serialNumber": "02" });
+        let issued = StatusMemory::patch_digest(&json!({ "status": { "serialNumber": "02" } }));
+        let other = StatusMemory::patch_digest(&json!({ "status": { "serialNumber": "03" } }));
+        assert!(!memory.written(&object("7"), issued), "nothing written yet");
+        memory.remember(&object("7"), issued);
         assert!(
-            !memory.written(&object("7"), &issued),
-            "nothing written yet"
-        );
-        memory.remember(&object("7"), &issued);
-        assert!(
-            memory.written(&object("7"), &issued),
+            memory.written(&object("7"), issued),
             "the store still shows 7"
         );
         assert!(
-            !memory.written(&object("7"), &json!({ "serialNumber": "03" })),
+            !memory.written(&object("7"), other),
             "another status is written"
         );
         // The store shows the write: the status read is current, and decides alone.
-        assert!(!memory.written(&object("8"), &issued));
+        assert!(!memory.written(&object("8"), issued));
         assert!(
-            !memory.written(&object("7"), &issued),
+            !memory.written(&object("7"), issued),
             "forgotten once caught up"
         );
     }

@@ -2,10 +2,10 @@
 //! CertificateAuthority's Secret as stored, read once per version however many certificates
 //! it issues), observes the certificate's Secret (from the shared Secret store), asks
 //! [`leaf::plan`], and carries the plan out: at most one write (the Secret created with type
-//! `kubernetes.io/tls`, or merge-patched on the `resourceVersion` the pass read), its events,
-//! the status when it changed. It runs again when its Secret changes, when its
-//! CertificateAuthority or what that CA issues from changes, and at the plan's wake-up time;
-//! nothing polls. A missing issuer, or one that cannot sign now, shows in the status and waits
+//! `kubernetes.io/tls`, or merge-patched on the `resourceVersion` the pass read); its events
+//! and status are left to [`super::certificate_reports`], written once the Secret writes
+//! pause. It runs again when its Secret changes, when its CertificateAuthority or what that CA
+//! issues from changes, and at the plan's wake-up time; nothing polls. A missing issuer, or one that cannot sign now, shows in the status and waits
 //! for the CA to change.
 //!
 //! The Secret carries no owner reference: deleting an IssuedCertificate keeps its Secret (and
@@ -15,27 +15,32 @@
 use std::sync::Arc;
 
 use caretaker_pki::Usage;
-use kube::api::Api;
+use kube::ResourceExt;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
-use kube::{Resource, ResourceExt};
 use time::OffsetDateTime;
 
 use super::authority_watch::{self, CertificateFeed, Shared, Written};
+use super::certificate_reports::{CertificateReports, PlannedStatus, StatusUpdate};
 use crate::Error;
-use crate::authority::leaf::{self, CertificateStep, LeafObserved, LeafPlan, LeafSecretState};
+use crate::authority::leaf::{self, CertificateStep, LeafObserved, LeafSecretState};
 use crate::authority::{self, ObjectName, PkiMint};
 use crate::changes::Event;
 use crate::metrics::CertificateKind;
 use crate::names;
-use crate::v1alpha1::{IssuedCertificate, IssuedCertificateStatus};
+use crate::v1alpha1::IssuedCertificate;
 
 /// Passes at once: enough to keep the API server busy while others sign, few enough that
 /// thousands of certificates due together do not hold thousands of keys in memory at once.
 const CONCURRENCY: u16 = 16;
 
-/// Runs the controller on the IssuedCertificates and wake-ups `feed` brings.
-pub(crate) async fn run(shared: Arc<Shared>, feed: CertificateFeed) {
+/// Runs the controller on the IssuedCertificates and wake-ups `feed` brings; the passes leave
+/// their statuses and events in `reports`.
+pub(crate) async fn run(
+    shared: Arc<Shared>,
+    feed: CertificateFeed,
+    reports: Arc<CertificateReports>,
+) {
     let wake = futures::stream::unfold(feed.wake, |mut wake| async move {
         let (namespace, name) = wake.recv().await?;
         Some((ObjectRef::new(&name).within(&namespace), wake))
@@ -48,7 +53,7 @@ pub(crate) async fn run(shared: Arc<Shared>, feed: CertificateFeed) {
             store,
             wake,
             CONCURRENCY,
-            reconcile,
+            move |certificate, shared| reconcile(certificate, shared, reports.clone()),
         )
         .await;
 }
@@ -56,6 +61,7 @@ pub(crate) async fn run(shared: Arc<Shared>, feed: CertificateFeed) {
 async fn reconcile(
     certificate: Arc<IssuedCertificate>,
     shared: Arc<Shared>,
+    reports: Arc<CertificateReports>,
 ) -> Result<Action, Error> {
     if certificate.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());
@@ -65,7 +71,13 @@ async fn reconcile(
         Ok(policy) => policy,
         Err(e) => {
             let message = format!("{e}; nothing was written");
-            return refuse(&shared, &certificate, names::REASON_INVALID_SPEC, message).await;
+            return refuse(
+                &reports,
+                &shared,
+                &certificate,
+                names::REASON_INVALID_SPEC,
+                message,
+            );
         }
     };
     shared.certificate_inputs_synced().await?;
@@ -76,7 +88,13 @@ async fn reconcile(
     let own = (key.0.clone(), certificate.name_any());
     if let Some(conflict) = shared.certificate_conflict(&own, &key) {
         let message = format!("{conflict}; nothing was written");
-        return refuse(&shared, &certificate, names::REASON_OBJECT_IN_USE, message).await;
+        return refuse(
+            &reports,
+            &shared,
+            &certificate,
+            names::REASON_OBJECT_IN_USE,
+            message,
+        );
     }
     let issuer_name = &spec.issuer_ref.name;
     if let Some(ca) = shared.authorities.get(&ObjectRef::new(issuer_name))
@@ -89,17 +107,17 @@ async fn reconcile(
             key.0
         );
         return refuse(
+            &reports,
             &shared,
             &certificate,
             names::REASON_NAMESPACE_NOT_ALLOWED,
             message,
-        )
-        .await;
+        );
     }
     let now = OffsetDateTime::now_utc();
     let issuer = match shared.issuer(issuer_name, now).await? {
         Ok(issuer) => issuer,
-        Err(not_ready) => return wait_for_issuer(&shared, &certificate, not_ready).await,
+        Err(not_ready) => return wait_for_issuer(&reports, &shared, &certificate, not_ready),
     };
 
     let secret = shared.secret(&key).await?;
@@ -114,12 +132,12 @@ async fn reconcile(
         .and_then(|s| authority_watch::not_managed("Secret", &key, &s.metadata))
     {
         return refuse(
+            &reports,
             &shared,
             &certificate,
             names::REASON_OBJECT_NOT_MANAGED,
             message,
-        )
-        .await;
+        );
     }
     let serving = matches!(policy.leaf.usage, Usage::Server | Usage::Both);
     let secret_name = ObjectName::new(&key.0, &key.1);
@@ -132,17 +150,23 @@ async fn reconcile(
                 content.as_ref().map(|(d, a)| (d, a)),
                 serving,
                 issuer.candidates(),
-                &observing.signatures,
+                &observing.verified,
             ),
         };
         let held_one = matches!(&seen.secret, LeafSecretState::Present(s) if s.certificate.is_ok());
         let plan = leaf::plan(&seen, &policy, &issuer, now, &PkiMint)?;
-        // Signed here: its next observations need not check the signature.
+        // Issued here: its next observations need not check its signature or its key.
         for step in &plan.steps {
             if let (CertificateStep::Issue(issued), Ok(signer)) = (step, &issuer.signer)
                 && issued.issuer == signer.certificate.fingerprint()
             {
-                (observing.signatures).signed(&issued.leaf.certificate, &signer.certificate);
+                let leaf = &issued.leaf;
+                (observing.verified).issued(
+                    &leaf.certificate,
+                    &leaf.key,
+                    leaf.algorithm,
+                    &signer.certificate,
+                );
             }
         }
         Ok((plan, held_one))
@@ -167,88 +191,84 @@ async fn reconcile(
             (shared.ctx.metrics).rotation_failed(CertificateKind::IssuedCertificate, e)
         })? {
             Written::Done(after) => {
+                reports.secret_written();
                 shared.note_written(key.clone(), version.clone(), after, own.clone())
             }
             Written::Conflict => return Ok(Action::await_change()),
         }
     }
-    let reference = certificate.object_ref(&());
     for event in &plan.events {
         tracing::info!(certificate = %format!("{}/{}", key.0, certificate.name_any()), reason = event.reason, note = %event.note, "IssuedCertificate event");
-        shared.ctx.event(&reference, event.clone()).await;
     }
-    let old = certificate.status.clone().unwrap_or_default();
-    let status = status_of(&plan, &old, certificate.metadata.generation, now);
     shared.record_certificate(
         CertificateKind::IssuedCertificate,
         (&key.0, &certificate.name_any()),
         held_one && (plan.steps.iter()).any(|s| matches!(s, CertificateStep::Issue(_))),
         &plan.status,
     );
-    write_status(&shared, &certificate, &status, &old).await?;
+    let status = planned(&certificate, StatusUpdate::Planned(plan.status), now);
+    report(&reports, &shared, &certificate, plan.events, status);
     Ok(match plan.wake_at {
         Some(at) => Action::requeue(authority_watch::until(at)),
         None => Action::await_change(),
     })
 }
 
-fn status_of(
-    plan: &LeafPlan,
-    old: &IssuedCertificateStatus,
-    generation: Option<i64>,
-    now: OffsetDateTime,
-) -> IssuedCertificateStatus {
-    authority_watch::certificate_status(&plan.status, old, generation, now)
+fn planned(
+    certificate: &IssuedCertificate,
+    update: StatusUpdate,
+    at: OffsetDateTime,
+) -> PlannedStatus {
+    PlannedStatus {
+        update,
+        generation: certificate.metadata.generation,
+        at,
+    }
 }
 
-async fn write_status(
+/// Leaves the pass's events and status to be written after the Secrets
+/// ([`super::certificate_reports`]). The Degraded message is remembered now: a pass that reads
+/// the status before the write must not say the same Warning again.
+fn report(
+    reports: &CertificateReports,
     shared: &Shared,
     certificate: &IssuedCertificate,
-    status: &IssuedCertificateStatus,
-    old: &IssuedCertificateStatus,
-) -> Result<(), Error> {
+    events: Vec<Event>,
+    status: PlannedStatus,
+) {
+    let old = certificate.status.clone().unwrap_or_default();
     (shared.degraded).remember(
         certificate,
         authority_watch::degraded_message(&old.conditions),
-        authority_watch::degraded_message(&status.conditions),
+        status.degraded_message(),
     );
-    let api: Api<IssuedCertificate> = Api::namespaced(
-        shared.ctx.client.clone(),
-        &certificate.namespace().unwrap_or_default(),
+    let key = (
+        certificate.namespace().unwrap_or_default(),
+        certificate.name_any(),
     );
-    shared.write_status(&api, certificate, status, old).await
+    let uid = certificate.metadata.uid.clone();
+    reports.add(key, uid, events, status, &old);
 }
 
 /// The issuer is missing or cannot be acted on: Ready false with its reason, nothing written;
 /// the CertificateAuthority's change wakes this certificate.
-async fn wait_for_issuer(
+fn wait_for_issuer(
+    reports: &CertificateReports,
     shared: &Shared,
     certificate: &IssuedCertificate,
     not_ready: authority::Condition,
 ) -> Result<Action, Error> {
-    let old = certificate.status.clone().unwrap_or_default();
-    let generation = certificate.metadata.generation;
-    let as_expected = authority::Condition {
-        status: false,
-        reason: names::REASON_AS_EXPECTED,
-        message: String::new(),
-    };
-    let conditions = authority_watch::conditions(
-        &old.conditions,
-        &not_ready,
-        &as_expected,
-        generation,
-        OffsetDateTime::now_utc(),
-    );
-    let status = old.with_conditions(conditions, generation);
-    write_status(shared, certificate, &status, &old).await?;
+    let now = OffsetDateTime::now_utc();
+    let status = planned(certificate, StatusUpdate::Waiting(not_ready), now);
+    report(reports, shared, certificate, Vec::new(), status);
     Ok(Action::await_change())
 }
 
 /// A certificate caretaker cannot act on (its spec does not validate, its Secret is another's):
 /// Ready false and Degraded with `reason`, nothing written, and a Warning unless the status
 /// already says the same.
-async fn refuse(
+fn refuse(
+    reports: &CertificateReports,
     shared: &Shared,
     certificate: &IssuedCertificate,
     reason: &'static str,
@@ -256,25 +276,13 @@ async fn refuse(
 ) -> Result<Action, Error> {
     let old = certificate.status.clone().unwrap_or_default();
     let read = authority_watch::degraded_message(&old.conditions);
+    let mut events = Vec::new();
     if shared.degraded.reported(certificate, read) != Some(message.clone()) {
         tracing::warn!(certificate = %certificate.name_any(), %message, "IssuedCertificate not acted on");
-        shared
-            .ctx
-            .event(
-                &certificate.object_ref(&()),
-                Event::warning(reason, message.clone()),
-            )
-            .await;
+        events.push(Event::warning(reason, message.clone()));
     }
-    let generation = certificate.metadata.generation;
-    let conditions = authority_watch::refused_conditions(
-        &old.conditions,
-        reason,
-        &message,
-        generation,
-        OffsetDateTime::now_utc(),
-    );
-    let status = old.with_conditions(conditions, generation);
-    write_status(shared, certificate, &status, &old).await?;
+    let now = OffsetDateTime::now_utc();
+    let status = planned(certificate, StatusUpdate::Refused { reason, message }, now);
+    report(reports, shared, certificate, events, status);
     Ok(Action::await_change())
 }

@@ -20,6 +20,7 @@ pub mod ca_injection;
 pub mod ca_secrets;
 pub mod cache;
 pub mod certificate_authority;
+mod certificate_reports;
 pub mod etcd_certificates;
 mod etcd_health;
 pub mod issued_certificate;
@@ -126,10 +127,12 @@ async fn cluster_api_absent(client: kube::Client) {
 /// is the only namespace Secrets, ConfigMaps and IssuedCertificates are read from.
 pub async fn run_authorities(ctx: Arc<Context>, namespace: Option<String>) {
     let (shared, writers, authorities, certificates) = authority_watch::start(ctx, namespace);
+    let reports = Arc::new(certificate_reports::CertificateReports::default());
     futures::join!(
         authority_watch::run(shared.clone(), writers),
         certificate_authority::run(shared.clone(), authorities),
-        issued_certificate::run(shared, certificates),
+        issued_certificate::run(shared.clone(), certificates, reports.clone()),
+        certificate_reports::run(shared, reports),
     );
 }
 

@@ -50,7 +50,7 @@ use crate::authority::ca::{
     self, AuthorityObserved, AuthorityStatus, AuthorityStep, CaPlan, CaSecretState, Untrusting,
 };
 use crate::authority::leaf::{self, CertificateStep, LeafObserved, LeafSecretState};
-use crate::authority::signatures::Signatures;
+use crate::authority::verified::Verified;
 use crate::authority::{
     CaKeyPair, Certificate, CertificatePolicy, Condition, Mint, ObjectName, TLS_CRT, TLS_KEY,
 };
@@ -502,14 +502,14 @@ pub fn plan(
             bundles.insert(signer, bundle.text());
         }
         // A plan's own: etcd has a few dozen certificates, checked once per pass.
-        let signatures = Signatures::default();
+        let verified = Verified::default();
         for leaf in leaves.iter().filter(|l| l.role.signer() == signer) {
             let name = leaf.secret_name();
             let spec = leaf.spec(policy);
             let serving = matches!(spec.usage, Usage::Server | Usage::Both);
             let candidates = ca_plan.issuer.candidates();
             let state =
-                LeafSecretState::observe(seen.secret(&name), serving, candidates, &signatures);
+                LeafSecretState::observe(seen.secret(&name), serving, candidates, &verified);
             let observed = LeafObserved {
                 secret_name: ObjectName::new(&seen.namespace, &name),
                 secret: state.clone(),

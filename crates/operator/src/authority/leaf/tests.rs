@@ -7,7 +7,7 @@ use std::net::IpAddr;
 use super::*;
 use crate::authority::PkiMint;
 use crate::authority::model::{Model, at};
-use crate::authority::signatures::Signatures;
+use crate::authority::verified::Verified;
 use caretaker_pki::{CaSpec, LeafSpec, RotationPolicy, Ttl};
 
 const DAY: i64 = 86_400;
@@ -496,7 +496,7 @@ fn a_written_certificate_reads_back_as_the_model_says() {
             Some((&data, &annotations)),
             serving,
             candidates,
-            &Signatures::default(),
+            &Verified::default(),
         );
         assert_eq!(read, LeafSecretState::Absent.after(step));
         let seen = LeafObserved {
@@ -547,7 +547,7 @@ fn an_empty_validity_annotation_reads_as_missing() {
                 Some((&data, &annotations)),
                 true,
                 candidates,
-                &Signatures::default(),
+                &Verified::default(),
             ),
         };
         let again = plan(&seen, &policy(), &issuer, now, &PkiMint).unwrap();
@@ -602,7 +602,7 @@ fn observing_finds_the_issuer_and_what_is_wrong_without_echoing_keys() {
             Some((&data, &BTreeMap::new())),
             true,
             issuers.iter().copied(),
-            &Signatures::default(),
+            &Verified::default(),
         ) {
             LeafSecretState::Present(s) => s,
             LeafSecretState::Absent => unreachable!(),
@@ -664,7 +664,7 @@ fn observing_finds_the_issuer_and_what_is_wrong_without_echoing_keys() {
         ])
     );
     assert_eq!(
-        LeafSecretState::observe(None, true, [], &Signatures::default()),
+        LeafSecretState::observe(None, true, [], &Verified::default()),
         LeafSecretState::Absent
     );
 }
