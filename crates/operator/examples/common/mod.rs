@@ -28,6 +28,9 @@ pub fn start() -> Option<(Vec<String>, tokio::runtime::Runtime)> {
     if args.get(1).map(String::as_str) == Some("--operator") {
         // As `caretaker operator` does.
         caretaker_operator::process::cap_malloc_arenas();
+        if std::env::var_os("BENCH_MEMORY_PEAKS").is_some() {
+            report_peaks();
+        }
     }
     let runtime = tokio::runtime::Runtime::new().unwrap();
     if args.get(1).map(String::as_str) == Some("--operator") {
@@ -35,6 +38,46 @@ pub fn start() -> Option<(Vec<String>, tokio::runtime::Runtime)> {
         return None;
     }
     Some((args, runtime))
+}
+
+/// With `BENCH_MEMORY_PEAKS` set: samples the operator's resident memory every 20 ms and
+/// prints to stderr, at each new peak (1 MiB over the last one printed), how glibc's malloc
+/// stood then: what the program holds, what is free inside malloc's heaps, and what sits in
+/// memory maps of its own. The rest of the peak is the binary, the stacks and what the kernel
+/// counts apart.
+fn report_peaks() {
+    std::thread::spawn(|| {
+        let mut printed = 0.0;
+        loop {
+            std::thread::sleep(Duration::from_millis(20));
+            let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+            let field = |name: &str| {
+                status
+                    .lines()
+                    .find_map(|l| l.strip_prefix(name))
+                    .map(|v| v.trim().trim_end_matches("kB").trim().to_string())
+                    .unwrap_or_default()
+            };
+            let rss = field("VmRSS:").parse::<f64>().unwrap_or(0.0) / 1024.0;
+            if rss < printed + 1.0 {
+                continue;
+            }
+            printed = rss;
+            #[cfg(all(target_os = "linux", target_env = "gnu"))]
+            {
+                // SAFETY: mallinfo2 only reads malloc's counters.
+                let info = unsafe { libc::mallinfo2() };
+                let mib = |bytes: usize| bytes as f64 / (1024.0 * 1024.0);
+                eprintln!(
+                    "operator memory peak: VmRSS {rss:.1} MiB; malloc: held {:.1} MiB, free in its heaps {:.1} MiB, own maps {:.1} MiB; threads {}",
+                    mib(info.uordblks + info.hblkhd),
+                    mib(info.fordblks),
+                    mib(info.hblkhd),
+                    field("Threads:"),
+                );
+            }
+        }
+    });
 }
 
 /// The child process: the operator's controllers against the kubeconfig at `path`, with a

@@ -47,15 +47,13 @@ use serde_json::{Value, json};
 use time::OffsetDateTime;
 use tokio::sync::{mpsc, watch};
 
+use super::secret_cache::{CachedSecret, LAST_APPLIED, SecretCache};
 use super::watch_failures::Failing;
 use crate::Error;
 use crate::authority::bundle::BundleState;
 use crate::authority::ca::{AuthorityObserved, CaSecretState, IssuerView, Untrusting};
-use crate::authority::leaf;
 use crate::authority::verified::Verified;
-use crate::authority::{
-    self, CA_CRT, CaKeyPair, Certificate, ObjectName, SECRET_TYPE_TLS, SecretData, TLS_CRT,
-};
+use crate::authority::{self, CaKeyPair, Certificate, ObjectName, SECRET_TYPE_TLS, SecretData};
 use crate::changes::AnnotationChanges;
 use crate::context::{Context, create_for_metadata, send_for_metadata};
 use crate::injection::{self, SourceRef, TargetKind};
@@ -72,9 +70,6 @@ pub(crate) type Key = (String, String);
 
 /// The field manager of caretaker's writes, as `managedFields` show it.
 const FIELD_MANAGER: &str = "caretaker";
-
-/// kubectl's copy of the last applied object: never read, dropped from cached objects.
-const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
 /// How long a certificate pass trusts that a Secret it wrote will show up in the store. Until
 /// the watch brings the write, the store still shows the version before it; a pass then
@@ -338,22 +333,6 @@ impl KnownLeaf {
     }
 }
 
-/// The leaf a certificate Secret as stored holds ([`leaf::read_leaf`]), if any can be read.
-fn stored_leaf(secret: &Secret) -> Option<Certificate> {
-    if secret.type_.as_deref() != Some(SECRET_TYPE_TLS) {
-        // Its data is not in the store: what it holds is unknown.
-        return None;
-    }
-    let data: BTreeMap<String, Vec<u8>> = secret
-        .data
-        .iter()
-        .flatten()
-        .filter(|(k, _)| *k == TLS_CRT)
-        .map(|(k, v)| (k.clone(), v.0.clone()))
-        .collect();
-    leaf::read_leaf(&data).0.ok()
-}
-
 /// Sets of strings kept once each, for as long as someone holds them.
 #[derive(Default)]
 struct SharedSets(Mutex<Vec<Arc<BTreeSet<String>>>>);
@@ -438,63 +417,6 @@ struct OwnWrite {
     held: bool,
 }
 
-/// The `ca.crt` of the cached Secrets, out of the Secret store and kept once per distinct
-/// content: thousands of certificates of one CA hold the same bundle. By Secret, with the
-/// version it is of.
-#[derive(Default)]
-struct CaCrts {
-    by_secret: HashMap<Key, (Option<String>, Arc<[u8]>)>,
-    distinct: HashSet<Arc<[u8]>>,
-}
-
-impl CaCrts {
-    /// Moves `ca.crt` out of a Secret the watch brought into this table.
-    fn take_from(&mut self, secret: &mut Secret) {
-        let key = key_of(&secret.metadata);
-        let taken = secret.data.as_mut().and_then(|data| data.remove(CA_CRT));
-        let Some(ByteString(bytes)) = taken else {
-            self.forget(&key);
-            return;
-        };
-        let shared = match self.distinct.get(bytes.as_slice()) {
-            Some(same) => same.clone(),
-            None => {
-                let new: Arc<[u8]> = bytes.into();
-                self.distinct.insert(new.clone());
-                new
-            }
-        };
-        let version = secret.metadata.resource_version.clone();
-        if let Some((_, before)) = self.by_secret.insert(key, (version, shared)) {
-            self.release(before);
-        }
-    }
-
-    fn forget(&mut self, key: &Key) {
-        if let Some((_, before)) = self.by_secret.remove(key) {
-            self.release(before);
-        }
-    }
-
-    /// Drops a content no Secret holds any more.
-    fn release(&mut self, content: Arc<[u8]>) {
-        // Held here, by `distinct`, and by no one else.
-        if Arc::strong_count(&content) == 2 {
-            self.distinct.remove(&content);
-        }
-    }
-
-    /// The `ca.crt` of the Secret `key` at `version`: `Err` when this table holds another
-    /// version (the store and this table are a write apart).
-    fn of(&self, key: &Key, version: Option<&str>) -> Result<Option<Arc<[u8]>>, ()> {
-        match self.by_secret.get(key) {
-            Some((held, content)) if held.as_deref() == version => Ok(Some(content.clone())),
-            Some(_) => Err(()),
-            None => Ok(None),
-        }
-    }
-}
-
 /// The inputs of the two controllers: the objects they act on, and wake-ups of those objects
 /// from changes of what they read.
 pub(crate) struct AuthorityFeed {
@@ -511,7 +433,6 @@ pub(crate) struct CertificateFeed {
 pub(crate) struct Writers {
     authorities: Writer<CertificateAuthority>,
     certificates: Writer<IssuedCertificate>,
-    secrets: Writer<Secret>,
     targets: Vec<(TargetKind, Writer<DynamicObject>)>,
 }
 
@@ -524,7 +445,8 @@ pub(crate) struct Shared {
     installed: watch::Sender<Installed>,
     pub authorities: Store<CertificateAuthority>,
     pub certificates: Store<IssuedCertificate>,
-    secrets: Store<Secret>,
+    /// The Secrets of CAs and certificates (every Secret in scope, small).
+    secrets: SecretCache,
     targets: Vec<(TargetKind, Store<DynamicObject>)>,
     synced: Synced,
     index: Mutex<CertificateIndex>,
@@ -541,8 +463,6 @@ pub(crate) struct Shared {
     pub degraded: DegradedMemory,
     /// What each object's last status write said, until the store shows it.
     statuses: StatusMemory,
-    /// The `ca.crt` of the cached Secrets (the store holds them without it).
-    ca_crts: Mutex<CaCrts>,
     /// What each certificate Secret says of the CAs in use, by Secret version and candidates.
     leaf_uses: Mutex<HashMap<Key, KnownLeaf>>,
     /// Signatures and keys known to verify: those of the leaves this process issued, and
@@ -577,7 +497,6 @@ pub(crate) fn start(
 ) -> (Arc<Shared>, Writers, AuthorityFeed, CertificateFeed) {
     let authorities = Writer::new(());
     let certificates = Writer::new(());
-    let secrets = Writer::new(());
     let targets: Vec<(TargetKind, Writer<DynamicObject>)> = TargetKind::ALL
         .into_iter()
         .map(|kind| (kind, Writer::new(kind.api_resource())))
@@ -592,7 +511,7 @@ pub(crate) fn start(
         installed: watch::Sender::new(Installed::default()),
         authorities: authorities.as_reader(),
         certificates: certificates.as_reader(),
-        secrets: secrets.as_reader(),
+        secrets: SecretCache::default(),
         targets: targets.iter().map(|(k, w)| (*k, w.as_reader())).collect(),
         synced: Synced {
             secrets: watch::Sender::new(false),
@@ -606,7 +525,6 @@ pub(crate) fn start(
         last_good: Mutex::default(),
         degraded: DegradedMemory::default(),
         statuses: StatusMemory::default(),
-        ca_crts: Mutex::default(),
         leaf_uses: Mutex::default(),
         verified: Verified::default(),
         ca_bundles: SharedSets::default(),
@@ -621,7 +539,6 @@ pub(crate) fn start(
     let writers = Writers {
         authorities,
         certificates,
-        secrets,
         targets,
     };
     (
@@ -644,7 +561,6 @@ pub(crate) async fn run(shared: Arc<Shared>, writers: Writers) {
     let Writers {
         authorities,
         certificates,
-        secrets,
         mut targets,
     } = writers;
     let crd_at = targets
@@ -670,7 +586,7 @@ pub(crate) async fn run(shared: Arc<Shared>, writers: Writers) {
             None => Api::all(client.clone()),
         };
         futures::join!(
-            shared.watch_secrets(secret_api, secrets),
+            shared.watch_secrets(secret_api),
             shared.watch_config_maps(config_map_api),
             futures::future::join_all(
                 targets
@@ -725,20 +641,6 @@ impl Shared {
                 return;
             }
         }
-    }
-}
-
-/// Drops from cached Secrets what no pass reads: `managedFields`, kubectl's copy, and the data
-/// of every Secret that is not `kubernetes.io/tls` (caretaker writes only those; a pass that
-/// meets another type reads it fresh).
-fn trim_secret(secret: &mut Secret) {
-    secret.metadata.managed_fields = None;
-    if let Some(annotations) = &mut secret.metadata.annotations {
-        annotations.remove(LAST_APPLIED);
-    }
-    if secret.type_.as_deref() != Some(SECRET_TYPE_TLS) {
-        secret.data = None;
-        secret.string_data = None;
     }
 }
 
@@ -1060,44 +962,26 @@ impl Shared {
         }
     }
 
-    async fn watch_secrets(self: &Arc<Self>, api: Api<Secret>, mut writer: Writer<Secret>) {
+    async fn watch_secrets(self: &Arc<Self>, api: Api<Secret>) {
         let mut listed_before = false;
-        let events = Failing::new(AUTHORITIES, "Secret").events(
-            watcher(api, watcher::Config::default())
-                .modify(trim_secret)
-                .default_backoff(),
-        );
+        let events = Failing::new(AUTHORITIES, "Secret")
+            .events(watcher(api, watcher::Config::default()).default_backoff());
         futures::pin_mut!(events);
-        while let Some(mut event) = events.next().await {
-            // Before the store: a pass that finds this version there finds its ca.crt.
-            match &mut event {
-                watcher::Event::Apply(secret) | watcher::Event::InitApply(secret) => {
-                    lock(&self.ca_crts).take_from(secret)
+        while let Some(event) = events.next().await {
+            match event {
+                watcher::Event::Apply(secret) => {
+                    let key = self.secrets.apply(secret);
+                    self.secret_changed(key);
                 }
                 watcher::Event::Delete(secret) => {
-                    lock(&self.ca_crts).forget(&key_of(&secret.metadata))
+                    let key = self.secrets.delete(&secret);
+                    self.secret_changed(key);
                 }
-                watcher::Event::Init | watcher::Event::InitDone => {}
-            }
-            writer.apply_watcher_event(&event);
-            match &event {
-                watcher::Event::Apply(secret) | watcher::Event::Delete(secret) => {
-                    self.secret_changed(secret)
-                }
+                watcher::Event::Init => self.secrets.relist_started(),
+                watcher::Event::InitApply(secret) => self.secrets.relisted(secret),
                 watcher::Event::InitDone => {
                     // Secrets gone while the watch was down went with the relist.
-                    let listed: HashSet<Key> = (writer.as_reader().state().iter())
-                        .map(|s| key_of(&s.metadata))
-                        .collect();
-                    let mut ca_crts = lock(&self.ca_crts);
-                    let gone: Vec<Key> = (ca_crts.by_secret.keys())
-                        .filter(|k| !listed.contains(*k))
-                        .cloned()
-                        .collect();
-                    for key in gone {
-                        ca_crts.forget(&key);
-                    }
-                    drop(ca_crts);
+                    self.secrets.relist_done();
                     self.synced.secrets.send_replace(true);
                     if listed_before {
                         self.wake_every_authority();
@@ -1105,7 +989,6 @@ impl Shared {
                     }
                     listed_before = true;
                 }
-                watcher::Event::Init | watcher::Event::InitApply(_) => {}
             }
         }
     }
@@ -1113,13 +996,12 @@ impl Shared {
     /// Wakes what a Secret concerns: the CAs whose Secret it is (and, if what their
     /// certificates are issued from changed, those certificates), and the certificates kept
     /// in it with their issuers.
-    fn secret_changed(self: &Arc<Self>, secret: &Secret) {
-        let key = key_of(&secret.metadata);
+    fn secret_changed(self: &Arc<Self>, key: Key) {
         let stored = self.stored_secret(&key);
         // A write of this process the store now shows: no pass needs to wait for it, and the
         // pass that made it needs no other.
         let version = stored.as_ref().and_then(|s| s.resource_version());
-        let own = lock(&self.written).shown(&key, version.as_deref());
+        let own = lock(&self.written).shown(&key, version);
         if stored.is_none() {
             lock(&self.leaf_uses).remove(&key);
             lock(&self.ca_secrets).remove(&key);
@@ -1131,7 +1013,8 @@ impl Shared {
             }
             let name = authority.name_any();
             self.wake_authority(&name);
-            let digest = issuer_digest(&self.ca_secret_state(&key, stored.as_deref()), now);
+            let secret = stored.as_ref().map(|s| s.secret(&key));
+            let digest = issuer_digest(&self.ca_secret_state(&key, secret.as_ref()), now);
             let before = lock(&self.issuers_seen).insert(name.clone(), digest.clone());
             if before.as_ref() != Some(&digest) {
                 self.wake_certificates_of(&name);
@@ -1560,33 +1443,17 @@ impl Shared {
         self.installed.borrow().authorities == Some(false)
     }
 
-    fn stored_secret(&self, key: &Key) -> Option<Arc<Secret>> {
-        self.secrets.get(&ObjectRef::new(&key.1).within(&key.0))
+    fn stored_secret(&self, key: &Key) -> Option<Arc<CachedSecret>> {
+        self.secrets.get(key)
     }
 
-    /// A Secret as stored, with its `ca.crt`; or read fresh when the store keeps it without
-    /// its data (not `kubernetes.io/tls`), or the store and the `ca.crt` table are a write
-    /// apart.
+    /// A Secret as cached; or read fresh when the cache keeps it without its data (not
+    /// `kubernetes.io/tls`).
     pub(crate) async fn secret(&self, key: &Key) -> Result<Option<Arc<Secret>>, Error> {
-        let stored = self.stored_secret(key);
-        let whole = match &stored {
-            Some(secret) if secret.type_.as_deref() != Some(SECRET_TYPE_TLS) => None,
-            Some(secret) => match lock(&self.ca_crts).of(key, secret.resource_version().as_deref())
-            {
-                Ok(None) => Some(stored.clone()),
-                Ok(Some(ca_crt)) => {
-                    let mut whole = (**secret).clone();
-                    let data = whole.data.get_or_insert_default();
-                    data.insert(CA_CRT.to_string(), ByteString(ca_crt.to_vec()));
-                    Some(Some(Arc::new(whole)))
-                }
-                Err(()) => None,
-            },
-            None => Some(None),
-        };
-        match whole {
-            Some(whole) => Ok(whole),
-            None => {
+        match self.stored_secret(key) {
+            None => Ok(None),
+            Some(cached) if cached.has_data() => Ok(Some(Arc::new(cached.secret(key)))),
+            Some(_) => {
                 let api: Api<Secret> = Api::namespaced(self.ctx.client.clone(), &key.0);
                 Ok(api.get_opt(&key.1).await?.map(Arc::new))
             }
@@ -1833,22 +1700,13 @@ impl Shared {
         let mut known = match cached {
             Some(known) => known,
             None => {
-                let stored_version = secret.metadata.resource_version.as_deref();
-                let Ok(ca_crt) = lock(&self.ca_crts).of(key, stored_version) else {
-                    // The store and the ca.crt table are a write apart: unknown for now (not
-                    // kept), and the write's own event brings another pass.
-                    return LeafUse::Missing;
-                };
                 // Someone's Secret tells nothing of what the certificate's workload serves.
-                let leaf = match not_managed("Secret", key, &secret.metadata) {
-                    Some(_) => None,
-                    None => stored_leaf(&secret),
-                };
+                let leaf = secret.managed().then(|| secret.leaf()).flatten();
                 let known = KnownLeaf {
-                    version,
+                    version: version.to_string(),
                     readable: leaf.is_some(),
                     ca_bundle: self.ca_bundles.share(match leaf {
-                        Some(_) => ca_bundle_of(ca_crt.as_deref()),
+                        Some(_) => ca_bundle_of(secret.ca_crt()),
                         None => BTreeSet::new(),
                     }),
                     signed_by: Vec::new(),
@@ -1868,7 +1726,7 @@ impl Shared {
             let signed = match known.checked(ca) {
                 Some(signed) => signed,
                 None => {
-                    let leaf = parsed.get_or_insert_with(|| stored_leaf(&secret));
+                    let leaf = parsed.get_or_insert_with(|| secret.leaf());
                     let signed =
                         (leaf.as_ref()).is_some_and(|leaf| self.verified.is_issued_by(leaf, ca));
                     known.signed_by.push(((*ca).clone(), signed));
@@ -2521,44 +2379,6 @@ mod tests {
         );
     }
 
-    #[test]
-    fn cached_secrets_keep_one_copy_of_each_ca_crt() {
-        let secret = |name: &str, version: &str, ca_crt: &str| -> Secret {
-            serde_json::from_value(json!({
-                "metadata": { "name": name, "namespace": "demo", "resourceVersion": version },
-                "type": SECRET_TYPE_TLS,
-                "data": { "tls.crt": "bGVhZg==", CA_CRT: STANDARD.encode(ca_crt) },
-            }))
-            .unwrap()
-        };
-        let mut table = CaCrts::default();
-        let (mut web, mut api) = (secret("web", "1", "both"), secret("api", "2", "both"));
-        table.take_from(&mut web);
-        table.take_from(&mut api);
-        let data = web.data.as_ref().unwrap();
-        assert!(!data.contains_key(CA_CRT) && data.contains_key("tls.crt"));
-        let (web_key, api_key) = (key("demo", "web"), key("demo", "api"));
-        let held = |table: &CaCrts, key: &Key, version| table.of(key, Some(version)).unwrap();
-        let (a, b) = (held(&table, &web_key, "1"), held(&table, &api_key, "2"));
-        assert!(
-            Arc::ptr_eq(a.as_ref().unwrap(), b.as_ref().unwrap()),
-            "one copy"
-        );
-        assert_eq!(table.distinct.len(), 1);
-        drop((a, b));
-        assert_eq!(table.of(&web_key, Some("0")), Err(()), "another version");
-
-        table.take_from(&mut secret("web", "3", "new"));
-        assert_eq!(held(&table, &web_key, "3").as_deref(), Some(&b"new"[..]));
-        assert_eq!(table.distinct.len(), 2);
-        table.take_from(&mut secret("api", "4", "new"));
-        assert_eq!(table.distinct.len(), 1, "a content no Secret holds goes");
-        table.forget(&web_key);
-        table.forget(&api_key);
-        assert!(table.distinct.is_empty() && table.by_secret.is_empty());
-        assert_eq!(table.of(&web_key, Some("3")), Ok(None));
-    }
-
     fn crd(name: &str) -> DynamicObject {
         DynamicObject::new(name, &TargetKind::CustomResourceDefinition.api_resource())
     }
@@ -2671,33 +2491,6 @@ mod tests {
         index.rebuild(&[Arc::new(certificate("c", "x", "s", "ca3"))]);
         assert_eq!(index.of_issuer("ca3"), [key("c", "x")]);
         assert!(index.of_issuer("ca2").is_empty());
-    }
-
-    #[test]
-    fn cached_secrets_keep_data_only_when_they_are_tls() {
-        let mut tls: Secret = serde_json::from_value(json!({
-            "metadata": { "name": "a", "annotations": { LAST_APPLIED: "{}", "keep": "1" },
-                          "managedFields": [{ "manager": "kubectl" }] },
-            "type": "kubernetes.io/tls",
-            "data": { "tls.crt": "eA==" },
-        }))
-        .unwrap();
-        let mut opaque = tls.clone();
-        opaque.type_ = Some("Opaque".into());
-        trim_secret(&mut tls);
-        trim_secret(&mut opaque);
-        assert_eq!(tls.metadata.managed_fields, None);
-        assert_eq!(
-            tls.metadata
-                .annotations
-                .as_ref()
-                .unwrap()
-                .keys()
-                .collect::<Vec<_>>(),
-            ["keep"]
-        );
-        assert!(tls.data.is_some());
-        assert_eq!(opaque.data, None);
     }
 
     #[test]

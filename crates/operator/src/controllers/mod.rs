@@ -29,6 +29,7 @@ pub mod machine_refresh;
 pub mod machine_upgrade;
 pub mod machines;
 pub mod rollout;
+mod secret_cache;
 mod watch_failures;
 
 use std::sync::Arc;
