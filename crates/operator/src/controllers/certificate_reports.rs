@@ -20,11 +20,10 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::Api;
 use kube::runtime::reflector::ObjectRef;
-use kube::{Resource, ResourceExt};
+use kube::Resource;
 use time::OffsetDateTime;
 
 use super::authority_watch::{self, Key, Shared};
-use crate::Error;
 use crate::authority;
 use crate::changes::Event;
 use crate::v1alpha1::{IssuedCertificate, IssuedCertificateStatus};
@@ -290,7 +289,8 @@ async fn send_status(
         return true; // deleted and created again: its own passes report on it
     }
     let old = certificate.status.clone().unwrap_or_default();
-    match write_status(shared, &certificate, &status.over(&old), &old).await {
+    let api: Api<IssuedCertificate> = Api::namespaced(shared.ctx.client.clone(), &key.0);
+    match (shared.write_status(&api, &certificate, &status.over(&old), &old)).await {
         Ok(()) => true,
         Err(e) => {
             tracing::warn!(certificate = %format!("{}/{}", key.0, key.1), error = %e, "cannot write an IssuedCertificate's status");
@@ -302,20 +302,6 @@ async fn send_status(
             false
         }
     }
-}
-
-/// Writes `status` over `old`, the status `certificate` has, when it differs.
-async fn write_status(
-    shared: &Shared,
-    certificate: &IssuedCertificate,
-    status: &IssuedCertificateStatus,
-    old: &IssuedCertificateStatus,
-) -> Result<(), Error> {
-    let api: Api<IssuedCertificate> = Api::namespaced(
-        shared.ctx.client.clone(),
-        &certificate.namespace().unwrap_or_default(),
-    );
-    shared.write_status(&api, certificate, status, old).await
 }
 
 #[cfg(test)]
