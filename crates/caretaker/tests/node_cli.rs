@@ -227,11 +227,7 @@ fn spawn_agent(
     )
     .unwrap();
     std::fs::write(dir.join("ca.crt"), cas.cluster.certificate_pem()).unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = caretaker_testkit::ports::reusable_port().unwrap();
     let p = |name: &str| dir.join(name).display().to_string();
     let child = tokio::process::Command::new("sh")
         .arg("-c")

@@ -264,13 +264,9 @@ fn a_webhook_that_cannot_start_stops_the_operator_saying_why() {
     assert!(line.contains("not valid PEM"), "{line}");
 }
 
-/// A free loopback port (free a moment ago).
+/// A free loopback port for the operator's listeners ([`caretaker_testkit::ports`]).
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    caretaker_testkit::ports::reusable_port().unwrap()
 }
 
 /// GET `path` on `127.0.0.1:port`: the status line and the body.

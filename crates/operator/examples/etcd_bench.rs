@@ -16,8 +16,6 @@
 #[allow(dead_code)]
 #[path = "../tests/common/etcd.rs"]
 mod etcd;
-#[path = "../tests/common/ports.rs"]
-mod ports;
 
 use std::time::{Duration, Instant};
 

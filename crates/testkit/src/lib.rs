@@ -5,6 +5,7 @@
 //! - [`local`]: a real agent serving such a directory on loopback, inside this process.
 //! - [`process`]: whether a process a test started has gone.
 //! - [`kubectl`]: the real kubectl, against one server, for tests of what users see.
+//! - [`ports`]: loopback ports for listeners in other processes, bound again after restarts.
 //! - [`capi_objects`]: the Cluster API objects (Clusters, CA Secrets, control planes,
 //!   MachineDeployments, Machines) that Cluster API and its providers would write, and their
 //!   upstream CRDs.
@@ -16,5 +17,6 @@
 pub mod capi_objects;
 pub mod kubectl;
 pub mod local;
+pub mod ports;
 pub mod process;
 pub mod provision;

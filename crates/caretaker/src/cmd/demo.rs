@@ -522,7 +522,7 @@ async fn start_machine(
     )
     .map_err(|e| e.to_string())?;
 
-    let port = free_port()?;
+    let port = caretaker_testkit::ports::reusable_port()?;
     let log = std::fs::File::create(node_dir.join("agent.log")).map_err(|e| e.to_string())?;
     let child = Command::new(exe)
         .arg("agent")
@@ -568,9 +568,4 @@ async fn start_machine(
         role,
         layout,
     })
-}
-
-fn free_port() -> Result<u16, String> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
-    Ok(listener.local_addr().map_err(|e| e.to_string())?.port())
 }

@@ -152,8 +152,8 @@ impl EtcdCluster {
         let members = (0..3)
             .map(|i| Member {
                 name: format!("m{i}"),
-                client_port: super::ports::reusable_port(),
-                peer_port: super::ports::reusable_port(),
+                client_port: caretaker_testkit::ports::reusable_port().unwrap(),
+                peer_port: caretaker_testkit::ports::reusable_port().unwrap(),
                 dir: dir.path().join(format!("m{i}")),
                 process: None,
                 revision: None,
@@ -304,8 +304,8 @@ impl EtcdCluster {
         let index = self.members.len();
         let member = Member {
             name: format!("m{index}"),
-            client_port: super::ports::reusable_port(),
-            peer_port: super::ports::reusable_port(),
+            client_port: caretaker_testkit::ports::reusable_port().unwrap(),
+            peer_port: caretaker_testkit::ports::reusable_port().unwrap(),
             dir: self.dir.path().join(format!("m{index}")),
             process: None,
             revision: None,

@@ -8,7 +8,6 @@ pub mod etcd;
 pub mod hooks;
 pub mod openmetrics;
 pub mod outage;
-pub mod ports;
 pub mod trust;
 pub mod unanswering;
 

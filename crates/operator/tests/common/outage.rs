@@ -28,9 +28,12 @@ impl Outage {
             .trim_start_matches("https://")
             .parse()
             .expect("an agent URL of the form https://IP:PORT");
-        let listener = TcpListener::bind(("127.0.0.1", super::ports::reusable_port()))
-            .await
-            .unwrap();
+        let listener = TcpListener::bind((
+            "127.0.0.1",
+            caretaker_testkit::ports::reusable_port().unwrap(),
+        ))
+        .await
+        .unwrap();
         let address = listener.local_addr().unwrap();
         let mut outage = Self {
             address,
