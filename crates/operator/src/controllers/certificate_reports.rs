@@ -18,9 +18,9 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ObjectReference;
+use kube::Resource;
 use kube::api::Api;
 use kube::runtime::reflector::ObjectRef;
-use kube::Resource;
 use time::OffsetDateTime;
 
 use super::authority_watch::{self, Key, Shared};
