@@ -26,6 +26,8 @@ struct Setup {
     client: kube::Client,
     cluster: EtcdCluster,
     operator: tokio::task::JoinHandle<()>,
+    /// The operator's context: its metrics.
+    ctx: Arc<Context>,
 }
 
 impl Drop for Setup {
@@ -46,12 +48,14 @@ impl Setup {
             .create(&PostParams::default(), &object)
             .await
             .unwrap();
-        let operator = start_operator(&client);
+        let ctx = Context::new(client.clone(), Settings::default());
+        let operator = tokio::spawn(etcd_certificates::run(ctx.clone()));
         Self {
             _server: server,
             client,
             cluster,
             operator,
+            ctx,
         }
     }
 
@@ -107,6 +111,27 @@ impl Setup {
             "never settled; installed {:?}; status {status:#?}",
             self.cluster.installed
         );
+    }
+
+    /// The names of the operator's etcd expiry series (`EtcdSigner` and `EtcdCertificate`) in
+    /// the harness's namespace, as `/metrics` shows them.
+    fn expiry_series(&self) -> Vec<String> {
+        let metrics = self.ctx.metrics.encode();
+        let mut names: Vec<String> = metrics
+            .lines()
+            .filter(|l| l.starts_with("caretaker_certificate_expiration_seconds{"))
+            .filter(|l| l.contains("kind=\"EtcdSigner\"") || l.contains("kind=\"EtcdCertificate\""))
+            .filter(|l| l.contains(&format!("namespace=\"{NS}\"")))
+            .filter_map(|l| {
+                l.split("name=\"")
+                    .nth(1)?
+                    .split('"')
+                    .next()
+                    .map(str::to_string)
+            })
+            .collect();
+        names.sort();
+        names
     }
 
     async fn events(&self) -> Vec<Event> {
@@ -438,7 +463,8 @@ async fn nodes_selected_by_label_are_members() {
 /// A member added to the list gets its certificates in exactly one new revision, and joins
 /// with them; a member removed loses its certificates, again in one revision.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_member_added_costs_one_revision_and_a_member_removed_loses_its_certificates() {
+async fn a_member_added_costs_one_revision_and_a_member_removed_loses_its_certificates_and_series()
+{
     if !etcd_available("a_member_added_costs_one_revision") {
         return;
     }
@@ -513,5 +539,27 @@ async fn a_member_added_costs_one_revision_and_a_member_removed_loses_its_certif
     assert_eq!(
         client.get("after-join").await.unwrap().as_deref(),
         Some("yes")
+    );
+
+    // The metrics follow: a removed member's certificates leave the expiry gauge, and every
+    // series goes with the object (the etcd cluster keeps its certificates).
+    let series = setup.expiry_series();
+    assert!(series.contains(&"signer-ca".to_string()), "{series:?}");
+    assert!(series.contains(&"etcd-peer-m0".to_string()), "{series:?}");
+    assert!(!series.iter().any(|s| s.ends_with("-m3")), "{series:?}");
+    objects.delete("etcd", &Default::default()).await.unwrap();
+    eventually("the etcd expiry series gone", 30, || async {
+        setup.expiry_series().is_empty().then_some(())
+    })
+    .await;
+    assert!(
+        setup
+            .cluster
+            .secrets()
+            .get_opt("etcd-peer-m0")
+            .await
+            .unwrap()
+            .is_some(),
+        "deleting the object deletes no certificate"
     );
 }

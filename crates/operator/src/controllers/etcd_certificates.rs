@@ -7,22 +7,23 @@
 //! It runs again when one of its Secrets or ConfigMaps or a Node changes, at the plan's
 //! wake-up time, and, while something waits on the members (the gate is closed, a revision
 //! is being installed, a next signer is being taken up), after a backoff that grows from 2 s
-//! to 30 s while the gate is closed; nothing polls in steady state. Deleting an EtcdCertificates deletes nothing: the
-//! etcd cluster keeps its certificates.
+//! to 30 s while the gate is closed; nothing polls in steady state. Deleting an
+//! EtcdCertificates deletes nothing: the etcd cluster keeps its certificates; only their
+//! expiry series leave the metrics.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Secret};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, ListParams};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::{self, ObjectRef, Store, reflector};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
 use serde_json::Value;
@@ -63,6 +64,11 @@ struct Memory {
 struct Shared {
     ctx: Arc<Context>,
     memory: Memory,
+    /// The EtcdCertificates the controller follows.
+    objects: Store<EtcdCertificates>,
+    /// Held while expiry series are set or forgotten: a pass that ends after its object was
+    /// deleted must not bring its series back.
+    series: Mutex<()>,
 }
 
 /// Runs the controller once its CRD is installed, until its streams end.
@@ -73,9 +79,29 @@ pub async fn run(ctx: Arc<Context>) {
     }
     let client = ctx.client.clone();
     let stop = ctx.shutdown.signal();
-    let objects: Api<EtcdCertificates> = Api::all(client.clone());
-    let controller = Controller::new(objects, watcher::Config::default());
-    let store = controller.store();
+    let (store, writer) = reflector::store();
+    let shared = Arc::new(Shared {
+        ctx: ctx.clone(),
+        memory: Memory::default(),
+        objects: store.clone(),
+        series: Mutex::default(),
+    });
+    let forgetting = shared.clone();
+    let objects = reflector(
+        writer,
+        watcher(
+            Api::<EtcdCertificates>::all(client.clone()),
+            watcher::Config::default(),
+        )
+        .default_backoff(),
+    )
+    .inspect_ok(move |event| {
+        if matches!(event, watcher::Event::Delete(_) | watcher::Event::InitDone) {
+            forget_deleted(&forgetting);
+        }
+    })
+    .applied_objects();
+    let controller = Controller::for_stream(objects, store.clone());
     let in_namespace = move |namespace: Option<String>| {
         store
             .state()
@@ -104,10 +130,6 @@ pub async fn run(ctx: Arc<Context>) {
         names::MANAGED_BY.0,
         names::MANAGED_BY.1
     ));
-    let shared = Arc::new(Shared {
-        ctx: ctx.clone(),
-        memory: Memory::default(),
-    });
     let error_policy = |_: Arc<EtcdCertificates>, error: &Error, shared: Arc<Shared>| {
         super::requeue_after(CONTROLLER, error, &shared.ctx)
     };
@@ -341,7 +363,7 @@ async fn pass(object: &EtcdCertificates, shared: &Shared) -> Result<Action, Erro
         shared.ctx.event(&reference, event.clone()).await;
     }
     remember_signers(shared, &key, &seen);
-    record_metrics(shared, &seen, &plan, &members);
+    record_metrics(shared, object, &seen, &plan, &members);
     let status = status_of(object, &plan, &old, &members, written_revision);
     write_status(shared, object, &status, &old).await?;
     let wake = plan.wake_at.map(authority_watch::until);
@@ -526,10 +548,28 @@ fn remember_signers(shared: &Shared, key: &str, seen: &EtcdObserved) {
     lock(&shared.memory.last_good).insert(key.to_string(), good);
 }
 
-/// The signers' and the certificates' expiry gauges, as the plan leaves them.
-fn record_metrics(shared: &Shared, seen: &EtcdObserved, plan: &EtcdPlan, members: &[MemberSpec]) {
+/// The kinds of expiry series this controller sets, one namespace's per EtcdCertificates.
+const SERIES: [CertificateKind; 2] = [
+    CertificateKind::EtcdSigner,
+    CertificateKind::EtcdCertificate,
+];
+
+/// The signers' and the certificates' expiry gauges, as the plan leaves them: the series of a
+/// signer or certificate the object no longer has (a member removed) go.
+fn record_metrics(
+    shared: &Shared,
+    object: &EtcdCertificates,
+    seen: &EtcdObserved,
+    plan: &EtcdPlan,
+    members: &[MemberSpec],
+) {
     let metrics = &shared.ctx.metrics;
     let namespace = &seen.namespace;
+    let _series = lock(&shared.series);
+    if shared.objects.get(&ObjectRef::from_obj(object)).is_none() {
+        return; // deleted meanwhile: its series went with it
+    }
+    let mut kept = BTreeSet::new();
     for (signer, status) in &plan.status.signers {
         if let Some(not_after) = status.not_after {
             metrics.set_certificate_expiry(
@@ -538,6 +578,7 @@ fn record_metrics(shared: &Shared, seen: &EtcdObserved, plan: &EtcdPlan, members
                 signer.label(),
                 not_after,
             );
+            kept.insert((CertificateKind::EtcdSigner, signer.label().to_string()));
         }
     }
     for leaf in etcd::leaves(members) {
@@ -561,8 +602,27 @@ fn record_metrics(shared: &Shared, seen: &EtcdObserved, plan: &EtcdPlan, members
                 &name,
                 not_after,
             );
+            kept.insert((CertificateKind::EtcdCertificate, name));
         }
     }
+    metrics.retain_certificate_expiries(|kind, series_namespace, name| {
+        !SERIES.contains(&kind)
+            || series_namespace != namespace
+            || kept.contains(&(kind, name.to_string()))
+    });
+}
+
+/// Forgets the expiry series of every namespace left without an EtcdCertificates: deleted,
+/// or gone while the watch was down. Deleting one deletes nothing else: the etcd cluster keeps
+/// its certificates, and nobody follows them any more.
+fn forget_deleted(shared: &Shared) {
+    let _series = lock(&shared.series);
+    let followed: BTreeSet<String> = (shared.objects.state().iter())
+        .filter_map(|o| o.namespace())
+        .collect();
+    (shared.ctx.metrics).retain_certificate_expiries(|kind, namespace, _| {
+        !SERIES.contains(&kind) || followed.contains(namespace)
+    });
 }
 
 fn signer_status(status: &AuthorityStatus) -> SignerStatus {

@@ -60,6 +60,11 @@ impl Expiries {
         self.lock()
             .remove(&(kind, namespace.to_string(), name.to_string()));
     }
+
+    pub(super) fn retain(&self, keep: impl Fn(CertificateKind, &str, &str) -> bool) {
+        self.lock()
+            .retain(|(kind, namespace, name), _| keep(*kind, namespace, name));
+    }
 }
 
 /// Encodes [`Expiries`] at each scrape, the days left counted from `clock`'s time.

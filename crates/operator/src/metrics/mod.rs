@@ -242,6 +242,12 @@ impl Metrics {
         self.expiries.remove(kind, namespace, name);
     }
 
+    /// Keeps only the expiry series `keep` says yes to, given their kind, namespace and name:
+    /// a controller forgets at once every series of what it no longer follows.
+    pub fn retain_certificate_expiries(&self, keep: impl Fn(CertificateKind, &str, &str) -> bool) {
+        self.expiries.retain(keep);
+    }
+
     /// Whether this replica is the one that reconciles.
     pub fn set_leader(&self, leading: bool) {
         self.leader.set(i64::from(leading));
