@@ -970,15 +970,19 @@ impl Shared {
         while let Some(event) = events.next().await {
             match event {
                 watcher::Event::Apply(secret) => {
-                    let key = self.secrets.apply(secret);
+                    let key = key_of(&secret.metadata);
+                    self.secrets.apply(key.clone(), secret);
                     self.secret_changed(key);
                 }
                 watcher::Event::Delete(secret) => {
-                    let key = self.secrets.delete(&secret);
+                    let key = key_of(&secret.metadata);
+                    self.secrets.delete(&key);
                     self.secret_changed(key);
                 }
                 watcher::Event::Init => self.secrets.relist_started(),
-                watcher::Event::InitApply(secret) => self.secrets.relisted(secret),
+                watcher::Event::InitApply(secret) => {
+                    self.secrets.relisted(key_of(&secret.metadata), secret)
+                }
                 watcher::Event::InitDone => {
                     // Secrets gone while the watch was down went with the relist.
                     self.secrets.relist_done();
@@ -1483,6 +1487,17 @@ impl Shared {
         state
     }
 
+    /// The CA Secret `key` as observed, when the cache holds it (caretaker's) at a version
+    /// read already: every certificate pass asks, and needs no copy of the Secret for it.
+    fn known_ca_secret_state(&self, key: &Key) -> Option<Arc<CaSecretState>> {
+        let stored = self
+            .stored_secret(key)
+            .filter(|s| s.has_data() && s.managed())?;
+        let known = lock(&self.ca_secrets);
+        let (seen, state) = known.get(key)?;
+        (Some(seen.as_str()) == stored.resource_version()).then(|| state.clone())
+    }
+
     pub(crate) fn last_good(&self, authority: &str) -> Option<CaKeyPair> {
         lock(&self.last_good).get(authority).cloned()
     }
@@ -1785,8 +1800,10 @@ impl Shared {
             )));
         }
         let key = ca_secret_key(&ca.spec);
-        let secret = self.secret(&key).await?;
-        let state = self.ca_secret_state(&key, secret.as_deref());
+        let state = match self.known_ca_secret_state(&key) {
+            Some(state) => state,
+            None => self.ca_secret_state(&key, self.secret(&key).await?.as_deref()),
+        };
         let bundle = match *state {
             CaSecretState::Valid(_) => BundleState::Absent,
             // Only then is the published bundle what certificates trust.

@@ -5,8 +5,8 @@
 //! `kubernetes.io/tls`, or merge-patched on the `resourceVersion` the pass read); its events
 //! and status are left to [`super::certificate_reports`], written once the Secret writes
 //! pause. It runs again when its Secret changes, when its CertificateAuthority or what that CA
-//! issues from changes, and at the plan's wake-up time; nothing polls. A missing issuer, or one that cannot sign now, shows in the status and waits
-//! for the CA to change.
+//! issues from changes, and at the plan's wake-up time; nothing polls. A missing issuer, or
+//! one that cannot sign now, shows in the status and waits for the CA to change.
 //!
 //! The Secret carries no owner reference: deleting an IssuedCertificate keeps its Secret (and
 //! the workload using it running), as cert-manager does by default for a Certificate's Secret.

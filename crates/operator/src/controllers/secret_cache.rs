@@ -122,22 +122,19 @@ impl SecretCache {
         self.lock().secrets.keys().cloned().collect()
     }
 
-    /// The watch brought `secret`, created or changed: its key.
-    pub(crate) fn apply(&self, secret: Secret) -> Key {
+    /// The watch brought `secret`, the Secret `key`, created or changed.
+    pub(crate) fn apply(&self, key: Key, secret: Secret) {
         let mut cached = self.lock();
-        let (key, secret) = cached.compact(secret);
-        cached.secrets.insert(key.clone(), Arc::new(secret));
+        let secret = cached.compact(secret);
+        cached.secrets.insert(key, Arc::new(secret));
         cached.forget_unheld_ca_crts();
-        key
     }
 
-    /// The watch saw `secret` deleted: its key.
-    pub(crate) fn delete(&self, secret: &Secret) -> Key {
-        let key = key_of(&secret.metadata);
+    /// The watch saw the Secret `key` deleted.
+    pub(crate) fn delete(&self, key: &Key) {
         let mut cached = self.lock();
-        cached.secrets.remove(&key);
+        cached.secrets.remove(key);
         cached.forget_unheld_ca_crts();
-        key
     }
 
     /// A relist starts: what it brings replaces the cache once it is complete.
@@ -145,9 +142,9 @@ impl SecretCache {
         self.lock().relisted = Some(HashMap::new());
     }
 
-    pub(crate) fn relisted(&self, secret: Secret) {
+    pub(crate) fn relisted(&self, key: Key, secret: Secret) {
         let mut cached = self.lock();
-        let (key, secret) = cached.compact(secret);
+        let secret = cached.compact(secret);
         cached
             .relisted
             .get_or_insert_default()
@@ -167,8 +164,7 @@ impl SecretCache {
 }
 
 impl Cached {
-    fn compact(&mut self, secret: Secret) -> (Key, CachedSecret) {
-        let key = key_of(&secret.metadata);
+    fn compact(&mut self, secret: Secret) -> CachedSecret {
         let Secret {
             metadata,
             data,
@@ -186,7 +182,7 @@ impl Cached {
         let ca_crt = (data.as_mut())
             .and_then(|data| data.remove(CA_CRT))
             .map(|ByteString(bytes)| self.share(bytes));
-        let secret = CachedSecret {
+        CachedSecret {
             resource_version: metadata.resource_version,
             type_,
             managed,
@@ -198,8 +194,7 @@ impl Cached {
                     .collect()
             }),
             ca_crt,
-        };
-        (key, secret)
+        }
     }
 
     /// The one copy of a `ca.crt` content.
@@ -217,13 +212,6 @@ impl Cached {
         self.ca_crts
             .retain(|content| Arc::strong_count(content) > 1);
     }
-}
-
-fn key_of(meta: &ObjectMeta) -> Key {
-    (
-        meta.namespace.clone().unwrap_or_default(),
-        meta.name.clone().unwrap_or_default(),
-    )
 }
 
 #[cfg(test)]
@@ -261,7 +249,7 @@ mod tests {
     fn a_cached_secret_comes_back_as_the_passes_read_it() {
         let cache = SecretCache::default();
         let original = secret("web", "7", SECRET_TYPE_TLS, "bundle");
-        cache.apply(original.clone());
+        cache.apply(key("web"), original.clone());
         let cached = cache.get(&key("web")).unwrap();
         assert!(cached.managed() && cached.has_data());
         assert_eq!(cached.resource_version(), Some("7"));
@@ -278,7 +266,7 @@ mod tests {
     #[test]
     fn only_tls_secrets_keep_their_data() {
         let cache = SecretCache::default();
-        cache.apply(secret("opaque", "1", "Opaque", "bundle"));
+        cache.apply(key("opaque"), secret("opaque", "1", "Opaque", "bundle"));
         let cached = cache.get(&key("opaque")).unwrap();
         assert!(!cached.has_data() && cached.ca_crt().is_none() && cached.leaf().is_none());
         let back = cached.secret(&key("opaque"));
@@ -290,8 +278,8 @@ mod tests {
     #[test]
     fn secrets_share_one_copy_of_each_ca_crt_while_one_holds_it() {
         let cache = SecretCache::default();
-        cache.apply(secret("web", "1", SECRET_TYPE_TLS, "both"));
-        cache.apply(secret("api", "2", SECRET_TYPE_TLS, "both"));
+        cache.apply(key("web"), secret("web", "1", SECRET_TYPE_TLS, "both"));
+        cache.apply(key("api"), secret("api", "2", SECRET_TYPE_TLS, "both"));
         let (web, api) = (
             cache.get(&key("web")).unwrap(),
             cache.get(&key("api")).unwrap(),
@@ -302,19 +290,18 @@ mod tests {
         ));
         assert_eq!(cache.lock().ca_crts.len(), 1);
 
-        cache.apply(secret("web", "3", SECRET_TYPE_TLS, "new"));
+        cache.apply(key("web"), secret("web", "3", SECRET_TYPE_TLS, "new"));
         assert_eq!(cache.lock().ca_crts.len(), 2);
         drop((web, api));
-        cache.apply(secret("api", "4", SECRET_TYPE_TLS, "new"));
+        cache.apply(key("api"), secret("api", "4", SECRET_TYPE_TLS, "new"));
         assert_eq!(
             cache.lock().ca_crts.len(),
             1,
             "a content no Secret holds goes"
         );
-        let deleted = cache.delete(&secret("web", "5", SECRET_TYPE_TLS, "new"));
-        assert_eq!(deleted, key("web"));
+        cache.delete(&key("web"));
         assert!(cache.get(&key("web")).is_none());
-        cache.delete(&secret("api", "6", SECRET_TYPE_TLS, "new"));
+        cache.delete(&key("api"));
         assert!(cache.lock().ca_crts.is_empty() && cache.keys().is_empty());
     }
 
@@ -323,10 +310,10 @@ mod tests {
     #[test]
     fn a_relist_replaces_the_cache_once_complete() {
         let cache = SecretCache::default();
-        cache.apply(secret("gone", "1", SECRET_TYPE_TLS, "old"));
-        cache.apply(secret("kept", "2", SECRET_TYPE_TLS, "old"));
+        cache.apply(key("gone"), secret("gone", "1", SECRET_TYPE_TLS, "old"));
+        cache.apply(key("kept"), secret("kept", "2", SECRET_TYPE_TLS, "old"));
         cache.relist_started();
-        cache.relisted(secret("kept", "3", SECRET_TYPE_TLS, "new"));
+        cache.relisted(key("kept"), secret("kept", "3", SECRET_TYPE_TLS, "new"));
         assert_eq!(
             cache.get(&key("kept")).unwrap().resource_version(),
             Some("2")
