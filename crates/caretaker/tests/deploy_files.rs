@@ -51,6 +51,14 @@ fn the_deployment_passes_only_flags_the_operator_takes_and_names_its_ports() {
         );
     }
     assert!(args.contains(&"--leader-elect"));
+    // CA Secrets are confined to caretaker's own namespace, the webhook bootstrap's.
+    let after = |flag: &str| {
+        let at = args.iter().position(|a| *a == flag);
+        at.map(|i| args[i + 1])
+            .unwrap_or_else(|| panic!("no {flag}"))
+    };
+    let bootstrap_namespace = after("--webhook-bootstrap").split('/').next().unwrap();
+    assert_eq!(after("--authority-secret-namespaces"), bootstrap_namespace);
     let port = |name: &str| {
         container["ports"]
             .as_array()

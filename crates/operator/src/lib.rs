@@ -27,6 +27,7 @@ pub mod leader;
 pub mod machine;
 pub mod metrics;
 pub mod names;
+pub mod ownership;
 pub mod process;
 pub mod replica;
 pub mod rollout;

@@ -144,10 +144,19 @@ pub const EVENT_SIGNER_PROMOTED: &str = "SignerPromoted";
 pub const EVENT_CA_SECRET_INVALID: &str = "CASecretInvalid";
 
 /// The label on every object caretaker creates (the webhook bootstrap's objects, and every
-/// CA Secret, bundle ConfigMap and certificate Secret), and the mark of a Secret or ConfigMap
-/// caretaker may write: it writes no existing object without it (see
-/// [`crate::authority::managed`]).
+/// CA Secret, bundle ConfigMap and certificate Secret). It says who made an object, for
+/// people and selectors; it gives no right to write it ([`OWNER`] does).
 pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "caretaker");
+
+/// The mark on every Secret and ConfigMap caretaker writes for an object: that object's kind,
+/// namespace and name, and UID ([`crate::ownership`]). caretaker writes an existing object
+/// only for the object its mark names.
+pub const OWNER: &str = "caretaker.dev/owner";
+
+/// Set on a Secret or ConfigMap by someone who can write it, to hand it over to the object it
+/// names (`Kind/namespace/name`, or `Kind/name` when cluster-scoped): caretaker then adopts it
+/// once, setting [`OWNER`] and removing this annotation ([`crate::ownership`]).
+pub const ADOPT: &str = "caretaker.dev/adopt";
 
 /// The label of the webhook bootstrap's CertificateAuthority and IssuedCertificate, which
 /// caretaker's webhook configuration leaves out (`objectSelector`): they are what gives the
@@ -191,16 +200,16 @@ pub const REASON_INVALID_SPEC: &str = "InvalidSpec";
 /// the operator watches (`--namespace`); nothing is written.
 pub const REASON_OUTSIDE_WATCHED_NAMESPACE: &str = "OutsideWatchedNamespace";
 /// Ready false and Degraded (and a Warning event of the same reason, once per message): the
-/// object's Secret or ConfigMap is also another's (two CertificateAuthorities naming one
-/// Secret or bundle, an IssuedCertificate naming a CA Secret or another certificate's
-/// Secret); nothing is written, rather than the two overwriting each other forever.
+/// object's Secret or ConfigMap belongs to another object (its [`OWNER`] mark names another
+/// CertificateAuthority, IssuedCertificate or EtcdCertificates, or an earlier object of the
+/// same name); nothing is written, rather than the two overwriting each other forever.
 pub const REASON_OBJECT_IN_USE: &str = "ObjectInUse";
 /// Reason: the IssuedCertificate's namespace is not among its CertificateAuthority's
 /// `spec.allowedNamespaces`.
 pub const REASON_NAMESPACE_NOT_ALLOWED: &str = "NamespaceNotAllowed";
 /// Ready false and Degraded (and a Warning event of the same reason, once per message): the
-/// Secret or ConfigMap the spec names exists and is not caretaker's (see [`MANAGED_BY`]);
-/// nothing is written to it.
+/// Secret or ConfigMap the spec names exists and carries no [`OWNER`] mark; nothing is
+/// written to it.
 pub const REASON_OBJECT_NOT_MANAGED: &str = "ObjectNotManaged";
 /// Ready false: the IssuedCertificate's `issuerRef` names no CertificateAuthority.
 pub const REASON_ISSUER_NOT_FOUND: &str = "IssuerNotFound";

@@ -17,6 +17,9 @@ pub struct Settings {
     pub upgrade_poll: Duration,
     /// The Bundle controller's settings (trust-manager's flags).
     pub trust: TrustSettings,
+    /// `--authority-secret-namespaces`: the only namespaces a CertificateAuthority's Secret
+    /// may be in; any when `None`.
+    pub authority_secret_namespaces: Option<std::collections::BTreeSet<String>>,
 }
 
 /// What trust-manager takes as flags, for the Bundle controller.
@@ -52,6 +55,7 @@ impl Default for Settings {
             agent_timeout: Duration::from_secs(30),
             upgrade_poll: Duration::from_secs(2),
             trust: TrustSettings::default(),
+            authority_secret_namespaces: None,
         }
     }
 }

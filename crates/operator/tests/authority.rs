@@ -1588,8 +1588,9 @@ async fn two_certificate_authorities_share_nothing() {
     );
 }
 
-/// Two objects naming one Secret or ConfigMap would overwrite each other forever: each is
-/// refused (`ObjectInUse`) and nothing is written until the clash is gone.
+/// Two objects naming one Secret or ConfigMap would overwrite each other forever: the one whose
+/// mark the object carries goes on, the other is refused (`ObjectInUse`, naming the owner)
+/// and writes nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn objects_that_would_share_a_secret_or_bundle_are_refused_not_fought_over() {
     let setup = setup().await;
@@ -1621,7 +1622,7 @@ async fn objects_that_would_share_a_secret_or_bundle_are_refused_not_fought_over
             json!({ "bundle": { "name": "webhooks-ca-bundle", "namespace": SYSTEM } }),
         )
         .await;
-    for certificate in ["web", "copy", "thief"] {
+    for certificate in ["copy", "thief"] {
         setup
             .wait_certificate_condition(
                 certificate,
@@ -1631,18 +1632,31 @@ async fn objects_that_would_share_a_secret_or_bundle_are_refused_not_fought_over
             )
             .await;
     }
-    for authority in ["webhooks", "twin"] {
-        setup
-            .wait_ca_condition(authority, "Degraded", "True", names::REASON_OBJECT_IN_USE)
-            .await;
-    }
+    setup
+        .wait_ca_condition("twin", "Degraded", "True", names::REASON_OBJECT_IN_USE)
+        .await;
     let note = setup
-        .wait_note(DEMO, "thief", names::REASON_OBJECT_IN_USE, "CA Secret")
+        .wait_note(DEMO, "thief", names::REASON_OBJECT_IN_USE, "local-ca")
         .await;
     assert!(
-        note.contains("it is the CA Secret of CertificateAuthority local"),
+        note.contains("Secret demo/local-ca belongs to CertificateAuthority local (uid "),
         "{note}"
     );
+    let note = setup
+        .wait_note(DEMO, "copy", names::REASON_OBJECT_IN_USE, "web-tls")
+        .await;
+    assert!(
+        note.contains("Secret demo/web-tls belongs to IssuedCertificate demo/web (uid "),
+        "{note}"
+    );
+    setup
+        .wait_note(
+            "default",
+            "twin",
+            names::REASON_OBJECT_IN_USE,
+            "ConfigMap caretaker-system/webhooks-ca-bundle belongs to CertificateAuthority webhooks",
+        )
+        .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let unchanged = |a: &Secret, b: &Secret| {
         a.data == b.data && a.metadata.annotations == b.metadata.annotations
@@ -1664,24 +1678,19 @@ async fn objects_that_would_share_a_secret_or_bundle_are_refused_not_fought_over
         setup.bundle("webhooks-ca-bundle").await.unwrap().data,
         bundle.data
     );
-
-    // The clashes go: each goes on by itself.
-    setup
-        .certificates()
-        .delete("copy", &DeleteParams::default())
-        .await
-        .unwrap();
-    setup
-        .authorities()
-        .delete("twin", &DeleteParams::default())
-        .await
-        .unwrap();
+    // The owners were never held up.
     setup
         .wait_certificate_condition("web", "Degraded", "False", "AsExpected")
         .await;
     setup
         .wait_ca_condition("webhooks", "Degraded", "False", "AsExpected")
         .await;
+    assert!(
+        setup
+            .notes(DEMO, "web", names::REASON_OBJECT_IN_USE)
+            .await
+            .is_empty()
+    );
     assert_eq!(
         setup
             .notes(DEMO, "thief", names::REASON_OBJECT_IN_USE)
@@ -1692,8 +1701,10 @@ async fn objects_that_would_share_a_secret_or_bundle_are_refused_not_fought_over
 }
 
 /// A Secret and a ConfigMap that are someone's data, at the names a CertificateAuthority and
-/// an IssuedCertificate ask for: nothing is written to them, both say so (Degraded and a
-/// Warning naming the object and how to hand it over), and each goes on once handed over.
+/// an IssuedCertificate ask for: nothing is written to them (caretaker's label on them
+/// changes nothing), both say so (Degraded and a Warning naming the object and how to hand it
+/// over), and each goes on once handed over: the ConfigMap by an adoption request naming the
+/// CertificateAuthority, kept and taken over; the Secret deleted, and made again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn someones_secret_or_config_map_is_never_taken_over() {
     let setup = setup().await;
@@ -1702,7 +1713,7 @@ async fn someones_secret_or_config_map_is_never_taken_over() {
         "data": { "ca-bundle.crt": "the team's own data" },
     }))
     .unwrap();
-    let team_bundle = setup
+    setup
         .config_maps()
         .create(&PostParams::default(), &config_map)
         .await
@@ -1743,11 +1754,13 @@ async fn someones_secret_or_config_map_is_never_taken_over() {
             "default",
             "webhooks",
             names::REASON_OBJECT_NOT_MANAGED,
-            "ConfigMap caretaker-system/team-bundle exists and is not managed by caretaker",
+            "ConfigMap caretaker-system/team-bundle exists and names no owner",
         )
         .await;
     assert!(
-        note.contains("label it app.kubernetes.io/managed-by=caretaker"),
+        note.contains(
+            "annotate it caretaker.dev/adopt=CertificateAuthority/webhooks to hand it over"
+        ),
         "{note}"
     );
     let status = setup.authority("webhooks").await.status.unwrap();
@@ -1763,9 +1776,21 @@ async fn someones_secret_or_config_map_is_never_taken_over() {
             DEMO,
             "web",
             names::REASON_OBJECT_NOT_MANAGED,
-            "Secret demo/web-tls exists and is not managed by caretaker",
+            "Secret demo/web-tls exists and names no owner",
         )
         .await;
+    // caretaker's own label makes nothing caretaker's: only the adoption request does.
+    setup
+        .config_maps()
+        .patch(
+            "team-bundle",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "metadata": { "labels": {
+                "app.kubernetes.io/managed-by": "caretaker" } } })),
+        )
+        .await
+        .unwrap();
+    let team_bundle = setup.bundle("team-bundle").await.unwrap();
     tokio::time::sleep(Duration::from_secs(2)).await;
     let unchanged = setup.bundle("team-bundle").await.unwrap();
     assert_eq!(unchanged.metadata, team_bundle.metadata, "nothing written");
@@ -1783,14 +1808,28 @@ async fn someones_secret_or_config_map_is_never_taken_over() {
         .await;
     assert_eq!(notes, [note]);
 
-    // Handed over: the ConfigMap labelled, the Secret deleted.
+    // An adoption request for another object hands over nothing.
+    let adopt =
+        |reference: &str| json!({ "metadata": { "annotations": { names::ADOPT: reference } } });
     setup
         .config_maps()
         .patch(
             "team-bundle",
             &PatchParams::default(),
-            &Patch::Merge(&json!({ "metadata": { "labels": {
-                "app.kubernetes.io/managed-by": "caretaker" } } })),
+            &Patch::Merge(&adopt("CertificateAuthority/someone-else")),
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(setup.secret(SYSTEM, "webhooks-ca").await.is_none());
+
+    // Handed over: the ConfigMap by its adoption request, the Secret deleted.
+    setup
+        .config_maps()
+        .patch(
+            "team-bundle",
+            &PatchParams::default(),
+            &Patch::Merge(&adopt("CertificateAuthority/webhooks")),
         )
         .await
         .unwrap();
@@ -1800,13 +1839,30 @@ async fn someones_secret_or_config_map_is_never_taken_over() {
         .await
         .unwrap();
     let (ca_secret, leaf_secret) = settled(&setup, "webhooks", "web").await;
-    for meta in [&ca_secret.metadata, &leaf_secret.metadata] {
-        assert_eq!(
-            meta.labels.as_ref().unwrap()["app.kubernetes.io/managed-by"],
-            "caretaker",
-            "created with the label"
-        );
+    let authority_uid = setup.authority("webhooks").await.metadata.uid.unwrap();
+    let web_uid = (setup.certificates().get("web").await.unwrap().metadata.uid).unwrap();
+    for (meta, mark) in [
+        (
+            &ca_secret.metadata,
+            format!("CertificateAuthority/webhooks/{authority_uid}"),
+        ),
+        (
+            &leaf_secret.metadata,
+            format!("IssuedCertificate/demo/web/{web_uid}"),
+        ),
+    ] {
+        assert_eq!(meta.annotations.as_ref().unwrap()[names::OWNER], mark);
     }
+    let adopted = setup.bundle("team-bundle").await.unwrap();
+    let annotations = adopted.metadata.annotations.unwrap();
+    assert_eq!(
+        annotations[names::OWNER],
+        format!("CertificateAuthority/webhooks/{authority_uid}")
+    );
+    assert!(
+        !annotations.contains_key(names::ADOPT),
+        "the request is used up"
+    );
     assert_eq!(
         fingerprints(&bundle_text(&setup.bundle("team-bundle").await.unwrap())),
         fingerprints(&text(&ca_secret, "tls.crt"))
@@ -2034,10 +2090,11 @@ async fn an_invalid_spec_writes_nothing_and_warns_once_per_message() {
     assert!(warning.contains("\"10x\""), "{warning}");
     assert!(warning.ends_with("nothing was written"), "{warning}");
 
-    // Woken by its bundle ConfigMap appearing: the same message, no second Warning.
+    // Woken by its bundle ConfigMap appearing (handed over to it, for when it is fixed): the
+    // same message, no second Warning.
     let config_map = serde_json::from_value(json!({
         "metadata": { "name": "bad-ca-bundle",
-                      "labels": { "app.kubernetes.io/managed-by": "caretaker" } },
+                      "annotations": { names::ADOPT: "CertificateAuthority/bad" } },
         "data": { "other": "x" },
     }))
     .unwrap();

@@ -27,6 +27,12 @@ pub struct OperatorArgs {
     /// Watch only this namespace.
     #[arg(long, value_name = "NAMESPACE")]
     namespace: Option<String>,
+    /// The only namespaces a CertificateAuthority's CA Secret may be in (comma-separated), as
+    /// cert-manager keeps ClusterIssuers' Secrets in its cluster resource namespace: a
+    /// CertificateAuthority naming another is refused (NamespaceNotAllowed) and nothing is
+    /// written. Any namespace when absent. deploy/ sets it to caretaker's own namespace.
+    #[arg(long, value_name = "NS,NS,...", value_delimiter = ',', value_parser = namespace_name)]
+    authority_secret_namespaces: Option<Vec<String>>,
     /// Attempts per request before it ends `failed`.
     #[arg(long, value_name = "N", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
     max_attempts: u32,
@@ -250,6 +256,23 @@ fn listen(value: &str) -> Result<Listen, String> {
 }
 
 /// `NAMESPACE/NAME`.
+/// A namespace name, as Kubernetes accepts it (an RFC 1123 label).
+fn namespace_name(value: &str) -> Result<String, String> {
+    let label = value.len() <= 63
+        && !value.is_empty()
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !value.starts_with('-')
+        && !value.ends_with('-');
+    match label {
+        true => Ok(value.to_string()),
+        false => Err(format!(
+            "{value:?} is not a namespace name (lower-case letters, digits and '-', at most 63, starting and ending with a letter or digit)"
+        )),
+    }
+}
+
 fn namespaced_name(value: &str) -> Result<(String, String), String> {
     match value.split_once('/') {
         Some((namespace, name))
@@ -366,6 +389,8 @@ pub fn run(args: OperatorArgs) -> ExitCode {
         retry_base: args.retry_base,
         agent_timeout: args.agent_timeout,
         upgrade_poll: args.upgrade_poll,
+        authority_secret_namespaces: (args.authority_secret_namespaces.as_ref())
+            .map(|n| n.iter().cloned().collect()),
         ..Settings::default()
     };
     super::run_async("operator", async move {
@@ -378,6 +403,18 @@ pub fn run(args: OperatorArgs) -> ExitCode {
             return Err(format!(
                 "--webhook-bootstrap {bootstrap}/…: the namespace must be the one --namespace \
                  watches ({watched})"
+            )
+            .into());
+        }
+        // Its CA Secret lives in NAMESPACE too.
+        if let (Some((bootstrap, _)), Some(allowed)) = (
+            &args.webhook_bootstrap,
+            &settings.authority_secret_namespaces,
+        ) && !allowed.contains(bootstrap)
+        {
+            return Err(format!(
+                "--webhook-bootstrap {bootstrap}/…: its CA Secret would be in {bootstrap}, which \
+                 --authority-secret-namespaces leaves out"
             )
             .into());
         }

@@ -110,10 +110,10 @@
 //!
 //! # A CA Secret that is not what caretaker wrote
 //!
-//! - **Not caretaker's** (an existing Secret or ConfigMap without the label
-//!   [`names::MANAGED_BY`] that every object caretaker creates carries, nor the annotations an
-//!   earlier caretaker wrote: [`managed`]): someone's data. The glue writes nothing to it,
-//!   signs nothing from it, and says so (`ObjectNotManaged`, [`not_managed`]).
+//! - **Not this CertificateAuthority's** (an existing Secret or ConfigMap without its
+//!   [`names::OWNER`] mark: someone's data, or another object's, see [`crate::ownership`]):
+//!   the glue writes nothing to it, signs nothing from it, and says so (`ObjectNotManaged`,
+//!   or `ObjectInUse` naming the owner).
 //! - **Unreadable or tampered with** (a certificate or key that does not parse, a key that
 //!   does not belong to its certificate, a certificate that is not a CA, half a key pair):
 //!   nothing is regenerated and nothing is written. The CA keeps being what the glue last saw
@@ -215,33 +215,6 @@ impl fmt::Display for ObjectName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}/{}", self.namespace, self.name)
     }
-}
-
-/// Whether caretaker may write an existing Secret or ConfigMap, from its labels and
-/// annotations: it carries [`names::MANAGED_BY`] (written when caretaker creates an object,
-/// and again on every write), or one of caretaker's own rotation annotations (a CA Secret an
-/// earlier caretaker wrote before that label). library-go's `auth.openshift.io/certificate-*`
-/// annotations do not count: OpenShift's operators write them on their own Secrets, and those
-/// are not caretaker's to take over. Anything else is someone's data: caretaker writes nothing
-/// to it.
-pub fn managed(labels: &BTreeMap<String, String>, annotations: &BTreeMap<String, String>) -> bool {
-    let (label, value) = names::MANAGED_BY;
-    labels.get(label).map(String::as_str) == Some(value)
-        || [
-            names::authority_state::NEXT_TRUSTED_AT,
-            names::authority_state::UNUSED_SINCE,
-        ]
-        .iter()
-        .any(|key| annotations.contains_key(*key))
-}
-
-/// Why caretaker writes nothing to `kind` `name`, which exists and is not its own, and how to
-/// hand it over.
-pub fn not_managed(kind: &str, name: &ObjectName) -> String {
-    let (label, value) = names::MANAGED_BY;
-    format!(
-        "{kind} {name} exists and is not managed by caretaker (no label {label}={value}); nothing was written to it: delete it to have caretaker create it, or label it {label}={value} to hand it over"
-    )
 }
 
 /// A Secret as the glue reads it: its `data` and its annotations.
@@ -730,59 +703,6 @@ pub(crate) mod tests {
         assert_eq!(data.get(NEXT_CRT), Some(None));
         assert_eq!(data.get(TLS_KEY), None);
     }
-
-    /// Only objects caretaker made (labelled, or annotated by an earlier caretaker) are
-    /// written; someone's Secret or ConfigMap at the same name is not taken over.
-    #[test]
-    fn only_objects_caretaker_made_are_its_to_write() {
-        let map = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
-            pairs
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect()
-        };
-        let none = BTreeMap::new();
-        let (label, value) = names::MANAGED_BY;
-        assert!(managed(&map(&[(label, value)]), &none));
-        assert!(!managed(&none, &none), "someone's object");
-        assert!(
-            !managed(&map(&[(label, "helm")]), &none),
-            "another manager's"
-        );
-        assert!(!managed(&map(&[("app", "web")]), &map(&[("team", "a")])));
-        // An OpenShift operator's Secret (library-go's annotations, as its service CA writes
-        // them) is not caretaker's.
-        let openshift = map(&[
-            (names::CERTIFICATE_NOT_BEFORE, "2026-01-01T00:00:00Z"),
-            (names::CERTIFICATE_NOT_AFTER, "2028-01-01T00:00:00Z"),
-            (
-                names::CERTIFICATE_ISSUER,
-                "openshift-service-serving-signer@1767225600",
-            ),
-            (names::CERTIFICATE_HOSTNAMES, "api.demo.svc"),
-        ]);
-        assert!(!managed(&none, &openshift));
-        assert!(managed(&map(&[(label, value)]), &openshift));
-        // A CA Secret written by a caretaker before the label: its rotation's annotations.
-        assert!(managed(
-            &none,
-            &map(&[(names::authority_state::UNUSED_SINCE, "x")])
-        ));
-        assert!(managed(
-            &none,
-            &map(&[(names::authority_state::NEXT_TRUSTED_AT, "x")])
-        ));
-        let message = not_managed("Secret", &ObjectName::new("demo", "web-tls"));
-        assert!(
-            message.contains("Secret demo/web-tls exists and is not managed"),
-            "{message}"
-        );
-        assert!(
-            message.contains("app.kubernetes.io/managed-by=caretaker"),
-            "{message}"
-        );
-    }
-
     #[test]
     fn recorded_moments_round_up_to_the_second() {
         use time::macros::datetime;

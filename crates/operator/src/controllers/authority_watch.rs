@@ -59,6 +59,7 @@ use crate::context::{Context, create_for_metadata, send_for_metadata};
 use crate::injection::{self, SourceRef, TargetKind};
 use crate::metrics::CertificateKind;
 use crate::names;
+use crate::ownership::{self, Claim, Owner};
 use crate::timestamp::format_time;
 use crate::v1alpha1::{self, CertificateAuthority, CertificateAuthoritySpec, IssuedCertificate};
 
@@ -777,14 +778,53 @@ fn authority_named(kind: TargetKind, target: &DynamicObject) -> Option<String> {
     }
 }
 
-/// Why caretaker writes nothing to the existing `kind` at `key` (`meta`): it is not
-/// caretaker's ([`authority::managed`]); `None` when it is.
-pub(crate) fn not_managed(kind: &str, key: &Key, meta: &ObjectMeta) -> Option<String> {
+/// Whether `owner` may write the `kind` at `key`, `meta` when it exists
+/// ([`ownership::claim`]).
+pub(crate) fn claim(owner: &Owner, kind: &str, key: &Key, meta: Option<&ObjectMeta>) -> Claim {
     let none = BTreeMap::new();
-    let labels = meta.labels.as_ref().unwrap_or(&none);
-    let annotations = meta.annotations.as_ref().unwrap_or(&none);
-    (!authority::managed(labels, annotations))
-        .then(|| authority::not_managed(kind, &ObjectName::new(&key.0, &key.1)))
+    let annotations = meta.map(|meta| meta.annotations.as_ref().unwrap_or(&none));
+    ownership::claim(owner, kind, &format!("{}/{}", key.0, key.1), annotations)
+}
+
+/// Why an object may not write its Secrets and ConfigMaps, from their `claims`: the reason
+/// of the first refused (another's before someone's), and every refusal's message.
+pub(crate) fn refusal(claims: &[Claim]) -> Option<(&'static str, String)> {
+    let refused: Vec<(&'static str, &str)> = (claims.iter())
+        .filter_map(|claim| match claim {
+            Claim::Refused { reason, message } => Some((*reason, message.as_str())),
+            _ => None,
+        })
+        .collect();
+    let reason = (refused.iter())
+        .map(|(reason, _)| *reason)
+        .find(|reason| *reason == names::REASON_OBJECT_IN_USE)
+        .or(refused.first().map(|(reason, _)| *reason))?;
+    let messages: Vec<&str> = refused.iter().map(|(_, message)| *message).collect();
+    Some((reason, messages.join("; ")))
+}
+
+/// Why the existing `kind` at `key` (`meta`) is not known to hold what `owner` wrote (its
+/// content is then not `owner`'s to use: a CA to sign with, a bundle); `None` when it is.
+pub(crate) fn not_owned(owner: &Owner, kind: &str, key: &Key, meta: &ObjectMeta) -> Option<String> {
+    match claim(owner, kind, key, Some(meta)) {
+        Claim::Own => None,
+        Claim::Refused { message, .. } => Some(message),
+        Claim::Create | Claim::Adopt => Some(format!(
+            "{kind} {}/{} is not yet {owner}'s (it is handed over at its next write)",
+            key.0, key.1
+        )),
+    }
+}
+
+/// The object a Secret or ConfigMap is written for, as its mark names it.
+pub(crate) fn owner_of<K: Resource<DynamicType = ()>>(object: &K) -> Owner {
+    let meta = object.meta();
+    Owner::new(
+        K::kind(&()),
+        meta.namespace.as_deref(),
+        meta.name.clone().unwrap_or_default(),
+        meta.uid.clone().unwrap_or_default(),
+    )
 }
 
 /// Whether an IssuedCertificate's status says Ready.
@@ -1018,7 +1058,8 @@ impl Shared {
             let name = authority.name_any();
             self.wake_authority(&name);
             let secret = stored.as_ref().map(|s| s.secret(&key));
-            let digest = issuer_digest(&self.ca_secret_state(&key, secret.as_ref()), now);
+            let state = self.ca_secret_state(&owner_of(&*authority), &key, secret.as_ref());
+            let digest = issuer_digest(&state, now);
             let before = lock(&self.issuers_seen).insert(name.clone(), digest.clone());
             if before.as_ref() != Some(&digest) {
                 self.wake_certificates_of(&name);
@@ -1464,15 +1505,18 @@ impl Shared {
         }
     }
 
-    /// A CA Secret as observed, read once per version.
-    fn ca_secret_state(&self, key: &Key, secret: Option<&Secret>) -> Arc<CaSecretState> {
+    /// The CA Secret of `authority` as observed, read once per version.
+    fn ca_secret_state(
+        &self,
+        authority: &Owner,
+        key: &Key,
+        secret: Option<&Secret>,
+    ) -> Arc<CaSecretState> {
         let Some(secret) = secret else {
             return Arc::new(CaSecretState::Absent);
         };
-        if not_managed("Secret", key, &secret.metadata).is_some() {
-            // Someone's Secret: nothing signs from it.
-            let (label, value) = names::MANAGED_BY;
-            let reason = format!("it is not managed by caretaker (no label {label}={value})");
+        if let Some(reason) = not_owned(authority, "Secret", key, &secret.metadata) {
+            // Not this CA's Secret: nothing signs from it.
             return Arc::new(CaSecretState::Invalid { reason });
         }
         let version = secret.resource_version().unwrap_or_default();
@@ -1487,12 +1531,12 @@ impl Shared {
         state
     }
 
-    /// The CA Secret `key` as observed, when the cache holds it (caretaker's) at a version
+    /// The CA Secret `key` as observed, when the cache holds it (`authority`'s) at a version
     /// read already: every certificate pass asks, and needs no copy of the Secret for it.
-    fn known_ca_secret_state(&self, key: &Key) -> Option<Arc<CaSecretState>> {
+    fn known_ca_secret_state(&self, authority: &Owner, key: &Key) -> Option<Arc<CaSecretState>> {
         let stored = self
             .stored_secret(key)
-            .filter(|s| s.has_data() && s.managed())?;
+            .filter(|s| s.has_data() && s.claim(authority, key).owned())?;
         let known = lock(&self.ca_secrets);
         let (seen, state) = known.get(key)?;
         (Some(seen.as_str()) == stored.resource_version()).then(|| state.clone())
@@ -1528,62 +1572,23 @@ impl Shared {
         })
     }
 
-    /// Why CertificateAuthority `name` must not write its objects: another CA names the same
-    /// Secret or bundle ConfigMap (the two would overwrite each other's CAs forever).
-    pub(crate) fn authority_conflict(
+    /// Why a CertificateAuthority with `spec` may not keep its CA there: the administrator
+    /// confines CA Secrets to some namespaces (`--authority-secret-namespaces`, as
+    /// cert-manager confines ClusterIssuers' to its cluster resource namespace), and its
+    /// `spec.secret.namespace` is not one of them.
+    pub(crate) fn secret_namespace_refused(
         &self,
-        name: &str,
         spec: &CertificateAuthoritySpec,
     ) -> Option<String> {
-        let (secret, bundle) = (ca_secret_key(spec), bundle_key(spec));
-        let mut others: Vec<String> = Vec::new();
-        for other in self.authorities.state() {
-            let other_name = other.name_any();
-            if other_name == name {
-                continue;
-            }
-            if ca_secret_key(&other.spec) == secret {
-                others.push(format!(
-                    "Secret {}/{} is also the CA Secret of CertificateAuthority {other_name}",
-                    secret.0, secret.1
-                ));
-            }
-            if bundle_key(&other.spec) == bundle {
-                others.push(format!(
-                    "ConfigMap {}/{} is also the bundle of CertificateAuthority {other_name}",
-                    bundle.0, bundle.1
-                ));
-            }
-        }
-        others.sort();
-        (!others.is_empty()).then(|| others.join("; "))
-    }
-
-    /// Why IssuedCertificate `key` must not write its Secret `secret`: it is a CA's Secret, or
-    /// another certificate's.
-    pub(crate) fn certificate_conflict(&self, key: &Key, secret: &Key) -> Option<String> {
-        let mut others: Vec<String> = self
-            .authorities
-            .state()
-            .iter()
-            .filter(|ca| ca_secret_key(&ca.spec) == *secret)
-            .map(|ca| {
-                format!(
-                    "it is the CA Secret of CertificateAuthority {}",
-                    ca.name_any()
-                )
-            })
-            .collect();
-        let sharing = lock(&self.index).in_secret(secret);
-        others.extend(
-            sharing
-                .into_iter()
-                .filter(|(other, _)| other != key)
-                .map(|(other, _)| format!("IssuedCertificate {} names it too", other.1)),
-        );
-        others.sort();
-        (!others.is_empty())
-            .then(|| format!("Secret {}/{}: {}", secret.0, secret.1, others.join("; ")))
+        let allowed = self.ctx.settings.authority_secret_namespaces.as_ref()?;
+        let namespace = &spec.secret.namespace;
+        (!allowed.contains(namespace)).then(|| {
+            let allowed: Vec<&str> = allowed.iter().map(String::as_str).collect();
+            format!(
+                "spec.secret.namespace: {namespace:?} is not a namespace CertificateAuthority Secrets may be in (--authority-secret-namespaces: {})",
+                allowed.join(", ")
+            )
+        })
     }
 
     /// The CAs (fingerprints) every injection point naming `authority` holds, as
@@ -1657,7 +1662,7 @@ impl Shared {
                 continue;
             };
             let secret = (key.0.clone(), certificate.spec.secret_name.clone());
-            match self.leaf_use(&secret, &candidates) {
+            match self.leaf_use(&owner_of(&*certificate), &secret, &candidates) {
                 LeafUse::Signed { signer, ca_bundle } => {
                     // Without a copy per certificate: this runs for every certificate of the
                     // CA on each of its passes.
@@ -1690,10 +1695,15 @@ impl Shared {
     /// Which of `candidates` (the first, in order) signed the certificate in the Secret `key`.
     /// Each Secret version is read once, and checked against each CA once: when the
     /// candidates change (a rotation adds a CA, retires one), only the new ones are checked.
-    fn leaf_use(&self, key: &Key, candidates: &[&Certificate]) -> LeafUse {
+    fn leaf_use(&self, certificate: &Owner, key: &Key, candidates: &[&Certificate]) -> LeafUse {
         let Some(secret) = self.stored_secret(key) else {
             return LeafUse::Missing;
         };
+        if !secret.claim(certificate, key).owned() {
+            // Another's Secret, or someone's: it tells nothing of what this certificate's
+            // workload serves.
+            return LeafUse::Missing;
+        }
         let version = secret.resource_version().unwrap_or_default();
         let cached = {
             let known = lock(&self.leaf_uses);
@@ -1715,8 +1725,7 @@ impl Shared {
         let mut known = match cached {
             Some(known) => known,
             None => {
-                // Someone's Secret tells nothing of what the certificate's workload serves.
-                let leaf = secret.managed().then(|| secret.leaf()).flatten();
+                let leaf = secret.leaf();
                 let known = KnownLeaf {
                     version: version.to_string(),
                     readable: leaf.is_some(),
@@ -1793,16 +1802,19 @@ impl Shared {
                 )));
             }
         };
-        if let Some(problem) = self.outside_scope(&ca.spec) {
+        if let Some(problem) =
+            (self.outside_scope(&ca.spec)).or_else(|| self.secret_namespace_refused(&ca.spec))
+        {
             return Ok(Err(not_ready(
                 names::REASON_ISSUER_INVALID,
                 format!("CertificateAuthority {name}: {problem}"),
             )));
         }
         let key = ca_secret_key(&ca.spec);
-        let state = match self.known_ca_secret_state(&key) {
+        let authority = owner_of(&*ca);
+        let state = match self.known_ca_secret_state(&authority, &key) {
             Some(state) => state,
-            None => self.ca_secret_state(&key, self.secret(&key).await?.as_deref()),
+            None => self.ca_secret_state(&authority, &key, self.secret(&key).await?.as_deref()),
         };
         let bundle = match *state {
             CaSecretState::Valid(_) => BundleState::Absent,
@@ -1810,14 +1822,9 @@ impl Shared {
             CaSecretState::Absent | CaSecretState::Invalid { .. } => {
                 let (namespace, bundle_name) = bundle_key(&ca.spec);
                 let api: Api<ConfigMap> = Api::namespaced(self.ctx.client.clone(), &namespace);
-                let config_map = api.get_opt(&bundle_name).await?.filter(|c| {
-                    not_managed(
-                        "ConfigMap",
-                        &(namespace.clone(), bundle_name.clone()),
-                        &c.metadata,
-                    )
-                    .is_none()
-                });
+                let at = (namespace.clone(), bundle_name.clone());
+                let config_map = (api.get_opt(&bundle_name).await?)
+                    .filter(|c| not_owned(&authority, "ConfigMap", &at, &c.metadata).is_none());
                 let content = config_map.as_ref().map(config_map_content);
                 BundleState::observe(content.as_ref().map(|(d, a)| (d, a)))
             }
@@ -1861,10 +1868,11 @@ impl Shared {
     }
 }
 
-/// Creates the Secret `key` (type `kubernetes.io/tls`) when `version` is `None`, else
-/// merge-patches its `data` and annotations on `version`.
+/// Creates the Secret `key` (type `kubernetes.io/tls`) for `owner` when `version` is `None`,
+/// else merge-patches its `data` and annotations on `version`.
 pub(crate) async fn write_secret(
     client: &kube::Client,
+    owner: &Owner,
     key: &Key,
     version: Option<&str>,
     data: &SecretData,
@@ -1887,13 +1895,14 @@ pub(crate) async fn write_secret(
             (k.to_string(), value)
         })
         .collect();
-    create_or_patch(client, key, version, annotations, secret, patch).await
+    create_or_patch(client, owner, key, version, annotations, secret, patch).await
 }
 
-/// Creates the ConfigMap `key` when `version` is `None`, else merge-patches its `data`
-/// and annotations on `version`.
+/// Creates the ConfigMap `key` for `owner` when `version` is `None`, else merge-patches its
+/// `data` and annotations on `version`.
 pub(crate) async fn write_config_map(
     client: &kube::Client,
+    owner: &Owner,
     key: &Key,
     version: Option<&str>,
     data: &BTreeMap<&'static str, String>,
@@ -1912,16 +1921,19 @@ pub(crate) async fn write_config_map(
         .iter()
         .map(|(k, v)| (k.to_string(), Value::String(v.clone())))
         .collect();
-    create_or_patch(client, key, version, annotations, config_map, patch).await
+    create_or_patch(client, owner, key, version, annotations, config_map, patch).await
 }
 
 /// Creates `key` as `object` makes it from its metadata (name, namespace, the label
-/// [`names::MANAGED_BY`], the annotations set) when `version` is `None`, else
-/// merge-patches `data`, the label and the annotation changes on `version`. A create is
-/// a create: an object that appeared since the pass read none is never overwritten (409,
-/// [`Written::Conflict`]: the next pass observes it).
+/// [`names::MANAGED_BY`], `owner`'s mark [`names::OWNER`], the annotations set) when
+/// `version` is `None`, else merge-patches `data`, the label, the mark (removing an adoption
+/// request, [`names::ADOPT`]) and the annotation changes on `version`. A create is a create:
+/// an object that appeared since the pass read none is never overwritten (409,
+/// [`Written::Conflict`]: the next pass observes it); a patch applies only to the version the
+/// pass decided on, whose [`claim`] allowed it.
 pub(crate) async fn create_or_patch<K>(
     client: &kube::Client,
+    owner: &Owner,
     key: &Key,
     version: Option<&str>,
     annotations: &AnnotationChanges,
@@ -1936,6 +1948,10 @@ where
         + fmt::Debug,
 {
     let api: Api<K> = Api::namespaced(client.clone(), &key.0);
+    let mut annotations = annotations.clone();
+    annotations
+        .set(names::OWNER, owner.mark())
+        .remove(names::ADOPT);
     match version {
         None => {
             let mut written = BTreeMap::new();
@@ -1978,6 +1994,36 @@ where
             )
         }
     }
+}
+
+/// Adopts `key` for `owner` ([`Claim::Adopt`]): writes the mark alone (and removes the
+/// adoption request) on `version`, the version whose claim was read. Its content is kept: the
+/// next pass reads it as `owner`'s.
+pub(crate) async fn adopt<K>(
+    client: &kube::Client,
+    owner: &Owner,
+    key: &Key,
+    version: &str,
+) -> Result<Written, Error>
+where
+    K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + Serialize
+        + fmt::Debug,
+{
+    let unchanged = AnnotationChanges::default();
+    let never = |_| -> K { unreachable!("an adopted object exists") };
+    create_or_patch(
+        client,
+        owner,
+        key,
+        Some(version),
+        &unchanged,
+        never,
+        Default::default(),
+    )
+    .await
 }
 
 pub(crate) fn patch_params() -> PatchParams {
@@ -2205,20 +2251,21 @@ mod tests {
             .set(authority::TLS_KEY, "new");
         let mut annotations = AnnotationChanges::default();
         annotations.set(names::CERTIFICATE_ISSUER, "webhooks-ca");
-        let written = write_secret(&client, &key, None, &data, &annotations).await;
+        let owner = Owner::new("IssuedCertificate", Some("default"), "web", "u1");
+        let written = write_secret(&client, &owner, &key, None, &data, &annotations).await;
         assert!(matches!(written, Ok(Written::Conflict)));
         let bundle = BTreeMap::from([(authority::CA_BUNDLE_CRT, "new".to_string())]);
-        let written = write_config_map(&client, &key, None, &bundle, &annotations).await;
+        let written = write_config_map(&client, &owner, &key, None, &bundle, &annotations).await;
         assert!(matches!(written, Ok(Written::Conflict)));
         assert_eq!(secrets.get("appeared").await.unwrap(), theirs);
         assert_eq!(config_maps.get("appeared").await.unwrap(), theirs_map);
 
-        // Absent, it is created, with the label that makes it caretaker's.
+        // Absent, it is created, with the label and its owner's mark.
         secrets
             .delete("appeared", &Default::default())
             .await
             .unwrap();
-        let written = write_secret(&client, &key, None, &data, &annotations).await;
+        let written = write_secret(&client, &owner, &key, None, &data, &annotations).await;
         assert!(matches!(written, Ok(Written::Done(_))));
         let created = secrets.get("appeared").await.unwrap();
         assert_eq!(created.type_.as_deref(), Some(SECRET_TYPE_TLS));
@@ -2229,6 +2276,25 @@ mod tests {
                 .map(String::as_str),
             Some(names::MANAGED_BY.1)
         );
+        assert_eq!(
+            created.annotations().get(names::OWNER),
+            Some(&"IssuedCertificate/default/web/u1".to_string())
+        );
+
+        // A patch keeps the mark, and uses up an adoption request.
+        let version = created.resource_version().unwrap();
+        let request = json!({ "metadata": { "annotations": { names::ADOPT: "IssuedCertificate/default/web" } } });
+        let requested = secrets
+            .patch("appeared", &PatchParams::default(), &Patch::Merge(&request))
+            .await
+            .unwrap();
+        assert_ne!(requested.resource_version().unwrap(), version);
+        let version = requested.resource_version().unwrap();
+        let written = adopt::<Secret>(&client, &owner, &key, &version).await;
+        assert!(matches!(written, Ok(Written::Done(_))));
+        let adopted = secrets.get("appeared").await.unwrap();
+        assert!(!adopted.annotations().contains_key(names::ADOPT));
+        assert_eq!(adopted.data, created.data, "adoption writes the mark alone");
     }
 
     #[test]

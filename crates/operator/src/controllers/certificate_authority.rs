@@ -33,6 +33,7 @@ use crate::authority::{CA_BUNDLE_CRT, ObjectName, PkiMint};
 use crate::changes::Event;
 use crate::metrics::CertificateKind;
 use crate::names;
+use crate::ownership::Claim;
 use crate::timestamp::format_time;
 use crate::v1alpha1::{CertificateAuthority, CertificateAuthorityStatus, PreviousCa};
 
@@ -80,9 +81,15 @@ async fn reconcile(
         )
         .await;
     }
-    if let Some(conflict) = shared.authority_conflict(&name, &authority.spec) {
-        let message = format!("{conflict}; nothing was written");
-        return refuse(&shared, &authority, names::REASON_OBJECT_IN_USE, message).await;
+    if let Some(problem) = shared.secret_namespace_refused(&authority.spec) {
+        let message = format!("{problem}; nothing was written");
+        return refuse(
+            &shared,
+            &authority,
+            names::REASON_NAMESPACE_NOT_ALLOWED,
+            message,
+        )
+        .await;
     }
     shared.authority_inputs_synced().await?;
 
@@ -95,26 +102,42 @@ async fn reconcile(
     let config_map = Api::<ConfigMap>::namespaced(client, &bundle_key.0)
         .get_opt(&bundle_key.1)
         .await?;
-    let foreign: Vec<String> = [
-        secret
-            .as_ref()
-            .and_then(|s| authority_watch::not_managed("Secret", &secret_key, &s.metadata)),
-        config_map
-            .as_ref()
-            .and_then(|c| authority_watch::not_managed("ConfigMap", &bundle_key, &c.metadata)),
-    ]
-    .into_iter()
-    .flatten()
-    .collect();
-    if !foreign.is_empty() {
-        let message = foreign.join("; ");
-        return refuse(
-            &shared,
-            &authority,
-            names::REASON_OBJECT_NOT_MANAGED,
-            message,
-        )
-        .await;
+    // Only this CertificateAuthority's objects, or absent ones (see `crate::ownership`).
+    let owner = authority_watch::owner_of(&*authority);
+    let claims = [
+        authority_watch::claim(
+            &owner,
+            "Secret",
+            &secret_key,
+            secret.as_ref().map(|s| &s.metadata),
+        ),
+        authority_watch::claim(
+            &owner,
+            "ConfigMap",
+            &bundle_key,
+            config_map.as_ref().map(|c| &c.metadata),
+        ),
+    ];
+    if let Some((reason, message)) = authority_watch::refusal(&claims) {
+        return refuse(&shared, &authority, reason, message).await;
+    }
+    if claims.iter().any(|c| *c == Claim::Adopt) {
+        // Handed over: the mark first, alone; the next pass reads them as this CA's.
+        let client = &shared.ctx.client;
+        if let (Claim::Adopt, Some(version)) = (
+            &claims[0],
+            secret.as_ref().and_then(|s| s.resource_version()),
+        ) {
+            authority_watch::adopt::<Secret>(client, &owner, &secret_key, &version).await?;
+        }
+        if let (Claim::Adopt, Some(version)) = (
+            &claims[1],
+            config_map.as_ref().and_then(|c| c.resource_version()),
+        ) {
+            authority_watch::adopt::<ConfigMap>(client, &owner, &bundle_key, &version).await?;
+        }
+        tracing::info!(authority = %name, "adopted its Secret or bundle ConfigMap, as their adoption request asked");
+        return Ok(Action::await_change());
     }
     let mut versions = (
         secret.as_ref().and_then(|s| s.resource_version()),
@@ -189,6 +212,7 @@ async fn reconcile(
             AuthorityStep::WriteSecret(secret) => {
                 authority_watch::write_secret(
                     &shared.ctx.client,
+                    &owner,
                     &secret_key,
                     versions.0.as_deref(),
                     &secret.data(),
@@ -199,6 +223,7 @@ async fn reconcile(
             AuthorityStep::WriteBundle(bundle) => {
                 authority_watch::write_config_map(
                     &shared.ctx.client,
+                    &owner,
                     &bundle_key,
                     versions.1.as_deref(),
                     &bundle.data(),

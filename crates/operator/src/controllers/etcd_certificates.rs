@@ -21,7 +21,7 @@ use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Secret};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, DeleteParams, ListParams};
+use kube::api::{Api, DeleteParams, ListParams, Preconditions};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{self, ObjectRef, Store, reflector};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -42,6 +42,7 @@ use crate::etcd::{
 };
 use crate::metrics::CertificateKind;
 use crate::names;
+use crate::ownership::{Claim, Owner};
 use crate::timestamp::format_time;
 use crate::trust::selector::Selector;
 use crate::v1alpha1::{
@@ -210,24 +211,42 @@ async fn pass(object: &EtcdCertificates, shared: &Shared) -> Result<Action, Erro
         meta.name.as_deref() == Some(policy.client_secret.as_str())
             && policy.client_secret != etcd::CLIENT_SECRET
     };
-    let foreign: Vec<String> = found
+    // Only this object's Secrets and ConfigMaps, or absent ones (see `crate::ownership`).
+    let owner = authority_watch::owner_of(object);
+    let claims: Vec<(&str, &kube::api::ObjectMeta, Claim)> = found
         .iter()
         .map(|s| ("Secret", &s.metadata))
         .chain(bundles.iter().map(|c| ("ConfigMap", &c.metadata)))
         .filter(|(_, meta)| !users_client(meta))
-        .filter_map(|(kind, meta)| {
+        .map(|(kind, meta)| {
             let at = (namespace.clone(), meta.name.clone().unwrap_or_default());
-            authority_watch::not_managed(kind, &at, meta)
+            (
+                kind,
+                meta,
+                authority_watch::claim(&owner, kind, &at, Some(meta)),
+            )
         })
         .collect();
-    if !foreign.is_empty() {
-        return refuse(
-            shared,
-            object,
-            names::REASON_OBJECT_NOT_MANAGED,
-            foreign.join("; "),
-        )
-        .await;
+    let refused: Vec<Claim> = claims.iter().map(|(_, _, c)| c.clone()).collect();
+    if let Some((reason, message)) = authority_watch::refusal(&refused) {
+        return refuse(shared, object, reason, message).await;
+    }
+    let adopting: Vec<_> = (claims.iter())
+        .filter(|(_, _, claim)| *claim == Claim::Adopt)
+        .collect();
+    if !adopting.is_empty() {
+        // Handed over: the marks first, alone; the next pass reads them as this object's.
+        for (kind, meta, _) in adopting {
+            let at = (namespace.clone(), meta.name.clone().unwrap_or_default());
+            let version = meta.resource_version.clone().unwrap_or_default();
+            match *kind {
+                "Secret" => {
+                    authority_watch::adopt::<Secret>(&client, &owner, &at, &version).await?
+                }
+                _ => authority_watch::adopt::<ConfigMap>(&client, &owner, &at, &version).await?,
+            };
+        }
+        return Ok(Action::await_change());
     }
 
     let mut versions: HashMap<String, String> = found
@@ -290,6 +309,7 @@ async fn pass(object: &EtcdCertificates, shared: &Shared) -> Result<Action, Erro
                         let name = signer.secret().to_string();
                         let written = authority_watch::write_secret(
                             &client,
+                            &owner,
                             &(namespace.clone(), name.clone()),
                             versions.get(&name).map(String::as_str),
                             &secret.data(),
@@ -302,6 +322,7 @@ async fn pass(object: &EtcdCertificates, shared: &Shared) -> Result<Action, Erro
                         let name = signer.bundle().to_string();
                         let written = authority_watch::write_config_map(
                             &client,
+                            &owner,
                             &(namespace.clone(), name.clone()),
                             bundle_versions.get(&name).map(String::as_str),
                             &bundle.data(),
@@ -315,6 +336,7 @@ async fn pass(object: &EtcdCertificates, shared: &Shared) -> Result<Action, Erro
             EtcdStep::Certificate { secret, step } => {
                 let written = authority_watch::write_secret(
                     &client,
+                    &owner,
                     &(namespace.clone(), secret.clone()),
                     versions.get(secret).map(String::as_str),
                     &step.data(),
@@ -334,19 +356,33 @@ async fn pass(object: &EtcdCertificates, shared: &Shared) -> Result<Action, Erro
                     }
                 }
                 let stored = seen.all_certs().unwrap_or_default();
-                let written =
-                    write_all_certs(&client, &namespace, versions.get(ALL_CERTS), &stored, all)
-                        .await?;
+                let written = write_all_certs(
+                    &client,
+                    &owner,
+                    &namespace,
+                    versions.get(ALL_CERTS),
+                    &stored,
+                    all,
+                )
+                .await?;
                 written_revision = true;
                 remember(&mut versions, ALL_CERTS.to_string(), written)
             }
             EtcdStep::Delete(name) => {
-                match secrets.delete(name, &DeleteParams::default()).await {
-                    Ok(_) => {}
-                    Err(kube::Error::Api(e)) if e.code == 404 => {}
+                // Only the version read, whose mark said it is this object's.
+                let params = DeleteParams {
+                    preconditions: Some(Preconditions {
+                        resource_version: versions.get(name).cloned(),
+                        uid: None,
+                    }),
+                    ..DeleteParams::default()
+                };
+                match secrets.delete(name, &params).await {
+                    Ok(_) => true,
+                    Err(kube::Error::Api(e)) if e.code == 404 => true,
+                    Err(kube::Error::Api(e)) if e.code == 409 => false,
                     Err(e) => return Err(e.into()),
                 }
-                true
             }
         };
         if !outcome {
@@ -494,6 +530,7 @@ async fn members_of(
 /// `all` are removed. Its annotation names the revision.
 async fn write_all_certs(
     client: &kube::Client,
+    owner: &Owner,
     namespace: &str,
     version: Option<&String>,
     stored: &BTreeMap<String, String>,
@@ -522,6 +559,7 @@ async fn write_all_certs(
     }
     authority_watch::create_or_patch(
         client,
+        owner,
         &(namespace.to_string(), ALL_CERTS.to_string()),
         version.map(String::as_str),
         &annotations,

@@ -15,6 +15,7 @@
 use std::sync::Arc;
 
 use caretaker_pki::Usage;
+use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
@@ -28,6 +29,7 @@ use crate::authority::{self, ObjectName, PkiMint};
 use crate::changes::Event;
 use crate::metrics::CertificateKind;
 use crate::names;
+use crate::ownership::Claim;
 use crate::v1alpha1::IssuedCertificate;
 
 /// Passes at once: enough to keep the API server busy while others sign, few enough that
@@ -86,16 +88,6 @@ async fn reconcile(
         spec.secret_name.clone(),
     );
     let own = (key.0.clone(), certificate.name_any());
-    if let Some(conflict) = shared.certificate_conflict(&own, &key) {
-        let message = format!("{conflict}; nothing was written");
-        return refuse(
-            &reports,
-            &shared,
-            &certificate,
-            names::REASON_OBJECT_IN_USE,
-            message,
-        );
-    }
     let issuer_name = &spec.issuer_ref.name;
     if let Some(ca) = shared.authorities.get(&ObjectRef::new(issuer_name))
         && !ca.spec.issues_to(&key.0)
@@ -127,17 +119,18 @@ async fn reconcile(
         // before it would issue again for nothing. Its event wakes this certificate.
         return Ok(Action::requeue(wait));
     }
-    if let Some(message) = secret
-        .as_ref()
-        .and_then(|s| authority_watch::not_managed("Secret", &key, &s.metadata))
-    {
-        return refuse(
-            &reports,
-            &shared,
-            &certificate,
-            names::REASON_OBJECT_NOT_MANAGED,
-            message,
-        );
+    // Only this certificate's Secret, or an absent one (see `crate::ownership`).
+    let owner = authority_watch::owner_of(&*certificate);
+    let claim =
+        authority_watch::claim(&owner, "Secret", &key, secret.as_ref().map(|s| &s.metadata));
+    if let Some((reason, message)) = authority_watch::refusal(std::slice::from_ref(&claim)) {
+        return refuse(&reports, &shared, &certificate, reason, message);
+    }
+    if let (Claim::Adopt, Some(version)) = (&claim, &version) {
+        // Handed over: the mark first, alone; the next pass reads the Secret as this
+        // certificate's.
+        authority_watch::adopt::<Secret>(&shared.ctx.client, &owner, &key, version).await?;
+        return Ok(Action::await_change());
     }
     let serving = matches!(policy.leaf.usage, Usage::Server | Usage::Both);
     let secret_name = ObjectName::new(&key.0, &key.1);
@@ -181,6 +174,7 @@ async fn reconcile(
     for step in &plan.steps {
         match authority_watch::write_secret(
             &shared.ctx.client,
+            &owner,
             &key,
             version.as_deref(),
             &step.data(),

@@ -18,7 +18,8 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::ObjectMeta;
 
-use crate::authority::{self, CA_CRT, Certificate, SECRET_TYPE_TLS, TLS_CRT, leaf};
+use crate::authority::{CA_CRT, Certificate, SECRET_TYPE_TLS, TLS_CRT, leaf};
+use crate::ownership::{self, Claim, Owner};
 
 /// kubectl's copy of the last applied object: as large as the object, never read, dropped
 /// from cached objects.
@@ -35,8 +36,6 @@ type Pairs<V> = Box<[(String, V)]>;
 pub(crate) struct CachedSecret {
     resource_version: Option<String>,
     type_: Option<String>,
-    /// Whether caretaker manages it ([`authority::managed`]), read when it was cached.
-    managed: bool,
     labels: Pairs<String>,
     annotations: Pairs<String>,
     /// Without `ca.crt`; `None` when not kept (not `kubernetes.io/tls`).
@@ -54,9 +53,14 @@ impl CachedSecret {
         self.data.is_some()
     }
 
-    /// Whether caretaker manages it ([`authority::managed`]).
-    pub(crate) fn managed(&self) -> bool {
-        self.managed
+    /// Whether `owner` may write it, as the Secret `key` ([`ownership::claim`]).
+    pub(crate) fn claim(&self, owner: &Owner, key: &Key) -> Claim {
+        let annotation = |name: &str| {
+            (self.annotations.iter())
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.as_str())
+        };
+        ownership::claim_by(owner, "Secret", &format!("{}/{}", key.0, key.1), annotation)
     }
 
     pub(crate) fn ca_crt(&self) -> Option<&[u8]> {
@@ -174,7 +178,6 @@ impl Cached {
         let labels = metadata.labels.unwrap_or_default();
         let mut annotations = metadata.annotations.unwrap_or_default();
         annotations.remove(LAST_APPLIED);
-        let managed = authority::managed(&labels, &annotations);
         let mut data = match type_.as_deref() == Some(SECRET_TYPE_TLS) {
             true => Some(data.unwrap_or_default()),
             false => None,
@@ -185,7 +188,6 @@ impl Cached {
         CachedSecret {
             resource_version: metadata.resource_version,
             type_,
-            managed,
             labels: labels.into_iter().collect(),
             annotations: annotations.into_iter().collect(),
             data: data.map(|data| {
@@ -230,7 +232,7 @@ mod tests {
                 "name": name, "namespace": "demo", "resourceVersion": version,
                 "uid": "0c0ffee0-0000-0000-0000-000000000000",
                 "labels": { label: value },
-                "annotations": { LAST_APPLIED: "{}", "keep": "1" },
+                "annotations": { LAST_APPLIED: "{}", "keep": "1", names::OWNER: "IssuedCertificate/demo/web/u1" },
                 "managedFields": [{ "manager": "kubectl" }],
             },
             "type": type_,
@@ -251,7 +253,11 @@ mod tests {
         let original = secret("web", "7", SECRET_TYPE_TLS, "bundle");
         cache.apply(key("web"), original.clone());
         let cached = cache.get(&key("web")).unwrap();
-        assert!(cached.managed() && cached.has_data());
+        assert!(cached.has_data());
+        let web = Owner::new("IssuedCertificate", Some("demo"), "web", "u1");
+        assert_eq!(cached.claim(&web, &key("web")), Claim::Own);
+        let earlier = Owner::new("IssuedCertificate", Some("demo"), "web", "u0");
+        assert!(!cached.claim(&earlier, &key("web")).allowed());
         assert_eq!(cached.resource_version(), Some("7"));
         assert_eq!(cached.ca_crt(), Some(&b"bundle"[..]));
 

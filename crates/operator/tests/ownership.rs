@@ -1,0 +1,422 @@
+//! Issue 31's Secret take-overs, performed as an attacker would, against the embedded API
+//! server with RBAC on and the CertificateAuthority, IssuedCertificate and EtcdCertificates
+//! controllers running: every Secret and ConfigMap caretaker writes carries its owner's mark
+//! (`caretaker.dev/owner`), and caretaker writes or signs from nothing that carries another's.
+//!
+//! - mallory, who may create CertificateAuthorities and IssuedCertificates and read her own
+//!   namespace's Secrets, names the etcd signer's Secret as her CA's: the CA is refused
+//!   (`ObjectInUse`, naming the EtcdCertificates), her certificate gets nothing, the signer is
+//!   untouched;
+//! - a CertificateAuthority naming a certificate's Secret is refused, and the certificate goes
+//!   on being renewed (before, the victim was refused too);
+//! - an IssuedCertificate naming an etcd member's Secret is refused, and nothing is written
+//!   to that Secret (before, two controllers flipped it back and forth);
+//! - with `--authority-secret-namespaces`, a CA Secret outside those namespaces is refused
+//!   before anything is read.
+
+mod common;
+
+use std::time::Duration;
+
+use caretaker_apiserver::{ApiServer, Authorization, Subject};
+use caretaker_operator::controllers::{self, etcd_certificates};
+use caretaker_operator::names;
+use caretaker_operator::v1alpha1::{CertificateAuthority, EtcdCertificates, IssuedCertificate};
+use caretaker_operator::{Context, Settings};
+use k8s_openapi::api::core::v1::{Event, Secret};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+
+use common::authorities::{create_namespace, eventually, install_caretaker_crds};
+
+const ETCD: &str = "etcd-system";
+const TEAM: &str = "team";
+const SYSTEM: &str = "caretaker-system";
+
+struct World {
+    _server: ApiServer,
+    admin: kube::Client,
+    /// mallory: CertificateAuthorities (cluster-wide), and IssuedCertificates and Secrets in
+    /// `team` only.
+    mallory: kube::Client,
+    controllers: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        for task in &self.controllers {
+            task.abort();
+        }
+    }
+}
+
+fn settings() -> Settings {
+    Settings {
+        retry_base: Duration::from_millis(200),
+        ..Settings::default()
+    }
+}
+
+async fn apply<K>(api: &Api<K>, object: Value)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
+{
+    let object: K = serde_json::from_value(object).unwrap();
+    api.create(&PostParams::default(), &object).await.unwrap();
+}
+
+/// The server with RBAC, caretaker's CRDs, mallory's grants, an EtcdCertificates in
+/// etcd-system (its members need not run: its first revision is written without them), and
+/// the controllers with `settings`.
+async fn world(settings: Settings) -> World {
+    let server = ApiServer::builder()
+        .tls(true)
+        .authorization(Authorization::Rbac)
+        .start()
+        .await
+        .unwrap();
+    let admin = server.client();
+    install_caretaker_crds(&admin).await;
+    for namespace in [ETCD, TEAM, SYSTEM] {
+        create_namespace(&admin, namespace).await;
+    }
+    let user =
+        json!([{ "kind": "User", "apiGroup": "rbac.authorization.k8s.io", "name": "mallory" }]);
+    apply(
+        &Api::<ClusterRole>::all(admin.clone()),
+        json!({ "metadata": { "name": "ca-author" }, "rules": [
+            { "apiGroups": ["caretaker.dev"], "resources": ["certificateauthorities"],
+              "verbs": ["create", "get", "list", "watch"] }] }),
+    )
+    .await;
+    apply(
+        &Api::<ClusterRoleBinding>::all(admin.clone()),
+        json!({ "metadata": { "name": "mallory-ca-author" }, "subjects": user,
+                "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "ca-author" } }),
+    )
+    .await;
+    apply(
+        &Api::<Role>::namespaced(admin.clone(), TEAM),
+        json!({ "metadata": { "name": "certificates" }, "rules": [
+            { "apiGroups": ["caretaker.dev"], "resources": ["issuedcertificates"],
+              "verbs": ["create", "get", "list", "watch"] },
+            { "apiGroups": [""], "resources": ["secrets", "configmaps"], "verbs": ["get", "list"] }] }),
+    )
+    .await;
+    apply(
+        &Api::<RoleBinding>::namespaced(admin.clone(), TEAM),
+        json!({ "metadata": { "name": "mallory-certificates" }, "subjects": user,
+                "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "certificates" } }),
+    )
+    .await;
+    let mallory = kube::Client::try_from(
+        server
+            .kube_config_for(&Subject::User {
+                name: "mallory".into(),
+                groups: vec![],
+            })
+            .unwrap(),
+    )
+    .unwrap();
+
+    apply(
+        &Api::<EtcdCertificates>::namespaced(admin.clone(), ETCD),
+        json!({
+            "apiVersion": "caretaker.dev/v1alpha1", "kind": "EtcdCertificates",
+            "metadata": { "name": "etcd", "namespace": ETCD },
+            "spec": {
+                "members": [{ "name": "m0", "addresses": ["127.0.0.1"] }],
+                "quorum": { "endpoints": ["https://127.0.0.1:1"] },
+            },
+        }),
+    )
+    .await;
+    let operator = |settings: &Settings| Context::new(admin.clone(), settings.clone());
+    let controllers = vec![
+        tokio::spawn(controllers::run_authorities(operator(&settings), None)),
+        tokio::spawn(etcd_certificates::run(operator(&settings))),
+    ];
+    World {
+        _server: server,
+        admin,
+        mallory,
+        controllers,
+    }
+}
+
+impl World {
+    async fn secret(&self, namespace: &str, name: &str) -> Option<Secret> {
+        Api::<Secret>::namespaced(self.admin.clone(), namespace)
+            .get_opt(name)
+            .await
+            .unwrap()
+    }
+
+    /// Waits for the Secret, then for its writes to stop: its content once `settle` passes
+    /// with no change.
+    async fn settled_secret(&self, namespace: &str, name: &str) -> Secret {
+        let mut last = eventually(&format!("Secret {namespace}/{name}"), 20, || {
+            self.secret(namespace, name)
+        })
+        .await;
+        loop {
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            let now = self.secret(namespace, name).await.unwrap();
+            if now.metadata.resource_version == last.metadata.resource_version {
+                return now;
+            }
+            last = now;
+        }
+    }
+
+    async fn create_ca(&self, client: &kube::Client, name: &str, secret: (&str, &str)) {
+        apply(
+            &Api::<CertificateAuthority>::all(client.clone()),
+            json!({
+                "apiVersion": "caretaker.dev/v1alpha1", "kind": "CertificateAuthority",
+                "metadata": { "name": name },
+                "spec": {
+                    "commonName": format!("{name}-ca"),
+                    "secret": { "namespace": secret.0, "name": secret.1 },
+                    "bundle": { "namespace": TEAM, "name": format!("{name}-ca-bundle") },
+                    "trustPropagation": "0s",
+                },
+            }),
+        )
+        .await;
+    }
+
+    async fn create_certificate(
+        &self,
+        client: &kube::Client,
+        namespace: &str,
+        name: &str,
+        issuer: &str,
+        secret: &str,
+    ) {
+        apply(
+            &Api::<IssuedCertificate>::namespaced(client.clone(), namespace),
+            json!({
+                "apiVersion": "caretaker.dev/v1alpha1", "kind": "IssuedCertificate",
+                "metadata": { "name": name, "namespace": namespace },
+                "spec": {
+                    "issuerRef": { "name": issuer },
+                    "secretName": secret,
+                    "commonName": format!("{name}.svc"),
+                    "dnsNames": [format!("{name}.svc")],
+                    "usages": ["server", "client"],
+                },
+            }),
+        )
+        .await;
+    }
+
+    /// The condition `type_` of CertificateAuthority `name`: status, reason, message.
+    async fn ca_condition(&self, name: &str, type_: &str) -> Option<(String, String, String)> {
+        let ca = Api::<CertificateAuthority>::all(self.admin.clone())
+            .get(name)
+            .await
+            .ok()?;
+        let condition = (ca.status?.certificate.conditions)
+            .into_iter()
+            .find(|c| c.type_ == type_)?;
+        Some((condition.status, condition.reason, condition.message))
+    }
+
+    async fn certificate_condition(
+        &self,
+        namespace: &str,
+        name: &str,
+        type_: &str,
+    ) -> Option<(String, String, String)> {
+        let certificate = Api::<IssuedCertificate>::namespaced(self.admin.clone(), namespace)
+            .get(name)
+            .await
+            .ok()?;
+        let condition = (certificate.status?.conditions)
+            .into_iter()
+            .find(|c| c.type_ == type_)?;
+        Some((condition.status, condition.reason, condition.message))
+    }
+
+    /// Waits for a Warning event about `name` with `reason`; its message.
+    async fn warning(&self, namespace: &str, name: &str, reason: &str) -> String {
+        let events: Api<Event> = Api::namespaced(self.admin.clone(), namespace);
+        eventually(&format!("a {reason} Warning about {name}"), 20, || async {
+            let list = events.list(&ListParams::default()).await.ok()?;
+            list.items.into_iter().find_map(|e| {
+                (e.involved_object.name.as_deref() == Some(name)
+                    && e.reason.as_deref() == Some(reason)
+                    && e.type_.as_deref() == Some("Warning"))
+                .then(|| e.message.unwrap_or_default())
+            })
+        })
+        .await
+    }
+}
+
+/// The same data, annotations and version: nothing was written.
+fn assert_untouched(before: &Secret, after: &Secret, what: &str) {
+    assert_eq!(
+        before.metadata.resource_version, after.metadata.resource_version,
+        "{what} was written"
+    );
+    assert_eq!(before.data, after.data, "{what}'s data changed");
+}
+
+/// The critical attack: a CertificateAuthority naming the etcd signer's Secret, then a
+/// certificate from it in the attacker's own namespace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ca_naming_the_etcd_signer_signs_nothing_and_writes_nothing() {
+    let world = world(settings()).await;
+    let signer = world.settled_secret(ETCD, "etcd-signer").await;
+    let mark = &signer.metadata.annotations.as_ref().unwrap()[names::OWNER];
+    assert!(
+        mark.starts_with("EtcdCertificates/etcd-system/etcd/"),
+        "{mark}"
+    );
+    // mallory cannot read it herself.
+    let as_mallory = Api::<Secret>::namespaced(world.mallory.clone(), ETCD);
+    assert!(as_mallory.get("etcd-signer").await.is_err());
+
+    world
+        .create_ca(&world.mallory, "borrowed", (ETCD, "etcd-signer"))
+        .await;
+    world
+        .create_certificate(&world.mallory, TEAM, "grab", "borrowed", "grab-tls")
+        .await;
+
+    let note = world
+        .warning("default", "borrowed", names::REASON_OBJECT_IN_USE)
+        .await;
+    assert!(
+        note.contains(
+            "Secret etcd-system/etcd-signer belongs to EtcdCertificates etcd-system/etcd"
+        ),
+        "{note}"
+    );
+    let (status, reason, _) = world.ca_condition("borrowed", "Degraded").await.unwrap();
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("True", names::REASON_OBJECT_IN_USE)
+    );
+    let (ready, _, _) = world.ca_condition("borrowed", "Ready").await.unwrap();
+    assert_eq!(ready, "False");
+    eventually("grab not Ready", 20, || async {
+        let (status, _, _) = world.certificate_condition(TEAM, "grab", "Ready").await?;
+        (status == "False").then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        world.secret(TEAM, "grab-tls").await.is_none(),
+        "a certificate was issued from the etcd signer"
+    );
+    assert!(world.secret(TEAM, "borrowed-ca-bundle").await.is_none());
+    assert_untouched(
+        &signer,
+        &world.secret(ETCD, "etcd-signer").await.unwrap(),
+        "etcd-signer",
+    );
+}
+
+/// A CertificateAuthority naming a certificate's Secret is refused; the certificate, whose
+/// mark the Secret carries, is not: it is renewed as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ca_naming_a_certificates_secret_is_refused_and_the_certificate_renews() {
+    let world = world(settings()).await;
+    world
+        .create_ca(&world.admin, "issuer", (SYSTEM, "issuer-ca"))
+        .await;
+    world
+        .create_certificate(&world.admin, TEAM, "web", "issuer", "web-tls")
+        .await;
+    let web = world.settled_secret(TEAM, "web-tls").await;
+
+    world
+        .create_ca(&world.admin, "thief", (TEAM, "web-tls"))
+        .await;
+    let note = world
+        .warning("default", "thief", names::REASON_OBJECT_IN_USE)
+        .await;
+    assert!(
+        note.contains("Secret team/web-tls belongs to IssuedCertificate team/web"),
+        "{note}"
+    );
+    // The victim goes on: a new name is a new certificate.
+    Api::<IssuedCertificate>::namespaced(world.admin.clone(), TEAM)
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "spec": { "dnsNames": ["web.svc", "www.svc"] } })),
+        )
+        .await
+        .unwrap();
+    eventually("web-tls renewed", 20, || async {
+        let now = world.secret(TEAM, "web-tls").await?;
+        (now.data.as_ref()?.get("tls.crt") != web.data.as_ref()?.get("tls.crt")).then_some(())
+    })
+    .await;
+    let (status, reason, _) = world
+        .certificate_condition(TEAM, "web", "Degraded")
+        .await
+        .unwrap();
+    assert_eq!((status.as_str(), reason.as_str()), ("False", "AsExpected"));
+    assert!(world.secret(TEAM, "thief-ca-bundle").await.is_none());
+}
+
+/// An IssuedCertificate naming an etcd member's Secret: refused, and the two controllers
+/// never write it in turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_certificate_naming_an_etcd_members_secret_is_refused_not_fought_over() {
+    let world = world(settings()).await;
+    let serving = world.settled_secret(ETCD, "etcd-serving-m0").await;
+    world
+        .create_ca(&world.admin, "issuer", (SYSTEM, "issuer-ca"))
+        .await;
+    world
+        .create_certificate(&world.admin, ETCD, "serving", "issuer", "etcd-serving-m0")
+        .await;
+    let note = world
+        .warning(ETCD, "serving", names::REASON_OBJECT_IN_USE)
+        .await;
+    assert!(
+        note.contains(
+            "Secret etcd-system/etcd-serving-m0 belongs to EtcdCertificates etcd-system/etcd"
+        ),
+        "{note}"
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_untouched(
+        &serving,
+        &world.secret(ETCD, "etcd-serving-m0").await.unwrap(),
+        "etcd-serving-m0",
+    );
+}
+
+/// `--authority-secret-namespaces`: a CA Secret elsewhere is refused, whoever owns it (here
+/// none: it does not exist).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ca_secrets_stay_in_the_namespaces_the_administrator_allows() {
+    let world = world(Settings {
+        authority_secret_namespaces: Some([SYSTEM.to_string()].into()),
+        ..settings()
+    })
+    .await;
+    world
+        .create_ca(&world.mallory, "elsewhere", (TEAM, "elsewhere-ca"))
+        .await;
+    world
+        .create_ca(&world.admin, "allowed", (SYSTEM, "allowed-ca"))
+        .await;
+    let note = world
+        .warning("default", "elsewhere", names::REASON_NAMESPACE_NOT_ALLOWED)
+        .await;
+    assert!(
+        note.contains("spec.secret.namespace: \"team\" is not a namespace CertificateAuthority Secrets may be in (--authority-secret-namespaces: caretaker-system)"),
+        "{note}"
+    );
+    world.settled_secret(SYSTEM, "allowed-ca").await;
+    assert!(world.secret(TEAM, "elsewhere-ca").await.is_none());
+}
