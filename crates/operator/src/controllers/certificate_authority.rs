@@ -121,7 +121,7 @@ async fn reconcile(
     if let Some((reason, message)) = authority_watch::refusal(&claims) {
         return refuse(&shared, &authority, reason, message).await;
     }
-    if claims.iter().any(|c| *c == Claim::Adopt) {
+    if claims.contains(&Claim::Adopt) {
         // Handed over: the mark first, alone; the next pass reads them as this CA's.
         let client = &shared.ctx.client;
         if let (Claim::Adopt, Some(version)) = (
