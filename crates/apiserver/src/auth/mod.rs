@@ -26,6 +26,7 @@ use serde::de::DeserializeOwned;
 
 use crate::api::ApiState;
 use crate::error::ApiError;
+use crate::patch::PatchType;
 use crate::storage::ObjectKey;
 pub use crate::user::{MASTERS, UserInfo, service_account_user};
 use attributes::{Attributes, ResourceAttributes};
@@ -254,11 +255,10 @@ fn apply_creating(api: &ApiState, request: &Request, patch: &Attributes) -> Opti
     let Attributes::Resource(r) = patch else {
         return None;
     };
-    let is_apply = request
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|t| t.starts_with("application/apply-patch"));
+    // Read as the handler reads it: a type the two read differently was an apply to the
+    // handler and not to this check.
+    let is_apply = PatchType::from_content_type(crate::patch::content_type(request.headers()))
+        == Some(PatchType::Apply);
     if r.verb != "patch" || !is_apply || !r.subresource.is_empty() {
         return None;
     }
