@@ -750,3 +750,63 @@ async fn a_patch_type_is_read_one_way_by_authorization_and_the_handler() {
         }
     }
 }
+
+/// The attack: whether a server-side apply creates was decided when the request was
+/// authorized, before the handler read it; an object deleted in between was then created by
+/// a user without `create`. Here the race is won every time: the request's head is sent (and
+/// authorized, as a patch of an object that exists) and its body held back until the object
+/// is deleted.
+#[tokio::test]
+async fn an_apply_is_allowed_to_create_where_it_creates_not_before() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let server = rbac_server().await;
+    let hank = configmap_patcher(&server, "hank").await;
+    create(&server, json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "raced", "namespace": "default"}})).await;
+    let admin = Api::<ConfigMap>::namespaced(server.client(), "default");
+
+    let body = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "raced"}, "data": {"k": "hank's"}}).to_string();
+    let head = format!(
+        "PATCH /api/v1/namespaces/default/configmaps/raced?fieldManager=hank HTTP/1.1\r\nHost: localhost:{}\r\nContent-Type: application/apply-patch+yaml\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        server.addr().port(),
+        body.len()
+    );
+    let mut stream = connect_as(&server, &hank, b"http/1.1").await;
+    stream.write_all(head.as_bytes()).await.unwrap();
+    stream.flush().await.unwrap();
+    let authorized = |log: &[caretaker_apiserver::Access]| {
+        log.iter().any(|a| {
+            (
+                a.user.as_str(),
+                a.verb.as_str(),
+                a.resource.as_str(),
+                a.allowed,
+            ) == ("hank", "patch", "configmaps", true)
+        })
+    };
+    let mut waited = 0;
+    while !authorized(&server.access_log()) {
+        waited += 1;
+        assert!(waited < 1000, "the request was never authorized");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    admin
+        .delete("raced", &DeleteParams::default())
+        .await
+        .unwrap();
+    stream.write_all(body.as_bytes()).await.unwrap();
+    stream.flush().await.unwrap();
+    let mut answer = Vec::new();
+    // The server closes the connection (Connection: close); a close without TLS close_notify
+    // ends the read as an error, after the whole answer.
+    let _ = stream.read_to_end(&mut answer).await;
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 403"), "{answer}");
+    assert!(
+        answer.contains(r#"configmaps \"raced\" is forbidden: User \"hank\" cannot create resource \"configmaps\" in API group \"\" in the namespace \"default\""#),
+        "{answer}"
+    );
+    assert!(
+        admin.get_opt("raced").await.unwrap().is_none(),
+        "hank created what he may not create"
+    );
+}
