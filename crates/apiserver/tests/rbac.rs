@@ -611,24 +611,31 @@ async fn send_as(
     (code, serde_json::from_slice(&body).unwrap_or(Value::Null))
 }
 
-/// Binds `name` to a ClusterRole that may get and patch ConfigMaps, and not create them.
-async fn configmap_patcher(server: &ApiServer, name: &str) -> Subject {
+/// Grants user `name` the `rules` cluster-wide, as the admin: a ClusterRole `role` and a
+/// ClusterRoleBinding of it (also named `role`).
+async fn grant(server: &ApiServer, name: &str, role: &str, rules: Value) -> Subject {
     create(
         server,
         json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-               "metadata": {"name": format!("{name}-patches-configmaps")},
-               "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "patch"]}]}),
+               "metadata": {"name": role}, "rules": rules}),
     )
     .await;
     create(
         server,
         json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-               "metadata": {"name": format!("{name}-patches-configmaps")},
-               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": format!("{name}-patches-configmaps")},
+               "metadata": {"name": role},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
                "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": name}]}),
     )
     .await;
     user(name, &[])
+}
+
+/// Binds `name` to a ClusterRole that may get and patch ConfigMaps, and not create them.
+async fn configmap_patcher(server: &ApiServer, name: &str) -> Subject {
+    let rules =
+        json!([{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "patch"]}]);
+    grant(server, name, &format!("{name}-patches-configmaps"), rules).await
 }
 
 /// The attack: over HTTP/2, `Content-Type: " application/apply-patch+yaml"` (a leading
@@ -809,4 +816,282 @@ async fn an_apply_is_allowed_to_create_where_it_creates_not_before() {
         admin.get_opt("raced").await.unwrap().is_none(),
         "hank created what he may not create"
     );
+}
+
+fn from<T: serde::de::DeserializeOwned>(object: Value) -> T {
+    serde_json::from_value(object).unwrap()
+}
+
+/// What a user without every permission is told when granting cluster-admin's.
+const NOT_HELD_CLUSTER_ADMIN: &str = "is attempting to grant RBAC permissions not currently held:\n{APIGroups:[\"*\"], Resources:[\"*\"], Verbs:[\"*\"]}\n{NonResourceURLs:[\"*\"], Verbs:[\"*\"]}";
+
+/// The attack: a user allowed to create RoleBindings bound `cluster-admin` to themselves and
+/// read every Secret. Now binding a role needs its permissions where the binding grants them,
+/// or `bind` on that role (by name), as kube-apiserver decides; whether by create, update,
+/// patch or server-side apply.
+#[tokio::test]
+async fn binding_a_role_needs_its_permissions_or_bind_on_it() {
+    use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleBinding};
+    use kube::api::{Patch, PatchParams};
+    let server = rbac_server().await;
+    let writes_bindings = json!([{"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["rolebindings", "clusterrolebindings"], "verbs": ["get", "create", "update", "patch"]}]);
+    let mallory = grant(&server, "mallory", "binding-writer", writes_bindings).await;
+    let mallory = client_as(&server, &mallory);
+    let cluster_bindings = Api::<ClusterRoleBinding>::all(mallory.clone());
+    let bindings = Api::<RoleBinding>::namespaced(mallory.clone(), "default");
+    let secrets = Api::<Secret>::all(mallory.clone());
+    let binding = |kind: &str, name: &str, role: &str| {
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": kind,
+               "metadata": {"name": name},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+               "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "mallory"}]})
+    };
+    let pp = PostParams::default();
+
+    let refused = cluster_bindings
+        .create(
+            &pp,
+            &from(binding(
+                "ClusterRoleBinding",
+                "mallory-admin",
+                "cluster-admin",
+            )),
+        )
+        .await
+        .unwrap_err();
+    let refused = api_status(refused);
+    assert_eq!((refused.code, refused.reason.as_str()), (403, "Forbidden"));
+    assert_eq!(
+        refused.message,
+        format!(
+            "clusterrolebindings.rbac.authorization.k8s.io \"mallory-admin\" is forbidden: user \"mallory\" (groups=[\"system:authenticated\"]) {NOT_HELD_CLUSTER_ADMIN}"
+        )
+    );
+    let in_default = binding("RoleBinding", "mallory-admin", "cluster-admin");
+    let refused = bindings
+        .create(&pp, &from(in_default.clone()))
+        .await
+        .unwrap_err();
+    assert!(api_status(refused).message.starts_with(
+        "rolebindings.rbac.authorization.k8s.io \"mallory-admin\" is forbidden: user \"mallory\""
+    ),);
+    let apply = PatchParams::apply("mallory");
+    let refused = bindings
+        .patch("mallory-admin", &apply, &Patch::Apply(&in_default))
+        .await
+        .unwrap_err();
+    assert_eq!(api_status(refused).code, 403, "server-side apply");
+    // Joining someone else's binding of cluster-admin is binding it too.
+    create(&server, json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": {"name": "ops-admin", "namespace": "default"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "ops"}]})).await;
+    let join = json!({"subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "ops"}, {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "mallory"}]});
+    let refused = bindings
+        .patch("ops-admin", &PatchParams::default(), &Patch::Merge(&join))
+        .await
+        .unwrap_err();
+    assert_eq!(api_status(refused).code, 403, "merge patch");
+    let mut joined: RoleBinding = bindings.get("ops-admin").await.unwrap();
+    joined.subjects = from(join["subjects"].clone());
+    let refused = bindings
+        .replace("ops-admin", &pp, &joined)
+        .await
+        .unwrap_err();
+    assert_eq!(api_status(refused).code, 403, "update");
+    assert_eq!(
+        api_status(secrets.list(&Default::default()).await.unwrap_err()).code,
+        403,
+        "nothing was bound"
+    );
+    // A role that does not exist is not found (unless one may bind it).
+    let dangling = binding("RoleBinding", "dangling", "nowhere");
+    let missing = api_status(bindings.create(&pp, &from(dangling)).await.unwrap_err());
+    assert_eq!(
+        (missing.code, missing.message.as_str()),
+        (
+            404,
+            "clusterroles.rbac.authorization.k8s.io \"nowhere\" not found"
+        )
+    );
+    // What she holds, she may bind.
+    bindings
+        .create(
+            &pp,
+            &from(binding("RoleBinding", "her-own", "binding-writer")),
+        )
+        .await
+        .unwrap();
+
+    // `bind` on another role's name is not `bind` on cluster-admin.
+    let bind = |names: &[&str]| json!([{"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["clusterroles"], "verbs": ["bind"], "resourceNames": names}]);
+    grant(&server, "mallory", "binds-view", bind(&["view"])).await;
+    let refused = cluster_bindings
+        .create(
+            &pp,
+            &from(binding(
+                "ClusterRoleBinding",
+                "mallory-admin",
+                "cluster-admin",
+            )),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(api_status(refused).code, 403);
+    // `bind` in one namespace lets her bind cluster-admin there, and nowhere else.
+    create(
+        &server,
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team"}}),
+    )
+    .await;
+    create(&server, json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+        "metadata": {"name": "binds-admin", "namespace": "team"}, "rules": bind(&["cluster-admin"])})).await;
+    create(&server, json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": {"name": "mallory-binds-admin", "namespace": "team"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "binds-admin"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "mallory"}]})).await;
+    Api::<RoleBinding>::namespaced(mallory.clone(), "team")
+        .create(
+            &pp,
+            &from(binding("RoleBinding", "mallory-admin", "cluster-admin")),
+        )
+        .await
+        .unwrap();
+    let refused = bindings.create(&pp, &from(in_default)).await.unwrap_err();
+    assert_eq!(
+        api_status(refused).code,
+        403,
+        "bind is granted in team only"
+    );
+    assert_eq!(
+        api_status(secrets.list(&Default::default()).await.unwrap_err()).code,
+        403,
+        "cluster-admin in team is not cluster-wide"
+    );
+    Api::<Secret>::namespaced(mallory.clone(), "team")
+        .list(&Default::default())
+        .await
+        .unwrap();
+    // `bind` on cluster-admin itself, cluster-wide: now she may.
+    grant(&server, "mallory", "binds-admin", bind(&["cluster-admin"])).await;
+    cluster_bindings
+        .create(
+            &pp,
+            &from(binding(
+                "ClusterRoleBinding",
+                "mallory-admin",
+                "cluster-admin",
+            )),
+        )
+        .await
+        .unwrap();
+    secrets.list(&Default::default()).await.unwrap();
+}
+
+/// A Role or ClusterRole may grant only what its writer already holds (or with `escalate`);
+/// an `aggregationRule` needs every permission; a ClusterRole labelled into an aggregate is
+/// held to its own rules like any other.
+#[tokio::test]
+async fn a_role_may_grant_only_what_its_writer_holds_unless_it_may_escalate() {
+    use k8s_openapi::api::rbac::v1::{ClusterRole, Role};
+    use kube::api::{Patch, PatchParams};
+    let server = rbac_server().await;
+    let writes_roles = json!([
+        {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles", "clusterroles"], "verbs": ["get", "create", "update", "patch"]},
+        {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]}
+    ]);
+    let erin = grant(&server, "erin", "role-writer", writes_roles).await;
+    let erin = client_as(&server, &erin);
+    let roles = Api::<Role>::namespaced(erin.clone(), "default");
+    let cluster_roles = Api::<ClusterRole>::all(erin.clone());
+    let secrets = Api::<Secret>::namespaced(erin.clone(), "default");
+    let pp = PostParams::default();
+    let role = |kind: &str, name: &str, rules: Value| json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": kind, "metadata": {"name": name}, "rules": rules});
+    let read_configmaps =
+        json!([{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]}]);
+    let list_secrets = json!([{"apiGroups": [""], "resources": ["secrets"], "verbs": ["list"]}]);
+
+    roles
+        .create(&pp, &from(role("Role", "reader", read_configmaps.clone())))
+        .await
+        .unwrap();
+    let refused = roles
+        .create(&pp, &from(role("Role", "lister", list_secrets.clone())))
+        .await
+        .unwrap_err();
+    let refused = api_status(refused);
+    assert_eq!((refused.code, refused.reason.as_str()), (403, "Forbidden"));
+    assert_eq!(
+        refused.message,
+        "roles.rbac.authorization.k8s.io \"lister\" is forbidden: user \"erin\" (groups=[\"system:authenticated\"]) is attempting to grant RBAC permissions not currently held:\n{APIGroups:[\"\"], Resources:[\"secrets\"], Verbs:[\"list\"]}"
+    );
+    let widen = json!({"rules": [{"apiGroups": [""], "resources": ["configmaps", "secrets"], "verbs": ["get", "list"]}]});
+    let refused = roles
+        .patch("reader", &PatchParams::default(), &Patch::Merge(&widen))
+        .await
+        .unwrap_err();
+    assert_eq!(api_status(refused).code, 403, "merge patch");
+    let everything = json!([{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}]);
+    let apply = PatchParams::apply("erin");
+    let god = role("ClusterRole", "god", everything);
+    let refused = cluster_roles
+        .patch("god", &apply, &Patch::Apply(&god))
+        .await
+        .unwrap_err();
+    assert_eq!(api_status(refused).code, 403, "server-side apply");
+    // An aggregate bound to her gathers what is labelled for it: a label is no way around.
+    create(&server, json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+        "metadata": {"name": "erin-extras"},
+        "aggregationRule": {"clusterRoleSelectors": [{"matchLabels": {"example.dev/erin-extras": "true"}}]}})).await;
+    create(&server, json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": "erin-extras"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "erin-extras"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "erin"}]})).await;
+    let mut labelled = role("ClusterRole", "labelled", list_secrets.clone());
+    labelled["metadata"]["labels"] = json!({"example.dev/erin-extras": "true"});
+    let refused = cluster_roles
+        .create(&pp, &from(labelled.clone()))
+        .await
+        .unwrap_err();
+    assert_eq!(api_status(refused).code, 403, "labelled into an aggregate");
+    let mut gatherer = role("ClusterRole", "gatherer", json!([]));
+    gatherer["aggregationRule"] =
+        json!({"clusterRoleSelectors": [{"matchLabels": {"anything": "true"}}]});
+    let refused = api_status(
+        cluster_roles
+            .create(&pp, &from(gatherer.clone()))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(
+        (refused.code, refused.message.as_str()),
+        (
+            403,
+            "clusterroles.rbac.authorization.k8s.io \"gatherer\" is forbidden: must have cluster-admin privileges to use the aggregationRule"
+        )
+    );
+    assert_eq!(
+        api_status(secrets.list(&Default::default()).await.unwrap_err()).code,
+        403,
+        "nothing was granted"
+    );
+
+    // With `escalate` on roles and clusterroles, each of those is hers to write.
+    let escalate = json!([{"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles", "clusterroles"], "verbs": ["escalate"]}]);
+    grant(&server, "erin", "role-escalator", escalate).await;
+    roles
+        .create(&pp, &from(role("Role", "lister", list_secrets)))
+        .await
+        .unwrap();
+    roles
+        .patch("reader", &PatchParams::default(), &Patch::Merge(&widen))
+        .await
+        .unwrap();
+    cluster_roles
+        .patch("god", &apply, &Patch::Apply(&god))
+        .await
+        .unwrap();
+    cluster_roles.create(&pp, &from(labelled)).await.unwrap();
+    cluster_roles.create(&pp, &from(gatherer)).await.unwrap();
+    secrets.list(&Default::default()).await.unwrap();
 }

@@ -5,12 +5,14 @@
 //!
 //! - [`attributes`]: what a request asks to do (kube-apiserver's `RequestInfo`).
 //! - [`rbac`]: the decision, a pure function of the stored RBAC objects.
+//! - [`escalation`]: what a writer of RBAC objects may grant (checked where they are stored).
 //! - [`tokens`]: ServiceAccount bearer tokens.
 //! - [`bootstrap`]: the ClusterRoles and bindings every cluster starts with.
 //! - [`reviews`]: SelfSubjectAccessReview and SelfSubjectRulesReview (`kubectl auth can-i`).
 
 pub mod attributes;
 pub mod bootstrap;
+pub mod escalation;
 pub mod rbac;
 pub mod reviews;
 pub mod tokens;
@@ -23,6 +25,7 @@ use axum::http::header;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use serde::de::DeserializeOwned;
+use serde_json::Value;
 
 use crate::api::{ApiState, WriteAuthorizer};
 use crate::error::ApiError;
@@ -30,6 +33,7 @@ use crate::registry::ResourceDef;
 use crate::storage::ObjectKey;
 pub use crate::user::{MASTERS, UserInfo, service_account_user};
 use attributes::{Attributes, ResourceAttributes};
+use escalation::Grant;
 use rbac::{Decision, Policy};
 use tokens::TokenKey;
 
@@ -158,7 +162,8 @@ impl Auth {
         user: &UserInfo,
         namespace: &str,
     ) -> Result<(Vec<k8s_openapi::api::rbac::v1::PolicyRule>, bool), ApiError> {
-        Ok(self.policy(api)?.rules_for(user, namespace))
+        let (rules, errors) = self.policy(api)?.rules_for(user, namespace);
+        Ok((rules, !errors.is_empty()))
     }
 
     /// The policy as stored now: read again only after an RBAC object was written.
@@ -232,6 +237,31 @@ impl WriteAuthorizer for Auth {
             name: name.to_string(),
         });
         self.check(api, user, &create)
+    }
+
+    fn may_store(
+        &self,
+        api: &ApiState,
+        user: &UserInfo,
+        def: &ResourceDef,
+        new: &Value,
+        old: Option<&Value>,
+    ) -> Result<(), ApiError> {
+        // `EscalationAllowed`: system:masters, and everyone with authorization off, grant
+        // anything.
+        if def.group != escalation::GROUP
+            || self.mode == Authorization::AlwaysAllow
+            || user.is_master()
+        {
+            return Ok(());
+        }
+        let Some(grant) = Grant::of(&def.plural, new, old)? else {
+            return Ok(());
+        };
+        if old.is_some_and(|old| escalation::only_garbage_collection_fields_change(old, new)) {
+            return Ok(());
+        }
+        escalation::check(&*self.policy(api)?, user, &grant)
     }
 }
 
