@@ -18,7 +18,7 @@ use crate::api::{
 use crate::auth::{Auth, Authorization, Requester, UserInfo, reviews};
 use crate::error::ApiError;
 use crate::media::{self, BODY_MEDIA_TYPES, JSON_OR_YAML, PROTOBUF};
-use crate::patch::PatchType;
+use crate::patch::{self, PatchType};
 use crate::registry::{self, ResourceDef};
 use crate::selectors::{FieldSelector, LabelSelector};
 use crate::table::{self, IncludeObject};
@@ -475,17 +475,17 @@ async fn scale_request(
         }
         Method::PUT => ScaleChange::Replace(parse_body(headers, &body, BODY_MEDIA_TYPES)?),
         Method::PATCH => {
-            let content_type = headers
-                .get(header::CONTENT_TYPE)
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("");
+            let content_type = patch::content_type(headers);
             // JSON, merge and strategic patches of the Scale (no apply here).
             let patch_type = PatchType::from_content_type(content_type)
                 .filter(|t| *t != PatchType::Apply)
                 .ok_or_else(|| {
                     ApiError::unsupported_media_type(content_type, PatchType::media_types(true))
                 })?;
-            ScaleChange::Patch(patch_type, decode_json_or_yaml(content_type, &body)?)
+            ScaleChange::Patch(
+                patch_type,
+                decode_json_or_yaml(patch_type.media_type(), &body)?,
+            )
         }
         _ => return Err(ApiError::method_not_allowed()),
     };
@@ -650,10 +650,7 @@ async fn resource_request(
             ))
         }
         (Method::PATCH, Some(name)) => {
-            let content_type = headers
-                .get(header::CONTENT_TYPE)
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("");
+            let content_type = patch::content_type(headers);
             let custom_resource = def.flavor == registry::Flavor::CustomResource;
             // As in kube-apiserver: custom resources have no patch strategies to merge with.
             let patch_type = PatchType::from_content_type(content_type)
@@ -664,7 +661,7 @@ async fn resource_request(
                         PatchType::media_types(custom_resource),
                     )
                 })?;
-            let patch = decode_json_or_yaml(content_type, &body)?;
+            let patch = decode_json_or_yaml(patch_type.media_type(), &body)?;
             let opts = write_options("PatchOptions", params, headers, &user)?;
             let representation = representation(headers, media::Answer::Object)?;
             if patch_type == PatchType::Apply

@@ -1,6 +1,7 @@
 //! PATCH bodies: JSON patch (RFC 6902), JSON merge patch (RFC 7386) and strategic merge patch
 //! (`strategic_merge.rs`). Server-side apply lives in `apply.rs`.
 
+use axum::http::{HeaderMap, header};
 use serde_json::Value;
 
 use crate::error::ApiError;
@@ -14,17 +15,46 @@ pub enum PatchType {
     Apply,
 }
 
+/// Each patch type and its media type.
+const PATCH_MEDIA_TYPES: [(PatchType, &str); 4] = [
+    (PatchType::Json, "application/json-patch+json"),
+    (PatchType::Merge, "application/merge-patch+json"),
+    (
+        PatchType::Strategic,
+        "application/strategic-merge-patch+json",
+    ),
+    (PatchType::Apply, "application/apply-patch+yaml"),
+];
+
+/// A request's Content-Type as [`PatchType::from_content_type`] reads it: "" when there is none
+/// or it is not visible ASCII.
+pub fn content_type(headers: &HeaderMap) -> &str {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+}
+
 impl PatchType {
-    /// The patch type a PATCH request's Content-Type names, if any.
+    /// The patch type a PATCH request's Content-Type names, if any. The one reading of it:
+    /// authorization and the handlers both ask here, so that no type can be one patch to the
+    /// one and another to the other. Whitespace around the media type, its letter case and its
+    /// parameters (`; charset=utf-8`) do not matter; anything else names no patch type (415).
     pub fn from_content_type(content_type: &str) -> Option<Self> {
         let media = content_type.split(';').next().unwrap_or("").trim();
-        match media {
-            "application/json-patch+json" => Some(PatchType::Json),
-            "application/merge-patch+json" => Some(PatchType::Merge),
-            "application/strategic-merge-patch+json" => Some(PatchType::Strategic),
-            "application/apply-patch+yaml" => Some(PatchType::Apply),
-            _ => None,
-        }
+        PATCH_MEDIA_TYPES
+            .iter()
+            .find(|(_, name)| media.eq_ignore_ascii_case(name))
+            .map(|(patch_type, _)| *patch_type)
+    }
+
+    /// The media type that names this patch type.
+    pub fn media_type(self) -> &'static str {
+        PATCH_MEDIA_TYPES
+            .iter()
+            .find(|(patch_type, _)| *patch_type == self)
+            .map(|(_, name)| *name)
+            .expect("every patch type has a media type")
     }
 
     /// The patch media types kube-apiserver accepts, in the order its 415 message lists them.
@@ -135,10 +165,39 @@ mod tests {
         )
         .unwrap();
         assert_eq!(out, json!({"a": 1, "b": {"d": 3}}));
-        assert_eq!(PatchType::from_content_type("application/xml"), None);
-        assert_eq!(
-            PatchType::from_content_type("application/merge-patch+json; charset=utf-8"),
-            Some(PatchType::Merge)
-        );
+    }
+
+    #[test]
+    fn a_patch_type_is_read_whatever_its_padding_case_and_parameters() {
+        for (patch_type, media_type) in PATCH_MEDIA_TYPES {
+            assert_eq!(patch_type.media_type(), media_type);
+            for variant in [
+                media_type.to_string(),
+                format!(" {media_type}"),
+                format!("{media_type}\t "),
+                format!("{media_type}; charset=utf-8"),
+                format!("  {media_type} ;charset=utf-8"),
+                media_type.to_ascii_uppercase(),
+            ] {
+                assert_eq!(
+                    PatchType::from_content_type(&variant),
+                    Some(patch_type),
+                    "{variant:?}"
+                );
+            }
+        }
+        for unknown in [
+            "",
+            "application/xml",
+            "application/json",
+            "application/apply-patch",
+            "application/apply-patch+cbor",
+            "application/apply-patch+yaml2",
+            "application/apply-patch+ yaml",
+            "xapplication/merge-patch+json",
+            "; application/merge-patch+json",
+        ] {
+            assert_eq!(PatchType::from_content_type(unknown), None, "{unknown:?}");
+        }
     }
 }

@@ -144,8 +144,13 @@ impl ApiServerBuilder {
             None => Store::open(None)?,
         }
         .with_history(self.history);
+        let tokens = token_key(self.data_dir.as_deref())?;
+        let auth = Arc::new(Auth::new(self.authorization, tokens));
         let mut api = ApiState::new(store)?;
         api.admission = crate::admission::Admission::with_services(self.webhook_services.clone());
+        if self.authorization == Authorization::Rbac {
+            api.authorizer = Some(auth.clone());
+        }
         let api = Arc::new(api);
         api.ensure_default_namespaces().await?;
         if self.authorization == Authorization::Rbac {
@@ -156,8 +161,6 @@ impl ApiServerBuilder {
             (Some(dir), true) => Some(TlsMaterial::load_or_generate(&dir.join("pki"))?),
             (None, true) => Some(TlsMaterial::generate()?),
         };
-        let tokens = token_key(self.data_dir.as_deref())?;
-        let auth = Arc::new(Auth::new(self.authorization, tokens));
         // The admin's own credentials: a client certificate in `system:masters`.
         let admin = match (&tls, self.authorization) {
             (Some(tls), Authorization::Rbac) => {

@@ -3,11 +3,20 @@
 //! kube-apiserver answers; and the attacks: forged tokens, certificates from another CA, a
 //! deleted ServiceAccount, anonymous writes.
 
+use std::sync::Arc;
+
+use bytes::Bytes;
 use caretaker_apiserver::{ApiServer, Authorization, ServerError, Subject};
 use caretaker_pki::{CaSpec, CertificateAuthority, LeafSpec, Usage};
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{Api, DeleteParams, PostParams};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use serde_json::{Value, json};
+use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
 
 mod common;
 use common::api_status;
@@ -501,4 +510,588 @@ async fn a_server_side_apply_that_creates_needs_create_as_well_as_patch() {
     gina.patch("applied", &apply, &kube::api::Patch::Apply(&object))
         .await
         .unwrap();
+}
+
+/// A TLS connection to `server` with `subject`'s client certificate, on which the server chose
+/// `alpn` (`h2` or `http/1.1`).
+async fn connect_as(server: &ApiServer, subject: &Subject, alpn: &[u8]) -> TlsStream<TcpStream> {
+    use base64::Engine;
+    use secrecy::ExposeSecret;
+    let config = server.kube_config_for(subject).unwrap();
+    let decode = |b64: &str| {
+        base64::engine::general_purpose::STANDARD
+            .decode(b64)
+            .unwrap()
+    };
+    let cert_pem = decode(config.auth_info.client_certificate_data.as_deref().unwrap());
+    let key_pem = decode(
+        config
+            .auth_info
+            .client_key_data
+            .as_ref()
+            .unwrap()
+            .expose_secret(),
+    );
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_slice(server.ca_pem().unwrap().as_bytes()).unwrap())
+        .unwrap();
+    let mut tls = rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_client_auth_cert(
+            vec![CertificateDer::from_pem_slice(&cert_pem).unwrap()],
+            PrivateKeyDer::from_pem_slice(&key_pem).unwrap(),
+        )
+        .unwrap();
+    tls.alpn_protocols = vec![alpn.to_vec()];
+    let tcp = TcpStream::connect(server.addr()).await.unwrap();
+    let stream = tokio_rustls::TlsConnector::from(Arc::new(tls))
+        .connect(ServerName::try_from("localhost").unwrap(), tcp)
+        .await
+        .unwrap();
+    assert_eq!(stream.get_ref().1.alpn_protocol(), Some(alpn));
+    stream
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Protocol {
+    Http1,
+    Http2,
+}
+
+/// One request as `subject`, over a connection of its own speaking `protocol`, with exactly
+/// this Content-Type (as typed clients would not send it); the status code and the JSON body.
+async fn send_as(
+    server: &ApiServer,
+    subject: &Subject,
+    protocol: Protocol,
+    (method, path): (&str, &str),
+    content_type: &str,
+    body: &str,
+) -> (u16, Value) {
+    let port = server.addr().port();
+    let request = |uri: String| {
+        http::Request::builder()
+            .method(method)
+            .uri(uri)
+            .header(http::header::HOST, format!("localhost:{port}"))
+            .header(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_str(content_type).unwrap(),
+            )
+            .body(Full::new(Bytes::from(body.to_string())))
+            .unwrap()
+    };
+    let response = match protocol {
+        Protocol::Http1 => {
+            let stream = TokioIo::new(connect_as(server, subject, b"http/1.1").await);
+            let (mut sender, connection) =
+                hyper::client::conn::http1::handshake(stream).await.unwrap();
+            tokio::spawn(connection);
+            let response = sender.send_request(request(path.to_string())).await;
+            let response = response.unwrap();
+            assert_eq!(response.version(), http::Version::HTTP_11);
+            response
+        }
+        Protocol::Http2 => {
+            let stream = TokioIo::new(connect_as(server, subject, b"h2").await);
+            let (mut sender, connection) =
+                hyper::client::conn::http2::handshake(TokioExecutor::new(), stream)
+                    .await
+                    .unwrap();
+            tokio::spawn(connection);
+            let uri = format!("https://localhost:{port}{path}");
+            let response = sender.send_request(request(uri)).await.unwrap();
+            assert_eq!(response.version(), http::Version::HTTP_2);
+            response
+        }
+    };
+    let code = response.status().as_u16();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    (code, serde_json::from_slice(&body).unwrap_or(Value::Null))
+}
+
+/// Grants user `name` the `rules` cluster-wide, as the admin: a ClusterRole `role` and a
+/// ClusterRoleBinding of it (also named `role`).
+async fn grant(server: &ApiServer, name: &str, role: &str, rules: Value) -> Subject {
+    create(
+        server,
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+               "metadata": {"name": role}, "rules": rules}),
+    )
+    .await;
+    create(
+        server,
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+               "metadata": {"name": role},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+               "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": name}]}),
+    )
+    .await;
+    user(name, &[])
+}
+
+/// Binds `name` to a ClusterRole that may get and patch ConfigMaps, and not create them.
+async fn configmap_patcher(server: &ApiServer, name: &str) -> Subject {
+    let rules =
+        json!([{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "patch"]}]);
+    grant(server, name, &format!("{name}-patches-configmaps"), rules).await
+}
+
+/// The attack: over HTTP/2, `Content-Type: " application/apply-patch+yaml"` (a leading
+/// space, which HTTP/1.1 parsers strip but HTTP/2 carries) was no apply to the authorizer,
+/// which then did not ask for `create`, and an apply to the handler, which created the object.
+/// Every patch type, padded, with parameters and in capitals, over both protocols: an apply
+/// that would create needs `create`; each well-formed variant patches an existing object as
+/// its plain type does; anything else is 415 whatever the object.
+#[tokio::test]
+async fn a_patch_type_is_read_one_way_by_authorization_and_the_handler() {
+    let server = rbac_server().await;
+    let ivy = configmap_patcher(&server, "ivy").await;
+    create(&server, json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "existing", "namespace": "default"}, "data": {"seed": "x"}})).await;
+    let admin = Api::<ConfigMap>::namespaced(server.client(), "default");
+    let path = |name: &str, manager: &str| {
+        format!("/api/v1/namespaces/default/configmaps/{name}?fieldManager={manager}")
+    };
+    let patch_body = |media_type: &str, name: &str, key: &str| match media_type {
+        "application/json-patch+json" => {
+            json!([{"op": "add", "path": format!("/data/{key}"), "value": "patched"}])
+        }
+        "application/apply-patch+yaml" => {
+            json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": {key: "patched"}})
+        }
+        _ => json!({"data": {key: "patched"}}),
+    };
+    let mut case = 0;
+    for protocol in [Protocol::Http1, Protocol::Http2] {
+        for media_type in [
+            "application/json-patch+json",
+            "application/merge-patch+json",
+            "application/strategic-merge-patch+json",
+            "application/apply-patch+yaml",
+        ] {
+            for content_type in [
+                media_type.to_string(),
+                format!(" {media_type}"),
+                format!("{media_type} "),
+                format!("{media_type}; charset=utf-8"),
+                format!(" {} ; charset=utf-8", media_type.to_ascii_uppercase()),
+            ] {
+                case += 1;
+                let (key, manager) = (format!("k{case}"), format!("ivy-{case}"));
+                let what = format!("{protocol:?} {content_type:?}");
+                let body = patch_body(media_type, "existing", &key).to_string();
+                let request = ("PATCH", path("existing", &manager));
+                let (code, answer) = send_as(
+                    &server,
+                    &ivy,
+                    protocol,
+                    (request.0, &request.1),
+                    &content_type,
+                    &body,
+                )
+                .await;
+                assert_eq!(
+                    (code, &answer["data"][&key]),
+                    (200, &json!("patched")),
+                    "{what}: {answer}"
+                );
+
+                let absent = format!("absent-{case}");
+                let body = patch_body(media_type, &absent, &key).to_string();
+                let request = ("PATCH", path(&absent, &manager));
+                let (code, answer) = send_as(
+                    &server,
+                    &ivy,
+                    protocol,
+                    (request.0, &request.1),
+                    &content_type,
+                    &body,
+                )
+                .await;
+                if media_type == "application/apply-patch+yaml" {
+                    assert_eq!(code, 403, "{what}: {answer}");
+                    assert_eq!(
+                        answer["message"],
+                        format!(
+                            "configmaps \"{absent}\" is forbidden: User \"ivy\" cannot create resource \"configmaps\" in API group \"\" in the namespace \"default\""
+                        ),
+                        "{what}"
+                    );
+                } else {
+                    assert_eq!(code, 404, "{what}: {answer}");
+                }
+                assert!(
+                    admin.get_opt(&absent).await.unwrap().is_none(),
+                    "{what} created {absent}"
+                );
+            }
+        }
+        // Types that name no patch here (CBOR apply is behind a feature gate upstream).
+        for content_type in [
+            "application/apply-patch+cbor",
+            "application/apply-patch",
+            "application/apply-patch+yaml2",
+            "application/apply-patch+ yaml",
+            "text/plain",
+        ] {
+            let what = format!("{protocol:?} {content_type:?}");
+            for name in ["existing", "absent"] {
+                let body = patch_body("application/apply-patch+yaml", name, "unknown").to_string();
+                let (code, answer) = send_as(
+                    &server,
+                    &ivy,
+                    protocol,
+                    ("PATCH", &path(name, "ivy")),
+                    content_type,
+                    &body,
+                )
+                .await;
+                assert_eq!(
+                    (code, &answer["reason"]),
+                    (415, &json!("UnsupportedMediaType")),
+                    "{what} on {name}: {answer}"
+                );
+            }
+            assert!(admin.get_opt("absent").await.unwrap().is_none(), "{what}");
+        }
+    }
+}
+
+/// The attack: whether a server-side apply creates was decided when the request was
+/// authorized, before the handler read it; an object deleted in between was then created by
+/// a user without `create`. Here the race is won every time: the request's head is sent (and
+/// authorized, as a patch of an object that exists) and its body held back until the object
+/// is deleted.
+#[tokio::test]
+async fn an_apply_is_allowed_to_create_where_it_creates_not_before() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let server = rbac_server().await;
+    let hank = configmap_patcher(&server, "hank").await;
+    create(&server, json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "raced", "namespace": "default"}})).await;
+    let admin = Api::<ConfigMap>::namespaced(server.client(), "default");
+
+    let body = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "raced"}, "data": {"k": "hank's"}}).to_string();
+    let head = format!(
+        "PATCH /api/v1/namespaces/default/configmaps/raced?fieldManager=hank HTTP/1.1\r\nHost: localhost:{}\r\nContent-Type: application/apply-patch+yaml\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        server.addr().port(),
+        body.len()
+    );
+    let mut stream = connect_as(&server, &hank, b"http/1.1").await;
+    stream.write_all(head.as_bytes()).await.unwrap();
+    stream.flush().await.unwrap();
+    let authorized = |log: &[caretaker_apiserver::Access]| {
+        log.iter().any(|a| {
+            (
+                a.user.as_str(),
+                a.verb.as_str(),
+                a.resource.as_str(),
+                a.allowed,
+            ) == ("hank", "patch", "configmaps", true)
+        })
+    };
+    let mut waited = 0;
+    while !authorized(&server.access_log()) {
+        waited += 1;
+        assert!(waited < 1000, "the request was never authorized");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    admin
+        .delete("raced", &DeleteParams::default())
+        .await
+        .unwrap();
+    stream.write_all(body.as_bytes()).await.unwrap();
+    stream.flush().await.unwrap();
+    let mut answer = Vec::new();
+    // The server closes the connection (Connection: close); a close without TLS close_notify
+    // ends the read as an error, after the whole answer.
+    let _ = stream.read_to_end(&mut answer).await;
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 403"), "{answer}");
+    assert!(
+        answer.contains(r#"configmaps \"raced\" is forbidden: User \"hank\" cannot create resource \"configmaps\" in API group \"\" in the namespace \"default\""#),
+        "{answer}"
+    );
+    assert!(
+        admin.get_opt("raced").await.unwrap().is_none(),
+        "hank created what he may not create"
+    );
+}
+
+fn from<T: serde::de::DeserializeOwned>(object: Value) -> T {
+    serde_json::from_value(object).unwrap()
+}
+
+/// What a user without every permission is told when granting cluster-admin's.
+const NOT_HELD_CLUSTER_ADMIN: &str = "is attempting to grant RBAC permissions not currently held:\n{APIGroups:[\"*\"], Resources:[\"*\"], Verbs:[\"*\"]}\n{NonResourceURLs:[\"*\"], Verbs:[\"*\"]}";
+
+/// The attack: a user allowed to create RoleBindings bound `cluster-admin` to themselves and
+/// read every Secret. Now binding a role needs its permissions where the binding grants them,
+/// or `bind` on that role (by name), as kube-apiserver decides; whether by create, update,
+/// patch or server-side apply.
+#[tokio::test]
+async fn binding_a_role_needs_its_permissions_or_bind_on_it() {
+    use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleBinding};
+    use kube::api::{Patch, PatchParams};
+    let server = rbac_server().await;
+    let writes_bindings = json!([{"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["rolebindings", "clusterrolebindings"], "verbs": ["get", "create", "update", "patch"]}]);
+    let mallory = grant(&server, "mallory", "binding-writer", writes_bindings).await;
+    let mallory = client_as(&server, &mallory);
+    let cluster_bindings = Api::<ClusterRoleBinding>::all(mallory.clone());
+    let bindings = Api::<RoleBinding>::namespaced(mallory.clone(), "default");
+    let secrets = Api::<Secret>::all(mallory.clone());
+    let binding = |kind: &str, name: &str, role: &str| {
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": kind,
+               "metadata": {"name": name},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+               "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "mallory"}]})
+    };
+    let pp = PostParams::default();
+
+    let refused = cluster_bindings
+        .create(
+            &pp,
+            &from(binding(
+                "ClusterRoleBinding",
+                "mallory-admin",
+                "cluster-admin",
+            )),
+        )
+        .await
+        .unwrap_err();
+    let refused = api_status(refused);
+    assert_eq!((refused.code, refused.reason.as_str()), (403, "Forbidden"));
+    assert_eq!(
+        refused.message,
+        format!(
+            "clusterrolebindings.rbac.authorization.k8s.io \"mallory-admin\" is forbidden: user \"mallory\" (groups=[\"system:authenticated\"]) {NOT_HELD_CLUSTER_ADMIN}"
+        )
+    );
+    let in_default = binding("RoleBinding", "mallory-admin", "cluster-admin");
+    let refused = bindings
+        .create(&pp, &from(in_default.clone()))
+        .await
+        .unwrap_err();
+    assert!(api_status(refused).message.starts_with(
+        "rolebindings.rbac.authorization.k8s.io \"mallory-admin\" is forbidden: user \"mallory\""
+    ),);
+    let apply = PatchParams::apply("mallory");
+    let refused = bindings
+        .patch("mallory-admin", &apply, &Patch::Apply(&in_default))
+        .await
+        .unwrap_err();
+    assert_eq!(api_status(refused).code, 403, "server-side apply");
+    // Joining someone else's binding of cluster-admin is binding it too.
+    create(&server, json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": {"name": "ops-admin", "namespace": "default"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "ops"}]})).await;
+    let join = json!({"subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "ops"}, {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "mallory"}]});
+    let refused = bindings
+        .patch("ops-admin", &PatchParams::default(), &Patch::Merge(&join))
+        .await
+        .unwrap_err();
+    assert_eq!(api_status(refused).code, 403, "merge patch");
+    let mut joined: RoleBinding = bindings.get("ops-admin").await.unwrap();
+    joined.subjects = from(join["subjects"].clone());
+    let refused = bindings
+        .replace("ops-admin", &pp, &joined)
+        .await
+        .unwrap_err();
+    assert_eq!(api_status(refused).code, 403, "update");
+    assert_eq!(
+        api_status(secrets.list(&Default::default()).await.unwrap_err()).code,
+        403,
+        "nothing was bound"
+    );
+    // A role that does not exist is not found (unless one may bind it).
+    let dangling = binding("RoleBinding", "dangling", "nowhere");
+    let missing = api_status(bindings.create(&pp, &from(dangling)).await.unwrap_err());
+    assert_eq!(
+        (missing.code, missing.message.as_str()),
+        (
+            404,
+            "clusterroles.rbac.authorization.k8s.io \"nowhere\" not found"
+        )
+    );
+    // What she holds, she may bind.
+    bindings
+        .create(
+            &pp,
+            &from(binding("RoleBinding", "her-own", "binding-writer")),
+        )
+        .await
+        .unwrap();
+
+    // `bind` on another role's name is not `bind` on cluster-admin.
+    let bind = |names: &[&str]| json!([{"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["clusterroles"], "verbs": ["bind"], "resourceNames": names}]);
+    grant(&server, "mallory", "binds-view", bind(&["view"])).await;
+    let refused = cluster_bindings
+        .create(
+            &pp,
+            &from(binding(
+                "ClusterRoleBinding",
+                "mallory-admin",
+                "cluster-admin",
+            )),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(api_status(refused).code, 403);
+    // `bind` in one namespace lets her bind cluster-admin there, and nowhere else.
+    create(
+        &server,
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team"}}),
+    )
+    .await;
+    create(&server, json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+        "metadata": {"name": "binds-admin", "namespace": "team"}, "rules": bind(&["cluster-admin"])})).await;
+    create(&server, json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": {"name": "mallory-binds-admin", "namespace": "team"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "binds-admin"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "mallory"}]})).await;
+    Api::<RoleBinding>::namespaced(mallory.clone(), "team")
+        .create(
+            &pp,
+            &from(binding("RoleBinding", "mallory-admin", "cluster-admin")),
+        )
+        .await
+        .unwrap();
+    let refused = bindings.create(&pp, &from(in_default)).await.unwrap_err();
+    assert_eq!(
+        api_status(refused).code,
+        403,
+        "bind is granted in team only"
+    );
+    assert_eq!(
+        api_status(secrets.list(&Default::default()).await.unwrap_err()).code,
+        403,
+        "cluster-admin in team is not cluster-wide"
+    );
+    Api::<Secret>::namespaced(mallory.clone(), "team")
+        .list(&Default::default())
+        .await
+        .unwrap();
+    // `bind` on cluster-admin itself, cluster-wide: now she may.
+    grant(&server, "mallory", "binds-admin", bind(&["cluster-admin"])).await;
+    cluster_bindings
+        .create(
+            &pp,
+            &from(binding(
+                "ClusterRoleBinding",
+                "mallory-admin",
+                "cluster-admin",
+            )),
+        )
+        .await
+        .unwrap();
+    secrets.list(&Default::default()).await.unwrap();
+}
+
+/// A Role or ClusterRole may grant only what its writer already holds (or with `escalate`);
+/// an `aggregationRule` needs every permission; a ClusterRole labelled into an aggregate is
+/// held to its own rules like any other.
+#[tokio::test]
+async fn a_role_may_grant_only_what_its_writer_holds_unless_it_may_escalate() {
+    use k8s_openapi::api::rbac::v1::{ClusterRole, Role};
+    use kube::api::{Patch, PatchParams};
+    let server = rbac_server().await;
+    let writes_roles = json!([
+        {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles", "clusterroles"], "verbs": ["get", "create", "update", "patch"]},
+        {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]}
+    ]);
+    let erin = grant(&server, "erin", "role-writer", writes_roles).await;
+    let erin = client_as(&server, &erin);
+    let roles = Api::<Role>::namespaced(erin.clone(), "default");
+    let cluster_roles = Api::<ClusterRole>::all(erin.clone());
+    let secrets = Api::<Secret>::namespaced(erin.clone(), "default");
+    let pp = PostParams::default();
+    let role = |kind: &str, name: &str, rules: Value| json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": kind, "metadata": {"name": name}, "rules": rules});
+    let read_configmaps =
+        json!([{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]}]);
+    let list_secrets = json!([{"apiGroups": [""], "resources": ["secrets"], "verbs": ["list"]}]);
+
+    roles
+        .create(&pp, &from(role("Role", "reader", read_configmaps.clone())))
+        .await
+        .unwrap();
+    let refused = roles
+        .create(&pp, &from(role("Role", "lister", list_secrets.clone())))
+        .await
+        .unwrap_err();
+    let refused = api_status(refused);
+    assert_eq!((refused.code, refused.reason.as_str()), (403, "Forbidden"));
+    assert_eq!(
+        refused.message,
+        "roles.rbac.authorization.k8s.io \"lister\" is forbidden: user \"erin\" (groups=[\"system:authenticated\"]) is attempting to grant RBAC permissions not currently held:\n{APIGroups:[\"\"], Resources:[\"secrets\"], Verbs:[\"list\"]}"
+    );
+    let widen = json!({"rules": [{"apiGroups": [""], "resources": ["configmaps", "secrets"], "verbs": ["get", "list"]}]});
+    let refused = roles
+        .patch("reader", &PatchParams::default(), &Patch::Merge(&widen))
+        .await
+        .unwrap_err();
+    assert_eq!(api_status(refused).code, 403, "merge patch");
+    let everything = json!([{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}]);
+    let apply = PatchParams::apply("erin");
+    let god = role("ClusterRole", "god", everything);
+    let refused = cluster_roles
+        .patch("god", &apply, &Patch::Apply(&god))
+        .await
+        .unwrap_err();
+    assert_eq!(api_status(refused).code, 403, "server-side apply");
+    // An aggregate bound to her gathers what is labelled for it: a label is no way around.
+    create(&server, json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+        "metadata": {"name": "erin-extras"},
+        "aggregationRule": {"clusterRoleSelectors": [{"matchLabels": {"example.dev/erin-extras": "true"}}]}})).await;
+    create(&server, json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": "erin-extras"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "erin-extras"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "erin"}]})).await;
+    let mut labelled = role("ClusterRole", "labelled", list_secrets.clone());
+    labelled["metadata"]["labels"] = json!({"example.dev/erin-extras": "true"});
+    let refused = cluster_roles
+        .create(&pp, &from(labelled.clone()))
+        .await
+        .unwrap_err();
+    assert_eq!(api_status(refused).code, 403, "labelled into an aggregate");
+    let mut gatherer = role("ClusterRole", "gatherer", json!([]));
+    gatherer["aggregationRule"] =
+        json!({"clusterRoleSelectors": [{"matchLabels": {"anything": "true"}}]});
+    let refused = api_status(
+        cluster_roles
+            .create(&pp, &from(gatherer.clone()))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(
+        (refused.code, refused.message.as_str()),
+        (
+            403,
+            "clusterroles.rbac.authorization.k8s.io \"gatherer\" is forbidden: must have cluster-admin privileges to use the aggregationRule"
+        )
+    );
+    assert_eq!(
+        api_status(secrets.list(&Default::default()).await.unwrap_err()).code,
+        403,
+        "nothing was granted"
+    );
+
+    // With `escalate` on roles and clusterroles, each of those is hers to write.
+    let escalate = json!([{"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles", "clusterroles"], "verbs": ["escalate"]}]);
+    grant(&server, "erin", "role-escalator", escalate).await;
+    roles
+        .create(&pp, &from(role("Role", "lister", list_secrets)))
+        .await
+        .unwrap();
+    roles
+        .patch("reader", &PatchParams::default(), &Patch::Merge(&widen))
+        .await
+        .unwrap();
+    cluster_roles
+        .patch("god", &apply, &Patch::Apply(&god))
+        .await
+        .unwrap();
+    cluster_roles.create(&pp, &from(labelled)).await.unwrap();
+    cluster_roles.create(&pp, &from(gatherer)).await.unwrap();
+    secrets.list(&Default::default()).await.unwrap();
 }

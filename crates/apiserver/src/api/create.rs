@@ -64,6 +64,10 @@ impl ApiState {
         body: &Value,
         opts: &WriteOptions,
     ) -> Result<Written, ApiError> {
+        // A patch becomes a create here, once nothing was found: this is where it must be
+        // allowed to create (before the request was read, the object may have existed), and
+        // the store refuses to create over an object that appeared since.
+        self.authorize_create(def, namespace, name, opts)?;
         let (cfg, warnings) = self.decode(def, namespace, Some(name), body.clone(), opts)?;
         self.check_namespace_open(def, namespace, name)?;
         let obj = apply::apply(

@@ -8,8 +8,10 @@
 //! validation ([`validate`]) → validating admission → compare-and-swap in storage.
 //! [`create`] and [`update`] (update, patch, server-side apply) each get to the object in their
 //! own way; from the part it may write on, they share one pipeline: [`write`].
-//! [`delete`] and [`read`] hold the other verbs, [`options`] what requests ask of them.
+//! [`delete`] and [`read`] hold the other verbs, [`options`] what requests ask of them,
+//! [`authorize`] what authorization decides where a write is stored.
 
+mod authorize;
 mod create;
 mod decode;
 mod defaults;
@@ -32,16 +34,19 @@ use crate::error::ApiError;
 use crate::registry::{Registry, ResourceDef};
 use crate::storage::{ObjectKey, Store, WriteError};
 
+pub use authorize::WriteAuthorizer;
 pub use options::{
     DeleteOptions, FieldValidation, ListQuery, Part, PropagationPolicy, WriteOptions,
 };
 pub use scale::ScaleChange;
 
-/// Everything the verbs need: storage, the served resources and admission.
+/// Everything the verbs need: storage, the served resources, admission and, with RBAC on,
+/// the authorization decided where writes are stored.
 pub struct ApiState {
     pub store: Store,
     pub registry: Registry,
     pub admission: Admission,
+    pub authorizer: Option<Arc<dyn WriteAuthorizer>>,
 }
 
 const CRD_STORAGE_KEY: &str = "apiextensions.k8s.io/customresourcedefinitions";
@@ -52,6 +57,7 @@ impl ApiState {
             store,
             registry: Registry::new(),
             admission: Admission::default(),
+            authorizer: None,
         };
         let (crds, _) = state.store.list(CRD_STORAGE_KEY, None, None)?;
         for crd in &crds {

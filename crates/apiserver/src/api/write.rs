@@ -93,6 +93,8 @@ impl ApiState {
             }
         }
         self.validate(def, &obj, old)?;
+        // What it grants, once patched, applied, admitted and valid (RBAC objects).
+        self.authorize_store(def, &obj, old, opts)?;
         let request = AdmissionRequest::write(def, part.subresource(), &obj, old, opts.dry_run)
             .by(opts.user.as_deref());
         let validating_warnings = self.admission.validate(&self.store, &request).await?;

@@ -5,12 +5,14 @@
 //!
 //! - [`attributes`]: what a request asks to do (kube-apiserver's `RequestInfo`).
 //! - [`rbac`]: the decision, a pure function of the stored RBAC objects.
+//! - [`escalation`]: what a writer of RBAC objects may grant (checked where they are stored).
 //! - [`tokens`]: ServiceAccount bearer tokens.
 //! - [`bootstrap`]: the ClusterRoles and bindings every cluster starts with.
 //! - [`reviews`]: SelfSubjectAccessReview and SelfSubjectRulesReview (`kubectl auth can-i`).
 
 pub mod attributes;
 pub mod bootstrap;
+pub mod escalation;
 pub mod rbac;
 pub mod reviews;
 pub mod tokens;
@@ -23,12 +25,15 @@ use axum::http::header;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use serde::de::DeserializeOwned;
+use serde_json::Value;
 
-use crate::api::ApiState;
+use crate::api::{ApiState, WriteAuthorizer};
 use crate::error::ApiError;
+use crate::registry::ResourceDef;
 use crate::storage::ObjectKey;
 pub use crate::user::{MASTERS, UserInfo, service_account_user};
 use attributes::{Attributes, ResourceAttributes};
+use escalation::Grant;
 use rbac::{Decision, Policy};
 use tokens::TokenKey;
 
@@ -157,7 +162,8 @@ impl Auth {
         user: &UserInfo,
         namespace: &str,
     ) -> Result<(Vec<k8s_openapi::api::rbac::v1::PolicyRule>, bool), ApiError> {
-        Ok(self.policy(api)?.rules_for(user, namespace))
+        let (rules, errors) = self.policy(api)?.rules_for(user, namespace);
+        Ok((rules, !errors.is_empty()))
     }
 
     /// The policy as stored now: read again only after an RBAC object was written.
@@ -179,6 +185,19 @@ impl Auth {
         Ok(policy)
     }
 
+    /// [`Self::authorize`], recorded in the access log; kube-apiserver's 403 when denied.
+    fn check(&self, api: &ApiState, user: &UserInfo, request: &Attributes) -> Result<(), ApiError> {
+        let decision = self.authorize(api, user, request);
+        self.record(user, request, matches!(decision, Decision::Allow(_)));
+        match decision {
+            Decision::Allow(_) => Ok(()),
+            Decision::Deny(reason) => {
+                tracing::debug!(user = %user.name, %request, "forbidden");
+                Err(forbidden(user, request, &reason))
+            }
+        }
+    }
+
     fn record(&self, user: &UserInfo, request: &Attributes, allowed: bool) {
         if let Attributes::Resource(r) = request {
             let mut log = self.access.lock().unwrap_or_else(|p| p.into_inner());
@@ -192,6 +211,57 @@ impl Auth {
                 allowed,
             });
         }
+    }
+}
+
+impl WriteAuthorizer for Auth {
+    fn may_create(
+        &self,
+        api: &ApiState,
+        user: &UserInfo,
+        def: &ResourceDef,
+        namespace: &str,
+        name: &str,
+    ) -> Result<(), ApiError> {
+        let create = Attributes::Resource(ResourceAttributes {
+            verb: "create".into(),
+            group: def.group.clone(),
+            version: def.version.clone(),
+            resource: def.plural.clone(),
+            subresource: String::new(),
+            namespace: if def.namespaced {
+                namespace.to_string()
+            } else {
+                String::new()
+            },
+            name: name.to_string(),
+        });
+        self.check(api, user, &create)
+    }
+
+    fn may_store(
+        &self,
+        api: &ApiState,
+        user: &UserInfo,
+        def: &ResourceDef,
+        new: &Value,
+        old: Option<&Value>,
+    ) -> Result<(), ApiError> {
+        // `EscalationAllowed`: system:masters, and everyone with authorization off, grant
+        // anything.
+        if def.group != escalation::GROUP
+            || self.mode == Authorization::AlwaysAllow
+            || user.is_master()
+        {
+            return Ok(());
+        }
+        let Some(grant) = Grant::of(&def.plural, new, old)? else {
+            return Ok(());
+        };
+        if old.is_some_and(|old| escalation::only_garbage_collection_fields_change(old, new)) {
+            return Ok(());
+        }
+        escalation::check(&*self.policy(api)?, user, &grant)
     }
 }
 
@@ -247,32 +317,6 @@ fn forbidden(user: &UserInfo, request: &Attributes, reason: &str) -> ApiError {
     }
 }
 
-/// A server-side apply of an object that does not exist creates it, so it must also be
-/// allowed to `create` (kube-apiserver's patch handler asks the same): these attributes, or
-/// None for any other request.
-fn apply_creating(api: &ApiState, request: &Request, patch: &Attributes) -> Option<Attributes> {
-    let Attributes::Resource(r) = patch else {
-        return None;
-    };
-    let is_apply = request
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|t| t.starts_with("application/apply-patch"));
-    if r.verb != "patch" || !is_apply || !r.subresource.is_empty() {
-        return None;
-    }
-    let def = api.registry.lookup(&r.group, &r.version, &r.resource)?;
-    let key = ApiState::key(&def, &r.namespace, &r.name);
-    match api.store.get(&key) {
-        Ok(None) => Some(Attributes::Resource(ResourceAttributes {
-            verb: "create".into(),
-            ..r.clone()
-        })),
-        _ => None,
-    }
-}
-
 /// The state the middleware needs.
 pub struct AuthLayer {
     pub auth: Arc<Auth>,
@@ -308,18 +352,10 @@ pub async fn middleware(
             .map(|q| q.0)
             .unwrap_or_default();
         let attributes = Attributes::of(request.method().as_str(), request.uri().path(), &params);
-        let mut checks = vec![attributes];
-        if let Some(create) = apply_creating(&layer.api, &request, &checks[0]) {
-            checks.push(create);
-        }
-        for attributes in &checks {
-            let decision = auth.authorize(&layer.api, &user, attributes);
-            let allowed = matches!(decision, Decision::Allow(_));
-            auth.record(&user, attributes, allowed);
-            if let Decision::Deny(reason) = decision {
-                tracing::debug!(user = %user.name, request = %attributes, "forbidden");
-                return forbidden(&user, attributes, &reason).into_response();
-            }
+        // A server-side apply that creates also needs `create`: decided where it creates
+        // (`WriteAuthorizer::may_create`), not here, before the handler has looked.
+        if let Err(e) = auth.check(&layer.api, &user, &attributes) {
+            return e.into_response();
         }
     }
     request.extensions_mut().insert(Requester(user));

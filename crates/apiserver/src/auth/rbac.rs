@@ -99,8 +99,19 @@ impl Policy {
 
     /// The rules a binding grants, or why they cannot be found.
     fn rules_of(&self, binding: &Binding) -> Result<&[PolicyRule], String> {
-        let name = &binding.role_ref.name;
-        match binding.role_ref.kind.as_str() {
+        self.role_ref_rules(&binding.role_ref, &binding.namespace)
+    }
+
+    /// The rules of the role `role_ref` names for a binding in `namespace` ("" for a
+    /// ClusterRoleBinding), an aggregated ClusterRole's aggregated; or why they cannot be found
+    /// (`GetRoleReferenceRules`).
+    pub fn role_ref_rules(
+        &self,
+        role_ref: &RoleRef,
+        namespace: &str,
+    ) -> Result<&[PolicyRule], String> {
+        let name = &role_ref.name;
+        match role_ref.kind.as_str() {
             "ClusterRole" => self
                 .cluster_roles
                 .get(name)
@@ -110,7 +121,7 @@ impl Policy {
                 }),
             "Role" => self
                 .roles
-                .get(&(binding.namespace.clone(), name.clone()))
+                .get(&(namespace.to_string(), name.clone()))
                 .map(Vec::as_slice)
                 .ok_or_else(|| format!("role.rbac.authorization.k8s.io \"{name}\" not found")),
             other => Err(format!("unknown roleRef kind {other:?}")),
@@ -149,11 +160,12 @@ impl Policy {
         }
     }
 
-    /// Every rule granted to `user` in `namespace` (SelfSubjectRulesReview), and whether a role
-    /// could not be found (the answer is then incomplete).
-    pub fn rules_for(&self, user: &UserInfo, namespace: &str) -> (Vec<PolicyRule>, bool) {
+    /// Every rule granted to `user` in `namespace` (`RulesFor`: SelfSubjectRulesReview, and what
+    /// a writer of RBAC objects holds), and why the roles that could not be found are missing
+    /// (the rules are then incomplete).
+    pub fn rules_for(&self, user: &UserInfo, namespace: &str) -> (Vec<PolicyRule>, Vec<String>) {
         let mut rules = Vec::new();
-        let mut incomplete = false;
+        let mut errors = Vec::new();
         for binding in self.bindings(namespace) {
             if !binding
                 .subjects
@@ -164,10 +176,10 @@ impl Policy {
             }
             match self.rules_of(binding) {
                 Ok(granted) => rules.extend(granted.iter().cloned()),
-                Err(_) => incomplete = true,
+                Err(e) => errors.push(e),
             }
         }
-        (rules, incomplete)
+        (rules, errors)
     }
 }
 
@@ -552,11 +564,14 @@ mod tests {
             p.authorize(&bob, &request("get", "", "secrets", "elsewhere", "s")),
             Decision::Deny(String::new())
         );
-        let (rules, incomplete) = p.rules_for(&bob, "sys");
-        assert!(incomplete);
+        let (rules, errors) = p.rules_for(&bob, "sys");
+        assert_eq!(
+            errors,
+            ["role.rbac.authorization.k8s.io \"gone\" not found"]
+        );
         assert_eq!(rules.len(), 1, "the discovery rule: {rules:?}");
-        let (rules, incomplete) = p.rules_for(&user("system:serviceaccount:sys:op", &[]), "sys");
-        assert!(!incomplete);
+        let (rules, errors) = p.rules_for(&user("system:serviceaccount:sys:op", &[]), "sys");
+        assert!(errors.is_empty());
         assert_eq!(rules.len(), 2, "secret-reader and lease: {rules:?}");
     }
 
