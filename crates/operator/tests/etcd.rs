@@ -11,11 +11,11 @@ use std::time::Duration;
 use caretaker_apiserver::TestServer;
 use caretaker_operator::authority::Certificate;
 use caretaker_operator::controllers::etcd_certificates;
-use caretaker_operator::v1alpha1::EtcdCertificates;
+use caretaker_operator::v1alpha1::{EtcdCertificates, EtcdCertificatesStatus};
 use caretaker_operator::{Context, Settings};
 use common::authorities::{create_namespace, eventually, install_caretaker_crds};
 use common::etcd::{EtcdCluster, Load, etcd_available};
-use k8s_openapi::api::core::v1::Event;
+use k8s_openapi::api::core::v1::{Event, Node, Secret};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
@@ -85,6 +85,14 @@ impl Setup {
     /// Installs revisions as they come until the operator has nothing left to do: Ready,
     /// not degraded, no next signer, and no new revision for a few seconds.
     async fn settle(&mut self) {
+        self.settle_until(|status| {
+            (status.conditions.iter()).any(|c| c.type_ == "Ready" && c.status == "True")
+        })
+        .await
+    }
+
+    /// As [`Self::settle`], with `done` in place of Ready.
+    async fn settle_until(&mut self, done: impl Fn(&EtcdCertificatesStatus) -> bool) {
         let mut quiet = 0;
         for _ in 0..600 {
             if self.cluster.install_if_changed().await {
@@ -93,10 +101,7 @@ impl Setup {
             }
             let object = self.objects().get("etcd").await.unwrap();
             let status = object.status.unwrap_or_default();
-            let ready = status
-                .conditions
-                .iter()
-                .any(|c| c.type_ == "Ready" && c.status == "True");
+            let ready = done(&status);
             let rotating = status.signer.as_ref().is_some_and(|s| {
                 s.next_serial_number.is_some() || !s.previous_serial_numbers.is_empty()
             });
@@ -146,6 +151,224 @@ impl Setup {
 fn start_operator(client: &kube::Client) -> tokio::task::JoinHandle<()> {
     let ctx = Context::new(client.clone(), Settings::default());
     tokio::spawn(etcd_certificates::run(ctx))
+}
+
+/// The label the Node tests select members by.
+const MEMBER_LABEL: &str = "etcd.caretaker.dev/member";
+
+/// A Node labelled as a member, with these `(type, address)` status addresses.
+async fn create_member_node(client: &kube::Client, name: &str, addresses: &[(&str, &str)]) {
+    let addresses: Vec<_> = (addresses.iter())
+        .map(|(type_, address)| json!({"type": type_, "address": address}))
+        .collect();
+    let node = serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {MEMBER_LABEL: "true"}},
+        "status": {"addresses": addresses},
+    }))
+    .unwrap();
+    Api::<Node>::all(client.clone())
+        .create(&PostParams::default(), &node)
+        .await
+        .unwrap();
+}
+
+/// A fresh API server with the CRDs and the namespace, these member Nodes, and the
+/// EtcdCertificates `etcd` selecting them (no listed member; its endpoint answers nothing).
+async fn selecting_nodes(
+    nodes: &[(&str, &[(&str, &str)])],
+) -> (caretaker_apiserver::ApiServer, kube::Client) {
+    let server = TestServer::start().await;
+    let client = server.client();
+    install_caretaker_crds(&client).await;
+    create_namespace(&client, NS).await;
+    for (name, addresses) in nodes {
+        create_member_node(&client, name, addresses).await;
+    }
+    let object: EtcdCertificates = serde_json::from_value(json!({
+        "apiVersion": "caretaker.dev/v1alpha1", "kind": "EtcdCertificates",
+        "metadata": {"name": "etcd", "namespace": NS},
+        "spec": {
+            "memberSelector": {"matchLabels": {MEMBER_LABEL: "true"}},
+            "quorum": {"endpoints": ["https://10.0.0.10:2379"]},
+        },
+    }))
+    .unwrap();
+    Api::<EtcdCertificates>::namespaced(client.clone(), NS)
+        .create(&PostParams::default(), &object)
+        .await
+        .unwrap();
+    (server, client)
+}
+
+/// The EtcdCertificates `etcd`'s condition `type_` when True: its reason and message.
+async fn true_condition(client: &kube::Client, type_: &str) -> Option<(String, String)> {
+    let object = Api::<EtcdCertificates>::namespaced(client.clone(), NS)
+        .get("etcd")
+        .await
+        .ok()?;
+    (object.status?.conditions.into_iter())
+        .find(|c| c.type_ == type_ && c.status == "True")
+        .map(|c| (c.reason, c.message))
+}
+
+/// The Warning events' messages with this reason, in the namespace.
+async fn warnings(client: &kube::Client, reason: &str) -> Vec<String> {
+    let events = Api::<Event>::namespaced(client.clone(), NS)
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    (events.items.into_iter())
+        .filter(|e| e.type_.as_deref() == Some("Warning") && e.reason.as_deref() == Some(reason))
+        .filter_map(|e| e.message)
+        .collect()
+}
+
+/// A certificate Secret's `tls.crt` subject common name.
+fn common_name(secret: &Secret) -> Option<String> {
+    let data = secret.data.as_ref().unwrap();
+    let pem = String::from_utf8(data["tls.crt"].0.clone()).unwrap();
+    Certificate::parse_pem(&pem).unwrap()[0]
+        .info()
+        .common_name
+        .clone()
+}
+
+/// Issue 31, item 4 (a): a Node writer gives a selected Node a non-ASCII address. That Node
+/// alone is refused and named (Degraded and a Warning); every other certificate is issued, and
+/// one deleted is issued again. Before, signing failed (`Invalid IA5String`) and nothing was
+/// issued at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_with_a_non_ascii_address_stops_no_other_certificate() {
+    let (_server, client) = selecting_nodes(&[
+        ("cp-0", &[("InternalIP", "10.0.0.10")]),
+        (
+            "cp-1",
+            &[("InternalIP", "10.0.0.11"), ("Hostname", "cp-1.exämple")],
+        ),
+    ])
+    .await;
+    let _operator = start_operator(&client);
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), NS);
+    let all = eventually(
+        "etcd-all-certs, etcd-client and cp-0's certificates",
+        60,
+        || async {
+            for name in ["etcd-client", "etcd-metric-client", "etcd-peer-cp-0"] {
+                secrets.get_opt(name).await.ok()??;
+            }
+            secrets.get_opt("etcd-all-certs").await.ok()?
+        },
+    )
+    .await;
+    let keys: Vec<String> = all.data.unwrap().into_keys().collect();
+    assert!(
+        keys.contains(&"etcd-serving-cp-0.crt".to_string()),
+        "{keys:?}"
+    );
+    assert!(!keys.iter().any(|k| k.contains("cp-1")), "{keys:?}");
+    assert!(secrets.get_opt("etcd-peer-cp-1").await.unwrap().is_none());
+    let (reason, message) = eventually("Degraded naming cp-1", 30, || async {
+        true_condition(&client, "EtcdCertSignerControllerDegraded").await
+    })
+    .await;
+    assert_eq!(reason, "MemberRefused");
+    assert!(
+        message.starts_with("Node \"cp-1\" is not a member: status.addresses[1].address: \"cp-1.exämple\" is not a DNS name"),
+        "{message}"
+    );
+    let warned = eventually("a Warning naming cp-1", 30, || async {
+        let found = warnings(&client, "MemberRefused").await;
+        (!found.is_empty()).then_some(found)
+    })
+    .await;
+    assert!(warned[0].contains("Node \"cp-1\""), "{warned:?}");
+
+    // A certificate deleted is issued again (before, nothing was).
+    let old = secrets.get("etcd-client").await.unwrap();
+    secrets
+        .delete("etcd-client", &Default::default())
+        .await
+        .unwrap();
+    eventually("etcd-client issued again", 30, || async {
+        let new = secrets.get_opt("etcd-client").await.ok()??;
+        (new.metadata.uid != old.metadata.uid).then_some(())
+    })
+    .await;
+}
+
+/// Issue 31, item 4 (b): a Node named `metrics-cp-0` would have the serving Secret
+/// `etcd-serving-metrics-cp-0`, which is member cp-0's metrics serving Secret. It is refused,
+/// naming both; cp-0's certificate stays as issued, pass after pass. Before, the two members
+/// replaced each other's certificate in that Secret about 90 times a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_named_after_a_members_metrics_secret_is_refused() {
+    let (_server, client) = selecting_nodes(&[
+        ("cp-0", &[("InternalIP", "10.0.0.10")]),
+        ("metrics-cp-0", &[("InternalIP", "10.0.0.11")]),
+    ])
+    .await;
+    let ctx = Context::new(client.clone(), Settings::default());
+    let _operator = tokio::spawn(etcd_certificates::run(ctx.clone()));
+    let (reason, message) = eventually("Degraded naming metrics-cp-0", 60, || async {
+        true_condition(&client, "EtcdCertSignerControllerDegraded").await
+    })
+    .await;
+    assert_eq!(reason, "MemberRefused");
+    assert_eq!(
+        message,
+        "Node \"metrics-cp-0\" is not a member: its Secret \"etcd-serving-metrics-cp-0\" is \
+         already Node \"cp-0\"'s"
+    );
+    let warned = warnings(&client, "MemberRefused").await;
+    assert_eq!(warned, [message]);
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), NS);
+    let all = secrets.get("etcd-all-certs").await.unwrap();
+    let keys: Vec<String> = all.data.unwrap().into_keys().collect();
+    assert!(keys.contains(&"etcd-peer-cp-0.crt".to_string()), "{keys:?}");
+    for refused in [
+        "etcd-peer-metrics-cp-0",
+        "etcd-serving-metrics-metrics-cp-0",
+    ] {
+        assert!(!keys.contains(&format!("{refused}.crt")), "{keys:?}");
+    }
+    assert!(
+        secrets
+            .get_opt("etcd-peer-metrics-cp-0")
+            .await
+            .unwrap()
+            .is_none()
+    );
+
+    // Pass after pass (the endpoint answers nothing, so the controller asks every 2 s), cp-0's
+    // metrics serving certificate is not written again.
+    let metrics = secrets.get("etcd-serving-metrics-cp-0").await.unwrap();
+    assert_eq!(
+        common_name(&metrics).as_deref(),
+        Some("system:etcd-metric:cp-0")
+    );
+    let passes = || reconciles(&ctx);
+    let before = passes();
+    eventually("three more passes", 30, || async {
+        (passes() >= before + 3).then_some(())
+    })
+    .await;
+    let after = secrets.get("etcd-serving-metrics-cp-0").await.unwrap();
+    assert_eq!(
+        after.metadata.resource_version,
+        metrics.metadata.resource_version
+    );
+}
+
+/// The controller's passes so far, from its `caretaker_reconcile_total`.
+fn reconciles(ctx: &Context) -> u64 {
+    let metrics = ctx.metrics.encode();
+    let line = (metrics.lines())
+        .find(|l| l.starts_with("caretaker_reconcile_total{controller=\"etcd_certificates\"}"))
+        .unwrap_or_default();
+    line.rsplit(' ')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -562,4 +785,61 @@ async fn a_member_added_costs_one_revision_and_a_member_removed_loses_its_certif
             .is_some(),
         "deleting the object deletes no certificate"
     );
+}
+
+/// Issue 31, item 4: Node deletions wake the controller. On a settled cluster, with nothing
+/// else changing, a refused Node deleted clears Degraded, and a member Node deleted leaves
+/// `etcd-all-certs` and loses its Secrets. Before, a Node deletion was filtered out with the
+/// heartbeats (its labels and addresses had not changed), and nothing happened until an
+/// unrelated edit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleted_nodes_wake_the_controller() {
+    if !etcd_available("deleted_nodes_wake_the_controller") {
+        return;
+    }
+    let mut setup = Setup::new().await;
+    setup.cluster.bootstrap(60).await;
+    setup.settle().await;
+    let selector = json!({"spec": {"memberSelector": {"matchLabels": {MEMBER_LABEL: "true"}}}});
+    setup
+        .objects()
+        .patch("etcd", &PatchParams::default(), &Patch::Merge(&selector))
+        .await
+        .unwrap();
+    create_member_node(&setup.client, "n-extra", &[("InternalIP", "127.0.0.1")]).await;
+    create_member_node(&setup.client, "n-bad", &[("Hostname", "n-bad.exämple")]).await;
+    setup
+        .settle_until(|status| {
+            let refused = (status.conditions.iter()).any(|c| {
+                c.type_ == "EtcdCertSignerControllerDegraded"
+                    && c.status == "True"
+                    && c.message.contains("Node \"n-bad\"")
+            });
+            refused && status.members.contains(&"n-extra".to_string())
+        })
+        .await;
+    let (_, all) = setup.cluster.all_certs().await.unwrap();
+    assert!(all.contains_key("etcd-peer-n-extra.crt"));
+
+    let nodes: Api<Node> = Api::all(setup.client.clone());
+    nodes.delete("n-bad", &Default::default()).await.unwrap();
+    eventually("Degraded cleared", 30, || async {
+        let (status, reason, _) = setup.condition("EtcdCertSignerControllerDegraded").await?;
+        (status == "False").then_some(reason)
+    })
+    .await;
+
+    nodes.delete("n-extra", &Default::default()).await.unwrap();
+    eventually("n-extra's certificates gone", 30, || async {
+        let (_, all) = setup.cluster.all_certs().await?;
+        let secret = setup
+            .cluster
+            .secrets()
+            .get_opt("etcd-peer-n-extra")
+            .await
+            .ok()?;
+        (!all.contains_key("etcd-peer-n-extra.crt") && secret.is_none()).then_some(())
+    })
+    .await;
+    setup.settle().await;
 }

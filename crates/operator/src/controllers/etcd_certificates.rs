@@ -4,12 +4,12 @@
 //! at the first write that fails. `etcd-all-certs` is written only after the members are asked
 //! once more and the quorum gate still holds.
 //!
-//! It runs again when one of its Secrets or ConfigMaps or a Node changes, at the plan's
-//! wake-up time, and, while something waits on the members (the gate is closed, a revision
-//! is being installed, a next signer is being taken up), after a backoff that grows from 2 s
-//! to 30 s while the gate is closed; nothing polls in steady state. Deleting an
-//! EtcdCertificates deletes nothing: the etcd cluster keeps its certificates; only their
-//! expiry series leave the metrics.
+//! It runs again when one of its Secrets or ConfigMaps changes, when a Node appears, goes or
+//! changes its labels or addresses ([`NodeChanges`]), at the plan's wake-up time, and, while
+//! something waits on the members (the gate is closed, a revision is being installed, a next
+//! signer is being taken up), after a backoff that grows from 2 s to 30 s while the gate is
+//! closed; nothing polls in steady state. Deleting an EtcdCertificates deletes nothing: the
+//! etcd cluster keeps its certificates; only their expiry series leave the metrics.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
@@ -37,8 +37,10 @@ use crate::authority::leaf::CertificateStep;
 use crate::authority::{CaKeyPair, PkiMint};
 use crate::changes::{AnnotationChanges, Event};
 use crate::context::Context;
+use crate::etcd::members::{self, Candidate, Origin};
 use crate::etcd::{
-    self, ALL_CERTS, EtcdObserved, EtcdPlan, EtcdStep, Quorum, REVISION_ANNOTATION, Signer,
+    self, ALL_CERTS, EtcdObserved, EtcdPlan, EtcdStep, Membership, Quorum, REVISION_ANNOTATION,
+    Signer,
 };
 use crate::metrics::CertificateKind;
 use crate::names;
@@ -122,10 +124,10 @@ pub async fn run(ctx: Arc<Context>) {
             .collect::<Vec<_>>()
     };
     // Only what makes a Node a member, or changes its certificates: not its heartbeats.
+    let mut node_changes = NodeChanges::default();
     let nodes = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
         .default_backoff()
-        .touched_objects()
-        .predicate_filter(membership, Default::default());
+        .try_filter_map(move |event| futures::future::ready(Ok(node_changes.wakes(event))));
     let managed = watcher::Config::default().labels(&format!(
         "{}={}",
         names::MANAGED_BY.0,
@@ -174,28 +176,28 @@ async fn pass(object: &EtcdCertificates, shared: &Shared) -> Result<Action, Erro
         }
     };
     let client = shared.ctx.client.clone();
-    let members = members_of(&client, object, &policy).await?;
 
     // Read what the pass decides from.
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
     let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);
     let all_certs = secrets.get_opt(ALL_CERTS).await?;
-    let mut names: Vec<String> = etcd::leaves(&members)
-        .iter()
-        .map(etcd::Leaf::secret_name)
-        .chain(Signer::ALL.map(|s| s.secret().to_string()))
-        .chain([policy.client_secret.clone()])
-        .collect();
-    if let Some(all) = &all_certs {
+    let incumbents = all_certs.as_ref().map_or_else(BTreeSet::new, |all| {
         let (data, _) = authority_watch::secret_content(all);
         let text = data
             .iter()
             .map(|(k, v)| (k.clone(), String::from_utf8_lossy(v).into_owned()))
             .collect();
-        for member in etcd::members_in_all_certs(&text) {
-            names.extend(etcd::Role::MEMBER.map(|r| etcd::member_secret(r, &member)));
-        }
-    }
+        etcd::members_in_all_certs(&text)
+    });
+    let membership = membership_of(&client, object, &policy, &incumbents).await?;
+    let members = membership.members.clone();
+    let mut names: Vec<String> = etcd::leaves(&members)
+        .iter()
+        .map(etcd::Leaf::secret_name)
+        .chain(Signer::ALL.map(|s| s.secret().to_string()))
+        .chain([policy.client_secret.clone()])
+        .chain(incumbents.iter().flat_map(|m| members::member_secrets(m)))
+        .collect();
     names.sort();
     names.dedup();
     let read = futures::future::try_join_all(names.iter().map(|n| secrets.get_opt(n))).await?;
@@ -279,14 +281,13 @@ async fn pass(object: &EtcdCertificates, shared: &Shared) -> Result<Action, Erro
     let asker = asker(&seen, &policy);
     seen.health = asker.ask_all(&policy.endpoints).await;
 
-    let plan_members = members.clone();
     let plan = {
         let (seen, policy) = (seen.clone(), policy.clone());
         authority_watch::blocking(move || {
             etcd::plan(
                 &seen,
                 &policy,
-                &plan_members,
+                &membership,
                 OffsetDateTime::now_utc(),
                 &PkiMint,
             )
@@ -411,8 +412,64 @@ async fn pass(object: &EtcdCertificates, shared: &Shared) -> Result<Action, Erro
     })
 }
 
+/// Which Node watch events may change the members: a Node appearing, going (deleted, or gone
+/// while the watch was down and missing from the list that follows), or changing its labels
+/// or addresses. Not its heartbeats, which change neither.
+#[derive(Default)]
+struct NodeChanges {
+    /// Each Node's labels and addresses, hashed, by name.
+    known: HashMap<String, u64>,
+    /// During a relist: the Nodes listed so far.
+    listed: Option<BTreeSet<String>>,
+}
+
+impl NodeChanges {
+    /// The Node to wake the controller with, if `event` may change the members.
+    fn wakes(&mut self, event: watcher::Event<Node>) -> Option<Node> {
+        match event {
+            watcher::Event::Apply(node) => self.changed(node),
+            watcher::Event::InitApply(node) => {
+                (self.listed.get_or_insert_default()).insert(node.name_any());
+                self.changed(node)
+            }
+            watcher::Event::Delete(node) => {
+                self.known.remove(&node.name_any());
+                Some(node)
+            }
+            watcher::Event::Init => {
+                self.listed = Some(BTreeSet::new());
+                None
+            }
+            watcher::Event::InitDone => {
+                let listed = self.listed.take().unwrap_or_default();
+                let gone: Vec<String> = (self.known.keys())
+                    .filter(|name| !listed.contains(*name))
+                    .cloned()
+                    .collect();
+                for name in &gone {
+                    self.known.remove(name);
+                }
+                // Any Node wakes every object that selects Nodes: one for all that went.
+                gone.into_iter().next().map(|name| Node {
+                    metadata: kube::api::ObjectMeta {
+                        name: Some(name),
+                        ..Default::default()
+                    },
+                    ..Default::default()
+                })
+            }
+        }
+    }
+
+    fn changed(&mut self, node: Node) -> Option<Node> {
+        let hash = membership_hash(&node);
+        let before = self.known.insert(node.name_any(), hash);
+        (before != Some(hash)).then_some(node)
+    }
+}
+
 /// A Node's labels and addresses, hashed: a change of either may change the members.
-fn membership(node: &Node) -> Option<u64> {
+fn membership_hash(node: &Node) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut hash = std::collections::hash_map::DefaultHasher::new();
     node.metadata.labels.hash(&mut hash);
@@ -423,7 +480,7 @@ fn membership(node: &Node) -> Option<u64> {
     {
         address.address.hash(&mut hash);
     }
-    Some(hash.finish())
+    hash.finish()
 }
 
 /// Records a write's new version; `false` when the object changed since it was read.
@@ -477,53 +534,62 @@ fn asker(seen: &EtcdObserved, policy: &EtcdPolicy) -> Asker {
     )
 }
 
-/// The spec's members and the selected Nodes' (a listed member wins over a Node of its name).
-async fn members_of(
+/// The members: the spec's and the selected Nodes', each Node checked as a listed member is,
+/// none sharing a Secret with another ([`members::choose`]), given the members `etcd-all-certs`
+/// holds now (`incumbents`).
+async fn membership_of(
     client: &kube::Client,
     object: &EtcdCertificates,
     policy: &EtcdPolicy,
-) -> Result<Vec<MemberSpec>, Error> {
-    let mut members = policy.members.clone();
-    let Some(selector) = &object.spec.member_selector else {
-        return Ok(members);
-    };
-    let selector = match Selector::parse(Some(&selector.label_selector())) {
-        Ok(selector) => selector,
-        Err(e) => {
+    incumbents: &BTreeSet<String>,
+) -> Result<Membership, Error> {
+    let mut candidates: Vec<Candidate> = (policy.members.iter())
+        .map(|member| Candidate {
+            name: member.name.clone(),
+            origin: Origin::Listed,
+            checked: Ok(member.clone()),
+        })
+        .collect();
+    let selector = object.spec.member_selector.as_ref().map(|selector| {
+        Selector::parse(Some(&selector.label_selector())).inspect_err(|e| {
             tracing::warn!(error = %e, "spec.memberSelector does not parse; only the listed members count");
-            return Ok(members);
-        }
-    };
-    let nodes: Api<Node> = Api::all(client.clone());
-    for node in nodes.list(&ListParams::default()).await? {
-        let name = node.name_any();
-        if !selector.matches(node.metadata.labels.as_ref().unwrap_or(&BTreeMap::new()))
-            || members.iter().any(|m| m.name == name)
-            || !v1alpha1::is_rfc1123(&name, 63, false)
-        {
-            continue;
-        }
-        let (mut dns_names, mut ip_addresses) = (vec![name.clone()], Vec::new());
-        for address in node
-            .status
-            .iter()
-            .flat_map(|s| s.addresses.iter().flatten())
-        {
-            match address.address.parse() {
-                Ok(ip) => ip_addresses.push(ip),
-                Err(_) => dns_names.push(address.address.clone()),
+        })
+    });
+    if let Some(Ok(selector)) = selector {
+        let nodes: Api<Node> = Api::all(client.clone());
+        for node in nodes.list(&ListParams::default()).await? {
+            if selector.matches(node.metadata.labels.as_ref().unwrap_or(&BTreeMap::new())) {
+                candidates.push(node_candidate(&node));
             }
         }
-        dns_names.sort();
-        dns_names.dedup();
-        members.push(MemberSpec {
-            name,
-            dns_names,
-            ip_addresses,
-        });
     }
-    members.sort_by(|a, b| a.name.cmp(&b.name));
-    Ok(members)
+    Ok(members::choose(
+        candidates,
+        incumbents,
+        &members::fixed_secrets(policy),
+    ))
+}
+
+/// A selected Node as a would-be member: its name, and its `status.addresses` (IP addresses
+/// as IP SANs, the rest as DNS names, beside the Node's name), checked as a listed member's.
+fn node_candidate(node: &Node) -> Candidate {
+    let name = node.name_any();
+    let addresses: Vec<String> = (node.status.iter())
+        .flat_map(|s| s.addresses.iter().flatten())
+        .map(|a| a.address.clone())
+        .collect();
+    let at = |i: usize| format!("status.addresses[{i}].address");
+    let checked = v1alpha1::member_spec("metadata.name", &name, &at, &addresses).map(|mut m| {
+        m.dns_names.push(name.clone());
+        m.dns_names.sort();
+        m.dns_names.dedup();
+        m
+    });
+    Candidate {
+        name,
+        origin: Origin::Node,
+        checked,
+    }
 }
 
 /// Creates `etcd-all-certs` (type Opaque), or replaces its data on `version`: keys not in
@@ -774,4 +840,80 @@ async fn refuse(
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::{NodeAddress, NodeStatus};
+    use watcher::Event;
+
+    use super::*;
+
+    fn node(name: &str, address: &str, heartbeat: &str) -> Node {
+        Node {
+            metadata: kube::api::ObjectMeta {
+                name: Some(name.into()),
+                resource_version: Some(heartbeat.into()),
+                ..Default::default()
+            },
+            status: Some(NodeStatus {
+                addresses: Some(vec![NodeAddress {
+                    type_: "InternalIP".into(),
+                    address: address.into(),
+                }]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn woken(changes: &mut NodeChanges, event: Event<Node>) -> Option<String> {
+        changes.wakes(event).map(|n| n.name_any())
+    }
+
+    /// A deleted Node wakes the controller though its labels and addresses did not change (the
+    /// predicate that filtered Node events hid every deletion).
+    #[test]
+    fn a_node_going_wakes_and_a_heartbeat_does_not() {
+        let mut changes = NodeChanges::default();
+        let a = Some("a".to_string());
+        assert_eq!(
+            woken(&mut changes, Event::Apply(node("a", "10.0.0.1", "1"))),
+            a
+        );
+        assert_eq!(
+            woken(&mut changes, Event::Apply(node("a", "10.0.0.1", "2"))),
+            None
+        );
+        assert_eq!(
+            woken(&mut changes, Event::Apply(node("a", "10.0.0.2", "3"))),
+            a
+        );
+        assert_eq!(
+            woken(&mut changes, Event::Delete(node("a", "10.0.0.2", "3"))),
+            a
+        );
+        // Back with the same name, labels and addresses: a new member again.
+        assert_eq!(
+            woken(&mut changes, Event::Apply(node("a", "10.0.0.2", "4"))),
+            a
+        );
+    }
+
+    /// A Node deleted while the watch was down is missing from the relist: that wakes too.
+    #[test]
+    fn a_node_missing_from_a_relist_wakes() {
+        let mut changes = NodeChanges::default();
+        for name in ["a", "b"] {
+            changes.wakes(Event::Apply(node(name, "10.0.0.1", "1")));
+        }
+        assert_eq!(woken(&mut changes, Event::Init), None);
+        let unchanged = Event::InitApply(node("a", "10.0.0.1", "5"));
+        assert_eq!(woken(&mut changes, unchanged), None);
+        assert_eq!(woken(&mut changes, Event::InitDone), Some("b".into()));
+        // Relisted with nothing gone: no wake.
+        changes.wakes(Event::Init);
+        changes.wakes(Event::InitApply(node("a", "10.0.0.1", "6")));
+        assert_eq!(woken(&mut changes, Event::InitDone), None);
+    }
 }

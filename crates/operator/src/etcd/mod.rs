@@ -57,8 +57,11 @@ use crate::authority::{
 use crate::changes::Event;
 use crate::v1alpha1::{EtcdPolicy, MemberSpec};
 
+pub mod members;
 #[cfg(test)]
 mod tests;
+
+pub use members::Membership;
 
 /// The signer of peer, serving and client certificates.
 pub const SIGNER_SECRET: &str = "etcd-signer";
@@ -90,6 +93,9 @@ pub const SKIPPING_FOR_QUORUM: &str =
 /// Condition reasons of `Ready`.
 pub const REASON_IN_PLACE: &str = "CertificatesInPlace";
 pub const REASON_WAITING: &str = "Waiting";
+/// Degraded (and Ready False) reason, and Warning reason: a would-be member is refused
+/// ([`members::Refusal`]); the others are members all the same.
+pub const REASON_MEMBER_REFUSED: &str = "MemberRefused";
 
 /// One of the two signers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -458,14 +464,17 @@ pub struct EtcdPlan {
     pub wake_at: Option<OffsetDateTime>,
 }
 
-/// Decides a pass at `now`. `members` are the spec's and the selected Nodes', by name.
+/// Decides a pass at `now`. `membership` holds the members (the spec's and the selected
+/// Nodes', by name, no two sharing a Secret: [`members::choose`]) and those refused, which
+/// change nothing but the conditions and events.
 pub fn plan(
     seen: &EtcdObserved,
     policy: &EtcdPolicy,
-    members: &[MemberSpec],
+    membership: &Membership,
     now: OffsetDateTime,
     mint: &dyn Mint,
 ) -> Result<EtcdPlan, PkiError> {
+    let members = &membership.members[..];
     let leaves = leaves(members);
     let stored_all = seen.all_certs();
     let quorum = Quorum::of(&seen.health, members);
@@ -573,16 +582,20 @@ pub fn plan(
         }
         None => {}
     }
-    // A removed member's Secrets go once etcd-all-certs no longer holds its certificates.
+    // A removed member's Secrets go once etcd-all-certs no longer holds its certificates;
+    // never one a member has (a removed `metrics-m0`'s serving Secret is `m0`'s).
     if !held {
         let current: BTreeSet<&str> = members.iter().map(|m| m.name.as_str()).collect();
+        let kept: BTreeSet<String> = leaves.iter().map(Leaf::secret_name).collect();
         let gone = stored_all
             .iter()
             .flat_map(members_in_all_certs)
             .filter(|m| !current.contains(m.as_str()));
         for member in gone {
-            for role in Role::MEMBER {
-                steps.push(EtcdStep::Delete(member_secret(role, &member)));
+            for secret in members::member_secrets(&member) {
+                if !kept.contains(&secret) {
+                    steps.push(EtcdStep::Delete(secret));
+                }
             }
         }
     }
@@ -594,17 +607,37 @@ pub fn plan(
     }
     waits_on_members |= held || seen.health.iter().any(|h| h.answer.is_err());
 
+    // Each Warning once: while the status already says it, it is not said again.
+    let reported = seen.reported_degraded.as_deref().unwrap_or_default();
     let degraded = if held {
         let message = quorum.closed_message();
-        if seen.reported_degraded.as_deref() != Some(message.as_str()) {
+        if !reported.contains(&message) {
             events.push(Event::warning(REASON_INSUFFICIENT_QUORUM, message.clone()));
         }
         Condition::new(true, REASON_INSUFFICIENT_QUORUM, message)
     } else {
         degraded.unwrap_or_else(Condition::as_expected)
     };
+    // The refused are named beside whatever else is wrong, never hidden by it.
+    let refused = membership.refused_message();
+    for refusal in &membership.refused {
+        let message = refusal.to_string();
+        if !reported.contains(&message) {
+            events.push(Event::warning(REASON_MEMBER_REFUSED, message));
+        }
+    }
+    let degraded = match &refused {
+        Some(refused) if degraded.status => Condition::new(
+            true,
+            degraded.reason,
+            format!("{}; {refused}", degraded.message),
+        ),
+        Some(refused) => Condition::new(true, REASON_MEMBER_REFUSED, refused.clone()),
+        None => degraded,
+    };
     let signing = signers.values().all(|s| s.ready.status);
-    let ready = if all_certs_in_place && signing && !degraded.status {
+    let in_place = all_certs_in_place && signing;
+    let ready = if in_place && !degraded.status {
         Condition::new(
             true,
             REASON_IN_PLACE,
@@ -612,6 +645,19 @@ pub fn plan(
                 "{ALL_CERTS} revision {} holds the certificates of {} members",
                 revision.as_deref().unwrap_or("?"),
                 members.len()
+            ),
+        )
+    } else if in_place && degraded.reason == REASON_MEMBER_REFUSED {
+        let names: Vec<&str> = membership.refused.iter().map(|r| r.name()).collect();
+        Condition::new(
+            false,
+            REASON_MEMBER_REFUSED,
+            format!(
+                "{ALL_CERTS} revision {} holds the certificates of {} members, not of {} \
+                 (see {CONDITION_DEGRADED})",
+                revision.as_deref().unwrap_or("?"),
+                members.len(),
+                names.join(", ")
             ),
         )
     } else {

@@ -27,6 +27,14 @@ fn policy(members: &[&str]) -> EtcdPolicy {
     spec.policy().unwrap()
 }
 
+/// The listed members, none refused.
+fn listed(policy: &EtcdPolicy) -> Membership {
+    Membership {
+        members: policy.members.clone(),
+        refused: Vec::new(),
+    }
+}
+
 /// One simulated member: the `etcd-all-certs` it loaded when it last started, and whether it
 /// runs.
 #[derive(Clone)]
@@ -70,7 +78,7 @@ impl Member {
 /// The namespace and the members.
 struct World {
     policy: EtcdPolicy,
-    members_spec: Vec<MemberSpec>,
+    membership: Membership,
     seen: EtcdObserved,
     members: Vec<Member>,
     revisions: Vec<String>,
@@ -82,7 +90,7 @@ impl World {
     fn new(names: &[&str]) -> Self {
         let policy = policy(names);
         Self {
-            members_spec: policy.members.clone(),
+            membership: listed(&policy),
             policy,
             seen: EtcdObserved {
                 namespace: "etcd-system".into(),
@@ -138,7 +146,7 @@ impl World {
         let plan = plan(
             &self.seen,
             &self.policy,
-            &self.members_spec,
+            &self.membership,
             OffsetDateTime::now_utc(),
             &PkiMint,
         )
@@ -458,7 +466,7 @@ fn a_member_added_costs_one_revision_and_a_member_removed_loses_its_certificates
     world.settle();
     let first = world.revisions.len();
     world.policy = policy(&["m0", "m1", "m2", "m3"]);
-    world.members_spec = world.policy.members.clone();
+    world.membership = listed(&world.policy);
     world.members.push(Member {
         name: "m3".into(),
         loaded: None,
@@ -473,7 +481,7 @@ fn a_member_added_costs_one_revision_and_a_member_removed_loses_its_certificates
     assert!(world.stored_all().unwrap().contains_key("etcd-peer-m3.crt"));
 
     world.policy = policy(&["m0", "m1", "m2"]);
-    world.members_spec = world.policy.members.clone();
+    world.membership = listed(&world.policy);
     world.members.pop();
     world.settle();
     assert!(!world.stored_all().unwrap().contains_key("etcd-peer-m3.crt"));
@@ -496,7 +504,7 @@ fn a_pass_cut_short_anywhere_makes_no_second_signer_and_no_second_revision() {
         let plan = plan(
             &world.seen,
             &world.policy,
-            &world.members_spec,
+            &world.membership,
             OffsetDateTime::now_utc(),
             &PkiMint,
         )
@@ -565,4 +573,158 @@ fn a_removed_annotation_reissues_that_certificate_in_one_revision() {
         let expected = name == "etcd-peer-m1" || name == ALL_CERTS;
         assert_eq!(changed, expected, "{name}");
     }
+}
+
+/// The membership of `World`'s listed members and these Nodes (name, addresses).
+fn with_nodes(world: &World, nodes: &[(&str, &[&str])]) -> Membership {
+    use members::{Candidate, Origin};
+    let candidate = |origin, name: &str, addresses: &[String]| {
+        let at = |i: usize| format!("status.addresses[{i}].address");
+        Candidate {
+            name: name.to_string(),
+            origin,
+            checked: crate::v1alpha1::member_spec("metadata.name", name, &at, addresses),
+        }
+    };
+    let listed = world.policy.members.iter().map(|m| {
+        let addresses: Vec<String> = m.dns_names.clone();
+        candidate(Origin::Listed, &m.name, &addresses)
+    });
+    let nodes = nodes.iter().map(|(name, addresses)| {
+        let addresses: Vec<String> = addresses.iter().map(|a| a.to_string()).collect();
+        candidate(Origin::Node, name, &addresses)
+    });
+    let incumbents = world
+        .stored_all()
+        .map(|all| members_in_all_certs(&all))
+        .unwrap_or_default();
+    members::choose(
+        listed.chain(nodes).collect(),
+        &incumbents,
+        &members::fixed_secrets(&world.policy),
+    )
+}
+
+/// Issue 31's Node attacks: a non-ASCII address and a Node named `metrics-m0`. Every other
+/// member is issued and keeps its certificates; the two are named in Degraded and in one
+/// Warning each.
+#[test]
+fn a_refused_member_blocks_no_other_and_is_named_once() {
+    let mut world = World::new(&["m0", "m1", "m2"]);
+    world.membership = with_nodes(
+        &world,
+        &[
+            ("n-bad", &["10.0.0.9", "nœud.example"]),
+            ("metrics-m0", &["10.0.0.10"]),
+        ],
+    );
+    world.pass();
+    world.start_all();
+    let plan = world.settle();
+    let all = world.stored_all().unwrap();
+    assert_eq!(
+        members_in_all_certs(&all),
+        ["m0", "m1", "m2"].map(String::from).into()
+    );
+    for name in ["etcd-client", "etcd-peer-m0", "etcd-serving-metrics-m0"] {
+        assert!(world.seen.secrets.contains_key(name), "{name}");
+    }
+    let metrics = Certificate::parse_pem(&all["etcd-serving-metrics-m0.crt"]).unwrap();
+    assert_eq!(
+        metrics[0].info().common_name.as_deref(),
+        Some("system:etcd-metric:m0")
+    );
+    assert!(!world.seen.secrets.contains_key("etcd-peer-metrics-m0"));
+
+    let degraded = &plan.status.degraded;
+    assert_eq!(
+        (degraded.status, degraded.reason),
+        (true, REASON_MEMBER_REFUSED)
+    );
+    assert!(
+        degraded
+            .message
+            .contains("Node \"n-bad\" is not a member: status.addresses[1].address")
+            && degraded.message.contains(
+                "Node \"metrics-m0\" is not a member: its Secret \"etcd-serving-metrics-m0\" is \
+                 already listed member \"m0\"'s"
+            ),
+        "{}",
+        degraded.message
+    );
+    assert_eq!(
+        (plan.status.ready.status, plan.status.ready.reason),
+        (false, REASON_MEMBER_REFUSED)
+    );
+    let warnings = |events: &[Event]| {
+        events
+            .iter()
+            .filter(|e| e.reason == REASON_MEMBER_REFUSED)
+            .count()
+    };
+    assert_eq!(warnings(&plan.events), 2, "one per refused member");
+    world.seen.reported_degraded = Some(degraded.message.clone());
+    assert_eq!(warnings(&world.pass().events), 0, "said once");
+
+    // Gone: the conditions clear, and nothing else changes.
+    let before = world.seen.secrets.clone();
+    world.membership = with_nodes(&world, &[]);
+    let plan = world.settle();
+    assert!(!plan.status.degraded.status && plan.status.ready.status);
+    assert_eq!(world.seen.secrets, before);
+}
+
+/// A bad member while the quorum gate is closed: the status names both, not only the gate.
+#[test]
+fn a_refused_member_is_named_beside_the_quorum_gate() {
+    let mut world = World::new(&["m0", "m1", "m2"]);
+    world.pass();
+    world.start_all();
+    world.settle();
+    world.members[2].running = false;
+    world.membership = with_nodes(&world, &[("n0", &["10.0.0.9"]), ("n-bad", &["a b"])]);
+    let plan = world.pass();
+    assert!(plan.held);
+    let degraded = &plan.status.degraded;
+    assert_eq!(degraded.reason, REASON_INSUFFICIENT_QUORUM);
+    assert!(
+        degraded.message.starts_with(SKIPPING_FOR_QUORUM)
+            && degraded.message.contains("Node \"n-bad\" is not a member"),
+        "{}",
+        degraded.message
+    );
+    // n0's certificates are issued all the same; only etcd-all-certs waits.
+    assert!(world.seen.secrets.contains_key("etcd-peer-n0"));
+    assert!(!world.stored_all().unwrap().contains_key("etcd-peer-n0.crt"));
+}
+
+/// `etcd-all-certs` left holding a member `metrics-m0` beside `m0` (as the fight between them
+/// could leave it): `metrics-m0` goes, and with it its own Secrets, but not its serving Secret
+/// `etcd-serving-metrics-m0`, which is `m0`'s metrics serving Secret.
+#[test]
+fn a_removed_member_never_takes_another_members_secret() {
+    let mut world = World::new(&["m0", "m1", "m2"]);
+    world.pass();
+    world.start_all();
+    world.settle();
+    let (data, _) = world.seen.secrets.get_mut(ALL_CERTS).unwrap();
+    let peer = data["etcd-peer-m0.crt"].clone();
+    data.insert("etcd-peer-metrics-m0.crt".into(), peer);
+    let plan = world.pass();
+    let deleted: Vec<&str> = (plan.steps.iter())
+        .filter_map(|step| match step {
+            EtcdStep::Delete(name) => Some(name.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        deleted,
+        ["etcd-peer-metrics-m0", "etcd-serving-metrics-metrics-m0"]
+    );
+    assert!(world.seen.secrets.contains_key("etcd-serving-metrics-m0"));
+    let all = world.stored_all().unwrap();
+    assert_eq!(
+        members_in_all_certs(&all),
+        ["m0", "m1", "m2"].map(String::from).into()
+    );
 }

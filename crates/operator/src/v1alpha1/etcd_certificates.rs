@@ -299,23 +299,18 @@ impl EtcdCertificatesSpec {
         let mut names = std::collections::BTreeSet::new();
         for (i, member) in self.members.iter().enumerate() {
             let at = format!("spec.members[{i}]");
-            problems.member_name(&format!("{at}.name"), &member.name);
+            let address_field = |a: usize| format!("{at}.addresses[{a}]");
+            let checked = check_member(
+                &mut problems,
+                &format!("{at}.name"),
+                &member.name,
+                &address_field,
+                &member.addresses,
+            );
             if !names.insert(member.name.as_str()) {
                 problems.duplicate(&format!("{at}.name"), &member.name);
             }
-            let (ips, dns): (Vec<&String>, Vec<&String>) = member
-                .addresses
-                .iter()
-                .partition(|a| a.parse::<IpAddr>().is_ok());
-            let dns: Vec<String> = dns.into_iter().cloned().collect();
-            let dns_ok = problems.dns_names(&format!("{at}.addresses"), &dns);
-            if let Some(dns_names) = dns_ok {
-                members.push(MemberSpec {
-                    name: member.name.clone(),
-                    dns_names,
-                    ip_addresses: ips.iter().filter_map(|a| a.parse().ok()).collect(),
-                });
-            }
+            members.extend(checked);
         }
         let signer = signer_policy(&mut problems, "spec.signer", &self.signer, "etcd-signer");
         let metrics_signer = signer_policy(
@@ -353,6 +348,49 @@ impl EtcdCertificatesSpec {
             })
         })())
     }
+}
+
+/// A member's name and addresses, checked as they must be to go into Secret names and
+/// certificates: the name a DNS label, each address an IP address or a DNS name. The one check
+/// for `spec.members[]` and for the members taken from Nodes (whose names and addresses anyone
+/// who may write a Node chooses); `name_field` and `address_field(i)` say where the name and
+/// the i-th address were read, for the messages.
+pub fn member_spec(
+    name_field: &str,
+    name: &str,
+    address_field: &dyn Fn(usize) -> String,
+    addresses: &[String],
+) -> Result<MemberSpec, SpecError> {
+    let mut problems = Problems::default();
+    let member = check_member(&mut problems, name_field, name, address_field, addresses);
+    problems.finish(member)
+}
+
+/// [`member_spec`], recording its problems among a whole spec's.
+fn check_member(
+    problems: &mut Problems,
+    name_field: &str,
+    name: &str,
+    address_field: &dyn Fn(usize) -> String,
+    addresses: &[String],
+) -> Option<MemberSpec> {
+    let before = problems.count();
+    problems.member_name(name_field, name);
+    let (mut dns_names, mut ip_addresses) = (Vec::new(), Vec::new());
+    for (index, address) in addresses.iter().enumerate() {
+        match address.parse::<IpAddr>() {
+            Ok(ip) => ip_addresses.push(ip),
+            Err(_) if problems.dns_name(&address_field(index), address) => {
+                dns_names.push(address.clone())
+            }
+            Err(_) => {}
+        }
+    }
+    (problems.count() == before).then(|| MemberSpec {
+        name: name.to_string(),
+        dns_names,
+        ip_addresses,
+    })
 }
 
 /// A signer's policy: an ECDSA P-256 CA named after its Secret.
@@ -499,6 +537,46 @@ mod tests {
             both.contains("set only one of spec.signer.renewAtPercent and spec.signer.renewBefore"),
             "{both}"
         );
+    }
+
+    #[test]
+    fn a_bad_address_is_named_by_its_own_index() {
+        let fields = bad_fields(json!({
+            "members": [{"name": "m0", "addresses": ["10.0.0.1", "m0.example", "nœud.example"]}],
+            "quorum": {"endpoints": ["https://10.0.0.1:2379"]},
+        }));
+        assert_eq!(fields, ["spec.members[0].addresses[2]"]);
+    }
+
+    /// Members from Nodes go through the same check as listed ones.
+    #[test]
+    fn a_member_from_anywhere_is_checked_as_a_listed_one() {
+        let at = |i: usize| format!("status.addresses[{i}].address");
+        let member = member_spec(
+            "name",
+            "cp-0",
+            &at,
+            &["10.0.0.1".into(), "cp-0.example".into()],
+        )
+        .unwrap();
+        assert_eq!(member.dns_names, ["cp-0.example"]);
+        assert_eq!(member.ip_addresses, ["10.0.0.1".parse::<IpAddr>().unwrap()]);
+        for (name, addresses, field) in [
+            ("cp-0", vec!["nœud.example"], "status.addresses[0].address"),
+            (
+                "cp-0",
+                vec!["10.0.0.1", "a b"],
+                "status.addresses[1].address",
+            ),
+            ("cp-0.example", vec![], "name"),
+            ("CP-0", vec![], "name"),
+            ("", vec![], "name"),
+        ] {
+            let addresses: Vec<String> = addresses.into_iter().map(String::from).collect();
+            let error = member_spec("name", name, &at, &addresses).unwrap_err();
+            let fields: Vec<&str> = error.errors.iter().map(|e| e.field.as_str()).collect();
+            assert_eq!(fields, [field], "{name} {addresses:?}");
+        }
     }
 
     #[test]

@@ -25,7 +25,7 @@ pub use certificate_authority::{
 pub use etcd_certificates::{
     CertificateSettings, EtcdCertificates, EtcdCertificatesSpec, EtcdCertificatesStatus,
     EtcdMember, EtcdPolicy, MemberSelector, MemberSpec, QuorumSettings, SelectorRequirement,
-    SignerSettings, SignerStatus,
+    SignerSettings, SignerStatus, member_spec,
 };
 pub use issued_certificate::{
     IssuedCertificate, IssuedCertificateSpec, IssuedCertificateStatus, IssuerReference,

@@ -286,17 +286,29 @@ impl Problems {
     pub(super) fn dns_names(&mut self, field: &str, values: &[String]) -> Option<Vec<String>> {
         let before = self.errors.len();
         for (index, value) in values.iter().enumerate() {
-            if let Some(reason) = dns_name_problem(value) {
-                self.add(
-                    format!("{field}[{index}]"),
-                    Problem::NotADnsName {
-                        value: value.clone(),
-                        reason,
-                    },
-                );
-            }
+            self.dns_name(&format!("{field}[{index}]"), value);
         }
         (self.errors.len() == before).then(|| values.to_vec())
+    }
+
+    /// Whether `value` is a DNS name (a certificate's DNS SAN); if not, says why.
+    pub(super) fn dns_name(&mut self, field: &str, value: &str) -> bool {
+        let Some(reason) = dns_name_problem(value) else {
+            return true;
+        };
+        self.add(
+            field,
+            Problem::NotADnsName {
+                value: value.to_string(),
+                reason,
+            },
+        );
+        false
+    }
+
+    /// How many problems were found so far.
+    pub(super) fn count(&self) -> usize {
+        self.errors.len()
     }
 
     pub(super) fn ip_addresses(&mut self, field: &str, values: &[String]) -> Option<Vec<IpAddr>> {
