@@ -48,7 +48,7 @@ pub use auth::{Access, Authorization};
 pub use connections::ConnectionLimits;
 pub use error::ApiError;
 pub use server::{
-    ADMIN_USER, ApiServer, ApiServerBuilder, DATABASE_FILE, ServerError, Subject, TestServer,
-    kubeconfig_for,
+    ADMIN_USER, ApiServer, ApiServerBuilder, DATABASE_FILE, KUBECONFIG_TOKEN_LIFETIME, ServerError,
+    Subject, TestServer, kubeconfig_for,
 };
 pub use tls::install_crypto_provider;

@@ -48,6 +48,10 @@ pub enum ServerError {
         "RBAC authorization needs TLS: users are identified by their client certificates (use --tls)"
     )]
     RbacNeedsTls,
+    #[error("the server address {0:?} is not a URL")]
+    NotAUrl(String),
+    #[error("the server issued no token: {0}")]
+    TokenRequest(String),
     #[error("the ServiceAccount token key {path}: {source}")]
     TokenKey {
         path: PathBuf,
@@ -339,50 +343,92 @@ fn render_kubeconfig(
     )
 }
 
+/// How long the ServiceAccount tokens in the kubeconfigs the server writes
+/// ([`ApiServer::kube_config_for`], [`ApiServer::kubeconfig_for`], [`kubeconfig_for`],
+/// `caretaker apiserver --kubeconfig-for`) are valid: a day, longer than any test or demo
+/// runs. `kubectl create token NAME --duration D` makes tokens of other lifetimes.
+pub const KUBECONFIG_TOKEN_LIFETIME: Duration = Duration::from_secs(24 * 60 * 60);
+
 /// A kubeconfig for `subject` on the server at `url` whose data directory is `data_dir`
-/// (`caretaker apiserver --kubeconfig-for`): a client certificate from its client CA, or a
-/// ServiceAccount token made with its key. The server need not be running.
-pub fn kubeconfig_for(
+/// (`caretaker apiserver --kubeconfig-for`): a client certificate from its client CA (the
+/// server need not be running), or a ServiceAccount token valid for
+/// [`KUBECONFIG_TOKEN_LIFETIME`], which the running server issues (a TokenRequest, as the
+/// admin): the token names the ServiceAccount's UID, so the ServiceAccount must exist.
+pub async fn kubeconfig_for(
     data_dir: &Path,
     url: &str,
     subject: &Subject,
 ) -> Result<String, ServerError> {
     let tls = TlsMaterial::load_or_generate(&data_dir.join("pki"))?;
-    let tokens = token_key(Some(data_dir))?;
-    credentials_kubeconfig(url, Some(&tls), &tokens, subject)
-}
-
-fn credentials(
-    tls: Option<&TlsMaterial>,
-    tokens: &TokenKey,
-    subject: &Subject,
-) -> Result<(String, Credentials), ServerError> {
-    Ok(match subject {
+    let (user, credentials) = match subject {
         Subject::ServiceAccount { namespace, name } => (
             crate::auth::service_account_user(namespace, name),
-            Credentials::Token(tokens.token_for(namespace, name)),
+            Credentials::Token(request_token(url, &tls, namespace, name).await?),
         ),
-        Subject::User { name, groups } => {
-            let tls = tls.ok_or(ServerError::RbacNeedsTls)?;
-            let (cert_pem, key_pem) = tls.client_certificate(name, groups)?;
-            (name.clone(), Credentials::Certificate { cert_pem, key_pem })
-        }
-    })
-}
-
-fn credentials_kubeconfig(
-    url: &str,
-    tls: Option<&TlsMaterial>,
-    tokens: &TokenKey,
-    subject: &Subject,
-) -> Result<String, ServerError> {
-    let (user, credentials) = credentials(tls, tokens, subject)?;
+        Subject::User { .. } => user_credentials(Some(&tls), subject)?,
+    };
     Ok(render_kubeconfig(
         url,
-        tls.map(|t| t.ca_pem.as_str()),
+        Some(&tls.ca_pem),
         &user,
         &credentials,
     ))
+}
+
+/// A token for the ServiceAccount `namespace`/`name` from the server at `url` that `tls` is
+/// the material of, asked for by its admin.
+async fn request_token(
+    url: &str,
+    tls: &TlsMaterial,
+    namespace: &str,
+    name: &str,
+) -> Result<String, ServerError> {
+    use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    let uri = url
+        .parse()
+        .map_err(|_| ServerError::NotAUrl(url.to_string()))?;
+    let mut config = kube::Config::new(uri);
+    config.root_cert = Some(vec![tls.ca_der()?]);
+    // The serving certificate names only loopback (see `render_kubeconfig`).
+    config.tls_server_name = Some("localhost".into());
+    let (cert_pem, key_pem) =
+        tls.client_certificate(ADMIN_USER, &[crate::auth::MASTERS.to_string()])?;
+    ApiServer::with_certificate(&mut config, &cert_pem, &key_pem);
+    let accounts =
+        kube::Api::<ServiceAccount>::namespaced(kube::Client::try_from(config)?, namespace);
+    let request = TokenRequest {
+        spec: Some(TokenRequestSpec {
+            expiration_seconds: Some(KUBECONFIG_TOKEN_LIFETIME.as_secs() as i64),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let answer = accounts
+        .create_token_request(name, &Default::default(), &request)
+        .await
+        .map_err(|e| match e {
+            kube::Error::Api(status) => ServerError::TokenRequest(status.message),
+            other => ServerError::TokenRequest(other.to_string()),
+        })?;
+    answer
+        .status
+        .and_then(|s| s.token)
+        .filter(|t| !t.is_empty())
+        .ok_or_else(|| ServerError::TokenRequest("the answer holds no token".into()))
+}
+
+/// A user's client certificate.
+fn user_credentials(
+    tls: Option<&TlsMaterial>,
+    subject: &Subject,
+) -> Result<(String, Credentials), ServerError> {
+    let Subject::User { name, groups } = subject else {
+        unreachable!("only users have client certificates");
+    };
+    let tls = tls.ok_or(ServerError::RbacNeedsTls)?;
+    let (cert_pem, key_pem) = tls.client_certificate(name, groups)?;
+    Ok((name.clone(), Credentials::Certificate { cert_pem, key_pem }))
 }
 
 /// Accepts connections until aborted; aborting drops the JoinSet, which ends every connection.
@@ -547,10 +593,11 @@ impl ApiServer {
     }
 
     /// Client configuration acting as `subject`: a client certificate for a user (TLS only),
-    /// a bearer token for a ServiceAccount.
+    /// a bearer token valid for [`KUBECONFIG_TOKEN_LIFETIME`] for a ServiceAccount (which must
+    /// exist: the token names its UID).
     pub fn kube_config_for(&self, subject: &Subject) -> Result<kube::Config, ServerError> {
         let mut config = self.bare_config();
-        match credentials(self.tls.as_ref(), self.auth.tokens(), subject)?.1 {
+        match self.credentials(subject)?.1 {
             Credentials::Token(token) => config.auth_info.token = Some(token.into()),
             Credentials::Certificate { cert_pem, key_pem } => {
                 Self::with_certificate(&mut config, &cert_pem, &key_pem)
@@ -559,9 +606,49 @@ impl ApiServer {
         Ok(config)
     }
 
-    /// A kubeconfig (YAML) acting as `subject`.
+    /// A kubeconfig (YAML) acting as `subject`, as [`Self::kube_config_for`].
     pub fn kubeconfig_for(&self, subject: &Subject) -> Result<String, ServerError> {
-        credentials_kubeconfig(&self.url, self.tls.as_ref(), self.auth.tokens(), subject)
+        let (user, credentials) = self.credentials(subject)?;
+        Ok(render_kubeconfig(
+            &self.url,
+            self.ca_pem(),
+            &user,
+            &credentials,
+        ))
+    }
+
+    /// A bearer token for the ServiceAccount `namespace`/`name`, valid for `lifetime` (any,
+    /// unlike a TokenRequest's ten minutes at the least): tests use it for tokens that expire
+    /// while they watch.
+    pub fn service_account_token(
+        &self,
+        namespace: &str,
+        name: &str,
+        lifetime: Duration,
+    ) -> Result<String, ServerError> {
+        let lifetime = i64::try_from(lifetime.as_secs()).unwrap_or(i64::MAX);
+        Ok(crate::auth::token_request::issue(
+            &self.api,
+            self.auth.tokens(),
+            namespace,
+            name,
+            crate::auth::unix_now(),
+            lifetime,
+        )?)
+    }
+
+    fn credentials(&self, subject: &Subject) -> Result<(String, Credentials), ServerError> {
+        match subject {
+            Subject::ServiceAccount { namespace, name } => Ok((
+                crate::auth::service_account_user(namespace, name),
+                Credentials::Token(self.service_account_token(
+                    namespace,
+                    name,
+                    KUBECONFIG_TOKEN_LIFETIME,
+                )?),
+            )),
+            Subject::User { .. } => user_credentials(self.tls.as_ref(), subject),
+        }
     }
 
     /// Every kind of resource request each user made (with RBAC on): verb, group, resource,
