@@ -15,7 +15,7 @@ use crate::api::{
     ApiState, DeleteOptions, FieldValidation, ListQuery, Part, PropagationPolicy, ScaleChange,
     WriteOptions,
 };
-use crate::auth::{Auth, Authorization, Requester, UserInfo, reviews};
+use crate::auth::{Auth, Authorization, Requester, UserInfo, reviews, token_request};
 use crate::error::ApiError;
 use crate::media::{self, BODY_MEDIA_TYPES, JSON_OR_YAML, PROTOBUF};
 use crate::patch::{self, PatchType};
@@ -194,6 +194,30 @@ async fn route(
             }
             let review = parse_body(headers, &body, BODY_MEDIA_TYPES)?;
             let answer = reviews::answer(&state.auth, &state.api, user, plural, review)?;
+            Ok(json_response(StatusCode::CREATED, &answer))
+        }
+        [
+            "api",
+            "v1",
+            "namespaces",
+            namespace,
+            "serviceaccounts",
+            name,
+            "token",
+        ] => {
+            if method != Method::POST {
+                return Err(ApiError::method_not_allowed());
+            }
+            let request = parse_body(headers, &body, BODY_MEDIA_TYPES)?;
+            let now = crate::auth::unix_now();
+            let answer = token_request::create(
+                &state.api,
+                state.auth.tokens(),
+                namespace,
+                name,
+                request,
+                now,
+            )?;
             Ok(json_response(StatusCode::CREATED, &answer))
         }
         ["api", "v1", rest @ ..] => {

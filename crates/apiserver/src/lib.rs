@@ -17,6 +17,7 @@ mod api;
 mod apply;
 mod auth;
 mod builtin_schemas;
+mod connections;
 mod controllers;
 mod crd;
 mod discovery;
@@ -44,9 +45,10 @@ mod user;
 mod watch;
 
 pub use auth::{Access, Authorization};
+pub use connections::ConnectionLimits;
 pub use error::ApiError;
 pub use server::{
-    ADMIN_USER, ApiServer, ApiServerBuilder, DATABASE_FILE, ServerError, Subject, TestServer,
-    kubeconfig_for,
+    ADMIN_USER, ApiServer, ApiServerBuilder, DATABASE_FILE, KUBECONFIG_TOKEN_LIFETIME, ServerError,
+    Subject, TestServer, kubeconfig_for,
 };
 pub use tls::install_crypto_provider;

@@ -1,5 +1,6 @@
 //! Just enough of Kubernetes' protobuf encoding to accept what kubectl's typed commands send
-//! (`kubectl create namespace|configmap|secret` post `application/vnd.kubernetes.protobuf`).
+//! (`kubectl create namespace|configmap|secret|serviceaccount|token` post
+//! `application/vnd.kubernetes.protobuf`).
 //! Bodies are decoded into the same JSON the rest of the server works with; responses are
 //! always JSON, which every client accepts. Other kinds in protobuf get 415.
 
@@ -179,10 +180,72 @@ fn decode_kind(kind: &str, raw: &[u8]) -> Option<Value> {
                 }
                 o.insert("spec".into(), Value::Object(spec));
             }
+            ("ServiceAccount", 2, Field::Bytes(x)) => {
+                push(&mut o, "secrets", reference(x, &OBJECT_REFERENCE)?)
+            }
+            ("ServiceAccount", 3, Field::Bytes(x)) => {
+                push(&mut o, "imagePullSecrets", reference(x, &["name"])?)
+            }
+            ("ServiceAccount", 4, Field::Varint(x)) => {
+                o.insert("automountServiceAccountToken".into(), json!(x != 0));
+            }
+            ("TokenRequest", 2, Field::Bytes(x)) => {
+                o.insert("spec".into(), token_request_spec(x)?);
+            }
             _ => {}
         }
     }
     Some(Value::Object(o))
+}
+
+/// A message of string fields numbered from 1, named `names` in order.
+fn reference(b: &[u8], names: &[&str]) -> Option<Value> {
+    let mut reference = Map::new();
+    for (n, f) in fields(b)? {
+        let name = usize::try_from(n)
+            .ok()
+            .and_then(|n| names.get(n.checked_sub(1)?));
+        if let (Some(name), Field::Bytes(v)) = (name, f) {
+            reference.insert((*name).into(), text(v)?);
+        }
+    }
+    Some(Value::Object(reference))
+}
+
+/// `ObjectReference`'s fields (k8s.io/api/core/v1/generated.proto).
+const OBJECT_REFERENCE: [&str; 7] = [
+    "kind",
+    "namespace",
+    "name",
+    "uid",
+    "apiVersion",
+    "resourceVersion",
+    "fieldPath",
+];
+
+/// `TokenRequestSpec`: audiences = 1, boundObjectRef = 3 (kind = 1, apiVersion = 2, name = 3,
+/// uid = 4), expirationSeconds = 4 (k8s.io/api/authentication/v1/generated.proto); `kubectl
+/// create token` sends it in protobuf.
+fn token_request_spec(b: &[u8]) -> Option<Value> {
+    const BOUND_OBJECT_REFERENCE: [&str; 4] = ["kind", "apiVersion", "name", "uid"];
+    let mut spec = Map::new();
+    for (n, f) in fields(b)? {
+        match (n, f) {
+            (1, Field::Bytes(x)) => push(&mut spec, "audiences", text(x)?),
+            (3, Field::Bytes(x)) => {
+                spec.insert(
+                    "boundObjectRef".into(),
+                    reference(x, &BOUND_OBJECT_REFERENCE)?,
+                );
+            }
+            // An int64: a negative value is its two's complement.
+            (4, Field::Varint(x)) => {
+                spec.insert("expirationSeconds".into(), json!(x as i64));
+            }
+            _ => {}
+        }
+    }
+    Some(Value::Object(spec))
 }
 
 /// `SelfSubjectAccessReviewSpec`: resourceAttributes = 1, nonResourceAttributes = 2
@@ -228,8 +291,8 @@ fn access_review_spec(b: &[u8]) -> Option<Value> {
     Some(Value::Object(spec))
 }
 
-/// Decodes a protobuf-encoded ConfigMap, Secret, Namespace, SelfSubjectAccessReview or
-/// SelfSubjectRulesReview into JSON.
+/// Decodes a protobuf-encoded ConfigMap, Secret, Namespace, ServiceAccount,
+/// SelfSubjectAccessReview, SelfSubjectRulesReview or TokenRequest into JSON.
 pub fn decode(body: &[u8], content_type: &str) -> Result<Value, ApiError> {
     let bad = || {
         ApiError::bad_request(
@@ -257,7 +320,11 @@ pub fn decode(body: &[u8], content_type: &str) -> Result<Value, ApiError> {
         }
     }
     let known = match api_version.as_str() {
-        "v1" => matches!(kind.as_str(), "ConfigMap" | "Secret" | "Namespace"),
+        "v1" => matches!(
+            kind.as_str(),
+            "ConfigMap" | "Secret" | "Namespace" | "ServiceAccount"
+        ),
+        "authentication.k8s.io/v1" => kind == "TokenRequest",
         "authorization.k8s.io/v1" => {
             matches!(
                 kind.as_str(),
@@ -329,5 +396,46 @@ mod tests {
                 "group": "cluster.x-k8s.io", "resource": "machines", "subresource": "status"}})
         );
         assert!(decode(b"nope", "x").is_err());
+
+        // What `kubectl create serviceaccount builder` sends, and the other fields.
+        let account = [
+            field(1, &field(1, b"builder")),
+            field(2, &[field(1, b"Secret"), field(3, b"old-token")].concat()),
+            field(3, &field(1, b"registry")),
+            vec![4 << 3, 0],
+        ]
+        .concat();
+        let type_meta = [field(1, b"v1"), field(2, b"ServiceAccount")].concat();
+        let body = [MAGIC.to_vec(), field(1, &type_meta), field(2, &account)].concat();
+        assert_eq!(
+            decode(&body, "application/vnd.kubernetes.protobuf").unwrap(),
+            json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "builder"},
+                "secrets": [{"kind": "Secret", "name": "old-token"}],
+                "imagePullSecrets": [{"name": "registry"}],
+                "automountServiceAccountToken": false})
+        );
+
+        // What `kubectl create token builder --audience vault --duration 20m
+        // --bound-object-kind Secret --bound-object-name s` sends.
+        let reference = [field(1, b"Secret"), field(2, b"v1"), field(3, b"s")].concat();
+        let spec = [
+            field(1, b"vault"),
+            field(3, &reference),
+            vec![4 << 3, 0xb0, 0x09], // expirationSeconds 1200
+        ]
+        .concat();
+        let request = [field(1, &[]), field(2, &spec)].concat();
+        let type_meta = [
+            field(1, b"authentication.k8s.io/v1"),
+            field(2, b"TokenRequest"),
+        ]
+        .concat();
+        let body = [MAGIC.to_vec(), field(1, &type_meta), field(2, &request)].concat();
+        assert_eq!(
+            decode(&body, "application/vnd.kubernetes.protobuf").unwrap(),
+            json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                "metadata": {}, "spec": {"audiences": ["vault"], "expirationSeconds": 1200,
+                "boundObjectRef": {"kind": "Secret", "apiVersion": "v1", "name": "s"}}})
+        );
     }
 }

@@ -584,6 +584,18 @@ pub fn discovery_entries(def: &ResourceDef) -> Vec<Value> {
             "verbs": ["get", "patch", "update"],
         }));
     }
+    if def.group.is_empty() && def.plural == "serviceaccounts" {
+        // TokenRequest (`kubectl create token`), served by `handlers`.
+        out.push(json!({
+            "name": "serviceaccounts/token",
+            "singularName": "",
+            "namespaced": true,
+            "group": "authentication.k8s.io",
+            "version": "v1",
+            "kind": "TokenRequest",
+            "verbs": ["create"],
+        }));
+    }
     if def.has_status {
         out.push(json!({
             "name": format!("{}/status", def.plural),

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::task::{JoinHandle, JoinSet};
@@ -15,6 +15,7 @@ use tokio::task::{JoinHandle, JoinSet};
 use crate::api::ApiState;
 use crate::auth::tokens::TokenKey;
 use crate::auth::{Access, Auth, AuthLayer, Authorization, PeerIdentity, UserInfo};
+use crate::connections::{ConnectionLimits, Connections, Slot};
 use crate::guard::RequestGuard;
 use crate::handlers::{self, ServerState};
 use crate::storage::{Store, StoreError};
@@ -47,6 +48,10 @@ pub enum ServerError {
         "RBAC authorization needs TLS: users are identified by their client certificates (use --tls)"
     )]
     RbacNeedsTls,
+    #[error("the server address {0:?} is not a URL")]
+    NotAUrl(String),
+    #[error("the server issued no token: {0}")]
+    TokenRequest(String),
     #[error("the ServiceAccount token key {path}: {source}")]
     TokenKey {
         path: PathBuf,
@@ -64,6 +69,7 @@ pub struct ApiServerBuilder {
     history: u64,
     webhook_services: std::collections::HashMap<String, SocketAddr>,
     authorization: Authorization,
+    connection_limits: ConnectionLimits,
 }
 
 impl Default for ApiServerBuilder {
@@ -76,6 +82,7 @@ impl Default for ApiServerBuilder {
             history: crate::storage::DEFAULT_HISTORY,
             webhook_services: Default::default(),
             authorization: Authorization::AlwaysAllow,
+            connection_limits: ConnectionLimits::default(),
         }
     }
 }
@@ -125,6 +132,13 @@ impl ApiServerBuilder {
     /// everything is allowed.
     pub fn authorization(mut self, mode: Authorization) -> Self {
         self.authorization = mode;
+        self
+    }
+
+    /// Bounds on what a connection may cost: TLS handshake, request head and idle timeouts,
+    /// and how many may be open at once. Default: 10 s, 30 s, 90 s, 1,024.
+    pub fn connection_limits(mut self, limits: ConnectionLimits) -> Self {
+        self.connection_limits = limits;
         self
     }
 
@@ -209,7 +223,7 @@ impl ApiServerBuilder {
             .map(|m| m.server_config())
             .transpose()?
             .map(tokio_rustls::TlsAcceptor::from);
-        let serving = tokio::spawn(serve(listener, router, acceptor));
+        let serving = tokio::spawn(serve(listener, router, acceptor, self.connection_limits));
         let controllers = tokio::spawn(crate::controllers::run(api.clone()));
         let scheme = if tls.is_some() { "https" } else { "http" };
         let host = if addr.ip().is_unspecified() {
@@ -332,57 +346,105 @@ fn render_kubeconfig(
     )
 }
 
+/// How long the ServiceAccount tokens in the kubeconfigs the server writes
+/// ([`ApiServer::kube_config_for`], [`ApiServer::kubeconfig_for`], [`kubeconfig_for`],
+/// `caretaker apiserver --kubeconfig-for`) are valid: a day, longer than any test or demo
+/// runs. `kubectl create token NAME --duration D` makes tokens of other lifetimes.
+pub const KUBECONFIG_TOKEN_LIFETIME: Duration = Duration::from_secs(24 * 60 * 60);
+
 /// A kubeconfig for `subject` on the server at `url` whose data directory is `data_dir`
-/// (`caretaker apiserver --kubeconfig-for`): a client certificate from its client CA, or a
-/// ServiceAccount token made with its key. The server need not be running.
-pub fn kubeconfig_for(
+/// (`caretaker apiserver --kubeconfig-for`): a client certificate from its client CA (the
+/// server need not be running), or a ServiceAccount token valid for
+/// [`KUBECONFIG_TOKEN_LIFETIME`], which the running server issues (a TokenRequest, as the
+/// admin): the token names the ServiceAccount's UID, so the ServiceAccount must exist.
+pub async fn kubeconfig_for(
     data_dir: &Path,
     url: &str,
     subject: &Subject,
 ) -> Result<String, ServerError> {
     let tls = TlsMaterial::load_or_generate(&data_dir.join("pki"))?;
-    let tokens = token_key(Some(data_dir))?;
-    credentials_kubeconfig(url, Some(&tls), &tokens, subject)
-}
-
-fn credentials(
-    tls: Option<&TlsMaterial>,
-    tokens: &TokenKey,
-    subject: &Subject,
-) -> Result<(String, Credentials), ServerError> {
-    Ok(match subject {
+    let (user, credentials) = match subject {
         Subject::ServiceAccount { namespace, name } => (
             crate::auth::service_account_user(namespace, name),
-            Credentials::Token(tokens.token_for(namespace, name)),
+            Credentials::Token(request_token(url, &tls, namespace, name).await?),
         ),
-        Subject::User { name, groups } => {
-            let tls = tls.ok_or(ServerError::RbacNeedsTls)?;
-            let (cert_pem, key_pem) = tls.client_certificate(name, groups)?;
-            (name.clone(), Credentials::Certificate { cert_pem, key_pem })
-        }
-    })
-}
-
-fn credentials_kubeconfig(
-    url: &str,
-    tls: Option<&TlsMaterial>,
-    tokens: &TokenKey,
-    subject: &Subject,
-) -> Result<String, ServerError> {
-    let (user, credentials) = credentials(tls, tokens, subject)?;
+        Subject::User { .. } => user_credentials(Some(&tls), subject)?,
+    };
     Ok(render_kubeconfig(
         url,
-        tls.map(|t| t.ca_pem.as_str()),
+        Some(&tls.ca_pem),
         &user,
         &credentials,
     ))
 }
 
+/// A token for the ServiceAccount `namespace`/`name` from the server at `url` that `tls` is
+/// the material of, asked for by its admin.
+async fn request_token(
+    url: &str,
+    tls: &TlsMaterial,
+    namespace: &str,
+    name: &str,
+) -> Result<String, ServerError> {
+    use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    let uri = url
+        .parse()
+        .map_err(|_| ServerError::NotAUrl(url.to_string()))?;
+    let mut config = kube::Config::new(uri);
+    config.root_cert = Some(vec![tls.ca_der()?]);
+    // The serving certificate names only loopback (see `render_kubeconfig`).
+    config.tls_server_name = Some("localhost".into());
+    let (cert_pem, key_pem) =
+        tls.client_certificate(ADMIN_USER, &[crate::auth::MASTERS.to_string()])?;
+    ApiServer::with_certificate(&mut config, &cert_pem, &key_pem);
+    let accounts =
+        kube::Api::<ServiceAccount>::namespaced(kube::Client::try_from(config)?, namespace);
+    let request = TokenRequest {
+        spec: Some(TokenRequestSpec {
+            expiration_seconds: Some(KUBECONFIG_TOKEN_LIFETIME.as_secs() as i64),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let answer = accounts
+        .create_token_request(name, &Default::default(), &request)
+        .await
+        .map_err(|e| match e {
+            kube::Error::Api(status) => ServerError::TokenRequest(status.message),
+            other => ServerError::TokenRequest(other.to_string()),
+        })?;
+    answer
+        .status
+        .and_then(|s| s.token)
+        .filter(|t| !t.is_empty())
+        .ok_or_else(|| ServerError::TokenRequest("the answer holds no token".into()))
+}
+
+/// A user's client certificate.
+fn user_credentials(
+    tls: Option<&TlsMaterial>,
+    subject: &Subject,
+) -> Result<(String, Credentials), ServerError> {
+    let Subject::User { name, groups } = subject else {
+        unreachable!("only users have client certificates");
+    };
+    let tls = tls.ok_or(ServerError::RbacNeedsTls)?;
+    let (cert_pem, key_pem) = tls.client_certificate(name, groups)?;
+    Ok((name.clone(), Credentials::Certificate { cert_pem, key_pem }))
+}
+
 /// Accepts connections until aborted; aborting drops the JoinSet, which ends every connection.
-async fn serve(listener: TcpListener, router: Router, tls: Option<tokio_rustls::TlsAcceptor>) {
-    let mut connections = JoinSet::new();
+async fn serve(
+    listener: TcpListener,
+    router: Router,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    limits: ConnectionLimits,
+) {
+    let connections = Arc::new(Connections::new(limits.max_connections));
+    let mut tasks = JoinSet::new();
     loop {
-        let (stream, _) = match listener.accept().await {
+        let (stream, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
             Err(e) => {
                 // Usually running out of file descriptors: back off instead of spinning.
@@ -391,42 +453,82 @@ async fn serve(listener: TcpListener, router: Router, tls: Option<tokio_rustls::
                 continue;
             }
         };
+        while tasks.try_join_next().is_some() {}
+        let Some(slot) = connections.open() else {
+            tracing::warn!(%peer, limit = limits.max_connections,
+                "refused a connection: every connection is in the middle of a request");
+            continue;
+        };
         let _ = stream.set_nodelay(true);
-        while connections.try_join_next().is_some() {}
-        let router = router.clone();
-        let tls = tls.clone();
-        connections.spawn(async move {
-            let http = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-            let result = match tls {
-                Some(acceptor) => match acceptor.accept(stream).await {
-                    Ok(s) => {
-                        let peer = s
-                            .get_ref()
-                            .1
-                            .peer_certificates()
-                            .and_then(|chain| chain.first())
-                            .and_then(|leaf| UserInfo::from_certificate(leaf))
-                            .map(Arc::new);
-                        let router = router.layer(axum::Extension(PeerIdentity(peer)));
-                        let service = TowerToHyperService::new(router);
-                        http.serve_connection_with_upgrades(TokioIo::new(s), service)
-                            .await
-                    }
-                    Err(e) => {
-                        tracing::debug!(error = %e, "TLS handshake failed");
-                        return;
-                    }
-                },
-                None => {
-                    let service = TowerToHyperService::new(router);
-                    http.serve_connection_with_upgrades(TokioIo::new(stream), service)
-                        .await
+        let (router, tls) = (router.clone(), tls.clone());
+        tasks.spawn(async move {
+            tokio::select! {
+                () = connection(stream, &slot, router, tls, &limits) => {}
+                () = slot.evicted() => {
+                    tracing::debug!(%peer, "closed an idle connection to make room for a new one");
                 }
-            };
-            if let Err(e) = result {
-                tracing::debug!(error = %e, "connection ended with an error");
             }
         });
+    }
+}
+
+/// Serves one connection: its TLS handshake (within the handshake timeout), then its
+/// requests, until it closes or stays idle too long.
+async fn connection(
+    stream: tokio::net::TcpStream,
+    slot: &Slot,
+    router: Router,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    limits: &ConnectionLimits,
+) {
+    let Some(acceptor) = tls else {
+        slot.established();
+        return http(stream, slot, router, limits).await;
+    };
+    let stream = match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(stream)).await
+    {
+        Ok(Ok(stream)) => stream,
+        Ok(Err(e)) => return tracing::debug!(error = %e, "TLS handshake failed"),
+        Err(_) => return tracing::debug!("TLS handshake timed out"),
+    };
+    slot.established();
+    let peer = stream
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|chain| chain.first())
+        .and_then(|leaf| UserInfo::from_certificate(leaf))
+        .map(Arc::new);
+    let router = router.layer(axum::Extension(PeerIdentity(peer)));
+    http(stream, slot, router, limits).await
+}
+
+/// Answers a connection's requests (HTTP/1.1 or HTTP/2) until it closes or has been idle
+/// for its limit; an idle HTTP/2 connection gets a GOAWAY first.
+async fn http<I>(io: I, slot: &Slot, router: Router, limits: &ConnectionLimits)
+where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let mut http = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    http.http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout);
+    let service = slot.track(TowerToHyperService::new(router));
+    let served = http.serve_connection_with_upgrades(TokioIo::new(io), service);
+    tokio::pin!(served);
+    let result = tokio::select! {
+        result = served.as_mut() => result,
+        () = slot.idle_expired(limits) => {
+            served.as_mut().graceful_shutdown();
+            // A client that does not let it close is cut off.
+            match tokio::time::timeout(limits.header_read_timeout, served).await {
+                Ok(result) => result,
+                Err(_) => Ok(()),
+            }
+        }
+    };
+    if let Err(e) = result {
+        tracing::debug!(error = %e, "connection ended with an error");
     }
 }
 
@@ -494,10 +596,11 @@ impl ApiServer {
     }
 
     /// Client configuration acting as `subject`: a client certificate for a user (TLS only),
-    /// a bearer token for a ServiceAccount.
+    /// a bearer token valid for [`KUBECONFIG_TOKEN_LIFETIME`] for a ServiceAccount (which must
+    /// exist: the token names its UID).
     pub fn kube_config_for(&self, subject: &Subject) -> Result<kube::Config, ServerError> {
         let mut config = self.bare_config();
-        match credentials(self.tls.as_ref(), self.auth.tokens(), subject)?.1 {
+        match self.credentials(subject)?.1 {
             Credentials::Token(token) => config.auth_info.token = Some(token.into()),
             Credentials::Certificate { cert_pem, key_pem } => {
                 Self::with_certificate(&mut config, &cert_pem, &key_pem)
@@ -506,9 +609,49 @@ impl ApiServer {
         Ok(config)
     }
 
-    /// A kubeconfig (YAML) acting as `subject`.
+    /// A kubeconfig (YAML) acting as `subject`, as [`Self::kube_config_for`].
     pub fn kubeconfig_for(&self, subject: &Subject) -> Result<String, ServerError> {
-        credentials_kubeconfig(&self.url, self.tls.as_ref(), self.auth.tokens(), subject)
+        let (user, credentials) = self.credentials(subject)?;
+        Ok(render_kubeconfig(
+            &self.url,
+            self.ca_pem(),
+            &user,
+            &credentials,
+        ))
+    }
+
+    /// A bearer token for the ServiceAccount `namespace`/`name`, valid for `lifetime` (any,
+    /// unlike a TokenRequest's ten minutes at the least): tests use it for tokens that expire
+    /// while they watch.
+    pub fn service_account_token(
+        &self,
+        namespace: &str,
+        name: &str,
+        lifetime: Duration,
+    ) -> Result<String, ServerError> {
+        let lifetime = i64::try_from(lifetime.as_secs()).unwrap_or(i64::MAX);
+        Ok(crate::auth::token_request::issue(
+            &self.api,
+            self.auth.tokens(),
+            namespace,
+            name,
+            crate::auth::unix_now(),
+            lifetime,
+        )?)
+    }
+
+    fn credentials(&self, subject: &Subject) -> Result<(String, Credentials), ServerError> {
+        match subject {
+            Subject::ServiceAccount { namespace, name } => Ok((
+                crate::auth::service_account_user(namespace, name),
+                Credentials::Token(self.service_account_token(
+                    namespace,
+                    name,
+                    KUBECONFIG_TOKEN_LIFETIME,
+                )?),
+            )),
+            Subject::User { .. } => user_credentials(self.tls.as_ref(), subject),
+        }
     }
 
     /// Every kind of resource request each user made (with RBAC on): verb, group, resource,

@@ -1213,3 +1213,107 @@ async fn kubectl_explains_built_in_kinds() {
     let data = k.ok(&["explain", "configmaps.data"]).await;
     assert!(data.contains("map[string]string"), "{data}");
 }
+
+/// `kubectl create token` (a TokenRequest, in protobuf): a token that authenticates as the
+/// ServiceAccount, for as long as asked, bound to a Secret when asked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_creates_service_account_tokens() {
+    let Some(bin) = kubectl_or_skip("kubectl_creates_service_account_tokens") else {
+        return;
+    };
+    let server = ApiServer::builder()
+        .tls(true)
+        .authorization(caretaker_apiserver::Authorization::Rbac)
+        .start()
+        .await
+        .unwrap();
+    let k = Kubectl::new(bin, &server);
+    k.ok(&["create", "namespace", "team"]).await;
+    k.ok(&["create", "serviceaccount", "builder", "-n", "team"])
+        .await;
+    let as_token = |token: &str| {
+        let mut config = server.kube_config();
+        config.auth_info = Default::default();
+        config.auth_info.token = Some(token.trim().to_string().into());
+        kube::Client::try_from(config).unwrap()
+    };
+    let whoami = |client: kube::Client| async move {
+        let denied = Api::<ConfigMap>::namespaced(client, "team")
+            .list(&Default::default())
+            .await
+            .unwrap_err();
+        match denied {
+            kube::Error::Api(status) => status.message,
+            other => panic!("{other:?}"),
+        }
+    };
+
+    let token = k.ok(&["create", "token", "builder", "-n", "team"]).await;
+    let message = whoami(as_token(&token)).await;
+    assert!(
+        message.contains("User \"system:serviceaccount:team:builder\" cannot list"),
+        "{message}"
+    );
+
+    // A lifetime and a binding, as asked.
+    k.ok(&["create", "secret", "generic", "session", "-n", "team"])
+        .await;
+    let request = k
+        .json(&[
+            "create",
+            "token",
+            "builder",
+            "-n",
+            "team",
+            "--duration",
+            "20m",
+            "--bound-object-kind",
+            "Secret",
+            "--bound-object-name",
+            "session",
+        ])
+        .await;
+    assert_eq!(request["spec"]["expirationSeconds"], 1200, "{request}");
+    assert_eq!(request["spec"]["boundObjectRef"]["name"], "session");
+    let bound = request["status"]["token"].as_str().unwrap().to_string();
+    assert!(
+        whoami(as_token(&bound))
+            .await
+            .contains("system:serviceaccount:team:builder")
+    );
+    k.ok(&["delete", "secret", "session", "-n", "team"]).await;
+    match Api::<ConfigMap>::namespaced(as_token(&bound), "team")
+        .list(&Default::default())
+        .await
+    {
+        Err(kube::Error::Api(status)) => assert_eq!(status.code, 401),
+        other => panic!("a token bound to a deleted Secret: {other:?}"),
+    }
+
+    // Shorter than kube's minimum, or for an account that does not exist: refused.
+    let short = k
+        .fails(
+            &[
+                "create",
+                "token",
+                "builder",
+                "-n",
+                "team",
+                "--duration",
+                "5m",
+            ],
+            None,
+        )
+        .await;
+    assert!(
+        short.contains("may not specify a duration less than 10 minutes"),
+        "{short}"
+    );
+    let missing = k
+        .fails(&["create", "token", "nobody", "-n", "team"], None)
+        .await;
+    assert!(
+        missing.contains("serviceaccounts \"nobody\" not found"),
+        "{missing}"
+    );
+}

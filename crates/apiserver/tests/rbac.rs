@@ -1,7 +1,10 @@
 //! Authentication and RBAC (`Authorization::Rbac`): who a request is from (client
 //! certificates, ServiceAccount tokens, nobody) and what RBAC lets them do, answered as
 //! kube-apiserver answers; and the attacks: forged tokens, certificates from another CA, a
-//! deleted ServiceAccount, anonymous writes.
+//! deleted ServiceAccount (or one deleted and created again), expired tokens, anonymous writes;
+//! and TokenRequest, which issues tokens.
+
+use std::time::Duration;
 
 use std::sync::Arc;
 
@@ -10,7 +13,8 @@ use caretaker_apiserver::{ApiServer, Authorization, ServerError, Subject};
 use caretaker_pki::{CaSpec, CertificateAuthority, LeafSpec, Usage};
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::api::authentication::v1::TokenRequest;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, ServiceAccount};
 use kube::api::{Api, DeleteParams, PostParams};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
@@ -222,15 +226,17 @@ async fn a_service_account_token_works_in_its_bindings_namespace_until_the_accou
         json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}),
     )
     .await;
-    let operator = client_as(&server, &service_account(ns, "caretaker"));
-    // Not yet: the ServiceAccount does not exist, so its token authenticates nobody.
-    let unknown = api_status(get_path(&operator, "/api").await.unwrap_err());
-    assert_eq!(
-        (unknown.code, unknown.message.as_str()),
-        (401, "Unauthorized")
-    );
+    // Not yet: a token names its ServiceAccount's UID, and there is none.
+    match server.kube_config_for(&service_account(ns, "caretaker")) {
+        Err(ServerError::Api(e)) => assert_eq!(
+            (e.code, e.message.as_str()),
+            (404, "serviceaccounts \"caretaker\" not found")
+        ),
+        other => panic!("a token for a ServiceAccount that does not exist: {other:?}"),
+    }
 
     create(&server, json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "caretaker", "namespace": ns}})).await;
+    let operator = client_as(&server, &service_account(ns, "caretaker"));
     create(
         &server,
         json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
@@ -273,6 +279,12 @@ async fn a_service_account_token_works_in_its_bindings_namespace_until_the_accou
 
     // A token made with another key, or with this token's signature on another account.
     let elsewhere = rbac_server().await;
+    create(
+        &elsewhere,
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}),
+    )
+    .await;
+    create(&elsewhere, json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "caretaker", "namespace": ns}})).await;
     let foreign_token = match elsewhere
         .kube_config_for(&service_account(ns, "caretaker"))
         .unwrap()
@@ -442,6 +454,7 @@ async fn kubeconfigs_for_users_and_service_accounts_are_written_from_the_data_di
         server.url(),
         &Subject::parse("frank", &["team".into()]).unwrap(),
     )
+    .await
     .unwrap();
     assert!(yaml.contains("client-certificate-data"), "{yaml}");
     let kubeconfig = kube::config::Kubeconfig::from_yaml(&yaml).unwrap();
@@ -461,13 +474,40 @@ async fn kubeconfigs_for_users_and_service_accounts_are_written_from_the_data_di
         denied.message
     );
 
-    let sa = caretaker_apiserver::kubeconfig_for(
-        dir.path(),
-        server.url(),
-        &Subject::parse("system:serviceaccount:default:builder", &[]).unwrap(),
-    )
-    .unwrap();
-    assert!(sa.contains("token: caretaker-sa."), "{sa}");
+    // A ServiceAccount's token is issued by the running server (it names the account's UID),
+    // so the account must exist.
+    let builder = Subject::parse("system:serviceaccount:default:builder", &[]).unwrap();
+    let missing = caretaker_apiserver::kubeconfig_for(dir.path(), server.url(), &builder)
+        .await
+        .unwrap_err();
+    assert!(
+        missing
+            .to_string()
+            .contains("serviceaccounts \"builder\" not found"),
+        "{missing}"
+    );
+    create(&server, json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "builder", "namespace": "default"}})).await;
+    let sa = caretaker_apiserver::kubeconfig_for(dir.path(), server.url(), &builder)
+        .await
+        .unwrap();
+    assert!(sa.contains("token: "), "{sa}");
+    let kubeconfig = kube::config::Kubeconfig::from_yaml(&sa).unwrap();
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .unwrap();
+    let denied = api_status(
+        Api::<Secret>::namespaced(kube::Client::try_from(config).unwrap(), "default")
+            .get("x")
+            .await
+            .unwrap_err(),
+    );
+    assert!(
+        denied
+            .message
+            .contains("User \"system:serviceaccount:default:builder\""),
+        "{}",
+        denied.message
+    );
     assert!(Subject::parse("system:serviceaccount:default", &[]).is_err());
     assert!(Subject::parse("system:serviceaccount:a:b", &["x".into()]).is_err());
 }
@@ -1094,4 +1134,260 @@ async fn a_role_may_grant_only_what_its_writer_holds_unless_it_may_escalate() {
     cluster_roles.create(&pp, &from(labelled)).await.unwrap();
     cluster_roles.create(&pp, &from(gatherer)).await.unwrap();
     secrets.list(&Default::default()).await.unwrap();
+}
+
+/// A client that presents nothing but `token`.
+fn token_client(server: &ApiServer, token: &str) -> kube::Client {
+    let mut config = server.kube_config();
+    config.auth_info = Default::default();
+    config.auth_info.token = Some(token.to_string().into());
+    kube::Client::try_from(config).unwrap()
+}
+
+fn assert_unauthorized(result: Result<String, kube::Error>, what: &str) {
+    match result {
+        Err(kube::Error::Api(status)) => assert_eq!(
+            (status.code, status.message.as_str()),
+            (401, "Unauthorized"),
+            "{what}"
+        ),
+        other => panic!("{what}: expected 401, got {other:?}"),
+    }
+}
+
+async fn create_service_account(server: &ApiServer, namespace: &str, name: &str) {
+    create(server, json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, "namespace": namespace}})).await;
+}
+
+async fn delete_service_account(server: &ApiServer, namespace: &str, name: &str) {
+    Api::<ServiceAccount>::namespaced(server.client(), namespace)
+        .delete(name, &DeleteParams::default())
+        .await
+        .unwrap();
+}
+
+/// The reported attack: a token named its ServiceAccount by name only, so deleting the account
+/// and creating another of the same name brought the old token back to life.
+#[tokio::test]
+async fn a_token_does_not_come_back_with_a_new_service_account_of_the_same_name() {
+    let server = rbac_server().await;
+    let ns = "team";
+    create(
+        &server,
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}),
+    )
+    .await;
+    create_service_account(&server, ns, "deployer").await;
+    let old = client_as(&server, &service_account(ns, "deployer"));
+    // Discovery is open to every authenticated user: the token authenticates.
+    get_path(&old, "/api").await.unwrap();
+
+    delete_service_account(&server, ns, "deployer").await;
+    assert_unauthorized(get_path(&old, "/api").await, "the account is gone");
+    create_service_account(&server, ns, "deployer").await;
+    assert_unauthorized(
+        get_path(&old, "/api").await,
+        "another account of the same name",
+    );
+    // The new account's own tokens work.
+    let new = client_as(&server, &service_account(ns, "deployer"));
+    get_path(&new, "/api").await.unwrap();
+}
+
+#[tokio::test]
+async fn an_expired_token_is_refused() {
+    let server = rbac_server().await;
+    create_service_account(&server, "default", "brief").await;
+    let lifetime = Duration::from_secs(3);
+    let token = server
+        .service_account_token("default", "brief", lifetime)
+        .unwrap();
+    let client = token_client(&server, &token);
+    get_path(&client, "/api").await.unwrap();
+    tokio::time::sleep(lifetime + Duration::from_secs(1)).await;
+    assert_unauthorized(get_path(&client, "/api").await, "an expired token");
+}
+
+fn token_request(spec: Value) -> TokenRequest {
+    serde_json::from_value(
+        json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec}),
+    )
+    .unwrap()
+}
+
+/// TokenRequest, as kube-apiserver serves it: `create` on `serviceaccounts/token`, a token
+/// that authenticates as the account, kube's bounds on its lifetime, and bindings.
+#[tokio::test]
+async fn token_requests_issue_expiring_tokens_to_whoever_may_create_serviceaccounts_token() {
+    let server = rbac_server().await;
+    let ns = "team";
+    create(
+        &server,
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}),
+    )
+    .await;
+    create_service_account(&server, ns, "builder").await;
+    create(
+        &server,
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+               "metadata": {"name": "account-reader", "namespace": ns},
+               "rules": [{"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": ["get", "create"]}]}),
+    )
+    .await;
+    create(
+        &server,
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+               "metadata": {"name": "dora-reads", "namespace": ns},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "account-reader"},
+               "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "dora"}]}),
+    )
+    .await;
+    let dora = Api::<ServiceAccount>::namespaced(client_as(&server, &user("dora", &[])), ns);
+    let pp = PostParams::default();
+
+    // Creating ServiceAccounts is not creating their tokens.
+    let refused = api_status(
+        dora.create_token_request("builder", &pp, &token_request(json!({})))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(refused.code, 403);
+    assert!(
+        refused
+            .message
+            .contains("cannot create resource \"serviceaccounts/token\""),
+        "{}",
+        refused.message
+    );
+    create(
+        &server,
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+               "metadata": {"name": "token-maker", "namespace": ns},
+               "rules": [{"apiGroups": [""], "resources": ["serviceaccounts/token"], "verbs": ["create"], "resourceNames": ["builder"]}]}),
+    )
+    .await;
+    create(
+        &server,
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+               "metadata": {"name": "dora-makes-tokens", "namespace": ns},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "token-maker"},
+               "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "dora"}]}),
+    )
+    .await;
+
+    // Granted: an hour by default, for this server's audience.
+    let answer = dora
+        .create_token_request("builder", &pp, &token_request(json!({})))
+        .await
+        .unwrap();
+    let spec = answer.spec.clone().unwrap();
+    assert_eq!(spec.expiration_seconds, Some(3600));
+    assert_eq!(
+        spec.audiences,
+        Some(vec![
+            "https://kubernetes.default.svc.cluster.local".to_string()
+        ])
+    );
+    assert_eq!(answer.metadata.name.as_deref(), Some("builder"));
+    let status = answer.status.clone().unwrap();
+    let issued = answer.metadata.creation_timestamp.unwrap().0;
+    let expires = status.expiration_timestamp.unwrap().0;
+    assert_eq!(expires.duration_since(issued).as_secs(), 3600);
+    let token = status.token.unwrap();
+    let denied = api_status(
+        Api::<Secret>::namespaced(token_client(&server, &token), ns)
+            .list(&Default::default())
+            .await
+            .unwrap_err(),
+    );
+    assert!(
+        denied
+            .message
+            .contains("User \"system:serviceaccount:team:builder\" cannot list"),
+        "{}",
+        denied.message
+    );
+
+    // Kube's bounds and refusals.
+    let invalid = |spec: Value| {
+        let dora = dora.clone();
+        async move {
+            api_status(
+                dora.create_token_request("builder", &PostParams::default(), &token_request(spec))
+                    .await
+                    .unwrap_err(),
+            )
+        }
+    };
+    let short = invalid(json!({"expirationSeconds": 599})).await;
+    assert_eq!(
+        (short.code, short.message.as_str()),
+        (
+            422,
+            "TokenRequest.authentication.k8s.io \"\" is invalid: spec.expirationSeconds: Invalid value: 599: may not specify a duration less than 10 minutes"
+        )
+    );
+    let node =
+        invalid(json!({"boundObjectRef": {"kind": "Node", "apiVersion": "v1", "name": "n1"}}))
+            .await;
+    assert_eq!(
+        (node.code, node.message.as_str()),
+        (
+            400,
+            "cannot bind token for serviceaccount \"builder\" to object of type /v1, Kind=Node"
+        )
+    );
+    assert_eq!(
+        invalid(json!({"boundObjectRef": {"kind": "Secret", "apiVersion": "v1", "name": "none"}}))
+            .await
+            .code,
+        404
+    );
+    let other_account = api_status(
+        dora.create_token_request("someone", &pp, &token_request(json!({})))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(other_account.code, 403, "resourceNames pins the account");
+
+    // A token for another audience does not authenticate here.
+    let vault = dora
+        .create_token_request(
+            "builder",
+            &pp,
+            &token_request(json!({"audiences": ["vault"]})),
+        )
+        .await
+        .unwrap();
+    let vault = vault.status.unwrap().token.unwrap();
+    assert_unauthorized(
+        get_path(&token_client(&server, &vault), "/api").await,
+        "a token for another audience",
+    );
+
+    // Bound to a Secret: valid while that Secret exists.
+    create(&server, json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "session", "namespace": ns}})).await;
+    let bound = dora
+        .create_token_request(
+            "builder",
+            &pp,
+            &token_request(json!({"boundObjectRef": {"kind": "Secret", "apiVersion": "v1", "name": "session"}})),
+        )
+        .await
+        .unwrap();
+    let bound = token_client(&server, &bound.status.unwrap().token.unwrap());
+    get_path(&bound, "/api").await.unwrap();
+    Api::<Secret>::namespaced(server.client(), ns)
+        .delete("session", &DeleteParams::default())
+        .await
+        .unwrap();
+    assert_unauthorized(
+        get_path(&bound, "/api").await,
+        "a token bound to a deleted Secret",
+    );
+    create(&server, json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "session", "namespace": ns}})).await;
+    assert_unauthorized(
+        get_path(&bound, "/api").await,
+        "a token bound to a Secret deleted and created again",
+    );
 }

@@ -6,7 +6,7 @@
 //! - [`attributes`]: what a request asks to do (kube-apiserver's `RequestInfo`).
 //! - [`rbac`]: the decision, a pure function of the stored RBAC objects.
 //! - [`escalation`]: what a writer of RBAC objects may grant (checked where they are stored).
-//! - [`tokens`]: ServiceAccount bearer tokens.
+//! - [`tokens`]: ServiceAccount bearer tokens, and [`token_request`], which issues them.
 //! - [`bootstrap`]: the ClusterRoles and bindings every cluster starts with.
 //! - [`reviews`]: SelfSubjectAccessReview and SelfSubjectRulesReview (`kubectl auth can-i`).
 
@@ -15,6 +15,7 @@ pub mod bootstrap;
 pub mod escalation;
 pub mod rbac;
 pub mod reviews;
+pub mod token_request;
 pub mod tokens;
 
 use std::collections::BTreeSet;
@@ -35,7 +36,7 @@ pub use crate::user::{MASTERS, UserInfo, service_account_user};
 use attributes::{Attributes, ResourceAttributes};
 use escalation::Grant;
 use rbac::{Decision, Policy};
-use tokens::TokenKey;
+use tokens::{TokenError, TokenKey};
 
 /// What the TLS handshake of a connection proved: the user of its client certificate, if it
 /// presented one (a certificate that does not chain to the client CA fails the handshake).
@@ -113,7 +114,8 @@ impl Auth {
         log.iter().cloned().collect()
     }
 
-    /// The request's user; 401 for a bearer token that is not a live ServiceAccount's.
+    /// The request's user; 401 for a bearer token that does not authenticate (see
+    /// [`tokens`]).
     fn authenticate(
         &self,
         api: &ApiState,
@@ -129,19 +131,52 @@ impl Auth {
         let token = value
             .strip_prefix("Bearer ")
             .map(str::trim)
-            .filter(|t| !t.is_empty());
-        let (namespace, name) = token
-            .and_then(|t| self.tokens.verify(t))
+            .filter(|t| !t.is_empty())
             .ok_or_else(unauthorized)?;
-        let key = ObjectKey {
-            resource: "/serviceaccounts".into(),
-            namespace: namespace.clone(),
-            name: name.clone(),
-        };
-        match api.store.get(&key)? {
-            Some(_) => Ok(Arc::new(UserInfo::service_account(&namespace, &name))),
-            None => Err(unauthorized()),
+        match self.service_account_of(api, token)? {
+            Ok(user) => Ok(Arc::new(user)),
+            Err(reason) => {
+                tracing::debug!(%reason, "refused a bearer token");
+                Err(unauthorized())
+            }
         }
+    }
+
+    /// The ServiceAccount a bearer token authenticates, checked against the objects its
+    /// claims name as they are stored now; why not, if it does not.
+    fn service_account_of(
+        &self,
+        api: &ApiState,
+        token: &str,
+    ) -> Result<Result<UserInfo, TokenError>, ApiError> {
+        let claims = match self.tokens.read(token).and_then(|claims| {
+            claims
+                .check(unix_now(), tokens::API_AUDIENCE)
+                .map(|()| claims)
+        }) {
+            Ok(claims) => claims,
+            Err(e) => return Ok(Err(e)),
+        };
+        let namespace = &claims.kubernetes.namespace;
+        let stored = |plural: &str, name: &str| stored_core(api, plural, namespace, name);
+        let account = &claims.kubernetes.serviceaccount;
+        let mut checks = vec![(
+            "ServiceAccount",
+            account,
+            stored("serviceaccounts", &account.name)?,
+        )];
+        if let Some(secret) = &claims.kubernetes.secret {
+            checks.push(("Secret", secret, stored("secrets", &secret.name)?));
+        }
+        if let Some(pod) = &claims.kubernetes.pod {
+            checks.push(("Pod", pod, stored("pods", &pod.name)?));
+        }
+        for (kind, named, object) in &checks {
+            if let Err(e) = named.check(kind, object.as_ref()) {
+                return Ok(Err(e));
+            }
+        }
+        Ok(Ok(UserInfo::service_account(namespace, &account.name)))
     }
 
     /// Whether `user` may make `request`; the reason either way.
@@ -278,6 +313,25 @@ fn load<T: DeserializeOwned>(api: &ApiState, storage_key: &str) -> Result<Vec<T>
             }
         })
         .collect())
+}
+
+/// The core (`v1`) object `plural` `namespace`/`name` as stored now.
+pub(crate) fn stored_core(
+    api: &ApiState,
+    plural: &str,
+    namespace: &str,
+    name: &str,
+) -> Result<Option<serde_json::Value>, ApiError> {
+    let def = api
+        .registry
+        .lookup("", "v1", plural)
+        .ok_or_else(ApiError::unknown_resource)?;
+    Ok(api.store.get(&ApiState::key(&def, namespace, name))?)
+}
+
+/// Seconds since the Unix epoch.
+pub(crate) fn unix_now() -> i64 {
+    time::OffsetDateTime::now_utc().unix_timestamp()
 }
 
 fn unauthorized() -> ApiError {

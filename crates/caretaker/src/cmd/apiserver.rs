@@ -63,9 +63,11 @@ pub struct ApiserverArgs {
 
     /// Instead of serving: print a kubeconfig for SUBJECT, a user (a client certificate from
     /// DIR/pki/client-ca.crt, with --group for its groups) or
-    /// system:serviceaccount:NAMESPACE:NAME (a bearer token, valid while that ServiceAccount
-    /// exists), for the server of DIR/kubeconfig. The output holds a private key or a token:
-    /// keep it as you would a password.
+    /// system:serviceaccount:NAMESPACE:NAME (a bearer token the running server issues, valid
+    /// for 24 hours and while that ServiceAccount exists: deleting it, or deleting and
+    /// creating it again, revokes the token; `kubectl create token` makes tokens of other
+    /// lifetimes), for the server of DIR/kubeconfig. The output holds a private key or a
+    /// token: keep it as you would a password.
     #[arg(long, value_name = "SUBJECT")]
     pub kubeconfig_for: Option<String>,
 
@@ -82,7 +84,7 @@ pub enum AuthorizationArg {
 
 pub fn run(args: ApiserverArgs) -> ExitCode {
     if let Some(subject) = &args.kubeconfig_for {
-        return super::run("apiserver", || print_kubeconfig(&args, subject));
+        return super::run_async("apiserver", print_kubeconfig(&args, subject));
     }
     if !args.listen.ip().is_loopback() && !args.allow_remote {
         return super::run("apiserver", || {
@@ -100,7 +102,7 @@ pub fn run(args: ApiserverArgs) -> ExitCode {
 
 /// `--kubeconfig-for`: the kubeconfig of `subject` on the server whose data directory and
 /// kubeconfig are in `--data-dir`.
-fn print_kubeconfig(args: &ApiserverArgs, subject: &str) -> Result<ExitCode, Failure> {
+async fn print_kubeconfig(args: &ApiserverArgs, subject: &str) -> Result<ExitCode, Failure> {
     let subject = Subject::parse(subject, &args.group)
         .map_err(|e| Failure::from(format!("--kubeconfig-for: {e}")).with_code(2))?;
     let admin = args.data_dir.join("kubeconfig");
@@ -121,7 +123,7 @@ fn print_kubeconfig(args: &ApiserverArgs, subject: &str) -> Result<ExitCode, Fai
         )
         .into());
     }
-    let kubeconfig = caretaker_apiserver::kubeconfig_for(&args.data_dir, &url, &subject)?;
+    let kubeconfig = caretaker_apiserver::kubeconfig_for(&args.data_dir, &url, &subject).await?;
     print!("{kubeconfig}");
     Ok(ExitCode::SUCCESS)
 }
