@@ -31,7 +31,6 @@ use serde_json::Value;
 use crate::api::{ApiState, WriteAuthorizer};
 use crate::error::ApiError;
 use crate::registry::ResourceDef;
-use crate::storage::ObjectKey;
 pub use crate::user::{MASTERS, UserInfo, service_account_user};
 use attributes::{Attributes, ResourceAttributes};
 use escalation::Grant;
