@@ -573,7 +573,9 @@ pub fn plan(
         }
         None => {}
     }
-    // A removed member's Secrets go once etcd-all-certs no longer holds its certificates.
+    // A removed member's Secrets go once etcd-all-certs no longer holds its certificates:
+    // those read (the glue deletes the version read, whose mark was checked), never a name
+    // that was absent then.
     if !held {
         let current: BTreeSet<&str> = members.iter().map(|m| m.name.as_str()).collect();
         let gone = stored_all
@@ -582,7 +584,10 @@ pub fn plan(
             .filter(|m| !current.contains(m.as_str()));
         for member in gone {
             for role in Role::MEMBER {
-                steps.push(EtcdStep::Delete(member_secret(role, &member)));
+                let name = member_secret(role, &member);
+                if seen.secrets.contains_key(&name) {
+                    steps.push(EtcdStep::Delete(name));
+                }
             }
         }
     }
