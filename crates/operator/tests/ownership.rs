@@ -19,8 +19,9 @@ mod common;
 use std::time::Duration;
 
 use caretaker_apiserver::{ApiServer, Authorization, Subject};
-use caretaker_operator::controllers::{self, etcd_certificates};
+use caretaker_operator::controllers::{self, bundle, etcd_certificates};
 use caretaker_operator::names;
+use caretaker_operator::trust::api::Bundle;
 use caretaker_operator::v1alpha1::{CertificateAuthority, EtcdCertificates, IssuedCertificate};
 use caretaker_operator::{Context, Settings};
 use k8s_openapi::api::core::v1::{ConfigMap, Event, Secret};
@@ -28,8 +29,10 @@ use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBind
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
+use caretaker_testkit::capi_objects::install_trust_manager_crds;
 use common::authorities::{create_namespace, eventually, install_caretaker_crds};
 use common::outage::Outage;
+use common::trust;
 
 const ETCD: &str = "etcd-system";
 const TEAM: &str = "team";
@@ -184,6 +187,20 @@ impl World {
         loop {
             tokio::time::sleep(Duration::from_millis(1500)).await;
             let now = self.secret(namespace, name).await.unwrap();
+            if now.metadata.resource_version == last.metadata.resource_version {
+                return now;
+            }
+            last = now;
+        }
+    }
+
+    /// [`Self::settled_secret`], for a ConfigMap.
+    async fn settled_config_map(&self, namespace: &str, name: &str) -> ConfigMap {
+        let config_maps = Api::<ConfigMap>::namespaced(self.admin.clone(), namespace);
+        let mut last = config_maps.get(name).await.unwrap();
+        loop {
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            let now = config_maps.get(name).await.unwrap();
             if now.metadata.resource_version == last.metadata.resource_version {
                 return now;
             }
@@ -504,4 +521,63 @@ async fn a_ca_created_again_under_a_deleted_cas_name_signs_nothing_with_its_key(
         "a certificate was issued with the deleted CA's key (Ready {status}: {message})"
     );
     assert_eq!(status, "False", "{message}");
+}
+
+/// A CertificateAuthority whose bundle ConfigMap takes, first, the name a Bundle's target will
+/// have (here in a namespace mallory cannot write): the Bundle takes it over, and the CA,
+/// refused, leaves it (before, the two controllers wrote `ca-bundle.crt` in turn, some 80
+/// times a second, the namespace trusting mallory's CA every other write).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bundle_target_squatted_by_a_cas_bundle_goes_to_the_bundle_not_fought_over() {
+    let mut world = world(settings()).await;
+    install_trust_manager_crds(&world.admin).await.unwrap();
+    create_namespace(&world.admin, trust::TRUST).await;
+    let roots = trust::ca("root-a");
+    apply(
+        &Api::<ConfigMap>::namespaced(world.admin.clone(), trust::TRUST),
+        json!({ "metadata": { "name": "roots" }, "data": { "ca.crt": roots } }),
+    )
+    .await;
+
+    apply(
+        &Api::<CertificateAuthority>::all(world.mallory.clone()),
+        json!({
+            "apiVersion": "caretaker.dev/v1alpha1", "kind": "CertificateAuthority",
+            "metadata": { "name": "squat" },
+            "spec": {
+                "commonName": "squat-ca",
+                "secret": { "namespace": TEAM, "name": "squat-ca" },
+                "bundle": { "namespace": SYSTEM, "name": "trust" },
+                "trustPropagation": "0s",
+            },
+        }),
+    )
+    .await;
+    let config_maps = Api::<ConfigMap>::namespaced(world.admin.clone(), SYSTEM);
+    eventually("the CA's bundle at caretaker-system/trust", 20, || async {
+        let found = config_maps.get_opt("trust").await.unwrap()?;
+        found.data?.get("ca-bundle.crt").map(|_| ())
+    })
+    .await;
+
+    let operator = Context::new(world.admin.clone(), settings());
+    world.controllers.push(tokio::spawn(bundle::run(operator)));
+    let mut bundle = trust::simple_bundle(None);
+    bundle["spec"]["target"]["configMap"]["key"] = json!("ca-bundle.crt");
+    apply(&Api::<Bundle>::all(world.admin.clone()), bundle).await;
+
+    // The Bundle takes its target, as trust-manager takes any object at its target's name;
+    // the CA leaves it to the Bundle, and nothing writes it any more.
+    let note = world
+        .warning("default", "squat", names::REASON_OBJECT_IN_USE)
+        .await;
+    assert!(
+        note.contains("ConfigMap caretaker-system/trust is controlled by Bundle trust"),
+        "{note}"
+    );
+    let settled = world.settled_config_map(SYSTEM, "trust").await;
+    assert_eq!(
+        settled.data.unwrap()["ca-bundle.crt"],
+        trust::canonical(&[&roots])
+    );
 }

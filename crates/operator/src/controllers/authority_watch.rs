@@ -780,11 +780,26 @@ fn authority_named(kind: TargetKind, target: &DynamicObject) -> Option<String> {
 }
 
 /// Whether `owner` may write the `kind` at `key`, `meta` when it exists
-/// ([`ownership::claim`]).
+/// ([`ownership::claim_by`]).
 pub(crate) fn claim(owner: &Owner, kind: &str, key: &Key, meta: Option<&ObjectMeta>) -> Claim {
-    let none = BTreeMap::new();
-    let annotations = meta.map(|meta| meta.annotations.as_ref().unwrap_or(&none));
-    ownership::claim(owner, kind, &format!("{}/{}", key.0, key.1), annotations)
+    let Some(meta) = meta else {
+        return Claim::Create;
+    };
+    let annotations = meta.annotations.as_ref();
+    ownership::claim_by(
+        owner,
+        kind,
+        &format!("{}/{}", key.0, key.1),
+        controller(meta),
+        |name| annotations?.get(name).map(String::as_str),
+    )
+}
+
+/// The kind and name of an object's controller owner reference.
+pub(crate) fn controller(meta: &ObjectMeta) -> Option<(&str, &str)> {
+    let references = meta.owner_references.as_deref()?;
+    let controller = references.iter().find(|r| r.controller == Some(true))?;
+    Some((controller.kind.as_str(), controller.name.as_str()))
 }
 
 /// Why an object may not write its Secrets and ConfigMaps, from their `claims`: the reason
