@@ -14,6 +14,9 @@
 //!   another object: its UID differs.
 //! - an existing object carrying no mark: someone's data (or written by a caretaker before
 //!   the mark), `ObjectNotManaged`.
+//! - an object with a controller owner reference, whatever it carries: another controller
+//!   took it (a Bundle applies its target over a CA's bundle made first at its name),
+//!   `ObjectInUse`, naming it.
 //!
 //! The mark is no permission by itself: whoever may write a Secret may also write its
 //! annotations, and so hand it over. That is what [`names::ADOPT`] is for: set on the object
@@ -137,18 +140,31 @@ pub fn claim(
     let Some(annotations) = annotations else {
         return Claim::Create;
     };
-    claim_by(owner, kind, object, |key| {
+    claim_by(owner, kind, object, None, |key| {
         annotations.get(key).map(String::as_str)
     })
 }
 
-/// [`claim`], with the annotations read through `annotation` (a cache keeps them as slices).
+/// [`claim`], with the annotations read through `annotation` (a cache keeps them as slices),
+/// and the object's `controller` (the kind and name of its controller owner reference).
+/// caretaker never sets one: an object that has one was taken by another controller (a
+/// Bundle applies its target over a CA's bundle ConfigMap made first at its name), and is
+/// that controller's whatever it carries, so that the two never write it in turn.
 pub fn claim_by<'a>(
     owner: &Owner,
     kind: &str,
     object: &str,
+    controller: Option<(&str, &str)>,
     annotation: impl Fn(&str) -> Option<&'a str>,
 ) -> Claim {
+    if let Some((controller_kind, controller_name)) = controller {
+        return Claim::Refused {
+            reason: names::REASON_OBJECT_IN_USE,
+            message: format!(
+                "{kind} {object} is controlled by {controller_kind} {controller_name}; nothing was written to it"
+            ),
+        };
+    }
     let mark = annotation(names::OWNER);
     if mark == Some(owner.mark().as_str()) {
         return Claim::Own;
@@ -321,6 +337,33 @@ mod tests {
         assert_eq!(
             claim(&web, "Secret", "demo/web-tls", Some(&from_earlier)),
             Claim::Adopt
+        );
+    }
+
+    /// A Bundle took over a CA's bundle ConfigMap made first at its target's name: the CA
+    /// leaves it, mark or not, so the two never write it in turn.
+    #[test]
+    fn an_object_another_controller_controls_is_refused_whatever_it_carries() {
+        let ca = authority("a1");
+        let ours = annotations(&[(names::OWNER, &ca.mark())]);
+        let annotation = |key: &str| ours.get(key).map(String::as_str);
+        let Claim::Refused { reason, message } = claim_by(
+            &ca,
+            "ConfigMap",
+            "sys/trust",
+            Some(("Bundle", "trust")),
+            annotation,
+        ) else {
+            panic!("written");
+        };
+        assert_eq!(reason, names::REASON_OBJECT_IN_USE);
+        assert_eq!(
+            message,
+            "ConfigMap sys/trust is controlled by Bundle trust; nothing was written to it"
+        );
+        assert_eq!(
+            claim_by(&ca, "ConfigMap", "sys/trust", None, annotation),
+            Claim::Own
         );
     }
 

@@ -19,28 +19,35 @@ mod common;
 use std::time::Duration;
 
 use caretaker_apiserver::{ApiServer, Authorization, Subject};
-use caretaker_operator::controllers::{self, etcd_certificates};
+use caretaker_operator::controllers::{self, bundle, etcd_certificates};
 use caretaker_operator::names;
+use caretaker_operator::trust::api::Bundle;
 use caretaker_operator::v1alpha1::{CertificateAuthority, EtcdCertificates, IssuedCertificate};
 use caretaker_operator::{Context, Settings};
-use k8s_openapi::api::core::v1::{Event, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Event, Secret};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
+use caretaker_testkit::capi_objects::install_trust_manager_crds;
 use common::authorities::{create_namespace, eventually, install_caretaker_crds};
+use common::outage::Outage;
+use common::trust;
 
 const ETCD: &str = "etcd-system";
 const TEAM: &str = "team";
 const SYSTEM: &str = "caretaker-system";
 
 struct World {
-    _server: ApiServer,
+    server: ApiServer,
     admin: kube::Client,
     /// mallory: CertificateAuthorities (cluster-wide), and IssuedCertificates and Secrets in
     /// `team` only.
     mallory: kube::Client,
     controllers: Vec<tokio::task::JoinHandle<()>>,
+    /// Between the controllers and the server, when asked for: stopping it cuts their
+    /// watches.
+    outage: Option<Outage>,
 }
 
 impl Drop for World {
@@ -70,12 +77,19 @@ where
 /// etcd-system (its members need not run: its first revision is written without them), and
 /// the controllers with `settings`.
 async fn world(settings: Settings) -> World {
-    let server = ApiServer::builder()
+    world_with(settings, false).await
+}
+
+/// [`world`], with the controllers reaching the server through an [`Outage`] when
+/// `behind_outage`, and a short watch history: a watch cut long enough must list again.
+async fn world_with(settings: Settings, behind_outage: bool) -> World {
+    let mut builder = ApiServer::builder()
         .tls(true)
-        .authorization(Authorization::Rbac)
-        .start()
-        .await
-        .unwrap();
+        .authorization(Authorization::Rbac);
+    if behind_outage {
+        builder = builder.watch_history(10);
+    }
+    let server = builder.start().await.unwrap();
     let admin = server.client();
     install_caretaker_crds(&admin).await;
     for namespace in [ETCD, TEAM, SYSTEM] {
@@ -132,16 +146,26 @@ async fn world(settings: Settings) -> World {
         }),
     )
     .await;
-    let operator = |settings: &Settings| Context::new(admin.clone(), settings.clone());
+    let (operator_client, outage) = match behind_outage {
+        false => (admin.clone(), None),
+        true => {
+            let outage = Outage::start(server.url()).await;
+            let mut config = server.kube_config();
+            config.cluster_url = outage.url().parse().unwrap();
+            (kube::Client::try_from(config).unwrap(), Some(outage))
+        }
+    };
+    let operator = |settings: &Settings| Context::new(operator_client.clone(), settings.clone());
     let controllers = vec![
         tokio::spawn(controllers::run_authorities(operator(&settings), None)),
         tokio::spawn(etcd_certificates::run(operator(&settings))),
     ];
     World {
-        _server: server,
+        server,
         admin,
         mallory,
         controllers,
+        outage,
     }
 }
 
@@ -163,6 +187,20 @@ impl World {
         loop {
             tokio::time::sleep(Duration::from_millis(1500)).await;
             let now = self.secret(namespace, name).await.unwrap();
+            if now.metadata.resource_version == last.metadata.resource_version {
+                return now;
+            }
+            last = now;
+        }
+    }
+
+    /// [`Self::settled_secret`], for a ConfigMap.
+    async fn settled_config_map(&self, namespace: &str, name: &str) -> ConfigMap {
+        let config_maps = Api::<ConfigMap>::namespaced(self.admin.clone(), namespace);
+        let mut last = config_maps.get(name).await.unwrap();
+        loop {
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            let now = config_maps.get(name).await.unwrap();
             if now.metadata.resource_version == last.metadata.resource_version {
                 return now;
             }
@@ -419,4 +457,127 @@ async fn ca_secrets_stay_in_the_namespaces_the_administrator_allows() {
     );
     world.settled_secret(SYSTEM, "allowed-ca").await;
     assert!(world.secret(TEAM, "elsewhere-ca").await.is_none());
+}
+
+/// A CertificateAuthority deleted and created again under its name while the operator's
+/// watch was cut (so that it lists again, and never sees the deletion): the new object, whose
+/// author cannot read the old one's Secret, gets nothing signed by the old CA that the
+/// operator remembers by that name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ca_created_again_under_a_deleted_cas_name_signs_nothing_with_its_key() {
+    let mut world = world_with(settings(), true).await;
+    world
+        .create_ca(&world.admin, "issuer", (SYSTEM, "issuer-ca"))
+        .await;
+    eventually("issuer Ready", 20, || async {
+        let (status, _, _) = world.ca_condition("issuer", "Ready").await?;
+        (status == "True").then_some(())
+    })
+    .await;
+
+    // The operator is cut off; the administrator deletes the CA, mallory takes its name.
+    world.outage.as_mut().unwrap().stop();
+    Api::<CertificateAuthority>::all(world.admin.clone())
+        .delete("issuer", &Default::default())
+        .await
+        .unwrap();
+    world
+        .create_ca(&world.mallory, "issuer", (SYSTEM, "issuer-ca"))
+        .await;
+    // Past the watch history: the operator's watches resume with a new list.
+    let past = (world.server.resource_version() / 1000 + 1) * 1000 + 20;
+    let filler = Api::<ConfigMap>::namespaced(world.admin.clone(), "default");
+    for i in 0.. {
+        if world.server.resource_version() > past {
+            break;
+        }
+        apply(
+            &filler,
+            json!({ "metadata": { "name": format!("filler-{i}") } }),
+        )
+        .await;
+    }
+    world.outage.as_mut().unwrap().resume().await;
+
+    // Once the operator acts on mallory's CA, it is refused (the Secret is the old one's)...
+    eventually("mallory's issuer refused", 30, || async {
+        let (status, reason, message) = world.ca_condition("issuer", "Degraded").await?;
+        (status == "True"
+            && reason == names::REASON_OBJECT_IN_USE
+            && message.contains("belongs to an earlier CertificateAuthority issuer"))
+        .then_some(())
+    })
+    .await;
+    // ...and her certificate gets nothing from the old CA's key.
+    world
+        .create_certificate(&world.mallory, TEAM, "grab", "issuer", "grab-tls")
+        .await;
+    let (status, _, message) = eventually("grab's Ready condition", 20, || {
+        world.certificate_condition(TEAM, "grab", "Ready")
+    })
+    .await;
+    assert!(
+        world.secret(TEAM, "grab-tls").await.is_none(),
+        "a certificate was issued with the deleted CA's key (Ready {status}: {message})"
+    );
+    assert_eq!(status, "False", "{message}");
+}
+
+/// A CertificateAuthority whose bundle ConfigMap takes, first, the name a Bundle's target will
+/// have (here in a namespace mallory cannot write): the Bundle takes it over, and the CA,
+/// refused, leaves it (before, the two controllers wrote `ca-bundle.crt` in turn, some 80
+/// times a second, the namespace trusting mallory's CA every other write).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bundle_target_squatted_by_a_cas_bundle_goes_to_the_bundle_not_fought_over() {
+    let mut world = world(settings()).await;
+    install_trust_manager_crds(&world.admin).await.unwrap();
+    create_namespace(&world.admin, trust::TRUST).await;
+    let roots = trust::ca("root-a");
+    apply(
+        &Api::<ConfigMap>::namespaced(world.admin.clone(), trust::TRUST),
+        json!({ "metadata": { "name": "roots" }, "data": { "ca.crt": roots } }),
+    )
+    .await;
+
+    apply(
+        &Api::<CertificateAuthority>::all(world.mallory.clone()),
+        json!({
+            "apiVersion": "caretaker.dev/v1alpha1", "kind": "CertificateAuthority",
+            "metadata": { "name": "squat" },
+            "spec": {
+                "commonName": "squat-ca",
+                "secret": { "namespace": TEAM, "name": "squat-ca" },
+                "bundle": { "namespace": SYSTEM, "name": "trust" },
+                "trustPropagation": "0s",
+            },
+        }),
+    )
+    .await;
+    let config_maps = Api::<ConfigMap>::namespaced(world.admin.clone(), SYSTEM);
+    eventually("the CA's bundle at caretaker-system/trust", 20, || async {
+        let found = config_maps.get_opt("trust").await.unwrap()?;
+        found.data?.get("ca-bundle.crt").map(|_| ())
+    })
+    .await;
+
+    let operator = Context::new(world.admin.clone(), settings());
+    world.controllers.push(tokio::spawn(bundle::run(operator)));
+    let mut bundle = trust::simple_bundle(None);
+    bundle["spec"]["target"]["configMap"]["key"] = json!("ca-bundle.crt");
+    apply(&Api::<Bundle>::all(world.admin.clone()), bundle).await;
+
+    // The Bundle takes its target, as trust-manager takes any object at its target's name;
+    // the CA leaves it to the Bundle, and nothing writes it any more.
+    let note = world
+        .warning("default", "squat", names::REASON_OBJECT_IN_USE)
+        .await;
+    assert!(
+        note.contains("ConfigMap caretaker-system/trust is controlled by Bundle trust"),
+        "{note}"
+    );
+    let settled = world.settled_config_map(SYSTEM, "trust").await;
+    assert_eq!(
+        settled.data.unwrap()["ca-bundle.crt"],
+        trust::canonical(&[&roots])
+    );
 }

@@ -457,9 +457,10 @@ pub(crate) struct Shared {
     /// What each CA's certificates were last known to be issued from (signer and bundle), so
     /// that a CA Secret write that changes neither wakes none of them.
     issuers_seen: Mutex<HashMap<String, String>>,
-    /// The last CA each CertificateAuthority's pass saw signing: it keeps signing while its
-    /// Secret is invalid.
-    last_good: Mutex<HashMap<String, CaKeyPair>>,
+    /// The last CA each CertificateAuthority's pass saw signing, with that object's UID: it
+    /// keeps signing while its Secret is invalid, for that object only (another of its name,
+    /// made while a watch was cut, is another CA).
+    last_good: Mutex<HashMap<String, (String, CaKeyPair)>>,
     /// What each object's last pass said was wrong with it.
     pub degraded: DegradedMemory,
     /// What each object's last status write said, until the store shows it.
@@ -779,11 +780,26 @@ fn authority_named(kind: TargetKind, target: &DynamicObject) -> Option<String> {
 }
 
 /// Whether `owner` may write the `kind` at `key`, `meta` when it exists
-/// ([`ownership::claim`]).
+/// ([`ownership::claim_by`]).
 pub(crate) fn claim(owner: &Owner, kind: &str, key: &Key, meta: Option<&ObjectMeta>) -> Claim {
-    let none = BTreeMap::new();
-    let annotations = meta.map(|meta| meta.annotations.as_ref().unwrap_or(&none));
-    ownership::claim(owner, kind, &format!("{}/{}", key.0, key.1), annotations)
+    let Some(meta) = meta else {
+        return Claim::Create;
+    };
+    let annotations = meta.annotations.as_ref();
+    ownership::claim_by(
+        owner,
+        kind,
+        &format!("{}/{}", key.0, key.1),
+        controller(meta),
+        |name| annotations?.get(name).map(String::as_str),
+    )
+}
+
+/// The kind and name of an object's controller owner reference.
+pub(crate) fn controller(meta: &ObjectMeta) -> Option<(&str, &str)> {
+    let references = meta.owner_references.as_deref()?;
+    let controller = references.iter().find(|r| r.controller == Some(true))?;
+    Some((controller.kind.as_str(), controller.name.as_str()))
 }
 
 /// Why an object may not write its Secrets and ConfigMaps, from their `claims`: the reason
@@ -1542,15 +1558,18 @@ impl Shared {
         (Some(seen.as_str()) == stored.resource_version()).then(|| state.clone())
     }
 
-    pub(crate) fn last_good(&self, authority: &str) -> Option<CaKeyPair> {
-        lock(&self.last_good).get(authority).cloned()
+    /// The last CA seen signing for CertificateAuthority `authority` of UID `uid`.
+    pub(crate) fn last_good(&self, authority: &str, uid: &str) -> Option<CaKeyPair> {
+        let last_good = lock(&self.last_good);
+        let (seen_for, signer) = last_good.get(authority)?;
+        (seen_for == uid).then(|| signer.clone())
     }
 
-    /// Remembers the CA that signs for `authority` now (none: forgets it).
-    pub(crate) fn set_last_good(&self, authority: &str, signer: Option<CaKeyPair>) {
+    /// Remembers the CA that signs for `authority` of UID `uid` now (none: forgets it).
+    pub(crate) fn set_last_good(&self, authority: &str, uid: &str, signer: Option<CaKeyPair>) {
         let mut last_good = lock(&self.last_good);
         match signer {
-            Some(signer) => last_good.insert(authority.to_string(), signer),
+            Some(signer) => last_good.insert(authority.to_string(), (uid.to_string(), signer)),
             None => last_good.remove(authority),
         };
     }
@@ -1839,7 +1858,7 @@ impl Shared {
             certificates_missing: false,
             distributed: None,
             untrusting: Default::default(),
-            last_good: self.last_good(name),
+            last_good: self.last_good(name, &ca.uid().unwrap_or_default()),
             reported_degraded: None,
         };
         Ok(Ok(IssuerView::for_certificates(

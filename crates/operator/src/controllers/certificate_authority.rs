@@ -151,8 +151,10 @@ async fn reconcile(
     let now = OffsetDateTime::now_utc();
 
     let observing = shared.clone();
-    let (who, secret_name, bundle_name) = (
+    let uid = authority.uid().unwrap_or_default();
+    let (who, who_uid, secret_name, bundle_name) = (
         name.clone(),
+        uid.clone(),
         ObjectName::new(&secret_key.0, &secret_key.1),
         ObjectName::new(&bundle_key.0, &bundle_key.1),
     );
@@ -178,7 +180,7 @@ async fn reconcile(
             certificates_missing: false,
             distributed: None,
             untrusting: Untrusting::default(),
-            last_good: observing.last_good(&who),
+            last_good: observing.last_good(&who, &who_uid),
             reported_degraded,
         };
         let candidates = ca::in_use_candidates(&seen, now);
@@ -257,7 +259,7 @@ async fn reconcile(
         tracing::info!(authority = %name, reason = event.reason, note = %event.note, "CertificateAuthority event");
         shared.ctx.event(&reference, event.clone()).await;
     }
-    shared.set_last_good(&name, plan.issuer.signer.clone().ok());
+    shared.set_last_good(&name, &uid, plan.issuer.signer.clone().ok());
     let status = status_of(&plan, &old, authority.metadata.generation, now);
     shared.record_certificate(
         CertificateKind::CertificateAuthority,

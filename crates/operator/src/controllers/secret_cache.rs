@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::ObjectMeta;
 
 use crate::authority::{CA_CRT, Certificate, SECRET_TYPE_TLS, TLS_CRT, leaf};
@@ -32,12 +33,14 @@ type Key = (String, String);
 type Pairs<V> = Box<[(String, V)]>;
 
 /// One Secret as cached.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, PartialEq)]
 pub(crate) struct CachedSecret {
     resource_version: Option<String>,
     type_: Option<String>,
     labels: Pairs<String>,
     annotations: Pairs<String>,
+    /// Its controller owner reference, alone of its owner references ([`ownership::claim_by`]).
+    controller: Option<Box<OwnerReference>>,
     /// Without `ca.crt`; `None` when not kept (not `kubernetes.io/tls`).
     data: Option<Pairs<Box<[u8]>>>,
     ca_crt: Option<Arc<[u8]>>,
@@ -60,7 +63,9 @@ impl CachedSecret {
                 .find(|(k, _)| k == name)
                 .map(|(_, v)| v.as_str())
         };
-        ownership::claim_by(owner, "Secret", &format!("{}/{}", key.0, key.1), annotation)
+        let controller = (self.controller.as_deref()).map(|c| (c.kind.as_str(), c.name.as_str()));
+        let object = format!("{}/{}", key.0, key.1);
+        ownership::claim_by(owner, "Secret", &object, controller, annotation)
     }
 
     pub(crate) fn ca_crt(&self) -> Option<&[u8]> {
@@ -95,6 +100,7 @@ impl CachedSecret {
                 resource_version: self.resource_version.clone(),
                 labels: map(&self.labels),
                 annotations: map(&self.annotations),
+                owner_references: (self.controller.as_deref()).map(|c| vec![c.clone()]),
                 ..ObjectMeta::default()
             },
             type_: self.type_.clone(),
@@ -175,6 +181,9 @@ impl Cached {
             type_,
             ..
         } = secret;
+        let controller = (metadata.owner_references.unwrap_or_default().into_iter())
+            .find(|r| r.controller == Some(true))
+            .map(Box::new);
         let labels = metadata.labels.unwrap_or_default();
         let mut annotations = metadata.annotations.unwrap_or_default();
         annotations.remove(LAST_APPLIED);
@@ -190,6 +199,7 @@ impl Cached {
             type_,
             labels: labels.into_iter().collect(),
             annotations: annotations.into_iter().collect(),
+            controller,
             data: data.map(|data| {
                 (data.into_iter())
                     .map(|(k, ByteString(v))| (k, v.into_boxed_slice()))

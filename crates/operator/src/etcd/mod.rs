@@ -582,8 +582,10 @@ pub fn plan(
         }
         None => {}
     }
-    // A removed member's Secrets go once etcd-all-certs no longer holds its certificates;
-    // never one a member has (a removed `metrics-m0`'s serving Secret is `m0`'s).
+    // A removed member's Secrets go once etcd-all-certs no longer holds its certificates:
+    // those read (the glue deletes the version read, whose mark was checked), never a name
+    // that was absent then, and never one a member has (a removed `metrics-m0`'s serving
+    // Secret is `m0`'s).
     if !held {
         let current: BTreeSet<&str> = members.iter().map(|m| m.name.as_str()).collect();
         let kept: BTreeSet<String> = leaves.iter().map(Leaf::secret_name).collect();
@@ -593,7 +595,7 @@ pub fn plan(
             .filter(|m| !current.contains(m.as_str()));
         for member in gone {
             for secret in members::member_secrets(&member) {
-                if !kept.contains(&secret) {
+                if !kept.contains(&secret) && seen.secrets.contains_key(&secret) {
                     steps.push(EtcdStep::Delete(secret));
                 }
             }
