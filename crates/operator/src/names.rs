@@ -149,13 +149,6 @@ pub const EVENT_CA_SECRET_INVALID: &str = "CASecretInvalid";
 /// [`crate::authority::managed`]).
 pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "caretaker");
 
-/// The label of the webhook bootstrap's CertificateAuthority and IssuedCertificate, which
-/// caretaker's webhook configuration leaves out (`objectSelector`): they are what gives the
-/// webhook its certificate, so a webhook that must first admit them could never start. Only
-/// the webhook's checks are skipped for an object so labelled; the controllers still refuse a
-/// bad spec.
-pub const WEBHOOK_BOOTSTRAP: (&str, &str) = ("caretaker.dev/webhook-bootstrap", "true");
-
 /// Bookkeeping of a CertificateAuthority's rotation, on its CA Secret.
 pub mod authority_state {
     /// When the next CA was first seen in the bundle and every injection point (RFC 3339).

@@ -913,3 +913,150 @@ async fn plain_http_is_refused() {
         String::from_utf8_lossy(&reply)
     );
 }
+
+/// Issue 31, item 13: labelling an object `caretaker.dev/webhook-bootstrap: "true"` skipped
+/// caretaker's admission (the configuration left such objects out with an `objectSelector`),
+/// and for Bundles and ClusterBundles the webhook is the only place their rules are enforced.
+/// Now nothing is left out by a label: each kind, labelled so and invalid, is refused by its
+/// webhook.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_label_does_not_skip_the_webhook() {
+    let fixture = Fixture::start(limits(), false).await;
+    caretaker_testkit::capi_objects::install_trust_manager_crds(&fixture.client)
+        .await
+        .unwrap();
+    let label = json!({"caretaker.dev/webhook-bootstrap": "true"});
+    let invalid = [
+        (
+            "caretaker.dev/v1alpha1",
+            "CertificateAuthority",
+            "certificateauthorities",
+            None,
+            json!({"commonName": "sneaky", "validity": "10x",
+                   "secret": {"name": "sneaky", "namespace": "demo"},
+                   "bundle": {"name": "sneaky", "namespace": "demo"}}),
+            "certificateauthorities.caretaker.dev",
+        ),
+        (
+            "caretaker.dev/v1alpha1",
+            "IssuedCertificate",
+            "issuedcertificates",
+            Some("demo"),
+            json!({"issuerRef": {"name": "nowhere"}, "secretName": "sneaky-tls",
+                   "commonName": "web.demo.svc", "usages": ["server"]}),
+            "issuedcertificates.caretaker.dev",
+        ),
+        (
+            "trust.cert-manager.io/v1alpha1",
+            "Bundle",
+            "bundles",
+            None,
+            json!({"sources": [{"useDefaultCAs": false}], "target": {"configMap": {"key": "ca.crt"}}}),
+            "bundles.trust.cert-manager.io",
+        ),
+        (
+            "trust-manager.io/v1alpha2",
+            "ClusterBundle",
+            "clusterbundles",
+            None,
+            json!({"sourceRefs": [{"kind": "ConfigMap", "name": "roots", "key": "ca.crt"}],
+                   "target": {"configMap": {"data": [{"key": "ca.crt", "password": "x"}]},
+                              "namespaceSelector": {}}}),
+            "clusterbundles.trust-manager.io",
+        ),
+    ];
+    for (api_version, kind, plural, namespace, spec, hook) in invalid {
+        let (group, version) = api_version.split_once('/').unwrap();
+        let gvk = kube::core::GroupVersionKind::gvk(group, version, kind);
+        let resource = kube::api::ApiResource::from_gvk_with_plural(&gvk, plural);
+        let api: Api<kube::api::DynamicObject> = match namespace {
+            Some(ns) => Api::namespaced_with(fixture.client.clone(), ns, &resource),
+            None => Api::all_with(fixture.client.clone(), &resource),
+        };
+        let object = json!({
+            "apiVersion": api_version, "kind": kind,
+            "metadata": {"name": "sneaky", "namespace": namespace, "labels": label},
+            "spec": spec,
+        });
+        let object = serde_json::from_value(object).unwrap();
+        let refused = refusal(api.create(&PostParams::default(), &object).await);
+        assert!(
+            refused.contains(&format!("admission webhook \"{hook}\" denied the request")),
+            "{kind}: {refused}"
+        );
+    }
+}
+
+/// An upgraded cluster keeps the configuration an earlier bootstrap made, with its
+/// `objectSelector` on the label anyone may set. The bootstrap, which otherwise leaves an
+/// existing configuration as it is, takes that selector out and leaves out its own two objects
+/// by name instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_bootstrap_takes_the_label_selector_out_of_an_earlier_configuration() {
+    use caretaker_operator::webhook::bootstrap::{self, Bootstrap, LEGACY_BOOTSTRAP_LABEL};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+
+    let server = TestServer::start().await;
+    let client = server.client();
+    authorities::install_caretaker_crds(&client).await;
+    authorities::create_namespace(&client, NAMESPACE).await;
+    let setup = Bootstrap {
+        namespace: NAMESPACE.into(),
+        service: "caretaker-webhook".into(),
+        url: Some("https://127.0.0.1:9443".parse().unwrap()),
+    };
+    let objects = setup.objects();
+    // As an earlier version made them: its two objects labelled, the selector on every webhook.
+    let mut authority = objects.authority.clone();
+    let mut certificate = objects.certificate.clone();
+    for labels in [
+        &mut authority.metadata.labels,
+        &mut certificate.metadata.labels,
+    ] {
+        labels
+            .get_or_insert_default()
+            .insert(LEGACY_BOOTSTRAP_LABEL.into(), "true".into());
+    }
+    let legacy: LabelSelector = serde_json::from_value(json!({"matchExpressions": [
+        {"key": LEGACY_BOOTSTRAP_LABEL, "operator": "DoesNotExist"}]}))
+    .unwrap();
+    let mut earlier = objects.configuration.clone();
+    for hook in earlier.webhooks.iter_mut().flatten() {
+        hook.object_selector = Some(legacy.clone());
+        hook.match_conditions = None;
+    }
+    let params = PostParams::default();
+    Api::<CaObject>::all(client.clone())
+        .create(&params, &authority)
+        .await
+        .unwrap();
+    Api::namespaced(client.clone(), NAMESPACE)
+        .create(&params, &certificate)
+        .await
+        .unwrap();
+    configurations(&client)
+        .create(&params, &earlier)
+        .await
+        .unwrap();
+
+    let ensured = bootstrap::ensure(client.clone(), &objects, Duration::from_millis(100));
+    tokio::time::timeout(Duration::from_secs(30), ensured)
+        .await
+        .expect("the bootstrap ends");
+    let now = configurations(&client).get(bootstrap::NAME).await.unwrap();
+    let hooks = now.webhooks.unwrap();
+    assert!(
+        hooks.iter().all(|h| h.object_selector.is_none()),
+        "{hooks:?}"
+    );
+    let conditions: Vec<_> = hooks.iter().map(|h| h.match_conditions.clone()).collect();
+    let wanted: Vec<_> = objects
+        .configuration
+        .webhooks
+        .unwrap()
+        .into_iter()
+        .map(|h| h.match_conditions)
+        .collect();
+    assert_eq!(conditions, wanted);
+    assert!(conditions[0].is_some() && conditions[1].is_some());
+}
