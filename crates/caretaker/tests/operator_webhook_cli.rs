@@ -769,6 +769,21 @@ async fn from_an_empty_cluster_the_bootstrapped_webhook_refuses_a_bad_certificat
         ),
         "{refused}"
     );
+    // Issue 31, item 13: the bootstrap's label, which earlier versions' configuration left out,
+    // skips nothing.
+    let mut labelled = ca_object("bad", "10x");
+    labelled.metadata.labels =
+        Some([("caretaker.dev/webhook-bootstrap".into(), "true".into())].into());
+    match cas.create(&PostParams::default(), &labelled).await {
+        Err(kube::Error::Api(status)) => {
+            assert!(
+                status.message.contains("denied the request"),
+                "{}",
+                status.message
+            )
+        }
+        other => panic!("the labelled bad CertificateAuthority was not refused: {other:?}"),
+    }
     cas.create(&PostParams::default(), &ca_object("good", "1y"))
         .await
         .unwrap();

@@ -158,13 +158,6 @@ pub const OWNER: &str = "caretaker.dev/owner";
 /// once, setting [`OWNER`] and removing this annotation ([`crate::ownership`]).
 pub const ADOPT: &str = "caretaker.dev/adopt";
 
-/// The label of the webhook bootstrap's CertificateAuthority and IssuedCertificate, which
-/// caretaker's webhook configuration leaves out (`objectSelector`): they are what gives the
-/// webhook its certificate, so a webhook that must first admit them could never start. Only
-/// the webhook's checks are skipped for an object so labelled; the controllers still refuse a
-/// bad spec.
-pub const WEBHOOK_BOOTSTRAP: (&str, &str) = ("caretaker.dev/webhook-bootstrap", "true");
-
 /// Bookkeeping of a CertificateAuthority's rotation, on its CA Secret.
 pub mod authority_state {
     /// When the next CA was first seen in the bundle and every injection point (RFC 3339).

@@ -590,3 +590,186 @@ async fn going_back_before_the_bundles_are_deleted_loses_no_target() {
         "no target was ever deleted"
     );
 }
+
+/// Issue 31, item 12: in migrate mode, a user who may only create Bundles names a ClusterBundle
+/// left with the record of an earlier, deleted Bundle of that name (as every migrated
+/// ClusterBundle is once its Bundle is gone). Before, the migration force-applied the user's
+/// Bundle over it, putting their CA into every namespace; now the ClusterBundle is not this
+/// Bundle's (another UID is recorded), so nothing is written and the Bundle says why. The first
+/// half is the legitimate migration, which still works.
+#[tokio::test]
+async fn a_bundle_creator_cannot_take_over_a_clusterbundle_left_by_an_earlier_bundle() {
+    use caretaker_apiserver::{ApiServer, Authorization, Subject};
+    use k8s_openapi::api::events::v1::Event;
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+
+    let server = ApiServer::builder()
+        .tls(true)
+        .authorization(Authorization::Rbac)
+        .bookmark_interval(std::time::Duration::from_secs(1))
+        .start()
+        .await
+        .unwrap();
+    let mut setup = setup_on(server, &["team-a", "team-b"]).await;
+    let a = ca("root-a");
+    let bundle = canonical(&[&a]);
+    setup.put_source("roots", &a).await;
+
+    // The legitimate migration: the admin's Bundle becomes the ClusterBundle, then goes.
+    setup.create_bundle(simple_bundle(None)).await;
+    setup.start_with(migrating());
+    let namespaces = all_namespaces(&setup.client).await;
+    all_owned_by(
+        &setup,
+        namespaces.len(),
+        &bundle,
+        vec![("ClusterBundle".into(), true)],
+    )
+    .await;
+    cluster_synced(&setup, "True").await;
+    // A spec change is applied again, over the ClusterBundle this Bundle made.
+    let selector = json!({"spec": {"target": {"namespaceSelector": {}}}});
+    let changed = setup
+        .bundles()
+        .patch("trust", &PatchParams::default(), &Patch::Merge(&selector))
+        .await
+        .unwrap();
+    assert_eq!(changed.metadata.generation, Some(2));
+    let record = format!(
+        "{}/{}",
+        changed.metadata.uid.unwrap(),
+        changed.metadata.generation.unwrap()
+    );
+    eventually("the new generation is applied", 20, || {
+        let (objects, record) = (cluster_bundles(&setup), record.clone());
+        async move {
+            let cb = objects.get("trust").await.unwrap();
+            let annotations = cb.metadata.annotations.unwrap_or_default();
+            (annotations.get("caretaker.dev/migrated-from-bundle") == Some(&record)).then_some(())
+        }
+    })
+    .await;
+    let fields = serde_json::to_string(
+        &cluster_bundles(&setup)
+            .get("trust")
+            .await
+            .unwrap()
+            .metadata
+            .managed_fields,
+    )
+    .unwrap();
+    assert!(
+        !fields.contains("resourceVersion"),
+        "the precondition is no owned field: {fields}"
+    );
+    setup
+        .bundles()
+        .delete("trust", &DeleteParams::default())
+        .await
+        .unwrap();
+    all_owned_by(
+        &setup,
+        namespaces.len(),
+        &bundle,
+        vec![("ClusterBundle".into(), true)],
+    )
+    .await;
+    let before = cluster_bundles(&setup).get("trust").await.unwrap();
+    let annotations = before.metadata.annotations.clone().unwrap();
+    assert!(annotations.contains_key("caretaker.dev/migrated-from-bundle"));
+
+    // Mallory may create Bundles and nothing else.
+    let roles: Api<ClusterRole> = Api::all(setup.client.clone());
+    let role = json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+        "metadata": {"name": "bundle-creator"},
+        "rules": [{"apiGroups": ["trust.cert-manager.io"], "resources": ["bundles"], "verbs": ["create"]}],
+    });
+    roles
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(role).unwrap(),
+        )
+        .await
+        .unwrap();
+    let bindings: Api<ClusterRoleBinding> = Api::all(setup.client.clone());
+    let binding = json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": "mallory-creates-bundles"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "bundle-creator"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "mallory"}],
+    });
+    bindings
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(binding).unwrap(),
+        )
+        .await
+        .unwrap();
+    let mallory = Subject::User {
+        name: "mallory".into(),
+        groups: vec![],
+    };
+    let as_mallory =
+        kube::Client::try_from(setup.server.kube_config_for(&mallory).unwrap()).unwrap();
+    let denied = Api::<ClusterBundle>::all(as_mallory.clone())
+        .get("trust")
+        .await;
+    assert!(denied.is_err(), "mallory may not even read ClusterBundles");
+
+    // Mallory's Bundle of that name, with her own CA, applied as the ClusterBundle's manager.
+    let m = ca("mallory");
+    let attack = json!({
+        "apiVersion": "trust.cert-manager.io/v1alpha1", "kind": "Bundle",
+        "metadata": {"name": "trust"},
+        "spec": {"sources": [{"inLine": m}], "target": {"configMap": {"key": "ca.crt"}}},
+    });
+    let params = PostParams {
+        field_manager: Some("caretaker-bundle-migration".into()),
+        ..Default::default()
+    };
+    Api::<caretaker_operator::trust::api::Bundle>::all(as_mallory)
+        .create(&params, &serde_json::from_value(attack).unwrap())
+        .await
+        .unwrap();
+
+    // Refused: the Bundle says so, with a Warning naming the ClusterBundle...
+    let (reason, message) = setup.not_synced().await;
+    assert_eq!(reason, "MigrationRefused", "{message}");
+    assert!(message.contains("ClusterBundle \"trust\""), "{message}");
+    let events: Api<Event> = Api::namespaced(setup.client.clone(), "default");
+    let warned = eventually("a Warning event names the ClusterBundle", 20, || {
+        let events = events.clone();
+        async move {
+            let list = events.list(&ListParams::default()).await.unwrap();
+            list.items.into_iter().find(|e| {
+                e.reason.as_deref() == Some("MigrationRefused")
+                    && e.regarding.as_ref().and_then(|r| r.kind.as_deref()) == Some("Bundle")
+            })
+        }
+    })
+    .await;
+    assert_eq!(warned.type_.as_deref(), Some("Warning"));
+    assert!(
+        warned.note.unwrap().contains("ClusterBundle \"trust\""),
+        "the event names the ClusterBundle"
+    );
+    // ...and the ClusterBundle and every target are as they were (the pass that decided the
+    // refusal is the pass that would have applied).
+    let after = cluster_bundles(&setup).get("trust").await.unwrap();
+    assert_eq!(
+        serde_json::to_value(&after.spec).unwrap(),
+        serde_json::to_value(&before.spec).unwrap()
+    );
+    assert_eq!(after.metadata.annotations, before.metadata.annotations);
+    assert_eq!(
+        after.metadata.managed_fields,
+        before.metadata.managed_fields
+    );
+    let found = targets(&setup).await;
+    assert_eq!(found.len(), namespaces.len());
+    for (namespace, target) in &found {
+        let data = &target.data.as_ref().unwrap()["ca.crt"];
+        assert_eq!(data, &bundle, "{namespace} holds only the admin's CA");
+    }
+}

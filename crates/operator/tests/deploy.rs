@@ -95,10 +95,10 @@ const UNUSED_ON_PURPOSE: &[(&str, &str, &str, &str)] = &[
     ("patch", "caretaker.dev", "etcdcertificates/status", "an EtcdCertificates (tests/etcd.rs, on a real etcd cluster)"),
     ("create", "trust-manager.io", "clusterbundles", "--bundle-mode migrate applies each Bundle as a new ClusterBundle"),
     ("patch", "trust-manager.io", "clusterbundles", "--bundle-mode migrate"),
+    ("get", "trust-manager.io", "clusterbundles", "--bundle-mode migrate reads afresh that a ClusterBundle is still absent before its first apply"),
     ("patch", "trust.cert-manager.io", "bundles/status", "a trust.cert-manager.io Bundle (this run has a ClusterBundle)"),
     ("patch", "apiregistration.k8s.io", "apiservices", "an APIService annotated for CA injection"),
     ("patch", "apiextensions.k8s.io", "customresourcedefinitions", "a CRD conversion webhook annotated for CA injection"),
-    ("create", "admissionregistration.k8s.io", "validatingwebhookconfigurations", "the webhook bootstrap makes its configuration where deploy/webhook.yaml was not applied"),
     ("get", "cluster.x-k8s.io", "machines", "a refresh reads its Machine afresh only when its own last write is not at hand (after a conflict)"),
 ];
 
@@ -171,34 +171,13 @@ async fn the_operator_runs_as_its_deploy_service_account_with_only_the_grants_it
         "clusterrole.rbac.authorization.k8s.io/caretaker-operator created",
         "role.rbac.authorization.k8s.io/caretaker-operator created",
         "deployment.apps/caretaker-operator created",
-        "validatingwebhookconfiguration.admissionregistration.k8s.io/caretaker-webhook created",
     ] {
         assert!(installed.contains(object), "{object}:\n{installed}");
     }
-    // deploy/webhook.yaml is what the bootstrap would make (it leaves an existing one alone).
-    let installed_configuration = Api::<ValidatingWebhookConfiguration>::all(admin.clone())
-        .get(bootstrap::NAME)
-        .await
-        .unwrap();
-    let comparable = |c: &ValidatingWebhookConfiguration| {
-        let mut hooks = serde_json::to_value(&c.webhooks).unwrap();
-        for hook in hooks.as_array_mut().unwrap() {
-            hook["clientConfig"]
-                .as_object_mut()
-                .unwrap()
-                .remove("caBundle");
-        }
-        // kubectl adds its last-applied-configuration.
-        let inject_from = c
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(names::injection::INJECT_CA_FROM).cloned());
-        (hooks, inject_from, c.metadata.labels.clone())
-    };
-    assert_eq!(
-        comparable(&installed_configuration),
-        comparable(&setup.objects().configuration)
+    // Not the webhook configuration: the bootstrap makes it after its own objects.
+    assert!(
+        !installed.contains("validatingwebhookconfiguration"),
+        "{installed}"
     );
     capi_objects::install_trust_manager_crds(&admin)
         .await
@@ -249,6 +228,42 @@ async fn the_operator_runs_as_its_deploy_service_account_with_only_the_grants_it
         }
     })
     .await;
+    // deploy/webhook.yaml is what the bootstrap made: applied by the admin after the first
+    // start, it changes no webhook (and keeps the injected caBundle).
+    kubectl
+        .ok(
+            &[
+                "apply",
+                "-f",
+                deploy_dir().join("webhook.yaml").to_str().unwrap(),
+            ],
+            None,
+        )
+        .await;
+    let installed_configuration = Api::<ValidatingWebhookConfiguration>::all(admin.clone())
+        .get(bootstrap::NAME)
+        .await
+        .unwrap();
+    let comparable = |c: &ValidatingWebhookConfiguration| {
+        let mut hooks = serde_json::to_value(&c.webhooks).unwrap();
+        for hook in hooks.as_array_mut().unwrap() {
+            hook["clientConfig"]
+                .as_object_mut()
+                .unwrap()
+                .remove("caBundle");
+        }
+        // kubectl adds its last-applied-configuration.
+        let inject_from = c
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(names::injection::INJECT_CA_FROM).cloned());
+        (hooks, inject_from, c.metadata.labels.clone())
+    };
+    assert_eq!(
+        comparable(&installed_configuration),
+        comparable(&setup.objects().configuration)
+    );
     let authorities = Api::all(world.client.clone());
     let bad = certificate_authority("bad", "default", json!({"validity": "forever"}));
     let refused = eventually(

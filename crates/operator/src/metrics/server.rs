@@ -251,7 +251,11 @@ async fn serve(listener: TcpListener, routes: Routes, limits: Limits, tls: Optio
         tracing::info!(%address, paths = %routes.paths().join(" "), "{server}: serving over {over}");
     }
     let routes = Arc::new(routes);
-    let connections = Arc::new(Connections::new(limits.max_connections));
+    // No per-peer limit: a scraper and the kubelet's probes are few, known clients.
+    let connections = Arc::new(Connections::new(
+        limits.max_connections,
+        limits.max_connections,
+    ));
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
@@ -261,7 +265,7 @@ async fn serve(listener: TcpListener, routes: Routes, limits: Limits, tls: Optio
                 continue;
             }
         };
-        let Some(slot) = connections.open() else {
+        let Some(slot) = connections.open(peer.ip()) else {
             tracing::warn!(%peer, limit = limits.max_connections,
                 "{server}: refused a connection: every connection is in the middle of a request");
             continue;

@@ -10,15 +10,19 @@
 //!   target (upstream's controller reference would let the garbage collector delete both).
 //! - The Bundle's status mirrors the ClusterBundle's `Synced`, so tools that watch the Bundle
 //!   keep their signal.
-//! - The ClusterBundle records which Bundle generation it was applied from
+//! - The ClusterBundle records which Bundle (UID) and generation it was applied from
 //!   ([`MIGRATED_FROM_ANNOTATION`]); it is applied again only when the Bundle's spec changes.
-//!   A ClusterBundle that exists without that record, or that carries upstream's
-//!   `trust-manager.io/migrated`, is the user's: it is never applied over.
+//! - Only a ClusterBundle that does not exist, or that records this very Bundle's UID, is
+//!   applied to ([`Standing`]). Anyone who may create a Bundle may name any ClusterBundle, so a
+//!   ClusterBundle made by someone else, or recorded from another Bundle (an earlier Bundle of
+//!   the name, since deleted), is refused: the Bundle reports `Synced=False` with a Warning event
+//!   naming it, and nothing is written to it. One carrying upstream's `trust-manager.io/migrated`
+//!   has been taken over by its user: it is never applied over.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use serde_json::{Value, json};
 
-use super::api::{Bundle, FIELD_MANAGER};
+use super::api::{Bundle, FIELD_MANAGER, SYNCED};
 use super::cluster_bundle::{ClusterBundle, MIGRATED_ANNOTATION, from_bundle};
 use crate::changes::Event;
 
@@ -27,6 +31,9 @@ use crate::changes::Event;
 pub const MIGRATION_MANAGER: &str = "caretaker-bundle-migration";
 /// On a ClusterBundle applied from a Bundle: `<Bundle UID>/<Bundle generation>`.
 pub const MIGRATED_FROM_ANNOTATION: &str = "caretaker.dev/migrated-from-bundle";
+/// The reason of a Bundle's `Synced=False` and Warning event when the ClusterBundle of its name
+/// is not its own.
+pub const MIGRATION_REFUSED: &str = "MigrationRefused";
 
 /// A ClusterBundle apply: the body, and the field manager to apply it as.
 #[derive(Debug, Clone, PartialEq)]
@@ -36,16 +43,39 @@ pub struct ClusterBundleApply {
     /// The migration's own record of what was applied (applied as [`MIGRATION_MANAGER`], so a
     /// user's apply that drops it from their fields does not remove it).
     pub record: Value,
+    /// What the ClusterBundle must still be when written: the decision was taken on a cached
+    /// view, and must not land on a ClusterBundle made or changed since.
+    pub precondition: Precondition,
+}
+
+/// The state of the ClusterBundle a [`ClusterBundleApply`] was decided on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Precondition {
+    /// There was none: it is created, and an existing one is never written.
+    Absent,
+    /// This Bundle's own, at this resourceVersion: written only while it is still there.
+    At(String),
 }
 
 /// One migration pass over a Bundle.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MigrationPlan {
     pub apply: Option<ClusterBundleApply>,
-    /// The Bundle's new `Synced` condition and default CA version, mirrored from the
-    /// ClusterBundle's; `None` when they already match.
+    /// The Bundle's new `Synced` condition and default CA version: mirrored from the
+    /// ClusterBundle's, or the refusal; `None` when they already match.
     pub mirror: Option<(Condition, Option<String>)>,
     pub event: Option<Event>,
+}
+
+/// Whose the ClusterBundle of a Bundle's name is, as the migration sees it.
+#[derive(Debug, Clone, Copy)]
+pub enum Standing<'a> {
+    /// There is none: the migration creates it.
+    Absent,
+    /// It records this Bundle's UID: the migration applied it.
+    ThisBundles(&'a ClusterBundle),
+    /// Anyone else's (made by hand, or recorded from another Bundle): never written.
+    Others(&'a ClusterBundle),
 }
 
 /// What this Bundle generation is recorded as on its ClusterBundle.
@@ -55,18 +85,54 @@ pub fn record_of(bundle: &Bundle) -> String {
     format!("{uid}/{generation}")
 }
 
+/// The record [`MIGRATED_FROM_ANNOTATION`] on `cluster_bundle`, if any.
+fn recorded(cluster_bundle: &ClusterBundle) -> Option<&str> {
+    let annotations = cluster_bundle.metadata.annotations.as_ref()?;
+    annotations
+        .get(MIGRATED_FROM_ANNOTATION)
+        .map(String::as_str)
+}
+
+/// Whose `cluster_bundle` is, for `bundle`: this Bundle's only when it records the Bundle's
+/// UID, which the API server assigned (a Bundle's writer cannot choose it, and UIDs are never
+/// reused), so a Bundle that merely shares a name with an earlier one is not its heir.
+pub fn standing<'a>(bundle: &Bundle, cluster_bundle: Option<&'a ClusterBundle>) -> Standing<'a> {
+    let Some(cb) = cluster_bundle else {
+        return Standing::Absent;
+    };
+    let uid = bundle.metadata.uid.as_deref().filter(|uid| !uid.is_empty());
+    let recorded_uid = recorded(cb)
+        .and_then(|r| r.rsplit_once('/'))
+        .map(|(uid, _)| uid);
+    match uid {
+        Some(uid) if recorded_uid == Some(uid) => Standing::ThisBundles(cb),
+        _ => Standing::Others(cb),
+    }
+}
+
 /// The field manager the user applied the Bundle's spec with: of the managers owning fields of
-/// `spec`, one that applied them (server-side apply) first, else the latest other one; never
-/// caretaker's or trust-manager's own.
+/// `spec` through the Bundle itself (not a subresource), one that applied them (server-side
+/// apply) first, else the latest other one; never caretaker's or trust-manager's own.
+///
+/// Read from the Bundle's `managedFields`, which the API server keeps for every write of the
+/// Bundle. A manager name proves nothing about who wrote (any writer may pick one), which is why
+/// the apply it is used for lands only on a ClusterBundle that is absent or this Bundle's own
+/// ([`standing`]): naming another team's manager gains nothing over that team's ClusterBundle.
 pub fn user_manager(bundle: &Bundle) -> Option<String> {
     let entries = bundle.metadata.managed_fields.iter().flatten();
     let owners = entries.filter(|e| {
         let manager = e.manager.as_deref().unwrap_or_default();
+        let operation = e.operation.as_deref();
         let owns_spec = e
             .fields_v1
             .as_ref()
             .is_some_and(|f| f.0.get("f:spec").is_some());
-        owns_spec && !manager.is_empty() && manager != FIELD_MANAGER && manager != MIGRATION_MANAGER
+        owns_spec
+            && matches!(operation, Some("Apply" | "Update"))
+            && e.subresource.as_deref().unwrap_or_default().is_empty()
+            && !manager.is_empty()
+            && manager != FIELD_MANAGER
+            && manager != MIGRATION_MANAGER
     });
     let mut owners: Vec<_> = owners.collect();
     owners.sort_by_key(|e| (e.operation.as_deref() == Some("Apply"), e.time.clone()));
@@ -74,22 +140,25 @@ pub fn user_manager(bundle: &Bundle) -> Option<String> {
 }
 
 /// Decides a migration pass over `bundle`, whose ClusterBundle of the same name is
-/// `cluster_bundle` (as last seen).
-pub fn migrate(bundle: &Bundle, cluster_bundle: Option<&ClusterBundle>) -> MigrationPlan {
+/// `cluster_bundle` (as last seen), at `now`.
+pub fn migrate(
+    bundle: &Bundle,
+    cluster_bundle: Option<&ClusterBundle>,
+    now: &Time,
+) -> MigrationPlan {
     let name = bundle.metadata.name.clone().unwrap_or_default();
     let record = record_of(bundle);
-    let recorded = cluster_bundle.and_then(|cb| {
-        let annotations = cb.metadata.annotations.as_ref()?;
-        annotations
-            .get(MIGRATED_FROM_ANNOTATION)
-            .map(String::as_str)
-    });
-    let taken_over = cluster_bundle.is_some_and(|cb| {
-        let annotations = cb.metadata.annotations.as_ref();
-        let migrated = annotations.is_some_and(|a| a.contains_key(MIGRATED_ANNOTATION));
-        migrated || recorded.is_none()
-    });
-    let due = !taken_over && recorded != Some(record.as_str());
+    let (precondition, due) = match standing(bundle, cluster_bundle) {
+        Standing::Absent => (Precondition::Absent, true),
+        Standing::Others(cb) => return refused(bundle, &name, cb, now),
+        Standing::ThisBundles(cb) => {
+            let annotations = cb.metadata.annotations.as_ref();
+            let taken_over = annotations.is_some_and(|a| a.contains_key(MIGRATED_ANNOTATION));
+            let version = cb.metadata.resource_version.clone().unwrap_or_default();
+            let due = !taken_over && recorded(cb) != Some(record.as_str());
+            (Precondition::At(version), due)
+        }
+    };
     let apply = due.then(|| {
         let manager = user_manager(bundle).unwrap_or_else(|| MIGRATION_MANAGER.into());
         let (spec, mut annotations) = from_bundle(&bundle.spec);
@@ -108,6 +177,7 @@ pub fn migrate(bundle: &Bundle, cluster_bundle: Option<&ClusterBundle>) -> Migra
                 "metadata": metadata(json!({MIGRATED_FROM_ANNOTATION: record})),
             }),
             manager,
+            precondition,
         }
     });
     let event = apply.as_ref().map(|apply| {
@@ -127,6 +197,57 @@ pub fn migrate(bundle: &Bundle, cluster_bundle: Option<&ClusterBundle>) -> Migra
         apply,
         mirror,
         event,
+    }
+}
+
+/// The pass over a Bundle whose ClusterBundle is someone else's: nothing applied, the Bundle
+/// `Synced=False` naming it, and a Warning event when that condition is new.
+fn refused(
+    bundle: &Bundle,
+    name: &str,
+    cluster_bundle: &ClusterBundle,
+    now: &Time,
+) -> MigrationPlan {
+    let from = match recorded(cluster_bundle).and_then(|r| r.rsplit_once('/')) {
+        Some((uid, _)) => format!("it was applied from another Bundle (UID {uid:?})"),
+        None => "it was not applied from a Bundle".to_string(),
+    };
+    let uid = bundle.metadata.uid.as_deref().unwrap_or_default();
+    let message = format!(
+        "ClusterBundle {name:?} exists and {from}: nothing was applied to it. To migrate this Bundle over it, set the ClusterBundle's annotation {MIGRATED_FROM_ANNOTATION} to \"{uid}/0\""
+    );
+    let shown = bundle.status.as_ref();
+    let shown_condition = shown.and_then(|s| s.synced());
+    let same = shown_condition.is_some_and(|c| {
+        c.status == "False"
+            && c.reason == MIGRATION_REFUSED
+            && c.message == message
+            && c.observed_generation == bundle.metadata.generation
+    });
+    if same {
+        return MigrationPlan {
+            apply: None,
+            mirror: None,
+            event: None,
+        };
+    }
+    let last_transition_time = shown_condition
+        .filter(|c| c.status == "False")
+        .map(|c| c.last_transition_time.clone())
+        .unwrap_or_else(|| now.clone());
+    let condition = Condition {
+        type_: SYNCED.into(),
+        status: "False".into(),
+        reason: MIGRATION_REFUSED.into(),
+        message: message.clone(),
+        last_transition_time,
+        observed_generation: bundle.metadata.generation,
+    };
+    let version = shown.and_then(|s| s.default_ca_version.clone());
+    MigrationPlan {
+        apply: None,
+        mirror: Some((condition, version)),
+        event: Some(Event::warning(MIGRATION_REFUSED, message).with_action("Migrate")),
     }
 }
 
@@ -185,6 +306,10 @@ mod tests {
         bundle
     }
 
+    fn now() -> Time {
+        Time(k8s_openapi::jiff::Timestamp::from_second(20).unwrap())
+    }
+
     fn synced(generation: i64, status: &str) -> Condition {
         Condition {
             type_: SYNCED.into(),
@@ -215,15 +340,26 @@ mod tests {
             .unwrap()
             .remove(1);
         assert_eq!(user_manager(&updated_only).as_deref(), Some("kubectl-edit"));
+        // Entries through a subresource, or of no write operation, name no manager of the spec.
+        let mut through_status = updated_only.clone();
+        let entries = through_status.metadata.managed_fields.as_mut().unwrap();
+        entries[0].subresource = Some("status".into());
+        entries.push(ManagedFieldsEntry {
+            manager: Some("someone".into()),
+            operation: Some("Forged".into()),
+            fields_v1: Some(FieldsV1(json!({"f:spec": {}}))),
+            ..Default::default()
+        });
+        assert_eq!(user_manager(&through_status), None);
         let mut nobody = bundle(1);
         nobody.metadata.managed_fields = None;
-        let plan = migrate(&nobody, None);
+        let plan = migrate(&nobody, None, &now());
         assert_eq!(plan.apply.unwrap().manager, MIGRATION_MANAGER);
     }
 
     #[test]
     fn a_bundle_is_applied_once_per_generation_without_an_owner_reference() {
-        let first = migrate(&bundle(1), None);
+        let first = migrate(&bundle(1), None, &now());
         let apply = first.apply.as_ref().expect("a first apply");
         assert_eq!(apply.body["metadata"]["ownerReferences"], Value::Null);
         assert_eq!(apply.body["spec"]["inLineCAs"], "PEM");
@@ -240,41 +376,101 @@ mod tests {
 
         let cb = applied(&first, 1);
         assert!(
-            migrate(&bundle(1), Some(&cb)).apply.is_none(),
+            migrate(&bundle(1), Some(&cb), &now()).apply.is_none(),
             "applied once"
         );
         assert!(
-            migrate(&bundle(2), Some(&cb)).apply.is_some(),
+            migrate(&bundle(2), Some(&cb), &now()).apply.is_some(),
             "a spec change applies again"
         );
     }
 
     #[test]
-    fn a_clusterbundle_the_user_made_or_took_over_is_never_applied_over() {
-        let mut users: ClusterBundle = applied(&migrate(&bundle(1), None), 1);
-        users.metadata.annotations = None;
-        assert!(migrate(&bundle(2), Some(&users)).apply.is_none());
-
-        let mut taken = applied(&migrate(&bundle(1), None), 1);
+    fn a_clusterbundle_the_user_took_over_is_never_applied_over() {
+        let mut taken = applied(&migrate(&bundle(1), None, &now()), 1);
         let annotations = taken.metadata.annotations.as_mut().unwrap();
         annotations.insert(MIGRATED_ANNOTATION.into(), "true".into());
-        assert!(migrate(&bundle(2), Some(&taken)).apply.is_none());
+        assert!(migrate(&bundle(2), Some(&taken), &now()).apply.is_none());
+    }
+
+    /// The attack: a ClusterBundle left with the record of an earlier Bundle of the name, and a
+    /// new Bundle of that name (another UID) from someone who may only create Bundles.
+    #[test]
+    fn a_clusterbundle_not_recorded_from_this_bundle_is_refused_with_a_warning() {
+        let mut leftover = applied(&migrate(&bundle(1), None, &now()), 1);
+        let annotations = leftover.metadata.annotations.as_mut().unwrap();
+        annotations.insert(MIGRATED_FROM_ANNOTATION.into(), "earlier-uid/4".into());
+        let mut hand_made = leftover.clone();
+        hand_made.metadata.annotations = None;
+        for (cb, from) in [
+            (&leftover, "another Bundle (UID \"earlier-uid\")"),
+            (&hand_made, "was not applied from a Bundle"),
+        ] {
+            let plan = migrate(&bundle(1), Some(cb), &now());
+            assert!(plan.apply.is_none(), "nothing is written to it");
+            let (condition, _) = plan.mirror.clone().expect("the refusal is shown");
+            assert_eq!(
+                (condition.status.as_str(), condition.reason.as_str()),
+                ("False", MIGRATION_REFUSED)
+            );
+            assert!(condition.message.contains("ClusterBundle \"trust\""));
+            assert!(condition.message.contains(from), "{}", condition.message);
+            let event = plan.event.expect("a Warning event");
+            assert_eq!(
+                (event.type_, event.reason),
+                (crate::changes::EventType::Warning, MIGRATION_REFUSED)
+            );
+
+            // Shown already: no new write, no new event.
+            let mut shown = bundle(1);
+            shown.status = Some(BundleStatus {
+                conditions: Some(vec![condition]),
+                default_ca_version: None,
+            });
+            let again = migrate(&shown, Some(cb), &now());
+            assert_eq!((again.apply, again.mirror, again.event), (None, None, None));
+        }
+
+        // A Bundle with no UID (never stored) matches no record, even an empty one.
+        let mut no_uid = bundle(1);
+        no_uid.metadata.uid = None;
+        let mut empty_record = leftover.clone();
+        let annotations = empty_record.metadata.annotations.as_mut().unwrap();
+        annotations.insert(MIGRATED_FROM_ANNOTATION.into(), "/1".into());
+        assert!(matches!(
+            standing(&no_uid, Some(&empty_record)),
+            Standing::Others(_)
+        ));
+    }
+
+    #[test]
+    fn only_this_bundles_own_clusterbundle_is_applied_over_on_the_version_seen() {
+        let first = migrate(&bundle(1), None, &now());
+        assert_eq!(first.apply.unwrap().precondition, Precondition::Absent);
+        let mut own = applied(&migrate(&bundle(1), None, &now()), 1);
+        own.metadata.resource_version = Some("42".into());
+        let again = migrate(&bundle(2), Some(&own), &now())
+            .apply
+            .expect("applied again");
+        assert_eq!(again.precondition, Precondition::At("42".into()));
     }
 
     #[test]
     fn the_bundle_mirrors_a_current_synced_condition_only() {
-        let mut cb = applied(&migrate(&bundle(1), None), 3);
+        let mut cb = applied(&migrate(&bundle(1), None, &now()), 3);
         cb.status = Some(BundleStatus {
             conditions: Some(vec![synced(2, "True")]),
             default_ca_version: Some("v1".into()),
         });
         assert!(
-            migrate(&bundle(1), Some(&cb)).mirror.is_none(),
+            migrate(&bundle(1), Some(&cb), &now()).mirror.is_none(),
             "about an older spec"
         );
 
         cb.status.as_mut().unwrap().conditions = Some(vec![synced(3, "True")]);
-        let (condition, version) = migrate(&bundle(1), Some(&cb)).mirror.expect("mirrored");
+        let (condition, version) = migrate(&bundle(1), Some(&cb), &now())
+            .mirror
+            .expect("mirrored");
         assert_eq!(
             condition.observed_generation,
             Some(1),
@@ -290,9 +486,12 @@ mod tests {
             conditions: Some(vec![condition]),
             default_ca_version: version,
         });
-        assert!(migrate(&shown, Some(&cb)).mirror.is_none(), "already shown");
         assert!(
-            migrate(&bundle(2), Some(&cb)).mirror.is_none(),
+            migrate(&shown, Some(&cb), &now()).mirror.is_none(),
+            "already shown"
+        );
+        assert!(
+            migrate(&bundle(2), Some(&cb), &now()).mirror.is_none(),
             "a new Bundle generation waits for its apply"
         );
     }

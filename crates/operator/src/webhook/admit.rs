@@ -103,6 +103,11 @@ impl Served {
         }
     }
 
+    /// The name of this kind's webhook in a configuration: `<resource>.<group>`.
+    pub fn webhook_name(self) -> String {
+        format!("{}.{}", self.resource(), self.group())
+    }
+
     /// Where the webhook serves this kind, in controller-runtime's naming:
     /// `/validate-<group with dashes>-<version>-<lowercase kind>`.
     pub fn path(self) -> &'static str {

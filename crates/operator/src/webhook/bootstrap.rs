@@ -11,6 +11,9 @@
 //! - the ValidatingWebhookConfiguration [`NAME`] of [`super::configuration`], calling the
 //!   Service (port 443) or the URL, annotated `caretaker.dev/inject-ca-from: caretaker-webhook`
 //!   and without a caBundle of its own: CA-bundle injection fills it.
+//!   Its CertificateAuthority and IssuedCertificate webhooks leave out the two objects above
+//!   by name (and namespace), as `matchConditions` ([`Bootstrap::exempt`]): they are what gives
+//!   the webhook its certificate. Never by a label, which anyone may put on their own object.
 //!
 //! The webhook serves from [`SERVING_SECRET`] ([`Bootstrap::certificate_source`]).
 //!
@@ -25,14 +28,16 @@ use std::fmt::Debug;
 use std::net::IpAddr;
 use std::time::Duration;
 
-use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+use k8s_openapi::api::admissionregistration::v1::{MatchCondition, ValidatingWebhookConfiguration};
 use k8s_openapi::api::core::v1::Namespace;
-use kube::api::{Api, ObjectMeta, PostParams};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
+use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Client, Resource};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use serde_json::json;
 
-use super::{CertificateSource, Endpoint};
+use super::{CertificateSource, Endpoint, Served};
 use crate::names::injection::INJECT_CA_FROM;
 use crate::v1alpha1::{
     CertificateAuthority, CertificateAuthoritySpec, DEFAULT_CA_VALIDITY,
@@ -55,7 +60,6 @@ pub const SERVICE_PORT: i32 = 443;
 pub const FIELD_MANAGER: &str = "caretaker";
 /// The label on every object created.
 pub const MANAGED_BY: (&str, &str) = crate::names::MANAGED_BY;
-use crate::names::WEBHOOK_BOOTSTRAP;
 
 /// What `--webhook-bootstrap` and `--webhook-url` ask for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -157,15 +161,6 @@ fn metadata(name: &str, namespace: Option<&str>) -> ObjectMeta {
     }
 }
 
-/// Marks an object the webhook configuration leaves out (see [`WEBHOOK_BOOTSTRAP`]).
-fn bootstrap_label(metadata: &mut ObjectMeta) {
-    let (key, value) = WEBHOOK_BOOTSTRAP;
-    metadata
-        .labels
-        .get_or_insert_default()
-        .insert(key.into(), value.into());
-}
-
 impl Bootstrap {
     /// `SERVICE.NAMESPACE.svc`.
     pub fn service_host(&self) -> String {
@@ -190,6 +185,30 @@ impl Bootstrap {
                 port: SERVICE_PORT,
             },
         }
+    }
+
+    /// The `matchConditions` of `served`'s webhook: for the CertificateAuthority and
+    /// IssuedCertificate webhooks, every object but the bootstrap's own of that kind, named
+    /// by name (and namespace), which only whoever may create that very object can match.
+    ///
+    /// They matter when the configuration exists while the webhook cannot serve (its serving
+    /// Secret gone) and these objects must be made again: a webhook that had to admit them
+    /// first could never start. kube-apiserver evaluates `matchConditions` from 1.28; a
+    /// server that does not (the embedded one) validates these objects like any other, which
+    /// a fresh bootstrap allows, since it makes them before the configuration.
+    pub fn exempt(&self, served: Served) -> Option<Vec<MatchCondition>> {
+        let expression = match served {
+            Served::CertificateAuthority => format!("request.name != '{NAME}'"),
+            Served::IssuedCertificate => format!(
+                "request.namespace != '{}' || request.name != '{NAME}'",
+                self.namespace
+            ),
+            Served::EtcdCertificates | Served::Bundle | Served::ClusterBundle => return None,
+        };
+        Some(vec![MatchCondition {
+            name: "not-the-webhook-bootstraps-own".into(),
+            expression,
+        }])
     }
 
     /// What must exist for the webhook to serve with a certificate of caretaker's own.
@@ -218,7 +237,6 @@ impl Bootstrap {
             },
         );
         authority.metadata = metadata(NAME, None);
-        bootstrap_label(&mut authority.metadata);
 
         let host = self.service_host();
         let mut dns_names = vec![host.clone(), format!("{host}.cluster.local")];
@@ -244,7 +262,6 @@ impl Bootstrap {
             },
         );
         certificate.metadata = metadata(NAME, Some(&self.namespace));
-        bootstrap_label(&mut certificate.metadata);
 
         let mut configuration = super::configuration(NAME, &self.endpoint(), "");
         let mut meta = metadata(NAME, None);
@@ -252,6 +269,10 @@ impl Bootstrap {
         configuration.metadata = meta;
         for hook in configuration.webhooks.iter_mut().flatten() {
             hook.client_config.ca_bundle = None;
+            let served = Served::ALL
+                .into_iter()
+                .find(|s| s.webhook_name() == hook.name);
+            hook.match_conditions = served.and_then(|served| self.exempt(served));
         }
         Objects {
             namespace,
@@ -294,6 +315,77 @@ where
     }
 }
 
+/// The label with which earlier versions left objects out of the webhook (an `objectSelector`
+/// `DoesNotExist` on every webhook): anyone could set it on their own object to skip the checks.
+pub const LEGACY_BOOTSTRAP_LABEL: &str = "caretaker.dev/webhook-bootstrap";
+
+/// The strategic merge patch that takes the legacy `objectSelector` out of each webhook of
+/// `existing` (the bootstrap's configuration as an earlier version made it), giving it the
+/// `matchConditions` of the webhook of that name in `desired`; `None` when no webhook has it.
+/// The bootstrap otherwise leaves an existing configuration as it is: this change alone closes
+/// a hole, so it is made, on the resourceVersion read (409 Conflict once it has changed: the
+/// bootstrap tries again).
+pub fn legacy_selector_removal(
+    existing: &ValidatingWebhookConfiguration,
+    desired: &ValidatingWebhookConfiguration,
+) -> Option<serde_json::Value> {
+    let legacy = LabelSelector {
+        match_expressions: Some(vec![LabelSelectorRequirement {
+            key: LEGACY_BOOTSTRAP_LABEL.into(),
+            operator: "DoesNotExist".into(),
+            values: None,
+        }]),
+        match_labels: None,
+    };
+    let hooks: Vec<_> = existing
+        .webhooks
+        .iter()
+        .flatten()
+        .filter(|hook| hook.object_selector.as_ref() == Some(&legacy))
+        .map(|hook| {
+            let mut change = json!({"name": hook.name, "objectSelector": null});
+            let wanted = desired
+                .webhooks
+                .iter()
+                .flatten()
+                .find(|d| d.name == hook.name);
+            if let Some(conditions) = wanted.and_then(|d| d.match_conditions.as_ref())
+                && hook.match_conditions.is_none()
+            {
+                change["matchConditions"] = json!(conditions);
+            }
+            change
+        })
+        .collect();
+    if hooks.is_empty() {
+        return None;
+    }
+    let version = existing.metadata.resource_version.clone();
+    Some(json!({"metadata": {"resourceVersion": version}, "webhooks": hooks}))
+}
+
+/// Applies [`legacy_selector_removal`] to the configuration, if it needs it; `true` when it
+/// did.
+async fn drop_legacy_selector(
+    api: &Api<ValidatingWebhookConfiguration>,
+    desired: &ValidatingWebhookConfiguration,
+) -> Result<bool, Failure> {
+    let Some(existing) = api.get_opt(NAME).await.map_err(Failure::Other)? else {
+        return Ok(false);
+    };
+    let Some(patch) = legacy_selector_removal(&existing, desired) else {
+        return Ok(false);
+    };
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..Default::default()
+    };
+    api.patch(NAME, &params, &Patch::Strategic(&patch))
+        .await
+        .map_err(Failure::Other)?;
+    Ok(true)
+}
+
 /// Makes every object of `objects` exist, retrying until all do (every `retry`); never fails.
 pub async fn ensure(client: Client, objects: &Objects, retry: Duration) {
     let namespace = objects.namespace.metadata.name.clone().unwrap_or_default();
@@ -317,8 +409,13 @@ pub async fn ensure(client: Client, objects: &Objects, retry: Duration) {
             if create_if_absent(&certificates, &objects.certificate).await? {
                 created.push(format!("IssuedCertificate {namespace}/{NAME}"));
             }
-            if create_if_absent(&Api::all(client.clone()), &objects.configuration).await? {
+            let configurations = Api::all(client.clone());
+            if create_if_absent(&configurations, &objects.configuration).await? {
                 created.push(format!("ValidatingWebhookConfiguration {NAME}"));
+            } else if drop_legacy_selector(&configurations, &objects.configuration).await? {
+                created.push(format!(
+                    "(ValidatingWebhookConfiguration {NAME}: the {LEGACY_BOOTSTRAP_LABEL} objectSelector removed)"
+                ));
             }
             Ok::<_, Failure>(())
         }
@@ -357,7 +454,7 @@ pub async fn ensure(client: Client, objects: &Objects, retry: Duration) {
 
 #[cfg(test)]
 mod tests {
-    use serde_json::json;
+    use serde_json::{Value, json};
 
     use super::*;
 
@@ -378,9 +475,8 @@ mod tests {
         );
         let authority = serde_json::to_value(&objects.authority).unwrap();
         assert_eq!(authority["metadata"]["name"], "caretaker-webhook");
-        // The bootstrap label keeps them out of the webhook that cannot serve without them.
-        let labels = json!({"app.kubernetes.io/managed-by": "caretaker",
-                            "caretaker.dev/webhook-bootstrap": "true"});
+        // No label of theirs keeps them out of the webhook: a label is anyone's to set.
+        let labels = json!({"app.kubernetes.io/managed-by": "caretaker"});
         assert_eq!(authority["metadata"]["labels"], labels);
         assert_eq!(
             authority["spec"],
@@ -415,12 +511,21 @@ mod tests {
             json!({"caretaker.dev/inject-ca-from": "caretaker-webhook"})
         );
         let hooks = configuration["webhooks"].as_array().unwrap();
-        for hook in hooks {
-            assert_eq!(
-                hook["objectSelector"],
-                json!({"matchExpressions": [{"key": "caretaker.dev/webhook-bootstrap", "operator": "DoesNotExist"}]})
-            );
-        }
+        // Only the bootstrap's own two objects are left out, by name (and namespace).
+        let conditions: Vec<&Value> = hooks.iter().map(|h| &h["matchConditions"]).collect();
+        assert_eq!(
+            conditions,
+            [
+                &json!([{"name": "not-the-webhook-bootstraps-own",
+                         "expression": "request.name != 'caretaker-webhook'"}]),
+                &json!([{"name": "not-the-webhook-bootstraps-own",
+                         "expression": "request.namespace != 'caretaker-system' || request.name != 'caretaker-webhook'"}]),
+                &Value::Null,
+                &Value::Null,
+                &Value::Null,
+            ]
+        );
+        assert!(hooks.iter().all(|h| h.get("objectSelector").is_none()));
         assert_eq!(
             hooks.len(),
             5,
@@ -453,6 +558,32 @@ mod tests {
                 name: "caretaker-webhook-tls".into()
             }
         );
+    }
+
+    #[test]
+    fn only_a_configuration_with_the_label_selector_is_patched() {
+        let desired = bootstrap(None).objects().configuration;
+        assert_eq!(legacy_selector_removal(&desired, &desired), None);
+        let mut earlier = desired.clone();
+        earlier.metadata.resource_version = Some("7".into());
+        for hook in earlier.webhooks.iter_mut().flatten() {
+            hook.match_conditions = None;
+            hook.object_selector = Some(
+                serde_json::from_value(json!({"matchExpressions": [
+                    {"key": LEGACY_BOOTSTRAP_LABEL, "operator": "DoesNotExist"}]}))
+                .unwrap(),
+            );
+        }
+        let patch = legacy_selector_removal(&earlier, &desired).unwrap();
+        assert_eq!(patch["metadata"]["resourceVersion"], "7");
+        let hooks = patch["webhooks"].as_array().unwrap();
+        assert_eq!(hooks.len(), 5);
+        assert!(hooks.iter().all(|h| h["objectSelector"].is_null()));
+        assert_eq!(
+            hooks[0]["matchConditions"][0]["expression"],
+            "request.name != 'caretaker-webhook'"
+        );
+        assert!(hooks[4].get("matchConditions").is_none(), "ClusterBundles");
     }
 
     #[test]

@@ -30,7 +30,6 @@ use k8s_openapi::api::admissionregistration::v1::{
     WebhookClientConfig,
 };
 use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 use kube::Api;
 use kube::api::ObjectMeta;
 
@@ -75,10 +74,10 @@ pub enum Endpoint {
 }
 
 /// A ValidatingWebhookConfiguration named `name` that sends this webhook every CREATE and
-/// UPDATE of a CertificateAuthority and an IssuedCertificate, one webhook per kind (named
-/// after its resource, as `certificateauthorities.caretaker.dev`), each at its path of
-/// `endpoint`, trusting the CA certificates of `ca_bundle` (PEM). Calls that fail are
-/// refused (`failurePolicy: Fail`): an object of these kinds is never stored unchecked.
+/// UPDATE of each kind it serves ([`Served`]), one webhook per kind (named after its resource,
+/// as `certificateauthorities.caretaker.dev`), each at its path of `endpoint`, trusting the CA
+/// certificates of `ca_bundle` (PEM). Calls that fail are refused (`failurePolicy: Fail`): an
+/// object of these kinds is never stored unchecked, whatever its labels say.
 pub fn configuration(
     name: &str,
     endpoint: &Endpoint,
@@ -107,22 +106,14 @@ pub fn configuration(
             }
         }
         ValidatingWebhook {
-            name: format!("{}.{}", served.resource(), served.group()),
+            name: served.webhook_name(),
             admission_review_versions: vec!["v1".into()],
             client_config,
             failure_policy: Some("Fail".into()),
             side_effects: "None".into(),
             timeout_seconds: Some(10),
-            // The bootstrap's own objects give the webhook its certificate: they cannot wait
-            // on it.
-            object_selector: Some(LabelSelector {
-                match_expressions: Some(vec![LabelSelectorRequirement {
-                    key: crate::names::WEBHOOK_BOOTSTRAP.0.into(),
-                    operator: "DoesNotExist".into(),
-                    values: None,
-                }]),
-                ..Default::default()
-            }),
+            // No objectSelector: a label anyone may set on their object must not skip these
+            // checks. The bootstrap leaves out its own two objects by name.
             rules: Some(vec![RuleWithOperations {
                 api_groups: Some(vec![served.group().into()]),
                 api_versions: Some(vec![served.version().into()]),

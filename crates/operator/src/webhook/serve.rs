@@ -3,7 +3,8 @@
 //! what a client may cost it ([`Limits`]).
 //!
 //! Answers: 200 with the AdmissionReview; 400 for a body that is not a review; 404 for another
-//! path; 405 for another method; 413 for a body over the limit, refused from its
+//! path; 405 for another method; 408 for a body that stops arriving (nothing for
+//! [`Limits::body_idle_timeout`]); 413 for a body over the limit, refused from its
 //! `Content-Length` before any of it is read, or as soon as a body without one passes the
 //! limit; 415 for a body that is not JSON; 431 for a request head over 16 KiB or 64 headers;
 //! 503 for a review not answered within the request timeout.
@@ -14,14 +15,14 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use bytes::{Bytes, BytesMut};
+use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::header::{self, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
+use tokio::sync::{Semaphore, SemaphorePermit};
 use tokio_rustls::TlsAcceptor;
 
 use super::admit::{Deprecations, Issuers, Served, review};
@@ -34,11 +35,15 @@ pub struct Limits {
     /// The largest request body read: kube-apiserver stores objects up to about 1.5 MiB, and
     /// a review of an UPDATE carries two of them.
     pub max_body_bytes: usize,
-    /// The request bodies all connections together may hold at once: a body waits for its
-    /// share (its declared length, or `max_body_bytes` when undeclared) within the request
-    /// timeout, so a crowd of clients cannot make the webhook buffer `max_connections` ×
-    /// `max_body_bytes`.
+    /// The request bodies all connections together may hold at once: each part of a body
+    /// takes its bytes of this budget as it arrives (waiting for them, within the request
+    /// timeout, when it is spent), and gives them back with the answer. A crowd of clients
+    /// cannot make the webhook buffer `max_connections` × `max_body_bytes`, and one that
+    /// declares a large body and sends nothing holds nothing.
     pub max_body_bytes_in_flight: usize,
+    /// How long a body may make no progress (no byte arriving) before the request is answered
+    /// 408 and its connection closed.
+    pub body_idle_timeout: Duration,
     /// How long a request may take from its headers to its answer (reading the body
     /// included).
     pub request_timeout: Duration,
@@ -52,6 +57,9 @@ pub struct Limits {
     /// cannot keep a real review out. Only when every connection is in the middle of a
     /// request is the new one refused.
     pub max_connections: usize,
+    /// Connections open at once from one IP address, with the same rule among its own: one
+    /// client cannot take every connection from the API server.
+    pub max_connections_per_peer: usize,
     /// How long to pause after a failed accept (out of file descriptors) before the next.
     pub accept_retry: Duration,
 }
@@ -61,10 +69,12 @@ impl Default for Limits {
         Limits {
             max_body_bytes: 3 * 1024 * 1024,
             max_body_bytes_in_flight: 32 * 1024 * 1024,
+            body_idle_timeout: Duration::from_secs(2),
             request_timeout: Duration::from_secs(10),
             handshake_timeout: Duration::from_secs(10),
             header_read_timeout: Duration::from_secs(30),
             max_connections: 256,
+            max_connections_per_peer: 64,
             accept_retry: Duration::from_millis(200),
         }
     }
@@ -100,7 +110,10 @@ pub async fn serve<I: Issuers + 'static>(
         limits,
         body_budget,
     });
-    let connections = Arc::new(Connections::new(limits.max_connections));
+    let connections = Arc::new(Connections::new(
+        limits.max_connections,
+        limits.max_connections_per_peer,
+    ));
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
@@ -110,9 +123,10 @@ pub async fn serve<I: Issuers + 'static>(
                 continue;
             }
         };
-        let Some(slot) = connections.open() else {
+        let Some(slot) = connections.open(peer.ip()) else {
             tracing::warn!(%peer, limit = limits.max_connections,
-                "webhook: refused a connection: every connection is in the middle of a request");
+                per_peer = limits.max_connections_per_peer,
+                "webhook: refused a connection: every connection it could replace is in the middle of a request");
             continue;
         };
         let (acceptor, handler, certificate) =
@@ -205,12 +219,6 @@ impl<I: Issuers> Handler<I> {
         }
     }
 
-    fn body_budget_size(&self) -> usize {
-        self.limits
-            .max_body_bytes_in_flight
-            .min(Semaphore::MAX_PERMITS)
-    }
-
     async fn answer(&self, request: Request<Incoming>) -> Response<Full<Bytes>> {
         let Some(served) = Served::at(request.uri().path()) else {
             let paths: Vec<&str> = Served::ALL.iter().map(|s| s.path()).collect();
@@ -251,17 +259,17 @@ impl<I: Issuers> Handler<I> {
         if declared.is_some_and(|length| length > max as u64) {
             return too_large();
         }
-        let share = declared.map_or(max, |length| length as usize).max(1);
-        let share = u32::try_from(share.min(self.body_budget_size())).unwrap_or(u32::MAX);
-        let _held = self
-            .body_budget
-            .acquire_many(share)
-            .await
-            .expect("the body budget is never closed");
-        let body = match Limited::new(request.into_body(), max).collect().await {
-            Ok(body) => body.to_bytes(),
-            Err(e) if e.is::<LengthLimitError>() => return too_large(),
-            Err(e) => {
+        let (body, _held) = match self.read_body(request.into_body()).await {
+            Ok(read) => read,
+            Err(BodyError::TooLarge) => return too_large(),
+            Err(BodyError::Stalled) => {
+                let idle = self.limits.body_idle_timeout;
+                return closing(text(
+                    StatusCode::REQUEST_TIMEOUT,
+                    format!("the body stopped arriving: nothing for {idle:?}"),
+                ));
+            }
+            Err(BodyError::Unreadable(e)) => {
                 return closing(text(
                     StatusCode::BAD_REQUEST,
                     format!("cannot read the body: {e}"),
@@ -290,6 +298,73 @@ impl<I: Issuers> Handler<I> {
             }
         }
     }
+}
+
+impl<I> Handler<I> {
+    /// Reads `body`: at most `max_body_bytes`, each part taking its bytes of the shared budget
+    /// as it arrives (held, with the bytes, until the answer is sent), and given up when no
+    /// byte arrives for `body_idle_timeout`. Waiting for budget is not the client's idleness:
+    /// only the request timeout bounds it.
+    async fn read_body(
+        &self,
+        mut body: Incoming,
+    ) -> Result<(Bytes, Option<SemaphorePermit<'_>>), BodyError> {
+        let (max, idle) = (self.limits.max_body_bytes, self.limits.body_idle_timeout);
+        let budget = self.body_budget_size();
+        let mut read = BytesMut::new();
+        let mut held: Option<SemaphorePermit<'_>> = None;
+        loop {
+            let frame = match tokio::time::timeout(idle, body.frame()).await {
+                Err(_) => return Err(BodyError::Stalled),
+                Ok(None) => return Ok((read.freeze(), held)),
+                Ok(Some(Err(e))) => return Err(BodyError::Unreadable(e)),
+                Ok(Some(Ok(frame))) => frame,
+            };
+            let Ok(data) = frame.into_data() else {
+                continue; // trailers
+            };
+            if read.len() + data.len() > max {
+                return Err(BodyError::TooLarge);
+            }
+            // Never more than the whole budget, which a single part could otherwise wait for
+            // forever.
+            let bytes = data.len().min(budget.saturating_sub(held_bytes(&held)));
+            if bytes > 0 {
+                let bytes = u32::try_from(bytes).unwrap_or(u32::MAX);
+                let permit = self
+                    .body_budget
+                    .acquire_many(bytes)
+                    .await
+                    .expect("the body budget is never closed");
+                match &mut held {
+                    Some(held) => held.merge(permit),
+                    None => held = Some(permit),
+                }
+            }
+            read.extend_from_slice(&data);
+        }
+    }
+
+    fn body_budget_size(&self) -> usize {
+        self.limits
+            .max_body_bytes_in_flight
+            .min(Semaphore::MAX_PERMITS)
+    }
+}
+
+/// The bytes of budget `held` holds.
+fn held_bytes(held: &Option<SemaphorePermit<'_>>) -> usize {
+    held.as_ref().map_or(0, |p| p.num_permits())
+}
+
+/// Why a request's body was not read.
+#[derive(Debug)]
+enum BodyError {
+    /// Past [`Limits::max_body_bytes`].
+    TooLarge,
+    /// Nothing arrived for [`Limits::body_idle_timeout`].
+    Stalled,
+    Unreadable(hyper::Error),
 }
 
 /// `application/json`, with or without parameters (`; charset=utf-8`).

@@ -33,7 +33,11 @@ impl Drop for Setup {
 }
 
 pub async fn setup(namespaces: &[&str]) -> Setup {
-    let server = caretaker_apiserver::TestServer::start().await;
+    setup_on(caretaker_apiserver::TestServer::start().await, namespaces).await
+}
+
+/// [`setup`] on `server` (one with RBAC on, for tests that act as a restricted user).
+pub async fn setup_on(server: caretaker_apiserver::ApiServer, namespaces: &[&str]) -> Setup {
     let client = server.client();
     install_trust_manager_crds(&client).await.unwrap();
     for namespace in [TRUST].iter().chain(namespaces) {
