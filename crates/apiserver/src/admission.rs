@@ -197,7 +197,9 @@ impl Admission {
                         hook_name(&hook)
                     ))
                 })?;
-                json_patch::patch(&mut object, &ops).map_err(|e| {
+                // Within the limits a client's JSON patch has: a webhook's copies cannot fill
+                // memory either.
+                object = crate::patch::apply_json_patch(object, &ops).map_err(|e| {
                     ApiError::internal(format!(
                         "webhook {:?} returned a patch that does not apply: {e}",
                         hook_name(&hook)

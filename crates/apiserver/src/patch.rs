@@ -2,6 +2,7 @@
 //! (`strategic_merge.rs`). Server-side apply lives in `apply.rs`.
 
 use axum::http::{HeaderMap, header};
+use json_patch::PatchOperation;
 use serde_json::Value;
 
 use crate::error::ApiError;
@@ -77,6 +78,74 @@ impl PatchType {
     }
 }
 
+/// The most operations a JSON patch may hold, as kube-apiserver's `maxJSONPatchOperations`.
+pub const MAX_JSON_PATCH_OPERATIONS: usize = 10_000;
+
+/// The most bytes a JSON patch's `copy` operations may add together, as kube-apiserver's
+/// `JSONPatchMaxCopyBytes` (its request body limit, 3 MiB): a `copy` doubles what it copies,
+/// so a handful of them in a small body would otherwise fill memory.
+pub const MAX_JSON_PATCH_COPY_BYTES: usize = 3 * 1024 * 1024;
+
+/// Why a JSON patch was not applied, worded as kube-apiserver's JSON patch library words it.
+#[derive(Debug, thiserror::Error)]
+pub enum JsonPatchError {
+    #[error(
+        "The allowed maximum operations in a JSON patch is {MAX_JSON_PATCH_OPERATIONS}, got {got}"
+    )]
+    TooManyOperations { got: usize },
+    #[error(
+        "Unable to complete the copy, the accumulated size increase of copy is {accumulated}, exceeding the limit {MAX_JSON_PATCH_COPY_BYTES}"
+    )]
+    CopiesTooLarge { accumulated: usize },
+    #[error("{0}")]
+    Failed(json_patch::PatchError),
+}
+
+/// Applies the JSON patch `ops` to `doc` within kube-apiserver's limits: at most
+/// [`MAX_JSON_PATCH_OPERATIONS`], and copies adding at most [`MAX_JSON_PATCH_COPY_BYTES`]
+/// (each copy's source measured as JSON, as it stands when the copy runs).
+pub fn apply_json_patch(mut doc: Value, ops: &[PatchOperation]) -> Result<Value, JsonPatchError> {
+    if ops.len() > MAX_JSON_PATCH_OPERATIONS {
+        return Err(JsonPatchError::TooManyOperations { got: ops.len() });
+    }
+    let mut copied = 0;
+    for (i, op) in ops.iter().enumerate() {
+        if let PatchOperation::Copy(copy) = op
+            && let Some(source) = doc.pointer(copy.from.as_str())
+        {
+            copied += encoded_len(source);
+            if copied > MAX_JSON_PATCH_COPY_BYTES {
+                return Err(JsonPatchError::CopiesTooLarge {
+                    accumulated: copied,
+                });
+            }
+        }
+        // One operation at a time, on a copy nobody else sees: nothing to undo on failure.
+        json_patch::patch_unsafe(&mut doc, std::slice::from_ref(op)).map_err(|mut e| {
+            e.operation = i;
+            JsonPatchError::Failed(e)
+        })?;
+    }
+    Ok(doc)
+}
+
+/// The length of `value` encoded as JSON, without keeping the encoding.
+fn encoded_len(value: &Value) -> usize {
+    struct Counter(usize);
+    impl std::io::Write for Counter {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0 += bytes.len();
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut counter = Counter(0);
+    serde_json::to_writer(&mut counter, value).expect("JSON values encode");
+    counter.0
+}
+
 /// Applies a JSON, merge or strategic patch to `target`, an object of the kind `meta`
 /// describes (its lists' strategies, for strategic merge patch).
 pub fn apply_patch(
@@ -89,15 +158,18 @@ pub fn apply_patch(
         PatchType::Json => {
             let ops: json_patch::Patch = serde_json::from_value(patch.clone())
                 .map_err(|e| ApiError::bad_request(format!("json patch: {e}")))?;
-            let mut doc = target.clone();
-            json_patch::patch(&mut doc, &ops).map_err(|e| {
-                ApiError::new(
+            apply_json_patch(target.clone(), &ops).map_err(|e| match e {
+                JsonPatchError::TooManyOperations { .. } => ApiError::new(
+                    413,
+                    "RequestEntityTooLarge",
+                    format!("Request entity too large: {e}"),
+                ),
+                JsonPatchError::CopiesTooLarge { .. } | JsonPatchError::Failed(_) => ApiError::new(
                     422,
                     "Invalid",
                     format!("the server rejected our request due to an error in our request: {e}"),
-                )
-            })?;
-            Ok(doc)
+                ),
+            })
         }
         PatchType::Merge => {
             if !patch.is_object() {
@@ -199,5 +271,85 @@ mod tests {
         ] {
             assert_eq!(PatchType::from_content_type(unknown), None, "{unknown:?}");
         }
+    }
+
+    fn json_patch(target: &Value, ops: Value) -> Result<Value, ApiError> {
+        apply_patch(PatchType::Json, target, &ops)
+    }
+
+    #[test]
+    fn copies_add_at_most_the_copy_limit() {
+        // Each copy doubles `/x`: twenty of them would make gigabytes of a 2 KB object.
+        let target = json!({"x": {"v": "a".repeat(2_000)}});
+        let doublings: Vec<Value> = (0..20)
+            .map(|i| json!({"op": "copy", "from": "/x", "path": format!("/x/c{i}")}))
+            .collect();
+        let refused = json_patch(&target, Value::Array(doublings)).unwrap_err();
+        assert_eq!((refused.code, refused.reason), (422, "Invalid"));
+        assert!(
+            refused
+                .message
+                .contains("Unable to complete the copy, the accumulated size increase of copy is")
+                && refused.message.ends_with("exceeding the limit 3145728"),
+            "{}",
+            refused.message
+        );
+        // A copy as a client means it still works, and sizes count as the copies run.
+        let out = json_patch(
+            &target,
+            json!([{"op": "copy", "from": "/x/v", "path": "/y"},
+                   {"op": "copy", "from": "/y", "path": "/z"}]),
+        )
+        .unwrap();
+        assert_eq!(out["z"], target["x"]["v"]);
+        let copied = encoded_len(&target["x"]["v"]);
+        let op = PatchOperation::Copy(json_patch::CopyOperation {
+            from: "/x/v".parse().unwrap(),
+            path: "/y".parse().unwrap(),
+        });
+        // Copies over the same place count too, though the object does not grow.
+        let at_limit = vec![op.clone(); MAX_JSON_PATCH_COPY_BYTES / copied];
+        assert!(apply_json_patch(target.clone(), &at_limit).is_ok());
+        let repeated = vec![op; MAX_JSON_PATCH_COPY_BYTES / copied + 1];
+        assert!(matches!(
+            apply_json_patch(target, &repeated),
+            Err(JsonPatchError::CopiesTooLarge { accumulated }) if accumulated > MAX_JSON_PATCH_COPY_BYTES
+        ));
+    }
+
+    #[test]
+    fn json_patches_hold_at_most_ten_thousand_operations() {
+        let target = json!({"a": 1});
+        let test = json!({"op": "test", "path": "/a", "value": 1});
+        let at_limit = Value::Array(vec![test.clone(); MAX_JSON_PATCH_OPERATIONS]);
+        assert_eq!(json_patch(&target, at_limit).unwrap(), target);
+        let over = Value::Array(vec![test; MAX_JSON_PATCH_OPERATIONS + 1]);
+        let refused = json_patch(&target, over).unwrap_err();
+        assert_eq!(
+            (refused.code, refused.reason, refused.message.as_str()),
+            (
+                413,
+                "RequestEntityTooLarge",
+                "Request entity too large: The allowed maximum operations in a JSON patch is 10000, got 10001"
+            )
+        );
+    }
+
+    #[test]
+    fn a_failed_operation_is_named_by_its_place_in_the_patch() {
+        let refused = json_patch(
+            &json!({"a": 1}),
+            json!([{"op": "add", "path": "/b", "value": 2},
+                   {"op": "test", "path": "/a", "value": 9}]),
+        )
+        .unwrap_err();
+        assert_eq!(refused.code, 422);
+        assert!(
+            refused
+                .message
+                .ends_with("operation '/1' failed at path '/a': value did not match"),
+            "{}",
+            refused.message
+        );
     }
 }
