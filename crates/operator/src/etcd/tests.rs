@@ -501,7 +501,7 @@ fn a_removed_members_secret_absent_when_read_is_not_deleted() {
     world.start_all();
     world.settle();
     world.policy = policy(&["m0", "m1", "m2"]);
-    world.members_spec = world.policy.members.clone();
+    world.membership = listed(&world.policy);
     world.members.pop();
     world.seen.secrets.remove("etcd-serving-m3");
     let mut deleted = Vec::new();
