@@ -27,6 +27,27 @@ use crate::names::Operation;
 use crate::credentials::{ClusterCredentials, CredentialStore};
 use crate::shutdown::{Running, Shutdown};
 
+/// The operator's bounds on every call to the API server, set on its client configuration
+/// ([`with_timeouts`]): connecting, sending a request, and waiting for each read of an
+/// answer. The read bound is above the watches' own (kube's watcher ends a watch that has been
+/// quiet for 295 s and starts another), so a quiet watch is never cut by it; a call on a
+/// connection that stopped answering fails after it instead of hanging for good. Leader
+/// election does not rely on these: its own calls are cut at its renew deadline.
+pub const API_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+pub const API_WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+pub const API_READ_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// `config` with [`API_CONNECT_TIMEOUT`], [`API_WRITE_TIMEOUT`] and [`API_READ_TIMEOUT`], the
+/// read bound counted from when each request was sent (not from when its pooled connection
+/// went idle).
+pub fn with_timeouts(mut config: kube::Config) -> kube::Config {
+    config.connect_timeout = Some(API_CONNECT_TIMEOUT);
+    config.write_timeout = Some(API_WRITE_TIMEOUT);
+    config.read_timeout = Some(API_READ_TIMEOUT);
+    config.reset_reader_on_write = true;
+    config
+}
+
 fn time_now() -> time::OffsetDateTime {
     time::OffsetDateTime::now_utc()
 }

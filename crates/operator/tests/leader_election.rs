@@ -1,11 +1,14 @@
 //! Two replicas of the operator with leader election against one API server: only the
 //! Lease's holder reconciles; when it dies mid-rollout the standby takes the Lease once it
 //! expires and finishes the rollout, and no Machine is done twice; a replica told to stop
-//! (SIGTERM) gives the Lease up, so the standby takes over at once.
+//! (SIGTERM) gives the Lease up, so the standby takes over at once; a leader cut off from the
+//! API server (its calls stall) stops on its own clock before the standby takes over.
 
 mod common;
 
+use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use caretaker_agent_api::kubeadm::NodeRole;
@@ -28,9 +31,14 @@ struct Replica {
 }
 
 async fn replica(world: &World, name: &str, lease_duration: Duration) -> Replica {
+    replica_on(world.client.clone(), name, lease_duration).await
+}
+
+/// A replica whose every call to the API server goes through `client`.
+async fn replica_on(client: kube::Client, name: &str, lease_duration: Duration) -> Replica {
     let identity = LeaseSettings::identity(name);
     let election = Election::join(
-        world.client.clone(),
+        client.clone(),
         LeaseSettings {
             namespace: NS.into(),
             name: DEFAULT_LEASE.into(),
@@ -40,7 +48,7 @@ async fn replica(world: &World, name: &str, lease_duration: Duration) -> Replica
     )
     .await
     .unwrap();
-    let ctx = Context::new(world.client.clone(), fast());
+    let ctx = Context::new(client, fast());
     let (stop, stopped) = oneshot::channel::<()>();
     let task = tokio::spawn(replica::run(ctx.clone(), None, Some(election), async {
         let _ = stopped.await;
@@ -203,5 +211,142 @@ async fn a_stopped_leader_gives_the_lease_up_and_the_standby_leads_at_once() {
         stopping.elapsed() < Duration::from_secs(15),
         "handover took {:?} (the standby led after {took:?})",
         stopping.elapsed()
+    );
+}
+
+/// A TCP proxy to `upstream` that forwards both ways until [`Proxy::stall`]: from then on it
+/// forwards nothing more, on any connection, new or open, and keeps each open (a network that
+/// drops packets, not one that resets connections).
+struct Proxy {
+    addr: SocketAddr,
+    stalled: Arc<AtomicBool>,
+    task: JoinHandle<()>,
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Proxy {
+    async fn start(upstream: SocketAddr) -> Proxy {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stalled = Arc::new(AtomicBool::new(false));
+        let task = tokio::spawn({
+            let stalled = stalled.clone();
+            async move {
+                let mut pipes = tokio::task::JoinSet::new();
+                while let Ok((client, _)) = listener.accept().await {
+                    let Ok(server) = tokio::net::TcpStream::connect(upstream).await else {
+                        continue;
+                    };
+                    let (from_client, to_client) = client.into_split();
+                    let (from_server, to_server) = server.into_split();
+                    pipes.spawn(pipe(from_client, to_server, stalled.clone()));
+                    pipes.spawn(pipe(from_server, to_client, stalled.clone()));
+                }
+            }
+        });
+        Proxy {
+            addr,
+            stalled,
+            task,
+        }
+    }
+
+    fn stall(&self) {
+        self.stalled.store(true, Ordering::SeqCst);
+    }
+
+    /// A client of the world's API server through this proxy.
+    fn client(&self, world: &World) -> kube::Client {
+        let mut config = world.server.kube_config();
+        config.cluster_url = format!("http://{}", self.addr).parse().unwrap();
+        let config = caretaker_operator::context::with_timeouts(config);
+        kube::Client::try_from(config).unwrap()
+    }
+}
+
+async fn pipe(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    stalled: Arc<AtomicBool>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        if stalled.load(Ordering::SeqCst) {
+            // Held, never forwarded, never closed.
+            std::future::pending::<()>().await;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Issue 31, item 15: a leader whose calls to the API server stall (here a proxy between them
+/// stops forwarding) kept reconciling after a standby had taken the Lease: its renewal hung
+/// with no deadline. Now it stops once its renew deadline passes on its own clock, which is
+/// before the standby may take the Lease. Both replicas' leader gauges (1 only while a replica
+/// reconciles) are sampled every few milliseconds throughout: never both at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_cut_off_from_the_api_server_stops_before_the_standby_takes_over() {
+    let world = world(fast()).await;
+    world.controller.abort();
+    let proxy = Proxy::start(world.server.addr()).await;
+    let lease = Duration::from_secs(3);
+    let mut first = replica_on(proxy.client(&world), "replica-a", lease).await;
+    wait_leading(&world, &first, Duration::from_secs(10)).await;
+    let second = replica(&world, "replica-b", lease).await;
+
+    let both = Arc::new(AtomicBool::new(false));
+    let sampling = Arc::new(AtomicBool::new(true));
+    let sampler = tokio::spawn({
+        let (a, b) = (first.ctx.clone(), second.ctx.clone());
+        let (both, sampling) = (both.clone(), sampling.clone());
+        async move {
+            let leads = |ctx: &Context| {
+                ctx.metrics
+                    .encode()
+                    .lines()
+                    .any(|l| l == "caretaker_leader 1")
+            };
+            let mut samples = 0u64;
+            while sampling.load(Ordering::SeqCst) {
+                if leads(&a) && leads(&b) {
+                    both.store(true, Ordering::SeqCst);
+                }
+                samples += 1;
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            samples
+        }
+    });
+    // The leader renews through the proxy for a while, then is cut off.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(leads_and_reconciles(&first).0 && !leads_and_reconciles(&second).0);
+    proxy.stall();
+    wait_leading(&world, &second, Duration::from_secs(20)).await;
+    let stopped = tokio::time::timeout(Duration::from_secs(5), &mut first.task)
+        .await
+        .expect("the cut-off leader stopped by itself")
+        .unwrap();
+    assert!(
+        matches!(&stopped, Err(Stopped::LeadershipLost(why)) if why.contains("renew deadline")),
+        "{stopped:?}"
+    );
+    sampling.store(false, Ordering::SeqCst);
+    let samples = sampler.await.unwrap();
+    assert!(samples > 100, "{samples} samples");
+    assert!(
+        !both.load(Ordering::SeqCst),
+        "both replicas reconciled at once"
     );
 }

@@ -82,7 +82,8 @@ pub struct KubeconfigArg {
 
 impl KubeconfigArg {
     /// A client from `--kubeconfig`, else the in-cluster configuration, then $KUBECONFIG or
-    /// ~/.kube/config. Installs the process's TLS crypto provider first.
+    /// ~/.kube/config, with the operator's timeouts on every call. Installs the process's TLS
+    /// crypto provider first.
     pub async fn client(&self) -> Result<kube::Client, String> {
         caretaker_agent_api::tls::install_crypto_provider();
         let config = match self.kubeconfig.as_deref() {
@@ -91,6 +92,8 @@ impl KubeconfigArg {
                 .await
                 .map_err(|e| format!("no Kubernetes configuration found: {e}"))?,
         };
+        // Every call bounded: a connection that stops answering fails calls, never hangs them.
+        let config = caretaker_operator::context::with_timeouts(config);
         kube::Client::try_from(config).map_err(|e| e.to_string())
     }
 }

@@ -136,8 +136,10 @@ struct LeaderArgs {
     /// Reconcile only while holding the Lease (coordination.k8s.io/v1) named by
     /// --leader-election-id. Until then the replica stands by: it serves the webhook, /metrics
     /// and the probes (/readyz answers 200), and takes the Lease once its holder has not
-    /// renewed it for --leader-election-lease-duration. A holder that cannot renew stops
-    /// (exit status 1) and comes back as a standby; SIGTERM gives the Lease up at once.
+    /// renewed it for --leader-election-lease-duration. A holder that has not renewed it for
+    /// two thirds of that (its renew deadline, on its own clock, whatever a stalled call is
+    /// doing) stops (exit status 1) and comes back as a standby; SIGTERM gives the Lease up at
+    /// once.
     #[arg(long)]
     leader_elect: bool,
     /// The Lease's namespace: by default $POD_NAMESPACE, else the namespace of
@@ -147,8 +149,9 @@ struct LeaderArgs {
     /// The Lease's name.
     #[arg(long, value_name = "NAME", default_value = caretaker_operator::leader::DEFAULT_LEASE)]
     leader_election_id: String,
-    /// How long a Lease its holder has not renewed stays its own (whole seconds, at least 2s);
-    /// the holder renews a third of it before it ends.
+    /// How long a Lease its holder has not renewed stays its own (whole seconds, at least 2s).
+    /// The holder renews every 2s (or a fifth of the renew deadline, if shorter) and stops
+    /// reconciling two thirds of it after the start of its last successful renewal.
     #[arg(long, value_name = "DURATION", default_value = "15s", value_parser = super::duration)]
     leader_election_lease_duration: Duration,
 }
