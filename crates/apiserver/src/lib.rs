@@ -42,6 +42,7 @@ mod table;
 mod tls;
 mod user;
 mod watch;
+mod work;
 
 pub use auth::{Access, Authorization};
 pub use error::ApiError;
