@@ -28,6 +28,7 @@ use crate::registry::ResourceDef;
 use crate::selectors::LabelSelector;
 use crate::storage::{ObjectKey, Store};
 use crate::user::UserInfo;
+use crate::work::Deadline;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Operation {
@@ -199,12 +200,13 @@ impl Admission {
                 })?;
                 // Within the limits a client's JSON patch has: a webhook's copies cannot fill
                 // memory either.
-                object = crate::patch::apply_json_patch(object, &ops).map_err(|e| {
-                    ApiError::internal(format!(
-                        "webhook {:?} returned a patch that does not apply: {e}",
-                        hook_name(&hook)
-                    ))
-                })?;
+                object = crate::patch::apply_json_patch(object, &ops, Deadline::from_now())
+                    .map_err(|e| {
+                        ApiError::internal(format!(
+                            "webhook {:?} returned a patch that does not apply: {e}",
+                            hook_name(&hook)
+                        ))
+                    })?;
             }
         }
         Ok((object, warnings))

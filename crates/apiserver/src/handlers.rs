@@ -23,6 +23,7 @@ use crate::registry::{self, ResourceDef};
 use crate::selectors::{FieldSelector, LabelSelector};
 use crate::table::{self, IncludeObject};
 use crate::watch::{self, WatchParams};
+use crate::work;
 use crate::{discovery, openapi};
 
 /// Shared by every request.
@@ -122,10 +123,16 @@ pub async fn dispatch(
         }
         Err(rejection) => return ApiError::bad_request(rejection.body_text()).into_response(),
     };
-    match route(&state, &user, &method, &uri, &headers, body).await {
-        Ok(resp) => resp,
-        Err(e) => e.into_response(),
-    }
+    // Decoding, merging and storing megabytes takes long enough to keep an async worker from
+    // every other request: a large body's request is served from start to end off the workers.
+    let large = body.len() >= work::LARGE_BODY;
+    let answer = route(&state, &user, &method, &uri, &headers, body);
+    let answer = if large {
+        work::hand_over_worker(answer).await
+    } else {
+        answer.await
+    };
+    answer.unwrap_or_else(IntoResponse::into_response)
 }
 
 /// The largest request body, as kube-apiserver's (3 MiB): larger ones are refused with 413
@@ -703,7 +710,7 @@ async fn resource_request(
                 ));
             }
             let w = api
-                .patch(def, ns, name, patch_type, &patch, t.part, &opts)
+                .patch(def, ns, name, patch_type, patch, t.part, &opts)
                 .await?;
             let code = if w.created {
                 StatusCode::CREATED

@@ -43,6 +43,7 @@ mod table;
 mod tls;
 mod user;
 mod watch;
+mod work;
 
 pub use auth::{Access, Authorization};
 pub use connections::ConnectionLimits;

@@ -7,6 +7,7 @@ use serde_json::Value;
 
 use crate::error::ApiError;
 use crate::patch_meta::PatchMeta;
+use crate::work::Deadline;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PatchType {
@@ -99,17 +100,25 @@ pub enum JsonPatchError {
     CopiesTooLarge { accumulated: usize },
     #[error("{0}")]
     Failed(json_patch::PatchError),
+    #[error("{}", .0.message)]
+    TimedOut(ApiError),
 }
 
 /// Applies the JSON patch `ops` to `doc` within kube-apiserver's limits: at most
 /// [`MAX_JSON_PATCH_OPERATIONS`], and copies adding at most [`MAX_JSON_PATCH_COPY_BYTES`]
-/// (each copy's source measured as JSON, as it stands when the copy runs).
-pub fn apply_json_patch(mut doc: Value, ops: &[PatchOperation]) -> Result<Value, JsonPatchError> {
+/// (each copy's source measured as JSON, as it stands when the copy runs); and by `deadline`
+/// (10,000 insertions into a long list take seconds).
+pub fn apply_json_patch(
+    mut doc: Value,
+    ops: &[PatchOperation],
+    deadline: Deadline,
+) -> Result<Value, JsonPatchError> {
     if ops.len() > MAX_JSON_PATCH_OPERATIONS {
         return Err(JsonPatchError::TooManyOperations { got: ops.len() });
     }
     let mut copied = 0;
     for (i, op) in ops.iter().enumerate() {
+        deadline.check().map_err(JsonPatchError::TimedOut)?;
         if let PatchOperation::Copy(copy) = op
             && let Some(source) = doc.pointer(copy.from.as_str())
         {
@@ -147,18 +156,20 @@ fn encoded_len(value: &Value) -> usize {
 }
 
 /// Applies a JSON, merge or strategic patch to `target`, an object of the kind `meta`
-/// describes (its lists' strategies, for strategic merge patch).
+/// describes (its lists' strategies, for strategic merge patch); 504 once `deadline` passes.
 pub fn apply_patch(
     patch_type: PatchType,
     target: &Value,
     patch: &Value,
     meta: PatchMeta,
+    deadline: Deadline,
 ) -> Result<Value, ApiError> {
     match patch_type {
         PatchType::Json => {
             let ops: json_patch::Patch = serde_json::from_value(patch.clone())
                 .map_err(|e| ApiError::bad_request(format!("json patch: {e}")))?;
-            apply_json_patch(target.clone(), &ops).map_err(|e| match e {
+            apply_json_patch(target.clone(), &ops, deadline).map_err(|e| match e {
+                JsonPatchError::TimedOut(timed_out) => timed_out,
                 JsonPatchError::TooManyOperations { .. } => ApiError::new(
                     413,
                     "RequestEntityTooLarge",
@@ -185,7 +196,7 @@ pub fn apply_patch(
                     "strategic merge patch must be a JSON object",
                 ));
             };
-            crate::strategic_merge::apply(target, p, meta)
+            crate::strategic_merge::apply(target, p, meta, deadline)
         }
         PatchType::Apply => Err(ApiError::internal(
             "apply patches are handled by server-side apply",
@@ -208,6 +219,7 @@ mod tests {
             target,
             patch,
             PatchMeta::of("", "v1", "ConfigMap"),
+            Deadline::from_now(),
         )
     }
 
@@ -309,10 +321,10 @@ mod tests {
         });
         // Copies over the same place count too, though the object does not grow.
         let at_limit = vec![op.clone(); MAX_JSON_PATCH_COPY_BYTES / copied];
-        assert!(apply_json_patch(target.clone(), &at_limit).is_ok());
+        assert!(apply_json_patch(target.clone(), &at_limit, Deadline::from_now()).is_ok());
         let repeated = vec![op; MAX_JSON_PATCH_COPY_BYTES / copied + 1];
         assert!(matches!(
-            apply_json_patch(target, &repeated),
+            apply_json_patch(target, &repeated, Deadline::from_now()),
             Err(JsonPatchError::CopiesTooLarge { accumulated }) if accumulated > MAX_JSON_PATCH_COPY_BYTES
         ));
     }

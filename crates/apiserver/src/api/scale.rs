@@ -12,6 +12,7 @@ use crate::patch::{self, PatchType};
 use crate::patch_meta::PatchMeta;
 use crate::registry::{ResourceDef, ScalePaths};
 use crate::table::json_path;
+use crate::work::{self, Deadline};
 
 /// What a write to `…/scale` carries.
 pub enum ScaleChange {
@@ -121,8 +122,12 @@ impl ApiState {
             let wanted = match &change {
                 ScaleChange::Replace(body) => body.clone(),
                 ScaleChange::Patch(patch_type, body) => {
-                    let scale = PatchMeta::of("autoscaling", "v1", "Scale");
-                    patch::apply_patch(*patch_type, &current, body, scale)?
+                    let (patch_type, body) = (*patch_type, body.clone());
+                    work::run(Deadline::from_now(), move |deadline| {
+                        let scale = PatchMeta::of("autoscaling", "v1", "Scale");
+                        patch::apply_patch(patch_type, &current, &body, scale, deadline)
+                    })
+                    .await?
                 }
             };
             let invalid = |message: &str, value: &Value| {

@@ -19,6 +19,7 @@ use crate::error::ApiError;
 use crate::meta::{self, finalizers_of, is_deleting, metadata_mut, name_of, resource_version_of};
 use crate::patch_meta::PatchMeta;
 use crate::registry::{Flavor, ResourceDef};
+use crate::work;
 
 /// The result of a write.
 #[derive(Debug, Clone)]
@@ -70,6 +71,26 @@ impl ApiState {
     /// Takes `obj` (decoded, and for a create named) through preparation, admission, metadata,
     /// validation and storage. Returns it served as stored (or as it would be, for a dry run).
     pub(super) async fn write(
+        &self,
+        def: &ResourceDef,
+        target: Target<'_>,
+        obj: Value,
+        opts: &WriteOptions,
+        managed_fields: ManagedFields,
+        warnings: Vec<String>,
+    ) -> Result<Written, ApiError> {
+        // Field bookkeeping and storage of an object of tens of thousands of fields take a
+        // second: long enough to keep an async worker from every other request.
+        let large = work::is_large(&obj) || target.old().is_some_and(work::is_large);
+        let write = self.write_now(def, target, obj, opts, managed_fields, warnings);
+        if large {
+            work::hand_over_worker(write).await
+        } else {
+            write.await
+        }
+    }
+
+    async fn write_now(
         &self,
         def: &ResourceDef,
         target: Target<'_>,
