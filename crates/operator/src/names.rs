@@ -114,6 +114,16 @@ pub mod rollout_state {
     pub const WAITING: &str = "caretaker.dev/rollout-waiting";
     /// A malformed auto-refresh value already reported, so it is reported once.
     pub const AUTO_REFRESH_REPORTED: &str = "caretaker.dev/auto-refresh-reported";
+    /// The trigger value of the parent's last request, kept after it ended: a failed request's
+    /// trigger is removed (as upstream does), and this says what was asked for.
+    pub const REFRESH_REQUESTED: &str = "caretaker.dev/refresh-requested";
+    pub const UPGRADE_REQUESTED: &str = "caretaker.dev/upgrade-requested";
+    /// The object (`Kind/name`) of an older request this parent's request waits for, because
+    /// that request runs on Machines this one covers.
+    pub const WAITING_FOR: &str = "caretaker.dev/waiting-for";
+    /// A trigger value refused because the parent's request for another value runs, so that
+    /// the refusal is reported once.
+    pub const REFUSED_TRIGGER: &str = "caretaker.dev/refused-trigger";
     /// The malformed `max-parallel` values the rollout has reported (`Kind/name=value`, comma
     /// separated), so each is reported once, whenever the rollout first reads it.
     pub const LIMITS_REPORTED: &str = "caretaker.dev/malformed-limits-reported";
@@ -256,6 +266,8 @@ pub struct OperationNames {
     pub rollout_request: &'static str,
     /// The trigger value the parent's request is for.
     pub rollout_trigger: &'static str,
+    /// The trigger value of the parent's last request, kept after it ended.
+    pub rollout_requested: &'static str,
     /// Names this operation's work running in the operator process.
     pub work: &'static str,
     pub rollout_events: RolloutEvents,
@@ -303,6 +315,7 @@ pub const REFRESH: OperationNames = OperationNames {
     machine_failed_event: EVENT_REFRESH_FAILED,
     rollout_request: rollout_state::REFRESH_REQUEST,
     rollout_trigger: rollout_state::REFRESH_TRIGGER,
+    rollout_requested: rollout_state::REFRESH_REQUESTED,
     work: "refresh",
     rollout_events: RolloutEvents {
         in_progress: EVENT_REFRESH_CERTS_IN_PROGRESS,
@@ -328,6 +341,7 @@ pub const UPGRADE: OperationNames = OperationNames {
     machine_failed_event: EVENT_UPGRADE_FAILED,
     rollout_request: rollout_state::UPGRADE_REQUEST,
     rollout_trigger: rollout_state::UPGRADE_TRIGGER,
+    rollout_requested: rollout_state::UPGRADE_REQUESTED,
     work: "upgrade",
     // Upstream names the parent's upgrade events as the Machine's.
     rollout_events: RolloutEvents {

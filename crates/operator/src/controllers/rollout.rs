@@ -29,6 +29,7 @@ pub use crate::names::Operation;
 use crate::rollout::RolloutPlan;
 use crate::rollout::parent::{
     MachineStart, ParentChanges, ParentKind, ParentStep, ParentView, Rollout, auto_refresh,
+    blocked_by,
 };
 use crate::schedule::Next;
 
@@ -143,8 +144,27 @@ async fn reconcile_operation(
             changes
         }
         ParentStep::Roll(rollout) => {
-            let machines = covered_machines(parent, view, caches);
-            let plan = plan_rollout(ctx, &rollout, view, &machines).await;
+            let mut machines = covered_machines(parent, view, caches);
+            let mut plan = plan_rollout(ctx, &rollout, view, &machines, None).await;
+            // Held until the starts are written, when one is a control-plane Machine.
+            let mut _control_plane_guard = None;
+            if matches!(&plan, RolloutPlan::Continue { start, .. } if !start.is_empty()) {
+                // Only a pass that would start something asks whether an older request
+                // overlaps: the answer costs a read of the Cluster or control plane.
+                let overlapping = overlapping_parents(ctx, caches, parent, view).await?;
+                let mut others: Vec<&ParentView> = overlapping.iter().collect();
+                others.push(view);
+                let blocked = blocked_by(operation, view, &rollout.request_id, &others);
+                if plan.starts_control_plane(&rollout.input(view, &machines)) {
+                    // Decided again on the Machines as the API server has them now, with no
+                    // other pass starting a control-plane Machine meanwhile.
+                    _control_plane_guard = Some(ctx.control_plane_starts.lock().await);
+                    machines = fresh_covered_machines(ctx, parent, view).await?;
+                    plan = plan_rollout(ctx, &rollout, view, &machines, blocked).await;
+                } else if blocked.is_some() {
+                    plan = plan_rollout(ctx, &rollout, view, &machines, blocked).await;
+                }
+            }
             ctx.metrics.set_rollout_progress(
                 &view.kind.api_resource().kind,
                 &parent.namespace().unwrap_or_default(),
@@ -152,10 +172,83 @@ async fn reconcile_operation(
                 operation.metric_label(),
                 &plan.progress(),
             );
-            rollout.changes(view, &machines, &plan, ctx.settings.retry_base)
+            let changes = rollout.changes(view, &machines, &plan, ctx.settings.retry_base);
+            return apply(ctx, parent, view.kind, changes).await;
         }
     };
     apply(ctx, parent, view.kind, changes).await
+}
+
+/// The parents whose requests cover Machines `parent` covers: for a Cluster its control plane
+/// and MachineDeployments, for a control plane or MachineDeployment its Cluster.
+async fn overlapping_parents(
+    ctx: &Context,
+    caches: &Caches,
+    parent: &DynamicObject,
+    view: &ParentView,
+) -> Result<Vec<ParentView>, Error> {
+    let namespace = parent.namespace().unwrap_or_default();
+    let mut found = Vec::new();
+    match view.kind {
+        ParentKind::Cluster => {
+            for deployment in caches.deployments_of(parent) {
+                found.push(observe_parent(
+                    ParentKind::MachineDeployment,
+                    &deployment,
+                    caches,
+                ));
+            }
+            if let Some(reference) = machine::ObjectRef::control_plane_of(parent)
+                && reference.group == machine::CONTROL_PLANE_GROUP
+                && let Some(plane) = ctx
+                    .api(&namespace, &ParentKind::ControlPlane.api_resource())
+                    .get_opt(&reference.name)
+                    .await?
+            {
+                found.push(observe_parent(ParentKind::ControlPlane, &plane, caches));
+            }
+        }
+        ParentKind::ControlPlane | ParentKind::MachineDeployment => {
+            let cluster = parent
+                .labels()
+                .get(names::CLUSTER_NAME_LABEL)
+                .cloned()
+                .or_else(|| {
+                    parent.data["spec"]["clusterName"]
+                        .as_str()
+                        .map(str::to_string)
+                });
+            if let Some(cluster) = cluster
+                && let Some(cluster) = ctx
+                    .api(&namespace, &ParentKind::Cluster.api_resource())
+                    .get_opt(&cluster)
+                    .await?
+            {
+                found.push(observe_parent(ParentKind::Cluster, &cluster, caches));
+            }
+        }
+    }
+    Ok(found)
+}
+
+/// The Machines the parent covers, read from the API server rather than the cache.
+async fn fresh_covered_machines(
+    ctx: &Context,
+    parent: &DynamicObject,
+    view: &ParentView,
+) -> Result<Vec<Arc<MachineView>>, Error> {
+    let namespace = parent.namespace().unwrap_or_default();
+    let list = ctx
+        .api(&namespace, &machine::api_resource())
+        .list(&kube::api::ListParams::default())
+        .await?;
+    Ok(list
+        .items
+        .iter()
+        .map(MachineView::from_object)
+        .filter(|m| view.kind.covers(&view.name, m))
+        .map(Arc::new)
+        .collect())
 }
 
 /// The parent as a pass sees it: for a Cluster, with the limits of its MachineDeployments.
@@ -198,8 +291,10 @@ async fn plan_rollout(
     rollout: &Rollout,
     parent: &ParentView,
     machines: &[Arc<MachineView>],
+    blocked_by: Option<String>,
 ) -> RolloutPlan {
     let mut input = rollout.input(parent, machines);
+    input.blocked_by = blocked_by;
     let plan = RolloutPlan::decide(&input);
     if !plan.starts_control_plane(&input) {
         return plan;

@@ -65,6 +65,9 @@ impl ParentKind {
 
     /// Whether the parent of this kind named `parent` covers the Machine: a Cluster all its
     /// Machines, a control plane its control-plane Machines, a MachineDeployment its workers.
+    /// A MachineDeployment never covers a control-plane Machine, whatever its labels say: one
+    /// that carries the control-plane label or is controlled by a control plane is left out,
+    /// so that only the control plane's own request (one Machine at a time) touches it.
     pub fn covers(self, parent: &str, m: &MachineView) -> bool {
         match self {
             ParentKind::Cluster => m.cluster_name == parent,
@@ -73,6 +76,11 @@ impl ParentKind {
                     .get(names::DEPLOYMENT_NAME_LABEL)
                     .map(String::as_str)
                     == Some(parent)
+                    && !m.control_plane
+                    && !m
+                        .controller
+                        .as_ref()
+                        .is_some_and(|owner| owner.group == machine::CONTROL_PLANE_GROUP)
             }
             ParentKind::ControlPlane => {
                 m.control_plane
@@ -155,6 +163,17 @@ impl ParentStep {
                     .unwrap_or_default()
                     .to_string(),
                 trigger: trigger.map(str::to_string),
+                refused: None,
+            }),
+            // The running request goes on for the value it was started with.
+            RequestState::Conflicting { trigger } => ParentStep::Roll(Rollout {
+                operation,
+                request_id: parent
+                    .annotation(names.rollout_request)
+                    .unwrap_or_default()
+                    .to_string(),
+                trigger: parent.annotation(names.rollout_trigger).map(str::to_string),
+                refused: Some(trigger.to_string()),
             }),
         }
     }
@@ -172,13 +191,16 @@ fn validate(operation: Operation, value: &str) -> Result<(), String> {
     }
 }
 
-/// A new request with an unusable value ends `failed` at once, and stays so for that value.
+/// A new request with an unusable value ends `failed` at once; as every failed request, its
+/// trigger goes and the value stays on record.
 fn reject(operation: Operation, value: &str, reason: String) -> ParentChanges {
     let names = operation.names();
     let mut parent = AnnotationChanges::default();
     parent
         .set(names.status, names::STATUS_FAILED)
-        .set(names.rollout_trigger, value);
+        .remove(names.rollout_trigger)
+        .set(names.rollout_requested, value)
+        .remove(names.trigger);
     ParentChanges {
         events: vec![Event::warning(names.rollout_events.failed, reason)],
         ..ParentChanges::writing(parent)
@@ -196,12 +218,12 @@ fn start(
     let mut changes = AnnotationChanges::default();
     changes
         .set(names.status, names::STATUS_IN_PROGRESS)
-        .set(
-            names.rollout_request,
-            format!("{:x}", now.unix_timestamp_nanos()),
-        )
+        .set(names.rollout_request, request_id(parent, now))
         .set(names.rollout_trigger, value)
-        .remove(rollout_state::WAITING);
+        .set(names.rollout_requested, value)
+        .remove(rollout_state::WAITING)
+        .remove(rollout_state::WAITING_FOR)
+        .remove(rollout_state::REFUSED_TRIGGER);
     let note = format!(
         "rolling {} = {value} out over the Machines of {} {}",
         names.trigger,
@@ -215,6 +237,63 @@ fn start(
     // A new request names every malformed limit again, whatever an earlier one reported.
     changes.report_malformed_limits(parent, names.rollout_events.in_progress, "");
     changes
+}
+
+/// A new request's id: the object it was asked on (`Kind/name`), then when (hexadecimal
+/// nanoseconds). A Machine tagged with it names the request it is busy with, and ids order
+/// requests by age.
+fn request_id(parent: &ParentView, now: OffsetDateTime) -> String {
+    format!(
+        "{}/{}/{:x}",
+        parent.kind.api_resource().kind,
+        parent.name,
+        now.unix_timestamp_nanos()
+    )
+}
+
+/// The object (`Kind/name`) a request id names, if it names one.
+pub fn requester(request_id: &str) -> Option<&str> {
+    request_id
+        .rsplit_once('/')
+        .map(|(object, _)| object)
+        .filter(|object| object.contains('/'))
+}
+
+/// When a request was made, for ordering requests (ids that say nothing count as oldest).
+fn requested_at(request_id: &str) -> i128 {
+    let stamp = request_id.rsplit('/').next().unwrap_or_default();
+    i128::from_str_radix(stamp, 16).unwrap_or(i128::MIN)
+}
+
+/// The older running request, among `overlapping`, that a request of `parent` with id
+/// `request_id` must wait for, as its object (`Kind/name`). `overlapping` are the parents
+/// whose Machines overlap `parent`'s: for a Cluster its control plane and MachineDeployments,
+/// for those their Cluster, and `parent` itself (whose other operation overlaps). Of two
+/// overlapping requests the older runs and the newer waits, so neither ever preempts the
+/// other and the oldest running request never waits for another.
+pub fn blocked_by(
+    operation: Operation,
+    parent: &ParentView,
+    request_id: &str,
+    overlapping: &[&ParentView],
+) -> Option<String> {
+    let mine = (requested_at(request_id), request_id);
+    overlapping
+        .iter()
+        .flat_map(|other| Operation::ALL.map(|op| (*other, op)))
+        .filter(|(other, op)| {
+            !(other.kind == parent.kind && other.name == parent.name && *op == operation)
+        })
+        .filter_map(|(other, op)| {
+            let names = op.names();
+            (other.annotation(names.status) == Some(names::STATUS_IN_PROGRESS))
+                .then(|| other.annotation(names.rollout_request))
+                .flatten()
+                .map(|id| ((requested_at(id), id), other))
+        })
+        .filter(|(theirs, _)| *theirs < mine)
+        .min_by(|(a, _), (b, _)| a.cmp(b))
+        .map(|(_, other)| format!("{}/{}", other.kind.api_resource().kind, other.name))
 }
 
 /// A `caretaker.dev/max-parallel` value, when it is a whole number of at least 1.
@@ -294,6 +373,8 @@ pub struct Rollout {
     pub request_id: String,
     /// The trigger value; `None` once the trigger was removed, which cancels the request.
     pub trigger: Option<String>,
+    /// Another value the trigger now asks for, refused while this request runs.
+    pub refused: Option<String>,
 }
 
 impl Rollout {
@@ -313,6 +394,7 @@ impl Rollout {
                 .iter()
                 .map(|(name, value)| (name.clone(), max_parallel(value).unwrap_or(1)))
                 .collect(),
+            blocked_by: None,
             machines: observe(self.operation, &self.request_id, machines),
         }
     }
@@ -334,6 +416,52 @@ impl Rollout {
         let progress_text = format!("{}/{}", progress.done, progress.total);
         if parent.annotation(names::PROGRESS) != Some(progress_text.as_str()) {
             changes.parent.set(names::PROGRESS, progress_text.as_str());
+        }
+        if let Some(value) = &self.refused
+            && parent.annotation(rollout_state::REFUSED_TRIGGER) != Some(value.as_str())
+        {
+            changes
+                .parent
+                .set(rollout_state::REFUSED_TRIGGER, value.as_str());
+            let note = format!(
+                "{} = {value} refused: the request for {} ({}) runs on this object and is not preempted; it ends with the trigger removed, and then the new value can be asked for",
+                names.trigger,
+                self.trigger.as_deref().unwrap_or_default(),
+                self.request_id,
+            );
+            changes
+                .events
+                .push(Event::warning(reasons.in_progress, note));
+        }
+        let waiting_for = match plan {
+            RolloutPlan::Continue {
+                waiting: Some(super::Waiting::ForRequest(object)),
+                ..
+            } => Some(object.as_str()),
+            _ => None,
+        };
+        let ended = matches!(
+            plan,
+            RolloutPlan::Done { .. } | RolloutPlan::Failed { .. } | RolloutPlan::Cancelled { .. }
+        );
+        if parent.annotation(rollout_state::WAITING_FOR) != waiting_for {
+            match waiting_for {
+                Some(object) => {
+                    changes.parent.set(rollout_state::WAITING_FOR, object);
+                    let note = format!(
+                        "waiting for the request on {object} to end: it runs on Machines this request covers; neither preempts the other"
+                    );
+                    changes
+                        .events
+                        .push(Event::warning(reasons.in_progress, note));
+                }
+                None => {
+                    changes.parent.remove(rollout_state::WAITING_FOR);
+                }
+            }
+        }
+        if ended && parent.annotation(rollout_state::REFUSED_TRIGGER).is_some() {
+            changes.parent.remove(rollout_state::REFUSED_TRIGGER);
         }
         let mut end = |status: &str, event: Event| {
             changes
@@ -357,7 +485,10 @@ impl Rollout {
                         .annotation(rollout_state::LIMITS_REPORTED)
                         .unwrap_or_default(),
                 );
-                if let Some(waiting) = waiting {
+                if waiting_for.is_some() {
+                    // The other request's end is not always a change this parent hears of.
+                    changes.next = Next::After(retry_base.max(Duration::from_secs(1)));
+                } else if let Some(waiting) = waiting {
                     changes.report_waiting(
                         parent,
                         Event::normal(reasons.in_progress, waiting.describe()),
@@ -397,11 +528,26 @@ impl Rollout {
                 );
                 changes.report_waiting(parent, Event::warning(reasons.in_progress, text));
             }
+            // As upstream: a failed request's trigger goes, from the parent and from its failed
+            // Machines, so that asking again is simply annotating again; what was asked for
+            // stays in `rollout_requested`.
             RolloutPlan::Failed {
                 machine, reason, ..
             } => {
                 let note = format!("Machine {machine} failed, the rollout stopped: {reason}");
                 end(names::STATUS_FAILED, Event::warning(reasons.failed, note));
+                changes
+                    .parent
+                    .remove(names.trigger)
+                    .remove(names.rollout_trigger);
+                changes.start = machines
+                    .iter()
+                    .filter(|m| {
+                        m.annotation(names.rollout_request) == Some(self.request_id.as_str())
+                            && m.annotation(names.trigger).is_some()
+                    })
+                    .map(|m| MachineStart::removing_trigger(self.operation, m))
+                    .collect();
             }
             RolloutPlan::Cancelled { .. } => {
                 let note =
@@ -471,9 +617,36 @@ fn observe(
                 being_deleted: m.being_deleted,
                 progress,
                 failure,
+                held_by: held_by(operation, request_id, m),
             }
         })
         .collect()
+}
+
+/// The object of another request Machine `m` is busy with, for a request `request_id` of
+/// `operation`: a request of either operation that has not ended on it (asked for and not yet
+/// taken up, or running) and is not this one. A Machine tagged by no request was asked on
+/// itself.
+fn held_by(operation: Operation, request_id: &str, m: &MachineView) -> Option<String> {
+    Operation::ALL.into_iter().find_map(|op| {
+        let names = op.names();
+        let tag = m.annotation(names.rollout_request);
+        if op == operation && tag == Some(request_id) {
+            return None;
+        }
+        let status = m.annotation(names.status);
+        let ended = matches!(
+            status,
+            Some(names::STATUS_FAILED) | Some(names::STATUS_CANCELLED)
+        );
+        let busy = status == Some(names::STATUS_IN_PROGRESS)
+            || (m.annotation(names.trigger).is_some() && !ended);
+        busy.then(|| {
+            tag.and_then(requester)
+                .map(str::to_string)
+                .unwrap_or_else(|| format!("Machine/{}", m.name))
+        })
+    })
 }
 
 /// What a pass writes and says, in the order the controller applies it.
@@ -553,6 +726,18 @@ pub struct MachineStart {
 }
 
 impl MachineStart {
+    /// Removes the trigger from Machine `m`, whose request failed (on the version seen).
+    pub fn removing_trigger(operation: Operation, m: &MachineView) -> Self {
+        let mut annotations = AnnotationChanges::default();
+        annotations.remove(operation.names().trigger);
+        Self {
+            namespace: m.namespace.clone(),
+            machine: m.name.clone(),
+            resource_version: m.resource_version.clone(),
+            annotations,
+        }
+    }
+
     /// Starts Machine `m` for request `request_id` with trigger value `value`.
     ///
     /// A Machine's status is the result of the last request it ran. An ended one (`done`,

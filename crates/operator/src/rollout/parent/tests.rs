@@ -56,7 +56,7 @@ fn a_new_request_gets_an_id_and_says_so_and_a_bad_value_fails_at_once() {
             Some(Some(names::STATUS_IN_PROGRESS))
         );
         assert_eq!(changes.parent.get(names.rollout_trigger), Some(Some(value)));
-        let id = format!("{:x}", NOW.unix_timestamp_nanos());
+        let id = format!("MachineDeployment/p/{:x}", NOW.unix_timestamp_nanos());
         assert_eq!(
             changes.parent.get(names.rollout_request),
             Some(Some(id.as_str()))
@@ -77,7 +77,8 @@ fn a_new_request_gets_an_id_and_says_so_and_a_bad_value_fails_at_once() {
             ParentStep::Roll(Rollout {
                 operation: op,
                 request_id: id,
-                trigger: Some(value.into())
+                trigger: Some(value.into()),
+                refused: None,
             })
         );
 
@@ -89,8 +90,11 @@ fn a_new_request_gets_an_id_and_says_so_and_a_bad_value_fails_at_once() {
             changes.parent.get(names.status),
             Some(Some(names::STATUS_FAILED))
         );
+        // As every failed request: the trigger goes, what was asked for stays on record.
+        assert_eq!(changes.parent.get(names.trigger), Some(None));
+        assert_eq!(changes.parent.get(names.rollout_trigger), Some(None));
         assert_eq!(
-            changes.parent.get(names.rollout_trigger),
+            changes.parent.get(names.rollout_requested),
             Some(Some("soon"))
         );
         assert_eq!(changes.parent.get(names.rollout_request), None);
@@ -137,6 +141,7 @@ fn malformed_limits_are_named_when_the_request_starts() {
         operation: Operation::RefreshCertificates,
         request_id: "r".into(),
         trigger: Some("1y".into()),
+        refused: None,
     }
     .input(&cluster, &[]);
     assert_eq!(input.max_parallel, 1);
@@ -410,6 +415,7 @@ fn rollout(operation: Operation) -> Rollout {
         operation,
         request_id: "r1".into(),
         trigger: Some(valid(operation).into()),
+        refused: None,
     }
 }
 
@@ -472,11 +478,12 @@ fn an_ended_rollout_writes_its_status_and_says_why() {
             assert_eq!(changes.events, [event]);
             assert!(changes.start.is_empty());
             assert_eq!(changes.next, Next::AwaitChange);
-            // Only a finished request removes its trigger; a failed or cancelled one stays
-            // so until the trigger is removed.
+            // A finished or failed request removes its trigger (as upstream); a cancelled one
+            // had it removed already.
             let done = matches!(plan, RolloutPlan::Done { .. });
+            let failed = matches!(plan, RolloutPlan::Failed { .. });
             let trigger = changes.parent.get(names.trigger);
-            assert_eq!(trigger, done.then_some(None), "{plan:?}");
+            assert_eq!(trigger, (done || failed).then_some(None), "{plan:?}");
             if let (true, Some(release)) = (done, names.release) {
                 assert_eq!(changes.parent.get(release), Some(Some(valid(op))));
             }
@@ -604,11 +611,14 @@ proptest! {
         let p = parent(ParentKind::MachineDeployment, &annotations);
         let step = ParentStep::of(op, &p, NOW);
         let in_progress = p.annotation(names.status) == Some(names::STATUS_IN_PROGRESS);
-        let same = p.annotation(names.trigger).is_none() || p.annotation(names.trigger) == p.annotation(names.rollout_trigger);
+        // Another value beside a running request is refused, and that request runs on.
+        let same = p.annotation(names.trigger).is_none() || p.annotation(names.rollout_trigger).is_some();
         prop_assert_eq!(matches!(step, ParentStep::Roll(_)), in_progress && same, "{:?}", step);
         if let ParentStep::Write(changes) = step {
             prop_assert!(changes.start.is_empty());
-            prop_assert_eq!(changes.parent.get(names.trigger), None, "the user's trigger is never written");
+            let rejected = changes.parent.get(names.status) == Some(Some(names::STATUS_FAILED));
+            let expected = rejected.then_some(None);
+            prop_assert_eq!(changes.parent.get(names.trigger), expected, "the user's trigger is never written, and removed only on failure");
             let after = ParentStep::of(op, &written(&p, &changes), NOW);
             let starts = changes.parent.get(names.status) == Some(Some(names::STATUS_IN_PROGRESS));
             if starts {
@@ -643,6 +653,7 @@ proptest! {
             cancelled,
             max_parallel,
             deployment_limits: BTreeMap::new(),
+            blocked_by: None,
             machines: observed,
         });
         let request = Rollout { trigger: (!cancelled).then(|| valid(op).to_string()), ..rollout(op) };
