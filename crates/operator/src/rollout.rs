@@ -20,6 +20,7 @@
 //! [`parent`] holds the rest of a pass over a parent: from its annotations to a
 //! [`parent::ParentStep`], and from a plan to the changes that carry it out.
 
+pub mod chain;
 pub mod parent;
 
 use std::collections::BTreeMap;

@@ -16,6 +16,7 @@ use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
+use kube::runtime::WatchStreamExt;
 use kube::{Resource, ResourceExt};
 use time::OffsetDateTime;
 
@@ -27,6 +28,7 @@ use crate::names;
 /// The operations, here too for callers of [`start_machines`].
 pub use crate::names::Operation;
 use crate::rollout::RolloutPlan;
+use crate::rollout::chain::{ChainPlan, observe_children};
 use crate::rollout::parent::{
     MachineStart, ParentChanges, ParentKind, ParentStep, ParentView, Rollout, auto_refresh,
     blocked_by,
@@ -60,15 +62,48 @@ async fn run_kind(
 ) {
     let resource = kind.api_resource();
     let mapper_resource = resource.clone();
-    Controller::new_with(parents, watcher::Config::default(), resource)
+    let client = parents.clone().into_client();
+    let controller = Controller::new_with(parents, watcher::Config::default(), resource.clone())
         .graceful_shutdown_on(ctx.shutdown.signal())
         .watches_stream_with(
             machine_changes,
             move |m| parents_of(kind, &MachineView::from_object(&m), &mapper_resource),
             machine::api_resource(),
+        );
+    // A Cluster's request waits on its children's status: their changes wake it, and it reads
+    // its control plane from a cache of its own (MachineDeployments are in `caches`).
+    let (planes, controller) = if kind == ParentKind::Cluster {
+        let plane_resource = ParentKind::ControlPlane.api_resource();
+        let writer = kube::runtime::reflector::store::Writer::new(plane_resource.clone());
+        let reader = writer.as_reader();
+        let plane_api: Api<DynamicObject> = Api::all_with(client.clone(), &plane_resource);
+        let plane_changes = kube::runtime::reflector(
+            writer,
+            watcher(plane_api, watcher::Config::default()),
         )
+        .applied_objects();
+        let deployments: Api<DynamicObject> =
+            Api::all_with(client, &ParentKind::MachineDeployment.api_resource());
+        let (to_cluster, to_cluster_too) = (resource.clone(), resource.clone());
+        let controller = controller
+            .watches_stream_with(
+                plane_changes,
+                move |child| cluster_of_child(&child, &to_cluster),
+                plane_resource,
+            )
+            .watches_with(
+                deployments,
+                ParentKind::MachineDeployment.api_resource(),
+                watcher::Config::default(),
+                move |child| cluster_of_child(&child, &to_cluster_too),
+            );
+        (Some(reader), controller)
+    } else {
+        (None, controller)
+    };
+    controller
         .run(
-            move |parent, ctx| reconcile(parent, ctx, kind, caches.clone()),
+            move |parent, ctx| reconcile(parent, ctx, kind, caches.clone(), planes.clone()),
             error_policy,
             ctx,
         )
@@ -78,6 +113,31 @@ async fn run_kind(
             }
         })
         .await;
+}
+
+/// The Cluster a control plane or MachineDeployment belongs to: its `spec.clusterName`, its
+/// owner Cluster, or its `cluster.x-k8s.io/cluster-name` label.
+fn cluster_name_of(child: &DynamicObject) -> Option<String> {
+    child.data["spec"]["clusterName"]
+        .as_str()
+        .map(str::to_string)
+        .or_else(|| {
+            child
+                .owner_references()
+                .iter()
+                .find(|o| o.kind == "Cluster")
+                .map(|o| o.name.clone())
+        })
+        .or_else(|| child.labels().get(names::CLUSTER_NAME_LABEL).cloned())
+        .filter(|name| !name.is_empty())
+}
+
+fn cluster_of_child(
+    child: &DynamicObject,
+    resource: &ApiResource,
+) -> Option<ObjectRef<DynamicObject>> {
+    let namespace = child.namespace()?;
+    Some(ObjectRef::new_with(&cluster_name_of(child)?, resource.clone()).within(&namespace))
 }
 
 /// The parents of `kind` a Machine's change may matter to.
@@ -106,11 +166,15 @@ fn error_policy(_parent: Arc<DynamicObject>, error: &Error, ctx: Arc<Context>) -
     super::requeue_after(CONTROLLER, error, &ctx)
 }
 
+/// A Cluster controller's cache of control planes.
+type Planes = Option<kube::runtime::reflector::Store<DynamicObject>>;
+
 async fn reconcile(
     parent: Arc<DynamicObject>,
     ctx: Arc<Context>,
     kind: ParentKind,
     caches: Caches,
+    planes: Planes,
 ) -> Result<Action, Error> {
     let _timer = ctx.reconcile_started(CONTROLLER);
     // An empty cache would read as a rollout with no Machines, and so as done.
@@ -118,7 +182,7 @@ async fn reconcile(
     let view = observe_parent(kind, &parent, &caches);
     let mut next = Next::AwaitChange;
     for operation in Operation::ALL {
-        let wish = reconcile_operation(&parent, &view, &ctx, operation, &caches).await?;
+        let wish = reconcile_operation(&parent, &view, &ctx, operation, &caches, &planes).await?;
         next = next.sooner(wish);
     }
     Ok(next.into())
@@ -131,6 +195,7 @@ async fn reconcile_operation(
     ctx: &Context,
     operation: Operation,
     caches: &Caches,
+    planes: &Planes,
 ) -> Result<Next, Error> {
     let now = OffsetDateTime::now_utc();
     let changes = match ParentStep::of(operation, view, now) {
@@ -143,18 +208,37 @@ async fn reconcile_operation(
             }
             changes
         }
+        ParentStep::Roll(rollout) if view.kind == ParentKind::Cluster => {
+            // A Cluster goes through its children; their rollouts start the Machines.
+            let machines = covered_machines(parent, view, caches);
+            let children = children_of(ctx, parent, caches, planes).await?;
+            let input = observe_children(
+                operation,
+                &rollout.request_id,
+                rollout.max_parallel(view),
+                rollout.trigger.is_none(),
+                &children,
+                &machines,
+            );
+            let plan = ChainPlan::decide(&input);
+            ctx.metrics.set_rollout_progress(
+                &view.kind.api_resource().kind,
+                &parent.namespace().unwrap_or_default(),
+                &view.name,
+                operation.metric_label(),
+                &plan.progress(),
+            );
+            rollout.chain_changes(view, &children, &plan, ctx.settings.retry_base)
+        }
         ParentStep::Roll(rollout) => {
             let mut machines = covered_machines(parent, view, caches);
             let mut plan = plan_rollout(ctx, &rollout, view, &machines, None).await;
             // Held until the starts are written, when one is a control-plane Machine.
             let mut _control_plane_guard = None;
             if matches!(&plan, RolloutPlan::Continue { start, .. } if !start.is_empty()) {
-                // Only a pass that would start something asks whether an older request
-                // overlaps: the answer costs a read of the Cluster or control plane.
-                let overlapping = overlapping_parents(ctx, caches, parent, view).await?;
-                let mut others: Vec<&ParentView> = overlapping.iter().collect();
-                others.push(view);
-                let blocked = blocked_by(operation, view, &rollout.request_id, &others);
+                // Of this parent's two operations, the older request runs first. (A Cluster's
+                // request touches no Machine; its children's requests do.)
+                let blocked = blocked_by(operation, view, &rollout.request_id, &[view]);
                 if plan.starts_control_plane(&rollout.input(view, &machines)) {
                     // Decided again on the Machines as the API server has them now, with no
                     // other pass starting a control-plane Machine meanwhile.
@@ -179,56 +263,44 @@ async fn reconcile_operation(
     apply(ctx, parent, view.kind, changes).await
 }
 
-/// The parents whose requests cover Machines `parent` covers: for a Cluster its control plane
-/// and MachineDeployments, for a control plane or MachineDeployment its Cluster.
-async fn overlapping_parents(
+/// A Cluster's children: its control plane (when it is a CK8sControlPlane), then its
+/// MachineDeployments in name order.
+async fn children_of(
     ctx: &Context,
-    caches: &Caches,
     parent: &DynamicObject,
-    view: &ParentView,
+    caches: &Caches,
+    planes: &Planes,
 ) -> Result<Vec<ParentView>, Error> {
+    let mut children = Vec::new();
     let namespace = parent.namespace().unwrap_or_default();
-    let mut found = Vec::new();
-    match view.kind {
-        ParentKind::Cluster => {
-            for deployment in caches.deployments_of(parent) {
-                found.push(observe_parent(
-                    ParentKind::MachineDeployment,
-                    &deployment,
-                    caches,
-                ));
-            }
-            if let Some(reference) = machine::ObjectRef::control_plane_of(parent)
-                && reference.group == machine::CONTROL_PLANE_GROUP
-                && let Some(plane) = ctx
-                    .api(&namespace, &ParentKind::ControlPlane.api_resource())
-                    .get_opt(&reference.name)
-                    .await?
-            {
-                found.push(observe_parent(ParentKind::ControlPlane, &plane, caches));
-            }
-        }
-        ParentKind::ControlPlane | ParentKind::MachineDeployment => {
-            let cluster = parent
-                .labels()
-                .get(names::CLUSTER_NAME_LABEL)
-                .cloned()
-                .or_else(|| {
-                    parent.data["spec"]["clusterName"]
-                        .as_str()
-                        .map(str::to_string)
-                });
-            if let Some(cluster) = cluster
-                && let Some(cluster) = ctx
-                    .api(&namespace, &ParentKind::Cluster.api_resource())
-                    .get_opt(&cluster)
-                    .await?
-            {
-                found.push(observe_parent(ParentKind::Cluster, &cluster, caches));
-            }
+    if let Some(reference) = machine::ObjectRef::control_plane_of(parent)
+        && reference.group == machine::CONTROL_PLANE_GROUP
+    {
+        let resource = ParentKind::ControlPlane.api_resource();
+        let key = ObjectRef::new_with(&reference.name, resource.clone()).within(&namespace);
+        let cached = planes.as_ref().and_then(|planes| planes.get(&key));
+        // Not in the cache (not listed yet, or just created): ask, rather than skip the
+        // control plane and start on the workers.
+        let plane = match cached {
+            Some(plane) => Some(plane),
+            None => ctx
+                .api(&namespace, &resource)
+                .get_opt(&reference.name)
+                .await?
+                .map(Arc::new),
+        };
+        if let Some(plane) = plane {
+            children.push(observe_parent(ParentKind::ControlPlane, &plane, caches));
         }
     }
-    Ok(found)
+    let mut deployments: Vec<ParentView> = caches
+        .deployments_of(parent)
+        .iter()
+        .map(|d| observe_parent(ParentKind::MachineDeployment, d, caches))
+        .collect();
+    deployments.sort_by(|a, b| a.name.cmp(&b.name));
+    children.extend(deployments);
+    Ok(children)
 }
 
 /// The Machines the parent covers, read from the API server rather than the cache.
@@ -269,6 +341,7 @@ fn observe_parent(kind: ParentKind, parent: &DynamicObject, caches: &Caches) -> 
         name: parent.name_any(),
         annotations: parent.annotations().clone(),
         deployment_limits,
+        resource_version: parent.metadata.resource_version.clone(),
     }
 }
 
@@ -328,6 +401,20 @@ async fn apply(
         // The Machine changed since the cache saw it. Its watch event wakes the parent only
         // if the change matters to parents, so look again shortly either way.
         return Ok(Next::After(STALE_RETRY));
+    }
+    let namespace = parent.namespace().unwrap_or_default();
+    for child in &changes.children {
+        let body = child.annotations.merge_patch(child.resource_version.as_deref());
+        match ctx
+            .api(&namespace, &child.kind.api_resource())
+            .patch(&child.name, &PatchParams::default(), &Patch::Merge(&body))
+            .await
+        {
+            Ok(_) => {}
+            // The child changed since the pass saw it: its watch event brings a fresh pass.
+            Err(kube::Error::Api(e)) if e.code == 409 => return Ok(Next::After(STALE_RETRY)),
+            Err(e) => return Err(e.into()),
+        }
     }
     let resource = kind.api_resource();
     if !changes.parent.is_empty() {

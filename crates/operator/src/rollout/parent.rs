@@ -15,7 +15,7 @@ use kube::api::ApiResource;
 use time::OffsetDateTime;
 
 use super::{
-    AutoRefresh, MachineObservation, MachineProgress, RequestState, Role, RolloutInput, RolloutPlan,
+    chain, AutoRefresh, MachineObservation, MachineProgress, RequestState, Role, RolloutInput, RolloutPlan,
 };
 use crate::changes::{AnnotationChanges, Event};
 use crate::machine::{self, MachineView};
@@ -102,6 +102,8 @@ pub struct ParentView {
     /// For a Cluster: the `caretaker.dev/max-parallel` values of its MachineDeployments that
     /// have one, by name, as written.
     pub deployment_limits: BTreeMap<String, String>,
+    /// The version the pass saw it at (writes on a Cluster's children are made on it only).
+    pub resource_version: Option<String>,
 }
 
 impl ParentView {
@@ -224,6 +226,13 @@ fn start(
         .remove(rollout_state::WAITING)
         .remove(rollout_state::WAITING_FOR)
         .remove(rollout_state::REFUSED_TRIGGER);
+    // A Cluster places its trigger with its mark and clears the status; a trigger beside a
+    // status (or without the mark) is the user's own request, and an old mark is not its.
+    let placed = parent.annotation(names.cluster_request).is_some()
+        && parent.annotation(names.status).is_none();
+    if !placed && parent.annotation(names.cluster_request).is_some() {
+        changes.remove(names.cluster_request);
+    }
     let note = format!(
         "rolling {} = {value} out over the Machines of {} {}",
         names.trigger,
@@ -378,16 +387,36 @@ pub struct Rollout {
 }
 
 impl Rollout {
+    /// Workers at once: the parent's own `max-parallel` (1 if unset or malformed), and no more
+    /// than the share a Cluster request gave it, when a Cluster placed this request.
+    pub fn max_parallel(&self, parent: &ParentView) -> usize {
+        let own = parent
+            .annotation(names::MAX_PARALLEL)
+            .and_then(max_parallel)
+            .unwrap_or(1);
+        let placed = parent
+            .annotation(self.operation.names().cluster_request)
+            .is_some();
+        match parent.annotation(rollout_state::CLUSTER_MAX_PARALLEL) {
+            Some(share) if placed && parent.kind == ParentKind::MachineDeployment => {
+                let share = max_parallel(share).unwrap_or(1);
+                // A MachineDeployment without its own limit takes the Cluster's share whole.
+                match parent.annotation(names::MAX_PARALLEL) {
+                    Some(_) => own.min(share),
+                    None => share,
+                }
+            }
+            _ => own,
+        }
+    }
+
     /// What [`RolloutPlan::decide`] needs, from the parent and the Machines it covers (in the
     /// same order). Agent health is assumed good: the controller checks it when a
     /// control-plane Machine would start ([`RolloutPlan::starts_control_plane`]).
     pub fn input(&self, parent: &ParentView, machines: &[Arc<MachineView>]) -> RolloutInput {
         RolloutInput {
             cancelled: self.trigger.is_none(),
-            max_parallel: parent
-                .annotation(names::MAX_PARALLEL)
-                .and_then(max_parallel)
-                .unwrap_or(1),
+            max_parallel: self.max_parallel(parent),
             // A MachineDeployment's own limit is the parent's; a control plane has no workers.
             deployment_limits: parent
                 .deployment_limits
@@ -523,7 +552,8 @@ impl Rollout {
                 ..
             } => {
                 let text = format!(
-                    "Machine {machine} failed: nothing new starts; the rollout ends failed once {} finish: {reason}",
+                    "{} failed: nothing new starts; the rollout ends failed once {} finish: {reason}",
+                    failed_subject(machine),
                     running.join(", ")
                 );
                 changes.report_waiting(parent, Event::warning(reasons.in_progress, text));
@@ -534,7 +564,10 @@ impl Rollout {
             RolloutPlan::Failed {
                 machine, reason, ..
             } => {
-                let note = format!("Machine {machine} failed, the rollout stopped: {reason}");
+                let note = format!(
+                    "{} failed, the rollout stopped: {reason}",
+                    failed_subject(machine)
+                );
                 end(names::STATUS_FAILED, Event::warning(reasons.failed, note));
                 changes
                     .parent
@@ -562,9 +595,122 @@ impl Rollout {
     }
 }
 
+/// What failed, in words: a Machine, or (in a Cluster's chain) a child `Kind/name`.
+fn failed_subject(name: &str) -> String {
+    if name.contains('/') {
+        name.to_string()
+    } else {
+        format!("Machine {name}")
+    }
+}
+
+impl Rollout {
+    /// The changes that carry out a Cluster's `plan` ([`chain::ChainPlan`]): the trigger
+    /// placed on (or removed from) its children, then what [`Rollout::changes`] writes on the
+    /// parent for the same end, progress or wait.
+    pub fn chain_changes(
+        &self,
+        cluster: &ParentView,
+        children: &[ParentView],
+        plan: &chain::ChainPlan,
+        retry_base: Duration,
+    ) -> ParentChanges {
+        use chain::ChainPlan;
+        let as_rollout = match plan.clone() {
+            ChainPlan::Continue {
+                waiting, progress, ..
+            } => RolloutPlan::Continue {
+                start: Vec::new(),
+                waiting,
+                progress,
+            },
+            ChainPlan::Done { progress } => RolloutPlan::Done { progress },
+            ChainPlan::Stopping {
+                child,
+                reason,
+                running,
+                progress,
+            } => RolloutPlan::Stopping {
+                machine: child,
+                reason,
+                running,
+                progress,
+            },
+            ChainPlan::Failed {
+                child,
+                reason,
+                progress,
+            } => RolloutPlan::Failed {
+                machine: child,
+                reason,
+                progress,
+            },
+            ChainPlan::Cancelled { progress } => RolloutPlan::Cancelled { progress },
+        };
+        let mut changes = self.changes(cluster, &[], &as_rollout, retry_base);
+        let ChainPlan::Continue { place, cancel, .. } = plan else {
+            return changes;
+        };
+        let names = self.operation.names();
+        let value = self.trigger.as_deref().unwrap_or_default();
+        for placement in place {
+            let Some(child) = children.get(placement.child) else {
+                continue;
+            };
+            let mut annotations = AnnotationChanges::default();
+            annotations
+                .set(names.trigger, value)
+                .set(names.cluster_request, self.request_id.as_str());
+            // An ended earlier request's status would read as this one's result.
+            if child.annotation(names.status).is_some() {
+                annotations.remove(names.status);
+            }
+            match placement.share {
+                Some(share) => annotations.set(rollout_state::CLUSTER_MAX_PARALLEL, share.to_string()),
+                None => annotations.remove(rollout_state::CLUSTER_MAX_PARALLEL),
+            };
+            let object = format!("{}/{}", child.kind.api_resource().kind, child.name);
+            changes.events.push(Event::normal(
+                names.rollout_events.in_progress,
+                format!("{} = {value} placed on {object}; its status decides what comes next", names.trigger),
+            ));
+            changes.children.push(ChildWrite {
+                kind: child.kind,
+                name: child.name.clone(),
+                resource_version: child.resource_version.clone(),
+                annotations,
+            });
+        }
+        for index in cancel {
+            let Some(child) = children.get(*index) else {
+                continue;
+            };
+            if child.annotation(names.trigger).is_none() {
+                continue;
+            }
+            changes.children.push(ChildWrite {
+                kind: child.kind,
+                name: child.name.clone(),
+                resource_version: child.resource_version.clone(),
+                annotations: AnnotationChanges::removing(&[names.trigger]),
+            });
+        }
+        changes
+    }
+}
+
+/// A write on a Cluster's child (made only on the version the pass saw).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChildWrite {
+    pub kind: ParentKind,
+    pub name: String,
+    pub resource_version: Option<String>,
+    pub annotations: AnnotationChanges,
+}
+
 /// Where each Machine stands for request `request_id`, in the order of `views`; agent health is
 /// assumed good (see [`Rollout::input`]).
-fn observe(
+pub(super) fn observe(
     operation: Operation,
     request_id: &str,
     views: &[Arc<MachineView>],
@@ -655,6 +801,9 @@ pub struct ParentChanges {
     /// Machines to start. If one of them changed since the plan saw it, the pass stops there
     /// and the Machine's change brings a fresh one.
     pub start: Vec<MachineStart>,
+    /// For a Cluster: the triggers placed on or removed from its children, after the
+    /// Machines and before the Cluster itself.
+    pub children: Vec<ChildWrite>,
     /// Then the parent's annotations.
     pub parent: AnnotationChanges,
     /// Then the events on the parent, once what they tell of is written.

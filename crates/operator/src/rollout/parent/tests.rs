@@ -18,6 +18,7 @@ fn parent(kind: ParentKind, annotations: &[(&str, &str)]) -> ParentView {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect(),
         deployment_limits: BTreeMap::new(),
+        resource_version: None,
     }
 }
 
