@@ -125,13 +125,48 @@ async fn a_cluster_refresh_covers_the_control_plane_then_every_worker() {
         .whole_days();
         assert!(days > 360, "{days}");
     }
-    let request = &annotations[names::rollout_state::REFRESH_REQUEST];
-    for name in ["cp-0", "w-0", "w-1", "w-2", "w-3"] {
+    // The Cluster went through its children, as the proposals say: each ran its own request
+    // (marked as the Cluster's) over its Machines, and shows its own status.
+    let cluster_request = &annotations[names::rollout_state::REFRESH_REQUEST];
+    for (resource, child, machines) in [
+        (
+            machine::control_plane_api_resource(),
+            "c1-control-plane",
+            &["cp-0"][..],
+        ),
+        (
+            machine::machine_deployment_api_resource(),
+            "c1-md-0",
+            &["w-0", "w-1", "w-2", "w-3"][..],
+        ),
+    ] {
+        let child_annotations = wait_parent(
+            &world,
+            &resource,
+            child,
+            names::REFRESH_CERTIFICATES_STATUS,
+            names::STATUS_DONE,
+        )
+        .await;
         assert_eq!(
-            &world.annotations(name).await[names::rollout_state::REFRESH_REQUEST],
-            request,
-            "{name} tagged"
+            &child_annotations[names::rollout_state::REFRESH_CLUSTER_REQUEST],
+            cluster_request,
+            "{child} marked as the Cluster's"
         );
+        assert!(
+            !child_annotations.contains_key(names::REFRESH_CERTIFICATES),
+            "{child}: trigger removed when done"
+        );
+        for name in machines {
+            assert_eq!(
+                &world.annotations(name).await[names::rollout_state::REFRESH_REQUEST],
+                &child_annotations[names::rollout_state::REFRESH_REQUEST],
+                "{name} tagged by {child}'s request"
+            );
+        }
+        world
+            .event_with(child, names::EVENT_REFRESH_CERTS_DONE)
+            .await;
     }
 
     let (_, runs) = concurrency(&log);
@@ -1221,12 +1256,34 @@ async fn a_new_request_after(
             .await
         }
     };
+    // A Cluster's request goes through its MachineDeployment: the Machines carry that one's id.
+    let tagged_by = |parent_annotations: &BTreeMap<String, String>| {
+        let parent_annotations = parent_annotations.clone();
+        let world = &world;
+        async move {
+            if parent.kind == "Cluster" {
+                let md = machine::machine_deployment_api_resource();
+                let api: Api<DynamicObject> = Api::namespaced_with(world.client.clone(), NS, &md);
+                let child = api
+                    .get("c1-md-0")
+                    .await
+                    .unwrap()
+                    .metadata
+                    .annotations
+                    .unwrap_or_default();
+                child.get(operation.request()).cloned()
+            } else {
+                parent_annotations.get(operation.request()).cloned()
+            }
+        }
+    };
+    let ended_tag = tagged_by(&ended).await;
     let mut statuses = BTreeMap::new();
     let mut finished = Vec::new();
     for i in 0..4 {
         let name = format!("w-{i}");
         let machine = world.annotations(&name).await;
-        if machine.get(operation.request()) == ended.get(operation.request())
+        if machine.get(operation.request()) == ended_tag.as_ref()
             && machine.get(operation.status()).map(String::as_str) == Some(names::STATUS_DONE)
         {
             finished.push(name.clone());
@@ -1285,6 +1342,7 @@ async fn a_new_request_after(
             .collect::<Vec<_>>()
     );
     assert_eq!(annotations[names::PROGRESS], "4/4");
+    let new_tag = tagged_by(&annotations).await;
     // As the agents see it: what the ended request finished runs again, the rest once.
     let (_, runs) = concurrency(&log);
     for i in 0..4 {
@@ -1299,8 +1357,8 @@ async fn a_new_request_after(
         let machine = world.annotations(&name).await;
         assert_eq!(machine[operation.status()], names::STATUS_DONE, "{name}");
         assert_eq!(
-            machine[operation.request()],
-            annotations[operation.request()],
+            machine.get(operation.request()),
+            new_tag.as_ref(),
             "{name} done by the new request"
         );
     }
@@ -1419,10 +1477,12 @@ async fn an_unhealthy_control_plane_agent_holds_a_cluster_rollout_until_it_recov
         json!({ names::REFRESH_CERTIFICATES: "1y" }),
     )
     .await;
+    // The control plane's own request waits, and says so on its object.
+    let planes = machine::control_plane_api_resource();
     let held = wait_parent_until(
         &world,
-        &clusters,
-        "c1",
+        &planes,
+        "c1-control-plane",
         "waiting for the health of cp-1's agent",
         |a| {
             a.get(names::rollout_state::WAITING)
@@ -1436,8 +1496,13 @@ async fn an_unhealthy_control_plane_agent_holds_a_cluster_rollout_until_it_recov
         held[names::REFRESH_CERTIFICATES_STATUS],
         names::STATUS_IN_PROGRESS
     );
-    assert_eq!(held[names::PROGRESS], "0/3");
-    let said = world.events("c1").await.into_iter().any(|e| {
+    assert_eq!(held[names::PROGRESS], "0/2");
+    let cluster = wait_parent(&world, &clusters, "c1", names::PROGRESS, "0/3").await;
+    assert_eq!(
+        cluster[names::REFRESH_CERTIFICATES_STATUS],
+        names::STATUS_IN_PROGRESS
+    );
+    let said = world.events("c1-control-plane").await.into_iter().any(|e| {
         e.reason.as_deref() == Some(names::EVENT_REFRESH_CERTS_IN_PROGRESS)
             && e.message.as_deref() == Some(waiting.as_str())
     });

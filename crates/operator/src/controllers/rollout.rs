@@ -13,10 +13,10 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
+use kube::runtime::WatchStreamExt;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
-use kube::runtime::WatchStreamExt;
 use kube::{Resource, ResourceExt};
 use time::OffsetDateTime;
 
@@ -77,11 +77,9 @@ async fn run_kind(
         let writer = kube::runtime::reflector::store::Writer::new(plane_resource.clone());
         let reader = writer.as_reader();
         let plane_api: Api<DynamicObject> = Api::all_with(client.clone(), &plane_resource);
-        let plane_changes = kube::runtime::reflector(
-            writer,
-            watcher(plane_api, watcher::Config::default()),
-        )
-        .applied_objects();
+        let plane_changes =
+            kube::runtime::reflector(writer, watcher(plane_api, watcher::Config::default()))
+                .applied_objects();
         let deployments: Api<DynamicObject> =
             Api::all_with(client, &ParentKind::MachineDeployment.api_resource());
         let (to_cluster, to_cluster_too) = (resource.clone(), resource.clone());
@@ -404,7 +402,9 @@ async fn apply(
     }
     let namespace = parent.namespace().unwrap_or_default();
     for child in &changes.children {
-        let body = child.annotations.merge_patch(child.resource_version.as_deref());
+        let body = child
+            .annotations
+            .merge_patch(child.resource_version.as_deref());
         match ctx
             .api(&namespace, &child.kind.api_resource())
             .patch(&child.name, &PatchParams::default(), &Patch::Merge(&body))

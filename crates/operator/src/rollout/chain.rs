@@ -371,7 +371,10 @@ mod tests {
         assert_eq!(placed(&ChainPlan::decide(&input(3, children))), []);
         // One at a time by default.
         let children = vec![plane(Done), md("a", Free), md("b", Free)];
-        assert_eq!(placed(&ChainPlan::decide(&input(1, children))), [(1, Some(1))]);
+        assert_eq!(
+            placed(&ChainPlan::decide(&input(1, children))),
+            [(1, Some(1))]
+        );
         // A budget of 3: a's own limit of 1 leaves 2 for b.
         let mut a = md("a", Free);
         a.own_limit = Some(1);
@@ -382,7 +385,10 @@ mod tests {
         );
         // Without: a takes the whole budget, b waits.
         let children = vec![plane(Done), md("a", Free), md("b", Free)];
-        assert_eq!(placed(&ChainPlan::decide(&input(3, children))), [(1, Some(3))]);
+        assert_eq!(
+            placed(&ChainPlan::decide(&input(3, children))),
+            [(1, Some(3))]
+        );
     }
 
     #[test]
@@ -403,14 +409,23 @@ mod tests {
     fn a_failed_child_fails_the_cluster_once_the_others_have_ended() {
         let mut failed = md("a", Failed);
         failed.failure = Some(("w-0".into(), "boom".into()));
-        let stopping = ChainPlan::decide(&input(2, vec![plane(Done), failed.clone(), md("b", Running)]));
-        assert!(matches!(stopping, ChainPlan::Stopping { .. }), "{stopping:?}");
+        let stopping = ChainPlan::decide(&input(
+            2,
+            vec![plane(Done), failed.clone(), md("b", Running)],
+        ));
+        assert!(
+            matches!(stopping, ChainPlan::Stopping { .. }),
+            "{stopping:?}"
+        );
         let plan = ChainPlan::decide(&input(2, vec![plane(Done), failed, md("b", Done)]));
         let ChainPlan::Failed { child, reason, .. } = plan else {
             panic!("{plan:?}");
         };
         assert_eq!(child, "MachineDeployment/a");
-        assert!(reason.contains("w-0") && reason.contains("boom"), "{reason}");
+        assert!(
+            reason.contains("w-0") && reason.contains("boom"),
+            "{reason}"
+        );
     }
 
     #[test]
@@ -420,11 +435,16 @@ mod tests {
             ..input(1, vec![plane(Done), md("a", Running), md("b", Free)])
         };
         let plan = ChainPlan::decide(&running);
-        assert!(matches!(&plan, ChainPlan::Continue { cancel, place, .. } if cancel == &[1] && place.is_empty()));
+        assert!(
+            matches!(&plan, ChainPlan::Continue { cancel, place, .. } if cancel == &[1] && place.is_empty())
+        );
         let ended = ChainInput {
             cancelled: true,
             ..input(1, vec![plane(Done), md("a", Cancelled), md("b", Free)])
         };
-        assert!(matches!(ChainPlan::decide(&ended), ChainPlan::Cancelled { .. }));
+        assert!(matches!(
+            ChainPlan::decide(&ended),
+            ChainPlan::Cancelled { .. }
+        ));
     }
 }

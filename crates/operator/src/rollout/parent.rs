@@ -15,7 +15,8 @@ use kube::api::ApiResource;
 use time::OffsetDateTime;
 
 use super::{
-    chain, AutoRefresh, MachineObservation, MachineProgress, RequestState, Role, RolloutInput, RolloutPlan,
+    AutoRefresh, MachineObservation, MachineProgress, RequestState, Role, RolloutInput,
+    RolloutPlan, chain,
 };
 use crate::changes::{AnnotationChanges, Event};
 use crate::machine::{self, MachineView};
@@ -666,13 +667,18 @@ impl Rollout {
                 annotations.remove(names.status);
             }
             match placement.share {
-                Some(share) => annotations.set(rollout_state::CLUSTER_MAX_PARALLEL, share.to_string()),
+                Some(share) => {
+                    annotations.set(rollout_state::CLUSTER_MAX_PARALLEL, share.to_string())
+                }
                 None => annotations.remove(rollout_state::CLUSTER_MAX_PARALLEL),
             };
             let object = format!("{}/{}", child.kind.api_resource().kind, child.name);
             changes.events.push(Event::normal(
                 names.rollout_events.in_progress,
-                format!("{} = {value} placed on {object}; its status decides what comes next", names.trigger),
+                format!(
+                    "{} = {value} placed on {object}; its status decides what comes next",
+                    names.trigger
+                ),
             ));
             changes.children.push(ChildWrite {
                 kind: child.kind,
