@@ -21,6 +21,8 @@
 //! [`parent::ParentStep`], and from a plan to the changes that carry it out.
 
 pub mod chain;
+#[cfg(test)]
+mod concurrency_tests;
 pub mod parent;
 
 use std::collections::BTreeMap;

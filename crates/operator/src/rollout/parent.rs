@@ -78,10 +78,9 @@ impl ParentKind {
                     .map(String::as_str)
                     == Some(parent)
                     && !m.control_plane
-                    && !m
-                        .controller
+                    && m.controller
                         .as_ref()
-                        .is_some_and(|owner| owner.group == machine::CONTROL_PLANE_GROUP)
+                        .is_none_or(|owner| owner.group != machine::CONTROL_PLANE_GROUP)
             }
             ParentKind::ControlPlane => {
                 m.control_plane
