@@ -827,3 +827,127 @@ fn the_agents_plan_id_does_not_wake_the_parents_and_a_result_does() {
         .insert(names.status.into(), names::STATUS_DONE.into());
     assert!(matters_to_parents(&planned, &done));
 }
+
+#[test]
+fn a_machine_deployment_never_covers_a_control_plane_machine() {
+    let mut labelled = test_machine(&[]);
+    labelled
+        .labels
+        .insert(names::DEPLOYMENT_NAME_LABEL.into(), "md".into());
+    assert!(ParentKind::MachineDeployment.covers("md", &labelled));
+    // The control-plane label, or a control plane as controller, leaves it out.
+    let mut by_label = labelled.clone();
+    by_label.control_plane = true;
+    assert!(!ParentKind::MachineDeployment.covers("md", &by_label));
+    let mut by_owner = labelled.clone();
+    by_owner.controller = Some(crate::machine::ObjectRef {
+        group: crate::machine::CONTROL_PLANE_GROUP.into(),
+        kind: "CK8sControlPlane".into(),
+        name: "cp".into(),
+    });
+    assert!(!ParentKind::MachineDeployment.covers("md", &by_owner));
+}
+
+#[test]
+fn another_value_on_a_running_parent_is_refused_once_and_the_request_runs_on() {
+    for op in OPS {
+        let names = op.names();
+        let [first, second] = match op {
+            Operation::RefreshCertificates => ["60d", "90d"],
+            Operation::InPlaceUpgrade => ["revision=1", "revision=2"],
+        };
+        let p = parent(
+            ParentKind::ControlPlane,
+            &[
+                (names.trigger, second),
+                (names.status, names::STATUS_IN_PROGRESS),
+                (names.rollout_trigger, first),
+                (names.rollout_request, "r1"),
+            ],
+        );
+        let ParentStep::Roll(rollout) = ParentStep::of(op, &p, NOW) else {
+            panic!("{op:?}: the running request runs on");
+        };
+        assert_eq!(rollout.trigger.as_deref(), Some(first));
+        assert_eq!(rollout.refused.as_deref(), Some(second));
+        let m = test_machine(&[]);
+        let machines = [Arc::new(m)];
+        let plan = RolloutPlan::decide(&rollout.input(&p, &machines));
+        let changes = rollout.changes(&p, &machines, &plan, RETRY_BASE);
+        // Started for the running request's value, not the new one.
+        assert_eq!(
+            changes.start[0].annotations.get(names.trigger),
+            Some(Some(first))
+        );
+        let warnings: Vec<_> = changes
+            .events
+            .iter()
+            .filter(|e| e.type_ == EventType::Warning)
+            .collect();
+        assert_eq!(warnings.len(), 1);
+        assert!(warnings[0].note.contains(second) && warnings[0].note.contains("refused"));
+        let again = written(&p, &changes);
+        let ParentStep::Roll(rollout) = ParentStep::of(op, &again, NOW) else {
+            panic!()
+        };
+        let changes = rollout.changes(&again, &machines, &plan, RETRY_BASE);
+        assert!(
+            changes.events.is_empty(),
+            "refused once: {:?}",
+            changes.events
+        );
+    }
+}
+
+#[test]
+fn a_wait_for_another_request_is_recorded_and_warned_of_once() {
+    let op = Operation::RefreshCertificates;
+    let p = parent(ParentKind::MachineDeployment, &[]);
+    let mut rollout = rollout(op);
+    rollout.request_id = "MachineDeployment/p/2".into();
+    let other = parent(
+        ParentKind::MachineDeployment,
+        &[
+            (
+                Operation::InPlaceUpgrade.names().status,
+                names::STATUS_IN_PROGRESS,
+            ),
+            (
+                Operation::InPlaceUpgrade.names().rollout_request,
+                "MachineDeployment/p/1",
+            ),
+        ],
+    );
+    let blocked = blocked_by(op, &p, &rollout.request_id, &[&other]);
+    assert_eq!(blocked.as_deref(), Some("MachineDeployment/p"));
+    // The older one is never blocked by the newer.
+    let newer = parent(
+        ParentKind::MachineDeployment,
+        &[
+            (
+                Operation::InPlaceUpgrade.names().status,
+                names::STATUS_IN_PROGRESS,
+            ),
+            (
+                Operation::InPlaceUpgrade.names().rollout_request,
+                "MachineDeployment/p/3",
+            ),
+        ],
+    );
+    assert_eq!(blocked_by(op, &p, &rollout.request_id, &[&newer]), None);
+    let machines = [Arc::new(test_machine(&[]))];
+    let mut input = rollout.input(&p, &machines);
+    input.blocked_by = blocked;
+    let plan = RolloutPlan::decide(&input);
+    let changes = rollout.changes(&p, &machines, &plan, RETRY_BASE);
+    assert!(changes.start.is_empty());
+    assert_eq!(
+        changes.parent.get(rollout_state::WAITING_FOR),
+        Some(Some("MachineDeployment/p"))
+    );
+    assert_eq!(changes.events.len(), 1);
+    assert_eq!(changes.events[0].type_, EventType::Warning);
+    let again = written(&p, &changes);
+    let changes = rollout.changes(&again, &machines, &plan, RETRY_BASE);
+    assert!(changes.events.is_empty());
+}
