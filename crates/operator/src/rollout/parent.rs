@@ -137,9 +137,13 @@ impl ParentStep {
             parent.annotation(names.rollout_trigger),
         );
         match state {
+            // Not after a failure: its trigger is gone, and starting again at once would
+            // repeat the failing rollout forever. A refresh asked for by hand (or the status
+            // removed) lets it go on.
             RequestState::NoRequest
                 if parent.kind == ParentKind::Cluster
                     && operation == Operation::RefreshCertificates
+                    && parent.annotation(names.status) != Some(names::STATUS_FAILED)
                     && parent
                         .annotation(names::AUTO_REFRESH_CERTIFICATES)
                         .is_some() =>

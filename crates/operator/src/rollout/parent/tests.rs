@@ -951,3 +951,25 @@ fn a_wait_for_another_request_is_recorded_and_warned_of_once() {
     let changes = rollout.changes(&again, &machines, &plan, RETRY_BASE);
     assert!(changes.events.is_empty());
 }
+
+#[test]
+fn automatic_refresh_does_not_repeat_a_failed_rollout() {
+    let names = Operation::RefreshCertificates.names();
+    let auto = (names::AUTO_REFRESH_CERTIFICATES, "ttl=1y,before=30d");
+    let failed = parent(
+        ParentKind::Cluster,
+        &[auto, (names.status, names::STATUS_FAILED)],
+    );
+    assert_eq!(
+        ParentStep::of(Operation::RefreshCertificates, &failed, NOW),
+        ParentStep::Idle
+    );
+    let done = parent(
+        ParentKind::Cluster,
+        &[auto, (names.status, names::STATUS_DONE)],
+    );
+    assert_eq!(
+        ParentStep::of(Operation::RefreshCertificates, &done, NOW),
+        ParentStep::AutoRefresh
+    );
+}
