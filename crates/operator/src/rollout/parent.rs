@@ -906,8 +906,9 @@ impl MachineStart {
     /// clears it. The write is made only on the version the plan saw untouched by this request
     /// (a lagging cache could otherwise restart a Machine this request has finished), so it
     /// never clears a result this request produced, and a restarted operator still finds its
-    /// finished Machines finished. `in-progress` stays: that work still runs on the node, and
-    /// the Machine controller continues or restarts it.
+    /// finished Machines finished. A Machine `in-progress` is busy with another request and is
+    /// never started ([`RolloutPlan::decide`] leaves it); were it written anyway, its status
+    /// would stay, as that work still runs on the node.
     pub fn for_request(
         operation: Operation,
         value: &str,
