@@ -51,6 +51,8 @@ enum Step {
     Machine { index: usize, succeeds: bool },
     /// One pass of a parent's controller.
     Pass { parent: usize },
+    /// A user sets a trigger on a Machine itself.
+    MachineRequest { index: usize, op: usize },
 }
 
 fn arbitrary_step() -> impl Strategy<Value = Step> {
@@ -59,6 +61,7 @@ fn arbitrary_step() -> impl Strategy<Value = Step> {
         1 => (0usize..4, 0usize..2).prop_map(|(parent, op)| Step::Cancel { parent, op }),
         6 => (0usize..7, prop::bool::weighted(0.85)).prop_map(|(index, succeeds)| Step::Machine { index, succeeds }),
         8 => (0usize..4).prop_map(|parent| Step::Pass { parent }),
+        1 => (0usize..7, 0usize..2).prop_map(|(index, op)| Step::MachineRequest { index, op }),
     ]
 }
 
@@ -68,6 +71,9 @@ struct World {
     /// Starts per (request id, Machine).
     starts: HashMap<(String, String), usize>,
     clock: i128,
+    /// A user asked a Machine directly: the operator cannot stop two control-plane Machines
+    /// being asked so, only never start one beside another.
+    asked_machines: bool,
 }
 
 fn machine(name: &str, deployment: Option<&str>) -> MachineView {
@@ -145,6 +151,7 @@ impl World {
             ],
             starts: HashMap::new(),
             clock: 0,
+            asked_machines: false,
         }
     }
 
@@ -245,7 +252,28 @@ impl World {
                         .or_default();
                     *count += 1;
                     prop_assert_eq!(*count, 1, "{} started twice by {}", m.name, request);
+                    if m.control_plane {
+                        let name = m.name.clone();
+                        let others: Vec<&str> = self
+                            .machines
+                            .iter()
+                            .filter(|o| o.control_plane && o.name != name)
+                            .filter(|o| OPS.iter().any(|op| busy(o, *op)))
+                            .map(|o| o.name.as_str())
+                            .collect();
+                        prop_assert!(
+                            others.is_empty(),
+                            "{} started beside busy {:?}",
+                            name,
+                            others
+                        );
+                    }
                 }
+                let m = self
+                    .machines
+                    .iter_mut()
+                    .find(|m| m.name == start.machine)
+                    .unwrap();
                 start.annotations.apply_to(&mut m.annotations);
             }
             for child in &changes.children {
@@ -264,6 +292,9 @@ impl World {
     }
 
     fn check(&self) -> Result<(), TestCaseError> {
+        if self.asked_machines {
+            return Ok(());
+        }
         let busy_control_plane: Vec<&str> = self
             .machines
             .iter()
@@ -312,6 +343,16 @@ proptest! {
                 }
                 Step::Machine { index, succeeds } => world.machine_step(index, succeeds),
                 Step::Pass { parent } => world.pass(parent)?,
+                Step::MachineRequest { index, op } => {
+                    let op = OPS[op];
+                    let m = &mut world.machines[index];
+                    // As a user would: on a Machine no request is busy with.
+                    if !OPS.iter().any(|o| busy(m, *o)) {
+                        m.annotations.insert(op.names().trigger.into(), values(op)[0].into());
+                        m.annotations.remove(op.names().status);
+                        world.asked_machines = true;
+                    }
+                }
             }
             world.check()?;
         }
