@@ -28,7 +28,7 @@ use crate::names;
 /// The operations, here too for callers of [`start_machines`].
 pub use crate::names::Operation;
 use crate::rollout::RolloutPlan;
-use crate::rollout::chain::{ChainPlan, observe_children};
+use crate::rollout::chain::{self, ChainPlan, observe_children};
 use crate::rollout::parent::{
     MachineStart, ParentChanges, ParentKind, ParentStep, ParentView, Rollout, auto_refresh,
     blocked_by,
@@ -226,7 +226,7 @@ async fn reconcile_operation(
                 operation.metric_label(),
                 &plan.progress(),
             );
-            rollout.chain_changes(view, &children, &plan, ctx.settings.retry_base)
+            chain::changes(&rollout, view, &children, &plan, ctx.settings.retry_base)
         }
         ParentStep::Roll(rollout) => {
             let mut machines = covered_machines(parent, view, caches);

@@ -12,9 +12,11 @@
 //! Cluster waits for it to end (never preempts it).
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use super::parent::{ParentKind, ParentView, observe};
-use super::{MachineProgress, Progress, Waiting};
+use super::parent::{ChildWrite, ParentChanges, ParentKind, ParentView, Rollout, observe};
+use super::{MachineProgress, Progress, RolloutPlan, Waiting};
+use crate::changes::{AnnotationChanges, Event};
 use crate::machine::MachineView;
 use crate::names::{self, Operation, rollout_state};
 
@@ -321,6 +323,101 @@ pub fn observe_children(
         max_parallel,
         children,
     }
+}
+
+/// The changes that carry out a Cluster's `plan` for request `rollout`: the trigger
+/// placed on (or removed from) its children, then what [`Rollout::changes`] writes on the
+/// parent for the same end, progress or wait.
+pub fn changes(
+    rollout: &Rollout,
+    cluster: &ParentView,
+    children: &[ParentView],
+    plan: &ChainPlan,
+    retry_base: Duration,
+) -> ParentChanges {
+    let as_rollout = match plan.clone() {
+        ChainPlan::Continue {
+            waiting, progress, ..
+        } => RolloutPlan::Continue {
+            start: Vec::new(),
+            waiting,
+            progress,
+        },
+        ChainPlan::Done { progress } => RolloutPlan::Done { progress },
+        ChainPlan::Stopping {
+            child,
+            reason,
+            running,
+            progress,
+        } => RolloutPlan::Stopping {
+            machine: child,
+            reason,
+            running,
+            progress,
+        },
+        ChainPlan::Failed {
+            child,
+            reason,
+            progress,
+        } => RolloutPlan::Failed {
+            machine: child,
+            reason,
+            progress,
+        },
+        ChainPlan::Cancelled { progress } => RolloutPlan::Cancelled { progress },
+    };
+    let mut changes = rollout.changes(cluster, &[], &as_rollout, retry_base);
+    let ChainPlan::Continue { place, cancel, .. } = plan else {
+        return changes;
+    };
+    let names = rollout.operation.names();
+    let value = rollout.trigger.as_deref().unwrap_or_default();
+    for placement in place {
+        let Some(child) = children.get(placement.child) else {
+            continue;
+        };
+        let mut annotations = AnnotationChanges::default();
+        annotations
+            .set(names.trigger, value)
+            .set(names.cluster_request, rollout.request_id.as_str());
+        // An ended earlier request's status would read as this one's result.
+        if child.annotation(names.status).is_some() {
+            annotations.remove(names.status);
+        }
+        match placement.share {
+            Some(share) => annotations.set(rollout_state::CLUSTER_MAX_PARALLEL, share.to_string()),
+            None => annotations.remove(rollout_state::CLUSTER_MAX_PARALLEL),
+        };
+        let object = format!("{}/{}", child.kind.api_resource().kind, child.name);
+        changes.events.push(Event::normal(
+            names.rollout_events.in_progress,
+            format!(
+                "{} = {value} placed on {object}; its status decides what comes next",
+                names.trigger
+            ),
+        ));
+        changes.children.push(ChildWrite {
+            kind: child.kind,
+            name: child.name.clone(),
+            resource_version: child.resource_version.clone(),
+            annotations,
+        });
+    }
+    for index in cancel {
+        let Some(child) = children.get(*index) else {
+            continue;
+        };
+        if child.annotation(names.trigger).is_none() {
+            continue;
+        }
+        changes.children.push(ChildWrite {
+            kind: child.kind,
+            name: child.name.clone(),
+            resource_version: child.resource_version.clone(),
+            annotations: AnnotationChanges::removing(&[names.trigger]),
+        });
+    }
+    changes
 }
 
 #[cfg(test)]

@@ -22,7 +22,7 @@ use proptest::prelude::*;
 use time::OffsetDateTime;
 
 use super::RolloutPlan;
-use super::chain::{ChainPlan, observe_children};
+use super::chain::{self, ChainPlan, observe_children};
 use super::parent::{ParentKind, ParentStep, ParentView, blocked_by};
 use crate::machine::{MachineView, ObjectRef, test_machine};
 use crate::names::{self, Operation};
@@ -219,7 +219,7 @@ impl World {
                         &machines,
                     );
                     let plan = ChainPlan::decide(&input);
-                    rollout.chain_changes(&view, &children, &plan, Duration::from_secs(1))
+                    chain::changes(&rollout, &view, &children, &plan, Duration::from_secs(1))
                 }
                 ParentStep::Roll(rollout) => {
                     let mut input = rollout.input(&view, &machines);
