@@ -72,16 +72,26 @@ async fn run_kind(
         );
     // A Cluster's request waits on its children's status: their changes wake it, and it reads
     // its control plane from a cache of its own (MachineDeployments are in `caches`).
-    let (planes, controller) = if kind == ParentKind::Cluster {
+    let (children, controller) = if kind == ParentKind::Cluster {
         let plane_resource = ParentKind::ControlPlane.api_resource();
-        let writer = kube::runtime::reflector::store::Writer::new(plane_resource.clone());
-        let reader = writer.as_reader();
+        let plane_writer = kube::runtime::reflector::store::Writer::new(plane_resource.clone());
+        let planes = plane_writer.as_reader();
         let plane_api: Api<DynamicObject> = Api::all_with(client.clone(), &plane_resource);
         let plane_changes =
-            kube::runtime::reflector(writer, watcher(plane_api, watcher::Config::default()))
+            kube::runtime::reflector(plane_writer, watcher(plane_api, watcher::Config::default()))
                 .applied_objects();
-        let deployments: Api<DynamicObject> =
-            Api::all_with(client, &ParentKind::MachineDeployment.api_resource());
+        // The MachineDeployments' changes wake the Cluster only once this store has them, so
+        // a pass never reads one older than the change that woke it (`caches` may lag).
+        let deployment_resource = ParentKind::MachineDeployment.api_resource();
+        let deployment_writer =
+            kube::runtime::reflector::store::Writer::new(deployment_resource.clone());
+        let deployments = deployment_writer.as_reader();
+        let deployment_api: Api<DynamicObject> = Api::all_with(client, &deployment_resource);
+        let deployment_changes = kube::runtime::reflector(
+            deployment_writer,
+            watcher(deployment_api, watcher::Config::default()),
+        )
+        .applied_objects();
         let (to_cluster, to_cluster_too) = (resource.clone(), resource.clone());
         let controller = controller
             .watches_stream_with(
@@ -89,19 +99,24 @@ async fn run_kind(
                 move |child| cluster_of_child(&child, &to_cluster),
                 plane_resource,
             )
-            .watches_with(
-                deployments,
-                ParentKind::MachineDeployment.api_resource(),
-                watcher::Config::default(),
+            .watches_stream_with(
+                deployment_changes,
                 move |child| cluster_of_child(&child, &to_cluster_too),
+                deployment_resource,
             );
-        (Some(reader), controller)
+        (
+            Some(ChildStores {
+                planes,
+                deployments,
+            }),
+            controller,
+        )
     } else {
         (None, controller)
     };
     controller
         .run(
-            move |parent, ctx| reconcile(parent, ctx, kind, caches.clone(), planes.clone()),
+            move |parent, ctx| reconcile(parent, ctx, kind, caches.clone(), children.clone()),
             error_policy,
             ctx,
         )
@@ -164,8 +179,14 @@ fn error_policy(_parent: Arc<DynamicObject>, error: &Error, ctx: Arc<Context>) -
     super::requeue_after(CONTROLLER, error, &ctx)
 }
 
-/// A Cluster controller's cache of control planes.
-type Planes = Option<kube::runtime::reflector::Store<DynamicObject>>;
+/// A Cluster controller's caches of its children, filled by the watches that wake it.
+#[derive(Clone)]
+struct ChildStores {
+    planes: kube::runtime::reflector::Store<DynamicObject>,
+    deployments: kube::runtime::reflector::Store<DynamicObject>,
+}
+
+type Planes = Option<ChildStores>;
 
 async fn reconcile(
     parent: Arc<DynamicObject>,
@@ -276,7 +297,7 @@ async fn children_of(
     {
         let resource = ParentKind::ControlPlane.api_resource();
         let key = ObjectRef::new_with(&reference.name, resource.clone()).within(&namespace);
-        let cached = planes.as_ref().and_then(|planes| planes.get(&key));
+        let cached = planes.as_ref().and_then(|stores| stores.planes.get(&key));
         // Not in the cache (not listed yet, or just created): ask, rather than skip the
         // control plane and start on the workers.
         let plane = match cached {
@@ -291,10 +312,20 @@ async fn children_of(
             children.push(observe_parent(ParentKind::ControlPlane, &plane, caches));
         }
     }
+    // Which MachineDeployments: the shared cache (listed before any pass); each as the store
+    // of the watch that wakes the Cluster has it, when it has it.
     let mut deployments: Vec<ParentView> = caches
         .deployments_of(parent)
         .iter()
-        .map(|d| observe_parent(ParentKind::MachineDeployment, d, caches))
+        .map(|d| {
+            let key =
+                ObjectRef::from_obj_with(d.as_ref(), ParentKind::MachineDeployment.api_resource());
+            let newest = planes
+                .as_ref()
+                .and_then(|stores| stores.deployments.get(&key))
+                .unwrap_or_else(|| d.clone());
+            observe_parent(ParentKind::MachineDeployment, &newest, caches)
+        })
         .collect();
     deployments.sort_by(|a, b| a.name.cmp(&b.name));
     children.extend(deployments);

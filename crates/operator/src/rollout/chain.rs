@@ -19,6 +19,7 @@ use super::{MachineProgress, Progress, RolloutPlan, Waiting};
 use crate::changes::{AnnotationChanges, Event};
 use crate::machine::MachineView;
 use crate::names::{self, Operation, rollout_state};
+use crate::schedule::Next;
 
 /// Where a child stands with respect to *this* Cluster request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -367,6 +368,16 @@ pub fn changes(
         ChainPlan::Cancelled { progress } => RolloutPlan::Cancelled { progress },
     };
     let mut changes = rollout.changes(cluster, &[], &as_rollout, retry_base);
+    if matches!(
+        plan,
+        ChainPlan::Continue { .. } | ChainPlan::Stopping { .. }
+    ) {
+        // The children's watches wake the Cluster; should one change be missed, it is
+        // looked at again anyway while the request runs.
+        changes.next = changes
+            .next
+            .sooner(Next::After(retry_base.max(Duration::from_secs(1))));
+    }
     let ChainPlan::Continue { place, cancel, .. } = plan else {
         return changes;
     };
