@@ -10,8 +10,12 @@
 //! by kind and reports them on request.
 //!
 //! The agents do real work besides the hook (new keys, synced writes, backups, starting the
-//! hook). That work is measured too, by refreshing one node directly, without the operator, and
-//! a second overhead figure subtracts it: what the operator alone adds.
+//! hook). That work is measured too, by refreshing one node directly, without the operator. The
+//! operator's own time per Machine (issue 32) is the sum of its hand-offs as the benchmark's
+//! watch sees them at max-parallel 1: trigger -> `in-progress`, `in-progress` -> plan recorded
+//! minus the agent's plan, plan recorded -> `done` minus the agent's apply, `done` -> the next
+//! trigger. Unlike wall time minus a separately measured agent time, it does not swing with
+//! how fast the agents happened to be in either run.
 //!
 //! `cargo run --release -p caretaker-operator --example rollout_bench [-- HOOK_MS [WORKERS [MAX_PARALLEL...]]]`
 //! (defaults: 100 ms, 100 workers, max-parallel 1 and 10). The scale check of issue 11:
@@ -42,9 +46,10 @@ use serde_json::json;
 const CONTROL_PLANES: usize = 3;
 
 /// The goals of issue 11.
-const GOAL_BEYOND_AGENTS_MS: f64 = 5.0;
-const GOAL_WALL_RATIO: f64 = 1.2;
-const GOAL_REQUESTS: f64 = 8.0;
+const GOAL_OWN_TIME_MS: f64 = 5.0;
+const GOAL_WALL_RATIO: f64 = 1.1;
+/// With the chain's writes on the CK8sControlPlane and MachineDeployments.
+const GOAL_REQUESTS: f64 = 9.0;
 const GOAL_MEMORY_MIB: f64 = 64.0;
 
 fn main() {
@@ -240,13 +245,12 @@ async fn run(hook_ms: u64, workers: usize, max_parallel: usize, agent: AgentTime
         wall.as_secs_f64(),
         std::thread::available_parallelism().map_or(1, |n| n.get())
     );
-    if max_parallel == 1 {
-        timeline.print(agent);
-    }
-    if max_parallel == 1 {
+    if max_parallel == 1
+        && let Some(own) = timeline.print(agent)
+    {
         println!(
-            "  goal: overhead beyond the agents < {GOAL_BEYOND_AGENTS_MS} ms per Machine at max-parallel 1: {} ({beyond:.1} ms)",
-            verdict(beyond < GOAL_BEYOND_AGENTS_MS)
+            "  goal: the operator's own time < {GOAL_OWN_TIME_MS} ms per Machine at max-parallel 1: {} ({own:.1} ms)",
+            verdict(own < GOAL_OWN_TIME_MS)
         );
     }
     if max_parallel == 50 {
@@ -309,7 +313,9 @@ impl Timeline {
     }
 
     /// At max-parallel 1: the mean time of each step of a worker, and the agents' part of it.
-    fn print(&self, agent: AgentTime) {
+    /// Prints the hand-offs of one worker and returns their sum without the agent's work: the
+    /// operator's own time per Machine, in ms.
+    fn print(&self, agent: AgentTime) -> Option<f64> {
         let seen = self.seen.lock().unwrap();
         let mut workers: Vec<[Instant; 4]> = seen
             .iter()
@@ -318,7 +324,7 @@ impl Timeline {
             .collect();
         workers.sort_by_key(|t| t[0]);
         if workers.len() < 2 {
-            return;
+            return None;
         }
         let n = workers.len() as f64;
         let mean = |f: &dyn Fn(&[Instant; 4]) -> Duration| {
@@ -350,6 +356,12 @@ impl Timeline {
         println!(
             "    done -> next worker's trigger (parent controller):              {next:>6.1} ms"
         );
+        let own =
+            start + (plan - ms(agent.plan)).max(0.0) + (apply - ms(agent.apply)).max(0.0) + next;
+        println!(
+            "    the operator's own time per Machine (sum, without the agent's): {own:>6.1} ms"
+        );
+        Some(own)
     }
 }
 

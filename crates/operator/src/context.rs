@@ -69,6 +69,11 @@ pub struct Context {
     /// Parents (kind/namespace/name) this process wrote at a resourceVersion, and that version:
     /// a pass that still sees the parent at it sees it from before that write.
     parents_written_at: Mutex<HashMap<String, String>>,
+    /// Held by a rollout pass from its fresh look at the control plane until its start of a
+    /// control-plane Machine is written: the passes of different parents and operations run
+    /// concurrently, each on a cache that may lag, and only one may start a control-plane
+    /// Machine at a time.
+    pub control_plane_starts: tokio::sync::Mutex<()>,
     /// Bounds the expiry reads running at once: at start every Machine without an expiry is
     /// read, and a thousand TLS connections at once cost memory the process keeps.
     pub expiry_reads: tokio::sync::Semaphore,
@@ -98,6 +103,7 @@ impl Context {
             credentials: CredentialStore::default(),
             running: Mutex::default(),
             parents_written_at: Mutex::default(),
+            control_plane_starts: tokio::sync::Mutex::new(()),
             expiry_reads: tokio::sync::Semaphore::new(EXPIRY_READS),
             metrics: Metrics::new(),
             readiness: Readiness::new(),

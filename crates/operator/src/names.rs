@@ -114,6 +114,24 @@ pub mod rollout_state {
     pub const WAITING: &str = "caretaker.dev/rollout-waiting";
     /// A malformed auto-refresh value already reported, so it is reported once.
     pub const AUTO_REFRESH_REPORTED: &str = "caretaker.dev/auto-refresh-reported";
+    /// The trigger value of the parent's last request, kept after it ended: a failed request's
+    /// trigger is removed (as upstream does), and this says what was asked for.
+    pub const REFRESH_REQUESTED: &str = "caretaker.dev/refresh-requested";
+    pub const UPGRADE_REQUESTED: &str = "caretaker.dev/upgrade-requested";
+    /// The object (`Kind/name`) of an older request this parent's request waits for, because
+    /// that request runs on Machines this one covers.
+    pub const WAITING_FOR: &str = "caretaker.dev/waiting-for";
+    /// A trigger value refused because the parent's request for another value runs, so that
+    /// the refusal is reported once.
+    pub const REFUSED_TRIGGER: &str = "caretaker.dev/refused-trigger";
+    /// On a CK8sControlPlane or MachineDeployment: the id of the Cluster request that placed
+    /// its trigger there, so that the child's request is told apart from one a user made on it
+    /// (and removing the Cluster's trigger cancels only the Cluster's).
+    pub const REFRESH_CLUSTER_REQUEST: &str = "caretaker.dev/refresh-cluster-request";
+    pub const UPGRADE_CLUSTER_REQUEST: &str = "caretaker.dev/upgrade-cluster-request";
+    /// On a MachineDeployment a Cluster request placed its trigger on: how many of its workers
+    /// the Cluster's `max-parallel` allows at once (its own limit still holds if stricter).
+    pub const CLUSTER_MAX_PARALLEL: &str = "caretaker.dev/cluster-max-parallel";
     /// The malformed `max-parallel` values the rollout has reported (`Kind/name=value`, comma
     /// separated), so each is reported once, whenever the rollout first reads it.
     pub const LIMITS_REPORTED: &str = "caretaker.dev/malformed-limits-reported";
@@ -256,6 +274,10 @@ pub struct OperationNames {
     pub rollout_request: &'static str,
     /// The trigger value the parent's request is for.
     pub rollout_trigger: &'static str,
+    /// The trigger value of the parent's last request, kept after it ended.
+    pub rollout_requested: &'static str,
+    /// On a Cluster's child: the Cluster request that placed the trigger there.
+    pub cluster_request: &'static str,
     /// Names this operation's work running in the operator process.
     pub work: &'static str,
     pub rollout_events: RolloutEvents,
@@ -303,6 +325,8 @@ pub const REFRESH: OperationNames = OperationNames {
     machine_failed_event: EVENT_REFRESH_FAILED,
     rollout_request: rollout_state::REFRESH_REQUEST,
     rollout_trigger: rollout_state::REFRESH_TRIGGER,
+    rollout_requested: rollout_state::REFRESH_REQUESTED,
+    cluster_request: rollout_state::REFRESH_CLUSTER_REQUEST,
     work: "refresh",
     rollout_events: RolloutEvents {
         in_progress: EVENT_REFRESH_CERTS_IN_PROGRESS,
@@ -328,6 +352,8 @@ pub const UPGRADE: OperationNames = OperationNames {
     machine_failed_event: EVENT_UPGRADE_FAILED,
     rollout_request: rollout_state::UPGRADE_REQUEST,
     rollout_trigger: rollout_state::UPGRADE_TRIGGER,
+    rollout_requested: rollout_state::UPGRADE_REQUESTED,
+    cluster_request: rollout_state::UPGRADE_CLUSTER_REQUEST,
     work: "upgrade",
     // Upstream names the parent's upgrade events as the Machine's.
     rollout_events: RolloutEvents {

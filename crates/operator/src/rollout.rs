@@ -10,9 +10,19 @@
 //! cancelled request starts nothing new and ends once running work has finished; Machines
 //! being deleted are skipped; Machines without a node wait.
 //!
+//! One request per Machine (issue 32): a Machine busy with another request (the other
+//! operation, another parent's request, or a trigger set on the Machine itself) is never
+//! started; no control-plane Machine starts while any control-plane Machine is busy, whoever
+//! asked; and a request waits, starting nothing, while an older request whose Machines overlap
+//! its own runs ([`RolloutInput::blocked_by`]). So requests never preempt each other, and the
+//! control plane has at most one busy Machine across all requests together.
+//!
 //! [`parent`] holds the rest of a pass over a parent: from its annotations to a
 //! [`parent::ParentStep`], and from a plan to the changes that carry it out.
 
+pub mod chain;
+#[cfg(test)]
+mod concurrency_tests;
 pub mod parent;
 
 use std::collections::BTreeMap;
@@ -50,6 +60,9 @@ pub struct MachineObservation {
     pub progress: MachineProgress,
     /// Why it failed, when it did.
     pub failure: Option<String>,
+    /// The object (`Kind/name`) of another request the Machine is busy with, if any: it is
+    /// not started, and while it is a control-plane Machine no control-plane Machine starts.
+    pub held_by: Option<String>,
 }
 
 impl MachineObservation {
@@ -72,6 +85,9 @@ pub struct RolloutInput {
     /// Limits set on MachineDeployments themselves, by name: at most this many of the
     /// deployment's workers in progress at once, whatever `max_parallel` allows.
     pub deployment_limits: BTreeMap<String, usize>,
+    /// An older request whose Machines overlap this one's is still running (its object,
+    /// `Kind/name`): nothing starts until it has ended.
+    pub blocked_by: Option<String>,
     pub machines: Vec<MachineObservation>,
 }
 
@@ -92,6 +108,8 @@ pub enum Waiting {
     ForNodes(Vec<String>),
     /// Control-plane Machines without a node or a healthy agent block the control plane.
     ForControlPlaneHealth(Vec<String>),
+    /// Another request (its object, `Kind/name`) runs on Machines this one needs.
+    ForRequest(String),
 }
 
 impl Waiting {
@@ -102,6 +120,9 @@ impl Waiting {
             Waiting::ForControlPlaneHealth(names) => format!(
                 "waiting: control-plane Machines {} have no node or no healthy agent",
                 names.join(", ")
+            ),
+            Waiting::ForRequest(object) => format!(
+                "waiting for the request on {object} to end: it runs on Machines this request covers, and is not preempted"
             ),
         }
     }
@@ -222,6 +243,14 @@ impl RolloutPlan {
         if progress.done == progress.total {
             return RolloutPlan::Done { progress };
         }
+        let idle = |waiting: Waiting| RolloutPlan::Continue {
+            start: Vec::new(),
+            waiting: Some(waiting),
+            progress,
+        };
+        if let Some(other) = &input.blocked_by {
+            return idle(Waiting::ForRequest(other.clone()));
+        }
 
         let control_plane: Vec<&MachineObservation> = covered
             .iter()
@@ -241,6 +270,15 @@ impl RolloutPlan {
                     waiting: None,
                     progress,
                 };
+            }
+            // Another request's control-plane Machine at work: at most one at a time, across
+            // all requests together.
+            if let Some(holder) = machines
+                .iter()
+                .find(|m| m.role == Role::ControlPlane && m.held_by.is_some())
+                .and_then(|m| m.held_by.clone())
+            {
+                return idle(Waiting::ForRequest(holder));
             }
             // Every control-plane Machine, not only the next one, must be sound: a refresh
             // restarts components, and etcd needs its quorum while one member does.
@@ -291,8 +329,10 @@ impl RolloutPlan {
         let untouched = workers
             .iter()
             .filter(|m| m.progress == MachineProgress::Untouched);
+        let (held, free): (Vec<&MachineObservation>, Vec<&MachineObservation>) =
+            untouched.copied().partition(|m| m.held_by.is_some());
         let (ready, nodeless): (Vec<&MachineObservation>, Vec<&MachineObservation>) =
-            untouched.copied().partition(|m| m.has_node);
+            free.into_iter().partition(|m| m.has_node);
         let mut start = Vec::new();
         for m in ready {
             if slots == 0 {
@@ -309,8 +349,14 @@ impl RolloutPlan {
                 start.push(m.name.clone());
             }
         }
-        let waiting = (!nodeless.is_empty())
-            .then(|| Waiting::ForNodes(nodeless.iter().map(|m| m.name.clone()).collect()));
+        // Machines busy with another request are left for later; when nothing of this request
+        // can move for them, the wait names that request.
+        let stuck = start.is_empty() && running == 0;
+        let waiting = match held.first().and_then(|m| m.held_by.clone()) {
+            Some(holder) if stuck => Some(Waiting::ForRequest(holder)),
+            _ => (!nodeless.is_empty())
+                .then(|| Waiting::ForNodes(nodeless.iter().map(|m| m.name.clone()).collect())),
+        };
         RolloutPlan::Continue {
             start,
             waiting,
@@ -333,6 +379,7 @@ mod tests {
             being_deleted: false,
             progress,
             failure: None,
+            held_by: None,
         }
     }
 
@@ -350,6 +397,7 @@ mod tests {
             cancelled: false,
             max_parallel: 1,
             deployment_limits: BTreeMap::new(),
+            blocked_by: None,
             machines,
         }
     }
@@ -605,6 +653,7 @@ mod tests {
                     being_deleted: deleting,
                     progress,
                     failure: None,
+                    held_by: None,
                 }
             })
     }
@@ -623,7 +672,7 @@ mod tests {
                 .collect();
             let deployment_limits: BTreeMap<String, usize> =
                 md0_limit.map(|limit| ("md-0".to_string(), limit)).into_iter().collect();
-            let input = RolloutInput { cancelled, max_parallel, deployment_limits, machines: machines.clone() };
+            let input = RolloutInput { cancelled, max_parallel, deployment_limits, blocked_by: None, machines: machines.clone() };
             let plan = RolloutPlan::decide(&input);
             let by_name = |n: &str| machines.iter().find(|m| m.name == n).unwrap();
             let running = |cp: bool| machines.iter().filter(|m| (m.role == Role::ControlPlane) == cp && m.progress == Running && !(m.being_deleted && m.progress == Untouched)).count();
@@ -715,6 +764,9 @@ pub enum RequestState<'a> {
     New { trigger: &'a str },
     /// The request runs (or is being cancelled: its trigger was removed while it ran).
     InProgress,
+    /// The request runs and the trigger now asks for another value: a second request on the
+    /// same object, refused (the running one is never preempted; it runs on for its value).
+    Conflicting { trigger: &'a str },
     /// This request ended `failed` or `cancelled` and its trigger is still there: it stays so.
     Ended,
 }
@@ -732,6 +784,9 @@ impl<'a> RequestState<'a> {
             None => RequestState::NoRequest,
             Some(value) if recorded == Some(value) && status == Some(IN_PROGRESS) => {
                 RequestState::InProgress
+            }
+            Some(value) if recorded.is_some() && status == Some(IN_PROGRESS) => {
+                RequestState::Conflicting { trigger: value }
             }
             Some(value) if recorded == Some(value) && ended => RequestState::Ended,
             Some(value) => RequestState::New { trigger: value },
@@ -781,9 +836,10 @@ mod request_state_tests {
             InProgress
         );
         assert_eq!(RequestState::of(None, running, Some("1y")), InProgress);
+        // Another value while it runs is refused, not a new request that would preempt it.
         assert_eq!(
             RequestState::of(Some("2y"), running, Some("1y")),
-            New { trigger: "2y" }
+            Conflicting { trigger: "2y" }
         );
     }
 }

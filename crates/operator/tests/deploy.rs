@@ -120,7 +120,12 @@ async fn parent_done(world: &World, resource: &kube::api::ApiResource, name: &st
 
 async fn refresh_parent(world: &World, resource: &kube::api::ApiResource, name: &str) {
     let api: Api<DynamicObject> = Api::namespaced_with(world.client.clone(), NS, resource);
-    let trigger = json!({"metadata": {"annotations": {names::REFRESH_CERTIFICATES: "1y"}}});
+    // Without the status a Cluster's request left on its children (each shows its own), so
+    // that `done` below is this request's.
+    let trigger = json!({"metadata": {"annotations": {
+        names::REFRESH_CERTIFICATES: "1y",
+        names::REFRESH_CERTIFICATES_STATUS: null,
+    }}});
     api.patch(name, &PatchParams::default(), &Patch::Merge(&trigger))
         .await
         .unwrap();

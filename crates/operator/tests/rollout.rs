@@ -14,6 +14,7 @@ use caretaker_testkit::capi_objects::ClusterObjects;
 use common::hooks::{concurrency, concurrency_of, logging_scripts};
 use common::{NS, World, fast, unreachable_agent_url, world};
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::runtime::WatchStreamExt;
 use serde_json::json;
 
 async fn annotate_parent(
@@ -83,6 +84,30 @@ async fn wait_parent_until(
     );
 }
 
+impl ParentAnnotations for World {
+    async fn parent_annotations(
+        &self,
+        resource: &kube::api::ApiResource,
+        name: &str,
+    ) -> BTreeMap<String, String> {
+        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), NS, resource);
+        api.get(name)
+            .await
+            .unwrap()
+            .metadata
+            .annotations
+            .unwrap_or_default()
+    }
+}
+
+trait ParentAnnotations {
+    async fn parent_annotations(
+        &self,
+        resource: &kube::api::ApiResource,
+        name: &str,
+    ) -> BTreeMap<String, String>;
+}
+
 /// The order and the limit as the agents see them: each node's restart hook (run by a refresh)
 /// logs when it starts and ends, and sleeps long enough for runs to overlap when they may.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -125,13 +150,48 @@ async fn a_cluster_refresh_covers_the_control_plane_then_every_worker() {
         .whole_days();
         assert!(days > 360, "{days}");
     }
-    let request = &annotations[names::rollout_state::REFRESH_REQUEST];
-    for name in ["cp-0", "w-0", "w-1", "w-2", "w-3"] {
+    // The Cluster went through its children, as the proposals say: each ran its own request
+    // (marked as the Cluster's) over its Machines, and shows its own status.
+    let cluster_request = &annotations[names::rollout_state::REFRESH_REQUEST];
+    for (resource, child, machines) in [
+        (
+            machine::control_plane_api_resource(),
+            "c1-control-plane",
+            &["cp-0"][..],
+        ),
+        (
+            machine::machine_deployment_api_resource(),
+            "c1-md-0",
+            &["w-0", "w-1", "w-2", "w-3"][..],
+        ),
+    ] {
+        let child_annotations = wait_parent(
+            &world,
+            &resource,
+            child,
+            names::REFRESH_CERTIFICATES_STATUS,
+            names::STATUS_DONE,
+        )
+        .await;
         assert_eq!(
-            &world.annotations(name).await[names::rollout_state::REFRESH_REQUEST],
-            request,
-            "{name} tagged"
+            &child_annotations[names::rollout_state::REFRESH_CLUSTER_REQUEST],
+            cluster_request,
+            "{child} marked as the Cluster's"
         );
+        assert!(
+            !child_annotations.contains_key(names::REFRESH_CERTIFICATES),
+            "{child}: trigger removed when done"
+        );
+        for name in machines {
+            assert_eq!(
+                &world.annotations(name).await[names::rollout_state::REFRESH_REQUEST],
+                &child_annotations[names::rollout_state::REFRESH_REQUEST],
+                "{name} tagged by {child}'s request"
+            );
+        }
+        world
+            .event_with(child, names::EVENT_REFRESH_CERTS_DONE)
+            .await;
     }
 
     let (_, runs) = concurrency(&log);
@@ -912,6 +972,39 @@ async fn a_failing_control_plane_machine_stops_the_cluster_rollout() {
             "{name}"
         );
     }
+    // Issue 32, the proposal's failure scenario: `failed` on the Machine, its parent and the
+    // Cluster, and no trigger left on any of them; what was asked for stays on record.
+    let cp1 = world.annotations("cp-1").await;
+    assert_eq!(cp1[names::IN_PLACE_UPGRADE_STATUS], names::STATUS_FAILED);
+    assert!(!cp1.contains_key(names::IN_PLACE_UPGRADE_TO), "{cp1:?}");
+    let planes = machine::control_plane_api_resource();
+    let plane = wait_parent(
+        &world,
+        &planes,
+        "c1-control-plane",
+        names::IN_PLACE_UPGRADE_STATUS,
+        names::STATUS_FAILED,
+    )
+    .await;
+    world
+        .event_with("c1-control-plane", names::EVENT_UPGRADE_FAILED)
+        .await;
+    let cluster = world.parent_annotations(&clusters, "c1").await;
+    for (what, annotations) in [("CK8sControlPlane", &plane), ("Cluster", &cluster)] {
+        assert!(
+            !annotations.contains_key(names::IN_PLACE_UPGRADE_TO),
+            "{what} keeps no trigger: {annotations:?}"
+        );
+        assert_eq!(
+            annotations[names::rollout_state::UPGRADE_REQUESTED],
+            "revision=3",
+            "{what}"
+        );
+    }
+    assert_eq!(
+        cluster[names::IN_PLACE_UPGRADE_STATUS],
+        names::STATUS_FAILED
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1221,12 +1314,34 @@ async fn a_new_request_after(
             .await
         }
     };
+    // A Cluster's request goes through its MachineDeployment: the Machines carry that one's id.
+    let tagged_by = |parent_annotations: &BTreeMap<String, String>| {
+        let parent_annotations = parent_annotations.clone();
+        let world = &world;
+        async move {
+            if parent.kind == "Cluster" {
+                let md = machine::machine_deployment_api_resource();
+                let api: Api<DynamicObject> = Api::namespaced_with(world.client.clone(), NS, &md);
+                let child = api
+                    .get("c1-md-0")
+                    .await
+                    .unwrap()
+                    .metadata
+                    .annotations
+                    .unwrap_or_default();
+                child.get(operation.request()).cloned()
+            } else {
+                parent_annotations.get(operation.request()).cloned()
+            }
+        }
+    };
+    let ended_tag = tagged_by(&ended).await;
     let mut statuses = BTreeMap::new();
     let mut finished = Vec::new();
     for i in 0..4 {
         let name = format!("w-{i}");
         let machine = world.annotations(&name).await;
-        if machine.get(operation.request()) == ended.get(operation.request())
+        if machine.get(operation.request()) == ended_tag.as_ref()
             && machine.get(operation.status()).map(String::as_str) == Some(names::STATUS_DONE)
         {
             finished.push(name.clone());
@@ -1285,6 +1400,7 @@ async fn a_new_request_after(
             .collect::<Vec<_>>()
     );
     assert_eq!(annotations[names::PROGRESS], "4/4");
+    let new_tag = tagged_by(&annotations).await;
     // As the agents see it: what the ended request finished runs again, the rest once.
     let (_, runs) = concurrency(&log);
     for i in 0..4 {
@@ -1299,8 +1415,8 @@ async fn a_new_request_after(
         let machine = world.annotations(&name).await;
         assert_eq!(machine[operation.status()], names::STATUS_DONE, "{name}");
         assert_eq!(
-            machine[operation.request()],
-            annotations[operation.request()],
+            machine.get(operation.request()),
+            new_tag.as_ref(),
             "{name} done by the new request"
         );
     }
@@ -1419,10 +1535,12 @@ async fn an_unhealthy_control_plane_agent_holds_a_cluster_rollout_until_it_recov
         json!({ names::REFRESH_CERTIFICATES: "1y" }),
     )
     .await;
+    // The control plane's own request waits, and says so on its object.
+    let planes = machine::control_plane_api_resource();
     let held = wait_parent_until(
         &world,
-        &clusters,
-        "c1",
+        &planes,
+        "c1-control-plane",
         "waiting for the health of cp-1's agent",
         |a| {
             a.get(names::rollout_state::WAITING)
@@ -1436,8 +1554,13 @@ async fn an_unhealthy_control_plane_agent_holds_a_cluster_rollout_until_it_recov
         held[names::REFRESH_CERTIFICATES_STATUS],
         names::STATUS_IN_PROGRESS
     );
-    assert_eq!(held[names::PROGRESS], "0/3");
-    let said = world.events("c1").await.into_iter().any(|e| {
+    assert_eq!(held[names::PROGRESS], "0/2");
+    let cluster = wait_parent(&world, &clusters, "c1", names::PROGRESS, "0/3").await;
+    assert_eq!(
+        cluster[names::REFRESH_CERTIFICATES_STATUS],
+        names::STATUS_IN_PROGRESS
+    );
+    let said = world.events("c1-control-plane").await.into_iter().any(|e| {
         e.reason.as_deref() == Some(names::EVENT_REFRESH_CERTS_IN_PROGRESS)
             && e.message.as_deref() == Some(waiting.as_str())
     });
@@ -1554,4 +1677,175 @@ async fn a_stale_view_of_a_machine_never_starts_it_again() {
         [("w-0".to_string(), 1), ("w-1".to_string(), 1)],
         "each node refreshed once"
     );
+}
+
+/// Watches every change of every Machine until dropped, and records the most control-plane
+/// Machines busy at once: asked for and not ended, or running, for either operation.
+struct BusyWatch {
+    most: std::sync::Arc<std::sync::Mutex<(usize, Vec<String>)>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl BusyWatch {
+    fn start(world: &World) -> Self {
+        use futures::StreamExt;
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(world.client.clone(), NS, &machine::api_resource());
+        let most = std::sync::Arc::new(std::sync::Mutex::new((0, Vec::new())));
+        let record = most.clone();
+        let task = tokio::spawn(async move {
+            let mut busy: BTreeMap<String, bool> = BTreeMap::new();
+            let mut changes = kube::runtime::watcher(api, Default::default())
+                .applied_objects()
+                .boxed();
+            while let Some(Ok(m)) = changes.next().await {
+                let labels = m.metadata.labels.clone().unwrap_or_default();
+                if !labels.contains_key(names::CONTROL_PLANE_LABEL) {
+                    continue;
+                }
+                let a = m.metadata.annotations.clone().unwrap_or_default();
+                let is_busy = [
+                    (
+                        names::REFRESH_CERTIFICATES,
+                        names::REFRESH_CERTIFICATES_STATUS,
+                    ),
+                    (names::IN_PLACE_UPGRADE_TO, names::IN_PLACE_UPGRADE_STATUS),
+                ]
+                .into_iter()
+                .any(|(trigger, status)| {
+                    let status = a.get(status).map(String::as_str);
+                    status == Some(names::STATUS_IN_PROGRESS)
+                        || (a.contains_key(trigger)
+                            && !matches!(
+                                status,
+                                Some(names::STATUS_FAILED) | Some(names::STATUS_CANCELLED)
+                            ))
+                });
+                busy.insert(m.metadata.name.clone().unwrap_or_default(), is_busy);
+                let now: Vec<String> = busy
+                    .iter()
+                    .filter(|(_, b)| **b)
+                    .map(|(n, _)| n.clone())
+                    .collect();
+                let mut most = record.lock().unwrap();
+                if now.len() > most.0 {
+                    *most = (now.len(), now);
+                }
+            }
+        });
+        Self { most, task }
+    }
+
+    fn most(&self) -> (usize, Vec<String>) {
+        self.most.lock().unwrap().clone()
+    }
+}
+
+impl Drop for BusyWatch {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Issue 32: `kubectl annotate cluster c1 refresh-certificates=60d` and, at the same moment,
+/// `kubectl annotate ck8scontrolplane c1-control-plane refresh-certificates=90d`. The control
+/// plane's own request (set first here, by a few milliseconds) runs; the Cluster's waits for it
+/// (one Warning naming it), then goes through the control plane and the MachineDeployment.
+/// Both end `done`, each Machine is refreshed once per request that covers it, and a watch on
+/// every Machine change never sees two control-plane Machines busy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_request_and_a_control_plane_request_at_once_both_finish_one_machine_at_a_time() {
+    let mut world = world(fast()).await;
+    let (log, make) = logging_scripts(world.dir.path().join("hooks"), "0.2");
+    for name in ["cp-0", "cp-1", "cp-2", "w-0", "w-1"] {
+        let role = if name.starts_with("cp") {
+            NodeRole::ControlPlane
+        } else {
+            NodeRole::Worker
+        };
+        world.add_restartable(name, role, make(name)).await;
+    }
+    let watch = BusyWatch::start(&world);
+    let (planes, clusters) = (
+        machine::control_plane_api_resource(),
+        machine::cluster_api_resource(),
+    );
+    annotate_parent(
+        &world,
+        &planes,
+        "c1-control-plane",
+        json!({ names::REFRESH_CERTIFICATES: "90d" }),
+    )
+    .await;
+    annotate_parent(
+        &world,
+        &clusters,
+        "c1",
+        json!({ names::REFRESH_CERTIFICATES: "60d" }),
+    )
+    .await;
+    let cluster = wait_parent(
+        &world,
+        &clusters,
+        "c1",
+        names::REFRESH_CERTIFICATES_STATUS,
+        names::STATUS_DONE,
+    )
+    .await;
+    assert_eq!(cluster[names::PROGRESS], "5/5");
+    assert!(!cluster.contains_key(names::REFRESH_CERTIFICATES));
+    assert!(!cluster.contains_key(names::rollout_state::WAITING_FOR));
+    let plane = wait_parent(
+        &world,
+        &planes,
+        "c1-control-plane",
+        names::REFRESH_CERTIFICATES_STATUS,
+        names::STATUS_DONE,
+    )
+    .await;
+    assert_eq!(
+        plane[names::rollout_state::REFRESH_CLUSTER_REQUEST],
+        cluster[names::rollout_state::REFRESH_REQUEST],
+        "the control plane's last request was the Cluster's"
+    );
+    let plane_done = world
+        .events("c1-control-plane")
+        .await
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some(names::EVENT_REFRESH_CERTS_DONE))
+        .count();
+    assert_eq!(
+        plane_done, 2,
+        "the user's request and the Cluster's both ended done"
+    );
+    let waits: Vec<String> = world
+        .events("c1")
+        .await
+        .into_iter()
+        .filter(|e| e.type_.as_deref() == Some("Warning"))
+        .filter_map(|e| e.message)
+        .collect();
+    assert_eq!(waits.len(), 1, "one Warning: {waits:?}");
+    assert!(
+        waits[0].contains("CK8sControlPlane/c1-control-plane"),
+        "{waits:?}"
+    );
+
+    let (_, runs) = concurrency(&log);
+    let text = std::fs::read_to_string(&log).unwrap();
+    for (name, expected) in [
+        ("cp-0", 2),
+        ("cp-1", 2),
+        ("cp-2", 2),
+        ("w-0", 1),
+        ("w-1", 1),
+    ] {
+        assert_eq!(
+            runs.get(name).copied(),
+            Some(expected),
+            "{name} refreshed once per request covering it:\n{text}"
+        );
+    }
+    let (most, at) = watch.most();
+    assert_eq!(most, 1, "control-plane Machines busy at once: {at:?}");
 }

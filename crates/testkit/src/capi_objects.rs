@@ -165,7 +165,7 @@ impl ClusterObjects {
         .await?;
         self.create_object(&machine::control_plane_api_resource(), json!({
             "apiVersion": "controlplane.cluster.x-k8s.io/v1beta2", "kind": "CK8sControlPlane",
-            "metadata": { "name": self.control_plane_name() },
+            "metadata": { "name": self.control_plane_name(), "labels": { CLUSTER_NAME_LABEL: self.name } },
             "spec": {
                 "version": "v1.33.0",
                 "machineTemplate": { "infrastructureTemplate": { "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1", "kind": "DockerMachineTemplate", "name": self.control_plane_name() } }

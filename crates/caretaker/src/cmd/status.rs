@@ -119,8 +119,10 @@ pub async fn render(
             let operation = operation.names();
             let status = get(operation.status).unwrap_or("-");
             let progress = get(names::PROGRESS).unwrap_or("0/0").to_string();
+            // A failed request's trigger is removed; its value stays on record.
             let value = get(operation.trigger)
                 .or_else(|| get(operation.rollout_trigger))
+                .or_else(|| get(operation.rollout_requested))
                 .unwrap_or_default();
             let _ = writeln!(out, "Cluster {namespace}/{name}: {what} {value}");
             let _ = writeln!(
@@ -132,6 +134,9 @@ pub async fn render(
             let _ = writeln!(out, "progress {} {progress}", bar(&progress));
             if let Some(waiting) = annotations.get(rollout_state::WAITING) {
                 let _ = writeln!(out, "         {waiting}");
+            }
+            if let Some(other) = annotations.get(rollout_state::WAITING_FOR) {
+                let _ = writeln!(out, "         waiting for the request on {other} to end");
             }
             match status {
                 names::STATUS_IN_PROGRESS => Outcome::InProgress,

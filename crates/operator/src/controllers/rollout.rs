@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
+use kube::runtime::WatchStreamExt;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
@@ -27,8 +28,10 @@ use crate::names;
 /// The operations, here too for callers of [`start_machines`].
 pub use crate::names::Operation;
 use crate::rollout::RolloutPlan;
+use crate::rollout::chain::{self, ChainPlan, observe_children};
 use crate::rollout::parent::{
     MachineStart, ParentChanges, ParentKind, ParentStep, ParentView, Rollout, auto_refresh,
+    blocked_by,
 };
 use crate::schedule::Next;
 
@@ -59,15 +62,61 @@ async fn run_kind(
 ) {
     let resource = kind.api_resource();
     let mapper_resource = resource.clone();
-    Controller::new_with(parents, watcher::Config::default(), resource)
+    let client = parents.clone().into_client();
+    let controller = Controller::new_with(parents, watcher::Config::default(), resource.clone())
         .graceful_shutdown_on(ctx.shutdown.signal())
         .watches_stream_with(
             machine_changes,
             move |m| parents_of(kind, &MachineView::from_object(&m), &mapper_resource),
             machine::api_resource(),
+        );
+    // A Cluster's request waits on its children's status: their changes wake it, and it reads
+    // its control plane from a cache of its own (MachineDeployments are in `caches`).
+    let (children, controller) = if kind == ParentKind::Cluster {
+        let plane_resource = ParentKind::ControlPlane.api_resource();
+        let plane_writer = kube::runtime::reflector::store::Writer::new(plane_resource.clone());
+        let planes = plane_writer.as_reader();
+        let plane_api: Api<DynamicObject> = Api::all_with(client.clone(), &plane_resource);
+        let plane_changes =
+            kube::runtime::reflector(plane_writer, watcher(plane_api, watcher::Config::default()))
+                .applied_objects();
+        // The MachineDeployments' changes wake the Cluster only once this store has them, so
+        // a pass never reads one older than the change that woke it (`caches` may lag).
+        let deployment_resource = ParentKind::MachineDeployment.api_resource();
+        let deployment_writer =
+            kube::runtime::reflector::store::Writer::new(deployment_resource.clone());
+        let deployments = deployment_writer.as_reader();
+        let deployment_api: Api<DynamicObject> = Api::all_with(client, &deployment_resource);
+        let deployment_changes = kube::runtime::reflector(
+            deployment_writer,
+            watcher(deployment_api, watcher::Config::default()),
         )
+        .applied_objects();
+        let (to_cluster, to_cluster_too) = (resource.clone(), resource.clone());
+        let controller = controller
+            .watches_stream_with(
+                plane_changes,
+                move |child| cluster_of_child(&child, &to_cluster),
+                plane_resource,
+            )
+            .watches_stream_with(
+                deployment_changes,
+                move |child| cluster_of_child(&child, &to_cluster_too),
+                deployment_resource,
+            );
+        (
+            Some(ChildStores {
+                planes,
+                deployments,
+            }),
+            controller,
+        )
+    } else {
+        (None, controller)
+    };
+    controller
         .run(
-            move |parent, ctx| reconcile(parent, ctx, kind, caches.clone()),
+            move |parent, ctx| reconcile(parent, ctx, kind, caches.clone(), children.clone()),
             error_policy,
             ctx,
         )
@@ -77,6 +126,31 @@ async fn run_kind(
             }
         })
         .await;
+}
+
+/// The Cluster a control plane or MachineDeployment belongs to: its `spec.clusterName`, its
+/// owner Cluster, or its `cluster.x-k8s.io/cluster-name` label.
+fn cluster_name_of(child: &DynamicObject) -> Option<String> {
+    child.data["spec"]["clusterName"]
+        .as_str()
+        .map(str::to_string)
+        .or_else(|| {
+            child
+                .owner_references()
+                .iter()
+                .find(|o| o.kind == "Cluster")
+                .map(|o| o.name.clone())
+        })
+        .or_else(|| child.labels().get(names::CLUSTER_NAME_LABEL).cloned())
+        .filter(|name| !name.is_empty())
+}
+
+fn cluster_of_child(
+    child: &DynamicObject,
+    resource: &ApiResource,
+) -> Option<ObjectRef<DynamicObject>> {
+    let namespace = child.namespace()?;
+    Some(ObjectRef::new_with(&cluster_name_of(child)?, resource.clone()).within(&namespace))
 }
 
 /// The parents of `kind` a Machine's change may matter to.
@@ -105,11 +179,21 @@ fn error_policy(_parent: Arc<DynamicObject>, error: &Error, ctx: Arc<Context>) -
     super::requeue_after(CONTROLLER, error, &ctx)
 }
 
+/// A Cluster controller's caches of its children, filled by the watches that wake it.
+#[derive(Clone)]
+struct ChildStores {
+    planes: kube::runtime::reflector::Store<DynamicObject>,
+    deployments: kube::runtime::reflector::Store<DynamicObject>,
+}
+
+type Planes = Option<ChildStores>;
+
 async fn reconcile(
     parent: Arc<DynamicObject>,
     ctx: Arc<Context>,
     kind: ParentKind,
     caches: Caches,
+    planes: Planes,
 ) -> Result<Action, Error> {
     let _timer = ctx.reconcile_started(CONTROLLER);
     // An empty cache would read as a rollout with no Machines, and so as done.
@@ -117,7 +201,7 @@ async fn reconcile(
     let view = observe_parent(kind, &parent, &caches);
     let mut next = Next::AwaitChange;
     for operation in Operation::ALL {
-        let wish = reconcile_operation(&parent, &view, &ctx, operation, &caches).await?;
+        let wish = reconcile_operation(&parent, &view, &ctx, operation, &caches, &planes).await?;
         next = next.sooner(wish);
     }
     Ok(next.into())
@@ -130,6 +214,7 @@ async fn reconcile_operation(
     ctx: &Context,
     operation: Operation,
     caches: &Caches,
+    planes: &Planes,
 ) -> Result<Next, Error> {
     let now = OffsetDateTime::now_utc();
     let changes = match ParentStep::of(operation, view, now) {
@@ -142,9 +227,19 @@ async fn reconcile_operation(
             }
             changes
         }
-        ParentStep::Roll(rollout) => {
+        ParentStep::Roll(rollout) if view.kind == ParentKind::Cluster => {
+            // A Cluster goes through its children; their rollouts start the Machines.
             let machines = covered_machines(parent, view, caches);
-            let plan = plan_rollout(ctx, &rollout, view, &machines).await;
+            let children = children_of(ctx, parent, caches, planes).await?;
+            let input = observe_children(
+                operation,
+                &rollout.request_id,
+                rollout.max_parallel(view),
+                rollout.trigger.is_none(),
+                &children,
+                &machines,
+            );
+            let plan = ChainPlan::decide(&input);
             ctx.metrics.set_rollout_progress(
                 &view.kind.api_resource().kind,
                 &parent.namespace().unwrap_or_default(),
@@ -152,10 +247,109 @@ async fn reconcile_operation(
                 operation.metric_label(),
                 &plan.progress(),
             );
-            rollout.changes(view, &machines, &plan, ctx.settings.retry_base)
+            chain::changes(&rollout, view, &children, &plan, ctx.settings.retry_base)
+        }
+        ParentStep::Roll(rollout) => {
+            let mut machines = covered_machines(parent, view, caches);
+            let mut plan = plan_rollout(ctx, &rollout, view, &machines, None).await;
+            // Held until the starts are written, when one is a control-plane Machine.
+            let mut _control_plane_guard = None;
+            if matches!(&plan, RolloutPlan::Continue { start, .. } if !start.is_empty()) {
+                // Of this parent's two operations, the older request runs first. (A Cluster's
+                // request touches no Machine; its children's requests do.)
+                let blocked = blocked_by(operation, view, &rollout.request_id, &[view]);
+                if plan.starts_control_plane(&rollout.input(view, &machines)) {
+                    // Decided again on the Machines as the API server has them now, with no
+                    // other pass starting a control-plane Machine meanwhile.
+                    _control_plane_guard = Some(ctx.control_plane_starts.lock().await);
+                    machines = fresh_covered_machines(ctx, parent, view).await?;
+                    plan = plan_rollout(ctx, &rollout, view, &machines, blocked).await;
+                } else if blocked.is_some() {
+                    plan = plan_rollout(ctx, &rollout, view, &machines, blocked).await;
+                }
+            }
+            ctx.metrics.set_rollout_progress(
+                &view.kind.api_resource().kind,
+                &parent.namespace().unwrap_or_default(),
+                &view.name,
+                operation.metric_label(),
+                &plan.progress(),
+            );
+            let changes = rollout.changes(view, &machines, &plan, ctx.settings.retry_base);
+            return apply(ctx, parent, view.kind, changes).await;
         }
     };
     apply(ctx, parent, view.kind, changes).await
+}
+
+/// A Cluster's children: its control plane (when it is a CK8sControlPlane), then its
+/// MachineDeployments in name order.
+async fn children_of(
+    ctx: &Context,
+    parent: &DynamicObject,
+    caches: &Caches,
+    planes: &Planes,
+) -> Result<Vec<ParentView>, Error> {
+    let mut children = Vec::new();
+    let namespace = parent.namespace().unwrap_or_default();
+    if let Some(reference) = machine::ObjectRef::control_plane_of(parent)
+        && reference.group == machine::CONTROL_PLANE_GROUP
+    {
+        let resource = ParentKind::ControlPlane.api_resource();
+        let key = ObjectRef::new_with(&reference.name, resource.clone()).within(&namespace);
+        let cached = planes.as_ref().and_then(|stores| stores.planes.get(&key));
+        // Not in the cache (not listed yet, or just created): ask, rather than skip the
+        // control plane and start on the workers.
+        let plane = match cached {
+            Some(plane) => Some(plane),
+            None => ctx
+                .api(&namespace, &resource)
+                .get_opt(&reference.name)
+                .await?
+                .map(Arc::new),
+        };
+        if let Some(plane) = plane {
+            children.push(observe_parent(ParentKind::ControlPlane, &plane, caches));
+        }
+    }
+    // Which MachineDeployments: the shared cache (listed before any pass); each as the store
+    // of the watch that wakes the Cluster has it, when it has it.
+    let mut deployments: Vec<ParentView> = caches
+        .deployments_of(parent)
+        .iter()
+        .map(|d| {
+            let key =
+                ObjectRef::from_obj_with(d.as_ref(), ParentKind::MachineDeployment.api_resource());
+            let newest = planes
+                .as_ref()
+                .and_then(|stores| stores.deployments.get(&key))
+                .unwrap_or_else(|| d.clone());
+            observe_parent(ParentKind::MachineDeployment, &newest, caches)
+        })
+        .collect();
+    deployments.sort_by(|a, b| a.name.cmp(&b.name));
+    children.extend(deployments);
+    Ok(children)
+}
+
+/// The Machines the parent covers, read from the API server rather than the cache.
+async fn fresh_covered_machines(
+    ctx: &Context,
+    parent: &DynamicObject,
+    view: &ParentView,
+) -> Result<Vec<Arc<MachineView>>, Error> {
+    let namespace = parent.namespace().unwrap_or_default();
+    let list = ctx
+        .api(&namespace, &machine::api_resource())
+        .list(&kube::api::ListParams::default())
+        .await?;
+    Ok(list
+        .items
+        .iter()
+        .map(MachineView::from_object)
+        .filter(|m| view.kind.covers(&view.name, m))
+        .map(Arc::new)
+        .collect())
 }
 
 /// The parent as a pass sees it: for a Cluster, with the limits of its MachineDeployments.
@@ -176,6 +370,7 @@ fn observe_parent(kind: ParentKind, parent: &DynamicObject, caches: &Caches) -> 
         name: parent.name_any(),
         annotations: parent.annotations().clone(),
         deployment_limits,
+        resource_version: parent.metadata.resource_version.clone(),
     }
 }
 
@@ -198,8 +393,10 @@ async fn plan_rollout(
     rollout: &Rollout,
     parent: &ParentView,
     machines: &[Arc<MachineView>],
+    blocked_by: Option<String>,
 ) -> RolloutPlan {
     let mut input = rollout.input(parent, machines);
+    input.blocked_by = blocked_by;
     let plan = RolloutPlan::decide(&input);
     if !plan.starts_control_plane(&input) {
         return plan;
@@ -233,6 +430,22 @@ async fn apply(
         // The Machine changed since the cache saw it. Its watch event wakes the parent only
         // if the change matters to parents, so look again shortly either way.
         return Ok(Next::After(STALE_RETRY));
+    }
+    let namespace = parent.namespace().unwrap_or_default();
+    for child in &changes.children {
+        let body = child
+            .annotations
+            .merge_patch(child.resource_version.as_deref());
+        match ctx
+            .api(&namespace, &child.kind.api_resource())
+            .patch(&child.name, &PatchParams::default(), &Patch::Merge(&body))
+            .await
+        {
+            Ok(_) => {}
+            // The child changed since the pass saw it: its watch event brings a fresh pass.
+            Err(kube::Error::Api(e)) if e.code == 409 => return Ok(Next::After(STALE_RETRY)),
+            Err(e) => return Err(e.into()),
+        }
     }
     let resource = kind.api_resource();
     if !changes.parent.is_empty() {

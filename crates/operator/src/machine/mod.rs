@@ -36,6 +36,10 @@ pub fn machine_deployment_api_resource() -> ApiResource {
     )
 }
 
+/// The API group of control-plane providers (CK8sControlPlane, KubeadmControlPlane, ...): a
+/// Machine a controller of this group owns is a control-plane Machine.
+pub const CONTROL_PLANE_GROUP: &str = "controlplane.cluster.x-k8s.io";
+
 /// The CK8sControlPlane kind.
 pub fn control_plane_api_resource() -> ApiResource {
     ApiResource::from_gvk_with_plural(

@@ -65,6 +65,9 @@ impl ParentKind {
 
     /// Whether the parent of this kind named `parent` covers the Machine: a Cluster all its
     /// Machines, a control plane its control-plane Machines, a MachineDeployment its workers.
+    /// A MachineDeployment never covers a control-plane Machine, whatever its labels say: one
+    /// that carries the control-plane label or is controlled by a control plane is left out,
+    /// so that only the control plane's own request (one Machine at a time) touches it.
     pub fn covers(self, parent: &str, m: &MachineView) -> bool {
         match self {
             ParentKind::Cluster => m.cluster_name == parent,
@@ -73,6 +76,10 @@ impl ParentKind {
                     .get(names::DEPLOYMENT_NAME_LABEL)
                     .map(String::as_str)
                     == Some(parent)
+                    && !m.control_plane
+                    && m.controller
+                        .as_ref()
+                        .is_none_or(|owner| owner.group != machine::CONTROL_PLANE_GROUP)
             }
             ParentKind::ControlPlane => {
                 m.control_plane
@@ -94,6 +101,8 @@ pub struct ParentView {
     /// For a Cluster: the `caretaker.dev/max-parallel` values of its MachineDeployments that
     /// have one, by name, as written.
     pub deployment_limits: BTreeMap<String, String>,
+    /// The version the pass saw it at (writes on a Cluster's children are made on it only).
+    pub resource_version: Option<String>,
 }
 
 impl ParentView {
@@ -127,9 +136,13 @@ impl ParentStep {
             parent.annotation(names.rollout_trigger),
         );
         match state {
+            // Not after a failure: its trigger is gone, and starting again at once would
+            // repeat the failing rollout forever. A refresh asked for by hand (or the status
+            // removed) lets it go on.
             RequestState::NoRequest
                 if parent.kind == ParentKind::Cluster
                     && operation == Operation::RefreshCertificates
+                    && parent.annotation(names.status) != Some(names::STATUS_FAILED)
                     && parent
                         .annotation(names::AUTO_REFRESH_CERTIFICATES)
                         .is_some() =>
@@ -155,6 +168,17 @@ impl ParentStep {
                     .unwrap_or_default()
                     .to_string(),
                 trigger: trigger.map(str::to_string),
+                refused: None,
+            }),
+            // The running request goes on for the value it was started with.
+            RequestState::Conflicting { trigger } => ParentStep::Roll(Rollout {
+                operation,
+                request_id: parent
+                    .annotation(names.rollout_request)
+                    .unwrap_or_default()
+                    .to_string(),
+                trigger: parent.annotation(names.rollout_trigger).map(str::to_string),
+                refused: Some(trigger.to_string()),
             }),
         }
     }
@@ -172,13 +196,16 @@ fn validate(operation: Operation, value: &str) -> Result<(), String> {
     }
 }
 
-/// A new request with an unusable value ends `failed` at once, and stays so for that value.
+/// A new request with an unusable value ends `failed` at once; as every failed request, its
+/// trigger goes and the value stays on record.
 fn reject(operation: Operation, value: &str, reason: String) -> ParentChanges {
     let names = operation.names();
     let mut parent = AnnotationChanges::default();
     parent
         .set(names.status, names::STATUS_FAILED)
-        .set(names.rollout_trigger, value);
+        .remove(names.rollout_trigger)
+        .set(names.rollout_requested, value)
+        .remove(names.trigger);
     ParentChanges {
         events: vec![Event::warning(names.rollout_events.failed, reason)],
         ..ParentChanges::writing(parent)
@@ -196,12 +223,19 @@ fn start(
     let mut changes = AnnotationChanges::default();
     changes
         .set(names.status, names::STATUS_IN_PROGRESS)
-        .set(
-            names.rollout_request,
-            format!("{:x}", now.unix_timestamp_nanos()),
-        )
+        .set(names.rollout_request, request_id(parent, now))
         .set(names.rollout_trigger, value)
-        .remove(rollout_state::WAITING);
+        .set(names.rollout_requested, value)
+        .remove(rollout_state::WAITING)
+        .remove(rollout_state::WAITING_FOR)
+        .remove(rollout_state::REFUSED_TRIGGER);
+    // A Cluster places its trigger with its mark and clears the status; a trigger beside a
+    // status (or without the mark) is the user's own request, and an old mark is not its.
+    let placed = parent.annotation(names.cluster_request).is_some()
+        && parent.annotation(names.status).is_none();
+    if !placed && parent.annotation(names.cluster_request).is_some() {
+        changes.remove(names.cluster_request);
+    }
     let note = format!(
         "rolling {} = {value} out over the Machines of {} {}",
         names.trigger,
@@ -215,6 +249,63 @@ fn start(
     // A new request names every malformed limit again, whatever an earlier one reported.
     changes.report_malformed_limits(parent, names.rollout_events.in_progress, "");
     changes
+}
+
+/// A new request's id: the object it was asked on (`Kind/name`), then when (hexadecimal
+/// nanoseconds). A Machine tagged with it names the request it is busy with, and ids order
+/// requests by age.
+fn request_id(parent: &ParentView, now: OffsetDateTime) -> String {
+    format!(
+        "{}/{}/{:x}",
+        parent.kind.api_resource().kind,
+        parent.name,
+        now.unix_timestamp_nanos()
+    )
+}
+
+/// The object (`Kind/name`) a request id names, if it names one.
+pub fn requester(request_id: &str) -> Option<&str> {
+    request_id
+        .rsplit_once('/')
+        .map(|(object, _)| object)
+        .filter(|object| object.contains('/'))
+}
+
+/// When a request was made, for ordering requests (ids that say nothing count as oldest).
+fn requested_at(request_id: &str) -> i128 {
+    let stamp = request_id.rsplit('/').next().unwrap_or_default();
+    i128::from_str_radix(stamp, 16).unwrap_or(i128::MIN)
+}
+
+/// The older running request, among `overlapping`, that a request of `parent` with id
+/// `request_id` must wait for, as its object (`Kind/name`). `overlapping` are the parents
+/// whose Machines overlap `parent`'s: for a Cluster its control plane and MachineDeployments,
+/// for those their Cluster, and `parent` itself (whose other operation overlaps). Of two
+/// overlapping requests the older runs and the newer waits, so neither ever preempts the
+/// other and the oldest running request never waits for another.
+pub fn blocked_by(
+    operation: Operation,
+    parent: &ParentView,
+    request_id: &str,
+    overlapping: &[&ParentView],
+) -> Option<String> {
+    let mine = (requested_at(request_id), request_id);
+    overlapping
+        .iter()
+        .flat_map(|other| Operation::ALL.map(|op| (*other, op)))
+        .filter(|(other, op)| {
+            !(other.kind == parent.kind && other.name == parent.name && *op == operation)
+        })
+        .filter_map(|(other, op)| {
+            let names = op.names();
+            (other.annotation(names.status) == Some(names::STATUS_IN_PROGRESS))
+                .then(|| other.annotation(names.rollout_request))
+                .flatten()
+                .map(|id| ((requested_at(id), id), other))
+        })
+        .filter(|(theirs, _)| *theirs < mine)
+        .min_by(|(a, _), (b, _)| a.cmp(b))
+        .map(|(_, other)| format!("{}/{}", other.kind.api_resource().kind, other.name))
 }
 
 /// A `caretaker.dev/max-parallel` value, when it is a whole number of at least 1.
@@ -294,25 +385,48 @@ pub struct Rollout {
     pub request_id: String,
     /// The trigger value; `None` once the trigger was removed, which cancels the request.
     pub trigger: Option<String>,
+    /// Another value the trigger now asks for, refused while this request runs.
+    pub refused: Option<String>,
 }
 
 impl Rollout {
+    /// Workers at once: the parent's own `max-parallel` (1 if unset or malformed), and no more
+    /// than the share a Cluster request gave it, when a Cluster placed this request.
+    pub fn max_parallel(&self, parent: &ParentView) -> usize {
+        let own = parent
+            .annotation(names::MAX_PARALLEL)
+            .and_then(max_parallel)
+            .unwrap_or(1);
+        let placed = parent
+            .annotation(self.operation.names().cluster_request)
+            .is_some();
+        match parent.annotation(rollout_state::CLUSTER_MAX_PARALLEL) {
+            Some(share) if placed && parent.kind == ParentKind::MachineDeployment => {
+                let share = max_parallel(share).unwrap_or(1);
+                // A MachineDeployment without its own limit takes the Cluster's share whole.
+                match parent.annotation(names::MAX_PARALLEL) {
+                    Some(_) => own.min(share),
+                    None => share,
+                }
+            }
+            _ => own,
+        }
+    }
+
     /// What [`RolloutPlan::decide`] needs, from the parent and the Machines it covers (in the
     /// same order). Agent health is assumed good: the controller checks it when a
     /// control-plane Machine would start ([`RolloutPlan::starts_control_plane`]).
     pub fn input(&self, parent: &ParentView, machines: &[Arc<MachineView>]) -> RolloutInput {
         RolloutInput {
             cancelled: self.trigger.is_none(),
-            max_parallel: parent
-                .annotation(names::MAX_PARALLEL)
-                .and_then(max_parallel)
-                .unwrap_or(1),
+            max_parallel: self.max_parallel(parent),
             // A MachineDeployment's own limit is the parent's; a control plane has no workers.
             deployment_limits: parent
                 .deployment_limits
                 .iter()
                 .map(|(name, value)| (name.clone(), max_parallel(value).unwrap_or(1)))
                 .collect(),
+            blocked_by: None,
             machines: observe(self.operation, &self.request_id, machines),
         }
     }
@@ -334,6 +448,52 @@ impl Rollout {
         let progress_text = format!("{}/{}", progress.done, progress.total);
         if parent.annotation(names::PROGRESS) != Some(progress_text.as_str()) {
             changes.parent.set(names::PROGRESS, progress_text.as_str());
+        }
+        if let Some(value) = &self.refused
+            && parent.annotation(rollout_state::REFUSED_TRIGGER) != Some(value.as_str())
+        {
+            changes
+                .parent
+                .set(rollout_state::REFUSED_TRIGGER, value.as_str());
+            let note = format!(
+                "{} = {value} refused: the request for {} ({}) runs on this object and is not preempted; it ends with the trigger removed, and then the new value can be asked for",
+                names.trigger,
+                self.trigger.as_deref().unwrap_or_default(),
+                self.request_id,
+            );
+            changes
+                .events
+                .push(Event::warning(reasons.in_progress, note));
+        }
+        let waiting_for = match plan {
+            RolloutPlan::Continue {
+                waiting: Some(super::Waiting::ForRequest(object)),
+                ..
+            } => Some(object.as_str()),
+            _ => None,
+        };
+        let ended = matches!(
+            plan,
+            RolloutPlan::Done { .. } | RolloutPlan::Failed { .. } | RolloutPlan::Cancelled { .. }
+        );
+        if parent.annotation(rollout_state::WAITING_FOR) != waiting_for {
+            match waiting_for {
+                Some(object) => {
+                    changes.parent.set(rollout_state::WAITING_FOR, object);
+                    let note = format!(
+                        "waiting for the request on {object} to end: it runs on Machines this request covers; neither preempts the other"
+                    );
+                    changes
+                        .events
+                        .push(Event::warning(reasons.in_progress, note));
+                }
+                None => {
+                    changes.parent.remove(rollout_state::WAITING_FOR);
+                }
+            }
+        }
+        if ended && parent.annotation(rollout_state::REFUSED_TRIGGER).is_some() {
+            changes.parent.remove(rollout_state::REFUSED_TRIGGER);
         }
         let mut end = |status: &str, event: Event| {
             changes
@@ -357,7 +517,10 @@ impl Rollout {
                         .annotation(rollout_state::LIMITS_REPORTED)
                         .unwrap_or_default(),
                 );
-                if let Some(waiting) = waiting {
+                if waiting_for.is_some() {
+                    // The other request's end is not always a change this parent hears of.
+                    changes.next = Next::After(retry_base.max(Duration::from_secs(1)));
+                } else if let Some(waiting) = waiting {
                     changes.report_waiting(
                         parent,
                         Event::normal(reasons.in_progress, waiting.describe()),
@@ -392,16 +555,35 @@ impl Rollout {
                 ..
             } => {
                 let text = format!(
-                    "Machine {machine} failed: nothing new starts; the rollout ends failed once {} finish: {reason}",
+                    "{} failed: nothing new starts; the rollout ends failed once {} finish: {reason}",
+                    failed_subject(machine),
                     running.join(", ")
                 );
                 changes.report_waiting(parent, Event::warning(reasons.in_progress, text));
             }
+            // As upstream: a failed request's trigger goes, from the parent and from its failed
+            // Machines, so that asking again is simply annotating again; what was asked for
+            // stays in `rollout_requested`.
             RolloutPlan::Failed {
                 machine, reason, ..
             } => {
-                let note = format!("Machine {machine} failed, the rollout stopped: {reason}");
+                let note = format!(
+                    "{} failed, the rollout stopped: {reason}",
+                    failed_subject(machine)
+                );
                 end(names::STATUS_FAILED, Event::warning(reasons.failed, note));
+                changes
+                    .parent
+                    .remove(names.trigger)
+                    .remove(names.rollout_trigger);
+                changes.start = machines
+                    .iter()
+                    .filter(|m| {
+                        m.annotation(names.rollout_request) == Some(self.request_id.as_str())
+                            && m.annotation(names.trigger).is_some()
+                    })
+                    .map(|m| MachineStart::removing_trigger(self.operation, m))
+                    .collect();
             }
             RolloutPlan::Cancelled { .. } => {
                 let note =
@@ -416,9 +598,27 @@ impl Rollout {
     }
 }
 
+/// What failed, in words: a Machine, or (in a Cluster's chain) a child `Kind/name`.
+fn failed_subject(name: &str) -> String {
+    if name.contains('/') {
+        name.to_string()
+    } else {
+        format!("Machine {name}")
+    }
+}
+
+/// A write on a Cluster's child (made only on the version the pass saw).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChildWrite {
+    pub kind: ParentKind,
+    pub name: String,
+    pub resource_version: Option<String>,
+    pub annotations: AnnotationChanges,
+}
+
 /// Where each Machine stands for request `request_id`, in the order of `views`; agent health is
 /// assumed good (see [`Rollout::input`]).
-fn observe(
+pub(super) fn observe(
     operation: Operation,
     request_id: &str,
     views: &[Arc<MachineView>],
@@ -471,9 +671,36 @@ fn observe(
                 being_deleted: m.being_deleted,
                 progress,
                 failure,
+                held_by: held_by(operation, request_id, m),
             }
         })
         .collect()
+}
+
+/// The object of another request Machine `m` is busy with, for a request `request_id` of
+/// `operation`: a request of either operation that has not ended on it (asked for and not yet
+/// taken up, or running) and is not this one. A Machine tagged by no request was asked on
+/// itself.
+fn held_by(operation: Operation, request_id: &str, m: &MachineView) -> Option<String> {
+    Operation::ALL.into_iter().find_map(|op| {
+        let names = op.names();
+        let tag = m.annotation(names.rollout_request);
+        if op == operation && tag == Some(request_id) {
+            return None;
+        }
+        let status = m.annotation(names.status);
+        let ended = matches!(
+            status,
+            Some(names::STATUS_FAILED) | Some(names::STATUS_CANCELLED)
+        );
+        let busy = status == Some(names::STATUS_IN_PROGRESS)
+            || (m.annotation(names.trigger).is_some() && !ended);
+        busy.then(|| {
+            tag.and_then(requester)
+                .map(str::to_string)
+                .unwrap_or_else(|| format!("Machine/{}", m.name))
+        })
+    })
 }
 
 /// What a pass writes and says, in the order the controller applies it.
@@ -482,6 +709,9 @@ pub struct ParentChanges {
     /// Machines to start. If one of them changed since the plan saw it, the pass stops there
     /// and the Machine's change brings a fresh one.
     pub start: Vec<MachineStart>,
+    /// For a Cluster: the triggers placed on or removed from its children, after the
+    /// Machines and before the Cluster itself.
+    pub children: Vec<ChildWrite>,
     /// Then the parent's annotations.
     pub parent: AnnotationChanges,
     /// Then the events on the parent, once what they tell of is written.
@@ -553,6 +783,18 @@ pub struct MachineStart {
 }
 
 impl MachineStart {
+    /// Removes the trigger from Machine `m`, whose request failed (on the version seen).
+    pub fn removing_trigger(operation: Operation, m: &MachineView) -> Self {
+        let mut annotations = AnnotationChanges::default();
+        annotations.remove(operation.names().trigger);
+        Self {
+            namespace: m.namespace.clone(),
+            machine: m.name.clone(),
+            resource_version: m.resource_version.clone(),
+            annotations,
+        }
+    }
+
     /// Starts Machine `m` for request `request_id` with trigger value `value`.
     ///
     /// A Machine's status is the result of the last request it ran. An ended one (`done`,
@@ -563,8 +805,9 @@ impl MachineStart {
     /// clears it. The write is made only on the version the plan saw untouched by this request
     /// (a lagging cache could otherwise restart a Machine this request has finished), so it
     /// never clears a result this request produced, and a restarted operator still finds its
-    /// finished Machines finished. `in-progress` stays: that work still runs on the node, and
-    /// the Machine controller continues or restarts it.
+    /// finished Machines finished. A Machine `in-progress` is busy with another request and is
+    /// never started ([`RolloutPlan::decide`] leaves it); were it written anyway, its status
+    /// would stay, as that work still runs on the node.
     pub fn for_request(
         operation: Operation,
         value: &str,

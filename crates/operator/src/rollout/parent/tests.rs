@@ -18,6 +18,7 @@ fn parent(kind: ParentKind, annotations: &[(&str, &str)]) -> ParentView {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect(),
         deployment_limits: BTreeMap::new(),
+        resource_version: None,
     }
 }
 
@@ -56,7 +57,7 @@ fn a_new_request_gets_an_id_and_says_so_and_a_bad_value_fails_at_once() {
             Some(Some(names::STATUS_IN_PROGRESS))
         );
         assert_eq!(changes.parent.get(names.rollout_trigger), Some(Some(value)));
-        let id = format!("{:x}", NOW.unix_timestamp_nanos());
+        let id = format!("MachineDeployment/p/{:x}", NOW.unix_timestamp_nanos());
         assert_eq!(
             changes.parent.get(names.rollout_request),
             Some(Some(id.as_str()))
@@ -77,7 +78,8 @@ fn a_new_request_gets_an_id_and_says_so_and_a_bad_value_fails_at_once() {
             ParentStep::Roll(Rollout {
                 operation: op,
                 request_id: id,
-                trigger: Some(value.into())
+                trigger: Some(value.into()),
+                refused: None,
             })
         );
 
@@ -89,8 +91,11 @@ fn a_new_request_gets_an_id_and_says_so_and_a_bad_value_fails_at_once() {
             changes.parent.get(names.status),
             Some(Some(names::STATUS_FAILED))
         );
+        // As every failed request: the trigger goes, what was asked for stays on record.
+        assert_eq!(changes.parent.get(names.trigger), Some(None));
+        assert_eq!(changes.parent.get(names.rollout_trigger), Some(None));
         assert_eq!(
-            changes.parent.get(names.rollout_trigger),
+            changes.parent.get(names.rollout_requested),
             Some(Some("soon"))
         );
         assert_eq!(changes.parent.get(names.rollout_request), None);
@@ -137,6 +142,7 @@ fn malformed_limits_are_named_when_the_request_starts() {
         operation: Operation::RefreshCertificates,
         request_id: "r".into(),
         trigger: Some("1y".into()),
+        refused: None,
     }
     .input(&cluster, &[]);
     assert_eq!(input.max_parallel, 1);
@@ -410,6 +416,7 @@ fn rollout(operation: Operation) -> Rollout {
         operation,
         request_id: "r1".into(),
         trigger: Some(valid(operation).into()),
+        refused: None,
     }
 }
 
@@ -472,11 +479,12 @@ fn an_ended_rollout_writes_its_status_and_says_why() {
             assert_eq!(changes.events, [event]);
             assert!(changes.start.is_empty());
             assert_eq!(changes.next, Next::AwaitChange);
-            // Only a finished request removes its trigger; a failed or cancelled one stays
-            // so until the trigger is removed.
+            // A finished or failed request removes its trigger (as upstream); a cancelled one
+            // had it removed already.
             let done = matches!(plan, RolloutPlan::Done { .. });
+            let failed = matches!(plan, RolloutPlan::Failed { .. });
             let trigger = changes.parent.get(names.trigger);
-            assert_eq!(trigger, done.then_some(None), "{plan:?}");
+            assert_eq!(trigger, (done || failed).then_some(None), "{plan:?}");
             if let (true, Some(release)) = (done, names.release) {
                 assert_eq!(changes.parent.get(release), Some(Some(valid(op))));
             }
@@ -604,11 +612,14 @@ proptest! {
         let p = parent(ParentKind::MachineDeployment, &annotations);
         let step = ParentStep::of(op, &p, NOW);
         let in_progress = p.annotation(names.status) == Some(names::STATUS_IN_PROGRESS);
-        let same = p.annotation(names.trigger).is_none() || p.annotation(names.trigger) == p.annotation(names.rollout_trigger);
+        // Another value beside a running request is refused, and that request runs on.
+        let same = p.annotation(names.trigger).is_none() || p.annotation(names.rollout_trigger).is_some();
         prop_assert_eq!(matches!(step, ParentStep::Roll(_)), in_progress && same, "{:?}", step);
         if let ParentStep::Write(changes) = step {
             prop_assert!(changes.start.is_empty());
-            prop_assert_eq!(changes.parent.get(names.trigger), None, "the user's trigger is never written");
+            let rejected = changes.parent.get(names.status) == Some(Some(names::STATUS_FAILED));
+            let expected = rejected.then_some(None);
+            prop_assert_eq!(changes.parent.get(names.trigger), expected, "the user's trigger is never written, and removed only on failure");
             let after = ParentStep::of(op, &written(&p, &changes), NOW);
             let starts = changes.parent.get(names.status) == Some(Some(names::STATUS_IN_PROGRESS));
             if starts {
@@ -643,6 +654,7 @@ proptest! {
             cancelled,
             max_parallel,
             deployment_limits: BTreeMap::new(),
+            blocked_by: None,
             machines: observed,
         });
         let request = Rollout { trigger: (!cancelled).then(|| valid(op).to_string()), ..rollout(op) };
@@ -814,4 +826,150 @@ fn the_agents_plan_id_does_not_wake_the_parents_and_a_result_does() {
     done.annotations
         .insert(names.status.into(), names::STATUS_DONE.into());
     assert!(matters_to_parents(&planned, &done));
+}
+
+#[test]
+fn a_machine_deployment_never_covers_a_control_plane_machine() {
+    let mut labelled = test_machine(&[]);
+    labelled
+        .labels
+        .insert(names::DEPLOYMENT_NAME_LABEL.into(), "md".into());
+    assert!(ParentKind::MachineDeployment.covers("md", &labelled));
+    // The control-plane label, or a control plane as controller, leaves it out.
+    let mut by_label = labelled.clone();
+    by_label.control_plane = true;
+    assert!(!ParentKind::MachineDeployment.covers("md", &by_label));
+    let mut by_owner = labelled.clone();
+    by_owner.controller = Some(crate::machine::ObjectRef {
+        group: crate::machine::CONTROL_PLANE_GROUP.into(),
+        kind: "CK8sControlPlane".into(),
+        name: "cp".into(),
+    });
+    assert!(!ParentKind::MachineDeployment.covers("md", &by_owner));
+}
+
+#[test]
+fn another_value_on_a_running_parent_is_refused_once_and_the_request_runs_on() {
+    for op in OPS {
+        let names = op.names();
+        let [first, second] = match op {
+            Operation::RefreshCertificates => ["60d", "90d"],
+            Operation::InPlaceUpgrade => ["revision=1", "revision=2"],
+        };
+        let p = parent(
+            ParentKind::ControlPlane,
+            &[
+                (names.trigger, second),
+                (names.status, names::STATUS_IN_PROGRESS),
+                (names.rollout_trigger, first),
+                (names.rollout_request, "r1"),
+            ],
+        );
+        let ParentStep::Roll(rollout) = ParentStep::of(op, &p, NOW) else {
+            panic!("{op:?}: the running request runs on");
+        };
+        assert_eq!(rollout.trigger.as_deref(), Some(first));
+        assert_eq!(rollout.refused.as_deref(), Some(second));
+        let m = test_machine(&[]);
+        let machines = [Arc::new(m)];
+        let plan = RolloutPlan::decide(&rollout.input(&p, &machines));
+        let changes = rollout.changes(&p, &machines, &plan, RETRY_BASE);
+        // Started for the running request's value, not the new one.
+        assert_eq!(
+            changes.start[0].annotations.get(names.trigger),
+            Some(Some(first))
+        );
+        let warnings: Vec<_> = changes
+            .events
+            .iter()
+            .filter(|e| e.type_ == EventType::Warning)
+            .collect();
+        assert_eq!(warnings.len(), 1);
+        assert!(warnings[0].note.contains(second) && warnings[0].note.contains("refused"));
+        let again = written(&p, &changes);
+        let ParentStep::Roll(rollout) = ParentStep::of(op, &again, NOW) else {
+            panic!()
+        };
+        let changes = rollout.changes(&again, &machines, &plan, RETRY_BASE);
+        assert!(
+            changes.events.is_empty(),
+            "refused once: {:?}",
+            changes.events
+        );
+    }
+}
+
+#[test]
+fn a_wait_for_another_request_is_recorded_and_warned_of_once() {
+    let op = Operation::RefreshCertificates;
+    let p = parent(ParentKind::MachineDeployment, &[]);
+    let mut rollout = rollout(op);
+    rollout.request_id = "MachineDeployment/p/2".into();
+    let other = parent(
+        ParentKind::MachineDeployment,
+        &[
+            (
+                Operation::InPlaceUpgrade.names().status,
+                names::STATUS_IN_PROGRESS,
+            ),
+            (
+                Operation::InPlaceUpgrade.names().rollout_request,
+                "MachineDeployment/p/1",
+            ),
+        ],
+    );
+    let blocked = blocked_by(op, &p, &rollout.request_id, &[&other]);
+    assert_eq!(blocked.as_deref(), Some("MachineDeployment/p"));
+    // The older one is never blocked by the newer.
+    let newer = parent(
+        ParentKind::MachineDeployment,
+        &[
+            (
+                Operation::InPlaceUpgrade.names().status,
+                names::STATUS_IN_PROGRESS,
+            ),
+            (
+                Operation::InPlaceUpgrade.names().rollout_request,
+                "MachineDeployment/p/3",
+            ),
+        ],
+    );
+    assert_eq!(blocked_by(op, &p, &rollout.request_id, &[&newer]), None);
+    let machines = [Arc::new(test_machine(&[]))];
+    let mut input = rollout.input(&p, &machines);
+    input.blocked_by = blocked;
+    let plan = RolloutPlan::decide(&input);
+    let changes = rollout.changes(&p, &machines, &plan, RETRY_BASE);
+    assert!(changes.start.is_empty());
+    assert_eq!(
+        changes.parent.get(rollout_state::WAITING_FOR),
+        Some(Some("MachineDeployment/p"))
+    );
+    assert_eq!(changes.events.len(), 1);
+    assert_eq!(changes.events[0].type_, EventType::Warning);
+    let again = written(&p, &changes);
+    let changes = rollout.changes(&again, &machines, &plan, RETRY_BASE);
+    assert!(changes.events.is_empty());
+}
+
+#[test]
+fn automatic_refresh_does_not_repeat_a_failed_rollout() {
+    let names = Operation::RefreshCertificates.names();
+    let auto = (names::AUTO_REFRESH_CERTIFICATES, "ttl=1y,before=30d");
+    let failed = parent(
+        ParentKind::Cluster,
+        &[auto, (names.status, names::STATUS_FAILED)],
+    );
+    assert_eq!(
+        ParentStep::of(Operation::RefreshCertificates, &failed, NOW),
+        ParentStep::Idle
+    );
+    let done = parent(
+        ParentKind::Cluster,
+        &[auto, (names.status, names::STATUS_DONE)],
+    );
+    assert_eq!(
+        ParentStep::of(Operation::RefreshCertificates, &done, NOW),
+        ParentStep::AutoRefresh
+    );
 }

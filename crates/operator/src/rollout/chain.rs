@@ -1,0 +1,558 @@
+//! A Cluster's request, as the upstream proposals (002 and 004) specify it: the Cluster places
+//! the same trigger on its `CK8sControlPlane`, waits for that object's status to become `done`
+//! or `failed`, then does the same with each `MachineDeployment` in name order, and ends from
+//! theirs. It never touches a Machine itself: each child's own rollout does, and each level
+//! shows its status, progress and events.
+//!
+//! caretaker adds: the Cluster's `caretaker.dev/max-parallel` is a budget of workers for the
+//! whole Cluster (one by default), shared out to the MachineDeployments in name order, so more
+//! than one runs at once only when the budget allows; the Cluster's request id marks each child
+//! request it placed ([`names::OperationNames::cluster_request`]), so removing the Cluster's
+//! trigger cancels exactly those, and a user's own request on a child is told apart: the
+//! Cluster waits for it to end (never preempts it).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::parent::{ChildWrite, ParentChanges, ParentKind, ParentView, Rollout, observe};
+use super::{MachineProgress, Progress, RolloutPlan, Waiting};
+use crate::changes::{AnnotationChanges, Event};
+use crate::machine::MachineView;
+use crate::names::{self, Operation, rollout_state};
+use crate::schedule::Next;
+
+/// Where a child stands with respect to *this* Cluster request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChildState {
+    /// No request on it: the Cluster may place its own.
+    Free,
+    /// Another request (a user's, or another Cluster request's) has not ended on it.
+    Busy,
+    /// The Cluster placed its request and it has not ended.
+    Running,
+    Done,
+    /// It ended `failed`, or `cancelled` though the Cluster's request was not.
+    Failed,
+    /// It ended `cancelled` after the Cluster's request was cancelled (or never started).
+    Cancelled,
+}
+
+/// One child of the Cluster as the chain needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChildObservation {
+    pub kind: ParentKind,
+    pub name: String,
+    pub state: ChildState,
+    /// For a MachineDeployment: its own `max-parallel` (malformed counts as 1), if set.
+    pub own_limit: Option<usize>,
+    /// For a running MachineDeployment: the share of the Cluster's budget it was given.
+    pub share: usize,
+    /// Its Machines' progress for its request (placed) or its Machines (not yet placed).
+    pub progress: Progress,
+    /// Why it failed: the Machine and the reason, when known.
+    pub failure: Option<(String, String)>,
+}
+
+impl ChildObservation {
+    /// `Kind/name`.
+    pub fn object(&self) -> String {
+        format!("{}/{}", self.kind.api_resource().kind, self.name)
+    }
+}
+
+/// A Cluster request and its children: the control plane first (if any), then the
+/// MachineDeployments in name order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChainInput {
+    pub cancelled: bool,
+    /// The Cluster's budget of workers at once (at least 1).
+    pub max_parallel: usize,
+    pub children: Vec<ChildObservation>,
+}
+
+/// A child the Cluster places its request on now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placement {
+    /// Index in [`ChainInput::children`].
+    pub child: usize,
+    /// For a MachineDeployment: workers it may run at once for the Cluster.
+    pub share: Option<usize>,
+}
+
+/// The decision for one pass over a Cluster request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ChainPlan {
+    Continue {
+        place: Vec<Placement>,
+        /// Children (indexes) whose request the Cluster placed and now cancels.
+        cancel: Vec<usize>,
+        waiting: Option<Waiting>,
+        progress: Progress,
+    },
+    Done {
+        progress: Progress,
+    },
+    /// A child failed; others the Cluster placed still run.
+    Stopping {
+        child: String,
+        reason: String,
+        running: Vec<String>,
+        progress: Progress,
+    },
+    Failed {
+        child: String,
+        reason: String,
+        progress: Progress,
+    },
+    Cancelled {
+        progress: Progress,
+    },
+}
+
+impl ChainPlan {
+    pub fn progress(&self) -> Progress {
+        match self {
+            ChainPlan::Continue { progress, .. }
+            | ChainPlan::Done { progress }
+            | ChainPlan::Stopping { progress, .. }
+            | ChainPlan::Failed { progress, .. }
+            | ChainPlan::Cancelled { progress } => *progress,
+        }
+    }
+
+    pub fn decide(input: &ChainInput) -> ChainPlan {
+        let children = &input.children;
+        let mut progress = Progress::default();
+        for child in children {
+            progress.done += child.progress.done;
+            progress.total += child.progress.total;
+            progress.skipped += child.progress.skipped;
+            progress.running += child.progress.running;
+        }
+        let running: Vec<usize> = (0..children.len())
+            .filter(|i| children[*i].state == ChildState::Running)
+            .collect();
+        let failed = children.iter().find(|c| {
+            c.state == ChildState::Failed || (c.state == ChildState::Cancelled && !input.cancelled)
+        });
+        if let Some(failed) = failed {
+            let reason = match &failed.failure {
+                Some((machine, reason)) => format!("Machine {machine} failed: {reason}"),
+                None => format!("its request ended {:?}", failed.state).to_lowercase(),
+            };
+            let names: Vec<String> = running.iter().map(|i| children[*i].object()).collect();
+            return if names.is_empty() {
+                ChainPlan::Failed {
+                    child: failed.object(),
+                    reason,
+                    progress,
+                }
+            } else {
+                ChainPlan::Stopping {
+                    child: failed.object(),
+                    reason,
+                    running: names,
+                    progress,
+                }
+            };
+        }
+        if input.cancelled {
+            return if running.is_empty() {
+                ChainPlan::Cancelled { progress }
+            } else {
+                ChainPlan::Continue {
+                    place: Vec::new(),
+                    cancel: running,
+                    waiting: None,
+                    progress,
+                }
+            };
+        }
+        if children.iter().all(|c| c.state == ChildState::Done) {
+            return ChainPlan::Done { progress };
+        }
+        let wait = |waiting: Option<Waiting>| ChainPlan::Continue {
+            place: Vec::new(),
+            cancel: Vec::new(),
+            waiting,
+            progress,
+        };
+        // The control plane first, alone.
+        if let Some((i, plane)) = children
+            .iter()
+            .enumerate()
+            .find(|(_, c)| c.kind == ParentKind::ControlPlane && c.state != ChildState::Done)
+        {
+            return match plane.state {
+                ChildState::Free => ChainPlan::Continue {
+                    place: vec![Placement {
+                        child: i,
+                        share: None,
+                    }],
+                    cancel: Vec::new(),
+                    waiting: None,
+                    progress,
+                },
+                ChildState::Busy => wait(Some(Waiting::ForRequest(plane.object()))),
+                _ => wait(None),
+            };
+        }
+        // Then the MachineDeployments in name order, while the budget has room.
+        let budget = input.max_parallel.max(1);
+        let used: usize = running.iter().map(|i| children[*i].share.max(1)).sum();
+        let mut room = budget.saturating_sub(used);
+        let mut place = Vec::new();
+        let mut waiting = None;
+        for (i, child) in children.iter().enumerate() {
+            match child.state {
+                ChildState::Done | ChildState::Running => continue,
+                ChildState::Busy => {
+                    if running.is_empty() && place.is_empty() {
+                        waiting = Some(Waiting::ForRequest(child.object()));
+                    }
+                    break;
+                }
+                _ if room == 0 => break,
+                _ => {
+                    let share = child.own_limit.unwrap_or(room).clamp(1, room);
+                    room -= share;
+                    place.push(Placement {
+                        child: i,
+                        share: Some(share),
+                    });
+                }
+            }
+        }
+        ChainPlan::Continue {
+            place,
+            cancel: Vec::new(),
+            waiting,
+            progress,
+        }
+    }
+}
+
+/// How `child` stands for the Cluster request `cluster_request` of `operation`.
+pub fn child_state(operation: Operation, cluster_request: &str, child: &ParentView) -> ChildState {
+    let names = operation.names();
+    let status = child.annotation(names.status);
+    let trigger = child.annotation(names.trigger);
+    if child.annotation(names.cluster_request) == Some(cluster_request) {
+        return match status {
+            Some(names::STATUS_IN_PROGRESS) => ChildState::Running,
+            Some(names::STATUS_DONE) => ChildState::Done,
+            Some(names::STATUS_FAILED) => ChildState::Failed,
+            Some(names::STATUS_CANCELLED) => ChildState::Cancelled,
+            // Placed and not yet taken up, or its trigger removed before it was.
+            _ if trigger.is_some() => ChildState::Running,
+            _ => ChildState::Cancelled,
+        };
+    }
+    let ended = matches!(
+        status,
+        Some(names::STATUS_FAILED) | Some(names::STATUS_CANCELLED)
+    );
+    if status == Some(names::STATUS_IN_PROGRESS) || (trigger.is_some() && !ended) {
+        ChildState::Busy
+    } else {
+        ChildState::Free
+    }
+}
+
+/// What [`ChainPlan::decide`] needs, from the Cluster's children (control plane first, then
+/// MachineDeployments in name order) and the Cluster's Machines.
+pub fn observe_children(
+    operation: Operation,
+    cluster_request: &str,
+    max_parallel: usize,
+    cancelled: bool,
+    children: &[ParentView],
+    machines: &[Arc<MachineView>],
+) -> ChainInput {
+    let names = operation.names();
+    let children = children
+        .iter()
+        .map(|child| {
+            let state = child_state(operation, cluster_request, child);
+            let covered: Vec<Arc<MachineView>> = machines
+                .iter()
+                .filter(|m| child.kind.covers(&child.name, m))
+                .cloned()
+                .collect();
+            let placed = !matches!(state, ChildState::Free | ChildState::Busy);
+            let request = child
+                .annotation(names.rollout_request)
+                .filter(|_| placed)
+                .unwrap_or_default();
+            let observed = observe(operation, request, &covered);
+            let counted: Vec<_> = observed
+                .iter()
+                .filter(|m| !m.being_deleted || m.progress != MachineProgress::Untouched)
+                .collect();
+            let count = |p: MachineProgress| counted.iter().filter(|m| m.progress == p).count();
+            let progress = Progress {
+                done: count(MachineProgress::Done),
+                total: counted.len(),
+                skipped: observed.len() - counted.len(),
+                running: count(MachineProgress::Running),
+            };
+            let failure = observed
+                .iter()
+                .find(|m| placed && m.progress == MachineProgress::Failed)
+                .map(|m| {
+                    (
+                        m.name.clone(),
+                        m.failure.clone().unwrap_or_else(|| "unknown".into()),
+                    )
+                });
+            let limit = |value: Option<&str>| {
+                value.map(|v| v.parse::<usize>().ok().filter(|n| *n >= 1).unwrap_or(1))
+            };
+            ChildObservation {
+                kind: child.kind,
+                name: child.name.clone(),
+                state,
+                own_limit: limit(child.annotation(names::MAX_PARALLEL)),
+                share: limit(child.annotation(rollout_state::CLUSTER_MAX_PARALLEL)).unwrap_or(1),
+                progress,
+                failure,
+            }
+        })
+        .collect();
+    ChainInput {
+        cancelled,
+        max_parallel,
+        children,
+    }
+}
+
+/// The changes that carry out a Cluster's `plan` for request `rollout`: the trigger
+/// placed on (or removed from) its children, then what [`Rollout::changes`] writes on the
+/// parent for the same end, progress or wait.
+pub fn changes(
+    rollout: &Rollout,
+    cluster: &ParentView,
+    children: &[ParentView],
+    plan: &ChainPlan,
+    retry_base: Duration,
+) -> ParentChanges {
+    let as_rollout = match plan.clone() {
+        ChainPlan::Continue {
+            waiting, progress, ..
+        } => RolloutPlan::Continue {
+            start: Vec::new(),
+            waiting,
+            progress,
+        },
+        ChainPlan::Done { progress } => RolloutPlan::Done { progress },
+        ChainPlan::Stopping {
+            child,
+            reason,
+            running,
+            progress,
+        } => RolloutPlan::Stopping {
+            machine: child,
+            reason,
+            running,
+            progress,
+        },
+        ChainPlan::Failed {
+            child,
+            reason,
+            progress,
+        } => RolloutPlan::Failed {
+            machine: child,
+            reason,
+            progress,
+        },
+        ChainPlan::Cancelled { progress } => RolloutPlan::Cancelled { progress },
+    };
+    let mut changes = rollout.changes(cluster, &[], &as_rollout, retry_base);
+    if matches!(
+        plan,
+        ChainPlan::Continue { .. } | ChainPlan::Stopping { .. }
+    ) {
+        // The children's watches wake the Cluster; should one change be missed, it is
+        // looked at again anyway while the request runs.
+        changes.next = changes
+            .next
+            .sooner(Next::After(retry_base.max(Duration::from_secs(1))));
+    }
+    let ChainPlan::Continue { place, cancel, .. } = plan else {
+        return changes;
+    };
+    let names = rollout.operation.names();
+    let value = rollout.trigger.as_deref().unwrap_or_default();
+    for placement in place {
+        let Some(child) = children.get(placement.child) else {
+            continue;
+        };
+        let mut annotations = AnnotationChanges::default();
+        annotations
+            .set(names.trigger, value)
+            .set(names.cluster_request, rollout.request_id.as_str());
+        // An ended earlier request's status would read as this one's result.
+        if child.annotation(names.status).is_some() {
+            annotations.remove(names.status);
+        }
+        match placement.share {
+            Some(share) => annotations.set(rollout_state::CLUSTER_MAX_PARALLEL, share.to_string()),
+            None => annotations.remove(rollout_state::CLUSTER_MAX_PARALLEL),
+        };
+        let object = format!("{}/{}", child.kind.api_resource().kind, child.name);
+        changes.events.push(Event::normal(
+            names.rollout_events.in_progress,
+            format!(
+                "{} = {value} placed on {object}; its status decides what comes next",
+                names.trigger
+            ),
+        ));
+        changes.children.push(ChildWrite {
+            kind: child.kind,
+            name: child.name.clone(),
+            resource_version: child.resource_version.clone(),
+            annotations,
+        });
+    }
+    for index in cancel {
+        let Some(child) = children.get(*index) else {
+            continue;
+        };
+        if child.annotation(names.trigger).is_none() {
+            continue;
+        }
+        changes.children.push(ChildWrite {
+            kind: child.kind,
+            name: child.name.clone(),
+            resource_version: child.resource_version.clone(),
+            annotations: AnnotationChanges::removing(&[names.trigger]),
+        });
+    }
+    changes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ChildState::*;
+
+    fn child(kind: ParentKind, name: &str, state: ChildState) -> ChildObservation {
+        ChildObservation {
+            kind,
+            name: name.into(),
+            state,
+            own_limit: None,
+            share: 1,
+            progress: Progress::default(),
+            failure: None,
+        }
+    }
+
+    fn md(name: &str, state: ChildState) -> ChildObservation {
+        child(ParentKind::MachineDeployment, name, state)
+    }
+
+    fn plane(state: ChildState) -> ChildObservation {
+        child(ParentKind::ControlPlane, "cp", state)
+    }
+
+    fn placed(plan: &ChainPlan) -> Vec<(usize, Option<usize>)> {
+        match plan {
+            ChainPlan::Continue { place, .. } => place.iter().map(|p| (p.child, p.share)).collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    fn input(max_parallel: usize, children: Vec<ChildObservation>) -> ChainInput {
+        ChainInput {
+            cancelled: false,
+            max_parallel,
+            children,
+        }
+    }
+
+    #[test]
+    fn the_control_plane_first_then_deployments_in_name_order_within_the_budget() {
+        let children = vec![plane(Free), md("a", Free), md("b", Free)];
+        assert_eq!(placed(&ChainPlan::decide(&input(3, children))), [(0, None)]);
+        let children = vec![plane(Running), md("a", Free), md("b", Free)];
+        assert_eq!(placed(&ChainPlan::decide(&input(3, children))), []);
+        // One at a time by default.
+        let children = vec![plane(Done), md("a", Free), md("b", Free)];
+        assert_eq!(
+            placed(&ChainPlan::decide(&input(1, children))),
+            [(1, Some(1))]
+        );
+        // A budget of 3: a's own limit of 1 leaves 2 for b.
+        let mut a = md("a", Free);
+        a.own_limit = Some(1);
+        let children = vec![plane(Done), a, md("b", Free)];
+        assert_eq!(
+            placed(&ChainPlan::decide(&input(3, children))),
+            [(1, Some(1)), (2, Some(2))]
+        );
+        // Without: a takes the whole budget, b waits.
+        let children = vec![plane(Done), md("a", Free), md("b", Free)];
+        assert_eq!(
+            placed(&ChainPlan::decide(&input(3, children))),
+            [(1, Some(3))]
+        );
+    }
+
+    #[test]
+    fn a_user_request_on_a_child_is_waited_for_never_preempted() {
+        let plan = ChainPlan::decide(&input(1, vec![plane(Busy), md("a", Free)]));
+        assert_eq!(
+            plan,
+            ChainPlan::Continue {
+                place: vec![],
+                cancel: vec![],
+                waiting: Some(Waiting::ForRequest("CK8sControlPlane/cp".into())),
+                progress: Progress::default(),
+            }
+        );
+    }
+
+    #[test]
+    fn a_failed_child_fails_the_cluster_once_the_others_have_ended() {
+        let mut failed = md("a", Failed);
+        failed.failure = Some(("w-0".into(), "boom".into()));
+        let stopping = ChainPlan::decide(&input(
+            2,
+            vec![plane(Done), failed.clone(), md("b", Running)],
+        ));
+        assert!(
+            matches!(stopping, ChainPlan::Stopping { .. }),
+            "{stopping:?}"
+        );
+        let plan = ChainPlan::decide(&input(2, vec![plane(Done), failed, md("b", Done)]));
+        let ChainPlan::Failed { child, reason, .. } = plan else {
+            panic!("{plan:?}");
+        };
+        assert_eq!(child, "MachineDeployment/a");
+        assert!(
+            reason.contains("w-0") && reason.contains("boom"),
+            "{reason}"
+        );
+    }
+
+    #[test]
+    fn cancel_cancels_the_placed_children_then_ends() {
+        let running = ChainInput {
+            cancelled: true,
+            ..input(1, vec![plane(Done), md("a", Running), md("b", Free)])
+        };
+        let plan = ChainPlan::decide(&running);
+        assert!(
+            matches!(&plan, ChainPlan::Continue { cancel, place, .. } if cancel == &[1] && place.is_empty())
+        );
+        let ended = ChainInput {
+            cancelled: true,
+            ..input(1, vec![plane(Done), md("a", Cancelled), md("b", Free)])
+        };
+        assert!(matches!(
+            ChainPlan::decide(&ended),
+            ChainPlan::Cancelled { .. }
+        ));
+    }
+}
