@@ -581,3 +581,157 @@ async fn a_bundle_target_squatted_by_a_cas_bundle_goes_to_the_bundle_not_fought_
         trust::canonical(&[&roots])
     );
 }
+
+/// The webhook bootstrap's CertificateAuthority, squatted: mallory, who may create
+/// CertificateAuthorities, makes `caretaker-webhook` first, with her own Secret and for every
+/// namespace. The bootstrap used to keep it as it found it, then made the webhook's
+/// certificate from it and the configuration that trusts it: mallory would hold a CA the API
+/// server trusts for admission. Now it refuses, naming the object, and makes nothing after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_webhook_bootstrap_relies_on_no_ca_someone_else_made_at_its_name() {
+    use caretaker_operator::webhook::bootstrap::{self, Bootstrap};
+    use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+
+    let world = world(settings()).await;
+    world
+        .create_ca(&world.mallory, bootstrap::NAME, (TEAM, "squat-ca"))
+        .await;
+    let objects = Bootstrap {
+        namespace: SYSTEM.into(),
+        service: "caretaker-webhook".into(),
+        url: Some("https://127.0.0.1:9443".parse().unwrap()),
+    }
+    .objects();
+
+    let refused = bootstrap::ensure_once(&world.admin, &objects)
+        .await
+        .expect_err("the bootstrap relied on mallory's CA");
+    assert!(
+        refused.to_string().starts_with(
+            "CertificateAuthority caretaker-webhook exists and is not the webhook bootstrap's \
+             (spec.secret is team/squat-ca, not caretaker-system/caretaker-webhook-ca; \
+             spec.bundle is team/caretaker-webhook-ca-bundle, not caretaker-system/caretaker-webhook-ca-bundle; \
+             spec.allowedNamespaces is [], not [\"caretaker-system\"])"
+        ),
+        "{refused}"
+    );
+    let certificates = Api::<IssuedCertificate>::namespaced(world.admin.clone(), SYSTEM);
+    assert!(
+        certificates
+            .get_opt(bootstrap::NAME)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let configurations = Api::<ValidatingWebhookConfiguration>::all(world.admin.clone());
+    assert!(
+        configurations
+            .get_opt(bootstrap::NAME)
+            .await
+            .unwrap()
+            .is_none()
+    );
+
+    // Once it is gone, the bootstrap makes its own; one of the same spec is its own,
+    // whoever made it (it signs only in caretaker-system, from a Secret kept there).
+    Api::<CertificateAuthority>::all(world.admin.clone())
+        .delete(bootstrap::NAME, &Default::default())
+        .await
+        .unwrap();
+    eventually("the squatted CA gone", 20, || async {
+        let gone = Api::<CertificateAuthority>::all(world.admin.clone())
+            .get_opt(bootstrap::NAME)
+            .await
+            .unwrap()
+            .is_none();
+        gone.then_some(())
+    })
+    .await;
+    bootstrap::ensure_once(&world.admin, &objects)
+        .await
+        .unwrap();
+    assert!(
+        certificates
+            .get_opt(bootstrap::NAME)
+            .await
+            .unwrap()
+            .is_some()
+    );
+    bootstrap::ensure_once(&world.admin, &objects)
+        .await
+        .unwrap();
+}
+
+/// An upgrade from a caretaker whose objects carried no owner mark: the bootstrap hands its
+/// own Secrets and ConfigMap over (at the names it fixes, in its namespace only), so its CA
+/// goes on with its key rather than being refused; an object of that name elsewhere, or one
+/// carrying another's mark, is left alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_webhook_bootstrap_hands_over_its_earlier_unmarked_objects_only() {
+    use caretaker_operator::webhook::bootstrap::{self, Bootstrap};
+
+    let world = world(settings()).await;
+    let objects = Bootstrap {
+        namespace: SYSTEM.into(),
+        service: "caretaker-webhook".into(),
+        url: None,
+    }
+    .objects();
+    let earlier =
+        caretaker_pki::CertificateAuthority::create(&caretaker_pki::CaSpec::new(bootstrap::NAME))
+            .unwrap();
+    let secret = |namespace: &str, annotations: Value| {
+        json!({
+            "metadata": { "name": bootstrap::CA_SECRET, "namespace": namespace,
+                          "labels": { "app.kubernetes.io/managed-by": "caretaker" },
+                          "annotations": annotations },
+            "type": "kubernetes.io/tls",
+            "stringData": { "tls.crt": earlier.certificate_pem(),
+                            "tls.key": earlier.private_key_pem() },
+        })
+    };
+    apply(
+        &Api::<Secret>::namespaced(world.admin.clone(), SYSTEM),
+        secret(SYSTEM, json!({})),
+    )
+    .await;
+    apply(
+        &Api::<Secret>::namespaced(world.admin.clone(), TEAM),
+        secret(TEAM, json!({})),
+    )
+    .await;
+    // The earlier CA, as an earlier bootstrap made it; refused until handed over.
+    Api::<CertificateAuthority>::all(world.admin.clone())
+        .create(&PostParams::default(), &objects.authority)
+        .await
+        .unwrap();
+    world
+        .warning("default", bootstrap::NAME, names::REASON_OBJECT_NOT_MANAGED)
+        .await;
+
+    bootstrap::ensure_once(&world.admin, &objects)
+        .await
+        .unwrap();
+    eventually("the earlier CA Ready with its own key", 20, || async {
+        let (status, _, _) = world.ca_condition(bootstrap::NAME, "Ready").await?;
+        (status == "True").then_some(())
+    })
+    .await;
+    let adopted = world.secret(SYSTEM, bootstrap::CA_SECRET).await.unwrap();
+    let annotations = adopted.metadata.annotations.unwrap();
+    assert!(
+        annotations[names::OWNER].starts_with("CertificateAuthority/caretaker-webhook/"),
+        "{annotations:?}"
+    );
+    assert_eq!(
+        adopted.data.unwrap()["tls.crt"].0,
+        earlier.certificate_pem().into_bytes(),
+        "the earlier CA was replaced"
+    );
+    let elsewhere = world.secret(TEAM, bootstrap::CA_SECRET).await.unwrap();
+    let annotations = elsewhere.metadata.annotations.unwrap_or_default();
+    assert!(
+        !annotations.contains_key(names::OWNER) && !annotations.contains_key(names::ADOPT),
+        "outside its namespace: {annotations:?}"
+    );
+}
