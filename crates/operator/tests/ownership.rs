@@ -735,3 +735,87 @@ async fn the_webhook_bootstrap_hands_over_its_earlier_unmarked_objects_only() {
         "outside its namespace: {annotations:?}"
     );
 }
+
+/// A CertificateAuthority whose bundle ConfigMap is in a namespace mallory may write: she adds
+/// her own CA to `ca-bundle.crt`, and the CA Secret is deleted (to re-key) while the operator
+/// is cut off. The new CA Secret used to copy every CA of the bundle into `previous.crt`,
+/// trusted from then on (by the bundle, every injection point and every certificate's
+/// `ca.crt`); now only the CA caretaker knew as this CA's stays, and her CA leaves the bundle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ca_planted_in_a_bundle_configmap_is_never_taken_as_trusted() {
+    let mut world = world_with(settings(), true).await;
+    let user =
+        json!([{ "kind": "User", "apiGroup": "rbac.authorization.k8s.io", "name": "mallory" }]);
+    apply(
+        &Api::<Role>::namespaced(world.admin.clone(), TEAM),
+        json!({ "metadata": { "name": "config-maps" }, "rules": [
+            { "apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "patch"] }] }),
+    )
+    .await;
+    apply(
+        &Api::<RoleBinding>::namespaced(world.admin.clone(), TEAM),
+        json!({ "metadata": { "name": "mallory-config-maps" }, "subjects": user,
+                "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "config-maps" } }),
+    )
+    .await;
+    // Older CAs stay an hour: what the new CA Secret takes in is still there to be read.
+    apply(
+        &Api::<CertificateAuthority>::all(world.admin.clone()),
+        json!({
+            "apiVersion": "caretaker.dev/v1alpha1", "kind": "CertificateAuthority",
+            "metadata": { "name": "shared" },
+            "spec": {
+                "commonName": "shared-ca",
+                "secret": { "namespace": SYSTEM, "name": "shared-ca" },
+                "bundle": { "namespace": TEAM, "name": "shared-ca-bundle" },
+                "trustPropagation": "1h",
+            },
+        }),
+    )
+    .await;
+    let original = world.settled_secret(SYSTEM, "shared-ca").await;
+    let original = String::from_utf8(original.data.unwrap()["tls.crt"].0.clone()).unwrap();
+    let planted = trust::ca("mallory-root");
+
+    world.outage.as_mut().unwrap().stop();
+    let bundles = Api::<ConfigMap>::namespaced(world.mallory.clone(), TEAM);
+    let bundle = bundles.get("shared-ca-bundle").await.unwrap();
+    let published = &bundle.data.unwrap()["ca-bundle.crt"];
+    bundles
+        .patch(
+            "shared-ca-bundle",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "data": { "ca-bundle.crt": format!("{published}{planted}") } })),
+        )
+        .await
+        .unwrap();
+    Api::<Secret>::namespaced(world.admin.clone(), SYSTEM)
+        .delete("shared-ca", &Default::default())
+        .await
+        .unwrap();
+    world.outage.as_mut().unwrap().resume().await;
+
+    let remade = eventually("the CA Secret made again", 30, || async {
+        world.secret(SYSTEM, "shared-ca").await.filter(|s| {
+            s.data.as_ref().is_some_and(|d| {
+                d.get("tls.crt").map(|c| c.0.as_slice()) != Some(original.as_bytes())
+            })
+        })
+    })
+    .await;
+    let data = remade.data.unwrap();
+    let previous = data
+        .get("previous.crt")
+        .map(|p| String::from_utf8(p.0.clone()).unwrap())
+        .unwrap_or_default();
+    assert!(
+        !previous.contains(planted.trim()),
+        "mallory's CA was taken in as an older CA of this one"
+    );
+    assert!(
+        previous.contains(original.trim()),
+        "the CA it had stays trusted: {previous}"
+    );
+    let settled = world.settled_config_map(TEAM, "shared-ca-bundle").await;
+    assert!(!settled.data.unwrap()["ca-bundle.crt"].contains(planted.trim()));
+}

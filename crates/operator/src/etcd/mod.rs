@@ -711,6 +711,7 @@ fn observe_signer(
         distributed: None,
         untrusting: Untrusting::default(),
         last_good: seen.last_good.get(&signer).cloned(),
+        remembered: None,
         reported_degraded: seen.reported_degraded.clone(),
     };
     let candidates = ca::in_use_candidates(&observed, now);
