@@ -819,3 +819,85 @@ async fn a_ca_planted_in_a_bundle_configmap_is_never_taken_as_trusted() {
     let settled = world.settled_config_map(TEAM, "shared-ca-bundle").await;
     assert!(!settled.data.unwrap()["ca-bundle.crt"].contains(planted.trim()));
 }
+
+/// CA-bundle injection by the signer's rule. An administrator's webhook configuration asks for
+/// the bundle of CertificateAuthority `webhooks`, not made yet; mallory, who may only create
+/// CertificateAuthorities, makes `webhooks` naming the etcd signer's Secret and bundle. Its
+/// controller refuses it, but injection read the two without their marks, found every
+/// certificate of the bundle kept in the Secret, and put the etcd signer in the webhook's
+/// `caBundle`. Now it refuses, naming the owner, and injects nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn injection_takes_nothing_from_a_ca_naming_another_objects_secret_and_bundle() {
+    use caretaker_operator::controllers::ca_injection;
+    use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+
+    let mut world = world(settings()).await;
+    world.settled_secret(ETCD, "etcd-signer").await;
+    let operator = Context::new(world.admin.clone(), settings());
+    world
+        .controllers
+        .push(tokio::spawn(ca_injection::run(operator, None)));
+    let configurations = Api::<ValidatingWebhookConfiguration>::all(world.admin.clone());
+    apply(
+        &configurations,
+        json!({
+            "metadata": { "name": "guarded",
+                          "annotations": { names::injection::INJECT_CA_FROM: "webhooks" } },
+            "webhooks": [{
+                "name": "guarded.example.com",
+                "clientConfig": { "url": "https://127.0.0.1:1/validate" },
+                "rules": [{ "apiGroups": ["example.com"], "apiVersions": ["v1"],
+                            "operations": ["CREATE"], "resources": ["gadgets"] }],
+                "sideEffects": "None", "admissionReviewVersions": ["v1"],
+                "failurePolicy": "Ignore",
+            }],
+        }),
+    )
+    .await;
+    apply(
+        &Api::<CertificateAuthority>::all(world.mallory.clone()),
+        json!({
+            "apiVersion": "caretaker.dev/v1alpha1", "kind": "CertificateAuthority",
+            "metadata": { "name": "webhooks" },
+            "spec": {
+                "commonName": "webhooks-ca",
+                "secret": { "namespace": ETCD, "name": "etcd-signer" },
+                "bundle": { "namespace": ETCD, "name": "etcd-ca-bundle" },
+            },
+        }),
+    )
+    .await;
+
+    let events: Api<Event> = Api::namespaced(world.admin.clone(), "default");
+    let outcome = eventually("injection refused or done", 20, || async {
+        let guarded = configurations.get("guarded").await.ok()?;
+        let injected = (guarded.webhooks?.into_iter())
+            .find_map(|hook| hook.client_config.ca_bundle)
+            .map(|bundle| format!("injected {} bytes", bundle.0.len()));
+        let refused = (events
+            .list(&ListParams::default())
+            .await
+            .ok()?
+            .items
+            .into_iter())
+        .find(|e| {
+            e.involved_object.name.as_deref() == Some("guarded")
+                && e.reason.as_deref() == Some(names::injection::EVENT_REFUSED)
+        })
+        .and_then(|e| e.message);
+        injected.or(refused)
+    })
+    .await;
+    assert!(
+        outcome.contains(
+            "CertificateAuthority webhooks: ConfigMap etcd-system/etcd-ca-bundle belongs to EtcdCertificates etcd-system/etcd"
+        ),
+        "{outcome}"
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let guarded = configurations.get("guarded").await.unwrap();
+    assert!(
+        (guarded.webhooks.unwrap().iter()).all(|h| h.client_config.ca_bundle.is_none()),
+        "the etcd signer was injected"
+    );
+}
