@@ -1001,6 +1001,14 @@ async fn without_the_certificate_authority_crd_the_operator_idles_then_starts_by
     })
     .await;
 
+    // The CA's controller makes its bundle, whose change may be injected (the CA read fresh)
+    // before injection's CRD watch has said it saw the CRD.
+    eventually("injection says the CRD is installed", || async {
+        let logs = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+        logs.contains("the CertificateAuthority CRD is installed")
+            .then_some(())
+    })
+    .await;
     let logs = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
     assert_eq!(
         logs.matches("the CertificateAuthority CRD is not installed")
