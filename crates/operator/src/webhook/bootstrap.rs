@@ -520,8 +520,19 @@ async fn drop_legacy_selector(
 /// nothing after it, at a CertificateAuthority of its name that is not its own
 /// ([`authority_mismatch`]): the certificate and configuration would trust whoever made it.
 pub async fn ensure_once(client: &Client, objects: &Objects) -> Result<Vec<String>, Failure> {
-    let namespace = objects.namespace.metadata.name.clone().unwrap_or_default();
     let mut done = Vec::new();
+    attempt(client, objects, &mut done).await?;
+    Ok(done)
+}
+
+/// [`ensure_once`], adding what it did to `done` as it goes (an attempt that fails may have
+/// made the Namespace).
+async fn attempt(
+    client: &Client,
+    objects: &Objects,
+    done: &mut Vec<String>,
+) -> Result<(), Failure> {
+    let namespace = objects.namespace.metadata.name.clone().unwrap_or_default();
     // The operator runs in its namespace: one it may not read or create is there.
     match create_if_absent(&Api::all(client.clone()), &objects.namespace).await {
         Ok(true) => done.push(format!("Namespace {namespace}")),
@@ -550,7 +561,7 @@ pub async fn ensure_once(client: &Client, objects: &Objects) -> Result<Vec<Strin
             "(ValidatingWebhookConfiguration {NAME}: the {LEGACY_BOOTSTRAP_LABEL} objectSelector removed)"
         ));
     }
-    Ok(done)
+    Ok(())
 }
 
 /// Makes every object of `objects` exist, retrying until all do (every `retry`); never fails.
@@ -560,9 +571,8 @@ pub async fn ensure(client: Client, objects: &Objects, retry: Duration) {
     // Across attempts: the Namespace may be made by one that then finds no CRDs.
     let mut created = Vec::new();
     loop {
-        match ensure_once(&client, objects).await {
-            Ok(done) => {
-                created.extend(done);
+        match attempt(&client, objects, &mut created).await {
+            Ok(()) => {
                 let created = if created.is_empty() {
                     "nothing: every object exists".to_string()
                 } else {
