@@ -1339,7 +1339,7 @@ async fn new_ca_signs(setup: &Setup, old: &Certificate) -> Certificate {
 /// valid (it was `CASecretInvalid` on the next pass, and nothing signed again).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_re_created_ca_secret_keeps_only_cas_from_the_bundle() {
-    let setup = setup().await;
+    let mut setup = setup().await;
     setup
         .create_ca("webhooks", json!({ "trustPropagation": "1s" }))
         .await;
@@ -1347,8 +1347,10 @@ async fn a_re_created_ca_secret_keeps_only_cas_from_the_bundle() {
     let (ca_secret, leaf_secret) = settled(&setup, "webhooks", "web").await;
     let old_ca = leaf_or_ca(&ca_secret);
 
-    // Running: the CAs it takes back from the bundle are those this process knew the CA
-    // Secret to hold (one deleted while no operator ran leaves none to take back).
+    // Stopped, so that the bundle with the leaf and the missing Secret are seen together by
+    // an operator that never knew the old CA: the bundle is in the CA Secret's namespace, so
+    // its CAs are taken back all the same (else the old CA's certificates lose trust).
+    setup.stop();
     let bundle = bundle_text(&setup.bundle("webhooks-ca-bundle").await.unwrap());
     setup
         .config_maps()
@@ -1365,6 +1367,7 @@ async fn a_re_created_ca_secret_keeps_only_cas_from_the_bundle() {
         .delete("webhooks-ca", &DeleteParams::default())
         .await
         .unwrap();
+    setup.start();
 
     let recreated = setup
         .wait_secret(SYSTEM, "webhooks-ca", "a re-created CA Secret", |_| true)
@@ -1388,7 +1391,7 @@ async fn a_re_created_ca_secret_keeps_only_cas_from_the_bundle() {
 /// issued again, for `trustPropagation`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ca_only_the_bundle_holds_stays_trusted_after_a_restore() {
-    let setup = setup().await;
+    let mut setup = setup().await;
     setup
         .create_ca("webhooks", json!({ "trustPropagation": "1h" }))
         .await;
@@ -1396,8 +1399,9 @@ async fn a_ca_only_the_bundle_holds_stays_trusted_after_a_restore() {
     let (ca_secret, _) = settled(&setup, "webhooks", "web").await;
     let old_ca = leaf_or_ca(&ca_secret);
 
-    // Restored while the operator runs: it knew the old CA as this CA's (one restored while
-    // no operator ran would not be taken back from the bundle, which anyone may write).
+    // Restored while no operator runs: the one that starts never knew the old CA, but the
+    // bundle is in the CA Secret's namespace, so the old CA it holds is taken back.
+    setup.stop();
     let restored =
         caretaker_pki::CertificateAuthority::create(&caretaker_pki::CaSpec::new("webhooks-ca"))
             .unwrap();
@@ -1419,6 +1423,7 @@ async fn a_ca_only_the_bundle_holds_stays_trusted_after_a_restore() {
             }),
         )
         .await;
+    setup.start();
 
     setup
         .wait_secret(DEMO, "web-tls", "a leaf from the restored CA", |s| {

@@ -740,7 +740,8 @@ async fn the_webhook_bootstrap_hands_over_its_earlier_unmarked_objects_only() {
 /// her own CA to `ca-bundle.crt`, and the CA Secret is deleted (to re-key) while the operator
 /// is cut off. The new CA Secret used to copy every CA of the bundle into `previous.crt`,
 /// trusted from then on (by the bundle, every injection point and every certificate's
-/// `ca.crt`); now only the CA caretaker knew as this CA's stays, and her CA leaves the bundle.
+/// `ca.crt`); now, the bundle being in another namespace than the CA Secret, only the CA
+/// caretaker knew as this CA's stays, and her CA leaves the bundle.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ca_planted_in_a_bundle_configmap_is_never_taken_as_trusted() {
     let mut world = world_with(settings(), true).await;

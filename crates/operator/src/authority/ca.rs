@@ -254,11 +254,12 @@ pub struct AuthorityObserved {
     /// the Secret is invalid.
     pub last_good: Option<CaKeyPair>,
     /// The CAs (fingerprints) this process last knew this object's CA Secret to hold (what a
-    /// pass saw there or wrote). Of the CAs the bundle ConfigMap holds beyond the CA Secret,
-    /// only these are taken back in as older CAs: the ConfigMap may be in a namespace anyone
-    /// may write, and a CA planted there must never become trusted (issue 31). `None`: every
-    /// CA the bundle holds counts (an EtcdCertificates' bundles, in its own namespace, and
-    /// views that plan nothing).
+    /// pass saw there or wrote). When the bundle ConfigMap is in another namespace than the CA
+    /// Secret, only these of the CAs it holds beyond the CA Secret are taken back in as older
+    /// CAs: that namespace may be one a tenant may write, and a CA planted there must never
+    /// become trusted (issue 31). A bundle ConfigMap in the CA Secret's namespace gives every
+    /// CA it holds, remembered or not. `None`: every CA the bundle holds counts (views that
+    /// plan nothing).
     pub remembered: Option<BTreeSet<String>>,
     /// The `Degraded` message the status shows now (`None` when not degraded), so that a
     /// Warning event is said once per problem.
@@ -663,7 +664,7 @@ fn recreate(
     events: &mut Vec<Event>,
 ) -> Result<CaSecret, PkiError> {
     // Only the CAs (a leaf there would make `previous.crt` unreadable, and trust nothing),
-    // and only those this CA had.
+    // and only those the bundle's namespace may vouch for (see `remembered_cas`).
     let trusted = Bundle::of(remembered_cas(seen).cloned(), now);
     let ca = mint.create_ca(&policy.ca)?;
     let serial = ca.certificate.serial().to_string();
@@ -711,13 +712,18 @@ fn adopt_published(secret: &CaSecret, seen: &AuthorityObserved, now: OffsetDateT
     secret
 }
 
-/// The CA certificates of the published bundle that may be taken into `previous.crt`: those
-/// [`AuthorityObserved::remembered`] knows as this CA's (all of them when it is `None`). A
-/// certificate read back from the bundle ConfigMap alone is never trusted.
+/// The CA certificates of the published bundle that may be taken into `previous.crt`. A
+/// bundle ConfigMap in the CA Secret's namespace gives all of them: whoever may write it may
+/// write the CA Secret too, so trusting what it says gives no one a new power, and a CA Secret
+/// deleted or restored while no operator ran keeps the CAs its certificates need (no outage).
+/// A bundle ConfigMap elsewhere (perhaps a namespace a tenant may write) gives only those
+/// [`AuthorityObserved::remembered`] knows as this CA's (all of them when it is `None`).
 fn remembered_cas(seen: &AuthorityObserved) -> impl Iterator<Item = &Certificate> {
-    seen.bundle
-        .cas()
-        .filter(|c| (seen.remembered.as_ref()).is_none_or(|known| known.contains(c.fingerprint())))
+    let beside_secret = seen.bundle_name.namespace == seen.secret_name.namespace;
+    seen.bundle.cas().filter(move |c| {
+        beside_secret
+            || (seen.remembered.as_ref()).is_none_or(|known| known.contains(c.fingerprint()))
+    })
 }
 
 /// Why the CA that signs now must be replaced, if it must.

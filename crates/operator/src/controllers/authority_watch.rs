@@ -462,7 +462,8 @@ pub(crate) struct Shared {
     /// made while a watch was cut, is another CA).
     last_good: Mutex<HashMap<String, (String, CaKeyPair)>>,
     /// The CAs (fingerprints) each CertificateAuthority's CA Secret held after its last pass,
-    /// with that object's UID: the only CAs its bundle ConfigMap may give back to it
+    /// with that object's UID: the only CAs its bundle ConfigMap, when in another namespace
+    /// than the CA Secret, may give back to it
     /// ([`crate::authority::ca::AuthorityObserved::remembered`]).
     remembered_cas: Mutex<HashMap<String, (String, BTreeSet<String>)>>,
     /// What each object's last pass said was wrong with it.

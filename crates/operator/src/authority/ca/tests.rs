@@ -780,13 +780,14 @@ fn a_re_created_ca_secret_keeps_the_bundles_cas_and_nothing_else() {
     assert_settled(&seen, &policy, 2 * DAY);
 }
 
-/// Issue 31: a CA planted in the bundle ConfigMap (a namespace a tenant may write) is never
-/// taken into `previous.crt`, with the CA Secret there or re-created; only CAs the CA Secret
-/// was known to hold are.
+/// Issue 31: a CA planted in a bundle ConfigMap in another namespace than the CA Secret (one
+/// a tenant may write) is never taken into `previous.crt`, with the CA Secret there or
+/// re-created; only CAs the CA Secret was known to hold are.
 #[test]
 fn a_ca_planted_in_the_bundle_configmap_is_never_trusted() {
     let (policy, model) = (policy(), Model::new(at(0)));
     let mut seen = started(&policy, &model);
+    seen.bundle_name = ObjectName::new("team", "webhooks-ca-bundle");
     let ca = secret(&seen).current.clone().unwrap();
     let planted = model.ca_cert("planted", 100);
     let mut published = seen.bundle.present().unwrap().clone();
@@ -825,6 +826,43 @@ fn a_ca_planted_in_the_bundle_configmap_is_never_trusted() {
         panic!("{:?}", remade.steps)
     };
     assert!(stored.previous.is_empty() && stored.current.is_some());
+}
+
+/// A bundle ConfigMap in the CA Secret's namespace gives back every CA it holds, remembered
+/// or not (whoever may write it may write the CA Secret): a CA Secret deleted while no
+/// operator ran keeps its old CA trusted, and the new CA waits to be trusted before it signs.
+/// The same bundle in another namespace gives back only what is remembered.
+#[test]
+fn a_bundle_beside_the_ca_secret_gives_back_its_cas_unremembered_and_one_elsewhere_does_not() {
+    let (policy, model) = (policy(), Model::new(at(0)));
+    let mut seen = started(&policy, &model);
+    let ca = secret(&seen).current.clone().unwrap();
+    seen.secret = CaSecretState::Absent;
+    // Known to nobody: the operator restarted while the Secret was gone.
+    seen.remembered = Some(BTreeSet::new());
+
+    let remade = decide(&seen, &policy, &model, DAY);
+    let AuthorityStep::WriteSecret(stored) = &remade.steps[0] else {
+        panic!("{:?}", remade.steps)
+    };
+    assert_eq!(fingerprints(&stored.previous), [ca.fingerprint()]);
+    assert!(
+        stored.current.is_none() && stored.next.is_some(),
+        "the new CA waits to be trusted, the old one's certificates stay valid"
+    );
+
+    seen.bundle_name = ObjectName::new("team", "webhooks-ca-bundle");
+    let remade = decide(&seen, &policy, &model, DAY);
+    let AuthorityStep::WriteSecret(stored) = &remade.steps[0] else {
+        panic!("{:?}", remade.steps)
+    };
+    assert!(stored.previous.is_empty() && stored.current.is_some());
+    seen.remembered = Some([ca.fingerprint().to_string()].into());
+    let remade = decide(&seen, &policy, &model, DAY);
+    let AuthorityStep::WriteSecret(stored) = &remade.steps[0] else {
+        panic!("{:?}", remade.steps)
+    };
+    assert_eq!(fingerprints(&stored.previous), [ca.fingerprint()]);
 }
 
 #[test]
