@@ -285,6 +285,11 @@ pub struct Sources<'a> {
     /// controller stores a CA there before it publishes it).
     pub authority_secret: Option<&'a Secret>,
     pub secret: Option<&'a Secret>,
+    /// Why the authority's Secret or bundle ConfigMap, read above, is not the authority's
+    /// own (see [`crate::ownership`]: it carries another object's mark, or none, or the
+    /// Secret is where `--authority-secret-namespaces` allows no CA Secret): then nothing of
+    /// it is injected, as nothing is signed from it.
+    pub authority_refused: Option<&'a str>,
 }
 
 /// Why a source gives nothing to inject.
@@ -326,6 +331,9 @@ pub enum SourceProblem {
          {ALLOW_DIRECT_INJECTION}: \"true\""
     )]
     NotAllowed { namespace: String, name: String },
+    /// The authority's Secret or bundle ConfigMap is not its own.
+    #[error("CertificateAuthority {authority}: {reason}")]
+    NotTheAuthoritysObject { authority: String, reason: String },
     #[error(
         "{what} is in namespace {namespace}, outside namespace {scope}, the only one the operator watches"
     )]
@@ -373,7 +381,8 @@ impl SourceProblem {
             | Self::NotAllowed { .. }
             | Self::OutOfScope { .. }
             | Self::NotABundle { .. }
-            | Self::NotTheAuthoritys { .. } => EVENT_REFUSED,
+            | Self::NotTheAuthoritys { .. }
+            | Self::NotTheAuthoritysObject { .. } => EVENT_REFUSED,
         }
     }
 }
@@ -393,7 +402,16 @@ pub fn source_bundle<'a>(
     scope: Option<&str>,
 ) -> Result<Bundle<'a>, SourceProblem> {
     let (bytes, origin) = match source {
-        SourceRef::Authority { name } => authority_bundle(name, sources, scope)?,
+        SourceRef::Authority { name } => {
+            let found = authority_bundle(name, sources, scope)?;
+            if let Some(reason) = sources.authority_refused {
+                return Err(SourceProblem::NotTheAuthoritysObject {
+                    authority: name.clone(),
+                    reason: reason.to_string(),
+                });
+            }
+            found
+        }
         SourceRef::Secret { namespace, name } => secret_bundle(namespace, name, sources, scope)?,
     };
     let not_a_bundle = |reason: String| SourceProblem::NotABundle {

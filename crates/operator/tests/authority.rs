@@ -1347,7 +1347,9 @@ async fn a_re_created_ca_secret_keeps_only_cas_from_the_bundle() {
     let (ca_secret, leaf_secret) = settled(&setup, "webhooks", "web").await;
     let old_ca = leaf_or_ca(&ca_secret);
 
-    // Stopped, so that the bundle with the leaf and the missing Secret are seen together.
+    // Stopped, so that the bundle with the leaf and the missing Secret are seen together by
+    // an operator that never knew the old CA: the bundle is in the CA Secret's namespace, so
+    // its CAs are taken back all the same (else the old CA's certificates lose trust).
     setup.stop();
     let bundle = bundle_text(&setup.bundle("webhooks-ca-bundle").await.unwrap());
     setup
@@ -1397,6 +1399,8 @@ async fn a_ca_only_the_bundle_holds_stays_trusted_after_a_restore() {
     let (ca_secret, _) = settled(&setup, "webhooks", "web").await;
     let old_ca = leaf_or_ca(&ca_secret);
 
+    // Restored while no operator runs: the one that starts never knew the old CA, but the
+    // bundle is in the CA Secret's namespace, so the old CA it holds is taken back.
     setup.stop();
     let restored =
         caretaker_pki::CertificateAuthority::create(&caretaker_pki::CaSpec::new("webhooks-ca"))

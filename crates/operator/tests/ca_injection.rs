@@ -105,11 +105,25 @@ impl Setup {
         cas.create(&PostParams::default(), &ca).await.unwrap();
     }
 
-    /// Creates or replaces the bundle ConfigMap `name` in caretaker-system.
+    /// The mark CertificateAuthority `webhooks`'s controller puts on its Secret and bundle
+    /// (injection reads only those: see `caretaker_operator::ownership`); none while it does
+    /// not exist.
+    async fn webhooks_mark(&self) -> Value {
+        let cas: Api<CertificateAuthority> = Api::all(self.client.clone());
+        match cas.get_opt("webhooks").await.unwrap() {
+            Some(ca) => json!({ caretaker_operator::names::OWNER:
+                format!("CertificateAuthority/webhooks/{}", ca.metadata.uid.unwrap()) }),
+            None => json!({}),
+        }
+    }
+
+    /// Creates or replaces the bundle ConfigMap `name` in caretaker-system, with the mark of
+    /// CertificateAuthority `webhooks`.
     async fn publish_bundle(&self, name: &str, data: BTreeMap<String, String>) {
         let config_maps: Api<ConfigMap> = Api::namespaced(self.client.clone(), "caretaker-system");
         let body = json!({ "apiVersion": "v1", "kind": "ConfigMap",
-                           "metadata": { "name": name }, "data": data });
+                           "metadata": { "name": name, "annotations": self.webhooks_mark().await },
+                           "data": data });
         config_maps
             .patch(
                 name,
@@ -134,7 +148,8 @@ impl Setup {
     async fn keep_cas(&self, cas: &str) {
         let secrets: Api<Secret> = Api::namespaced(self.client.clone(), "caretaker-system");
         let body = json!({ "apiVersion": "v1", "kind": "Secret",
-                           "metadata": { "name": "webhooks-ca" },
+                           "metadata": { "name": "webhooks-ca",
+                                         "annotations": self.webhooks_mark().await },
                            "data": { "previous.crt": b64(cas) } });
         secrets
             .patch(
@@ -970,10 +985,9 @@ async fn without_the_certificate_authority_crd_the_operator_idles_then_starts_by
          is not installed); nothing injected, caBundle left as it is"
     );
 
-    // The CRD, its CA and the bundle appear; nothing touches the target, yet it is served.
+    // The CRD and its CA appear, the CA's controller makes its Secret and bundle; nothing
+    // touches the target, yet it is served.
     install_caretaker_crds(&client).await;
-    let bundle = ca_pem("webhooks-ca");
-    setup.publish("webhooks-ca-bundle", &bundle).await;
     setup
         .create_authority("webhooks", "webhooks-ca-bundle")
         .await;
@@ -987,6 +1001,14 @@ async fn without_the_certificate_authority_crd_the_operator_idles_then_starts_by
     })
     .await;
 
+    // The CA's controller makes its bundle, whose change may be injected (the CA read fresh)
+    // before injection's CRD watch has said it saw the CRD.
+    eventually("injection says the CRD is installed", || async {
+        let logs = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+        logs.contains("the CertificateAuthority CRD is installed")
+            .then_some(())
+    })
+    .await;
     let logs = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
     assert_eq!(
         logs.matches("the CertificateAuthority CRD is not installed")

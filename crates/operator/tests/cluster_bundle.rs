@@ -773,3 +773,184 @@ async fn a_bundle_creator_cannot_take_over_a_clusterbundle_left_by_an_earlier_bu
         assert_eq!(data, &bundle, "{namespace} holds only the admin's CA");
     }
 }
+
+/// Between the client and the API server: before the first POST or PATCH of ClusterBundle
+/// `name` (not its status), the administrator creates theirs, `admin_spec`: a ClusterBundle
+/// made after the migration decided there was none, however late.
+struct CreateFirst<S> {
+    inner: S,
+    admin: kube::Client,
+    name: &'static str,
+    admin_spec: Value,
+    done: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl<S> tower::Service<http::Request<kube::client::Body>> for CreateFirst<S>
+where
+    S: tower::Service<http::Request<kube::client::Body>>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future =
+        std::pin::Pin<Box<dyn std::future::Future<Output = Result<S::Response, S::Error>> + Send>>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<kube::client::Body>) -> Self::Future {
+        let collection = "/apis/trust-manager.io/v1alpha2/clusterbundles";
+        let path = request.uri().path();
+        let first_write = matches!(*request.method(), http::Method::POST | http::Method::PATCH)
+            && (path == collection || path == format!("{collection}/{}", self.name))
+            && !self.done.swap(true, std::sync::atomic::Ordering::SeqCst);
+        let admin = self.admin.clone();
+        let body = json!({
+            "apiVersion": "trust-manager.io/v1alpha2", "kind": "ClusterBundle",
+            "metadata": {"name": self.name}, "spec": self.admin_spec,
+        });
+        let response = self.inner.call(request);
+        Box::pin(async move {
+            if first_write {
+                Api::<ClusterBundle>::all(admin)
+                    .create(
+                        &PostParams::default(),
+                        &serde_json::from_value(body).unwrap(),
+                    )
+                    .await
+                    .unwrap();
+            }
+            response.await
+        })
+    }
+}
+
+struct CreateFirstLayer(kube::Client, Value, Arc<std::sync::atomic::AtomicBool>);
+
+impl<S> tower::Layer<S> for CreateFirstLayer {
+    type Service = CreateFirst<S>;
+
+    fn layer(&self, inner: S) -> CreateFirst<S> {
+        CreateFirst {
+            inner,
+            admin: self.0.clone(),
+            name: "trust",
+            admin_spec: self.1.clone(),
+            done: self.2.clone(),
+        }
+    }
+}
+
+/// Issue 31, item 12's last window: mallory, who may only create Bundles, creates Bundle
+/// `trust` while the administrator creates ClusterBundle `trust` of their own. Its watch has
+/// not shown it yet when the migration decides there is none; it appears just before the
+/// migration's first write. That write was a forced apply, written over the administrator's
+/// ClusterBundle (mallory's CA in every namespace); now it is a create, refused (409), and the
+/// next pass refuses the Bundle, the ClusterBundle untouched.
+#[tokio::test]
+async fn a_cluster_bundle_made_just_before_the_migrations_first_write_is_not_written_over() {
+    use caretaker_apiserver::{ApiServer, Authorization, Subject};
+    use caretaker_operator::Context;
+    use caretaker_operator::controllers::{bundle, bundle_migration};
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+
+    let server = ApiServer::builder()
+        .tls(true)
+        .authorization(Authorization::Rbac)
+        .start()
+        .await
+        .unwrap();
+    let setup = setup_on(server, &["team-a"]).await;
+    let a = ca("root-a");
+    setup.put_source("roots", &a).await;
+    for (api, body) in [
+        (
+            "roles",
+            json!({
+                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                "metadata": {"name": "bundle-creator"},
+                "rules": [{"apiGroups": ["trust.cert-manager.io"], "resources": ["bundles"], "verbs": ["create"]}],
+            }),
+        ),
+        (
+            "bindings",
+            json!({
+                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                "metadata": {"name": "mallory-creates-bundles"},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "bundle-creator"},
+                "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "mallory"}],
+            }),
+        ),
+    ] {
+        let params = PostParams::default();
+        match api {
+            "roles" => Api::<ClusterRole>::all(setup.client.clone())
+                .create(&params, &serde_json::from_value(body).unwrap())
+                .await
+                .map(|_| ()),
+            _ => Api::<ClusterRoleBinding>::all(setup.client.clone())
+                .create(&params, &serde_json::from_value(body).unwrap())
+                .await
+                .map(|_| ()),
+        }
+        .unwrap();
+    }
+    let admin_spec = json!({
+        "sourceRefs": [{"kind": "ConfigMap", "name": "roots", "key": "ca.crt"}],
+        "target": {"configMap": {"data": [{"key": "admins.crt"}]}},
+    });
+    let operator = kube::client::ClientBuilder::try_from(setup.server.kube_config())
+        .unwrap()
+        .with_layer(&CreateFirstLayer(
+            setup.client.clone(),
+            admin_spec.clone(),
+            Arc::default(),
+        ))
+        .build();
+    let ctx = Context::new(operator, migrating());
+    let controllers = tokio::spawn(async move {
+        futures::join!(bundle::run(ctx.clone()), bundle_migration::run(ctx));
+    });
+
+    let mallory = Subject::User {
+        name: "mallory".into(),
+        groups: vec![],
+    };
+    let as_mallory =
+        kube::Client::try_from(setup.server.kube_config_for(&mallory).unwrap()).unwrap();
+    let attack = json!({
+        "apiVersion": "trust.cert-manager.io/v1alpha1", "kind": "Bundle",
+        "metadata": {"name": "trust"},
+        "spec": {"sources": [{"inLine": ca("mallory")}], "target": {"configMap": {"key": "ca.crt"}}},
+    });
+    Api::<caretaker_operator::trust::api::Bundle>::all(as_mallory)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(attack).unwrap(),
+        )
+        .await
+        .unwrap();
+
+    let (reason, message) = setup.not_synced().await;
+    controllers.abort();
+    assert_eq!(reason, "MigrationRefused", "{message}");
+    let after = cluster_bundles(&setup).get("trust").await.unwrap();
+    let spec = serde_json::to_value(&after.spec).unwrap();
+    assert_eq!(
+        (&spec["sourceRefs"], &spec["target"]["configMap"]),
+        (
+            &admin_spec["sourceRefs"],
+            &admin_spec["target"]["configMap"]
+        ),
+        "the administrator's ClusterBundle was written over"
+    );
+    let annotations = after.metadata.annotations.unwrap_or_default();
+    assert!(
+        !annotations.contains_key("caretaker.dev/migrated-from-bundle"),
+        "{annotations:?}"
+    );
+}

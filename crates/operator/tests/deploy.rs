@@ -95,7 +95,6 @@ const UNUSED_ON_PURPOSE: &[(&str, &str, &str, &str)] = &[
     ("patch", "caretaker.dev", "etcdcertificates/status", "an EtcdCertificates (tests/etcd.rs, on a real etcd cluster)"),
     ("create", "trust-manager.io", "clusterbundles", "--bundle-mode migrate applies each Bundle as a new ClusterBundle"),
     ("patch", "trust-manager.io", "clusterbundles", "--bundle-mode migrate"),
-    ("get", "trust-manager.io", "clusterbundles", "--bundle-mode migrate reads afresh that a ClusterBundle is still absent before its first apply"),
     ("patch", "trust.cert-manager.io", "bundles/status", "a trust.cert-manager.io Bundle (this run has a ClusterBundle)"),
     ("patch", "apiregistration.k8s.io", "apiservices", "an APIService annotated for CA injection"),
     ("patch", "apiextensions.k8s.io", "customresourcedefinitions", "a CRD conversion webhook annotated for CA injection"),

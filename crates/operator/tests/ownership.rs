@@ -581,3 +581,324 @@ async fn a_bundle_target_squatted_by_a_cas_bundle_goes_to_the_bundle_not_fought_
         trust::canonical(&[&roots])
     );
 }
+
+/// The webhook bootstrap's CertificateAuthority, squatted: mallory, who may create
+/// CertificateAuthorities, makes `caretaker-webhook` first, with her own Secret and for every
+/// namespace. The bootstrap used to keep it as it found it, then made the webhook's
+/// certificate from it and the configuration that trusts it: mallory would hold a CA the API
+/// server trusts for admission. Now it refuses, naming the object, and makes nothing after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_webhook_bootstrap_relies_on_no_ca_someone_else_made_at_its_name() {
+    use caretaker_operator::webhook::bootstrap::{self, Bootstrap};
+    use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+
+    let world = world(settings()).await;
+    world
+        .create_ca(&world.mallory, bootstrap::NAME, (TEAM, "squat-ca"))
+        .await;
+    let objects = Bootstrap {
+        namespace: SYSTEM.into(),
+        service: "caretaker-webhook".into(),
+        url: Some("https://127.0.0.1:9443".parse().unwrap()),
+    }
+    .objects();
+
+    let refused = bootstrap::ensure_once(&world.admin, &objects)
+        .await
+        .expect_err("the bootstrap relied on mallory's CA");
+    assert!(
+        refused.to_string().starts_with(
+            "CertificateAuthority caretaker-webhook exists and is not the webhook bootstrap's \
+             (spec.secret is team/squat-ca, not caretaker-system/caretaker-webhook-ca; \
+             spec.bundle is team/caretaker-webhook-ca-bundle, not caretaker-system/caretaker-webhook-ca-bundle; \
+             spec.allowedNamespaces is [], not [\"caretaker-system\"])"
+        ),
+        "{refused}"
+    );
+    let certificates = Api::<IssuedCertificate>::namespaced(world.admin.clone(), SYSTEM);
+    assert!(
+        certificates
+            .get_opt(bootstrap::NAME)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let configurations = Api::<ValidatingWebhookConfiguration>::all(world.admin.clone());
+    assert!(
+        configurations
+            .get_opt(bootstrap::NAME)
+            .await
+            .unwrap()
+            .is_none()
+    );
+
+    // Once it is gone, the bootstrap makes its own; one of the same spec is its own,
+    // whoever made it (it signs only in caretaker-system, from a Secret kept there).
+    Api::<CertificateAuthority>::all(world.admin.clone())
+        .delete(bootstrap::NAME, &Default::default())
+        .await
+        .unwrap();
+    eventually("the squatted CA gone", 20, || async {
+        let gone = Api::<CertificateAuthority>::all(world.admin.clone())
+            .get_opt(bootstrap::NAME)
+            .await
+            .unwrap()
+            .is_none();
+        gone.then_some(())
+    })
+    .await;
+    bootstrap::ensure_once(&world.admin, &objects)
+        .await
+        .unwrap();
+    assert!(
+        certificates
+            .get_opt(bootstrap::NAME)
+            .await
+            .unwrap()
+            .is_some()
+    );
+    bootstrap::ensure_once(&world.admin, &objects)
+        .await
+        .unwrap();
+}
+
+/// An upgrade from a caretaker whose objects carried no owner mark: the bootstrap hands its
+/// own Secrets and ConfigMap over (at the names it fixes, in its namespace only), so its CA
+/// goes on with its key rather than being refused; an object of that name elsewhere, or one
+/// carrying another's mark, is left alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_webhook_bootstrap_hands_over_its_earlier_unmarked_objects_only() {
+    use caretaker_operator::webhook::bootstrap::{self, Bootstrap};
+
+    let world = world(settings()).await;
+    let objects = Bootstrap {
+        namespace: SYSTEM.into(),
+        service: "caretaker-webhook".into(),
+        url: None,
+    }
+    .objects();
+    let earlier =
+        caretaker_pki::CertificateAuthority::create(&caretaker_pki::CaSpec::new(bootstrap::NAME))
+            .unwrap();
+    let secret = |namespace: &str, annotations: Value| {
+        json!({
+            "metadata": { "name": bootstrap::CA_SECRET, "namespace": namespace,
+                          "labels": { "app.kubernetes.io/managed-by": "caretaker" },
+                          "annotations": annotations },
+            "type": "kubernetes.io/tls",
+            "stringData": { "tls.crt": earlier.certificate_pem(),
+                            "tls.key": earlier.private_key_pem() },
+        })
+    };
+    apply(
+        &Api::<Secret>::namespaced(world.admin.clone(), SYSTEM),
+        secret(SYSTEM, json!({})),
+    )
+    .await;
+    apply(
+        &Api::<Secret>::namespaced(world.admin.clone(), TEAM),
+        secret(TEAM, json!({})),
+    )
+    .await;
+    // The earlier CA, as an earlier bootstrap made it; refused until handed over.
+    Api::<CertificateAuthority>::all(world.admin.clone())
+        .create(&PostParams::default(), &objects.authority)
+        .await
+        .unwrap();
+    world
+        .warning("default", bootstrap::NAME, names::REASON_OBJECT_NOT_MANAGED)
+        .await;
+
+    bootstrap::ensure_once(&world.admin, &objects)
+        .await
+        .unwrap();
+    eventually("the earlier CA Ready with its own key", 20, || async {
+        let (status, _, _) = world.ca_condition(bootstrap::NAME, "Ready").await?;
+        (status == "True").then_some(())
+    })
+    .await;
+    let adopted = world.secret(SYSTEM, bootstrap::CA_SECRET).await.unwrap();
+    let annotations = adopted.metadata.annotations.unwrap();
+    assert!(
+        annotations[names::OWNER].starts_with("CertificateAuthority/caretaker-webhook/"),
+        "{annotations:?}"
+    );
+    assert_eq!(
+        adopted.data.unwrap()["tls.crt"].0,
+        earlier.certificate_pem().into_bytes(),
+        "the earlier CA was replaced"
+    );
+    let elsewhere = world.secret(TEAM, bootstrap::CA_SECRET).await.unwrap();
+    let annotations = elsewhere.metadata.annotations.unwrap_or_default();
+    assert!(
+        !annotations.contains_key(names::OWNER) && !annotations.contains_key(names::ADOPT),
+        "outside its namespace: {annotations:?}"
+    );
+}
+
+/// A CertificateAuthority whose bundle ConfigMap is in a namespace mallory may write: she adds
+/// her own CA to `ca-bundle.crt`, and the CA Secret is deleted (to re-key) while the operator
+/// is cut off. The new CA Secret used to copy every CA of the bundle into `previous.crt`,
+/// trusted from then on (by the bundle, every injection point and every certificate's
+/// `ca.crt`); now, the bundle being in another namespace than the CA Secret, only the CA
+/// caretaker knew as this CA's stays, and her CA leaves the bundle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ca_planted_in_a_bundle_configmap_is_never_taken_as_trusted() {
+    let mut world = world_with(settings(), true).await;
+    let user =
+        json!([{ "kind": "User", "apiGroup": "rbac.authorization.k8s.io", "name": "mallory" }]);
+    apply(
+        &Api::<Role>::namespaced(world.admin.clone(), TEAM),
+        json!({ "metadata": { "name": "config-maps" }, "rules": [
+            { "apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "patch"] }] }),
+    )
+    .await;
+    apply(
+        &Api::<RoleBinding>::namespaced(world.admin.clone(), TEAM),
+        json!({ "metadata": { "name": "mallory-config-maps" }, "subjects": user,
+                "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "config-maps" } }),
+    )
+    .await;
+    // Older CAs stay an hour: what the new CA Secret takes in is still there to be read.
+    apply(
+        &Api::<CertificateAuthority>::all(world.admin.clone()),
+        json!({
+            "apiVersion": "caretaker.dev/v1alpha1", "kind": "CertificateAuthority",
+            "metadata": { "name": "shared" },
+            "spec": {
+                "commonName": "shared-ca",
+                "secret": { "namespace": SYSTEM, "name": "shared-ca" },
+                "bundle": { "namespace": TEAM, "name": "shared-ca-bundle" },
+                "trustPropagation": "1h",
+            },
+        }),
+    )
+    .await;
+    let original = world.settled_secret(SYSTEM, "shared-ca").await;
+    let original = String::from_utf8(original.data.unwrap()["tls.crt"].0.clone()).unwrap();
+    let planted = trust::ca("mallory-root");
+
+    world.outage.as_mut().unwrap().stop();
+    let bundles = Api::<ConfigMap>::namespaced(world.mallory.clone(), TEAM);
+    let bundle = bundles.get("shared-ca-bundle").await.unwrap();
+    let published = &bundle.data.unwrap()["ca-bundle.crt"];
+    bundles
+        .patch(
+            "shared-ca-bundle",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "data": { "ca-bundle.crt": format!("{published}{planted}") } })),
+        )
+        .await
+        .unwrap();
+    Api::<Secret>::namespaced(world.admin.clone(), SYSTEM)
+        .delete("shared-ca", &Default::default())
+        .await
+        .unwrap();
+    world.outage.as_mut().unwrap().resume().await;
+
+    let remade = eventually("the CA Secret made again", 30, || async {
+        world.secret(SYSTEM, "shared-ca").await.filter(|s| {
+            s.data.as_ref().is_some_and(|d| {
+                d.get("tls.crt").map(|c| c.0.as_slice()) != Some(original.as_bytes())
+            })
+        })
+    })
+    .await;
+    let data = remade.data.unwrap();
+    let previous = data
+        .get("previous.crt")
+        .map(|p| String::from_utf8(p.0.clone()).unwrap())
+        .unwrap_or_default();
+    assert!(
+        !previous.contains(planted.trim()),
+        "mallory's CA was taken in as an older CA of this one"
+    );
+    assert!(
+        previous.contains(original.trim()),
+        "the CA it had stays trusted: {previous}"
+    );
+    let settled = world.settled_config_map(TEAM, "shared-ca-bundle").await;
+    assert!(!settled.data.unwrap()["ca-bundle.crt"].contains(planted.trim()));
+}
+
+/// CA-bundle injection by the signer's rule. An administrator's webhook configuration asks for
+/// the bundle of CertificateAuthority `webhooks`, not made yet; mallory, who may only create
+/// CertificateAuthorities, makes `webhooks` naming the etcd signer's Secret and bundle. Its
+/// controller refuses it, but injection read the two without their marks, found every
+/// certificate of the bundle kept in the Secret, and put the etcd signer in the webhook's
+/// `caBundle`. Now it refuses, naming the owner, and injects nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn injection_takes_nothing_from_a_ca_naming_another_objects_secret_and_bundle() {
+    use caretaker_operator::controllers::ca_injection;
+    use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+
+    let mut world = world(settings()).await;
+    world.settled_secret(ETCD, "etcd-signer").await;
+    let operator = Context::new(world.admin.clone(), settings());
+    world
+        .controllers
+        .push(tokio::spawn(ca_injection::run(operator, None)));
+    let configurations = Api::<ValidatingWebhookConfiguration>::all(world.admin.clone());
+    apply(
+        &configurations,
+        json!({
+            "metadata": { "name": "guarded",
+                          "annotations": { names::injection::INJECT_CA_FROM: "webhooks" } },
+            "webhooks": [{
+                "name": "guarded.example.com",
+                "clientConfig": { "url": "https://127.0.0.1:1/validate" },
+                "rules": [{ "apiGroups": ["example.com"], "apiVersions": ["v1"],
+                            "operations": ["CREATE"], "resources": ["gadgets"] }],
+                "sideEffects": "None", "admissionReviewVersions": ["v1"],
+                "failurePolicy": "Ignore",
+            }],
+        }),
+    )
+    .await;
+    apply(
+        &Api::<CertificateAuthority>::all(world.mallory.clone()),
+        json!({
+            "apiVersion": "caretaker.dev/v1alpha1", "kind": "CertificateAuthority",
+            "metadata": { "name": "webhooks" },
+            "spec": {
+                "commonName": "webhooks-ca",
+                "secret": { "namespace": ETCD, "name": "etcd-signer" },
+                "bundle": { "namespace": ETCD, "name": "etcd-ca-bundle" },
+            },
+        }),
+    )
+    .await;
+
+    let events: Api<Event> = Api::namespaced(world.admin.clone(), "default");
+    let outcome = eventually("injection refused or done", 20, || async {
+        let guarded = configurations.get("guarded").await.ok()?;
+        let injected = (guarded.webhooks?.into_iter())
+            .find_map(|hook| hook.client_config.ca_bundle)
+            .map(|bundle| format!("injected {} bytes", bundle.0.len()));
+        let refused = (events
+            .list(&ListParams::default())
+            .await
+            .ok()?
+            .items
+            .into_iter())
+        .find(|e| {
+            e.involved_object.name.as_deref() == Some("guarded")
+                && e.reason.as_deref() == Some(names::injection::EVENT_REFUSED)
+        })
+        .and_then(|e| e.message);
+        injected.or(refused)
+    })
+    .await;
+    assert!(
+        outcome.contains(
+            "CertificateAuthority webhooks: ConfigMap etcd-system/etcd-ca-bundle belongs to EtcdCertificates etcd-system/etcd"
+        ),
+        "{outcome}"
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let guarded = configurations.get("guarded").await.unwrap();
+    assert!(
+        (guarded.webhooks.unwrap().iter()).all(|h| h.client_config.ca_bundle.is_none()),
+        "the etcd signer was injected"
+    );
+}

@@ -890,6 +890,53 @@ async fn a_body_that_stops_arriving_is_dropped() {
     assert!(reply.contains("the body stopped arriving"), "{reply}");
 }
 
+/// A client that sends all of a body but its last byte, then one byte now and then (never idle
+/// for the body idle timeout), held its share of the body budget, here all of it, until the
+/// request timeout: every other review waited. Now a body must arrive within the body timeout
+/// in all: the trickler is answered 408 and the budget is free again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_trickling_in_holds_the_budget_no_longer_than_the_body_timeout() {
+    let limits = Limits {
+        max_body_bytes: 64 * 1024,
+        max_body_bytes_in_flight: 64 * 1024,
+        body_idle_timeout: Duration::from_millis(500),
+        body_timeout: Duration::from_secs(1),
+        request_timeout: Duration::from_secs(60),
+        ..limits()
+    };
+    let fixture = Fixture::start(limits, false).await;
+    let stream = tls(fixture.addr, &fixture.ca.certificate_pem())
+        .await
+        .unwrap();
+    let (mut reader, mut writer) = tokio::io::split(stream);
+    let head = format!(
+        "POST {CA_PATH} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 65536\r\n\r\n"
+    );
+    writer.write_all(head.as_bytes()).await.unwrap();
+    writer.write_all(&[b' '; 65000]).await.unwrap();
+    let trickle = tokio::spawn(async move {
+        // One byte every 200 ms, for longer than read_to_close waits (10 s).
+        for _ in 0..60 {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            if writer.write_all(b" ").await.is_err() || writer.flush().await.is_err() {
+                return;
+            }
+        }
+    });
+    let mut reply = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), reader.read_to_end(&mut reply)).await;
+    trickle.abort();
+    let reply = String::from_utf8_lossy(&reply);
+    assert!(reply.starts_with("HTTP/1.1 408 "), "{reply:?}");
+    assert!(
+        reply.contains("the body took longer than 1s to arrive"),
+        "{reply}"
+    );
+    // The budget is free: another review is read and answered.
+    let (status, body) = request(&fixture, "POST", CA_PATH, "application/json", "{}").await;
+    assert_eq!(status, 400, "{body}");
+}
+
 /// One peer gets at most `max_connections_per_peer` connections: when all of them are in the
 /// middle of a request, its next one is closed unanswered, while another peer (here the API
 /// server, on 127.0.0.1) is served.

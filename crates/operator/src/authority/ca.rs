@@ -253,6 +253,14 @@ pub struct AuthorityObserved {
     /// The last CA this process saw valid in the CA Secret, if any: it keeps signing while
     /// the Secret is invalid.
     pub last_good: Option<CaKeyPair>,
+    /// The CAs (fingerprints) this process last knew this object's CA Secret to hold (what a
+    /// pass saw there or wrote). When the bundle ConfigMap is in another namespace than the CA
+    /// Secret, only these of the CAs it holds beyond the CA Secret are taken back in as older
+    /// CAs: that namespace may be one a tenant may write, and a CA planted there must never
+    /// become trusted (issue 31). A bundle ConfigMap in the CA Secret's namespace gives every
+    /// CA it holds, remembered or not. `None`: every CA the bundle holds counts (views that
+    /// plan nothing).
+    pub remembered: Option<BTreeSet<String>>,
     /// The `Degraded` message the status shows now (`None` when not degraded), so that a
     /// Warning event is said once per problem.
     pub reported_degraded: Option<String>,
@@ -474,6 +482,10 @@ pub struct CaPlan {
     /// an older CA expiring or unused long enough); `None`: only a change of the objects
     /// matters.
     pub wake_at: Option<OffsetDateTime>,
+    /// The CAs (fingerprints) the CA Secret holds once the writes are in place, for
+    /// [`AuthorityObserved::remembered`]; `None` when this pass decided nothing of it (an
+    /// invalid Secret).
+    pub held: Option<BTreeSet<String>>,
 }
 
 impl CaPlan {
@@ -498,7 +510,7 @@ pub fn plan(
         CaSecretState::Valid(secret) => Some(&**secret),
     };
     let mut desired = match stored {
-        Some(secret) => adopt_published(secret, &seen.bundle, now),
+        Some(secret) => adopt_published(secret, seen, now),
         None => recreate(seen, policy, now, mint, &mut events)?,
     };
 
@@ -632,6 +644,12 @@ pub fn plan(
         status: status_of(&desired, policy, &seen.untrusting, now),
         issuer: IssuerView::of(&desired, now),
         wake_at: wake_at(&desired, &seen.in_use, policy, now),
+        held: Some(
+            desired
+                .certificates()
+                .map(|c| c.fingerprint().to_string())
+                .collect(),
+        ),
     })
 }
 
@@ -645,8 +663,9 @@ fn recreate(
     mint: &dyn Mint,
     events: &mut Vec<Event>,
 ) -> Result<CaSecret, PkiError> {
-    // Only the CAs: a leaf there would make `previous.crt` unreadable (and trust nothing).
-    let trusted = Bundle::of(seen.bundle.cas().cloned(), now);
+    // Only the CAs (a leaf there would make `previous.crt` unreadable, and trust nothing),
+    // and only those the bundle's namespace may vouch for (see `remembered_cas`).
+    let trusted = Bundle::of(remembered_cas(seen).cloned(), now);
     let ca = mint.create_ca(&policy.ca)?;
     let serial = ca.certificate.serial().to_string();
     let mut secret = CaSecret {
@@ -679,19 +698,32 @@ fn recreate(
 /// swapped into the Secret) taken in as an older CA: certificates it signed may still be
 /// served, so it leaves as any older CA does, once expired or unused for `trust_propagation`
 /// (see [`retire`]), never at once. Only CA certificates count.
-fn adopt_published(secret: &CaSecret, published: &BundleState, now: OffsetDateTime) -> CaSecret {
+fn adopt_published(secret: &CaSecret, seen: &AuthorityObserved, now: OffsetDateTime) -> CaSecret {
     let mut secret = secret.clone();
     let held: BTreeSet<&str> = secret
         .certificates()
         .map(Certificate::fingerprint)
         .collect();
-    let adopted: Vec<Certificate> = published
-        .cas()
+    let adopted: Vec<Certificate> = remembered_cas(seen)
         .filter(|c| !c.expired_at(now) && !held.contains(c.fingerprint()))
         .cloned()
         .collect();
     secret.previous.extend(adopted);
     secret
+}
+
+/// The CA certificates of the published bundle that may be taken into `previous.crt`. A
+/// bundle ConfigMap in the CA Secret's namespace gives all of them: whoever may write it may
+/// write the CA Secret too, so trusting what it says gives no one a new power, and a CA Secret
+/// deleted or restored while no operator ran keeps the CAs its certificates need (no outage).
+/// A bundle ConfigMap elsewhere (perhaps a namespace a tenant may write) gives only those
+/// [`AuthorityObserved::remembered`] knows as this CA's (all of them when it is `None`).
+fn remembered_cas(seen: &AuthorityObserved) -> impl Iterator<Item = &Certificate> {
+    let beside_secret = seen.bundle_name.namespace == seen.secret_name.namespace;
+    seen.bundle.cas().filter(move |c| {
+        beside_secret
+            || (seen.remembered.as_ref()).is_none_or(|known| known.contains(c.fingerprint()))
+    })
 }
 
 /// Why the CA that signs now must be replaced, if it must.
@@ -1027,6 +1059,7 @@ fn invalid(seen: &AuthorityObserved, reason: &str, now: OffsetDateTime) -> CaPla
         },
         issuer,
         wake_at: None,
+        held: None,
     }
 }
 

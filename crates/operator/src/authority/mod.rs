@@ -96,7 +96,10 @@
 //! written from the CA Secret and read back to find out whether it already says that, and
 //! which CAs it trusts that the CA Secret does not hold (all of them when the CA Secret is
 //! gone): certificates they signed may still be served, so such a CA (a CA certificate, not
-//! expired) is taken into `previous.crt` and leaves as any older CA does. Its library-go
+//! expired; from a ConfigMap in another namespace than the CA Secret, perhaps one a tenant may
+//! write, only one the glue knew this CA's Secret to hold: [`ca::AuthorityObserved::remembered`])
+//! is taken into
+//! `previous.crt` and leaves as any older CA does. Its library-go
 //! annotations describe the CA that signs now.
 //!
 //! **Certificate Secret** (`IssuedCertificate`'s `secretName`, type `kubernetes.io/tls`):
@@ -120,7 +123,7 @@
 //!   valid ([`ca::AuthorityObserved::last_good`]; after a restart there is none, and nothing
 //!   signs), `Degraded` says why, and a Warning event says it once.
 //! - **Absent** (deleted on purpose, or never made): a new CA is made, with an event. The CAs
-//!   the bundle ConfigMap still holds (CA certificates not expired, nothing else) stay trusted (they are copied into `previous.crt`). If
+//!   the bundle ConfigMap still holds (CA certificates not expired, nothing else; from a ConfigMap in another namespace, only those known as this CA's) stay trusted (they are copied into `previous.crt`). If
 //!   there are any, the new CA enters as the *next* CA and follows trust before sign: nothing
 //!   signs until it is promoted (the old key is gone with the Secret, and a certificate from an
 //!   untrusted CA would break every client; certificates already issued keep working, since
@@ -745,6 +748,7 @@ pub(crate) mod tests {
                 distributed: None,
                 untrusting: Default::default(),
                 last_good,
+                remembered: None,
                 reported_degraded: None,
             };
             match self.certificate(&ca::in_use_candidates(&seen, OffsetDateTime::now_utc())) {

@@ -278,6 +278,7 @@ impl World {
             distributed: None,
             untrusting: Default::default(),
             last_good: self.last_good.clone(),
+            remembered: None,
             reported_degraded: self.reported_degraded.clone(),
         };
         let issuer = ca::in_use_candidates(&seen, self.now);

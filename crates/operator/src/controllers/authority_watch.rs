@@ -461,6 +461,11 @@ pub(crate) struct Shared {
     /// keeps signing while its Secret is invalid, for that object only (another of its name,
     /// made while a watch was cut, is another CA).
     last_good: Mutex<HashMap<String, (String, CaKeyPair)>>,
+    /// The CAs (fingerprints) each CertificateAuthority's CA Secret held after its last pass,
+    /// with that object's UID: the only CAs its bundle ConfigMap, when in another namespace
+    /// than the CA Secret, may give back to it
+    /// ([`crate::authority::ca::AuthorityObserved::remembered`]).
+    remembered_cas: Mutex<HashMap<String, (String, BTreeSet<String>)>>,
     /// What each object's last pass said was wrong with it.
     pub degraded: DegradedMemory,
     /// What each object's last status write said, until the store shows it.
@@ -525,6 +530,7 @@ pub(crate) fn start(
         ca_secrets: Mutex::default(),
         issuers_seen: Mutex::default(),
         last_good: Mutex::default(),
+        remembered_cas: Mutex::default(),
         degraded: DegradedMemory::default(),
         statuses: StatusMemory::default(),
         leaf_uses: Mutex::default(),
@@ -1290,6 +1296,7 @@ impl Shared {
             );
         }
         lock(&self.last_good).remove(name);
+        lock(&self.remembered_cas).remove(name);
         lock(&self.issuers_seen).remove(name);
         self.degraded.forget::<CertificateAuthority>("", name);
         self.wake_certificates_of(name);
@@ -1572,6 +1579,22 @@ impl Shared {
             Some(signer) => last_good.insert(authority.to_string(), (uid.to_string(), signer)),
             None => last_good.remove(authority),
         };
+    }
+
+    /// The CAs CertificateAuthority `authority` of UID `uid` last held in its CA Secret (none
+    /// known: empty).
+    pub(crate) fn remembered_cas(&self, authority: &str, uid: &str) -> BTreeSet<String> {
+        match lock(&self.remembered_cas).get(authority) {
+            Some((seen_for, cas)) if seen_for == uid => cas.clone(),
+            _ => BTreeSet::new(),
+        }
+    }
+
+    /// Remembers the CAs `authority` of UID `uid` holds now (`None`: keeps what was known).
+    pub(crate) fn remember_cas(&self, authority: &str, uid: &str, held: Option<BTreeSet<String>>) {
+        if let Some(held) = held {
+            lock(&self.remembered_cas).insert(authority.to_string(), (uid.to_string(), held));
+        }
     }
 
     /// Why the operator cannot act on a CertificateAuthority's objects: one of them is
@@ -1859,6 +1882,7 @@ impl Shared {
             distributed: None,
             untrusting: Default::default(),
             last_good: self.last_good(name, &ca.uid().unwrap_or_default()),
+            remembered: None,
             reported_degraded: None,
         };
         Ok(Ok(IssuerView::for_certificates(

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
@@ -113,37 +113,79 @@ impl Migration {
 
     /// Writes `apply` to the ClusterBundle `name` only while it is as the decision saw it:
     /// applied on the resourceVersion seen when it was this Bundle's (409 Conflict once it has
-    /// changed: the next pass decides again); when the cache saw none, only if a read from the
-    /// API server still finds none. Server-side apply has no create-only precondition, so a
-    /// ClusterBundle created between that read and the apply (milliseconds) is the one case
-    /// left; a create would record the user's manager as an Update, which their own later
-    /// applies would conflict with.
+    /// changed: the next pass decides again). When the cache saw none, it is first created
+    /// (POST, create-only: server-side apply has none), so that a ClusterBundle made meanwhile,
+    /// however late, is refused with 409 AlreadyExists and judged by the next pass, never
+    /// written over; the apply then lands on the version created. The create is the
+    /// migration's own (its field manager), and the forced apply that follows takes every
+    /// field over for the user's manager, so their later applies own them.
     /// Whether it was written.
     async fn apply(&self, name: &str, apply: &ClusterBundleApply) -> Result<bool, Error> {
         let cluster_bundles: Api<ClusterBundle> = Api::all(self.ctx.client.clone());
+        let created = apply.precondition == Precondition::Absent;
         let version = match &apply.precondition {
-            Precondition::Absent => {
-                if cluster_bundles.get_metadata_opt(name).await?.is_some() {
-                    // Made since the cache saw none: its watch event wakes the next pass.
-                    return Ok(false);
-                }
-                None
-            }
+            Precondition::Absent => match create_only(&self.ctx.client, &apply.body).await? {
+                Some(version) => version,
+                // Made since the cache saw none: its watch event wakes the next pass.
+                None => return Ok(false),
+            },
             Precondition::At(version) => Some(version.clone()),
         };
         // Forced: the Bundle is what the ClusterBundle is applied from until the user takes it
         // over, and the migration's record is its own.
         let as_user = PatchParams::apply(&apply.manager).force();
         let body = at_version(&apply.body, version);
-        let written = cluster_bundles
+        let mut written = cluster_bundles
             .patch(name, &as_user, &Patch::Apply(&body))
             .await?;
+        if created {
+            // The create's record (the migration's Update entry) would keep co-owning every
+            // field the user's apply also set: dropped, so the user's manager alone owns them.
+            let kept: Vec<_> = (written.metadata.managed_fields.iter().flatten())
+                .filter(|e| {
+                    !(e.manager.as_deref() == Some(MIGRATION_MANAGER)
+                        && e.operation.as_deref() == Some("Update"))
+                })
+                .cloned()
+                .collect();
+            let fields = serde_json::json!({"metadata": {
+                "resourceVersion": written.resource_version(),
+                "managedFields": kept,
+            }});
+            let params = PatchParams {
+                field_manager: Some(MIGRATION_MANAGER.into()),
+                ..Default::default()
+            };
+            written = cluster_bundles
+                .patch(name, &params, &Patch::Merge(&fields))
+                .await?;
+        }
         let as_migration = PatchParams::apply(MIGRATION_MANAGER).force();
         let record = at_version(&apply.record, written.resource_version());
         cluster_bundles
             .patch(name, &as_migration, &Patch::Apply(&record))
             .await?;
         Ok(true)
+    }
+}
+
+/// Creates the ClusterBundle `body` (POST, as the migration); its resourceVersion, or `None`
+/// when one of its name exists (409).
+async fn create_only(client: &kube::Client, body: &Value) -> Result<Option<Option<String>>, Error> {
+    let resource = ApiResource::erase::<ClusterBundle>(&());
+    let object: DynamicObject =
+        serde_json::from_value(body.clone()).map_err(kube::Error::SerdeError)?;
+    let params = PostParams {
+        field_manager: Some(MIGRATION_MANAGER.into()),
+        ..Default::default()
+    };
+    match Api::<DynamicObject>::all_with(client.clone(), &resource)
+        .create(&params, &object)
+        .await
+    {
+        Ok(created) => Ok(Some(created.resource_version())),
+        Err(kube::Error::Api(status)) if status.code == 409 => Ok(None),
+        Err(e) => Err(e.into()),
     }
 }
 

@@ -35,11 +35,13 @@ use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use tokio::sync::{mpsc, watch};
 
+use super::authority_watch;
 use super::watch_failures::Failing;
 use crate::Error;
 use crate::changes::Event;
 use crate::context::Context;
 use crate::injection::{self, Decision, SourceChange, SourceRef, Sources, TargetKind};
+use crate::ownership::{Claim, Owner};
 use crate::v1alpha1::{self, CertificateAuthority};
 
 /// Whose watches fail, in the log.
@@ -519,6 +521,14 @@ async fn decide(
             }
         }
     }
+    let authority_refused = authority.as_ref().and_then(|authority| {
+        not_the_authoritys(
+            injector,
+            authority,
+            config_map.as_ref().map(|c| &c.metadata),
+            authority_secret.as_ref().map(|s| &s.metadata),
+        )
+    });
     let sources = Sources {
         // Unknown until the CRDs are listed: then it is not said to be missing.
         authority_crd_installed: *injector.authority_crd.borrow() != Some(false),
@@ -526,8 +536,58 @@ async fn decide(
         config_map: config_map.as_ref(),
         authority_secret: authority_secret.as_ref(),
         secret: secret.as_ref(),
+        authority_refused: authority_refused.as_deref(),
     };
     Ok(injection::decide(kind, target, source, &sources, scope))
+}
+
+/// Why CertificateAuthority `authority`'s bundle ConfigMap or Secret (those read: `None` when
+/// absent) is not its own, by the signer's rule: each must carry this CertificateAuthority's
+/// mark (its UID: one made again under its name is another), and its Secret must be where
+/// `--authority-secret-namespaces` allows. Whoever may write a ConfigMap, or create a
+/// CertificateAuthority naming someone else's Secret and bundle, must not get a CA of theirs
+/// trusted by the API server.
+fn not_the_authoritys(
+    injector: &Injector,
+    authority: &DynamicObject,
+    config_map: Option<&ObjectMeta>,
+    secret: Option<&ObjectMeta>,
+) -> Option<String> {
+    let owner = Owner::new(
+        "CertificateAuthority",
+        None,
+        authority.name_any(),
+        authority.metadata.uid.clone().unwrap_or_default(),
+    );
+    let allowed = injector.ctx.settings.authority_secret_namespaces.as_ref();
+    if let (Some(keeps), Some(allowed)) = (injection::secret_of(authority), allowed)
+        && !allowed.contains(&keeps.namespace)
+    {
+        return Some(format!(
+            "its Secret {}/{} is in no namespace CertificateAuthority Secrets may be in (--authority-secret-namespaces)",
+            keeps.namespace, keeps.name
+        ));
+    }
+    let named = |meta: &ObjectMeta| {
+        (
+            meta.namespace.clone().unwrap_or_default(),
+            meta.name.clone().unwrap_or_default(),
+        )
+    };
+    [("ConfigMap", config_map), ("Secret", secret)]
+        .into_iter()
+        .filter_map(|(kind, meta)| Some((kind, meta?)))
+        .find_map(|(kind, meta)| {
+            match authority_watch::claim(&owner, kind, &named(meta), Some(meta)) {
+                Claim::Own => None,
+                Claim::Refused { message, .. } => Some(message),
+                Claim::Create | Claim::Adopt => Some(format!(
+                    "{kind} {}/{} is not its own yet (handed over, not adopted)",
+                    meta.namespace.as_deref().unwrap_or_default(),
+                    meta.name.as_deref().unwrap_or_default()
+                )),
+            }
+        })
 }
 
 /// Carries a decision out: the write (only on the version decided on), then its event; or the

@@ -181,6 +181,7 @@ async fn reconcile(
             distributed: None,
             untrusting: Untrusting::default(),
             last_good: observing.last_good(&who, &who_uid),
+            remembered: Some(observing.remembered_cas(&who, &who_uid)),
             reported_degraded,
         };
         let candidates = ca::in_use_candidates(&seen, now);
@@ -260,6 +261,7 @@ async fn reconcile(
         shared.ctx.event(&reference, event.clone()).await;
     }
     shared.set_last_good(&name, &uid, plan.issuer.signer.clone().ok());
+    shared.remember_cas(&name, &uid, plan.held.clone());
     let status = status_of(&plan, &old, authority.metadata.generation, now);
     shared.record_certificate(
         CertificateKind::CertificateAuthority,

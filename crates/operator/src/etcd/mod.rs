@@ -711,6 +711,11 @@ fn observe_signer(
         distributed: None,
         untrusting: Untrusting::default(),
         last_good: seen.last_good.get(&signer).cloned(),
+        // Nothing remembered: its bundles are in its own namespace, with its Secrets, so the
+        // rule for a bundle beside its CA Secret takes every CA they hold (whoever may write
+        // them may write the signer Secrets too), and a signer Secret deleted while no
+        // operator ran keeps the CAs its members' certificates need.
+        remembered: Some(BTreeSet::new()),
         reported_degraded: seen.reported_degraded.clone(),
     };
     let candidates = ca::in_use_candidates(&observed, now);

@@ -188,6 +188,7 @@ impl World {
             config_map: Some(&self.bundle),
             authority_secret: Some(&self.keeps),
             secret: None,
+            authority_refused: None,
         }
     }
 }
@@ -726,6 +727,15 @@ fn a_missing_authority_source_writes_nothing_and_says_what_is_missing() {
             },
             EVENT_SOURCE_MISSING,
             "has no ca-bundle.crt or an empty one",
+        ),
+        (
+            // Its Secret or bundle is not its own: the signer's rule (`crate::ownership`).
+            Sources {
+                authority_refused: Some("Secret s/ca belongs to EtcdCertificates e/etcd"),
+                ..world.sources()
+            },
+            EVENT_REFUSED,
+            "CertificateAuthority webhooks: Secret s/ca belongs to EtcdCertificates e/etcd; nothing injected",
         ),
     ];
     for (kind, target) in targets() {

@@ -20,7 +20,12 @@
 //! [`ensure`] creates each object that is absent, in that order (the CertificateAuthority and
 //! IssuedCertificate before the configuration that sends them to a webhook not yet serving),
 //! and leaves every object that exists as it is: a user's changes are kept, and an object
-//! deleted is made again at the operator's next start. Until the caretaker.dev CRDs are
+//! deleted is made again at the operator's next start. Two exceptions, since it relies on
+//! them: a CertificateAuthority [`NAME`] whose key, bundle or allowed namespaces are not the
+//! bootstrap's (someone made that name first) stops it, with an error naming the object,
+//! before anything trusts it ([`authority_mismatch`]); and its own Secrets and ConfigMap, at
+//! the names it fixes in its namespace, that an earlier caretaker made without an owner mark
+//! are handed over to their objects ([`unmarked_earlier_own`]). Until the caretaker.dev CRDs are
 //! installed it says so once and tries again, never stopping the operator.
 
 use std::collections::BTreeMap;
@@ -283,12 +288,136 @@ impl Bootstrap {
     }
 }
 
-/// Why an object could not be made.
-#[derive(Debug)]
-enum Failure {
+/// Why the bootstrap could not make what it relies on.
+#[derive(Debug, thiserror::Error)]
+pub enum Failure {
     /// The API server does not serve the kind: its CRD is not installed.
+    #[error("the caretaker.dev CRDs are not installed")]
     NotServed,
+    /// An object of the bootstrap's name exists and is not what the bootstrap would make, in
+    /// what decides whom it trusts: it is not relied on, and nothing after it is made.
+    #[error("{0}")]
+    NotTheBootstraps(String),
+    #[error(transparent)]
     Other(kube::Error),
+}
+
+/// Why `existing`, the CertificateAuthority of the bootstrap's name, is not the bootstrap's
+/// `desired` one; `None` when it is. Whoever creates that name first chooses its spec: where
+/// its key is kept (`secret`), where its bundle goes (`bundle`) and whom it signs for
+/// (`allowedNamespaces`) decide who could hold a certificate the webhook's clients trust, so
+/// they must be the bootstrap's. The rest (common name, key algorithm, validity, renewal,
+/// trust propagation) stays an administrator's to tune.
+pub fn authority_mismatch(
+    existing: &CertificateAuthority,
+    desired: &CertificateAuthority,
+) -> Option<String> {
+    let (have, want) = (&existing.spec, &desired.spec);
+    let mut differ = Vec::new();
+    if have.secret != want.secret {
+        differ.push(format!(
+            "spec.secret is {}/{}, not {}/{}",
+            have.secret.namespace, have.secret.name, want.secret.namespace, want.secret.name
+        ));
+    }
+    if have.bundle != want.bundle {
+        differ.push(format!(
+            "spec.bundle is {}/{}, not {}/{}",
+            have.bundle.namespace, have.bundle.name, want.bundle.namespace, want.bundle.name
+        ));
+    }
+    if have.allowed_namespaces != want.allowed_namespaces {
+        differ.push(format!(
+            "spec.allowedNamespaces is {:?}, not {:?}",
+            have.allowed_namespaces, want.allowed_namespaces
+        ));
+    }
+    if differ.is_empty() {
+        return None;
+    }
+    Some(format!(
+        "CertificateAuthority {NAME} exists and is not the webhook bootstrap's ({}): the webhook's \
+         certificate is not made from it; delete it (kubectl delete certificateauthority {NAME}) \
+         to have the bootstrap make its own",
+        differ.join("; ")
+    ))
+}
+
+/// The bootstrap's own Secrets and ConfigMap in its namespace, at the names it fixes, and the
+/// object each is written for: as [`crate::ownership::Owner::reference`] names it.
+fn own_objects(namespace: &str) -> [(&'static str, &'static str, String); 3] {
+    [
+        ("Secret", CA_SECRET, format!("CertificateAuthority/{NAME}")),
+        (
+            "ConfigMap",
+            CA_BUNDLE,
+            format!("CertificateAuthority/{NAME}"),
+        ),
+        (
+            "Secret",
+            SERVING_SECRET,
+            format!("IssuedCertificate/{namespace}/{NAME}"),
+        ),
+    ]
+}
+
+/// Whether an existing object of [`own_objects`] is one an earlier caretaker made before
+/// objects carried their owner's mark, and so is handed over ([`crate::names::ADOPT`]) to
+/// the object it was made for: it carries caretaker's label, no mark, no adoption request
+/// and no owner reference. Only these names in the bootstrap's namespace are handed over:
+/// whoever could have made them there may write them anyway.
+pub fn unmarked_earlier_own(meta: &ObjectMeta) -> bool {
+    let annotations = meta.annotations.clone().unwrap_or_default();
+    let labelled =
+        meta.labels.as_ref().and_then(|l| l.get(MANAGED_BY.0)) == Some(&MANAGED_BY.1.to_string());
+    labelled
+        && !annotations.contains_key(crate::names::OWNER)
+        && !annotations.contains_key(crate::names::ADOPT)
+        && meta.owner_references.as_ref().is_none_or(Vec::is_empty)
+}
+
+/// Hands over each of [`own_objects`] that [`unmarked_earlier_own`] says is an earlier
+/// caretaker's, on the resourceVersion read; what it handed over.
+async fn hand_over_earlier_own(client: &Client, namespace: &str) -> Result<Vec<String>, Failure> {
+    use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+    let mut handed = Vec::new();
+    for (kind, name, owner) in own_objects(namespace) {
+        let meta = match kind {
+            "Secret" => Api::<Secret>::namespaced(client.clone(), namespace)
+                .get_opt(name)
+                .await
+                .map(|o| o.map(|o| o.metadata)),
+            _ => Api::<ConfigMap>::namespaced(client.clone(), namespace)
+                .get_opt(name)
+                .await
+                .map(|o| o.map(|o| o.metadata)),
+        }
+        .map_err(Failure::Other)?;
+        let Some(meta) = meta.filter(unmarked_earlier_own) else {
+            continue;
+        };
+        let patch = json!({"metadata": {
+            "resourceVersion": meta.resource_version,
+            "annotations": {crate::names::ADOPT: owner},
+        }});
+        let params = PatchParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..Default::default()
+        };
+        match kind {
+            "Secret" => Api::<Secret>::namespaced(client.clone(), namespace)
+                .patch(name, &params, &Patch::Merge(&patch))
+                .await
+                .map(|_| ()),
+            _ => Api::<ConfigMap>::namespaced(client.clone(), namespace)
+                .patch(name, &params, &Patch::Merge(&patch))
+                .await
+                .map(|_| ()),
+        }
+        .map_err(Failure::Other)?;
+        handed.push(format!("{kind} {namespace}/{name} handed over to {owner}"));
+    }
+    Ok(handed)
 }
 
 /// Creates `object` unless an object of its name exists; `true` when created.
@@ -386,41 +515,63 @@ async fn drop_legacy_selector(
     Ok(true)
 }
 
+/// One pass of [`ensure`]: makes each absent object of `objects`, in order, and hands over
+/// the bootstrap's earlier unmarked Secrets and ConfigMap; what it did. It stops, making
+/// nothing after it, at a CertificateAuthority of its name that is not its own
+/// ([`authority_mismatch`]): the certificate and configuration would trust whoever made it.
+pub async fn ensure_once(client: &Client, objects: &Objects) -> Result<Vec<String>, Failure> {
+    let mut done = Vec::new();
+    attempt(client, objects, &mut done).await?;
+    Ok(done)
+}
+
+/// [`ensure_once`], adding what it did to `done` as it goes (an attempt that fails may have
+/// made the Namespace).
+async fn attempt(
+    client: &Client,
+    objects: &Objects,
+    done: &mut Vec<String>,
+) -> Result<(), Failure> {
+    let namespace = objects.namespace.metadata.name.clone().unwrap_or_default();
+    // The operator runs in its namespace: one it may not read or create is there.
+    match create_if_absent(&Api::all(client.clone()), &objects.namespace).await {
+        Ok(true) => done.push(format!("Namespace {namespace}")),
+        Ok(false) => {}
+        Err(Failure::Other(kube::Error::Api(status))) if status.code == 403 => {}
+        Err(e) => return Err(e),
+    }
+    let authorities = Api::<CertificateAuthority>::all(client.clone());
+    if create_if_absent(&authorities, &objects.authority).await? {
+        done.push(format!("CertificateAuthority {NAME}"));
+    } else if let Some(existing) = authorities.get_opt(NAME).await.map_err(Failure::Other)?
+        && let Some(mismatch) = authority_mismatch(&existing, &objects.authority)
+    {
+        return Err(Failure::NotTheBootstraps(mismatch));
+    }
+    let certificates = Api::namespaced(client.clone(), &namespace);
+    if create_if_absent(&certificates, &objects.certificate).await? {
+        done.push(format!("IssuedCertificate {namespace}/{NAME}"));
+    }
+    done.extend(hand_over_earlier_own(client, &namespace).await?);
+    let configurations = Api::all(client.clone());
+    if create_if_absent(&configurations, &objects.configuration).await? {
+        done.push(format!("ValidatingWebhookConfiguration {NAME}"));
+    } else if drop_legacy_selector(&configurations, &objects.configuration).await? {
+        done.push(format!(
+            "(ValidatingWebhookConfiguration {NAME}: the {LEGACY_BOOTSTRAP_LABEL} objectSelector removed)"
+        ));
+    }
+    Ok(())
+}
+
 /// Makes every object of `objects` exist, retrying until all do (every `retry`); never fails.
 pub async fn ensure(client: Client, objects: &Objects, retry: Duration) {
-    let namespace = objects.namespace.metadata.name.clone().unwrap_or_default();
     let mut said_crds_missing = false;
     let mut last_error = None::<String>;
     // Across attempts: the Namespace may be made by one that then finds no CRDs.
     let mut created = Vec::new();
     loop {
-        let result = async {
-            // The operator runs in its namespace: one it may not read or create is there.
-            match create_if_absent(&Api::all(client.clone()), &objects.namespace).await {
-                Ok(true) => created.push(format!("Namespace {namespace}")),
-                Ok(false) => {}
-                Err(Failure::Other(kube::Error::Api(status))) if status.code == 403 => {}
-                Err(e) => return Err(e),
-            }
-            if create_if_absent(&Api::all(client.clone()), &objects.authority).await? {
-                created.push(format!("CertificateAuthority {NAME}"));
-            }
-            let certificates = Api::namespaced(client.clone(), &namespace);
-            if create_if_absent(&certificates, &objects.certificate).await? {
-                created.push(format!("IssuedCertificate {namespace}/{NAME}"));
-            }
-            let configurations = Api::all(client.clone());
-            if create_if_absent(&configurations, &objects.configuration).await? {
-                created.push(format!("ValidatingWebhookConfiguration {NAME}"));
-            } else if drop_legacy_selector(&configurations, &objects.configuration).await? {
-                created.push(format!(
-                    "(ValidatingWebhookConfiguration {NAME}: the {LEGACY_BOOTSTRAP_LABEL} objectSelector removed)"
-                ));
-            }
-            Ok::<_, Failure>(())
-        }
-        .await;
-        match result {
+        match attempt(&client, objects, &mut created).await {
             Ok(()) => {
                 let created = if created.is_empty() {
                     "nothing: every object exists".to_string()
@@ -438,6 +589,12 @@ pub async fn ensure(client: Client, objects: &Objects, retry: Duration) {
                          `caretaker crds | kubectl apply -f -`"
                     );
                     said_crds_missing = true;
+                }
+            }
+            Err(Failure::NotTheBootstraps(message)) => {
+                if last_error.as_ref() != Some(&message) {
+                    tracing::error!(%message, "webhook bootstrap refuses; trying again");
+                    last_error = Some(message);
                 }
             }
             Err(Failure::Other(e)) => {
@@ -558,6 +715,25 @@ mod tests {
                 name: "caretaker-webhook-tls".into()
             }
         );
+    }
+
+    #[test]
+    fn a_ca_of_the_bootstraps_name_is_its_own_only_with_its_key_bundle_and_namespaces() {
+        let desired = bootstrap(None).objects().authority;
+        let mut tuned = desired.clone();
+        tuned.spec.validity = "1y".into();
+        tuned.spec.common_name = "renamed".into();
+        assert_eq!(authority_mismatch(&tuned, &desired), None);
+        let mut everywhere = desired.clone();
+        everywhere.spec.allowed_namespaces.clear();
+        let mismatch = authority_mismatch(&everywhere, &desired).unwrap();
+        assert!(
+            mismatch.starts_with("CertificateAuthority caretaker-webhook exists and is not the webhook bootstrap's (spec.allowedNamespaces is [], not [\"caretaker-system\"])"),
+            "{mismatch}"
+        );
+        let mut elsewhere = desired.clone();
+        elsewhere.spec.secret.namespace = "team".into();
+        assert!(authority_mismatch(&elsewhere, &desired).is_some());
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //!
 //! Answers: 200 with the AdmissionReview; 400 for a body that is not a review; 404 for another
 //! path; 405 for another method; 408 for a body that stops arriving (nothing for
-//! [`Limits::body_idle_timeout`]); 413 for a body over the limit, refused from its
+//! [`Limits::body_idle_timeout`]) or takes too long to arrive in all
+//! ([`Limits::body_timeout`]); 413 for a body over the limit, refused from its
 //! `Content-Length` before any of it is read, or as soon as a body without one passes the
 //! limit; 415 for a body that is not JSON; 431 for a request head over 16 KiB or 64 headers;
 //! 503 for a review not answered within the request timeout.
@@ -44,6 +45,12 @@ pub struct Limits {
     /// How long a body may make no progress (no byte arriving) before the request is answered
     /// 408 and its connection closed.
     pub body_idle_timeout: Duration,
+    /// How long a body may take to arrive in all (time spent waiting for its bytes; waiting
+    /// for budget is not counted) before the request is answered 408 and its connection
+    /// closed: a client trickling a byte now and then, never idle for `body_idle_timeout`,
+    /// holds its share of the budget no longer than this. kube-apiserver sends a review's
+    /// body at once, within a webhook timeout of at most 30 s (10 s by default).
+    pub body_timeout: Duration,
     /// How long a request may take from its headers to its answer (reading the body
     /// included).
     pub request_timeout: Duration,
@@ -70,6 +77,7 @@ impl Default for Limits {
             max_body_bytes: 3 * 1024 * 1024,
             max_body_bytes_in_flight: 32 * 1024 * 1024,
             body_idle_timeout: Duration::from_secs(2),
+            body_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(10),
             handshake_timeout: Duration::from_secs(10),
             header_read_timeout: Duration::from_secs(30),
@@ -269,6 +277,13 @@ impl<I: Issuers> Handler<I> {
                     format!("the body stopped arriving: nothing for {idle:?}"),
                 ));
             }
+            Err(BodyError::TooSlow) => {
+                let total = self.limits.body_timeout;
+                return closing(text(
+                    StatusCode::REQUEST_TIMEOUT,
+                    format!("the body took longer than {total:?} to arrive"),
+                ));
+            }
             Err(BodyError::Unreadable(e)) => {
                 return closing(text(
                     StatusCode::BAD_REQUEST,
@@ -303,8 +318,9 @@ impl<I: Issuers> Handler<I> {
 impl<I> Handler<I> {
     /// Reads `body`: at most `max_body_bytes`, each part taking its bytes of the shared budget
     /// as it arrives (held, with the bytes, until the answer is sent), and given up when no
-    /// byte arrives for `body_idle_timeout`. Waiting for budget is not the client's idleness:
-    /// only the request timeout bounds it.
+    /// byte arrives for `body_idle_timeout`, or once waiting for its bytes has taken
+    /// `body_timeout` in all. Waiting for budget is not the client's slowness: only the
+    /// request timeout bounds it.
     async fn read_body(
         &self,
         mut body: Incoming,
@@ -313,13 +329,18 @@ impl<I> Handler<I> {
         let budget = self.body_budget_size();
         let mut read = BytesMut::new();
         let mut held: Option<SemaphorePermit<'_>> = None;
+        // What is left of `body_timeout`, spent only while waiting for the client.
+        let mut left = self.limits.body_timeout;
         loop {
-            let frame = match tokio::time::timeout(idle, body.frame()).await {
+            let waiting = tokio::time::Instant::now();
+            let frame = match tokio::time::timeout(idle.min(left), body.frame()).await {
+                Err(_) if left <= idle => return Err(BodyError::TooSlow),
                 Err(_) => return Err(BodyError::Stalled),
                 Ok(None) => return Ok((read.freeze(), held)),
                 Ok(Some(Err(e))) => return Err(BodyError::Unreadable(e)),
                 Ok(Some(Ok(frame))) => frame,
             };
+            left = left.saturating_sub(waiting.elapsed());
             let Ok(data) = frame.into_data() else {
                 continue; // trailers
             };
@@ -364,6 +385,8 @@ enum BodyError {
     TooLarge,
     /// Nothing arrived for [`Limits::body_idle_timeout`].
     Stalled,
+    /// Not all of it arrived within [`Limits::body_timeout`].
+    TooSlow,
     Unreadable(hyper::Error),
 }
 

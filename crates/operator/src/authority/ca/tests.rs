@@ -38,6 +38,7 @@ fn nothing() -> AuthorityObserved {
         distributed: None,
         untrusting: Default::default(),
         last_good: None,
+        remembered: None,
         reported_degraded: None,
     }
 }
@@ -779,6 +780,91 @@ fn a_re_created_ca_secret_keeps_the_bundles_cas_and_nothing_else() {
     assert_settled(&seen, &policy, 2 * DAY);
 }
 
+/// Issue 31: a CA planted in a bundle ConfigMap in another namespace than the CA Secret (one
+/// a tenant may write) is never taken into `previous.crt`, with the CA Secret there or
+/// re-created; only CAs the CA Secret was known to hold are.
+#[test]
+fn a_ca_planted_in_the_bundle_configmap_is_never_trusted() {
+    let (policy, model) = (policy(), Model::new(at(0)));
+    let mut seen = started(&policy, &model);
+    seen.bundle_name = ObjectName::new("team", "webhooks-ca-bundle");
+    let ca = secret(&seen).current.clone().unwrap();
+    let planted = model.ca_cert("planted", 100);
+    let mut published = seen.bundle.present().unwrap().clone();
+    published.certificates.push(planted.clone());
+    seen.bundle = BundleState::Present(published);
+    seen.remembered = Some([ca.fingerprint().to_string()].into());
+
+    let rewritten = decide(&seen, &policy, &model, DAY);
+    assert!(
+        rewritten
+            .steps
+            .iter()
+            .all(|s| !matches!(s, AuthorityStep::WriteSecret(_))),
+        "{:?}",
+        rewritten.steps
+    );
+    let [AuthorityStep::WriteBundle(bundle)] = rewritten.steps.as_slice() else {
+        panic!("{:?}", rewritten.steps)
+    };
+    assert_eq!(
+        fingerprints(&bundle.certificates),
+        [ca.fingerprint()],
+        "the planted CA is dropped"
+    );
+
+    seen.secret = CaSecretState::Absent;
+    let remade = decide(&seen, &policy, &model, DAY);
+    let AuthorityStep::WriteSecret(stored) = &remade.steps[0] else {
+        panic!("{:?}", remade.steps)
+    };
+    assert_eq!(fingerprints(&stored.previous), [ca.fingerprint()]);
+    // Known to nobody (the operator restarted meanwhile): nothing of the bundle is trusted.
+    seen.remembered = Some(BTreeSet::new());
+    let remade = decide(&seen, &policy, &model, DAY);
+    let AuthorityStep::WriteSecret(stored) = &remade.steps[0] else {
+        panic!("{:?}", remade.steps)
+    };
+    assert!(stored.previous.is_empty() && stored.current.is_some());
+}
+
+/// A bundle ConfigMap in the CA Secret's namespace gives back every CA it holds, remembered
+/// or not (whoever may write it may write the CA Secret): a CA Secret deleted while no
+/// operator ran keeps its old CA trusted, and the new CA waits to be trusted before it signs.
+/// The same bundle in another namespace gives back only what is remembered.
+#[test]
+fn a_bundle_beside_the_ca_secret_gives_back_its_cas_unremembered_and_one_elsewhere_does_not() {
+    let (policy, model) = (policy(), Model::new(at(0)));
+    let mut seen = started(&policy, &model);
+    let ca = secret(&seen).current.clone().unwrap();
+    seen.secret = CaSecretState::Absent;
+    // Known to nobody: the operator restarted while the Secret was gone.
+    seen.remembered = Some(BTreeSet::new());
+
+    let remade = decide(&seen, &policy, &model, DAY);
+    let AuthorityStep::WriteSecret(stored) = &remade.steps[0] else {
+        panic!("{:?}", remade.steps)
+    };
+    assert_eq!(fingerprints(&stored.previous), [ca.fingerprint()]);
+    assert!(
+        stored.current.is_none() && stored.next.is_some(),
+        "the new CA waits to be trusted, the old one's certificates stay valid"
+    );
+
+    seen.bundle_name = ObjectName::new("team", "webhooks-ca-bundle");
+    let remade = decide(&seen, &policy, &model, DAY);
+    let AuthorityStep::WriteSecret(stored) = &remade.steps[0] else {
+        panic!("{:?}", remade.steps)
+    };
+    assert!(stored.previous.is_empty() && stored.current.is_some());
+    seen.remembered = Some([ca.fingerprint().to_string()].into());
+    let remade = decide(&seen, &policy, &model, DAY);
+    let AuthorityStep::WriteSecret(stored) = &remade.steps[0] else {
+        panic!("{:?}", remade.steps)
+    };
+    assert_eq!(fingerprints(&stored.previous), [ca.fingerprint()]);
+}
+
 #[test]
 fn a_ca_made_after_a_lost_write_is_not_made_twice() {
     let (policy, model) = (policy(), Model::new(at(0)));
@@ -1019,6 +1105,7 @@ fn a_tampered_ca_secret_is_never_regenerated_nor_written() {
         let mut seen = AuthorityObserved {
             secret: state,
             last_good: Some(last_good.clone()),
+            remembered: None,
             ..nothing()
         };
         let kept = plan(&seen, &policy, now, &NoMint).unwrap();
