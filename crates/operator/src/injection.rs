@@ -820,3 +820,24 @@ pub fn concerned<'t>(
         })
         .collect()
 }
+
+/// Drops from cached targets what no pass reads: `managedFields`, kubectl's copy of the last
+/// applied object, statuses, and a CRD's spec but its conversion (its schemas can be
+/// hundreds of kilobytes). Nothing is written from the dropped parts: the merge patch of a CRD
+/// or APIService touches only `caBundle`, and webhook lists are kept whole.
+pub fn trim(kind: TargetKind) -> impl Fn(&mut DynamicObject) {
+    move |target| {
+        target.metadata.managed_fields = None;
+        if let Some(annotations) = &mut target.metadata.annotations {
+            annotations.remove("kubectl.kubernetes.io/last-applied-configuration");
+        }
+        if let Some(data) = target.data.as_object_mut() {
+            data.remove("status");
+            if kind == TargetKind::CustomResourceDefinition
+                && let Some(spec) = data.get_mut("spec").and_then(|s| s.as_object_mut())
+            {
+                spec.retain(|key, _| key == "conversion");
+            }
+        }
+    }
+}

@@ -975,7 +975,7 @@ impl Shared {
             .expect("every kind");
         let events = Failing::new(AUTHORITIES, kind.kind()).events(
             watcher(api, watcher::Config::default())
-                .modify(super::ca_injection::trim(kind))
+                .modify(crate::injection::trim(kind))
                 .default_backoff(),
         );
         futures::pin_mut!(events);

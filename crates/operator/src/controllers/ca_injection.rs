@@ -333,27 +333,6 @@ impl AuthorityCrd {
     }
 }
 
-/// Drops from cached targets what no pass reads: `managedFields`, kubectl's copy of the last
-/// applied object, statuses, and a CRD's spec but its conversion (its schemas can be
-/// hundreds of kilobytes). Nothing is written from the dropped parts: the merge patch of a CRD
-/// or APIService touches only `caBundle`, and webhook lists are kept whole.
-pub(crate) fn trim(kind: TargetKind) -> impl Fn(&mut DynamicObject) {
-    move |target| {
-        target.metadata.managed_fields = None;
-        if let Some(annotations) = &mut target.metadata.annotations {
-            annotations.remove("kubectl.kubernetes.io/last-applied-configuration");
-        }
-        if let Some(data) = target.data.as_object_mut() {
-            data.remove("status");
-            if kind == TargetKind::CustomResourceDefinition
-                && let Some(spec) = data.get_mut("spec").and_then(|s| s.as_object_mut())
-            {
-                spec.retain(|key, _| key == "conversion");
-            }
-        }
-    }
-}
-
 async fn run_kind(
     kind: TargetKind,
     injector: Arc<Injector>,
@@ -372,7 +351,7 @@ async fn run_kind(
     let forgetting = injector.clone();
     let watched = reflector(
         writer,
-        watcher(api, watcher::Config::default()).modify(trim(kind)),
+        watcher(api, watcher::Config::default()).modify(injection::trim(kind)),
     )
     .default_backoff();
     let watched = Failing::new(INJECTION, kind.kind())
@@ -725,7 +704,7 @@ mod tests {
         }))
         .unwrap();
         let full = target.clone();
-        trim(kind)(&mut target);
+        crate::injection::trim(kind)(&mut target);
         assert_eq!(target.metadata.managed_fields, None);
         assert_eq!(
             target
@@ -754,7 +733,7 @@ mod tests {
                                 "clientConfig": { "url": "https://a" } }]);
         let mut target = DynamicObject::new("v", &kind.api_resource());
         target.data = json!({ "webhooks": webhooks });
-        trim(kind)(&mut target);
+        crate::injection::trim(kind)(&mut target);
         assert_eq!(target.data, json!({ "webhooks": webhooks }));
     }
 }
