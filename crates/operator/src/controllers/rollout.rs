@@ -27,12 +27,12 @@ use crate::machine::{self, MachineView};
 use crate::names;
 /// The operations, here too for callers of [`start_machines`].
 pub use crate::names::Operation;
-use crate::rollout::RolloutPlan;
 use crate::rollout::chain::{self, ChainPlan, observe_children};
 use crate::rollout::parent::{
     MachineStart, ParentChanges, ParentKind, ParentStep, ParentView, Rollout, auto_refresh,
     blocked_by,
 };
+use crate::rollout::{Progress, RolloutPlan};
 use crate::schedule::Next;
 
 /// Runs the rollout controllers of all three parent kinds until their streams end; one stream
@@ -240,13 +240,7 @@ async fn reconcile_operation(
                 &machines,
             );
             let plan = ChainPlan::decide(&input);
-            ctx.metrics.set_rollout_progress(
-                &view.kind.api_resource().kind,
-                &parent.namespace().unwrap_or_default(),
-                &view.name,
-                operation.metric_label(),
-                &plan.progress(),
-            );
+            report_progress(ctx, parent, view, operation, &plan.progress());
             chain::changes(&rollout, view, &children, &plan, ctx.settings.retry_base)
         }
         ParentStep::Roll(rollout) => {
@@ -268,18 +262,29 @@ async fn reconcile_operation(
                     plan = plan_rollout(ctx, &rollout, view, &machines, blocked).await;
                 }
             }
-            ctx.metrics.set_rollout_progress(
-                &view.kind.api_resource().kind,
-                &parent.namespace().unwrap_or_default(),
-                &view.name,
-                operation.metric_label(),
-                &plan.progress(),
-            );
+            report_progress(ctx, parent, view, operation, &plan.progress());
             let changes = rollout.changes(view, &machines, &plan, ctx.settings.retry_base);
             return apply(ctx, parent, view.kind, changes).await;
         }
     };
     apply(ctx, parent, view.kind, changes).await
+}
+
+/// The parent's rollout progress, as a metric.
+fn report_progress(
+    ctx: &Context,
+    parent: &DynamicObject,
+    view: &ParentView,
+    operation: Operation,
+    progress: &Progress,
+) {
+    ctx.metrics.set_rollout_progress(
+        &view.kind.api_resource().kind,
+        &parent.namespace().unwrap_or_default(),
+        &view.name,
+        operation.metric_label(),
+        progress,
+    );
 }
 
 /// A Cluster's children: its control plane (when it is a CK8sControlPlane), then its
