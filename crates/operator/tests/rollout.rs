@@ -1849,3 +1849,93 @@ async fn a_cluster_request_and_a_control_plane_request_at_once_both_finish_one_m
     let (most, at) = watch.most();
     assert_eq!(most, 1, "control-plane Machines busy at once: {at:?}");
 }
+
+/// Each level shows a Cluster request while it runs, not only once it has ended: the control
+/// plane is `in-progress` with the Cluster's mark and its own event while the workers have not
+/// started, then the MachineDeployment while the control plane is `done`, and the Cluster stays
+/// `in-progress` throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_level_shows_a_cluster_request_while_it_runs() {
+    let mut world = world(fast()).await;
+    // Restarts long enough for each phase to be seen.
+    let (_log, make) = logging_scripts(world.dir.path().join("hooks"), "1.5");
+    world
+        .add_restartable("cp-0", NodeRole::ControlPlane, make("cp-0"))
+        .await;
+    world
+        .add_restartable("w-0", NodeRole::Worker, make("w-0"))
+        .await;
+    let cluster = machine::cluster_api_resource();
+    let plane = machine::control_plane_api_resource();
+    let deployment = machine::machine_deployment_api_resource();
+    annotate_parent(
+        &world,
+        &cluster,
+        "c1",
+        json!({ names::REFRESH_CERTIFICATES: "1y" }),
+    )
+    .await;
+
+    let plane_during = wait_parent(
+        &world,
+        &plane,
+        "c1-control-plane",
+        names::REFRESH_CERTIFICATES_STATUS,
+        names::STATUS_IN_PROGRESS,
+    )
+    .await;
+    assert_eq!(plane_during[names::REFRESH_CERTIFICATES], "1y");
+    let cluster_during = world.parent_annotations(&cluster, "c1").await;
+    assert_eq!(
+        cluster_during[names::REFRESH_CERTIFICATES_STATUS],
+        names::STATUS_IN_PROGRESS
+    );
+    assert_eq!(
+        plane_during[names::rollout_state::REFRESH_CLUSTER_REQUEST],
+        cluster_during[names::rollout_state::REFRESH_REQUEST],
+        "the control plane's request is marked as the Cluster's"
+    );
+    let workers_during = world.parent_annotations(&deployment, "c1-md-0").await;
+    assert!(
+        !workers_during.contains_key(names::REFRESH_CERTIFICATES),
+        "the workers wait for the control plane: {workers_during:?}"
+    );
+    world
+        .event_with("c1-control-plane", names::EVENT_REFRESH_CERTS_IN_PROGRESS)
+        .await;
+
+    let workers_during = wait_parent(
+        &world,
+        &deployment,
+        "c1-md-0",
+        names::REFRESH_CERTIFICATES_STATUS,
+        names::STATUS_IN_PROGRESS,
+    )
+    .await;
+    assert_eq!(workers_during[names::REFRESH_CERTIFICATES], "1y");
+    let plane_after = world.parent_annotations(&plane, "c1-control-plane").await;
+    assert_eq!(
+        plane_after[names::REFRESH_CERTIFICATES_STATUS],
+        names::STATUS_DONE
+    );
+    assert_eq!(
+        world.parent_annotations(&cluster, "c1").await[names::REFRESH_CERTIFICATES_STATUS],
+        names::STATUS_IN_PROGRESS,
+        "the Cluster waits for its last child"
+    );
+    world
+        .event_with("c1-md-0", names::EVENT_REFRESH_CERTS_IN_PROGRESS)
+        .await;
+
+    wait_parent(
+        &world,
+        &cluster,
+        "c1",
+        names::REFRESH_CERTIFICATES_STATUS,
+        names::STATUS_DONE,
+    )
+    .await;
+    world
+        .event_with("c1", names::EVENT_REFRESH_CERTS_DONE)
+        .await;
+}
