@@ -66,6 +66,12 @@ pub struct MachineObservation {
 }
 
 impl MachineObservation {
+    /// Whether the rollout counts this Machine: one being deleted that it never touched is
+    /// skipped.
+    pub fn counted(&self) -> bool {
+        !self.being_deleted || self.progress != MachineProgress::Untouched
+    }
+
     /// The worker's MachineDeployment (empty for control-plane Machines).
     fn deployment(&self) -> &str {
         match &self.role {
@@ -99,6 +105,27 @@ pub struct Progress {
     pub total: usize,
     pub skipped: usize,
     pub running: usize,
+}
+
+impl Progress {
+    /// The counts over the Machines a rollout observed; a Machine being deleted that it never
+    /// touched is skipped.
+    pub fn of<'a>(observed: impl IntoIterator<Item = &'a MachineObservation>) -> Self {
+        let mut progress = Progress::default();
+        for machine in observed {
+            if !machine.counted() {
+                progress.skipped += 1;
+                continue;
+            }
+            progress.total += 1;
+            match machine.progress {
+                MachineProgress::Done => progress.done += 1,
+                MachineProgress::Running => progress.running += 1,
+                MachineProgress::Untouched | MachineProgress::Failed => {}
+            }
+        }
+        progress
+    }
 }
 
 /// Why nothing (more) can start right now.
@@ -188,18 +215,9 @@ impl RolloutPlan {
     pub fn decide(input: &RolloutInput) -> RolloutPlan {
         let mut machines: Vec<&MachineObservation> = input.machines.iter().collect();
         machines.sort_by(|a, b| (&a.role, &a.name).cmp(&(&b.role, &b.name)));
-        let covered: Vec<&MachineObservation> = machines
-            .iter()
-            .copied()
-            .filter(|m| !m.being_deleted || m.progress != MachineProgress::Untouched)
-            .collect();
-        let count = |p: MachineProgress| covered.iter().filter(|m| m.progress == p).count();
-        let progress = Progress {
-            done: count(MachineProgress::Done),
-            total: covered.len(),
-            skipped: machines.len() - covered.len(),
-            running: count(MachineProgress::Running),
-        };
+        let covered: Vec<&MachineObservation> =
+            machines.iter().copied().filter(|m| m.counted()).collect();
+        let progress = Progress::of(machines.iter().copied());
 
         if let Some(failed) = covered
             .iter()

@@ -285,17 +285,7 @@ pub fn observe_children(
                 .filter(|_| placed)
                 .unwrap_or_default();
             let observed = observe(operation, request, &covered);
-            let counted: Vec<_> = observed
-                .iter()
-                .filter(|m| !m.being_deleted || m.progress != MachineProgress::Untouched)
-                .collect();
-            let count = |p: MachineProgress| counted.iter().filter(|m| m.progress == p).count();
-            let progress = Progress {
-                done: count(MachineProgress::Done),
-                total: counted.len(),
-                skipped: observed.len() - counted.len(),
-                running: count(MachineProgress::Running),
-            };
+            let progress = Progress::of(&observed);
             let failure = observed
                 .iter()
                 .find(|m| placed && m.progress == MachineProgress::Failed)
