@@ -37,7 +37,6 @@ use caretaker_apiserver::TestServer;
 use caretaker_operator::{machine, names};
 use caretaker_pki::Ttl;
 use caretaker_testkit::capi_objects::{self, ClusterObjects, MachineObject, MachineRole};
-use caretaker_testkit::local::LocalAgent;
 use caretaker_testkit::provision::{ClusterCas, NodeSpec, agent_serving_leaf, provision_node};
 use common::{Operator, cpu_seconds, ms, verdict};
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
@@ -150,6 +149,7 @@ async fn run(hook_ms: u64, workers: usize, max_parallel: usize, agent: AgentTime
 
     let hook = write_hook(dir.path(), hook_ms);
     let mut agents = Vec::new();
+    let calls = AgentCalls::default();
     let machines_api: Api<DynamicObject> =
         Api::namespaced_with(client.clone(), "default", &machine::api_resource());
     for i in 0..CONTROL_PLANES + workers {
@@ -158,7 +158,7 @@ async fn run(hook_ms: u64, workers: usize, max_parallel: usize, agent: AgentTime
         } else {
             (format!("w-{i}"), NodeRole::Worker)
         };
-        agents.push(add_machine(&cluster, &cas, dir.path(), &name, role, &hook).await);
+        agents.push(add_machine(&cluster, &cas, dir.path(), &name, role, &hook, &calls).await);
     }
 
     let kubeconfig = dir.path().join("kubeconfig");
@@ -171,6 +171,7 @@ async fn run(hook_ms: u64, workers: usize, max_parallel: usize, agent: AgentTime
     })
     .await;
     let before = operator.requests();
+    let passes_before = operator.passes();
     let (rss_before, _) = operator.memory();
     let cpu_before = (cpu_seconds(operator.pid()), cpu_seconds(std::process::id()));
 
@@ -207,6 +208,7 @@ async fn run(hook_ms: u64, workers: usize, max_parallel: usize, agent: AgentTime
     let one = machines_api.get("w-3").await.unwrap();
     let one_size = serde_json::to_vec(&one).unwrap().len();
     let after = operator.requests();
+    let passes = common::passes_made(&passes_before, &operator.passes());
     drop(operator);
     drop(agents);
 
@@ -230,6 +232,15 @@ async fn run(hook_ms: u64, workers: usize, max_parallel: usize, agent: AgentTime
     for (kind, n) in &made {
         println!("    {kind:<40} {:>6.2}  ({n})", *n as f64 / total as f64);
     }
+    println!("  the operator's passes (reconciles) by controller, per Machine:");
+    for (controller, p) in &passes {
+        println!(
+            "    {controller:<40} {:>6.2}  ({} passes, {:.2} ms each on average)",
+            p.count / total as f64,
+            p.count,
+            p.seconds * 1000.0 / p.count
+        );
+    }
     println!(
         "  operator memory ({total} Machines cached): VmRSS {rss:.1} MiB, VmHWM {hwm:.1} MiB \
          (VmRSS {rss_before:.1} MiB before the rollout; one Machine as served: {:.1} KiB of JSON, \
@@ -246,7 +257,7 @@ async fn run(hook_ms: u64, workers: usize, max_parallel: usize, agent: AgentTime
         std::thread::available_parallelism().map_or(1, |n| n.get())
     );
     if max_parallel == 1
-        && let Some(own) = timeline.print(agent)
+        && let Some(own) = timeline.print(&calls)
     {
         println!(
             "  goal: the operator's own time < {GOAL_OWN_TIME_MS} ms per Machine at max-parallel 1: {} ({own:.1} ms)",
@@ -312,52 +323,63 @@ impl Timeline {
         Timeline { seen, task }
     }
 
-    /// At max-parallel 1: the mean time of each step of a worker, and the agents' part of it.
-    /// Prints the hand-offs of one worker and returns their sum without the agent's work: the
-    /// operator's own time per Machine, in ms.
-    fn print(&self, agent: AgentTime) -> Option<f64> {
+    /// At max-parallel 1: the mean time of each step of a worker, and its agent's part of it
+    /// as the agent served it in this run. Prints the hand-offs of one worker and returns their
+    /// sum without the agent's work: the operator's own time per Machine, in ms.
+    fn print(&self, calls: &AgentCalls) -> Option<f64> {
         let seen = self.seen.lock().unwrap();
-        let mut workers: Vec<[Instant; 4]> = seen
+        let calls = calls.lock().unwrap();
+        let agent = |name: &str, call: &'static str| {
+            calls
+                .get(&(name.to_string(), call))
+                .copied()
+                .unwrap_or_default()
+        };
+        // Each worker's steps, and its agent's plan and apply.
+        let mut workers: Vec<([Instant; 4], Duration, Duration)> = seen
             .iter()
             .filter(|(name, _)| name.starts_with("w-"))
-            .filter_map(|(_, t)| Some([t[0]?, t[1]?, t[2]?, t[3]?]))
+            .filter_map(|(name, t)| {
+                let steps = [t[0]?, t[1]?, t[2]?, t[3]?];
+                Some((steps, agent(name, "plan"), agent(name, "apply")))
+            })
             .collect();
-        workers.sort_by_key(|t| t[0]);
+        workers.sort_by_key(|(t, _, _)| t[0]);
         if workers.len() < 2 {
             return None;
         }
         let n = workers.len() as f64;
-        let mean = |f: &dyn Fn(&[Instant; 4]) -> Duration| {
-            workers.iter().map(|t| ms(f(t))).sum::<f64>() / n
+        let mean = |f: &dyn Fn(&([Instant; 4], Duration, Duration)) -> f64| {
+            workers.iter().map(f).sum::<f64>() / n
         };
-        let start = mean(&|t| t[1] - t[0]);
-        let plan = mean(&|t| t[2] - t[1]);
-        let apply = mean(&|t| t[3] - t[2]);
+        let start = mean(&|(t, _, _)| ms(t[1] - t[0]));
+        let plan = mean(&|(t, _, _)| ms(t[2] - t[1]));
+        let agent_plan = mean(&|(_, p, _)| ms(*p));
+        let apply = mean(&|(t, _, _)| ms(t[3] - t[2]));
+        let agent_apply = mean(&|(_, _, a)| ms(*a));
         let next = workers
             .windows(2)
-            .map(|w| ms(w[1][0] - w[0][3]))
+            .map(|w| ms(w[1].0[0] - w[0].0[3]))
             .sum::<f64>()
             / (n - 1.0);
         println!(
-            "  one worker at max-parallel 1, as the benchmark's watch saw it (mean of {} workers):",
+            "  one worker at max-parallel 1, as the benchmark's watch saw it (mean of {} workers; \
+             the agent's part as each agent served its calls):",
             workers.len()
         );
         println!(
             "    trigger set by the parent -> in-progress (Machine controller):  {start:>6.1} ms"
         );
         println!(
-            "    in-progress -> plan recorded (reads, agent plan, patch):         {plan:>6.1} ms (agent's plan alone {:.1} ms)",
-            ms(agent.plan)
+            "    in-progress -> plan recorded (reads, agent plan, patch):         {plan:>6.1} ms (the agent's plan {agent_plan:.1} ms)"
         );
         println!(
-            "    plan recorded -> done (signing, agent apply, end record):        {apply:>6.1} ms (agent's apply alone {:.1} ms)",
-            ms(agent.apply)
+            "    plan recorded -> done (signing, agent apply, end record):        {apply:>6.1} ms (the agent's apply {agent_apply:.1} ms)"
         );
         println!(
             "    done -> next worker's trigger (parent controller):              {next:>6.1} ms"
         );
-        let own =
-            start + (plan - ms(agent.plan)).max(0.0) + (apply - ms(agent.apply)).max(0.0) + next;
+        let own = start + (plan - agent_plan) + (apply - agent_apply) + next;
         println!(
             "    the operator's own time per Machine (sum, without the agent's): {own:>6.1} ms"
         );
@@ -426,20 +448,12 @@ async fn add_machine(
     name: &str,
     role: NodeRole,
     hook: &Path,
-) -> LocalAgent {
+    calls: &AgentCalls,
+) -> TimedAgent {
     let layout = provision(cas, root, name, role);
     let node = root.join(name);
     let restart = CommandTemplate::parse(hook.to_str().unwrap()).unwrap();
-    let agent = LocalAgent::start(
-        &agent_serving_leaf(name, &["127.0.0.1".parse().unwrap()]),
-        layout,
-        &node.join("state"),
-        &cas.cluster,
-        Some(restart),
-        None,
-    )
-    .await
-    .unwrap();
+    let agent = TimedAgent::start(name, cas, layout, &node.join("state"), restart, calls).await;
     cluster
         .create_machine(&MachineObject {
             name,
@@ -451,4 +465,81 @@ async fn add_machine(
         .await
         .unwrap();
     agent
+}
+
+/// Each Machine's agent calls as its agent served them: the time from the request's arrival to
+/// its response, summed by call (`plan`, `apply`).
+type AgentCalls = Arc<Mutex<BTreeMap<(String, &'static str), Duration>>>;
+
+/// An in-process agent, as [`caretaker_testkit::local::LocalAgent`] starts one, whose plan and
+/// apply calls are timed where it serves them: the agent's part of a hand-off in this very run,
+/// not a separate measurement.
+struct TimedAgent {
+    url: String,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl TimedAgent {
+    async fn start(
+        name: &str,
+        cas: &ClusterCas,
+        layout: NodeLayout,
+        state: &Path,
+        restart: CommandTemplate,
+        calls: &AgentCalls,
+    ) -> Self {
+        use caretaker_agent::server::{AgentService, serve};
+        let serving = cas
+            .cluster
+            .issue(&agent_serving_leaf(name, &["127.0.0.1".parse().unwrap()]))
+            .unwrap();
+        let key = serving.key.as_ref().unwrap().to_pem();
+        let config = caretaker_agent::tls::server_config(
+            &serving.certificate_pem,
+            &key,
+            &cas.cluster.certificate_pem(),
+            caretaker_agent_api::tls::DEFAULT_ALLOWED_CLIENT,
+        )
+        .unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!(
+            "https://127.0.0.1:{}",
+            listener.local_addr().unwrap().port()
+        );
+        let calls = (name.to_string(), calls.clone());
+        let router = AgentService::new(
+            Refresher::new(layout, state).with_restart_command(Some(restart)),
+            caretaker_agent::upgrade::Upgrader::new(state, None),
+        )
+        .router()
+        .layer(axum::middleware::from_fn_with_state(calls, time_call));
+        let task = tokio::spawn(async move {
+            let _ = serve(listener, config, router).await;
+        });
+        TimedAgent { url, task }
+    }
+}
+
+impl Drop for TimedAgent {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn time_call(
+    axum::extract::State((name, calls)): axum::extract::State<(String, AgentCalls)>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let call = match request.uri().path() {
+        "/v1/certificates/plan" => Some("plan"),
+        "/v1/certificates/apply" => Some("apply"),
+        _ => None,
+    };
+    let started = Instant::now();
+    let response = next.run(request).await;
+    if let Some(call) = call {
+        *calls.lock().unwrap().entry((name, call)).or_default() += started.elapsed();
+    }
+    response
 }

@@ -81,8 +81,9 @@ fn report_peaks() {
 }
 
 /// The child process: the operator's controllers against the kubeconfig at `path`, with a
-/// client that counts its requests by kind. Each line on stdin asks for the counts so far,
-/// answered as one JSON line on stdout.
+/// client that counts its requests by kind. Each line on stdin asks for the counts so far and
+/// the controllers' passes (from the operator's own metrics), answered as one JSON line on
+/// stdout.
 async fn operator(path: &Path) {
     let kubeconfig = kube::config::Kubeconfig::read_from(path).unwrap();
     let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
@@ -103,10 +104,19 @@ async fn operator(path: &Path) {
             },
         ))
         .build();
+    let settings = Settings {
+        retry_base: Duration::from_secs(1),
+        ..Settings::default()
+    };
+    let ctx = Context::new(client, settings);
+    let metrics = ctx.metrics.clone();
     std::thread::spawn(move || {
         let stdin = std::io::stdin();
         for _ in stdin.lock().lines() {
-            let snapshot = counts.lock().unwrap().clone();
+            let snapshot = Snapshot {
+                requests: counts.lock().unwrap().clone(),
+                passes: passes(&metrics.encode()),
+            };
             let mut out = std::io::stdout().lock();
             writeln!(out, "{}", serde_json::to_string(&snapshot).unwrap()).unwrap();
             out.flush().unwrap();
@@ -114,11 +124,68 @@ async fn operator(path: &Path) {
         // The benchmark went away.
         std::process::exit(0);
     });
-    let settings = Settings {
-        retry_base: Duration::from_secs(1),
-        ..Settings::default()
-    };
-    controllers::run(Context::new(client, settings), None).await;
+    controllers::run(ctx, None).await;
+}
+
+/// What the operator child reports on request.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Snapshot {
+    requests: BTreeMap<String, u64>,
+    passes: BTreeMap<String, Passes>,
+}
+
+/// One controller's reconciles so far: how many, and their time in all (seconds).
+#[derive(serde::Serialize, serde::Deserialize, Clone, Copy, Default, Debug)]
+pub struct Passes {
+    pub count: f64,
+    pub seconds: f64,
+}
+
+/// The reconcile counts and durations by controller, from the metrics text.
+fn passes(text: &str) -> BTreeMap<String, Passes> {
+    let mut passes: BTreeMap<String, Passes> = BTreeMap::new();
+    for line in text.lines() {
+        let Some((series, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let Some((family, labels)) = series.split_once('{') else {
+            continue;
+        };
+        let Some(controller) = labels
+            .strip_prefix("controller=\"")
+            .and_then(|l| l.split_once('"'))
+            .map(|(c, _)| c)
+        else {
+            continue;
+        };
+        let value: f64 = value.parse().unwrap_or(0.0);
+        let entry = passes.entry(controller.to_string()).or_default();
+        match family {
+            "caretaker_reconcile_total" => entry.count = value,
+            "caretaker_reconcile_duration_seconds_sum" => entry.seconds = value,
+            _ => {}
+        }
+    }
+    passes
+}
+
+/// The passes made between two snapshots, by controller.
+pub fn passes_made(
+    before: &BTreeMap<String, Passes>,
+    after: &BTreeMap<String, Passes>,
+) -> BTreeMap<String, Passes> {
+    after
+        .iter()
+        .map(|(controller, p)| {
+            let b = before.get(controller).copied().unwrap_or_default();
+            let made = Passes {
+                count: p.count - b.count,
+                seconds: p.seconds - b.seconds,
+            };
+            (controller.clone(), made)
+        })
+        .filter(|(_, p)| p.count > 0.0)
+        .collect()
 }
 
 /// `METHOD resource[/NAME][/SUBRESOURCE][ (watch)]`, e.g. `PATCH machines/NAME` or
@@ -202,6 +269,15 @@ impl Operator {
 
     /// The requests the operator made so far, by kind.
     pub fn requests(&mut self) -> BTreeMap<String, u64> {
+        self.snapshot().requests
+    }
+
+    /// The operator's reconciles so far, by controller.
+    pub fn passes(&mut self) -> BTreeMap<String, Passes> {
+        self.snapshot().passes
+    }
+
+    fn snapshot(&mut self) -> Snapshot {
         writeln!(self.stdin).unwrap();
         self.stdin.flush().unwrap();
         let mut line = String::new();
