@@ -336,7 +336,7 @@ impl Timeline {
                 .unwrap_or_default()
         };
         // Each worker's steps, and its agent's plan and apply.
-        let mut workers: Vec<([Instant; 4], Duration, Duration)> = seen
+        let mut workers: Vec<WorkerTimes> = seen
             .iter()
             .filter(|(name, _)| name.starts_with("w-"))
             .filter_map(|(name, t)| {
@@ -349,9 +349,7 @@ impl Timeline {
             return None;
         }
         let n = workers.len() as f64;
-        let mean = |f: &dyn Fn(&([Instant; 4], Duration, Duration)) -> f64| {
-            workers.iter().map(f).sum::<f64>() / n
-        };
+        let mean = |f: &dyn Fn(&WorkerTimes) -> f64| workers.iter().map(f).sum::<f64>() / n;
         let start = mean(&|(t, _, _)| ms(t[1] - t[0]));
         let plan = mean(&|(t, _, _)| ms(t[2] - t[1]));
         let agent_plan = mean(&|(_, p, _)| ms(*p));
@@ -386,6 +384,9 @@ impl Timeline {
         Some(own)
     }
 }
+
+/// When a worker reached each step, and its agent's plan and apply time.
+type WorkerTimes = ([Instant; 4], Duration, Duration);
 
 impl Drop for Timeline {
     fn drop(&mut self) {
