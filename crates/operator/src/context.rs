@@ -69,6 +69,8 @@ pub struct Context {
     /// Parents (kind/namespace/name) this process wrote at a resourceVersion, and that version:
     /// a pass that still sees the parent at it sees it from before that write.
     parents_written_at: Mutex<HashMap<String, String>>,
+    /// When this process last wrote each parent's (kind/namespace/name) progress.
+    progress_written: Mutex<HashMap<String, Instant>>,
     /// Held by a rollout pass from its fresh look at the control plane until its start of a
     /// control-plane Machine is written: the passes of different parents and operations run
     /// concurrently, each on a cache that may lag, and only one may start a control-plane
@@ -103,6 +105,7 @@ impl Context {
             credentials: CredentialStore::default(),
             running: Mutex::default(),
             parents_written_at: Mutex::default(),
+            progress_written: Mutex::default(),
             control_plane_starts: tokio::sync::Mutex::new(()),
             expiry_reads: tokio::sync::Semaphore::new(EXPIRY_READS),
             metrics: Metrics::new(),
@@ -137,6 +140,23 @@ impl Context {
             .lock()
             .expect("parents lock")
             .insert(key.to_string(), version.to_string());
+    }
+
+    /// How long ago this process wrote the progress of parent `key`, if it has.
+    pub fn progress_age(&self, key: &str) -> Option<Duration> {
+        self.progress_written
+            .lock()
+            .expect("progress lock")
+            .get(key)
+            .map(|at| at.elapsed())
+    }
+
+    /// Notes that the progress of parent `key` was written now.
+    pub fn progress_written(&self, key: &str) {
+        self.progress_written
+            .lock()
+            .expect("progress lock")
+            .insert(key.to_string(), Instant::now());
     }
 
     /// Marks `key` busy; false if it already was.

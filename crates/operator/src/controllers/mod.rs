@@ -41,7 +41,7 @@ use kube::runtime::controller::Action;
 use crate::Error;
 use crate::context::Context;
 use crate::machine;
-use crate::rollout::parent::{ParentKind, matters_to_parents};
+use crate::rollout::parent::{ParentKind, matters_to_clusters, matters_to_parents};
 use crate::schedule::Next;
 
 /// Runs every controller of the operator, over the Machines of `namespace` (all namespaces
@@ -65,7 +65,10 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
         // The Machine controller hears of every change, each parent kind's only of those that
         // can change a pass's decision.
         std::iter::once(cache::every_change as cache::ChangeFilter)
-            .chain(ParentKind::ALL.map(|_| matters_to_parents as cache::ChangeFilter))
+            .chain(ParentKind::ALL.map(|kind| match kind {
+                ParentKind::Cluster => matters_to_clusters as cache::ChangeFilter,
+                ParentKind::ControlPlane | ParentKind::MachineDeployment => matters_to_parents,
+            }))
             .collect(),
     );
     let machine_changes = changes.remove(0);

@@ -198,7 +198,8 @@ async fn reconcile(
     let _timer = ctx.reconcile_started(CONTROLLER);
     // An empty cache would read as a rollout with no Machines, and so as done.
     caches.wait_until_ready().await?;
-    let view = observe_parent(kind, &parent, &caches);
+    let mut view = observe_parent(kind, &parent, &caches);
+    view.progress_age = ctx.progress_age(&parent_key(kind, &parent));
     let mut next = Next::AwaitChange;
     for operation in Operation::ALL {
         let wish = reconcile_operation(&parent, &view, &ctx, operation, &caches, &planes).await?;
@@ -376,7 +377,18 @@ fn observe_parent(kind: ParentKind, parent: &DynamicObject, caches: &Caches) -> 
         annotations: parent.annotations().clone(),
         deployment_limits,
         resource_version: parent.metadata.resource_version.clone(),
+        progress_age: None,
     }
+}
+
+/// `Kind/namespace/name`: how the context remembers what this process wrote on a parent.
+fn parent_key(kind: ParentKind, parent: &DynamicObject) -> String {
+    format!(
+        "{}/{}/{}",
+        kind.api_resource().kind,
+        parent.namespace().unwrap_or_default(),
+        parent.name_any()
+    )
 }
 
 /// The cached Machines the parent covers.
@@ -459,7 +471,7 @@ async fn apply(
         // or publish its events again; the parent's watch event brings a fresh pass.
         let namespace = parent.namespace().unwrap_or_default();
         let version = parent.metadata.resource_version.as_deref();
-        let key = format!("{}/{namespace}/{}", resource.kind, parent.name_any());
+        let key = parent_key(kind, parent);
         if version.is_some_and(|v| ctx.parent_written_since(&key, v)) {
             // This process wrote the parent at this version, so it has changed since: the
             // write would be refused (409), as below.
@@ -478,6 +490,9 @@ async fn apply(
             Ok(_) => {
                 if let Some(version) = version {
                     ctx.parent_written(&key, version);
+                }
+                if changes.parent.get(names::PROGRESS).is_some() {
+                    ctx.progress_written(&key);
                 }
             }
             Err(kube::Error::Api(e)) if e.code == 409 => return Ok(Next::AwaitChange),

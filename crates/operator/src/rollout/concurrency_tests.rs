@@ -112,6 +112,7 @@ fn parent(kind: ParentKind, name: &str) -> ParentView {
         annotations: BTreeMap::new(),
         deployment_limits: BTreeMap::new(),
         resource_version: None,
+        progress_age: None,
     }
 }
 

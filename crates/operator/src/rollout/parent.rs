@@ -103,6 +103,9 @@ pub struct ParentView {
     pub deployment_limits: BTreeMap<String, String>,
     /// The version the pass saw it at (writes on a Cluster's children are made on it only).
     pub resource_version: Option<String>,
+    /// How long ago this process last wrote the parent's progress; `None` if it has not since
+    /// it started.
+    pub progress_age: Option<Duration>,
 }
 
 impl ParentView {
@@ -350,18 +353,32 @@ fn malformed_limits(parent: &ParentView) -> Vec<MalformedLimit> {
 /// annotations a pass reads. Other changes (the agent's plan id, attempt counts, a new
 /// `resourceVersion` alone) do not wake the parents; a pass still reads the latest view.
 pub fn matters_to_parents(old: &MachineView, new: &MachineView) -> bool {
-    let mut read_by_parents =
-        PARENT_READS_ALWAYS
+    identity_changed(old, new)
+        || Operation::ALL.into_iter().any(|op| {
+            let names = op.names();
+            [
+                names.trigger,
+                names.status,
+                names.rollout_request,
+                names.state.last_error,
+            ]
             .into_iter()
-            .chain(Operation::ALL.into_iter().flat_map(|op| {
-                let names = op.names();
-                [
-                    names.trigger,
-                    names.status,
-                    names.rollout_request,
-                    names.state.last_error,
-                ]
-            }));
+            .any(|key| old.annotation(key) != new.annotation(key))
+        })
+}
+
+/// Whether a Machine's change can change what a Cluster's pass decides: as
+/// [`matters_to_parents`], without the Machine's own rollout state. A Cluster's request goes
+/// through its children ([`super::chain`]), whose writes wake it; the Machines' progress and
+/// failures reach its progress and events when they do (a child writes its progress at least
+/// every [`PROGRESS_INTERVAL`] while it changes, and its end at once).
+pub fn matters_to_clusters(old: &MachineView, new: &MachineView) -> bool {
+    identity_changed(old, new)
+}
+
+/// Which parents cover the Machine, its role, node and health check address, deletion, and
+/// the annotations every pass reads.
+fn identity_changed(old: &MachineView, new: &MachineView) -> bool {
     old.namespace != new.namespace
         || old.name != new.name
         || old.cluster_name != new.cluster_name
@@ -371,7 +388,9 @@ pub fn matters_to_parents(old: &MachineView, new: &MachineView) -> bool {
         || old.controller != new.controller
         || old.being_deleted != new.being_deleted
         || old.labels != new.labels
-        || read_by_parents.any(|key| old.annotation(key) != new.annotation(key))
+        || PARENT_READS_ALWAYS
+            .into_iter()
+            .any(|key| old.annotation(key) != new.annotation(key))
 }
 
 /// Machine annotations a pass reads whatever the operation: the expiry (automatic refresh) and
@@ -446,9 +465,6 @@ impl Rollout {
         let mut changes = ParentChanges::default();
         let progress = plan.progress();
         let progress_text = format!("{}/{}", progress.done, progress.total);
-        if parent.annotation(names::PROGRESS) != Some(progress_text.as_str()) {
-            changes.parent.set(names::PROGRESS, progress_text.as_str());
-        }
         if let Some(value) = &self.refused
             && parent.annotation(rollout_state::REFUSED_TRIGGER) != Some(value.as_str())
         {
@@ -594,9 +610,16 @@ impl Rollout {
                 );
             }
         }
+        changes.write_progress(parent, &progress_text, ended);
         changes
     }
 }
+
+/// How often a running request's progress is written at most. Each write of a parent wakes
+/// every controller that watches it (its own, and a Cluster's for its children), and at
+/// max-parallel 1 a Machine ends every few hundred milliseconds: a write per Machine made the
+/// parents' passes and writes the larger part of the operator's work on the critical path.
+pub const PROGRESS_INTERVAL: Duration = Duration::from_secs(1);
 
 /// What failed, in words: a Machine, or (in a Cluster's chain) a child `Kind/name`.
 fn failed_subject(name: &str) -> String {
@@ -725,6 +748,28 @@ impl ParentChanges {
         Self {
             parent,
             ..Self::default()
+        }
+    }
+
+    /// Writes the parent's progress `text` if it changed and is due: with any other write of
+    /// the parent (it costs nothing more), when the request ends, when the parent shows none
+    /// yet, or when this process last wrote it [`PROGRESS_INTERVAL`] ago or more (or never).
+    /// Otherwise the pass comes back when it is due.
+    fn write_progress(&mut self, parent: &ParentView, text: &str, ended: bool) {
+        let shown = parent.annotation(names::PROGRESS);
+        if shown == Some(text) {
+            return;
+        }
+        let wait = match parent.progress_age {
+            Some(age) if shown.is_some() && !ended && self.parent.is_empty() => {
+                PROGRESS_INTERVAL.saturating_sub(age)
+            }
+            _ => Duration::ZERO,
+        };
+        if wait.is_zero() {
+            self.parent.set(names::PROGRESS, text);
+        } else {
+            self.next = self.next.sooner(Next::After(wait));
         }
     }
 

@@ -19,6 +19,7 @@ fn parent(kind: ParentKind, annotations: &[(&str, &str)]) -> ParentView {
             .collect(),
         deployment_limits: BTreeMap::new(),
         resource_version: None,
+        progress_age: None,
     }
 }
 
@@ -493,6 +494,69 @@ fn an_ended_rollout_writes_its_status_and_says_why() {
 }
 
 #[test]
+fn progress_is_written_at_most_once_a_second_while_the_request_runs_and_at_once_when_it_ends() {
+    let op = Operation::RefreshCertificates;
+    let shown = |age: Option<Duration>| ParentView {
+        progress_age: age,
+        ..parent(ParentKind::MachineDeployment, &[(names::PROGRESS, "1/4")])
+    };
+    let running = RolloutPlan::Continue {
+        start: Vec::new(),
+        waiting: None,
+        progress: progress(2, 4),
+    };
+    let written = |p: &ParentView, plan: &RolloutPlan| {
+        let changes = rollout(op).changes(p, &[], plan, RETRY_BASE);
+        let progress = changes.parent.get(names::PROGRESS);
+        (progress.map(|p| p.map(str::to_string)), changes.next)
+    };
+    let recent = shown(Some(Duration::from_millis(300)));
+    assert_eq!(
+        written(&recent, &running),
+        (None, Next::After(Duration::from_millis(700))),
+        "written 300 ms ago: not again yet, but looked at again when due"
+    );
+    for due in [None, Some(PROGRESS_INTERVAL), Some(Duration::from_secs(5))] {
+        assert_eq!(
+            written(&shown(due), &running),
+            (Some(Some("2/4".to_string())), Next::AwaitChange),
+            "last written {due:?} ago"
+        );
+    }
+    let first = ParentView {
+        progress_age: Some(Duration::ZERO),
+        ..parent(ParentKind::MachineDeployment, &[])
+    };
+    assert_eq!(
+        written(&first, &running).0,
+        Some(Some("2/4".into())),
+        "none shown yet"
+    );
+    let ended = RolloutPlan::Done {
+        progress: progress(4, 4),
+    };
+    assert_eq!(
+        written(&recent, &ended).0,
+        Some(Some("4/4".into())),
+        "the end"
+    );
+    // Written with another change of the parent, which costs nothing more.
+    let waiting = RolloutPlan::Continue {
+        start: Vec::new(),
+        waiting: Some(super::super::Waiting::ForNodes(vec!["w-1".into()])),
+        progress: progress(2, 4),
+    };
+    assert_eq!(written(&recent, &waiting).0, Some(Some("2/4".into())));
+    // Unchanged: nothing to write and nothing to come back for.
+    let unchanged = RolloutPlan::Continue {
+        start: Vec::new(),
+        waiting: None,
+        progress: progress(1, 4),
+    };
+    assert_eq!(written(&recent, &unchanged), (None, Next::AwaitChange));
+}
+
+#[test]
 fn waiting_is_reported_once_and_looked_at_again() {
     let op = Operation::RefreshCertificates;
     let p = parent(ParentKind::MachineDeployment, &[(names::PROGRESS, "0/2")]);
@@ -808,6 +872,40 @@ proptest! {
             auto_refresh(&auto, std::slice::from_ref(&new), NOW)
         );
         prop_assert_eq!(old.agent_url(9443), new.agent_url(9443));
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { max_global_rejects: 100_000, ..ProptestConfig::default() })]
+
+    /// A Machine change that does not wake the Clusters changes nothing a Cluster's pass decides
+    /// from Machines (which Cluster covers it, the automatic refresh, its health check), and
+    /// whatever wakes the other parents but not the Clusters is the Machine's rollout state,
+    /// which reaches a Cluster through its children.
+    #[test]
+    fn a_change_that_does_not_wake_the_clusters_changes_no_cluster_decision((old, new) in arbitrary_machine_edit()) {
+        prop_assume!(!matters_to_clusters(&old, &new));
+        let (old, new) = (Arc::new(old), Arc::new(new));
+        prop_assert_eq!(ParentKind::Cluster.parent_of(&old), ParentKind::Cluster.parent_of(&new));
+        prop_assert_eq!(ParentKind::Cluster.covers("c1", &old), ParentKind::Cluster.covers("c1", &new));
+        let auto = parent(ParentKind::Cluster, &[(names::AUTO_REFRESH_CERTIFICATES, "ttl=1y,before=30d")]);
+        prop_assert_eq!(
+            auto_refresh(&auto, std::slice::from_ref(&old), NOW),
+            auto_refresh(&auto, std::slice::from_ref(&new), NOW)
+        );
+        prop_assert_eq!(old.agent_url(9443), new.agent_url(9443));
+        if matters_to_parents(&old, &new) {
+            let state = |m: &MachineView| -> Vec<Option<String>> {
+                OPS.iter()
+                    .flat_map(|op| {
+                        let names = op.names();
+                        [names.trigger, names.status, names.rollout_request, names.state.last_error]
+                    })
+                    .map(|key| m.annotation(key).map(str::to_string))
+                    .collect()
+            };
+            prop_assert_ne!(state(&old), state(&new));
+        }
     }
 }
 
