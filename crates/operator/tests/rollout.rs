@@ -1998,7 +1998,8 @@ async fn a_forged_done_on_a_machine_deployment_never_makes_the_cluster_done() {
     .await;
     let ended = wait_parent_until(&world, &clusters, "c1", "ended", |a| {
         matches!(
-            a.get(names::REFRESH_CERTIFICATES_STATUS).map(String::as_str),
+            a.get(names::REFRESH_CERTIFICATES_STATUS)
+                .map(String::as_str),
             Some(names::STATUS_DONE | names::STATUS_FAILED)
         )
     })
@@ -2058,7 +2059,8 @@ async fn a_cluster_naming_another_clusters_control_plane_places_nothing_on_it() 
     .await;
     let ended = wait_parent_until(&world, &clusters, "c2", "ended", |a| {
         matches!(
-            a.get(names::REFRESH_CERTIFICATES_STATUS).map(String::as_str),
+            a.get(names::REFRESH_CERTIFICATES_STATUS)
+                .map(String::as_str),
             Some(names::STATUS_DONE | names::STATUS_FAILED)
         )
     })
@@ -2069,12 +2071,18 @@ async fn a_cluster_naming_another_clusters_control_plane_places_nothing_on_it() 
         names::STATUS_FAILED,
         "c2 went through c1's control plane: {plane:?}"
     );
-    assert!(!plane.contains_key(names::REFRESH_CERTIFICATES), "{plane:?}");
+    assert!(
+        !plane.contains_key(names::REFRESH_CERTIFICATES),
+        "{plane:?}"
+    );
     assert!(
         !plane.contains_key(names::rollout_state::REFRESH_CLUSTER_REQUEST),
         "{plane:?}"
     );
-    assert!(!plane.contains_key(names::REFRESH_CERTIFICATES_STATUS), "{plane:?}");
+    assert!(
+        !plane.contains_key(names::REFRESH_CERTIFICATES_STATUS),
+        "{plane:?}"
+    );
     let note = world
         .event_with("c2", names::EVENT_REFRESH_CERTS_FAILED)
         .await

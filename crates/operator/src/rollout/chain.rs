@@ -15,8 +15,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::parent::{
-    ChildWrite, ParentChanges, ParentKind, ParentView, Rollout, no_work_here, observe, requested_at,
-    requester,
+    ChildWrite, ParentChanges, ParentKind, ParentView, Rollout, no_work_here, observe,
+    requested_at, requester,
 };
 use super::{MachineObservation, MachineProgress, Progress, RolloutPlan, Waiting};
 use crate::changes::{AnnotationChanges, Event};
@@ -361,8 +361,7 @@ fn unconfirmed_done(
     covered: &[Arc<MachineView>],
     observed: &[MachineObservation],
 ) -> Option<String> {
-    if requester(request) != Some(object) || requested_at(request) < requested_at(cluster_request)
-    {
+    if requester(request) != Some(object) || requested_at(request) < requested_at(cluster_request) {
         return Some(format!(
             "it says done, but its request ({request:?}) is not one it began for this Cluster request; no Machine of it was done for this request"
         ));
@@ -376,7 +375,9 @@ fn unconfirmed_done(
         .filter(|(view, seen)| {
             seen.counted()
                 && seen.progress != MachineProgress::Done
-                && view.created_at.is_none_or(|created| i128::from(created) <= began)
+                && view
+                    .created_at
+                    .is_none_or(|created| i128::from(created) <= began)
         })
         .map(|(_, seen)| seen.name.as_str())
         .collect();
@@ -685,10 +686,21 @@ mod tests {
     }
 
     /// The Cluster's pass over its one MachineDeployment and these Machines.
-    fn cluster_pass(child: ParentView, machines: &[Arc<MachineView>]) -> (ChainPlan, ParentChanges) {
+    fn cluster_pass(
+        child: ParentView,
+        machines: &[Arc<MachineView>],
+    ) -> (ChainPlan, ParentChanges) {
         let (rollout, cluster) = cluster_rollout();
         let children = [child];
-        let input = observe_children(UPGRADE, "c1", CLUSTER_REQUEST, 1, false, &children, machines);
+        let input = observe_children(
+            UPGRADE,
+            "c1",
+            CLUSTER_REQUEST,
+            1,
+            false,
+            &children,
+            machines,
+        );
         let plan = ChainPlan::decide(&input);
         let changes = changes(&rollout, &cluster, &children, &plan, Duration::from_secs(1));
         (plan, changes)
@@ -696,7 +708,10 @@ mod tests {
 
     fn done_for(request: &'static str) -> [(&'static str, &'static str); 2] {
         let names = UPGRADE.names();
-        [(names.status, names::STATUS_DONE), (names.rollout_request, request)]
+        [
+            (names.status, names::STATUS_DONE),
+            (names.rollout_request, request),
+        ]
     }
 
     #[test]

@@ -729,9 +729,8 @@ fn held_by(
         );
         let cancelling =
             op == Operation::InPlaceUpgrade && status == Some(names::STATUS_IN_PROGRESS);
-        let busy = cancelling
-            || (m.annotation(names.trigger).is_some() && !ended)
-            || working_here(op, m);
+        let busy =
+            cancelling || (m.annotation(names.trigger).is_some() && !ended) || working_here(op, m);
         busy.then(|| {
             tag.and_then(requester)
                 .map(str::to_string)

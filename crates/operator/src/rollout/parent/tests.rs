@@ -296,7 +296,12 @@ fn a_started_machine_carries_no_result_of_an_earlier_request() {
                     "on the version seen"
                 );
                 let started = patched(&before, &start.annotations);
-                let seen = observe(operation, "new", &[Arc::new(started.clone())], &no_work_here);
+                let seen = observe(
+                    operation,
+                    "new",
+                    &[Arc::new(started.clone())],
+                    &no_work_here,
+                );
                 assert_eq!(seen[0].progress, MachineProgress::Running, "{earlier:?}");
                 let taken_up = match operation {
                     Operation::RefreshCertificates => {
@@ -408,7 +413,12 @@ fn starting_a_machine_keeps_a_running_status() {
         started.annotation(names::IN_PLACE_UPGRADE_STATUS),
         Some(names::STATUS_IN_PROGRESS)
     );
-    let seen = observe(Operation::InPlaceUpgrade, "new", &[Arc::new(started)], &no_work_here);
+    let seen = observe(
+        Operation::InPlaceUpgrade,
+        "new",
+        &[Arc::new(started)],
+        &no_work_here,
+    );
     assert_eq!(seen[0].progress, MachineProgress::Running);
 }
 
