@@ -809,4 +809,76 @@ mod tests {
         let plan = ChainPlan::decide(&input(2, vec![plane(Done), a, md("b", Free)]));
         assert_eq!(placed(&plan), [(2, Some(1))], "b gets only what a leaves");
     }
+
+    proptest::proptest! {
+        /// Whatever someone who may write the MachineDeployment (not its Machines) puts on it,
+        /// the Cluster's request ends `done` only if every Machine of it that existed when the
+        /// child's request began was done by that request, a request of the child's own begun
+        /// after the Cluster's.
+        #[test]
+        fn no_forgery_on_a_child_makes_the_cluster_done_for_machines_nobody_did(
+            status in proptest::option::of(proptest::sample::select(vec![
+                names::STATUS_IN_PROGRESS, names::STATUS_DONE, names::STATUS_FAILED, names::STATUS_CANCELLED,
+            ])),
+            mark in proptest::option::of(proptest::sample::select(vec![CLUSTER_REQUEST, "Cluster/c1/2e90edd000"])),
+            request in proptest::option::of(proptest::sample::select(REQUESTS.to_vec())),
+            trigger in proptest::bool::ANY,
+            machines in proptest::collection::vec(
+                (
+                    proptest::option::of(proptest::sample::select(REQUESTS.to_vec())),
+                    proptest::option::of(proptest::sample::select(vec![
+                        names::STATUS_DONE, names::STATUS_IN_PROGRESS, names::STATUS_FAILED,
+                    ])),
+                    proptest::bool::ANY,
+                    proptest::sample::select(vec![100i64, 600, 700]),
+                ),
+                0..4,
+            ),
+        ) {
+            let names = UPGRADE.names();
+            let mut annotations: Vec<(&str, &str)> = Vec::new();
+            annotations.extend(status.map(|s| (names.status, s)));
+            annotations.extend(mark.map(|m| (names.cluster_request, m)));
+            annotations.extend(request.map(|r| (names.rollout_request, r)));
+            if trigger {
+                annotations.push((names.trigger, "revision=2"));
+            }
+            let child = view(ParentKind::MachineDeployment, "md", &annotations);
+            let machines: Vec<Arc<MachineView>> = machines
+                .iter()
+                .enumerate()
+                .map(|(i, (tag, status, trigger, created))| {
+                    let mut a: Vec<(&str, &str)> = Vec::new();
+                    a.extend(tag.map(|t| (names.rollout_request, t)));
+                    a.extend(status.map(|s| (names.status, s)));
+                    if *trigger {
+                        a.push((names.trigger, "revision=2"));
+                    }
+                    let mut m = (*worker(&format!("w-{i}"), "md", &a)).clone();
+                    m.created_at = Some(*created);
+                    Arc::new(m)
+                })
+                .collect();
+            let (plan, _) = cluster_pass(child, &machines);
+            if matches!(plan, ChainPlan::Done { .. }) {
+                let request = request.unwrap_or_default();
+                proptest::prop_assert!(request.starts_with("MachineDeployment/md/"));
+                proptest::prop_assert!(requested_at(request) >= requested_at(CLUSTER_REQUEST));
+                let began = requested_at(request) / 1_000_000_000;
+                for m in machines.iter().filter(|m| i128::from(m.created_at.unwrap()) <= began) {
+                    proptest::prop_assert_eq!(m.annotation(names.rollout_request), Some(request));
+                    proptest::prop_assert_eq!(m.annotation(names.status), Some(names::STATUS_DONE));
+                    proptest::prop_assert_eq!(m.annotation(names.trigger), None);
+                }
+            }
+        }
+    }
+
+    /// Request ids a forger may pick: the child's own at 600 s (after the Cluster's, at 500 s),
+    /// its own at 200 s (before), and another object's at 600 s.
+    const REQUESTS: [&str; 3] = [
+        "MachineDeployment/md/8bb2c97000",
+        "MachineDeployment/md/2e90edd000",
+        "MachineDeployment/other/8bb2c97000",
+    ];
 }
