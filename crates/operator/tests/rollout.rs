@@ -2147,3 +2147,80 @@ async fn a_forged_in_progress_on_a_control_plane_machine_stalls_no_request() {
     let (most, at) = watch.most();
     assert_eq!(most, 1, "control-plane Machines busy at once: {at:?}");
 }
+
+/// Someone who may write in namespace `other` makes a MachineDeployment there under the name of
+/// c1's own, naming Cluster c1, with a worker Machine of it. A Cluster request goes only through
+/// the children and Machines of its own namespace: c1's request ends `done` over its own
+/// Machines, and nothing in `other` gets its trigger, its mark or its request id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_request_never_reaches_into_another_namespace() {
+    let mut world = world(fast()).await;
+    let (_log, make) = logging_scripts(world.dir.path().join("hooks"), "0.1");
+    world
+        .add_restartable("w-0", NodeRole::Worker, make("w-0"))
+        .await;
+    common::authorities::create_namespace(&world.client, "other").await;
+    let deployments = machine::machine_deployment_api_resource();
+    let other_deployments: Api<DynamicObject> =
+        Api::namespaced_with(world.client.clone(), "other", &deployments);
+    let other_machines: Api<DynamicObject> =
+        Api::namespaced_with(world.client.clone(), "other", &machine::api_resource());
+    let post = kube::api::PostParams::default();
+    let deployment: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachineDeployment",
+        "metadata": { "name": "c1-md-0" },
+        "spec": {
+            "clusterName": "c1",
+            "selector": { "matchLabels": { names::DEPLOYMENT_NAME_LABEL: "c1-md-0" } },
+            "template": world.cluster.machine_template("c1-md-0")
+        }
+    }))
+    .unwrap();
+    other_deployments.create(&post, &deployment).await.unwrap();
+    let intruder: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
+        "metadata": {
+            "name": "w-9",
+            "labels": { names::DEPLOYMENT_NAME_LABEL: "c1-md-0", names::CLUSTER_NAME_LABEL: "c1" }
+        },
+        "spec": {
+            "clusterName": "c1",
+            "bootstrap": { "dataSecretName": "w-9-bootstrap" },
+            "infrastructureRef": { "apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "DockerMachine", "name": "w-9" }
+        }
+    }))
+    .unwrap();
+    other_machines.create(&post, &intruder).await.unwrap();
+
+    let cluster = roll_out(
+        &world,
+        &machine::cluster_api_resource(),
+        "c1",
+        json!({ names::REFRESH_CERTIFICATES: "1y" }),
+        names::REFRESH_CERTIFICATES_STATUS,
+    )
+    .await;
+    assert_eq!(cluster[names::PROGRESS], "1/1");
+    let theirs = other_deployments
+        .get("c1-md-0")
+        .await
+        .unwrap()
+        .metadata
+        .annotations
+        .unwrap_or_default();
+    assert!(
+        !theirs.keys().any(|k| k.contains("refresh")),
+        "written in another namespace: {theirs:?}"
+    );
+    let machine = other_machines
+        .get("w-9")
+        .await
+        .unwrap()
+        .metadata
+        .annotations
+        .unwrap_or_default();
+    assert!(
+        !machine.keys().any(|k| k.contains("refresh")),
+        "written in another namespace: {machine:?}"
+    );
+}
