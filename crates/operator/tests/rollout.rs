@@ -1939,3 +1939,288 @@ async fn every_level_shows_a_cluster_request_while_it_runs() {
         .event_with("c1", names::EVENT_REFRESH_CERTS_DONE)
         .await;
 }
+
+// Forgeries by someone who may write some objects of the namespace but not others (issue 32's
+// user-visible marks). Each performs the attack through the API server and checks that the
+// operator's decision does not follow it.
+
+/// Someone who may write the MachineDeployment (not the Cluster, not its Machines) writes the
+/// Cluster's mark, `done` and a fresh request id of its own on it before the Cluster reaches
+/// it. The Cluster must not report `done` for Machines nobody refreshed: its request ends
+/// `failed`, naming the MachineDeployment, and the worker was never restarted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_done_on_a_machine_deployment_never_makes_the_cluster_done() {
+    let mut world = world(fast()).await;
+    let (log, make) = logging_scripts(world.dir.path().join("hooks"), "1.0");
+    world
+        .add_restartable("cp-0", NodeRole::ControlPlane, make("cp-0"))
+        .await;
+    world
+        .add_restartable("w-0", NodeRole::Worker, make("w-0"))
+        .await;
+    let (clusters, deployments) = (
+        machine::cluster_api_resource(),
+        machine::machine_deployment_api_resource(),
+    );
+    annotate_parent(
+        &world,
+        &clusters,
+        "c1",
+        json!({ names::REFRESH_CERTIFICATES: "1y" }),
+    )
+    .await;
+    // Forged while the control plane runs the Cluster's request, before the Cluster reaches
+    // the workers.
+    wait_parent(
+        &world,
+        &machine::control_plane_api_resource(),
+        "c1-control-plane",
+        names::REFRESH_CERTIFICATES_STATUS,
+        names::STATUS_IN_PROGRESS,
+    )
+    .await;
+    let cluster = world.parent_annotations(&clusters, "c1").await;
+    let forged_id = format!(
+        "MachineDeployment/c1-md-0/{:x}",
+        time::OffsetDateTime::now_utc().unix_timestamp_nanos()
+    );
+    annotate_parent(
+        &world,
+        &deployments,
+        "c1-md-0",
+        json!({
+            names::rollout_state::REFRESH_CLUSTER_REQUEST: cluster[names::rollout_state::REFRESH_REQUEST],
+            names::REFRESH_CERTIFICATES_STATUS: names::STATUS_DONE,
+            names::rollout_state::REFRESH_REQUEST: forged_id,
+            names::PROGRESS: "1/1",
+        }),
+    )
+    .await;
+    let ended = wait_parent_until(&world, &clusters, "c1", "ended", |a| {
+        matches!(
+            a.get(names::REFRESH_CERTIFICATES_STATUS)
+                .map(String::as_str),
+            Some(names::STATUS_DONE | names::STATUS_FAILED)
+        )
+    })
+    .await;
+    let (_, runs) = concurrency(&log);
+    assert_eq!(
+        ended[names::REFRESH_CERTIFICATES_STATUS],
+        names::STATUS_FAILED,
+        "the Cluster believed a forged done; restarts: {runs:?}"
+    );
+    assert!(!ended.contains_key(names::REFRESH_CERTIFICATES));
+    let failed = world
+        .event_with("c1", names::EVENT_REFRESH_CERTS_FAILED)
+        .await;
+    let note = failed.message.unwrap_or_default();
+    assert!(
+        note.contains("MachineDeployment/c1-md-0") && note.contains("w-0"),
+        "{note}"
+    );
+    assert_eq!(runs.get("w-0"), None, "w-0 restarted");
+    assert_eq!(runs.get("cp-0"), Some(&1), "the control plane was done");
+}
+
+/// Someone who may write Cluster c2 (not c1's objects) points its `controlPlaneRef` at c1's
+/// control plane and asks for a refresh. caretaker must not place c2's trigger there: c2's
+/// request ends `failed`, and c1's control plane and Machines are untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_naming_another_clusters_control_plane_places_nothing_on_it() {
+    let mut world = world(fast()).await;
+    let (log, make) = logging_scripts(world.dir.path().join("hooks"), "0.2");
+    world
+        .add_restartable("cp-0", NodeRole::ControlPlane, make("cp-0"))
+        .await;
+    let (clusters, planes) = (
+        machine::cluster_api_resource(),
+        machine::control_plane_api_resource(),
+    );
+    let api: Api<DynamicObject> = Api::namespaced_with(world.client.clone(), NS, &clusters);
+    let c2: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
+        "metadata": { "name": "c2" },
+        "spec": {
+            "controlPlaneEndpoint": { "host": "cp2.example", "port": 6443 },
+            "controlPlaneRef": { "apiGroup": "controlplane.cluster.x-k8s.io", "kind": "CK8sControlPlane", "name": "c1-control-plane" }
+        }
+    }))
+    .unwrap();
+    api.create(&kube::api::PostParams::default(), &c2)
+        .await
+        .unwrap();
+    annotate_parent(
+        &world,
+        &clusters,
+        "c2",
+        json!({ names::REFRESH_CERTIFICATES: "1y" }),
+    )
+    .await;
+    let ended = wait_parent_until(&world, &clusters, "c2", "ended", |a| {
+        matches!(
+            a.get(names::REFRESH_CERTIFICATES_STATUS)
+                .map(String::as_str),
+            Some(names::STATUS_DONE | names::STATUS_FAILED)
+        )
+    })
+    .await;
+    let plane = world.parent_annotations(&planes, "c1-control-plane").await;
+    assert_eq!(
+        ended[names::REFRESH_CERTIFICATES_STATUS],
+        names::STATUS_FAILED,
+        "c2 went through c1's control plane: {plane:?}"
+    );
+    assert!(
+        !plane.contains_key(names::REFRESH_CERTIFICATES),
+        "{plane:?}"
+    );
+    assert!(
+        !plane.contains_key(names::rollout_state::REFRESH_CLUSTER_REQUEST),
+        "{plane:?}"
+    );
+    assert!(
+        !plane.contains_key(names::REFRESH_CERTIFICATES_STATUS),
+        "{plane:?}"
+    );
+    let note = world
+        .event_with("c2", names::EVENT_REFRESH_CERTS_FAILED)
+        .await
+        .message
+        .unwrap_or_default();
+    assert!(note.contains("CK8sControlPlane/c1-control-plane"), "{note}");
+    assert!(
+        !world
+            .annotations("cp-0")
+            .await
+            .contains_key(names::rollout_state::REFRESH_REQUEST)
+    );
+    assert_eq!(concurrency(&log).1.get("cp-0"), None);
+}
+
+/// Someone who may write one control-plane Machine leaves `in-progress` on it, naming some
+/// request, without a trigger (as an operator stopped after the trigger was removed mid-run
+/// would also leave it). The Machine controller never acts on that, so waiting for it would
+/// stall every request on the control plane forever; the control plane's refresh goes on and
+/// refreshes both Machines, one at a time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_in_progress_on_a_control_plane_machine_stalls_no_request() {
+    let mut world = world(fast()).await;
+    let (log, make) = logging_scripts(world.dir.path().join("hooks"), "0.3");
+    for name in ["cp-0", "cp-1"] {
+        world
+            .add_restartable(name, NodeRole::ControlPlane, make(name))
+            .await;
+    }
+    world
+        .annotate(
+            "cp-0",
+            names::REFRESH_CERTIFICATES_STATUS,
+            names::STATUS_IN_PROGRESS,
+        )
+        .await;
+    world
+        .annotate(
+            "cp-0",
+            names::rollout_state::REFRESH_REQUEST,
+            "Cluster/elsewhere/1",
+        )
+        .await;
+    let watch = BusyWatch::start(&world);
+    let planes = machine::control_plane_api_resource();
+    let plane = roll_out(
+        &world,
+        &planes,
+        "c1-control-plane",
+        json!({ names::REFRESH_CERTIFICATES: "1y" }),
+        names::REFRESH_CERTIFICATES_STATUS,
+    )
+    .await;
+    assert_eq!(plane[names::PROGRESS], "2/2");
+    let (most_at_once, runs) = concurrency(&log);
+    assert_eq!(
+        runs.into_iter().collect::<Vec<_>>(),
+        [("cp-0".to_string(), 1), ("cp-1".to_string(), 1)]
+    );
+    assert_eq!(most_at_once, 1);
+    // cp-0, shown busy by the forgery, is the one started first: never two at once.
+    let (most, at) = watch.most();
+    assert_eq!(most, 1, "control-plane Machines busy at once: {at:?}");
+}
+
+/// Someone who may write in namespace `other` makes a MachineDeployment there under the name of
+/// c1's own, naming Cluster c1, with a worker Machine of it. A Cluster request goes only through
+/// the children and Machines of its own namespace: c1's request ends `done` over its own
+/// Machines, and nothing in `other` gets its trigger, its mark or its request id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_request_never_reaches_into_another_namespace() {
+    let mut world = world(fast()).await;
+    let (_log, make) = logging_scripts(world.dir.path().join("hooks"), "0.1");
+    world
+        .add_restartable("w-0", NodeRole::Worker, make("w-0"))
+        .await;
+    common::authorities::create_namespace(&world.client, "other").await;
+    let deployments = machine::machine_deployment_api_resource();
+    let other_deployments: Api<DynamicObject> =
+        Api::namespaced_with(world.client.clone(), "other", &deployments);
+    let other_machines: Api<DynamicObject> =
+        Api::namespaced_with(world.client.clone(), "other", &machine::api_resource());
+    let post = kube::api::PostParams::default();
+    let deployment: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachineDeployment",
+        "metadata": { "name": "c1-md-0" },
+        "spec": {
+            "clusterName": "c1",
+            "selector": { "matchLabels": { names::DEPLOYMENT_NAME_LABEL: "c1-md-0" } },
+            "template": world.cluster.machine_template("c1-md-0")
+        }
+    }))
+    .unwrap();
+    other_deployments.create(&post, &deployment).await.unwrap();
+    let intruder: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
+        "metadata": {
+            "name": "w-9",
+            "labels": { names::DEPLOYMENT_NAME_LABEL: "c1-md-0", names::CLUSTER_NAME_LABEL: "c1" }
+        },
+        "spec": {
+            "clusterName": "c1",
+            "bootstrap": { "dataSecretName": "w-9-bootstrap" },
+            "infrastructureRef": { "apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "DockerMachine", "name": "w-9" }
+        }
+    }))
+    .unwrap();
+    other_machines.create(&post, &intruder).await.unwrap();
+
+    let cluster = roll_out(
+        &world,
+        &machine::cluster_api_resource(),
+        "c1",
+        json!({ names::REFRESH_CERTIFICATES: "1y" }),
+        names::REFRESH_CERTIFICATES_STATUS,
+    )
+    .await;
+    assert_eq!(cluster[names::PROGRESS], "1/1");
+    let theirs = other_deployments
+        .get("c1-md-0")
+        .await
+        .unwrap()
+        .metadata
+        .annotations
+        .unwrap_or_default();
+    assert!(
+        !theirs.keys().any(|k| k.contains("refresh")),
+        "written in another namespace: {theirs:?}"
+    );
+    let machine = other_machines
+        .get("w-9")
+        .await
+        .unwrap()
+        .metadata
+        .annotations
+        .unwrap_or_default();
+    assert!(
+        !machine.keys().any(|k| k.contains("refresh")),
+        "written in another namespace: {machine:?}"
+    );
+}

@@ -30,7 +30,7 @@ pub use crate::names::Operation;
 use crate::rollout::chain::{self, ChainPlan, observe_children};
 use crate::rollout::parent::{
     MachineStart, ParentChanges, ParentKind, ParentStep, ParentView, Rollout, auto_refresh,
-    blocked_by,
+    blocked_by, no_work_here,
 };
 use crate::rollout::{Progress, RolloutPlan};
 use crate::schedule::Next;
@@ -234,6 +234,7 @@ async fn reconcile_operation(
             let children = children_of(ctx, parent, caches, planes).await?;
             let input = observe_children(
                 operation,
+                &view.name,
                 &rollout.request_id,
                 rollout.max_parallel(view),
                 rollout.trigger.is_none(),
@@ -253,7 +254,7 @@ async fn reconcile_operation(
                 // Of this parent's two operations, the older request runs first. (A Cluster's
                 // request touches no Machine; its children's requests do.)
                 let blocked = blocked_by(operation, view, &rollout.request_id, &[view]);
-                if plan.starts_control_plane(&rollout.input(view, &machines)) {
+                if plan.starts_control_plane(&rollout.input(view, &machines, &no_work_here)) {
                     // Decided again on the Machines as the API server has them now, with no
                     // other pass starting a control-plane Machine meanwhile.
                     _control_plane_guard = Some(ctx.control_plane_starts.lock().await);
@@ -378,6 +379,7 @@ fn observe_parent(kind: ParentKind, parent: &DynamicObject, caches: &Caches) -> 
         deployment_limits,
         resource_version: parent.metadata.resource_version.clone(),
         progress_age: None,
+        cluster: cluster_name_of(parent),
     }
 }
 
@@ -412,7 +414,9 @@ async fn plan_rollout(
     machines: &[Arc<MachineView>],
     blocked_by: Option<String>,
 ) -> RolloutPlan {
-    let mut input = rollout.input(parent, machines);
+    // A Machine this process works on is busy, whatever its annotations say.
+    let working_here = |op: Operation, m: &MachineView| ctx.running_for(op, m).is_some();
+    let mut input = rollout.input(parent, machines, &working_here);
     input.blocked_by = blocked_by;
     let plan = RolloutPlan::decide(&input);
     if !plan.starts_control_plane(&input) {

@@ -71,6 +71,8 @@ pub struct MachineView {
     pub annotations: BTreeMap<String, String>,
     /// The version this view was read at, for writes that must not act on a stale view.
     pub resource_version: Option<String>,
+    /// When the API server created it (Unix seconds): set by the server, not by its writers.
+    pub created_at: Option<i64>,
 }
 
 impl MachineView {
@@ -103,6 +105,11 @@ impl MachineView {
             labels: labels.clone(),
             annotations: machine.metadata.annotations.clone().unwrap_or_default(),
             resource_version: machine.metadata.resource_version.clone(),
+            created_at: machine
+                .metadata
+                .creation_timestamp
+                .as_ref()
+                .map(|t| t.0.as_second()),
         }
     }
 
@@ -178,6 +185,7 @@ pub(crate) fn test_machine(annotations: &[(&str, &str)]) -> MachineView {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect(),
         resource_version: None,
+        created_at: None,
     }
 }
 

@@ -14,8 +14,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::parent::{ChildWrite, ParentChanges, ParentKind, ParentView, Rollout, observe};
-use super::{MachineProgress, Progress, RolloutPlan, Waiting};
+use super::parent::{
+    ChildWrite, ParentChanges, ParentKind, ParentView, Rollout, no_work_here, observe,
+    requested_at, requester,
+};
+use super::{MachineObservation, MachineProgress, Progress, RolloutPlan, Waiting};
 use crate::changes::{AnnotationChanges, Event};
 use crate::machine::MachineView;
 use crate::names::{self, Operation, rollout_state};
@@ -49,8 +52,8 @@ pub struct ChildObservation {
     pub share: usize,
     /// Its Machines' progress for its request (placed) or its Machines (not yet placed).
     pub progress: Progress,
-    /// Why it failed: the Machine and the reason, when known.
-    pub failure: Option<(String, String)>,
+    /// Why it failed, in words, when known.
+    pub failure: Option<String>,
 }
 
 impl ChildObservation {
@@ -137,7 +140,7 @@ impl ChainPlan {
         });
         if let Some(failed) = failed {
             let reason = match &failed.failure {
-                Some((machine, reason)) => format!("Machine {machine} failed: {reason}"),
+                Some(reason) => reason.clone(),
                 None => format!("its request ended {:?}", failed.state).to_lowercase(),
             };
             let names: Vec<String> = running.iter().map(|i| children[*i].object()).collect();
@@ -259,10 +262,17 @@ pub fn child_state(operation: Operation, cluster_request: &str, child: &ParentVi
     }
 }
 
-/// What [`ChainPlan::decide`] needs, from the Cluster's children (control plane first, then
-/// MachineDeployments in name order) and the Cluster's Machines.
+/// What [`ChainPlan::decide`] needs, from the Cluster `cluster`'s children (control plane
+/// first, then MachineDeployments in name order) and the Cluster's Machines.
+///
+/// A child's annotations are written by whoever may write the child, so the chain takes from
+/// them only what that writer could bring about anyway (a wait, a failure), never the
+/// Cluster's success: a child is the Cluster's only if it names the Cluster as its own, and
+/// its `done` counts only when its Machines confirm it ([`unconfirmed_done`]). Either failing,
+/// the child counts as failed, and the Cluster's request ends `failed` naming it.
 pub fn observe_children(
     operation: Operation,
+    cluster: &str,
     cluster_request: &str,
     max_parallel: usize,
     cancelled: bool,
@@ -273,7 +283,7 @@ pub fn observe_children(
     let children = children
         .iter()
         .map(|child| {
-            let state = child_state(operation, cluster_request, child);
+            let mut state = child_state(operation, cluster_request, child);
             let covered: Vec<Arc<MachineView>> = machines
                 .iter()
                 .filter(|m| child.kind.covers(&child.name, m))
@@ -284,17 +294,38 @@ pub fn observe_children(
                 .annotation(names.rollout_request)
                 .filter(|_| placed)
                 .unwrap_or_default();
-            let observed = observe(operation, request, &covered);
+            let observed = observe(operation, request, &covered, &no_work_here);
             let progress = Progress::of(&observed);
-            let failure = observed
+            let mut failure = observed
                 .iter()
                 .find(|m| placed && m.progress == MachineProgress::Failed)
                 .map(|m| {
-                    (
-                        m.name.clone(),
-                        m.failure.clone().unwrap_or_else(|| "unknown".into()),
+                    format!(
+                        "Machine {} failed: {}",
+                        m.name,
+                        m.failure.as_deref().unwrap_or("unknown")
                     )
                 });
+            let object = format!("{}/{}", child.kind.api_resource().kind, child.name);
+            if child.cluster.as_deref() != Some(cluster) {
+                // Nothing is placed on it, and the request does not go on without it.
+                state = ChildState::Failed;
+                failure = Some(match &child.cluster {
+                    Some(other) => format!(
+                        "it belongs to Cluster {other}, not to {cluster}; nothing was placed on it"
+                    ),
+                    None => format!(
+                        "it names no Cluster as its own (no spec.clusterName, owner Cluster or {} label); nothing was placed on it",
+                        names::CLUSTER_NAME_LABEL
+                    ),
+                });
+            } else if state == ChildState::Done
+                && let Some(reason) =
+                    unconfirmed_done(&object, request, cluster_request, &covered, &observed)
+            {
+                state = ChildState::Failed;
+                failure = Some(reason);
+            }
             let limit = |value: Option<&str>| {
                 value.map(|v| v.parse::<usize>().ok().filter(|n| *n >= 1).unwrap_or(1))
             };
@@ -314,6 +345,48 @@ pub fn observe_children(
         max_parallel,
         children,
     }
+}
+
+/// Why a child `object` that says `done` for Cluster request `cluster_request` is not believed,
+/// if it is not. Its status and request id are only annotations on it; the Machines it covers
+/// (`covered`, observed for its `request` as `observed`) are written by the Machine controller.
+/// So its `done` counts only if its request id is its own and no older than the Cluster's
+/// request (an earlier request's finished Machines prove nothing about this one), and every
+/// Machine it covers is done for that request, except Machines the API server created after
+/// the request began (a MachineDeployment scaled up after it finished).
+fn unconfirmed_done(
+    object: &str,
+    request: &str,
+    cluster_request: &str,
+    covered: &[Arc<MachineView>],
+    observed: &[MachineObservation],
+) -> Option<String> {
+    if requester(request) != Some(object) || requested_at(request) < requested_at(cluster_request) {
+        return Some(format!(
+            "it says done, but its request ({request:?}) is not one it began for this Cluster request; no Machine of it was done for this request"
+        ));
+    }
+    // Creation times have whole seconds: a Machine created in the second the request began
+    // may have existed before it, so it must be done too.
+    let began = requested_at(request).div_euclid(1_000_000_000);
+    let missing: Vec<&str> = covered
+        .iter()
+        .zip(observed)
+        .filter(|(view, seen)| {
+            seen.counted()
+                && seen.progress != MachineProgress::Done
+                && view
+                    .created_at
+                    .is_none_or(|created| i128::from(created) <= began)
+        })
+        .map(|(_, seen)| seen.name.as_str())
+        .collect();
+    (!missing.is_empty()).then(|| {
+        format!(
+            "it says done, but its request {request} did not finish {}",
+            missing.join(", ")
+        )
+    })
 }
 
 /// The changes that carry out a Cluster's `plan` for request `rollout`: the trigger
@@ -506,7 +579,7 @@ mod tests {
     #[test]
     fn a_failed_child_fails_the_cluster_once_the_others_have_ended() {
         let mut failed = md("a", Failed);
-        failed.failure = Some(("w-0".into(), "boom".into()));
+        failed.failure = Some("Machine w-0 failed: boom".into());
         let stopping = ChainPlan::decide(&input(
             2,
             vec![plane(Done), failed.clone(), md("b", Running)],
@@ -545,4 +618,268 @@ mod tests {
             ChainPlan::Cancelled { .. }
         ));
     }
+
+    // Forgeries by someone who may write a child (a MachineDeployment, a CK8sControlPlane)
+    // but not the Cluster or its Machines.
+
+    /// Made at 500 s; the Machines were created at 100 s.
+    const CLUSTER_REQUEST: &str = "Cluster/c1/746a528800";
+    const UPGRADE: Operation = Operation::InPlaceUpgrade;
+
+    fn view(kind: ParentKind, name: &str, annotations: &[(&str, &str)]) -> ParentView {
+        ParentView {
+            kind,
+            name: name.into(),
+            annotations: annotations
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            deployment_limits: Default::default(),
+            resource_version: Some("1".into()),
+            progress_age: None,
+            cluster: Some("c1".into()),
+        }
+    }
+
+    fn cluster_rollout() -> (Rollout, ParentView) {
+        let names = UPGRADE.names();
+        let cluster = view(
+            ParentKind::Cluster,
+            "c1",
+            &[
+                (names.trigger, "revision=2"),
+                (names.status, names::STATUS_IN_PROGRESS),
+                (names.rollout_request, CLUSTER_REQUEST),
+                (names.rollout_trigger, "revision=2"),
+            ],
+        );
+        let rollout = Rollout {
+            operation: UPGRADE,
+            request_id: CLUSTER_REQUEST.into(),
+            trigger: Some("revision=2".into()),
+            refused: None,
+        };
+        (rollout, cluster)
+    }
+
+    /// A worker of MachineDeployment `md` with these upgrade annotations.
+    fn worker(name: &str, md: &str, annotations: &[(&str, &str)]) -> Arc<MachineView> {
+        let mut m = crate::machine::test_machine(annotations);
+        m.name = name.into();
+        m.labels
+            .insert(names::DEPLOYMENT_NAME_LABEL.into(), md.into());
+        m.created_at = Some(100);
+        Arc::new(m)
+    }
+
+    /// A MachineDeployment `md` that says its request `request` ended `done` for the Cluster.
+    fn says_done(request: &str) -> ParentView {
+        let names = UPGRADE.names();
+        view(
+            ParentKind::MachineDeployment,
+            "md",
+            &[
+                (names.status, names::STATUS_DONE),
+                (names.cluster_request, CLUSTER_REQUEST),
+                (names.rollout_request, request),
+            ],
+        )
+    }
+
+    /// The Cluster's pass over its one MachineDeployment and these Machines.
+    fn cluster_pass(
+        child: ParentView,
+        machines: &[Arc<MachineView>],
+    ) -> (ChainPlan, ParentChanges) {
+        let (rollout, cluster) = cluster_rollout();
+        let children = [child];
+        let input = observe_children(
+            UPGRADE,
+            "c1",
+            CLUSTER_REQUEST,
+            1,
+            false,
+            &children,
+            machines,
+        );
+        let plan = ChainPlan::decide(&input);
+        let changes = changes(&rollout, &cluster, &children, &plan, Duration::from_secs(1));
+        (plan, changes)
+    }
+
+    fn done_for(request: &'static str) -> [(&'static str, &'static str); 2] {
+        let names = UPGRADE.names();
+        [
+            (names.status, names::STATUS_DONE),
+            (names.rollout_request, request),
+        ]
+    }
+
+    #[test]
+    fn a_child_that_says_done_is_believed_only_when_its_machines_were_done_by_its_request() {
+        let names = UPGRADE.names();
+        let own = "MachineDeployment/md/8bb2c97000"; // 600 s
+        // Forged: the Cluster's mark and `done`, and an id of the child's own, but its Machines
+        // were never upgraded.
+        let untouched = [worker("w-0", "md", &[]), worker("w-1", "md", &[])];
+        let (plan, changes) = cluster_pass(says_done(own), &untouched);
+        let ChainPlan::Failed { child, reason, .. } = &plan else {
+            panic!("a forged done ends the Cluster's request failed: {plan:?}");
+        };
+        assert_eq!(child, "MachineDeployment/md");
+        assert!(reason.contains("w-0, w-1"), "{reason}");
+        assert_eq!(
+            changes.parent.get(names.status),
+            Some(Some(names::STATUS_FAILED))
+        );
+        assert_eq!(
+            changes.parent.get(names.release.unwrap()),
+            None,
+            "no release is claimed for the Cluster"
+        );
+
+        // Forged with the id of an earlier request of the child, whose Machines are done:
+        // they prove nothing about this Cluster request.
+        let old = "MachineDeployment/md/2e90edd000"; // 200 s
+        let done_before = [
+            worker("w-0", "md", &done_for("MachineDeployment/md/2e90edd000")),
+            worker("w-1", "md", &done_for("MachineDeployment/md/2e90edd000")),
+        ];
+        let (plan, _) = cluster_pass(says_done(old), &done_before);
+        assert!(matches!(plan, ChainPlan::Failed { .. }), "{plan:?}");
+        // ... nor another object's request.
+        let (plan, _) = cluster_pass(says_done("MachineDeployment/other/8bb2c97000"), &untouched);
+        assert!(matches!(plan, ChainPlan::Failed { .. }), "{plan:?}");
+
+        // Genuine: its request began after the Cluster's, and did every Machine; a Machine the
+        // API server created after that request began (a scale-up) does not count against it.
+        let mut scaled_up = (*worker("w-2", "md", &[])).clone();
+        scaled_up.created_at = Some(1001);
+        let done = [
+            worker("w-0", "md", &done_for("MachineDeployment/md/e8d4a51000")),
+            worker("w-1", "md", &done_for("MachineDeployment/md/e8d4a51000")),
+            Arc::new(scaled_up.clone()),
+        ];
+        let (plan, changes) = cluster_pass(says_done("MachineDeployment/md/e8d4a51000"), &done);
+        assert!(matches!(plan, ChainPlan::Done { .. }), "{plan:?}");
+        assert_eq!(
+            changes.parent.get(names.release.unwrap()),
+            Some(Some("revision=2"))
+        );
+        // One created in the second the request began may have existed before it: not done,
+        // not believed.
+        scaled_up.created_at = Some(1000);
+        let not_done = [done[0].clone(), done[1].clone(), Arc::new(scaled_up)];
+        let (plan, _) = cluster_pass(says_done("MachineDeployment/md/e8d4a51000"), &not_done);
+        assert!(matches!(plan, ChainPlan::Failed { .. }), "{plan:?}");
+    }
+
+    #[test]
+    fn another_clusters_control_plane_gets_no_trigger_and_fails_the_request() {
+        let (rollout, cluster) = cluster_rollout();
+        for claim in [Some("c2"), None] {
+            // Cluster c1's `controlPlaneRef` names a control plane that names c2 (or nothing).
+            let mut plane = view(ParentKind::ControlPlane, "c2-control-plane", &[]);
+            plane.cluster = claim.map(str::to_string);
+            let children = [plane, view(ParentKind::MachineDeployment, "md", &[])];
+            let input = observe_children(UPGRADE, "c1", CLUSTER_REQUEST, 1, false, &children, &[]);
+            let plan = ChainPlan::decide(&input);
+            let ChainPlan::Failed { child, reason, .. } = &plan else {
+                panic!("{claim:?}: {plan:?}");
+            };
+            assert_eq!(child, "CK8sControlPlane/c2-control-plane");
+            assert!(reason.contains("nothing was placed"), "{reason}");
+            let changes = changes(&rollout, &cluster, &children, &plan, Duration::from_secs(1));
+            assert!(changes.children.is_empty(), "{:?}", changes.children);
+        }
+    }
+
+    /// Forged shares: a MachineDeployment's `caretaker.dev/cluster-max-parallel` is read back
+    /// as the room it takes, so a share written larger than the Cluster gave keeps the Cluster
+    /// from placing any other MachineDeployment beyond its budget (the excess is the writer's
+    /// own workers, which its own request could run at any width), and one written smaller
+    /// narrows only that MachineDeployment.
+    #[test]
+    fn a_forged_share_widens_only_its_own_machine_deployment() {
+        let mut a = md("a", Running);
+        a.share = 50;
+        let plan = ChainPlan::decide(&input(2, vec![plane(Done), a, md("b", Free)]));
+        assert_eq!(placed(&plan), []);
+        let mut a = md("a", Running);
+        a.share = 1;
+        let plan = ChainPlan::decide(&input(2, vec![plane(Done), a, md("b", Free)]));
+        assert_eq!(placed(&plan), [(2, Some(1))], "b gets only what a leaves");
+    }
+
+    proptest::proptest! {
+        /// Whatever someone who may write the MachineDeployment (not its Machines) puts on it,
+        /// the Cluster's request ends `done` only if every Machine of it that existed when the
+        /// child's request began was done by that request, a request of the child's own begun
+        /// after the Cluster's.
+        #[test]
+        fn no_forgery_on_a_child_makes_the_cluster_done_for_machines_nobody_did(
+            status in proptest::option::of(proptest::sample::select(vec![
+                names::STATUS_IN_PROGRESS, names::STATUS_DONE, names::STATUS_FAILED, names::STATUS_CANCELLED,
+            ])),
+            mark in proptest::option::of(proptest::sample::select(vec![CLUSTER_REQUEST, "Cluster/c1/2e90edd000"])),
+            request in proptest::option::of(proptest::sample::select(REQUESTS.to_vec())),
+            trigger in proptest::bool::ANY,
+            machines in proptest::collection::vec(
+                (
+                    proptest::option::of(proptest::sample::select(REQUESTS.to_vec())),
+                    proptest::option::of(proptest::sample::select(vec![
+                        names::STATUS_DONE, names::STATUS_IN_PROGRESS, names::STATUS_FAILED,
+                    ])),
+                    proptest::bool::ANY,
+                    proptest::sample::select(vec![100i64, 600, 700]),
+                ),
+                0..4,
+            ),
+        ) {
+            let names = UPGRADE.names();
+            let mut annotations: Vec<(&str, &str)> = Vec::new();
+            annotations.extend(status.map(|s| (names.status, s)));
+            annotations.extend(mark.map(|m| (names.cluster_request, m)));
+            annotations.extend(request.map(|r| (names.rollout_request, r)));
+            if trigger {
+                annotations.push((names.trigger, "revision=2"));
+            }
+            let child = view(ParentKind::MachineDeployment, "md", &annotations);
+            let machines: Vec<Arc<MachineView>> = machines
+                .iter()
+                .enumerate()
+                .map(|(i, (tag, status, trigger, created))| {
+                    let mut a: Vec<(&str, &str)> = Vec::new();
+                    a.extend(tag.map(|t| (names.rollout_request, t)));
+                    a.extend(status.map(|s| (names.status, s)));
+                    if *trigger {
+                        a.push((names.trigger, "revision=2"));
+                    }
+                    let mut m = (*worker(&format!("w-{i}"), "md", &a)).clone();
+                    m.created_at = Some(*created);
+                    Arc::new(m)
+                })
+                .collect();
+            let (plan, _) = cluster_pass(child, &machines);
+            if matches!(plan, ChainPlan::Done { .. }) {
+                let request = request.unwrap_or_default();
+                proptest::prop_assert!(request.starts_with("MachineDeployment/md/"));
+                proptest::prop_assert!(requested_at(request) >= requested_at(CLUSTER_REQUEST));
+                let began = requested_at(request) / 1_000_000_000;
+                for m in machines.iter().filter(|m| i128::from(m.created_at.unwrap()) <= began) {
+                    proptest::prop_assert_eq!(m.annotation(names.rollout_request), Some(request));
+                    proptest::prop_assert_eq!(m.annotation(names.status), Some(names::STATUS_DONE));
+                    proptest::prop_assert_eq!(m.annotation(names.trigger), None);
+                }
+            }
+        }
+    }
+
+    /// Request ids a forger may pick: the child's own at 600 s (after the Cluster's, at 500 s),
+    /// its own at 200 s (before), and another object's at 600 s.
+    const REQUESTS: [&str; 3] = [
+        "MachineDeployment/md/8bb2c97000",
+        "MachineDeployment/md/2e90edd000",
+        "MachineDeployment/other/8bb2c97000",
+    ];
 }

@@ -23,7 +23,7 @@ use time::OffsetDateTime;
 
 use super::RolloutPlan;
 use super::chain::{self, ChainPlan, observe_children};
-use super::parent::{ParentKind, ParentStep, ParentView, blocked_by};
+use super::parent::{ParentKind, ParentStep, ParentView, blocked_by, no_work_here};
 use crate::machine::{MachineView, ObjectRef, test_machine};
 use crate::names::{self, Operation};
 
@@ -113,6 +113,7 @@ fn parent(kind: ParentKind, name: &str) -> ParentView {
         deployment_limits: BTreeMap::new(),
         resource_version: None,
         progress_age: None,
+        cluster: (kind != ParentKind::Cluster).then(|| "c1".to_string()),
     }
 }
 
@@ -213,6 +214,7 @@ impl World {
                     let children: Vec<ParentView> = self.parents[1..].to_vec();
                     let input = observe_children(
                         op,
+                        &view.name,
                         &rollout.request_id,
                         rollout.max_parallel(&view),
                         rollout.trigger.is_none(),
@@ -223,7 +225,7 @@ impl World {
                     chain::changes(&rollout, &view, &children, &plan, Duration::from_secs(1))
                 }
                 ParentStep::Roll(rollout) => {
-                    let mut input = rollout.input(&view, &machines);
+                    let mut input = rollout.input(&view, &machines, &no_work_here);
                     input.blocked_by = blocked_by(op, &view, &rollout.request_id, &[&view]);
                     let plan = RolloutPlan::decide(&input);
                     rollout.changes(&view, &machines, &plan, Duration::from_secs(1))

@@ -106,6 +106,11 @@ pub struct ParentView {
     /// How long ago this process last wrote the parent's progress; `None` if it has not since
     /// it started.
     pub progress_age: Option<Duration>,
+    /// For a Cluster's child: the Cluster it names as its own (its `spec.clusterName`, its
+    /// owner Cluster or its `cluster.x-k8s.io/cluster-name` label), if any. A Cluster places
+    /// its request only on a child that names it: a Cluster's `controlPlaneRef` alone, written
+    /// by whoever may write the Cluster, never makes another Cluster's control plane its own.
+    pub cluster: Option<String>,
 }
 
 impl ParentView {
@@ -274,8 +279,9 @@ pub fn requester(request_id: &str) -> Option<&str> {
         .filter(|object| object.contains('/'))
 }
 
-/// When a request was made, for ordering requests (ids that say nothing count as oldest).
-fn requested_at(request_id: &str) -> i128 {
+/// When a request was made (Unix nanoseconds), for ordering requests (ids that say nothing
+/// count as oldest).
+pub(super) fn requested_at(request_id: &str) -> i128 {
     let stamp = request_id.rsplit('/').next().unwrap_or_default();
     i128::from_str_radix(stamp, 16).unwrap_or(i128::MIN)
 }
@@ -433,9 +439,15 @@ impl Rollout {
     }
 
     /// What [`RolloutPlan::decide`] needs, from the parent and the Machines it covers (in the
-    /// same order). Agent health is assumed good: the controller checks it when a
-    /// control-plane Machine would start ([`RolloutPlan::starts_control_plane`]).
-    pub fn input(&self, parent: &ParentView, machines: &[Arc<MachineView>]) -> RolloutInput {
+    /// same order), and which of them this process runs work on. Agent health is assumed
+    /// good: the controller checks it when a control-plane Machine would start
+    /// ([`RolloutPlan::starts_control_plane`]).
+    pub fn input(
+        &self,
+        parent: &ParentView,
+        machines: &[Arc<MachineView>],
+        working_here: WorkingHere<'_>,
+    ) -> RolloutInput {
         RolloutInput {
             cancelled: self.trigger.is_none(),
             max_parallel: self.max_parallel(parent),
@@ -446,7 +458,7 @@ impl Rollout {
                 .map(|(name, value)| (name.clone(), max_parallel(value).unwrap_or(1)))
                 .collect(),
             blocked_by: None,
-            machines: observe(self.operation, &self.request_id, machines),
+            machines: observe(self.operation, &self.request_id, machines, working_here),
         }
     }
 
@@ -639,12 +651,22 @@ pub struct ChildWrite {
     pub annotations: AnnotationChanges,
 }
 
+/// Whether this process runs work of an operation on a Machine: state only the process itself
+/// knows, whatever the Machine's annotations say.
+pub type WorkingHere<'a> = &'a dyn Fn(Operation, &MachineView) -> bool;
+
+/// For callers that run no Machine work: the decision tests, a Cluster's chain.
+pub fn no_work_here(_: Operation, _: &MachineView) -> bool {
+    false
+}
+
 /// Where each Machine stands for request `request_id`, in the order of `views`; agent health is
 /// assumed good (see [`Rollout::input`]).
 pub(super) fn observe(
     operation: Operation,
     request_id: &str,
     views: &[Arc<MachineView>],
+    working_here: WorkingHere<'_>,
 ) -> Vec<MachineObservation> {
     let names = operation.names();
     views
@@ -694,7 +716,7 @@ pub(super) fn observe(
                 being_deleted: m.being_deleted,
                 progress,
                 failure,
-                held_by: held_by(operation, request_id, m),
+                held_by: held_by(operation, request_id, m, working_here),
             }
         })
         .collect()
@@ -704,7 +726,19 @@ pub(super) fn observe(
 /// `operation`: a request of either operation that has not ended on it (asked for and not yet
 /// taken up, or running) and is not this one. A Machine tagged by no request was asked on
 /// itself.
-fn held_by(operation: Operation, request_id: &str, m: &MachineView) -> Option<String> {
+///
+/// Busy means the Machine controller still has something to do: a trigger whose request has
+/// not ended, an upgrade `in-progress` without its trigger (the controller cancels it on the
+/// node, then ends it `cancelled`), or work this process runs (a trigger removed while it
+/// ran). A refresh `in-progress` without a trigger and without work here is a leftover (or
+/// written by hand): the Machine controller never acts on it again, and a request waiting for
+/// it would wait forever.
+fn held_by(
+    operation: Operation,
+    request_id: &str,
+    m: &MachineView,
+    working_here: WorkingHere<'_>,
+) -> Option<String> {
     Operation::ALL.into_iter().find_map(|op| {
         let names = op.names();
         let tag = m.annotation(names.rollout_request);
@@ -716,8 +750,10 @@ fn held_by(operation: Operation, request_id: &str, m: &MachineView) -> Option<St
             status,
             Some(names::STATUS_FAILED) | Some(names::STATUS_CANCELLED)
         );
-        let busy = status == Some(names::STATUS_IN_PROGRESS)
-            || (m.annotation(names.trigger).is_some() && !ended);
+        let cancelling =
+            op == Operation::InPlaceUpgrade && status == Some(names::STATUS_IN_PROGRESS);
+        let busy =
+            cancelling || (m.annotation(names.trigger).is_some() && !ended) || working_here(op, m);
         busy.then(|| {
             tag.and_then(requester)
                 .map(str::to_string)

@@ -20,6 +20,7 @@ fn parent(kind: ParentKind, annotations: &[(&str, &str)]) -> ParentView {
         deployment_limits: BTreeMap::new(),
         resource_version: None,
         progress_age: None,
+        cluster: None,
     }
 }
 
@@ -145,7 +146,7 @@ fn malformed_limits_are_named_when_the_request_starts() {
         trigger: Some("1y".into()),
         refused: None,
     }
-    .input(&cluster, &[]);
+    .input(&cluster, &[], &no_work_here);
     assert_eq!(input.max_parallel, 1);
     assert_eq!(
         input.deployment_limits,
@@ -180,7 +181,7 @@ fn a_malformed_limit_seen_after_the_start_is_reported_once() {
     let worker = test_machine(&[]);
     let warnings_of_a_pass = |cluster: &ParentView| {
         let machines = [Arc::new(worker.clone())];
-        let plan = RolloutPlan::decide(&rollout.input(cluster, &machines));
+        let plan = RolloutPlan::decide(&rollout.input(cluster, &machines, &no_work_here));
         let changes = rollout.changes(cluster, &machines, &plan, RETRY_BASE);
         let warnings: Vec<String> = changes
             .events
@@ -260,7 +261,7 @@ fn a_removed_trigger_cancels_a_running_request() {
         panic!("it runs on");
     };
     assert_eq!(rollout.trigger, None);
-    assert!(rollout.input(&p, &[]).cancelled);
+    assert!(rollout.input(&p, &[], &no_work_here).cancelled);
 }
 
 /// Whatever an earlier request left on a Machine, starting it for a new request makes it
@@ -286,7 +287,7 @@ fn a_started_machine_carries_no_result_of_an_earlier_request() {
                 earlier.push((names.state.last_error, "the earlier request's error"));
                 let mut before = test_machine(&earlier);
                 before.resource_version = Some("41".into());
-                let seen = observe(operation, "new", &[Arc::new(before.clone())]);
+                let seen = observe(operation, "new", &[Arc::new(before.clone())], &no_work_here);
                 assert_eq!(seen[0].progress, MachineProgress::Untouched, "{earlier:?}");
 
                 let start = MachineStart::for_request(operation, value, "new", &before);
@@ -296,7 +297,12 @@ fn a_started_machine_carries_no_result_of_an_earlier_request() {
                     "on the version seen"
                 );
                 let started = patched(&before, &start.annotations);
-                let seen = observe(operation, "new", &[Arc::new(started.clone())]);
+                let seen = observe(
+                    operation,
+                    "new",
+                    &[Arc::new(started.clone())],
+                    &no_work_here,
+                );
                 assert_eq!(seen[0].progress, MachineProgress::Running, "{earlier:?}");
                 let taken_up = match operation {
                     Operation::RefreshCertificates => {
@@ -377,7 +383,7 @@ fn observe_reads_each_machine_for_this_request_only() {
         let mut m = test_machine(annotations);
         m.labels
             .insert(names::DEPLOYMENT_NAME_LABEL.into(), "md-a".into());
-        let seen = observe(op, "new", &[Arc::new(m.clone())]);
+        let seen = observe(op, "new", &[Arc::new(m.clone())], &no_work_here);
         assert_eq!(seen[0].progress, progress, "{annotations:?}");
         assert_eq!(seen[0].failure.as_deref(), failure, "{annotations:?}");
         assert_eq!(
@@ -391,7 +397,7 @@ fn observe_reads_each_machine_for_this_request_only() {
     let mut plane = test_machine(&[]);
     plane.control_plane = true;
     plane.node_name = None;
-    let seen = observe(op, "new", &[Arc::new(plane)]);
+    let seen = observe(op, "new", &[Arc::new(plane)], &no_work_here);
     assert_eq!(
         (seen[0].role.clone(), seen[0].has_node),
         (Role::ControlPlane, false)
@@ -408,7 +414,12 @@ fn starting_a_machine_keeps_a_running_status() {
         started.annotation(names::IN_PLACE_UPGRADE_STATUS),
         Some(names::STATUS_IN_PROGRESS)
     );
-    let seen = observe(Operation::InPlaceUpgrade, "new", &[Arc::new(started)]);
+    let seen = observe(
+        Operation::InPlaceUpgrade,
+        "new",
+        &[Arc::new(started)],
+        &no_work_here,
+    );
     assert_eq!(seen[0].progress, MachineProgress::Running);
 }
 
@@ -859,8 +870,8 @@ proptest! {
         for op in OPS {
             for request in ["r1", "r2"] {
                 prop_assert_eq!(
-                    observe(op, request, std::slice::from_ref(&old)),
-                    observe(op, request, std::slice::from_ref(&new))
+                    observe(op, request, std::slice::from_ref(&old), &no_work_here),
+                    observe(op, request, std::slice::from_ref(&new), &no_work_here)
                 );
                 let start = |m: &MachineView| MachineStart::for_request(op, "1y", request, m).annotations;
                 prop_assert_eq!(start(&old), start(&new));
@@ -970,7 +981,7 @@ fn another_value_on_a_running_parent_is_refused_once_and_the_request_runs_on() {
         assert_eq!(rollout.refused.as_deref(), Some(second));
         let m = test_machine(&[]);
         let machines = [Arc::new(m)];
-        let plan = RolloutPlan::decide(&rollout.input(&p, &machines));
+        let plan = RolloutPlan::decide(&rollout.input(&p, &machines, &no_work_here));
         let changes = rollout.changes(&p, &machines, &plan, RETRY_BASE);
         // Started for the running request's value, not the new one.
         assert_eq!(
@@ -1034,7 +1045,7 @@ fn a_wait_for_another_request_is_recorded_and_warned_of_once() {
     );
     assert_eq!(blocked_by(op, &p, &rollout.request_id, &[&newer]), None);
     let machines = [Arc::new(test_machine(&[]))];
-    let mut input = rollout.input(&p, &machines);
+    let mut input = rollout.input(&p, &machines, &no_work_here);
     input.blocked_by = blocked;
     let plan = RolloutPlan::decide(&input);
     let changes = rollout.changes(&p, &machines, &plan, RETRY_BASE);
@@ -1069,5 +1080,66 @@ fn automatic_refresh_does_not_repeat_a_failed_rollout() {
     assert_eq!(
         ParentStep::of(Operation::RefreshCertificates, &done, NOW),
         ParentStep::AutoRefresh
+    );
+}
+
+/// A control-plane Machine of control plane `p`, with these annotations.
+fn control_plane_machine(name: &str, annotations: &[(&str, &str)]) -> Arc<MachineView> {
+    let mut m = test_machine(annotations);
+    m.name = name.into();
+    m.control_plane = true;
+    m.labels
+        .insert(names::CONTROL_PLANE_LABEL.into(), String::new());
+    m.labels
+        .insert(names::CONTROL_PLANE_NAME_LABEL.into(), "p".into());
+    Arc::new(m)
+}
+
+/// Someone who may write a Machine leaves `in-progress` on it without a trigger, naming some
+/// request (or the operator stopped after a refresh's trigger was removed mid-run). The Machine
+/// controller never acts on that again, so no request may wait for it: the control plane's
+/// refresh goes on. Work this process still runs on a Machine holds it whatever its
+/// annotations say, and an upgrade `in-progress` without a trigger is being cancelled.
+#[test]
+fn a_leftover_in_progress_without_a_trigger_holds_no_control_plane_machine() {
+    let op = Operation::RefreshCertificates;
+    let p = parent(ParentKind::ControlPlane, &[]);
+    let rollout = rollout(op);
+    let refresh = op.names();
+    let forged = control_plane_machine(
+        "cp-0",
+        &[
+            (refresh.status, names::STATUS_IN_PROGRESS),
+            (refresh.rollout_request, "Cluster/elsewhere/1"),
+        ],
+    );
+    let machines = [forged.clone(), control_plane_machine("cp-1", &[])];
+    let plan = RolloutPlan::decide(&rollout.input(&p, &machines, &no_work_here));
+    let RolloutPlan::Continue { start, waiting, .. } = &plan else {
+        panic!("{plan:?}");
+    };
+    assert_eq!(waiting, &None, "it waits for nothing");
+    assert_eq!(start, &["cp-0"], "the first control-plane Machine starts");
+
+    // Work running here on cp-0 (of either operation) holds the whole control plane.
+    for running in OPS {
+        let working = move |o: Operation, m: &MachineView| o == running && m.name == "cp-0";
+        let plan = RolloutPlan::decide(&rollout.input(&p, &machines, &working));
+        assert!(
+            matches!(
+                &plan,
+                RolloutPlan::Continue { start, waiting: Some(super::super::Waiting::ForRequest(_)), .. } if start.is_empty()
+            ),
+            "{running:?}: {plan:?}"
+        );
+    }
+    // An upgrade in progress without its trigger is being cancelled on the node: it holds.
+    let upgrade = Operation::InPlaceUpgrade.names();
+    let cancelling = control_plane_machine("cp-0", &[(upgrade.status, names::STATUS_IN_PROGRESS)]);
+    let machines = [cancelling, control_plane_machine("cp-1", &[])];
+    let plan = RolloutPlan::decide(&rollout.input(&p, &machines, &no_work_here));
+    assert!(
+        matches!(&plan, RolloutPlan::Continue { start, .. } if start.is_empty()),
+        "{plan:?}"
     );
 }
