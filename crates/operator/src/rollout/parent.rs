@@ -362,15 +362,23 @@ pub fn matters_to_parents(old: &MachineView, new: &MachineView) -> bool {
     identity_changed(old, new)
         || Operation::ALL.into_iter().any(|op| {
             let names = op.names();
-            [
-                names.trigger,
-                names.status,
-                names.rollout_request,
-                names.state.last_error,
-            ]
-            .into_iter()
-            .any(|key| old.annotation(key) != new.annotation(key))
+            status_as_parents_read_it(op, old) != status_as_parents_read_it(op, new)
+                || [names.trigger, names.rollout_request, names.state.last_error]
+                    .into_iter()
+                    .any(|key| old.annotation(key) != new.annotation(key))
         })
+}
+
+/// A Machine's status for `operation` as a parent's pass reads it: while its trigger is set,
+/// `in-progress` reads as no status yet (the Machine runs either way, and a start leaves both
+/// alone), so the Machine controller taking up a started Machine wakes no parent.
+fn status_as_parents_read_it(operation: Operation, m: &MachineView) -> Option<&str> {
+    let names = operation.names();
+    let status = m.annotation(names.status);
+    match status {
+        Some(names::STATUS_IN_PROGRESS) if m.annotation(names.trigger).is_some() => None,
+        other => other,
+    }
 }
 
 /// Whether a Machine's change can change what a Cluster's pass decides: as

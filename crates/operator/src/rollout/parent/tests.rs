@@ -921,9 +921,14 @@ proptest! {
 }
 
 #[test]
-fn the_agents_plan_id_does_not_wake_the_parents_and_a_result_does() {
+fn taking_up_a_start_and_the_agents_plan_id_do_not_wake_the_parents_and_a_result_does() {
     let names = Operation::RefreshCertificates.names();
-    let running = test_machine(&[(names.trigger, "1y"), (names.rollout_request, "r1")]);
+    let started = test_machine(&[(names.trigger, "1y"), (names.rollout_request, "r1")]);
+    let mut running = started.clone();
+    running
+        .annotations
+        .insert(names.status.into(), names::STATUS_IN_PROGRESS.into());
+    assert!(!matters_to_parents(&started, &running));
     let mut planned = running.clone();
     planned
         .annotations
@@ -935,6 +940,10 @@ fn the_agents_plan_id_does_not_wake_the_parents_and_a_result_does() {
     done.annotations
         .insert(names.status.into(), names::STATUS_DONE.into());
     assert!(matters_to_parents(&planned, &done));
+    // Without its trigger, `in-progress` is work the Machine controller still winds down.
+    let mut winding_down = planned.clone();
+    winding_down.annotations.remove(names.trigger);
+    assert!(matters_to_parents(&planned, &winding_down));
 }
 
 #[test]
