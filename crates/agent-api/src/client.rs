@@ -154,6 +154,16 @@ impl AgentClient {
         self.call(url, Method::POST, &path, None::<&()>).await
     }
 
+    /// Calls to the agent at `url` over one connection, opened at the first call: see
+    /// [`AgentSession`].
+    pub fn session(&self, url: &str) -> AgentSession<'_> {
+        AgentSession {
+            client: self,
+            base: url.trim_end_matches('/').to_string(),
+            connection: None,
+        }
+    }
+
     async fn call<B: Serialize, T: DeserializeOwned>(
         &self,
         url: &str,
@@ -161,27 +171,11 @@ impl AgentClient {
         path: &str,
         body: Option<&B>,
     ) -> Result<T, AgentError> {
-        let base = url.trim_end_matches('/');
-        match tokio::time::timeout(self.timeout, self.exchange(base, method, path, body)).await {
-            Ok(result) => result,
-            Err(_) => Err(AgentError::Timeout {
-                url: base.to_string(),
-                timeout: self.timeout,
-            }),
-        }
+        self.session(url).call(method, path, body).await
     }
 
-    async fn exchange<B: Serialize, T: DeserializeOwned>(
-        &self,
-        base: &str,
-        method: Method,
-        path: &str,
-        body: Option<&B>,
-    ) -> Result<T, AgentError> {
-        let protocol = |message: String| AgentError::Protocol {
-            url: base.to_string(),
-            message,
-        };
+    /// A new mutual-TLS connection to the agent at `base`.
+    async fn connect(&self, base: &str) -> Result<Connection, AgentError> {
         let uri: Uri = base.parse().map_err(|_| AgentError::BadUrl(base.into()))?;
         if uri.scheme_str() != Some("https") {
             return Err(AgentError::BadUrl(base.into()));
@@ -215,28 +209,121 @@ impl AgentClient {
                     source,
                 },
             })?;
-        let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+        let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
             .await
-            .map_err(|e| protocol(e.to_string()))?;
+            .map_err(|e| AgentError::Protocol {
+                url: base.into(),
+                message: e.to_string(),
+            })?;
         tokio::spawn(connection);
+        Ok(Connection {
+            sender,
+            host: host.to_string(),
+        })
+    }
+}
 
+/// One open connection to an agent.
+struct Connection {
+    sender: hyper::client::conn::http1::SendRequest<Full<Bytes>>,
+    /// The `Host` header its requests carry.
+    host: String,
+}
+
+/// Calls to one agent over one connection, opened at the first call and kept for the next
+/// (a refresh's plan and apply, a few milliseconds apart): one TLS handshake where each call
+/// made its own. The connection closes when the session is dropped, so it holds none of the
+/// agent's connection slots while idle. A request goes on a new connection only when the old
+/// one had closed before the request was sent (hyper hands such a request back), so no request
+/// ever reaches the agent twice.
+pub struct AgentSession<'a> {
+    client: &'a AgentClient,
+    base: String,
+    connection: Option<Connection>,
+}
+
+impl AgentSession<'_> {
+    pub async fn plan(&mut self, request: &PlanRequest) -> Result<RefreshPlan, AgentError> {
+        self.call(Method::POST, "/v1/certificates/plan", Some(request))
+            .await
+    }
+
+    pub async fn apply(&mut self, request: &ApplyRequest) -> Result<ApplyOutcome, AgentError> {
+        self.call(Method::POST, "/v1/certificates/apply", Some(request))
+            .await
+    }
+
+    /// Whether a plan is still staged or was applied.
+    pub async fn plan_status(&mut self, plan_id: &str) -> Result<PlanStatus, AgentError> {
+        let path = format!("/v1/certificates/plans/{}", encode_segment(plan_id));
+        self.call(Method::GET, &path, None::<&()>).await
+    }
+
+    async fn call<B: Serialize, T: DeserializeOwned>(
+        &mut self,
+        method: Method,
+        path: &str,
+        body: Option<&B>,
+    ) -> Result<T, AgentError> {
+        let timeout = self.client.timeout;
+        match tokio::time::timeout(timeout, self.exchange(method, path, body)).await {
+            Ok(result) => result,
+            Err(_) => {
+                // The request may be half sent: the connection is not used again.
+                self.connection = None;
+                Err(AgentError::Timeout {
+                    url: self.base.clone(),
+                    timeout,
+                })
+            }
+        }
+    }
+
+    async fn exchange<B: Serialize, T: DeserializeOwned>(
+        &mut self,
+        method: Method,
+        path: &str,
+        body: Option<&B>,
+    ) -> Result<T, AgentError> {
+        let base = self.base.clone();
+        let protocol = |message: String| AgentError::Protocol {
+            url: base.clone(),
+            message,
+        };
         let payload = match body {
             Some(body) => {
                 Bytes::from(serde_json::to_vec(body).map_err(|e| protocol(e.to_string()))?)
             }
             None => Bytes::new(),
         };
-        let request = Request::builder()
+        let mut reused = true;
+        let mut connection = match self.connection.take() {
+            Some(open) if !open.sender.is_closed() => open,
+            _ => {
+                reused = false;
+                self.client.connect(&base).await?
+            }
+        };
+        let mut request = Request::builder()
             .method(method)
             .uri(path)
-            .header("host", host)
+            .header("host", connection.host.as_str())
             .header("content-type", "application/json")
             .body(Full::new(payload))
             .map_err(|e| protocol(e.to_string()))?;
-        let response = sender
-            .send_request(request)
-            .await
-            .map_err(|e| protocol(e.to_string()))?;
+        let response = loop {
+            match connection.sender.try_send_request(request).await {
+                Ok(response) => break response,
+                // Closed before the request went out: the request comes back unsent, and goes
+                // once on a new connection.
+                Err(mut e) if reused && e.message().is_some() => {
+                    request = e.take_message().expect("checked above");
+                    reused = false;
+                    connection = self.client.connect(&base).await?;
+                }
+                Err(e) => return Err(protocol(e.into_error().to_string())),
+            }
+        };
         let status = response.status();
         let bytes = Limited::new(response.into_body(), MAX_REPLY_BYTES)
             .collect()
@@ -244,7 +331,7 @@ impl AgentClient {
             .map_err(|e| {
                 if e.is::<LengthLimitError>() {
                     AgentError::ReplyTooLarge {
-                        url: base.into(),
+                        url: base.clone(),
                         limit: MAX_REPLY_BYTES,
                     }
                 } else {
@@ -252,13 +339,15 @@ impl AgentClient {
                 }
             })?
             .to_bytes();
+        // Read whole: the connection can carry the next call.
+        self.connection = Some(connection);
         if !status.is_success() {
             let (reason, message) = match serde_json::from_slice::<ErrorBody>(&bytes) {
                 Ok(e) => (e.reason, e.message),
                 Err(_) => (String::new(), String::from_utf8_lossy(&bytes).into_owned()),
             };
             return Err(AgentError::Status {
-                url: base.into(),
+                url: base,
                 status: status.as_u16(),
                 reason,
                 message,

@@ -186,3 +186,93 @@ async fn one_flooding_peer_cannot_take_every_slot() {
         .expect("the operator is served beside the flood");
     drop(flood);
 }
+
+/// A TCP relay in front of `agent` that counts the connections made through it; `cut` closes
+/// every connection open through it so far.
+struct Relay {
+    url: String,
+    connections: Arc<AtomicUsize>,
+    open: Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+}
+
+impl Relay {
+    async fn start(agent: &str) -> Self {
+        let target = agent.trim_start_matches("https://").to_string();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!(
+            "https://127.0.0.1:{}",
+            listener.local_addr().unwrap().port()
+        );
+        let connections = Arc::new(AtomicUsize::new(0));
+        let open: Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>> = Arc::default();
+        let (counted, tasks) = (connections.clone(), open.clone());
+        tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                counted.fetch_add(1, Ordering::SeqCst);
+                let target = target.clone();
+                tasks.lock().unwrap().push(tokio::spawn(async move {
+                    let mut outbound = tokio::net::TcpStream::connect(target).await.unwrap();
+                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                }));
+            }
+        });
+        Relay {
+            url,
+            connections,
+            open,
+        }
+    }
+
+    fn cut(&self) {
+        for task in self.open.lock().unwrap().drain(..) {
+            task.abort();
+        }
+    }
+}
+
+/// The plan status an agent reports for any plan id: `applying`.
+fn plan_status_router() -> Router {
+    Router::new().route(
+        "/v1/certificates/plans/{id}",
+        get(|| async { axum::Json(serde_json::json!({ "state": "applying" })) }),
+    )
+}
+
+#[tokio::test]
+async fn a_session_makes_its_calls_over_one_connection_and_replaces_one_the_agent_closed() {
+    use caretaker_agent_api::refresh::PlanStatus;
+    let ca = CertificateAuthority::create(&CaSpec::new("kubernetes")).unwrap();
+    let identity = operator_identity(&ca);
+    let agent = start(&ca, "node-a", plan_status_router()).await;
+    let relay = Relay::start(&agent).await;
+    let client = client_for(&identity, &["node-a"]);
+
+    let mut session = client.session(&relay.url);
+    for _ in 0..3 {
+        assert_eq!(
+            session.plan_status("p1").await.unwrap(),
+            PlanStatus::Applying
+        );
+    }
+    assert_eq!(
+        relay.connections.load(Ordering::SeqCst),
+        1,
+        "one handshake for three calls"
+    );
+
+    // The connection goes away between two calls (the agent restarted, say): the next call
+    // goes on a new one, and still gets its answer.
+    relay.cut();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(
+        session.plan_status("p1").await.unwrap(),
+        PlanStatus::Applying
+    );
+    assert_eq!(relay.connections.load(Ordering::SeqCst), 2);
+
+    // A call outside a session has a connection of its own, as before.
+    drop(session);
+    client.plan_status(&relay.url, "p1").await.unwrap();
+    client.plan_status(&relay.url, "p1").await.unwrap();
+    assert_eq!(relay.connections.load(Ordering::SeqCst), 4);
+}

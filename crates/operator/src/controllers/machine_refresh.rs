@@ -121,11 +121,13 @@ async fn refresh_node(
         credentials.authority(SigningCa::Cluster, &view.namespace, &view.cluster_name)?;
     refresh::check_ttl(ttl, OffsetDateTime::now_utc(), cluster_ca.info().not_after)?;
     let MachineAgent { url, client: agent } = ctx.agent_of(view).await?;
+    // One connection for the calls of this attempt, a few milliseconds apart.
+    let mut agent = agent.session(&url);
 
     // Resuming: an earlier attempt of this request made a plan. Continue it, or learn that it
     // was applied and only its recording was lost; never refresh the node twice.
     let resumed = match view.annotation(refresh_state::PLAN) {
-        Some(plan_id) => match agent.plan_status(&url, plan_id).await {
+        Some(plan_id) => match agent.plan_status(plan_id).await {
             Ok(PlanStatus::Applied { outcome }) => {
                 return Ok(Refreshed::applied_earlier(&view.name, &outcome));
             }
@@ -143,7 +145,7 @@ async fn refresh_node(
     let (plan_id, requests) = match resumed {
         Some(resumed) => resumed,
         None => {
-            let plan = agent.plan(&url, &PlanRequest::default()).await?;
+            let plan = agent.plan(&PlanRequest::default()).await?;
             let mut recorded = AnnotationChanges::default();
             recorded.set(refresh_state::PLAN, plan.plan_id.as_str());
             let object = ctx.patch_annotations(view, &recorded).await?;
@@ -156,7 +158,7 @@ async fn refresh_node(
         plan_id,
         certificates,
     };
-    let outcome = agent.apply(&url, &request).await?;
+    let outcome = agent.apply(&request).await?;
     Ok(Refreshed::applied(&view.name, &outcome))
 }
 
