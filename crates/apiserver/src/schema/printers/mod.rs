@@ -14,7 +14,7 @@ mod columns;
 
 use serde_json::Value;
 
-use crate::builtin_schemas;
+use crate::schema::builtin_schemas;
 use columns::{About, Declared};
 
 /// One column definition of a Table.

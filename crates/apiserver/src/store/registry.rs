@@ -9,7 +9,7 @@ use std::sync::{Arc, RwLock};
 
 use serde_json::{Value, json};
 
-use crate::events;
+use crate::store::events;
 
 /// Which special behaviour a resource has beyond generic storage.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,7 +59,7 @@ pub struct ResourceDef {
     /// The version's openAPIV3Schema (custom resources only).
     pub schema: Option<Arc<Value>>,
     /// The version's `additionalPrinterColumns` (custom resources only: built-in kinds print
-    /// as `printers.rs` says).
+    /// as `schema/printers` says).
     pub printer_columns: Vec<PrinterColumn>,
     /// The scale subresource a CRD version declares (custom resources only).
     pub scale: Option<ScalePaths>,

@@ -17,14 +17,14 @@ use crate::api::{
 };
 use crate::auth::{Auth, Authorization, Requester, UserInfo, reviews, token_request};
 use crate::error::ApiError;
-use crate::media::{self, BODY_MEDIA_TYPES, JSON_OR_YAML, PROTOBUF};
-use crate::patch::{self, PatchType};
-use crate::registry::{self, ResourceDef};
+use crate::http::media::{self, BODY_MEDIA_TYPES, JSON_OR_YAML, PROTOBUF};
+use crate::http::watch::{self, WatchParams};
+use crate::patch::bodies::{self, PatchType};
+use crate::schema::table::{self, IncludeObject};
+use crate::schema::{discovery, openapi};
 use crate::selectors::{FieldSelector, LabelSelector};
-use crate::table::{self, IncludeObject};
-use crate::watch::{self, WatchParams};
+use crate::store::registry::{self, ResourceDef};
 use crate::work;
-use crate::{discovery, openapi};
 
 /// Shared by every request.
 pub struct ServerState {
@@ -311,7 +311,7 @@ fn parse_body(headers: &HeaderMap, body: &Bytes, accepted: &[&str]) -> Result<Va
         return Err(ApiError::unsupported_media_type(&content_type, accepted));
     }
     if media == PROTOBUF {
-        return crate::protobuf::decode(body, &content_type);
+        return crate::http::protobuf::decode(body, &content_type);
     }
     decode_json_or_yaml(media, body)
 }
@@ -506,7 +506,7 @@ async fn scale_request(
         }
         Method::PUT => ScaleChange::Replace(parse_body(headers, &body, BODY_MEDIA_TYPES)?),
         Method::PATCH => {
-            let content_type = patch::content_type(headers);
+            let content_type = bodies::content_type(headers);
             // JSON, merge and strategic patches of the Scale (no apply here).
             let patch_type = PatchType::from_content_type(content_type)
                 .filter(|t| *t != PatchType::Apply)
@@ -681,7 +681,7 @@ async fn resource_request(
             ))
         }
         (Method::PATCH, Some(name)) => {
-            let content_type = patch::content_type(headers);
+            let content_type = bodies::content_type(headers);
             let custom_resource = def.flavor == registry::Flavor::CustomResource;
             // As in kube-apiserver: custom resources have no patch strategies to merge with.
             let patch_type = PatchType::from_content_type(content_type)
