@@ -24,9 +24,9 @@ use rustls::pki_types::{CertificateDer, ServerName};
 use serde_json::{Value, json};
 
 use crate::error::ApiError;
-use crate::registry::ResourceDef;
 use crate::selectors::LabelSelector;
-use crate::storage::{ObjectKey, Store};
+use crate::store::registry::ResourceDef;
+use crate::store::storage::{ObjectKey, Store};
 use crate::user::UserInfo;
 use crate::work::Deadline;
 
@@ -200,7 +200,7 @@ impl Admission {
                 })?;
                 // Within the limits a client's JSON patch has: a webhook's copies cannot fill
                 // memory either.
-                object = crate::patch::apply_json_patch(object, &ops, Deadline::from_now())
+                object = crate::patch::bodies::apply_json_patch(object, &ops, Deadline::from_now())
                     .map_err(|e| {
                         ApiError::internal(format!(
                             "webhook {:?} returned a patch that does not apply: {e}",

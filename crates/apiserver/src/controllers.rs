@@ -13,8 +13,8 @@ use tokio::sync::broadcast::error::RecvError;
 use crate::api::{ApiState, DeleteOptions, Part, PropagationPolicy, WriteOptions};
 use crate::error::ApiError;
 use crate::meta::{finalizers_of, is_deleting, name_of, namespace_of, uid_of};
-use crate::registry::{Flavor, ResourceDef};
-use crate::storage::{Change, ChangeType, ObjectKey};
+use crate::store::registry::{Flavor, ResourceDef};
+use crate::store::storage::{Change, ChangeType, ObjectKey};
 
 const MANAGER: &str = "caretaker-controllers";
 

@@ -307,8 +307,8 @@ impl ApiError {
     }
 }
 
-impl From<crate::storage::StoreError> for ApiError {
-    fn from(e: crate::storage::StoreError) -> Self {
+impl From<crate::store::storage::StoreError> for ApiError {
+    fn from(e: crate::store::storage::StoreError) -> Self {
         ApiError::internal(e.to_string())
     }
 }

@@ -14,41 +14,23 @@
 
 mod admission;
 mod api;
-mod apply;
 mod auth;
-mod builtin_schemas;
-mod connections;
 mod controllers;
-mod crd;
-mod discovery;
 mod error;
-mod events;
-mod guard;
-mod handlers;
-mod media;
+mod http;
 mod meta;
-mod openapi;
 mod patch;
-mod patch_meta;
-mod printers;
-mod private_files;
-mod protobuf;
-mod registry;
 mod schema;
 mod selectors;
-mod server;
-mod storage;
-mod strategic_merge;
-mod table;
+mod store;
 mod tls;
 mod user;
-mod watch;
 mod work;
 
 pub use auth::{Access, Authorization};
-pub use connections::ConnectionLimits;
 pub use error::ApiError;
-pub use server::{
+pub use http::connections::ConnectionLimits;
+pub use http::server::{
     ADMIN_USER, ApiServer, ApiServerBuilder, DATABASE_FILE, KUBECONFIG_TOKEN_LIFETIME, ServerError,
     Subject, TestServer, kubeconfig_for,
 };

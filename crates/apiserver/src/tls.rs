@@ -97,7 +97,7 @@ impl TlsMaterial {
     }
 
     /// Loads the material from `dir`, or generates and stores it there (owner-only, see
-    /// [`crate::private_files`]).
+    /// [`crate::store::private_files`]).
     pub fn load_or_generate(dir: &Path) -> Result<Self, TlsError> {
         let io = |path: &Path| {
             let path = path.display().to_string();
@@ -109,9 +109,9 @@ impl TlsMaterial {
             dir.join("server.key"),
         ];
         let client_files = [dir.join("client-ca.crt"), dir.join("client-ca.key")];
-        crate::private_files::create_dir(dir).map_err(io(dir))?;
+        crate::store::private_files::create_dir(dir).map_err(io(dir))?;
         let read = |p: &Path| {
-            crate::private_files::restrict(p).map_err(io(p))?;
+            crate::store::private_files::restrict(p).map_err(io(p))?;
             std::fs::read_to_string(p).map_err(io(p))
         };
         let m = if files.iter().all(|f| f.exists()) {
@@ -142,7 +142,7 @@ impl TlsMaterial {
         ];
         for (path, content) in all_files.zip(contents) {
             if !path.exists() {
-                crate::private_files::write(path, content).map_err(io(path))?;
+                crate::store::private_files::write(path, content).map_err(io(path))?;
             }
         }
         Ok(m)

@@ -142,6 +142,53 @@ fn no_crate_has_modules_importing_each_other_in_a_circle() {
     );
 }
 
+/// The API server's folders are its layers, bottom up: `store/` (SQLite, the registry of
+/// served kinds), `schema/` (what the kinds look like, discovery, printing), `patch/` (patches
+/// and server-side apply), the verbs (`admission`; `api/`, which `auth/` and `controllers`
+/// use), `http/` (serving). A layer imports only the layers below it; the shared helpers (errors, metadata,
+/// selectors, ...) import at most the store, and every layer may use them. Each top-level
+/// module has its place here, so a new one is placed on purpose.
+#[test]
+fn apiserver_layers_import_only_downward() {
+    let rank = |module: &str| match module {
+        "store" => Some(0),
+        "schema" => Some(1),
+        "patch" => Some(2),
+        "admission" => Some(3),
+        "api" => Some(4),
+        "auth" | "controllers" => Some(5),
+        "http" => Some(6),
+        _ => None,
+    };
+    let helpers = ["error", "meta", "selectors", "tls", "user", "work"];
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../apiserver/src");
+    let graph = graph(&rust_files(&root));
+    let mut upward = Vec::new();
+    for (from, to) in graph.iter().filter(|(from, _)| from.len() == 1) {
+        let from = from[0].as_str();
+        assert!(
+            rank(from).is_some() || helpers.contains(&from),
+            "apiserver module {from} has no layer: give it one here and in its README"
+        );
+        for to in to {
+            let allowed = match (rank(from), rank(&to[0])) {
+                (Some(from), Some(to)) => to < from,
+                // A helper: below every layer but the store.
+                (None, Some(to)) => to == 0,
+                (_, None) => true,
+            };
+            if !allowed {
+                upward.push(format!("{from} -> {}", to[0]));
+            }
+        }
+    }
+    assert!(
+        upward.is_empty(),
+        "API server modules importing a layer above their own:\n{}",
+        upward.join("\n")
+    );
+}
+
 /// The check itself finds circles: through `use` groups and inline paths, and between
 /// siblings in a folder, but not between a parent and its children.
 #[test]

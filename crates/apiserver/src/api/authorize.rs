@@ -10,7 +10,7 @@ use serde_json::Value;
 use super::ApiState;
 use super::options::WriteOptions;
 use crate::error::ApiError;
-use crate::registry::ResourceDef;
+use crate::store::registry::ResourceDef;
 use crate::user::UserInfo;
 
 /// The checks of a write, answered with kube-apiserver's errors (403 Forbidden).

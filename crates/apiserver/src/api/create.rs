@@ -6,11 +6,11 @@ use serde_json::{Value, json};
 use super::ApiState;
 use super::options::{Part, WriteOptions};
 use super::write::{ManagedFields, Target, Written, writer};
-use crate::apply;
 use crate::error::{self, ApiError, FieldError, FieldErrorKind};
 use crate::meta::{self, is_deleting, metadata_mut};
-use crate::registry::ResourceDef;
-use crate::storage::ObjectKey;
+use crate::patch::apply;
+use crate::store::registry::ResourceDef;
+use crate::store::storage::ObjectKey;
 
 const NAMESPACE_STORAGE_KEY: &str = "/namespaces";
 

@@ -6,11 +6,11 @@ use serde_json::{Value, json};
 
 use super::ApiState;
 use super::options::{FieldValidation, WriteOptions};
-use crate::apply;
 use crate::error::ApiError;
-use crate::events;
-use crate::registry::{Flavor, ResourceDef};
-use crate::schema;
+use crate::patch::apply;
+use crate::schema::structural;
+use crate::store::events;
+use crate::store::registry::{Flavor, ResourceDef};
 
 /// Whether `field` is a top-level field of `def`'s built-in kind; None for kinds whose fields
 /// are not known here. Unknown fields are dropped, as Go's decoder does.
@@ -218,8 +218,8 @@ impl ApiState {
             return Err(undecodable("data values must be strings"));
         }
         if let Some(s) = def.schema.as_deref() {
-            schema::prune(s, &mut obj, "", true, &mut unknown);
-            schema::apply_defaults(s, &mut obj);
+            structural::prune(s, &mut obj, "", true, &mut unknown);
+            structural::apply_defaults(s, &mut obj);
         }
         let obj = if def.flavor == Flavor::EventsV1Event {
             events::v1_to_core(&obj)

@@ -10,8 +10,8 @@ use crate::error::ApiError;
 use crate::meta::{
     self, finalizers_of, is_deleting, metadata_mut, name_of, resource_version_of, uid_of,
 };
-use crate::registry::{Flavor, ResourceDef};
-use crate::storage::{ObjectKey, WriteError};
+use crate::store::registry::{Flavor, ResourceDef};
+use crate::store::storage::{ObjectKey, WriteError};
 
 impl ApiState {
     /// Deletes an object, or marks it for deletion when finalizers (or the propagation policy)

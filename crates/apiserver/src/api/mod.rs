@@ -29,10 +29,10 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 
 use crate::admission::Admission;
-use crate::crd;
 use crate::error::ApiError;
-use crate::registry::{Registry, ResourceDef};
-use crate::storage::{ObjectKey, Store, WriteError};
+use crate::schema::crd;
+use crate::store::registry::{Registry, ResourceDef};
+use crate::store::storage::{ObjectKey, Store, WriteError};
 
 pub use authorize::WriteAuthorizer;
 pub use options::{

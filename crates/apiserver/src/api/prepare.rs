@@ -7,10 +7,10 @@ use serde_json::{Value, json};
 
 use super::ApiState;
 use super::defaults;
-use crate::crd;
 use crate::error::ApiError;
 use crate::meta::{self, is_deleting, metadata_mut, name_of};
-use crate::registry::{Flavor, ResourceDef};
+use crate::schema::crd;
+use crate::store::registry::{Flavor, ResourceDef};
 
 impl ApiState {
     /// Kind-specific defaults and conversions applied to every stored write.

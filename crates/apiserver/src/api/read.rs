@@ -7,7 +7,7 @@ use super::ApiState;
 use super::options::ListQuery;
 use crate::error::ApiError;
 use crate::meta::{self, name_of};
-use crate::registry::ResourceDef;
+use crate::store::registry::ResourceDef;
 
 impl ApiState {
     pub fn get(&self, def: &ResourceDef, namespace: &str, name: &str) -> Result<Value, ApiError> {

@@ -8,10 +8,10 @@ use super::ApiState;
 use super::options::{Part, WriteOptions};
 use crate::error::{ApiError, FieldError, FieldErrorKind};
 use crate::meta::resource_version_of;
-use crate::patch::{self, PatchType};
-use crate::patch_meta::PatchMeta;
-use crate::registry::{ResourceDef, ScalePaths};
-use crate::table::json_path;
+use crate::patch::bodies::{self, PatchType};
+use crate::patch::patch_meta::PatchMeta;
+use crate::schema::table::json_path;
+use crate::store::registry::{ResourceDef, ScalePaths};
 use crate::work::{self, Deadline};
 
 /// What a write to `…/scale` carries.
@@ -125,7 +125,7 @@ impl ApiState {
                     let (patch_type, body) = (*patch_type, body.clone());
                     work::run(Deadline::from_now(), move |deadline| {
                         let scale = PatchMeta::of("autoscaling", "v1", "Scale");
-                        patch::apply_patch(patch_type, &current, &body, scale, deadline)
+                        bodies::apply_patch(patch_type, &current, &body, scale, deadline)
                     })
                     .await?
                 }

@@ -7,12 +7,12 @@ use serde_json::Value;
 use super::ApiState;
 use super::options::{Part, WriteOptions};
 use super::write::{ManagedFields, Target, Written, writer};
-use crate::apply;
 use crate::error::ApiError;
 use crate::meta::{name_of, resource_version_of};
-use crate::patch::{self, PatchType};
-use crate::patch_meta::PatchMeta;
-use crate::registry::ResourceDef;
+use crate::patch::apply;
+use crate::patch::bodies::{self, PatchType};
+use crate::patch::patch_meta::PatchMeta;
+use crate::store::registry::ResourceDef;
 use crate::work::{self, Deadline};
 
 impl ApiState {
@@ -82,7 +82,7 @@ impl ApiState {
             } else {
                 let (def, body) = (def.clone(), body.clone());
                 let (patched, old) = work::run(deadline, move |deadline| {
-                    let patched = patch::apply_patch(
+                    let patched = bodies::apply_patch(
                         patch_type,
                         &def.as_served(&old),
                         &body,

@@ -4,11 +4,11 @@
 use serde_json::Value;
 
 use super::ApiState;
-use crate::crd;
 use crate::error::{ApiError, FieldError, FieldErrorKind};
 use crate::meta::{self, name_of};
-use crate::registry::{Flavor, ResourceDef};
-use crate::schema;
+use crate::schema::crd;
+use crate::schema::structural;
+use crate::store::registry::{Flavor, ResourceDef};
 
 impl ApiState {
     /// Kind-specific rules and schema validation of the object about to be stored.
@@ -79,7 +79,7 @@ impl ApiState {
                 m.remove("apiVersion");
                 m.remove("kind");
             }
-            schema::validate(s, &body, "", &mut errs);
+            structural::validate(s, &body, "", &mut errs);
         }
         if errs.is_empty() {
             Ok(())

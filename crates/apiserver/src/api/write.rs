@@ -14,11 +14,11 @@ use serde_json::{Value, json};
 use super::ApiState;
 use super::options::{Part, WriteOptions};
 use crate::admission::Request as AdmissionRequest;
-use crate::apply::{self, Writer};
 use crate::error::ApiError;
 use crate::meta::{self, finalizers_of, is_deleting, metadata_mut, name_of, resource_version_of};
-use crate::patch_meta::PatchMeta;
-use crate::registry::{Flavor, ResourceDef};
+use crate::patch::apply::{self, Writer};
+use crate::patch::patch_meta::PatchMeta;
+use crate::store::registry::{Flavor, ResourceDef};
 use crate::work;
 
 /// The result of a write.

@@ -30,7 +30,7 @@ use serde_json::Value;
 
 use crate::api::{ApiState, WriteAuthorizer};
 use crate::error::ApiError;
-use crate::registry::ResourceDef;
+use crate::store::registry::ResourceDef;
 pub use crate::user::{MASTERS, UserInfo, service_account_user};
 use attributes::{Attributes, ResourceAttributes};
 use escalation::Grant;

@@ -196,7 +196,7 @@ impl TokenKey {
     pub fn load_or_generate(path: &Path) -> std::io::Result<TokenKey> {
         use base64::engine::general_purpose::STANDARD;
         if path.exists() {
-            crate::private_files::restrict(path)?;
+            crate::store::private_files::restrict(path)?;
             let text = std::fs::read_to_string(path)?;
             let secret = STANDARD
                 .decode(text.trim())
@@ -211,7 +211,7 @@ impl TokenKey {
             return Ok(TokenKey::new(&secret));
         }
         let secret = Self::random_secret()?;
-        crate::private_files::write(path, &STANDARD.encode(secret))?;
+        crate::store::private_files::write(path, &STANDARD.encode(secret))?;
         Ok(TokenKey::new(&secret))
     }
 

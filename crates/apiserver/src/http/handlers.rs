@@ -17,14 +17,14 @@ use crate::api::{
 };
 use crate::auth::{Auth, Authorization, Requester, UserInfo, reviews, token_request};
 use crate::error::ApiError;
-use crate::media::{self, BODY_MEDIA_TYPES, JSON_OR_YAML, PROTOBUF};
-use crate::patch::{self, PatchType};
-use crate::registry::{self, ResourceDef};
+use crate::http::media::{self, BODY_MEDIA_TYPES, JSON_OR_YAML, PROTOBUF};
+use crate::http::watch::{self, WatchParams};
+use crate::patch::bodies::{self, PatchType};
+use crate::schema::table::{self, IncludeObject};
+use crate::schema::{discovery, openapi};
 use crate::selectors::{FieldSelector, LabelSelector};
-use crate::table::{self, IncludeObject};
-use crate::watch::{self, WatchParams};
+use crate::store::registry::{self, ResourceDef};
 use crate::work;
-use crate::{discovery, openapi};
 
 /// Shared by every request.
 pub struct ServerState {
@@ -311,7 +311,7 @@ fn parse_body(headers: &HeaderMap, body: &Bytes, accepted: &[&str]) -> Result<Va
         return Err(ApiError::unsupported_media_type(&content_type, accepted));
     }
     if media == PROTOBUF {
-        return crate::protobuf::decode(body, &content_type);
+        return crate::http::protobuf::decode(body, &content_type);
     }
     decode_json_or_yaml(media, body)
 }
@@ -482,6 +482,96 @@ fn delete_options(
     })
 }
 
+/// A watch: its parameters from the query, then the stream of events.
+fn watch_request(
+    state: &ServerState,
+    t: &Target,
+    params: &Params,
+    headers: &HeaderMap,
+    include: IncludeObject,
+) -> Result<Response, ApiError> {
+    let api = &state.api;
+    let def = &t.def;
+    let q = list_query(params)?;
+    let timeout = params
+        .get("timeoutSeconds")
+        .and_then(|s| s.parse::<u64>().ok())
+        .unwrap_or(1800);
+    let wp = WatchParams {
+        namespace: t.namespace.clone(),
+        resource_version: params.get("resourceVersion").map(String::from),
+        send_initial_events: params.get("sendInitialEvents").map(|v| v == "true"),
+        allow_bookmarks: params.flag("allowWatchBookmarks"),
+        timeout: Duration::from_secs(timeout),
+        labels: q.labels,
+        fields: q.fields,
+        representation: representation(headers, media::Answer::Watch)?,
+        include,
+        bookmark_interval: state.bookmark_interval,
+    };
+    let stream = watch::start(api.clone(), def.clone(), wp);
+    let mut resp = Response::new(Body::from_stream(stream));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp.headers_mut().insert(
+        header::CACHE_CONTROL,
+        HeaderValue::from_static("no-cache, private"),
+    );
+    Ok(resp)
+}
+
+/// A PATCH of one object: the patch type its content type names, the options apply needs.
+#[allow(clippy::too_many_arguments)]
+async fn patch_request(
+    state: &ServerState,
+    t: &Target,
+    name: &str,
+    params: &Params,
+    headers: &HeaderMap,
+    body: &Bytes,
+    user: &Option<Arc<UserInfo>>,
+    include: IncludeObject,
+) -> Result<Response, ApiError> {
+    let api = &state.api;
+    let def = &t.def;
+    let ns = t.namespace.as_deref().unwrap_or("");
+    let content_type = bodies::content_type(headers);
+    let custom_resource = def.flavor == registry::Flavor::CustomResource;
+    // As in kube-apiserver: custom resources have no patch strategies to merge with.
+    let patch_type = PatchType::from_content_type(content_type)
+        .filter(|t| !(custom_resource && *t == PatchType::Strategic))
+        .ok_or_else(|| {
+            ApiError::unsupported_media_type(content_type, PatchType::media_types(custom_resource))
+        })?;
+    let patch = decode_json_or_yaml(patch_type.media_type(), body)?;
+    let opts = write_options("PatchOptions", params, headers, user)?;
+    let representation = representation(headers, media::Answer::Object)?;
+    if patch_type == PatchType::Apply && params.get("fieldManager").is_none_or(str::is_empty) {
+        return Err(invalid_options(
+            "PatchOptions",
+            "fieldManager: Required value: is required for apply patch",
+        ));
+    }
+    if patch_type != PatchType::Apply && params.get("force").is_some() {
+        return Err(invalid_options(
+            "PatchOptions",
+            "force: Forbidden: may not be specified for non-apply patch",
+        ));
+    }
+    let w = api
+        .patch(def, ns, name, patch_type, patch, t.part, &opts)
+        .await?;
+    let code = if w.created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    let answer = object_answer(def, &w.object, representation, include);
+    Ok(with_warnings(json_response(code, &answer), &w.warnings))
+}
+
 /// `GET`, `PUT` or `PATCH` of a custom resource's `…/scale`.
 async fn scale_request(
     state: &ServerState,
@@ -506,7 +596,7 @@ async fn scale_request(
         }
         Method::PUT => ScaleChange::Replace(parse_body(headers, &body, BODY_MEDIA_TYPES)?),
         Method::PATCH => {
-            let content_type = patch::content_type(headers);
+            let content_type = bodies::content_type(headers);
             // JSON, merge and strategic patches of the Scale (no apply here).
             let patch_type = PatchType::from_content_type(content_type)
                 .filter(|t| *t != PatchType::Apply)
@@ -595,34 +685,7 @@ async fn resource_request(
     let include = IncludeObject::parse(params.get("includeObject"));
     match (method.clone(), t.name.as_deref()) {
         (Method::GET, None) if params.flag("watch") => {
-            let q = list_query(params)?;
-            let timeout = params
-                .get("timeoutSeconds")
-                .and_then(|s| s.parse::<u64>().ok())
-                .unwrap_or(1800);
-            let wp = WatchParams {
-                namespace: t.namespace.clone(),
-                resource_version: params.get("resourceVersion").map(String::from),
-                send_initial_events: params.get("sendInitialEvents").map(|v| v == "true"),
-                allow_bookmarks: params.flag("allowWatchBookmarks"),
-                timeout: Duration::from_secs(timeout),
-                labels: q.labels,
-                fields: q.fields,
-                representation: representation(headers, media::Answer::Watch)?,
-                include,
-                bookmark_interval: state.bookmark_interval,
-            };
-            let stream = watch::start(api.clone(), def.clone(), wp);
-            let mut resp = Response::new(Body::from_stream(stream));
-            resp.headers_mut().insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("application/json"),
-            );
-            resp.headers_mut().insert(
-                header::CACHE_CONTROL,
-                HeaderValue::from_static("no-cache, private"),
-            );
-            Ok(resp)
+            watch_request(state, &t, params, headers, include)
         }
         (Method::GET, None) => {
             let representation = representation(headers, media::Answer::List)?;
@@ -681,44 +744,7 @@ async fn resource_request(
             ))
         }
         (Method::PATCH, Some(name)) => {
-            let content_type = patch::content_type(headers);
-            let custom_resource = def.flavor == registry::Flavor::CustomResource;
-            // As in kube-apiserver: custom resources have no patch strategies to merge with.
-            let patch_type = PatchType::from_content_type(content_type)
-                .filter(|t| !(custom_resource && *t == PatchType::Strategic))
-                .ok_or_else(|| {
-                    ApiError::unsupported_media_type(
-                        content_type,
-                        PatchType::media_types(custom_resource),
-                    )
-                })?;
-            let patch = decode_json_or_yaml(patch_type.media_type(), &body)?;
-            let opts = write_options("PatchOptions", params, headers, &user)?;
-            let representation = representation(headers, media::Answer::Object)?;
-            if patch_type == PatchType::Apply
-                && params.get("fieldManager").is_none_or(str::is_empty)
-            {
-                return Err(invalid_options(
-                    "PatchOptions",
-                    "fieldManager: Required value: is required for apply patch",
-                ));
-            }
-            if patch_type != PatchType::Apply && params.get("force").is_some() {
-                return Err(invalid_options(
-                    "PatchOptions",
-                    "force: Forbidden: may not be specified for non-apply patch",
-                ));
-            }
-            let w = api
-                .patch(def, ns, name, patch_type, patch, t.part, &opts)
-                .await?;
-            let code = if w.created {
-                StatusCode::CREATED
-            } else {
-                StatusCode::OK
-            };
-            let answer = object_answer(def, &w.object, representation, include);
-            Ok(with_warnings(json_response(code, &answer), &w.warnings))
+            patch_request(state, &t, name, params, headers, &body, &user, include).await
         }
         (Method::DELETE, Some(name)) if t.part == Part::Main => {
             let representation = representation(headers, media::Answer::Object)?;

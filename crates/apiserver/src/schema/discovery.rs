@@ -3,7 +3,7 @@
 use serde_json::{Value, json};
 
 use crate::error::ApiError;
-use crate::registry::{Registry, discovery_entries};
+use crate::store::registry::{Registry, discovery_entries};
 
 /// The Kubernetes version this server reports (the API level it imitates).
 pub const KUBERNETES_VERSION: (&str, &str) = ("1", "33");

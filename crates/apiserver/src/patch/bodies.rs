@@ -1,12 +1,12 @@
 //! PATCH bodies: JSON patch (RFC 6902), JSON merge patch (RFC 7386) and strategic merge patch
-//! (`strategic_merge.rs`). Server-side apply lives in `apply.rs`.
+//! (`strategic_merge`). Server-side apply lives in `apply`.
 
 use axum::http::{HeaderMap, header};
 use json_patch::PatchOperation;
 use serde_json::Value;
 
 use crate::error::ApiError;
-use crate::patch_meta::PatchMeta;
+use crate::patch::patch_meta::PatchMeta;
 use crate::work::Deadline;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -196,7 +196,7 @@ pub fn apply_patch(
                     "strategic merge patch must be a JSON object",
                 ));
             };
-            crate::strategic_merge::apply(target, p, meta, deadline)
+            crate::patch::strategic_merge::apply(target, p, meta, deadline)
         }
         PatchType::Apply => Err(ApiError::internal(
             "apply patches are handled by server-side apply",

@@ -8,7 +8,7 @@ use base64::Engine;
 use serde_json::{Map, Value, json};
 
 use crate::error::ApiError;
-use crate::media::JSON_OR_YAML;
+use crate::http::media::JSON_OR_YAML;
 
 const MAGIC: &[u8] = b"k8s\0";
 

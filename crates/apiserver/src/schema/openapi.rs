@@ -5,9 +5,9 @@
 
 use serde_json::{Map, Value, json};
 
-use crate::discovery::KUBERNETES_VERSION;
 use crate::error::ApiError;
-use crate::registry::{Registry, ResourceDef};
+use crate::schema::discovery::KUBERNETES_VERSION;
+use crate::store::registry::{Registry, ResourceDef};
 
 fn info() -> Value {
     json!({ "title": "Kubernetes (caretaker embedded API server)", "version": format!("v{}.{}.0", KUBERNETES_VERSION.0, KUBERNETES_VERSION.1) })
@@ -130,8 +130,8 @@ pub fn v3_group_version(
     for def in &defs {
         // A built-in kind's schema comes from k8s-openapi, with every schema it refers to;
         // a custom resource's is its CRD's.
-        let builtin = (def.flavor != crate::registry::Flavor::CustomResource)
-            .then(|| crate::builtin_schemas::of(&def.group, &def.version, &def.kind))
+        let builtin = (def.flavor != crate::store::registry::Flavor::CustomResource)
+            .then(|| crate::schema::builtin_schemas::of(&def.group, &def.version, &def.kind))
             .flatten();
         let name = builtin.map_or_else(|| definition_name(def), |b| b.name.clone());
         let item = if def.namespaced {

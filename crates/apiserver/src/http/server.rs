@@ -15,10 +15,10 @@ use tokio::task::{JoinHandle, JoinSet};
 use crate::api::ApiState;
 use crate::auth::tokens::TokenKey;
 use crate::auth::{Access, Auth, AuthLayer, Authorization, PeerIdentity, UserInfo};
-use crate::connections::{ConnectionLimits, Connections, Slot};
-use crate::guard::RequestGuard;
-use crate::handlers::{self, ServerState};
-use crate::storage::{Store, StoreError};
+use crate::http::connections::{ConnectionLimits, Connections, Slot};
+use crate::http::guard::RequestGuard;
+use crate::http::handlers::{self, ServerState};
+use crate::store::storage::{Store, StoreError};
 use crate::tls::{TlsError, TlsMaterial};
 
 /// File name of the SQLite database inside a data directory.
@@ -79,7 +79,7 @@ impl Default for ApiServerBuilder {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             tls: false,
             bookmark_interval: Duration::from_secs(10),
-            history: crate::storage::DEFAULT_HISTORY,
+            history: crate::store::storage::DEFAULT_HISTORY,
             webhook_services: Default::default(),
             authorization: Authorization::AlwaysAllow,
             connection_limits: ConnectionLimits::default(),
@@ -149,9 +149,11 @@ impl ApiServerBuilder {
         crate::tls::install_crypto_provider();
         let store = match &self.data_dir {
             Some(dir) => {
-                crate::private_files::create_dir(dir).map_err(|source| ServerError::DataDir {
-                    path: dir.clone(),
-                    source,
+                crate::store::private_files::create_dir(dir).map_err(|source| {
+                    ServerError::DataDir {
+                        path: dir.clone(),
+                        source,
+                    }
                 })?;
                 Store::open(Some(&dir.join(DATABASE_FILE)))?
             }
@@ -215,7 +217,7 @@ impl ApiServerBuilder {
             ))
             .layer(axum::middleware::from_fn_with_state(
                 guard,
-                crate::guard::guard,
+                crate::http::guard::guard,
             ))
             .with_state(state);
         let acceptor = tls
@@ -258,7 +260,7 @@ fn token_key(data_dir: Option<&Path>) -> Result<TokenKey, ServerError> {
         Some(dir) => {
             let pki = dir.join("pki");
             let path = pki.join("serviceaccount.key");
-            crate::private_files::create_dir(&pki)
+            crate::store::private_files::create_dir(&pki)
                 .and_then(|()| TokenKey::load_or_generate(&path))
                 .map_err(|source| ServerError::TokenKey { path, source })
         }
@@ -686,7 +688,7 @@ impl ApiServer {
 
     /// Writes [`Self::kubeconfig`] to `path` (mode 0600).
     pub fn write_kubeconfig(&self, path: impl AsRef<Path>) -> std::io::Result<()> {
-        crate::private_files::write(path.as_ref(), &self.kubeconfig())
+        crate::store::private_files::write(path.as_ref(), &self.kubeconfig())
     }
 
     /// Stops serving: closes the listener and every connection (watches end) and stops the controllers.

@@ -16,7 +16,7 @@ use std::sync::{Mutex, OnceLock};
 
 use serde_json::{Map, Value, json};
 
-use crate::builtin_schemas::{self, KindSchema};
+use crate::schema::builtin_schemas::{self, KindSchema};
 
 /// How strategic merge patch treats one list field.
 #[derive(Debug, Clone, PartialEq, Eq)]

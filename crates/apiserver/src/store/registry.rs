@@ -9,7 +9,7 @@ use std::sync::{Arc, RwLock};
 
 use serde_json::{Value, json};
 
-use crate::events;
+use crate::store::events;
 
 /// Which special behaviour a resource has beyond generic storage.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,7 +59,7 @@ pub struct ResourceDef {
     /// The version's openAPIV3Schema (custom resources only).
     pub schema: Option<Arc<Value>>,
     /// The version's `additionalPrinterColumns` (custom resources only: built-in kinds print
-    /// as `printers.rs` says).
+    /// as `schema/printers` says).
     pub printer_columns: Vec<PrinterColumn>,
     /// The scale subresource a CRD version declares (custom resources only).
     pub scale: Option<ScalePaths>,
@@ -198,6 +198,8 @@ impl ResourceDef {
     }
 }
 
+/// The built-in kinds served, one a line (the formatter would spread each over seven).
+#[rustfmt::skip]
 fn builtins() -> Vec<ResourceDef> {
     const NAMESPACED: bool = true;
     const CLUSTER: bool = false;
@@ -214,14 +216,10 @@ fn builtins() -> Vec<ResourceDef> {
     let reviews = "authorization.k8s.io";
     vec![
         builtin("", "v1", "namespaces", "Namespace", CLUSTER)
-            .short_names(&["ns"])
-            .with_status()
-            .flavor(Flavor::Namespace),
+            .short_names(&["ns"]).with_status().flavor(Flavor::Namespace),
         // Stored only: no kubelet reports to it. Operators select Nodes by label (the etcd
         // members of an EtcdCertificates, say).
-        builtin("", "v1", "nodes", "Node", CLUSTER)
-            .short_names(&["no"])
-            .with_status(),
+        builtin("", "v1", "nodes", "Node", CLUSTER).short_names(&["no"]).with_status(),
         builtin("", "v1", "configmaps", "ConfigMap", NAMESPACED).short_names(&["cm"]),
         builtin("", "v1", "secrets", "Secret", NAMESPACED).flavor(Flavor::Secret),
         core_events,
@@ -230,148 +228,52 @@ fn builtins() -> Vec<ResourceDef> {
         // Stored only: nothing runs Pods for them. The operator's manifests (deploy/) hold them.
         builtin("", "v1", "serviceaccounts", "ServiceAccount", NAMESPACED).short_names(&["sa"]),
         builtin("", "v1", "services", "Service", NAMESPACED)
-            .short_names(&["svc"])
-            .with_status()
-            .flavor(Flavor::Service),
+            .short_names(&["svc"]).with_status().flavor(Flavor::Service),
         builtin("apps", "v1", "deployments", "Deployment", NAMESPACED)
-            .short_names(&["deploy"])
-            .with_status()
-            .scalable(),
+            .short_names(&["deploy"]).with_status().scalable(),
         // More workload and policy kinds clients' end-to-end suites create: stored with their
         // status (and scale) subresources; nothing runs them.
         builtin("", "v1", "pods", "Pod", NAMESPACED)
-            .short_names(&["po"])
-            .with_status()
-            .flavor(Flavor::Pod),
-        builtin(
-            "",
-            "v1",
-            "replicationcontrollers",
-            "ReplicationController",
-            NAMESPACED,
-        )
-        .short_names(&["rc"])
-        .with_status()
-        .scalable(),
-        builtin(
-            "",
-            "v1",
-            "persistentvolumeclaims",
-            "PersistentVolumeClaim",
-            NAMESPACED,
-        )
-        .short_names(&["pvc"])
-        .with_status(),
+            .short_names(&["po"]).with_status().flavor(Flavor::Pod),
+        builtin("", "v1", "replicationcontrollers", "ReplicationController", NAMESPACED)
+            .short_names(&["rc"]).with_status().scalable(),
+        builtin("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim", NAMESPACED)
+            .short_names(&["pvc"]).with_status(),
         builtin("apps", "v1", "replicasets", "ReplicaSet", NAMESPACED)
-            .short_names(&["rs"])
-            .with_status()
-            .scalable(),
+            .short_names(&["rs"]).with_status().scalable(),
         builtin("apps", "v1", "statefulsets", "StatefulSet", NAMESPACED)
-            .short_names(&["sts"])
-            .with_status()
-            .scalable(),
+            .short_names(&["sts"]).with_status().scalable(),
         builtin("apps", "v1", "daemonsets", "DaemonSet", NAMESPACED)
-            .short_names(&["ds"])
-            .with_status(),
+            .short_names(&["ds"]).with_status(),
         builtin("batch", "v1", "jobs", "Job", NAMESPACED).with_status(),
         builtin("batch", "v1", "cronjobs", "CronJob", NAMESPACED)
-            .short_names(&["cj"])
-            .with_status(),
-        builtin(
-            "networking.k8s.io",
-            "v1",
-            "ingresses",
-            "Ingress",
-            NAMESPACED,
-        )
-        .short_names(&["ing"])
-        .with_status(),
-        builtin(
-            "networking.k8s.io",
-            "v1",
-            "networkpolicies",
-            "NetworkPolicy",
-            NAMESPACED,
-        )
-        .short_names(&["netpol"]),
-        builtin(
-            "policy",
-            "v1",
-            "poddisruptionbudgets",
-            "PodDisruptionBudget",
-            NAMESPACED,
-        )
-        .short_names(&["pdb"])
-        .with_status(),
-        builtin(
-            "certificates.k8s.io",
-            "v1beta1",
-            "clustertrustbundles",
-            "ClusterTrustBundle",
-            CLUSTER,
-        ),
+            .short_names(&["cj"]).with_status(),
+        builtin("networking.k8s.io", "v1", "ingresses", "Ingress", NAMESPACED)
+            .short_names(&["ing"]).with_status(),
+        builtin("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", NAMESPACED)
+            .short_names(&["netpol"]),
+        builtin("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", NAMESPACED)
+            .short_names(&["pdb"]).with_status(),
+        builtin("certificates.k8s.io", "v1beta1", "clustertrustbundles", "ClusterTrustBundle",
+            CLUSTER),
         builtin(rbac, "v1", "clusterroles", "ClusterRole", CLUSTER),
-        builtin(
-            rbac,
-            "v1",
-            "clusterrolebindings",
-            "ClusterRoleBinding",
-            CLUSTER,
-        ),
+        builtin(rbac, "v1", "clusterrolebindings", "ClusterRoleBinding", CLUSTER),
         builtin(rbac, "v1", "roles", "Role", NAMESPACED),
         builtin(rbac, "v1", "rolebindings", "RoleBinding", NAMESPACED),
-        builtin(
-            reviews,
-            "v1",
-            "selfsubjectaccessreviews",
-            "SelfSubjectAccessReview",
-            CLUSTER,
-        )
-        .flavor(Flavor::Review),
-        builtin(
-            reviews,
-            "v1",
-            "selfsubjectrulesreviews",
-            "SelfSubjectRulesReview",
-            CLUSTER,
-        )
-        .flavor(Flavor::Review),
-        builtin(
-            "apiextensions.k8s.io",
-            "v1",
-            "customresourcedefinitions",
-            "CustomResourceDefinition",
-            CLUSTER,
-        )
-        .short_names(&["crd", "crds"])
-        .with_status()
-        .flavor(Flavor::CustomResourceDefinition)
-        .api_extension(),
-        builtin(
-            "apiregistration.k8s.io",
-            "v1",
-            "apiservices",
-            "APIService",
-            CLUSTER,
-        )
-        .with_status()
-        .api_extension(),
-        builtin(
-            webhooks,
-            "v1",
-            "validatingwebhookconfigurations",
-            "ValidatingWebhookConfiguration",
-            CLUSTER,
-        )
-        .api_extension(),
-        builtin(
-            webhooks,
-            "v1",
-            "mutatingwebhookconfigurations",
-            "MutatingWebhookConfiguration",
-            CLUSTER,
-        )
-        .api_extension(),
+        builtin(reviews, "v1", "selfsubjectaccessreviews", "SelfSubjectAccessReview", CLUSTER)
+            .flavor(Flavor::Review),
+        builtin(reviews, "v1", "selfsubjectrulesreviews", "SelfSubjectRulesReview", CLUSTER)
+            .flavor(Flavor::Review),
+        builtin("apiextensions.k8s.io", "v1", "customresourcedefinitions",
+            "CustomResourceDefinition", CLUSTER)
+            .short_names(&["crd", "crds"]).with_status()
+            .flavor(Flavor::CustomResourceDefinition).api_extension(),
+        builtin("apiregistration.k8s.io", "v1", "apiservices", "APIService", CLUSTER)
+            .with_status().api_extension(),
+        builtin(webhooks, "v1", "validatingwebhookconfigurations",
+            "ValidatingWebhookConfiguration", CLUSTER).api_extension(),
+        builtin(webhooks, "v1", "mutatingwebhookconfigurations",
+            "MutatingWebhookConfiguration", CLUSTER).api_extension(),
     ]
 }
 

@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 
 use crate::error::{FieldError, FieldErrorKind};
 use crate::meta::strings_at;
-use crate::registry::{Flavor, PrinterColumn, ResourceDef, ScalePaths};
+use crate::store::registry::{Flavor, PrinterColumn, ResourceDef, ScalePaths};
 
 fn str_at<'a>(v: &'a Value, ptr: &str) -> &'a str {
     v.pointer(ptr).and_then(Value::as_str).unwrap_or("")

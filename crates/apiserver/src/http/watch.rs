@@ -15,11 +15,11 @@ use tokio::sync::{broadcast, mpsc};
 
 use crate::api::ApiState;
 use crate::error::ApiError;
-use crate::media::{self, Representation};
-use crate::registry::ResourceDef;
+use crate::http::media::{self, Representation};
+use crate::schema::table::{self, IncludeObject};
 use crate::selectors::{FieldSelector, LabelSelector};
-use crate::storage::{Change, ChangeType};
-use crate::table::{self, IncludeObject};
+use crate::store::registry::ResourceDef;
+use crate::store::storage::{Change, ChangeType};
 
 #[derive(Debug, Clone)]
 pub struct WatchParams {

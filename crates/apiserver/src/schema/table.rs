@@ -3,8 +3,8 @@
 use serde_json::{Value, json};
 
 use crate::meta;
-use crate::printers::{self, Printer};
-use crate::registry::{Flavor, PrinterColumn, ResourceDef};
+use crate::schema::printers::{self, Printer};
+use crate::store::registry::{Flavor, PrinterColumn, ResourceDef};
 
 /// How much of each object rows carry (`includeObject`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

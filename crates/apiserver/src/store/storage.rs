@@ -172,12 +172,12 @@ fn make_private(path: &Path) -> Result<(), StoreError> {
         let path = p.to_path_buf();
         move |source| StoreError::Private { path, source }
     };
-    crate::private_files::create_file(path).map_err(failed(path))?;
+    crate::store::private_files::create_file(path).map_err(failed(path))?;
     for suffix in ["-wal", "-shm", "-journal"] {
         let mut companion = path.as_os_str().to_owned();
         companion.push(suffix);
         let companion = Path::new(&companion);
-        crate::private_files::restrict(companion).map_err(failed(companion))?;
+        crate::store::private_files::restrict(companion).map_err(failed(companion))?;
     }
     Ok(())
 }

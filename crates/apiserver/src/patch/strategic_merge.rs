@@ -13,7 +13,7 @@ use std::collections::{HashMap, HashSet};
 use serde_json::{Map, Value};
 
 use crate::error::ApiError;
-use crate::patch_meta::{ListStrategy, PatchMeta, join};
+use crate::patch::patch_meta::{ListStrategy, PatchMeta, join};
 use crate::work::Deadline;
 
 const DIRECTIVE: &str = "$patch";
