@@ -30,7 +30,7 @@ pub use crate::names::Operation;
 use crate::rollout::chain::{self, ChainPlan, observe_children};
 use crate::rollout::parent::{
     MachineStart, ParentChanges, ParentKind, ParentStep, ParentView, Rollout, auto_refresh,
-    blocked_by, no_work_here,
+    blocked_by,
 };
 use crate::rollout::{Progress, RolloutPlan};
 use crate::schedule::Next;
@@ -247,21 +247,26 @@ async fn reconcile_operation(
         }
         ParentStep::Roll(rollout) => {
             let mut machines = covered_machines(parent, view, caches);
-            let mut plan = plan_rollout(ctx, &rollout, view, &machines, None).await;
+            let (mut plan, starts_control_plane) =
+                plan_rollout(ctx, &rollout, view, &machines, None).await;
             // Held until the starts are written, when one is a control-plane Machine.
             let mut _control_plane_guard = None;
             if matches!(&plan, RolloutPlan::Continue { start, .. } if !start.is_empty()) {
                 // Of this parent's two operations, the older request runs first. (A Cluster's
                 // request touches no Machine; its children's requests do.)
                 let blocked = blocked_by(operation, view, &rollout.request_id, &[view]);
-                if plan.starts_control_plane(&rollout.input(view, &machines, &no_work_here)) {
+                if starts_control_plane {
                     // Decided again on the Machines as the API server has them now, with no
                     // other pass starting a control-plane Machine meanwhile.
                     _control_plane_guard = Some(ctx.control_plane_starts.lock().await);
                     machines = fresh_covered_machines(ctx, parent, view).await?;
-                    plan = plan_rollout(ctx, &rollout, view, &machines, blocked).await;
+                    plan = plan_rollout(ctx, &rollout, view, &machines, blocked)
+                        .await
+                        .0;
                 } else if blocked.is_some() {
-                    plan = plan_rollout(ctx, &rollout, view, &machines, blocked).await;
+                    plan = plan_rollout(ctx, &rollout, view, &machines, blocked)
+                        .await
+                        .0;
                 }
             }
             report_progress(ctx, parent, view, operation, &plan.progress());
@@ -404,30 +409,33 @@ fn covered_machines(
     machines
 }
 
-/// The plan for a running request. Agents are asked for their health only when a
-/// control-plane Machine would start: the checks cost a TLS handshake each, and only that step
-/// is gated on them.
+/// The plan for a running request, and whether it starts a control-plane Machine. Agents are
+/// asked for their health only when a control-plane Machine would start: the checks cost a TLS
+/// handshake each, and only that step is gated on them.
 async fn plan_rollout(
     ctx: &Context,
     rollout: &Rollout,
     parent: &ParentView,
     machines: &[Arc<MachineView>],
     blocked_by: Option<String>,
-) -> RolloutPlan {
+) -> (RolloutPlan, bool) {
     // A Machine this process works on is busy, whatever its annotations say.
-    let working_here = |op: Operation, m: &MachineView| ctx.running_for(op, m).is_some();
+    let running = ctx.work_running_now();
+    let working_here = |op: Operation, m: &MachineView| running.contains(op, m);
     let mut input = rollout.input(parent, machines, &working_here);
     input.blocked_by = blocked_by;
     let plan = RolloutPlan::decide(&input);
     if !plan.starts_control_plane(&input) {
-        return plan;
+        return (plan, false);
     }
     for (observation, m) in input.machines.iter_mut().zip(machines) {
         if m.control_plane && !m.being_deleted {
             observation.agent_healthy = agent_healthy(ctx, m).await;
         }
     }
-    RolloutPlan::decide(&input)
+    let plan = RolloutPlan::decide(&input);
+    let starts_control_plane = plan.starts_control_plane(&input);
+    (plan, starts_control_plane)
 }
 
 async fn agent_healthy(ctx: &Context, m: &MachineView) -> bool {

@@ -360,6 +360,9 @@ fn malformed_limits(parent: &ParentView) -> Vec<MalformedLimit> {
 /// `resourceVersion` alone) do not wake the parents; a pass still reads the latest view.
 pub fn matters_to_parents(old: &MachineView, new: &MachineView) -> bool {
     identity_changed(old, new)
+        || PARENT_READS_ALWAYS
+            .into_iter()
+            .any(|key| old.annotation(key) != new.annotation(key))
         || Operation::ALL.into_iter().any(|op| {
             let names = op.names();
             status_as_parents_read_it(op, old) != status_as_parents_read_it(op, new)
@@ -382,16 +385,25 @@ fn status_as_parents_read_it(operation: Operation, m: &MachineView) -> Option<&s
 }
 
 /// Whether a Machine's change can change what a Cluster's pass decides: as
-/// [`matters_to_parents`], without the Machine's own rollout state. A Cluster's request goes
-/// through its children ([`super::chain`]), whose writes wake it; the Machines' progress and
-/// failures reach its progress and events when they do (a child writes its progress at least
-/// every [`PROGRESS_INTERVAL`] while it changes, and its end at once).
+/// [`matters_to_parents`], without the Machine's own rollout state, and an expiry only when it
+/// comes sooner. A Cluster's request goes through its children ([`super::chain`]), whose writes
+/// wake it; the Machines' progress and failures reach its progress and events when they do (a
+/// child writes its progress at least every [`PROGRESS_INTERVAL`] while it changes, and its end
+/// at once). An automatic refresh is due by the earliest expiry: a later one (each refreshed
+/// Machine's) can only put it off, and the Cluster comes back when it was due anyway.
 pub fn matters_to_clusters(old: &MachineView, new: &MachineView) -> bool {
     identity_changed(old, new)
+        || old.annotation(names::AGENT_ENDPOINT) != new.annotation(names::AGENT_ENDPOINT)
+        || expiry_came_sooner(old, new)
 }
 
-/// Which parents cover the Machine, its role, node and health check address, deletion, and
-/// the annotations every pass reads.
+/// Whether the Machine's certificates expiry is now sooner than it was (or there was none).
+fn expiry_came_sooner(old: &MachineView, new: &MachineView) -> bool {
+    let expiry = |m: &MachineView| parse_time(m.annotation(names::CERTIFICATES_EXPIRY));
+    expiry(new).is_some_and(|new| expiry(old).is_none_or(|old| new < old))
+}
+
+/// Which parents cover the Machine, its role, node and deletion.
 fn identity_changed(old: &MachineView, new: &MachineView) -> bool {
     old.namespace != new.namespace
         || old.name != new.name
@@ -402,9 +414,6 @@ fn identity_changed(old: &MachineView, new: &MachineView) -> bool {
         || old.controller != new.controller
         || old.being_deleted != new.being_deleted
         || old.labels != new.labels
-        || PARENT_READS_ALWAYS
-            .into_iter()
-            .any(|key| old.annotation(key) != new.annotation(key))
 }
 
 /// Machine annotations a pass reads whatever the operation: the expiry (automatic refresh) and

@@ -802,6 +802,7 @@ fn arbitrary_machine_edit() -> impl Strategy<Value = (MachineView, MachineView)>
             names::STATUS_DONE,
             names::STATUS_FAILED,
             "2026-01-05T00:00:00Z",
+            "2027-01-05T00:00:00Z",
             "https://10.0.0.9:9443",
         ]))
     };
@@ -890,9 +891,11 @@ proptest! {
     #![proptest_config(ProptestConfig { max_global_rejects: 100_000, ..ProptestConfig::default() })]
 
     /// A Machine change that does not wake the Clusters changes nothing a Cluster's pass decides
-    /// from Machines (which Cluster covers it, the automatic refresh, its health check), and
-    /// whatever wakes the other parents but not the Clusters is the Machine's rollout state,
-    /// which reaches a Cluster through its children.
+    /// from Machines (which Cluster covers it, its health check) and never makes an automatic
+    /// refresh due sooner (the Cluster comes back when the old expiry made it due, and then
+    /// reads the new one); whatever wakes the other parents but not the Clusters is the
+    /// Machine's rollout state, which reaches a Cluster through its children, or an expiry put
+    /// off.
     #[test]
     fn a_change_that_does_not_wake_the_clusters_changes_no_cluster_decision((old, new) in arbitrary_machine_edit()) {
         prop_assume!(!matters_to_clusters(&old, &new));
@@ -900,12 +903,25 @@ proptest! {
         prop_assert_eq!(ParentKind::Cluster.parent_of(&old), ParentKind::Cluster.parent_of(&new));
         prop_assert_eq!(ParentKind::Cluster.covers("c1", &old), ParentKind::Cluster.covers("c1", &new));
         let auto = parent(ParentKind::Cluster, &[(names::AUTO_REFRESH_CERTIFICATES, "ttl=1y,before=30d")]);
-        prop_assert_eq!(
-            auto_refresh(&auto, std::slice::from_ref(&old), NOW),
-            auto_refresh(&auto, std::slice::from_ref(&new), NOW)
-        );
+        for before in [auto.clone(), parent(ParentKind::Cluster, &[(names::AUTO_REFRESH_CERTIFICATES, "ttl=1y,before=400d")])] {
+            let (was, is) = (
+                auto_refresh(&before, std::slice::from_ref(&old), NOW),
+                auto_refresh(&before, std::slice::from_ref(&new), NOW),
+            );
+            let starts = |c: &ParentChanges| c.parent.get(names::REFRESH_CERTIFICATES).is_some();
+            let wait = |c: &ParentChanges| match c.next {
+                Next::After(wait) => wait,
+                Next::AwaitChange => Duration::MAX,
+            };
+            prop_assert!(!starts(&is) || starts(&was), "made due sooner: {was:?} -> {is:?}");
+            if !starts(&was) {
+                prop_assert!(wait(&is) >= wait(&was), "{was:?} -> {is:?}");
+            }
+            prop_assert_eq!(was.events, is.events);
+        }
         prop_assert_eq!(old.agent_url(9443), new.agent_url(9443));
-        if matters_to_parents(&old, &new) {
+        let expiry = |m: &MachineView| m.annotation(names::CERTIFICATES_EXPIRY).map(str::to_string);
+        if matters_to_parents(&old, &new) && expiry(&old) == expiry(&new) {
             let state = |m: &MachineView| -> Vec<Option<String>> {
                 OPS.iter()
                     .flat_map(|op| {
