@@ -423,12 +423,12 @@ pub(crate) async fn send_for_metadata<K: Resource>(
 /// The `Accept` value that asks for a single object's metadata alone.
 const METADATA_ONLY: &str = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1";
 
-/// Names one operation's work for one Machine.
 /// The keys of the work running in this process at one moment.
 pub struct WorkRunning(Vec<String>);
 
 impl WorkRunning {
-    /// Whether the Machine's `operation` work was running.
+    /// Whether the Machine's `operation` work was running: a key as [`work_key`] writes it,
+    /// read back without making one per Machine.
     pub fn contains(&self, operation: Operation, machine: &MachineView) -> bool {
         self.0.iter().any(|key| {
             key.strip_prefix(operation.names().work)
@@ -440,6 +440,7 @@ impl WorkRunning {
     }
 }
 
+/// Names one operation's work for one Machine.
 fn work_key(operation: Operation, machine: &MachineView) -> String {
     format!(
         "{}:{}/{}",

@@ -388,8 +388,7 @@ fn status_as_parents_read_it(operation: Operation, m: &MachineView) -> Option<&s
 /// [`matters_to_parents`], without the Machine's own rollout state, and an expiry only when it
 /// comes sooner. A Cluster's request goes through its children ([`super::chain`]), whose writes
 /// wake it; the Machines' progress and failures reach its progress and events when they do (a
-/// child writes its progress at least every [`PROGRESS_INTERVAL`] while it changes, and its end
-/// at once). An automatic refresh is due by the earliest expiry: a later one (each refreshed
+/// child writes changed progress within [`PROGRESS_INTERVAL`], and its end at once). An automatic refresh is due by the earliest expiry: a later one (each refreshed
 /// Machine's) can only put it off, and the Cluster comes back when it was due anyway.
 pub fn matters_to_clusters(old: &MachineView, new: &MachineView) -> bool {
     identity_changed(old, new)
