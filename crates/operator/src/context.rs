@@ -427,7 +427,7 @@ const METADATA_ONLY: &str = "application/json;as=PartialObjectMetadata;g=meta.k8
 pub struct WorkRunning(Vec<String>);
 
 impl WorkRunning {
-    /// Whether the Machine's `operation` work was running: a key as [`work_key`] writes it,
+    /// Whether the Machine's `operation` work was running: a key as `work_key` writes it,
     /// read back without making one per Machine.
     pub fn contains(&self, operation: Operation, machine: &MachineView) -> bool {
         self.0.iter().any(|key| {
