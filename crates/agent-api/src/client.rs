@@ -243,6 +243,27 @@ pub struct AgentSession<'a> {
 }
 
 impl AgentSession<'_> {
+    /// Opens the session's connection now (TCP and the TLS handshake; no request), so that a
+    /// caller can overlap it with its own work before the first call.
+    pub async fn open(&mut self) -> Result<(), AgentError> {
+        if self
+            .connection
+            .as_ref()
+            .is_some_and(|c| !c.sender.is_closed())
+        {
+            return Ok(());
+        }
+        let timeout = self.client.timeout;
+        let connection = tokio::time::timeout(timeout, self.client.connect(&self.base))
+            .await
+            .map_err(|_| AgentError::Timeout {
+                url: self.base.clone(),
+                timeout,
+            })??;
+        self.connection = Some(connection);
+        Ok(())
+    }
+
     pub async fn plan(&mut self, request: &PlanRequest) -> Result<RefreshPlan, AgentError> {
         self.call(Method::POST, "/v1/certificates/plan", Some(request))
             .await

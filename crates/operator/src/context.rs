@@ -2,7 +2,7 @@
 //! running in this process, the cluster credentials, the metrics and the readiness.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -85,7 +85,13 @@ pub struct Context {
     pub readiness: Arc<Readiness>,
     /// Tells the controllers to stop taking new work (SIGTERM).
     pub shutdown: Arc<Shutdown>,
+    /// Machine events waiting to be published, in order, by one task of their own
+    /// ([`Self::publish_machine_event`]).
+    machine_events: OnceLock<tokio::sync::mpsc::UnboundedSender<QueuedEvent>>,
 }
+
+/// An event waiting to be published, and the shutdown guard that keeps SIGTERM waiting for it.
+type QueuedEvent = (ObjectReference, Event, Running);
 
 /// A reconcile being run: see [`Context::reconcile_started`].
 pub struct Reconciling {
@@ -111,6 +117,7 @@ impl Context {
             metrics: Metrics::new(),
             readiness: Readiness::new(),
             shutdown: Shutdown::new(),
+            machine_events: OnceLock::new(),
         })
     }
 
@@ -338,6 +345,29 @@ impl Context {
     pub async fn machine_event(&self, machine: &DynamicObject, event: Event) {
         let reference = machine.object_ref(&crate::machine::api_resource());
         self.event(&reference, event).await;
+    }
+
+    /// Publishes an event about a Machine after the caller has moved on: the Machine
+    /// controller's next step (its attempt, the parent's next start) waits on no event's
+    /// round trip. Events are published in the order they were queued, and SIGTERM waits for
+    /// those queued before it.
+    pub fn publish_machine_event(self: &Arc<Self>, machine: &DynamicObject, event: Event) {
+        let reference = machine.object_ref(&crate::machine::api_resource());
+        let queued = (reference, event, self.shutdown.running());
+        let queue = self.machine_events.get_or_init(|| {
+            let (queue, mut waiting) = tokio::sync::mpsc::unbounded_channel::<QueuedEvent>();
+            // Weak: the queue lives in the context, so the task ends with it.
+            let ctx = Arc::downgrade(self);
+            tokio::spawn(async move {
+                while let Some((reference, event, _running)) = waiting.recv().await {
+                    let Some(ctx) = ctx.upgrade() else { break };
+                    ctx.event(&reference, event).await;
+                }
+            });
+            queue
+        });
+        // Fails only once the task has ended with the context, when nothing is published.
+        let _ = queue.send(queued);
     }
 
     /// Publishes an events.k8s.io/v1 Event; a failure to publish is logged, never fatal.

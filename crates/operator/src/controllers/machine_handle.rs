@@ -49,7 +49,7 @@ impl MachineHandle {
             }
         };
         if recorded && let Some(event) = update.event {
-            ctx.machine_event(&self.object, event).await;
+            ctx.publish_machine_event(&self.object, event);
         }
         Ok(written)
     }

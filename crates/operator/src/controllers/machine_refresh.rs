@@ -113,16 +113,19 @@ async fn refresh_node(
     ttl: &Ttl,
     written: &mut MachineView,
 ) -> Result<Refreshed, Error> {
-    // Before anything is sent to the node: who the Machine is, as the Cluster API objects say,
-    // and whether its cluster CA can sign for that long.
-    let identity = machine_identity(ctx, view).await?;
     let credentials = ctx.credentials_for(view).await?;
+    let MachineAgent { url, client: agent } = ctx.agent_of(view).await?;
+    // One connection for the calls of this attempt, a few milliseconds apart. It is opened
+    // (a handshake, no request) while the Machine's identity is read.
+    let mut agent = agent.session(&url);
+    let (identity, opened) = tokio::join!(machine_identity(ctx, view), agent.open());
+    // Before any request is sent to the node: who the Machine is, as the Cluster API objects
+    // say, and whether its cluster CA can sign for that long.
+    let identity = identity?;
     let cluster_ca =
         credentials.authority(SigningCa::Cluster, &view.namespace, &view.cluster_name)?;
     refresh::check_ttl(ttl, OffsetDateTime::now_utc(), cluster_ca.info().not_after)?;
-    let MachineAgent { url, client: agent } = ctx.agent_of(view).await?;
-    // One connection for the calls of this attempt, a few milliseconds apart.
-    let mut agent = agent.session(&url);
+    opened?;
 
     // Resuming: an earlier attempt of this request made a plan. Continue it, or learn that it
     // was applied and only its recording was lost; never refresh the node twice.

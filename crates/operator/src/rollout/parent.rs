@@ -359,6 +359,9 @@ fn malformed_limits(parent: &ParentView) -> Vec<MalformedLimit> {
 /// annotations a pass reads. Other changes (the agent's plan id, attempt counts, a new
 /// `resourceVersion` alone) do not wake the parents; a pass still reads the latest view.
 pub fn matters_to_parents(old: &MachineView, new: &MachineView) -> bool {
+    if is_a_start(old, new) {
+        return false;
+    }
     identity_changed(old, new)
         || PARENT_READS_ALWAYS
             .into_iter()
@@ -370,6 +373,35 @@ pub fn matters_to_parents(old: &MachineView, new: &MachineView) -> bool {
                     .into_iter()
                     .any(|key| old.annotation(key) != new.annotation(key))
         })
+}
+
+/// Whether the change is exactly a start ([`MachineStart::for_request`]) on a Machine that had
+/// no trigger for that operation. A start wakes no parent: the pass that wrote it decided with
+/// it, and to every other request the Machine is now busy, so nothing another parent could do
+/// becomes possible through it (a pass always reads the latest cache, and a start decided on
+/// the older version is refused at that `resourceVersion`). At max-parallel 1 this halves a
+/// MachineDeployment's passes, each of which reads every Machine it covers.
+fn is_a_start(old: &MachineView, new: &MachineView) -> bool {
+    if identity_changed(old, new) {
+        return false;
+    }
+    Operation::ALL.into_iter().any(|op| {
+        let names = op.names();
+        let (Some(value), Some(request)) = (
+            new.annotation(names.trigger),
+            new.annotation(names.rollout_request),
+        ) else {
+            return false;
+        };
+        if old.annotation(names.trigger).is_some() {
+            return false;
+        }
+        let mut started = old.annotations.clone();
+        MachineStart::for_request(op, value, request, old)
+            .annotations
+            .apply_to(&mut started);
+        started == new.annotations
+    })
 }
 
 /// A Machine's status for `operation` as a parent's pass reads it: while its trigger is set,

@@ -860,7 +860,8 @@ proptest! {
     /// automatic refresh and the agent it is health-checked at.
     #[test]
     fn a_change_that_does_not_wake_the_parents_changes_no_decision((old, new) in arbitrary_machine_edit()) {
-        prop_assume!(!matters_to_parents(&old, &new));
+        // A start changes decisions and wakes no parent: the next property says why that holds.
+        prop_assume!(!matters_to_parents(&old, &new) && !is_a_start(&old, &new));
         for kind in ParentKind::ALL {
             prop_assert_eq!(kind.parent_of(&old), kind.parent_of(&new));
             for parent in ["c1", "md-1", "md-2"] {
@@ -934,6 +935,64 @@ proptest! {
             prop_assert_ne!(state(&old), state(&new));
         }
     }
+}
+
+proptest! {
+    /// A start wakes no parent, and no parent needs it to: the request that made it counts
+    /// the Machine running (its pass decided so when it wrote the start), and to every other
+    /// request of either operation the Machine is busy, so hearing of the start could only
+    /// make another parent wait on it, never start, finish or fail anything sooner.
+    #[test]
+    fn a_start_wakes_no_parent_and_makes_the_machine_busy_to_every_other_request(
+        (old, _) in arbitrary_machine_edit(),
+        op in prop::sample::select(OPS.to_vec()),
+        request in prop::sample::select(vec!["r1", "r2"]),
+    ) {
+        prop_assume!(old.annotation(op.names().trigger).is_none());
+        // Only a Machine free for this request is ever started.
+        let free = Arc::new(old.clone());
+        prop_assume!(observe(op, request, std::slice::from_ref(&free), &no_work_here)[0].held_by.is_none());
+        let mut new = old.clone();
+        MachineStart::for_request(op, "1y", request, &old).annotations.apply_to(&mut new.annotations);
+        new.resource_version = Some("2".into());
+        prop_assert!(is_a_start(&old, &new));
+        prop_assert!(!matters_to_parents(&old, &new));
+        let new = Arc::new(new);
+        let seen = &observe(op, request, std::slice::from_ref(&new), &no_work_here)[0];
+        prop_assert_eq!(seen.progress, MachineProgress::Running);
+        prop_assert_eq!(&seen.held_by, &None);
+        for other_op in OPS {
+            for other in ["r1", "r2", "r3"] {
+                if (other_op, other) == (op, request) {
+                    continue;
+                }
+                let seen = &observe(other_op, other, std::slice::from_ref(&new), &no_work_here)[0];
+                prop_assert!(seen.held_by.is_some(), "{other_op:?} {other}: {seen:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_start_on_a_machine_with_a_trigger_or_with_more_changed_wakes_the_parents() {
+    let names = Operation::RefreshCertificates.names();
+    let idle = test_machine(&[]);
+    let start = |m: &MachineView| {
+        let mut started = m.clone();
+        MachineStart::for_request(Operation::RefreshCertificates, "1y", "r1", m)
+            .annotations
+            .apply_to(&mut started.annotations);
+        started
+    };
+    assert!(!matters_to_parents(&idle, &start(&idle)));
+    // A value changed under a running request is not a start.
+    let asked = test_machine(&[(names.trigger, "90d")]);
+    assert!(matters_to_parents(&asked, &start(&asked)));
+    // Nor is a start written together with anything else a parent reads.
+    let mut more = start(&idle);
+    more.annotations
+        .insert(names::AGENT_ENDPOINT.into(), "https://10.0.0.9:9443".into());
+    assert!(matters_to_parents(&idle, &more));
 }
 
 #[test]
