@@ -189,6 +189,62 @@ fn apiserver_layers_import_only_downward() {
     );
 }
 
+/// The operator's features (`machine/`, `rollout/`, ...) each hold their pure decisions and
+/// their controller glue; what every controller shares (the context, metrics, the vocabulary of
+/// names and changes) imports no feature, and no feature reaches into another feature's
+/// controller. Features not yet moved into their folders live in `controllers/`, which may use
+/// any of them.
+#[test]
+fn operator_features_keep_their_controllers_to_themselves() {
+    let features = [
+        "machine",
+        "rollout",
+        "authority",
+        "trust",
+        "etcd",
+        "injection",
+    ];
+    let shared = [
+        "context",
+        "metrics",
+        "names",
+        "changes",
+        "schedule",
+        "shutdown",
+        "timestamp",
+    ];
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../operator/src");
+    let files = rust_files(&root);
+    let modules: BTreeSet<Module> = files.keys().cloned().collect();
+    let mut wrong = Vec::new();
+    for (from, text) in &files {
+        let Some(top) = from.first().map(String::as_str) else {
+            continue;
+        };
+        for path in paths(&code_only(text)) {
+            let Some(to) = resolve(from, &path, &modules) else {
+                continue;
+            };
+            let Some(target) = to.first().map(String::as_str) else {
+                continue;
+            };
+            // `controllers` starts every controller.
+            if target == top || top == "controllers" || !features.contains(&target) {
+                continue;
+            }
+            let into_controller = to.get(1).is_some_and(|m| m == "controller");
+            if shared.contains(&top) || into_controller {
+                wrong.push(format!("{} -> {}", from.join("::"), to.join("::")));
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "operator modules reaching into a feature they may not:\n{}",
+        wrong.join("\n")
+    );
+}
+
 /// The check itself finds circles: through `use` groups and inline paths, and between
 /// siblings in a folder, but not between a parent and its children.
 #[test]

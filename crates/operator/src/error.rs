@@ -10,8 +10,8 @@ use caretaker_agent_api::client::AgentError;
 use caretaker_agent_api::tls::TlsError;
 use caretaker_pki::{PkiError, Ttl};
 
+use crate::machine::signing::{RoleMismatch, SigningRefusal};
 use crate::schedule::Next;
-use crate::signing::{RoleMismatch, SigningRefusal};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

@@ -34,7 +34,6 @@ pub mod rollout;
 pub mod schedule;
 mod settings;
 pub mod shutdown;
-pub mod signing;
 pub mod timestamp;
 pub mod trust;
 pub mod v1alpha1;

@@ -23,6 +23,7 @@
 pub mod chain;
 #[cfg(test)]
 mod concurrency_tests;
+pub mod controller;
 pub mod parent;
 
 use std::collections::BTreeMap;
@@ -125,6 +126,16 @@ impl Progress {
             }
         }
         progress
+    }
+
+    /// The counts by the `state` label of `caretaker_rollout_machines`.
+    pub fn by_state(&self) -> [(&'static str, usize); 4] {
+        [
+            ("total", self.total),
+            ("done", self.done),
+            ("running", self.running),
+            ("skipped", self.skipped),
+        ]
     }
 }
 

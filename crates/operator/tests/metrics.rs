@@ -482,7 +482,7 @@ fn the_reference_lists_every_metric() {
         "default",
         "c1",
         "refresh-certificates",
-        &progress,
+        progress.by_state(),
     );
     let exposition = openmetrics::parse(&metrics.encode()).unwrap();
     assert_eq!(exposition.types.len(), 10);

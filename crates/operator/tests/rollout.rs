@@ -1601,10 +1601,10 @@ async fn an_unhealthy_control_plane_agent_holds_a_cluster_rollout_until_it_recov
 /// ([`start_machines`]) after the request has finished it: the API server refuses the write,
 /// w-0 is not started again, and the rollout goes on to done with each node refreshed once.
 ///
-/// [`start_machines`]: caretaker_operator::controllers::rollout::start_machines
+/// [`start_machines`]: caretaker_operator::rollout::controller::start_machines
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_view_of_a_machine_never_starts_it_again() {
-    use caretaker_operator::controllers::rollout::{self, Started};
+    use caretaker_operator::rollout::controller::{self as rollout, Started};
 
     let mut world = world(fast()).await;
     let hooks = world.dir.path().join("hooks");

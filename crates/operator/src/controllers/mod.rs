@@ -1,8 +1,9 @@
-//! The kube-rs glue. [`machines`] runs one Controller over Cluster API Machines whose reconcile
-//! carries out each per-Machine capability in turn: [`machine_refresh`] and
-//! [`machine_upgrade`]. [`rollout`] runs one Controller per parent kind (Cluster,
-//! CK8sControlPlane, MachineDeployment). All of them read Machines from one watch-fed
-//! [`cache`]. [`ca_secrets`] drops cached CAs when their Secrets change. [`ca_injection`]
+//! The kube-rs glue of the features that are not yet in their own folders, and what the
+//! controllers share. The Machine controller ([`crate::machine::controller`]) carries out each
+//! per-Machine capability in turn; the rollout controllers ([`crate::rollout::controller`]) run
+//! one Controller per parent kind (Cluster, CK8sControlPlane, MachineDeployment). Both read
+//! Machines from one watch-fed [`crate::machine::cache`]. [`ca_secrets`] drops cached CAs when their Secrets
+//! change. [`ca_injection`]
 //! keeps trust bundles in the `caBundle` fields of webhook configurations, CRD conversion
 //! webhooks and APIServices. [`certificate_authority`] and [`issued_certificate`] keep
 //! caretaker's own CAs and the certificates they issue, on watches they share
@@ -18,17 +19,11 @@ pub mod bundle;
 pub mod bundle_migration;
 pub mod ca_injection;
 pub mod ca_secrets;
-pub mod cache;
 pub mod certificate_authority;
 mod certificate_reports;
 pub mod etcd_certificates;
 mod etcd_health;
 pub mod issued_certificate;
-mod machine_handle;
-pub mod machine_refresh;
-pub mod machine_upgrade;
-pub mod machines;
-pub mod rollout;
 mod secret_cache;
 mod watch_failures;
 
@@ -38,9 +33,9 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{Api, ApiResource, DynamicObject};
 use kube::runtime::controller::Action;
 
-use crate::Error;
 use crate::context::Context;
-use crate::machine;
+use crate::context::requeue_after;
+use crate::machine::{self, cache};
 use crate::rollout::parent::{ParentKind, matters_to_clusters, matters_to_parents};
 use crate::schedule::Next;
 
@@ -100,8 +95,8 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
         ca_secrets::run(ctx.clone(), secrets),
         keep_caches,
         ready,
-        machines::run(ctx.clone(), caches.machines(), machine_changes),
-        rollout::run(ctx.clone(), api, caches, changes),
+        crate::machine::controller::run(ctx.clone(), caches.machines(), machine_changes),
+        crate::rollout::controller::run(ctx.clone(), api, caches, changes),
         bundle::run(ctx.clone()),
         bundle_migration::run(ctx.clone()),
         etcd_certificates::run(ctx.clone()),
@@ -147,12 +142,4 @@ impl From<Next> for Action {
             Next::After(wait) => Action::requeue(wait),
         }
     }
-}
-
-/// After a failed reconcile of one of `controller`'s objects: counted by the error's
-/// category, which decides when it runs again.
-fn requeue_after(controller: &'static str, error: &Error, ctx: &Context) -> Action {
-    tracing::warn!(controller, error = %error, category = error.metric_label(), "reconcile failed");
-    ctx.metrics.reconcile_failed(controller, error);
-    error.requeue(ctx.settings.retry_base).into()
 }

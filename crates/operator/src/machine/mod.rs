@@ -1,9 +1,15 @@
 //! What the controllers need to know about a Cluster API Machine, read from the object as the
 //! real CRD serves it (cluster.x-k8s.io/v1beta2).
 
+pub mod cache;
+pub mod context;
+pub mod controller;
+mod handle;
 pub mod plan;
 pub mod refresh;
+pub mod signing;
 pub mod upgrade;
+mod work;
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -62,7 +68,7 @@ pub struct MachineView {
     pub addresses: Vec<String>,
     /// Whether it carries the `cluster.x-k8s.io/control-plane` label. Enough to group Machines
     /// for a rollout; never enough to sign control-plane certificates (see
-    /// [`crate::signing::verified_role`]).
+    /// [`signing::verified_role`]).
     pub control_plane: bool,
     /// The owner reference with `controller: true`, if any.
     pub controller: Option<ObjectRef>,

@@ -261,14 +261,9 @@ impl Metrics {
         namespace: &str,
         name: &str,
         operation: &'static str,
-        progress: &crate::rollout::Progress,
+        machines_by_state: [(&'static str, usize); 4],
     ) {
-        for (state, machines) in [
-            ("total", progress.total),
-            ("done", progress.done),
-            ("running", progress.running),
-            ("skipped", progress.skipped),
-        ] {
+        for (state, machines) in machines_by_state {
             let labels = RolloutLabels {
                 kind: kind.to_string(),
                 namespace: namespace.to_string(),

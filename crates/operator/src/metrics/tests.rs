@@ -87,18 +87,12 @@ fn rollouts_and_leadership_have_their_gauges() {
         scrape(&metrics).series("caretaker_leader"),
         [(String::new(), 1.0)]
     );
-    let progress = crate::rollout::Progress {
-        done: 2,
-        total: 5,
-        skipped: 1,
-        running: 1,
-    };
     metrics.set_rollout_progress(
         "MachineDeployment",
         "fleet",
         "md-0",
         "in-place-upgrade",
-        &progress,
+        [("total", 5), ("done", 2), ("running", 1), ("skipped", 1)],
     );
     let series = scrape(&metrics).series("caretaker_rollout_machines");
     let labels = |state: &str| {

@@ -12,21 +12,22 @@ use caretaker_pki::Ttl;
 use serde_json::Value;
 use time::OffsetDateTime;
 
-use super::machine_handle::{MachineHandle, log_failed_call};
 use crate::Error;
 use crate::changes::AnnotationChanges;
-use crate::context::{Context, MachineAgent};
+use crate::context::Context;
 use crate::credentials::ClusterCredentials;
+use crate::machine::context::MachineAgent;
+use crate::machine::handle::{MachineHandle, log_failed_call};
 use crate::machine::refresh::{self, RefreshStep, RefreshWork, Refreshed};
+use crate::machine::signing::{MachineIdentity, verified_role};
 use crate::machine::{self, MachineView, ObjectRef};
 use crate::metrics::CertificateKind;
 use crate::names::{Operation, refresh_state};
-use crate::signing::{MachineIdentity, verified_role};
 
 const REFRESH: Operation = Operation::RefreshCertificates;
 
 /// Runs a pass's refresh work in the background.
-pub(super) async fn run(machine: MachineHandle, work: RefreshWork) {
+pub(in crate::machine) async fn run(machine: MachineHandle, work: RefreshWork) {
     match work {
         RefreshWork::ObserveExpiry => observe_expiry(&machine).await,
         RefreshWork::Attempt => attempt(machine).await,

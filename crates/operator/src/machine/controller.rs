@@ -1,8 +1,9 @@
 //! The Machine controller: one watch on Cluster API Machines, each reconcile making one `pass`
 //! of each per-Machine capability: observe the Machine, decide with the capability's pure
 //! `plan` ([`refresh::plan`], [`upgrade::plan`]), record the plan's update and start its work.
-//! The work, calls to the node, is the capability's own (`machine_refresh::run`,
-//! `machine_upgrade::run`) and records its end through `MachineHandle::record` ([`super::machine_handle`]).
+//! The work, calls to the node, is the capability's own (`work::refresh::run`,
+//! `work::upgrade::run`, in [`super::work`]) and records its end through `MachineHandle::record`
+//! ([`super::handle`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,10 +14,10 @@ use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::reflector::Store;
 use time::OffsetDateTime;
 
-use super::cache::MachineChanges;
-use super::machine_handle::MachineHandle;
-use super::{machine_refresh, machine_upgrade};
+use super::handle::MachineHandle;
+use super::work;
 use crate::context::Context;
+use crate::machine::cache::MachineChanges;
 use crate::machine::plan::{MachinePlan, Observed};
 use crate::machine::{self, MachineView, refresh, upgrade};
 use crate::metrics::CertificateKind;
@@ -64,13 +65,13 @@ async fn reconcile(object: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Acti
         view,
         written: None,
     };
-    let refresh = pass(&machine, REFRESH, refresh::plan, machine_refresh::run).await?;
-    let upgrade = pass(&machine, UPGRADE, upgrade::plan, machine_upgrade::run).await?;
+    let refresh = pass(&machine, REFRESH, refresh::plan, work::refresh::run).await?;
+    let upgrade = pass(&machine, UPGRADE, upgrade::plan, work::upgrade::run).await?;
     Ok(refresh.sooner(upgrade).into())
 }
 
 fn error_policy(_machine: Arc<DynamicObject>, error: &Error, ctx: Arc<Context>) -> Action {
-    super::requeue_after(CONTROLLER, error, &ctx)
+    crate::context::requeue_after(CONTROLLER, error, &ctx)
 }
 
 /// The Machine's series of `caretaker_certificate_expiration_seconds`: its certificates'

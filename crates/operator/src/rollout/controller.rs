@@ -2,7 +2,7 @@
 //! MachineDeployment roll the operation out over the Machines the parent covers. The parent's
 //! controller only sets the trigger on Machines (tagged with the request id); the Machine
 //! controller does the work. Machine changes wake the parent through the shared Machine cache
-//! ([`super::cache`]).
+//! ([`crate::machine::cache`]).
 //!
 //! A pass observes the parent and its Machines, asks [`crate::rollout::parent`] what to do
 //! ([`ParentStep::of`], then [`RolloutPlan::decide`] and [`Rollout::changes`] for a running
@@ -20,9 +20,9 @@ use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use time::OffsetDateTime;
 
-use super::cache::{Caches, MachineChanges};
 use crate::Error;
 use crate::context::Context;
+use crate::machine::cache::{Caches, MachineChanges};
 use crate::machine::{self, MachineView};
 use crate::names;
 /// The operations, here too for callers of [`start_machines`].
@@ -176,7 +176,7 @@ const HEALTH_TIMEOUT: Duration = Duration::from_secs(5);
 const CONTROLLER: &str = "rollout";
 
 fn error_policy(_parent: Arc<DynamicObject>, error: &Error, ctx: Arc<Context>) -> Action {
-    super::requeue_after(CONTROLLER, error, &ctx)
+    crate::context::requeue_after(CONTROLLER, error, &ctx)
 }
 
 /// A Cluster controller's caches of its children, filled by the watches that wake it.
@@ -290,7 +290,7 @@ fn report_progress(
         &parent.namespace().unwrap_or_default(),
         &view.name,
         operation.metric_label(),
-        progress,
+        progress.by_state(),
     );
 }
 

@@ -6,10 +6,10 @@ use caretaker_agent_api::client::AgentError;
 use caretaker_agent_api::upgrade::{OperationState, UpgradeRequest};
 use time::OffsetDateTime;
 
-use super::machine_handle::{MachineHandle, log_failed_call};
 use crate::Error;
 use crate::context::Context;
 use crate::machine::MachineView;
+use crate::machine::handle::{MachineHandle, log_failed_call};
 use crate::machine::upgrade::{self, AgentAnswer, UpgradeWork};
 use crate::names::Operation;
 
@@ -17,7 +17,7 @@ const UPGRADE: Operation = Operation::InPlaceUpgrade;
 
 /// Makes one call to the Machine's agent, as a pass's work in the background, and records what
 /// it found out.
-pub(super) async fn run(machine: MachineHandle, work: UpgradeWork) {
+pub(in crate::machine) async fn run(machine: MachineHandle, work: UpgradeWork) {
     let (ctx, view) = (&machine.ctx, &machine.view);
     let (attempt, answer) = match work {
         UpgradeWork::Launch {

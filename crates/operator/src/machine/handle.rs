@@ -1,6 +1,5 @@
 //! A Machine as the Machine controller's pass saw it ([`MachineHandle`]), shared by the pass
-//! ([`super::machines`]) and the work it starts ([`super::machine_refresh`],
-//! [`super::machine_upgrade`]), which records its end through it.
+//! ([`super::controller`]) and the work it starts ([`super::work`]), which records its end through it.
 
 use std::sync::Arc;
 
@@ -15,7 +14,7 @@ use crate::names::Operation;
 /// A Machine as a pass saw it, and the context to act on it; cheap to clone into the work a
 /// pass starts.
 #[derive(Clone)]
-pub(super) struct MachineHandle {
+pub(in crate::machine) struct MachineHandle {
     pub ctx: Arc<Context>,
     pub object: Arc<DynamicObject>,
     pub view: MachineView,
@@ -57,7 +56,7 @@ impl MachineHandle {
 
 /// Logs why a call to a node failed; what follows (a wait, a retry, the end) is recorded on the
 /// Machine.
-pub(super) fn log_failed_call(
+pub(in crate::machine) fn log_failed_call(
     operation: Operation,
     view: &MachineView,
     attempt: u32,
