@@ -58,9 +58,11 @@ enum Command {
     /// Run the node agent that refreshes a node's certificates and upgrades it.
     Agent(cmd::agent::AgentArgs),
     /// Serve the embedded Kubernetes-compatible API server on loopback.
+    #[cfg(feature = "apiserver")]
     Apiserver(cmd::apiserver::ApiserverArgs),
     /// Run API server, operator and agents together on this machine, and refresh every
     /// Machine's certificates.
+    #[cfg(feature = "demo")]
     Demo(cmd::demo::DemoArgs),
     /// Show a cluster-wide rollout's progress.
     #[command(subcommand)]
@@ -83,10 +85,12 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        #[cfg(feature = "apiserver")]
         Command::Apiserver(args) => cmd::apiserver::run(args),
         Command::Pki(command) => cmd::pki::run(command),
         Command::Operator(args) => cmd::operator::run(args),
         Command::Agent(args) => cmd::agent::run(args),
+        #[cfg(feature = "demo")]
         Command::Demo(args) => cmd::demo::run(args),
         Command::Status(command) => cmd::status::run(command),
         Command::Certs(command) => cmd::certs::run(command),

@@ -63,6 +63,30 @@ fn depends_on(dir: &str) -> BTreeSet<String> {
         .collect()
 }
 
+/// The product binary links the embedded API server and the test kit only through the `demo`
+/// and `apiserver` features, which the image leaves off.
+#[test]
+fn the_product_binary_links_no_api_server_or_test_kit_by_default() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let manifest = std::fs::read_to_string(root.join("Cargo.toml")).unwrap();
+    let dependencies = section(&manifest, "dependencies");
+    for name in ["caretaker-apiserver", "caretaker-testkit"] {
+        let (_, value) = dependencies
+            .iter()
+            .find(|(key, _)| key.split('.').next() == Some(name))
+            .unwrap_or_else(|| panic!("{name} is no dependency of caretaker"));
+        assert!(
+            value.contains("optional = true"),
+            "{name} = {value}: not behind a feature"
+        );
+    }
+    let features = section(&manifest, "features");
+    assert!(
+        !features.iter().any(|(key, _)| key == "default"),
+        "a default feature: {features:?}"
+    );
+}
+
 /// Each crate depends on exactly the crates the layout allows, so no crate reaches into one
 /// above it: the API server knows no caretaker; the agent and the operator meet only in the
 /// agent API; fixtures live in the test kit, which production code other than the binary's

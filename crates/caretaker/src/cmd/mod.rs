@@ -9,9 +9,11 @@ use std::time::Duration;
 use caretaker_pki::Ttl;
 
 pub mod agent;
+#[cfg(feature = "apiserver")]
 pub mod apiserver;
 pub mod certs;
 pub mod crds;
+#[cfg(feature = "demo")]
 pub mod demo;
 pub mod logging;
 pub mod operator;
@@ -27,6 +29,7 @@ pub struct Failure {
 
 impl Failure {
     /// Ends the command with exit status `code` instead of 1.
+    #[cfg(feature = "apiserver")]
     pub fn with_code(mut self, code: u8) -> Self {
         self.code = code;
         self
