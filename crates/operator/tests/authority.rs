@@ -24,7 +24,6 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::Write;
 use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -45,6 +44,7 @@ use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams
 use serde_json::{Value, json};
 
 use common::authorities::{create_namespace, eventually, install_caretaker_crds};
+use common::logs::Captured;
 use common::openmetrics;
 
 const SYSTEM: &str = "caretaker-system";
@@ -2193,31 +2193,11 @@ async fn a_certificate_waits_for_its_missing_issuer_and_is_issued_when_it_appear
     settled(&setup, "later", "early").await;
 }
 
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 /// Without caretaker's CRDs the controllers only watch for them, say so once, fail nothing;
 /// once the CRDs appear they start by themselves.
 #[tokio::test(flavor = "current_thread")]
 async fn without_caretakers_crds_the_controllers_idle_then_start_by_themselves() {
-    let captured = Captured::default();
-    let writer = captured.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_env_filter("caretaker_operator=debug")
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .finish();
-    let _logs = tracing::subscriber::set_default(subscriber);
+    let (captured, _logs) = Captured::on_this_thread("caretaker_operator=debug");
 
     let server = TestServer::start().await;
     let client = server.client();
@@ -2230,7 +2210,7 @@ async fn without_caretakers_crds_the_controllers_idle_then_start_by_themselves()
     };
     setup.start();
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let logs = || String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let logs = || captured.text();
     assert_eq!(
         logs()
             .matches("CRD certificateauthorities.caretaker.dev absent")

@@ -10,8 +10,6 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::io::Write;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use base64::Engine;
@@ -27,6 +25,7 @@ use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
 use common::authorities::{create_namespace, install_caretaker_crds};
+use common::logs::Captured;
 
 /// The embedded API server, with the injection controllers (or the whole operator) running.
 struct Setup {
@@ -907,35 +906,13 @@ async fn huge_or_garbage_annotation_values_are_refused_cleanly() {
     setup.wait_holds(kind, "well-formed", &bundle).await;
 }
 
-/// Collects everything written by the tracing subscriber.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 /// The whole operator, as `caretaker operator` runs it, in a fleet that uses only the Cluster
 /// API features: no caretaker CRDs. It says so once, serves `inject-ca-from-secret`, tells
 /// targets naming a CertificateAuthority that the CRD is missing, and serves them by itself
 /// once the CRD, the CA and its bundle appear.
 #[tokio::test(flavor = "current_thread")]
 async fn without_the_certificate_authority_crd_the_operator_idles_then_starts_by_itself() {
-    let captured = Captured::default();
-    let writer = captured.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_env_filter("caretaker_operator=debug")
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .finish();
-    // This test's tasks all run on this thread.
-    let _logs = tracing::subscriber::set_default(subscriber);
+    let (captured, _logs) = Captured::on_this_thread("caretaker_operator=debug");
 
     let server = TestServer::start().await;
     let client = server.client();
@@ -1004,12 +981,12 @@ async fn without_the_certificate_authority_crd_the_operator_idles_then_starts_by
     // The CA's controller makes its bundle, whose change may be injected (the CA read fresh)
     // before injection's CRD watch has said it saw the CRD.
     eventually("injection says the CRD is installed", || async {
-        let logs = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+        let logs = captured.text();
         logs.contains("the CertificateAuthority CRD is installed")
             .then_some(())
     })
     .await;
-    let logs = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let logs = captured.text();
     assert_eq!(
         logs.matches("the CertificateAuthority CRD is not installed")
             .count(),

@@ -5,26 +5,10 @@
 
 mod common;
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
-
 use caretaker_agent_api::kubeadm::NodeRole;
 use caretaker_operator::names;
+use common::logs::Captured;
 use common::{fast, world};
-
-/// Collects everything written by the tracing subscriber.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
 
 /// The base64 lines of every PEM private key in `text`.
 fn key_lines(text: &str, out: &mut Vec<String>) {
@@ -67,13 +51,7 @@ fn keys_under(dir: &std::path::Path, out: &mut Vec<String>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_private_key_reaches_a_log_line_or_an_event() {
-    let captured = Captured::default();
-    let writer = captured.clone();
-    tracing_subscriber::fmt()
-        .with_env_filter("trace")
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .init();
+    let captured = Captured::everywhere("trace");
 
     let mut world = world(fast()).await;
     let cp = world
@@ -107,7 +85,7 @@ async fn no_private_key_reaches_a_log_line_or_an_event() {
     );
     assert!(caretaker_agent::inventory::discover(&cp).certificates.len() == 13);
 
-    let logs = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let logs = captured.text();
     assert!(
         logs.contains("refreshing certificates"),
         "the operator's logs were captured"

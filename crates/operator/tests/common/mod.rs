@@ -6,6 +6,7 @@
 pub mod authorities;
 pub mod etcd;
 pub mod hooks;
+pub mod logs;
 pub mod openmetrics;
 pub mod outage;
 pub mod trust;
