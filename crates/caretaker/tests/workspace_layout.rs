@@ -189,6 +189,53 @@ fn apiserver_layers_import_only_downward() {
     );
 }
 
+/// The operator's `runtime/` is the plumbing every controller shares (watches, writes on the
+/// version read, status memory, the refusal sequence): it imports no feature folder and no
+/// controller, which give it their kinds and steps instead, so that every feature can use it
+/// without a circle.
+#[test]
+fn the_operators_runtime_imports_no_feature() {
+    let features = [
+        "authority",
+        "controllers",
+        "etcd",
+        "injection",
+        "machine",
+        "rollout",
+        "trust",
+        "webhook",
+    ];
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../operator/src");
+    let files = rust_files(&root);
+    assert!(
+        files.contains_key(&vec!["runtime".to_string()]),
+        "the operator has a runtime/"
+    );
+    let modules: BTreeSet<Module> = files.keys().cloned().collect();
+    let mut found = Vec::new();
+    for (module, text) in files
+        .iter()
+        .filter(|(m, _)| m[..].starts_with(&["runtime".to_string()]))
+    {
+        for path in paths(&code_only(text)) {
+            let Some(target) = resolve(module, &path, &modules) else {
+                continue;
+            };
+            if target
+                .first()
+                .is_some_and(|t| features.contains(&t.as_str()))
+            {
+                found.push(format!("{} -> {}", module.join("::"), target.join("::")));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "operator runtime modules importing a feature or a controller:\n{}",
+        found.join("\n")
+    );
+}
+
 /// The check itself finds circles: through `use` groups and inline paths, and between
 /// siblings in a folder, but not between a parent and its children.
 #[test]

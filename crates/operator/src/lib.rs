@@ -31,6 +31,7 @@ pub mod ownership;
 pub mod process;
 pub mod replica;
 pub mod rollout;
+pub mod runtime;
 pub mod schedule;
 mod settings;
 pub mod shutdown;

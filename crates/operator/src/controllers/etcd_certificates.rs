@@ -15,29 +15,25 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use base64::Engine;
-use base64::engine::general_purpose::STANDARD;
 use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Secret};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, DeleteParams, ListParams, Preconditions};
+use kube::api::{Api, ListParams, ObjectMeta};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{self, ObjectRef, Store, reflector};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
-use serde_json::Value;
 use time::OffsetDateTime;
 
-use super::authority_watch::{self, DegradedMemory, Written};
 use super::etcd_health::Asker;
 use crate::Error;
-use crate::authority::ca::AuthorityStatus;
+use crate::authority::ca::{AuthorityStatus, AuthorityStep};
 use crate::authority::leaf::CertificateStep;
 use crate::authority::{CaKeyPair, PkiMint};
 use crate::changes::{AnnotationChanges, Event};
 use crate::context::Context;
 use crate::etcd::members::{self, Candidate, Origin};
+use crate::etcd::nodes::NodeChanges;
 use crate::etcd::{
     self, ALL_CERTS, EtcdObserved, EtcdPlan, EtcdStep, Membership, Quorum, REVISION_ANNOTATION,
     Signer,
@@ -45,6 +41,10 @@ use crate::etcd::{
 use crate::metrics::CertificateKind;
 use crate::names;
 use crate::ownership::{Claim, Owner};
+use crate::runtime::refuse::{Refusal, ShowRefusal, refuse};
+use crate::runtime::status::{self, DegradedMemory};
+use crate::runtime::steps::{Applied, Failed, ObjectKind, Step, StepWriter};
+use crate::runtime::{self, claims, write};
 use crate::timestamp::format_time;
 use crate::trust::selector::Selector;
 use crate::v1alpha1::{
@@ -175,322 +175,286 @@ async fn pass(object: &EtcdCertificates, shared: &Shared) -> Result<Action, Erro
             return refuse(shared, object, names::REASON_INVALID_SPEC, message).await;
         }
     };
-    let client = shared.ctx.client.clone();
-
-    // Read what the pass decides from.
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
-    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);
-    let all_certs = secrets.get_opt(ALL_CERTS).await?;
-    let incumbents = all_certs.as_ref().map_or_else(BTreeSet::new, |all| {
-        let (data, _) = authority_watch::secret_content(all);
-        let text = data
-            .iter()
-            .map(|(k, v)| (k.clone(), String::from_utf8_lossy(v).into_owned()))
-            .collect();
-        etcd::members_in_all_certs(&text)
-    });
-    let membership = membership_of(&client, object, &policy, &incumbents).await?;
-    let members = membership.members.clone();
-    let mut names: Vec<String> = etcd::leaves(&members)
-        .iter()
-        .map(etcd::Leaf::secret_name)
-        .chain(Signer::ALL.map(|s| s.secret().to_string()))
-        .chain([policy.client_secret.clone()])
-        .chain(incumbents.iter().flat_map(|m| members::member_secrets(m)))
-        .collect();
-    names.sort();
-    names.dedup();
-    let read = futures::future::try_join_all(names.iter().map(|n| secrets.get_opt(n))).await?;
-    let mut found: Vec<Secret> = read.into_iter().flatten().collect();
-    found.extend(all_certs);
-    let bundles =
-        futures::future::try_join_all(Signer::ALL.map(|s| config_maps.get_opt(s.bundle()))).await?;
-    let bundles: Vec<ConfigMap> = bundles.into_iter().flatten().collect();
-
-    // A Secret the spec names for the health checks (other than caretaker's own
-    // `etcd-client`) is the user's, and only read.
-    let users_client = |meta: &kube::api::ObjectMeta| {
-        meta.name.as_deref() == Some(policy.client_secret.as_str())
-            && policy.client_secret != etcd::CLIENT_SECRET
-    };
-    // Only this object's Secrets and ConfigMaps, or absent ones (see `crate::ownership`).
-    let owner = authority_watch::owner_of(object);
-    let claims: Vec<(&str, &kube::api::ObjectMeta, Claim)> = found
-        .iter()
-        .map(|s| ("Secret", &s.metadata))
-        .chain(bundles.iter().map(|c| ("ConfigMap", &c.metadata)))
-        .filter(|(_, meta)| !users_client(meta))
-        .map(|(kind, meta)| {
-            let at = (namespace.clone(), meta.name.clone().unwrap_or_default());
-            (
-                kind,
-                meta,
-                authority_watch::claim(&owner, kind, &at, Some(meta)),
-            )
-        })
-        .collect();
+    let client = &shared.ctx.client;
+    let read = Read::of(client, object, &policy).await?;
+    let owner = claims::owner_of(object);
+    let claims = read.claims(&owner, &policy);
     let refused: Vec<Claim> = claims.iter().map(|(_, _, c)| c.clone()).collect();
-    if let Some((reason, message)) = authority_watch::refusal(&refused) {
+    if let Some((reason, message)) = claims::refusal(&refused) {
         return refuse(shared, object, reason, message).await;
     }
-    let adopting: Vec<_> = (claims.iter())
-        .filter(|(_, _, claim)| *claim == Claim::Adopt)
-        .collect();
-    if !adopting.is_empty() {
-        // Handed over: the marks first, alone; the next pass reads them as this object's.
-        for (kind, meta, _) in adopting {
-            let at = (namespace.clone(), meta.name.clone().unwrap_or_default());
-            let version = meta.resource_version.clone().unwrap_or_default();
-            match *kind {
-                "Secret" => {
-                    authority_watch::adopt::<Secret>(&client, &owner, &at, &version).await?
-                }
-                _ => authority_watch::adopt::<ConfigMap>(&client, &owner, &at, &version).await?,
-            };
-        }
+    if adopt(client, &owner, &namespace, &claims).await? {
         return Ok(Action::await_change());
     }
-
-    let mut versions: HashMap<String, String> = found
-        .iter()
-        .filter_map(|s| Some((s.name_any(), s.resource_version()?)))
-        .collect();
-    let mut bundle_versions: HashMap<String, String> = bundles
-        .iter()
-        .filter_map(|c| Some((c.name_any(), c.resource_version()?)))
-        .collect();
+    let mut writer = read.writer(client, &owner);
     let old = object.status.clone().unwrap_or_default();
-    let mut seen = EtcdObserved {
-        namespace: namespace.clone(),
-        secrets: found
-            .iter()
-            .map(|s| (s.name_any(), authority_watch::secret_content(s)))
-            .collect(),
-        config_maps: bundles
-            .iter()
-            .map(|c| (c.name_any(), authority_watch::config_map_content(c)))
-            .collect(),
-        health: Vec::new(),
-        last_good: lock(&shared.memory.last_good)
-            .get(&key)
-            .cloned()
-            .unwrap_or_default(),
-        reported_degraded: (shared.memory.degraded)
-            .reported(object, degraded_message(&old.conditions)),
-    };
+    let mut seen = read.observed(shared, &key, object, &old);
     let asker = asker(&seen, &policy);
     seen.health = asker.ask_all(&policy.endpoints).await;
-
-    let plan = {
-        let (seen, policy) = (seen.clone(), policy.clone());
-        authority_watch::blocking(move || {
-            etcd::plan(
-                &seen,
-                &policy,
-                &membership,
-                OffsetDateTime::now_utc(),
-                &PkiMint,
-            )
-        })
-        .await
-        .map_err(|source| Error::SigningFailed {
-            certificate: format!("EtcdCertificates {key}"),
-            source,
-        })?
-    };
-
-    let reference = object.object_ref(&());
-    let mut written_revision = false;
-    for step in &plan.steps {
-        let outcome = match step {
-            EtcdStep::Signer(signer, ca_step) => {
-                use crate::authority::ca::AuthorityStep;
-                match ca_step {
-                    AuthorityStep::WriteSecret(secret) => {
-                        let name = signer.secret().to_string();
-                        let written = authority_watch::write_secret(
-                            &client,
-                            &owner,
-                            &(namespace.clone(), name.clone()),
-                            versions.get(&name).map(String::as_str),
-                            &secret.data(),
-                            &secret.annotation_changes(),
-                        )
-                        .await?;
-                        remember(&mut versions, name, written)
-                    }
-                    AuthorityStep::WriteBundle(bundle) => {
-                        let name = signer.bundle().to_string();
-                        let written = authority_watch::write_config_map(
-                            &client,
-                            &owner,
-                            &(namespace.clone(), name.clone()),
-                            bundle_versions.get(&name).map(String::as_str),
-                            &bundle.data(),
-                            &bundle.annotation_changes(),
-                        )
-                        .await?;
-                        remember(&mut bundle_versions, name, written)
-                    }
-                }
-            }
-            EtcdStep::Certificate { secret, step } => {
-                let written = authority_watch::write_secret(
-                    &client,
-                    &owner,
-                    &(namespace.clone(), secret.clone()),
-                    versions.get(secret).map(String::as_str),
-                    &step.data(),
-                    &step.annotation_changes(),
-                )
-                .await?;
-                remember(&mut versions, secret.clone(), written)
-            }
-            EtcdStep::AllCerts(all) => {
-                // Asked again right before: a member may have gone since the pass began.
-                if seen.secrets.contains_key(ALL_CERTS) {
-                    let again = asker.ask_all(&policy.endpoints).await;
-                    let quorum = Quorum::of(&again, &members);
-                    if !quorum.open() {
-                        tracing::warn!(etcd = %key, unhealthy = %quorum.unhealthy.join(", "), "{}", etcd::SKIPPING_FOR_QUORUM);
-                        return Ok(Action::requeue(backoff(shared, &key, true)));
-                    }
-                }
-                let stored = seen.all_certs().unwrap_or_default();
-                let written = write_all_certs(
-                    &client,
-                    &owner,
-                    &namespace,
-                    versions.get(ALL_CERTS),
-                    &stored,
-                    all,
-                )
-                .await?;
-                written_revision = true;
-                remember(&mut versions, ALL_CERTS.to_string(), written)
-            }
-            EtcdStep::Delete(name) => {
-                // Only the version read, whose mark said it is this object's.
-                let params = DeleteParams {
-                    preconditions: Some(Preconditions {
-                        resource_version: versions.get(name).cloned(),
-                        uid: None,
-                    }),
-                    ..DeleteParams::default()
-                };
-                match secrets.delete(name, &params).await {
-                    Ok(_) => true,
-                    Err(kube::Error::Api(e)) if e.code == 404 => true,
-                    Err(kube::Error::Api(e)) if e.code == 409 => false,
-                    Err(e) => return Err(e.into()),
-                }
-            }
-        };
-        if !outcome {
-            tracing::info!(etcd = %key, "an object changed since this pass read it; the next pass starts from what is stored");
-            return Ok(Action::requeue(Duration::from_secs(1)));
-        }
+    let members = read.membership.members.clone();
+    let plan = plan(&seen, &policy, read.membership, &key).await?;
+    let step_of = |step: &EtcdStep| step_of(step, &namespace, &seen);
+    let quorum_holds = || quorum_holds(&asker, &policy.endpoints, &members, &key);
+    let applied = writer.apply(&plan.steps, step_of, quorum_holds, |_, _, _| {});
+    if let Some(stop) = stopped(shared, &key, applied.await)? {
+        return Ok(stop);
     }
-
     if plan.held {
         tracing::warn!(etcd = %key, unhealthy = %plan.quorum.unhealthy.join(", "), "{}", etcd::SKIPPING_FOR_QUORUM);
     }
+    let reference = object.object_ref(&());
     for event in &plan.events {
         tracing::info!(etcd = %key, reason = event.reason, note = %event.note, "EtcdCertificates event");
         shared.ctx.event(&reference, event.clone()).await;
     }
     remember_signers(shared, &key, &seen);
     record_metrics(shared, object, &seen, &plan, &members);
+    let written_revision = (plan.steps.iter()).any(|s| matches!(s, EtcdStep::AllCerts(_)));
     let status = status_of(object, &plan, &old, &members, written_revision);
     write_status(shared, object, &status, &old).await?;
-    let wake = plan.wake_at.map(authority_watch::until);
-    let wait = backoff(shared, &key, plan.held);
-    Ok(if plan.waits_on_members {
+    Ok(next_pass(shared, &key, &plan))
+}
+
+/// Whether the members still hold a quorum, asked once more right before a new
+/// `etcd-all-certs` ([`EtcdStep::RecheckQuorum`]).
+async fn quorum_holds(
+    asker: &Asker,
+    endpoints: &[String],
+    members: &[MemberSpec],
+    key: &str,
+) -> bool {
+    let quorum = Quorum::of(&asker.ask_all(endpoints).await, members);
+    if !quorum.open() {
+        tracing::warn!(etcd = %key, unhealthy = %quorum.unhealthy.join(", "), "{}", etcd::SKIPPING_FOR_QUORUM);
+    }
+    quorum.open()
+}
+
+/// How a pass goes on after its writes: `None` when all were made; else it ends (the gate
+/// closed: after the backoff; a conflict: soon, from what is stored; a failure: the error).
+fn stopped(
+    shared: &Shared,
+    key: &str,
+    applied: Result<Applied, Failed>,
+) -> Result<Option<Action>, Error> {
+    match applied {
+        Ok(Applied::All) => Ok(None),
+        Ok(Applied::Gated { .. }) => Ok(Some(Action::requeue(backoff(shared, key, true)))),
+        Ok(Applied::Conflict { .. }) => {
+            tracing::info!(etcd = %key, "an object changed since this pass read it; the next pass starts from what is stored");
+            Ok(Some(Action::requeue(Duration::from_secs(1))))
+        }
+        Err(Failed { error, .. }) => Err(error),
+    }
+}
+
+/// When the pass after `plan`'s runs: at its wake-up time, and while something waits on the
+/// members, after the backoff at the latest.
+fn next_pass(shared: &Shared, key: &str, plan: &EtcdPlan) -> Action {
+    let wake = plan.wake_at.map(runtime::until);
+    let wait = backoff(shared, key, plan.held);
+    if plan.waits_on_members {
         Action::requeue(wake.map_or(wait, |w| w.min(wait)))
     } else {
         wake.map_or_else(Action::await_change, Action::requeue)
-    })
+    }
 }
 
-/// Which Node watch events may change the members: a Node appearing, going (deleted, or gone
-/// while the watch was down and missing from the list that follows), or changing its labels
-/// or addresses. Not its heartbeats, which change neither.
-#[derive(Default)]
-struct NodeChanges {
-    /// Each Node's labels and addresses, hashed, by name.
-    known: HashMap<String, u64>,
-    /// During a relist: the Nodes listed so far.
-    listed: Option<BTreeSet<String>>,
+/// What a pass reads (fresh): the namespace's Secrets and bundle ConfigMaps it writes or
+/// reads, and the members.
+struct Read {
+    namespace: String,
+    /// The Secrets that exist, `etcd-all-certs` among them.
+    found: Vec<Secret>,
+    bundles: Vec<ConfigMap>,
+    membership: Membership,
 }
 
-impl NodeChanges {
-    /// The Node to wake the controller with, if `event` may change the members.
-    fn wakes(&mut self, event: watcher::Event<Node>) -> Option<Node> {
-        match event {
-            watcher::Event::Apply(node) => self.changed(node),
-            watcher::Event::InitApply(node) => {
-                (self.listed.get_or_insert_default()).insert(node.name_any());
-                self.changed(node)
-            }
-            watcher::Event::Delete(node) => {
-                self.known.remove(&node.name_any());
-                Some(node)
-            }
-            watcher::Event::Init => {
-                self.listed = Some(BTreeSet::new());
-                None
-            }
-            watcher::Event::InitDone => {
-                let listed = self.listed.take().unwrap_or_default();
-                let gone: Vec<String> = (self.known.keys())
-                    .filter(|name| !listed.contains(*name))
-                    .cloned()
-                    .collect();
-                for name in &gone {
-                    self.known.remove(name);
-                }
-                // Any Node wakes every object that selects Nodes: one for all that went.
-                gone.into_iter().next().map(|name| Node {
-                    metadata: kube::api::ObjectMeta {
-                        name: Some(name),
-                        ..Default::default()
-                    },
-                    ..Default::default()
-                })
-            }
+impl Read {
+    async fn of(
+        client: &kube::Client,
+        object: &EtcdCertificates,
+        policy: &EtcdPolicy,
+    ) -> Result<Self, Error> {
+        let namespace = object.namespace().unwrap_or_default();
+        let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
+        let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);
+        let all_certs = secrets.get_opt(ALL_CERTS).await?;
+        let incumbents = all_certs.as_ref().map_or_else(BTreeSet::new, |all| {
+            let (data, _) = write::secret_content(all);
+            let text = data
+                .iter()
+                .map(|(k, v)| (k.clone(), String::from_utf8_lossy(v).into_owned()))
+                .collect();
+            etcd::members_in_all_certs(&text)
+        });
+        let membership = membership_of(client, object, policy, &incumbents).await?;
+        let mut names: Vec<String> = etcd::leaves(&membership.members)
+            .iter()
+            .map(etcd::Leaf::secret_name)
+            .chain(Signer::ALL.map(|s| s.secret().to_string()))
+            .chain([policy.client_secret.clone()])
+            .chain(incumbents.iter().flat_map(|m| members::member_secrets(m)))
+            .collect();
+        names.sort();
+        names.dedup();
+        let read = futures::future::try_join_all(names.iter().map(|n| secrets.get_opt(n))).await?;
+        let mut found: Vec<Secret> = read.into_iter().flatten().collect();
+        found.extend(all_certs);
+        let bundles = Signer::ALL.map(|s| config_maps.get_opt(s.bundle()));
+        let bundles = futures::future::try_join_all(bundles).await?;
+        Ok(Self {
+            namespace,
+            found,
+            bundles: bundles.into_iter().flatten().collect(),
+            membership,
+        })
+    }
+
+    /// Whether `owner` may write each object read (see `crate::ownership`). A Secret the spec
+    /// names for the health checks (other than caretaker's own `etcd-client`) is the user's,
+    /// and only read.
+    fn claims(
+        &self,
+        owner: &Owner,
+        policy: &EtcdPolicy,
+    ) -> Vec<(&'static str, &ObjectMeta, Claim)> {
+        let users_client = |meta: &ObjectMeta| {
+            meta.name.as_deref() == Some(policy.client_secret.as_str())
+                && policy.client_secret != etcd::CLIENT_SECRET
+        };
+        (self.found.iter())
+            .map(|s| ("Secret", &s.metadata))
+            .chain(self.bundles.iter().map(|c| ("ConfigMap", &c.metadata)))
+            .filter(|(_, meta)| !users_client(meta))
+            .map(|(kind, meta)| {
+                let at = (
+                    self.namespace.clone(),
+                    meta.name.clone().unwrap_or_default(),
+                );
+                (kind, meta, claims::claim(owner, kind, &at, Some(meta)))
+            })
+            .collect()
+    }
+
+    /// The writer of the pass's steps, on the versions read.
+    fn writer<'a>(&self, client: &'a kube::Client, owner: &'a Owner) -> StepWriter<'a> {
+        let mut writer = StepWriter::new(client, owner);
+        let objects = (self.found.iter())
+            .map(|s| (ObjectKind::Secret, &s.metadata))
+            .chain(
+                self.bundles
+                    .iter()
+                    .map(|c| (ObjectKind::ConfigMap, &c.metadata)),
+            );
+        for (kind, meta) in objects {
+            let at = (
+                self.namespace.clone(),
+                meta.name.clone().unwrap_or_default(),
+            );
+            writer.read(kind, at, meta.resource_version.clone());
+        }
+        writer
+    }
+
+    /// What the plan decides from, but the members' answers.
+    fn observed(
+        &self,
+        shared: &Shared,
+        key: &str,
+        object: &EtcdCertificates,
+        old: &EtcdCertificatesStatus,
+    ) -> EtcdObserved {
+        EtcdObserved {
+            namespace: self.namespace.clone(),
+            secrets: (self.found.iter())
+                .map(|s| (s.name_any(), write::secret_content(s)))
+                .collect(),
+            config_maps: (self.bundles.iter())
+                .map(|c| (c.name_any(), write::config_map_content(c)))
+                .collect(),
+            health: Vec::new(),
+            last_good: lock(&shared.memory.last_good)
+                .get(key)
+                .cloned()
+                .unwrap_or_default(),
+            reported_degraded: (shared.memory.degraded)
+                .reported(object, degraded_message(&old.conditions)),
         }
     }
-
-    fn changed(&mut self, node: Node) -> Option<Node> {
-        let hash = membership_hash(&node);
-        let before = self.known.insert(node.name_any(), hash);
-        (before != Some(hash)).then_some(node)
-    }
 }
 
-/// A Node's labels and addresses, hashed: a change of either may change the members.
-fn membership_hash(node: &Node) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut hash = std::collections::hash_map::DefaultHasher::new();
-    node.metadata.labels.hash(&mut hash);
-    for address in node
-        .status
-        .iter()
-        .flat_map(|s| s.addresses.iter().flatten())
-    {
-        address.address.hash(&mut hash);
+/// Handed over: the marks first, alone; the next pass reads the objects as this object's.
+/// Whether there were any.
+async fn adopt(
+    client: &kube::Client,
+    owner: &Owner,
+    namespace: &str,
+    claims: &[(&'static str, &ObjectMeta, Claim)],
+) -> Result<bool, Error> {
+    let adopting: Vec<_> = (claims.iter())
+        .filter(|(_, _, claim)| *claim == Claim::Adopt)
+        .collect();
+    for (kind, meta, _) in &adopting {
+        let at = (namespace.to_string(), meta.name.clone().unwrap_or_default());
+        let version = meta.resource_version.clone().unwrap_or_default();
+        match *kind {
+            "Secret" => write::adopt::<Secret>(client, owner, &at, &version).await?,
+            _ => write::adopt::<ConfigMap>(client, owner, &at, &version).await?,
+        };
     }
-    hash.finish()
+    Ok(!adopting.is_empty())
 }
 
-/// Records a write's new version; `false` when the object changed since it was read.
-fn remember(versions: &mut HashMap<String, String>, name: String, written: Written) -> bool {
-    match written {
-        Written::Done(version) => {
-            versions.insert(name, version);
-            true
+/// The plan (off the async threads: it may make keys and sign).
+async fn plan(
+    seen: &EtcdObserved,
+    policy: &EtcdPolicy,
+    membership: Membership,
+    key: &str,
+) -> Result<EtcdPlan, Error> {
+    let (seen, policy) = (seen.clone(), policy.clone());
+    let now = OffsetDateTime::now_utc();
+    runtime::blocking(move || etcd::plan(&seen, &policy, &membership, now, &PkiMint))
+        .await
+        .map_err(|source| Error::SigningFailed {
+            certificate: format!("EtcdCertificates {key}"),
+            source,
+        })
+}
+
+/// A step's write in `namespace`; `etcd-all-certs` replaces what `seen` holds.
+fn step_of(step: &EtcdStep, namespace: &str, seen: &EtcdObserved) -> Step {
+    let at = |name: &str| (namespace.to_string(), name.to_string());
+    match step {
+        EtcdStep::Signer(signer, AuthorityStep::WriteSecret(secret)) => Step::TlsSecret {
+            key: at(signer.secret()),
+            data: secret.data(),
+            annotations: secret.annotation_changes(),
+        },
+        EtcdStep::Signer(signer, AuthorityStep::WriteBundle(bundle)) => Step::ConfigMap {
+            key: at(signer.bundle()),
+            data: bundle.data(),
+            annotations: bundle.annotation_changes(),
+        },
+        EtcdStep::Certificate { secret, step } => Step::TlsSecret {
+            key: at(secret),
+            data: step.data(),
+            annotations: step.annotation_changes(),
+        },
+        EtcdStep::RecheckQuorum => Step::Gate,
+        EtcdStep::AllCerts(all) => {
+            let mut annotations = AnnotationChanges::default();
+            annotations.set(REVISION_ANNOTATION, all.revision.clone());
+            Step::OpaqueSecret {
+                key: at(ALL_CERTS),
+                data: all.data.clone(),
+                stored: seen.all_certs().unwrap_or_default().into_keys().collect(),
+                annotations,
+            }
         }
-        Written::Conflict => false,
+        // Only the version read, whose mark said it is this object's.
+        EtcdStep::Delete(name) => Step::DeleteSecret { key: at(name) },
     }
 }
 
@@ -590,49 +554,6 @@ fn node_candidate(node: &Node) -> Candidate {
         origin: Origin::Node,
         checked,
     }
-}
-
-/// Creates `etcd-all-certs` (type Opaque), or replaces its data on `version`: keys not in
-/// `all` are removed. Its annotation names the revision.
-async fn write_all_certs(
-    client: &kube::Client,
-    owner: &Owner,
-    namespace: &str,
-    version: Option<&String>,
-    stored: &BTreeMap<String, String>,
-    all: &etcd::AllCerts,
-) -> Result<Written, Error> {
-    let mut annotations = AnnotationChanges::default();
-    annotations.set(REVISION_ANNOTATION, all.revision.clone());
-    let data = all.data.clone();
-    let secret = move |metadata| Secret {
-        metadata,
-        type_: Some("Opaque".into()),
-        data: Some(
-            data.iter()
-                .map(|(k, v)| (k.clone(), ByteString(v.as_bytes().to_vec())))
-                .collect(),
-        ),
-        ..Default::default()
-    };
-    let mut patch: serde_json::Map<String, Value> = all
-        .data
-        .iter()
-        .map(|(k, v)| (k.clone(), Value::String(STANDARD.encode(v))))
-        .collect();
-    for gone in stored.keys().filter(|k| !all.data.contains_key(*k)) {
-        patch.insert(gone.clone(), Value::Null);
-    }
-    authority_watch::create_or_patch(
-        client,
-        owner,
-        &(namespace.to_string(), ALL_CERTS.to_string()),
-        version.map(String::as_str),
-        &annotations,
-        secret,
-        patch,
-    )
-    .await
 }
 
 /// The signers seen valid, kept to sign while a Secret is unreadable.
@@ -775,8 +696,8 @@ fn conditions(
 ) -> Vec<v1alpha1::Condition> {
     let old = &old.conditions;
     vec![
-        authority_watch::condition(old, v1alpha1::CONDITION_READY, ready, generation, now),
-        authority_watch::condition(old, etcd::CONDITION_DEGRADED, degraded, generation, now),
+        status::condition(old, v1alpha1::CONDITION_READY, ready, generation, now),
+        status::condition(old, etcd::CONDITION_DEGRADED, degraded, generation, now),
     ]
 }
 
@@ -797,7 +718,7 @@ async fn write_status(
         shared.ctx.client.clone(),
         &object.namespace().unwrap_or_default(),
     );
-    authority_watch::write_status(&api, &object.name_any(), status, old).await?;
+    status::write_status(&api, &object.name_any(), status, old).await?;
     shared.memory.degraded.remember(
         object,
         degraded_message(&old.conditions),
@@ -806,114 +727,39 @@ async fn write_status(
     Ok(())
 }
 
-/// A spec or object caretaker cannot act on: Degraded with `reason`, nothing written, and a
-/// Warning unless the status already says the same.
-async fn refuse(
-    shared: &Shared,
-    object: &EtcdCertificates,
-    reason: &'static str,
-    message: String,
-) -> Result<Action, Error> {
-    let old = object.status.clone().unwrap_or_default();
-    let reported = (shared.memory.degraded).reported(object, degraded_message(&old.conditions));
-    if reported.as_deref() != Some(message.as_str()) {
-        tracing::warn!(etcd = %object.name_any(), reason, %message, "EtcdCertificates not acted on");
-        shared
-            .ctx
-            .event(
-                &object.object_ref(&()),
-                Event::warning(reason, message.clone()),
-            )
-            .await;
+impl ShowRefusal<EtcdCertificates> for Shared {
+    fn reported(&self, object: &EtcdCertificates) -> Option<String> {
+        let old = object.status.as_ref().map(|s| &s.conditions);
+        let read = old.and_then(|conditions| degraded_message(conditions));
+        self.memory.degraded.reported(object, read)
     }
-    let now = OffsetDateTime::now_utc();
-    let generation = object.metadata.generation;
-    let condition = |status| crate::authority::Condition::new(status, reason, message.clone());
-    let status = EtcdCertificatesStatus {
-        conditions: conditions(&old, (&condition(false), &condition(true)), generation, now),
-        observed_generation: generation,
-        ..old.clone()
-    };
-    write_status(shared, object, &status, &old).await?;
-    Ok(Action::await_change())
+
+    /// Degraded with the refusal's reason, nothing else written; then the Warning.
+    async fn show(
+        &self,
+        object: &EtcdCertificates,
+        refusal: &Refusal,
+        warning: Option<Event>,
+    ) -> Result<(), Error> {
+        let old = object.status.clone().unwrap_or_default();
+        let now = OffsetDateTime::now_utc();
+        let generation = object.metadata.generation;
+        let condition = |status| {
+            crate::authority::Condition::new(status, refusal.reason, refusal.message.clone())
+        };
+        let status = EtcdCertificatesStatus {
+            conditions: conditions(&old, (&condition(false), &condition(true)), generation, now),
+            observed_generation: generation,
+            ..old.clone()
+        };
+        write_status(self, object, &status, &old).await?;
+        if let Some(warning) = warning {
+            self.ctx.event(&object.object_ref(&()), warning).await;
+        }
+        Ok(())
+    }
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-#[cfg(test)]
-mod tests {
-    use k8s_openapi::api::core::v1::{NodeAddress, NodeStatus};
-    use watcher::Event;
-
-    use super::*;
-
-    fn node(name: &str, address: &str, heartbeat: &str) -> Node {
-        Node {
-            metadata: kube::api::ObjectMeta {
-                name: Some(name.into()),
-                resource_version: Some(heartbeat.into()),
-                ..Default::default()
-            },
-            status: Some(NodeStatus {
-                addresses: Some(vec![NodeAddress {
-                    type_: "InternalIP".into(),
-                    address: address.into(),
-                }]),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }
-    }
-
-    fn woken(changes: &mut NodeChanges, event: Event<Node>) -> Option<String> {
-        changes.wakes(event).map(|n| n.name_any())
-    }
-
-    /// A deleted Node wakes the controller though its labels and addresses did not change (the
-    /// predicate that filtered Node events hid every deletion).
-    #[test]
-    fn a_node_going_wakes_and_a_heartbeat_does_not() {
-        let mut changes = NodeChanges::default();
-        let a = Some("a".to_string());
-        assert_eq!(
-            woken(&mut changes, Event::Apply(node("a", "10.0.0.1", "1"))),
-            a
-        );
-        assert_eq!(
-            woken(&mut changes, Event::Apply(node("a", "10.0.0.1", "2"))),
-            None
-        );
-        assert_eq!(
-            woken(&mut changes, Event::Apply(node("a", "10.0.0.2", "3"))),
-            a
-        );
-        assert_eq!(
-            woken(&mut changes, Event::Delete(node("a", "10.0.0.2", "3"))),
-            a
-        );
-        // Back with the same name, labels and addresses: a new member again.
-        assert_eq!(
-            woken(&mut changes, Event::Apply(node("a", "10.0.0.2", "4"))),
-            a
-        );
-    }
-
-    /// A Node deleted while the watch was down is missing from the relist: that wakes too.
-    #[test]
-    fn a_node_missing_from_a_relist_wakes() {
-        let mut changes = NodeChanges::default();
-        for name in ["a", "b"] {
-            changes.wakes(Event::Apply(node(name, "10.0.0.1", "1")));
-        }
-        assert_eq!(woken(&mut changes, Event::Init), None);
-        let unchanged = Event::InitApply(node("a", "10.0.0.1", "5"));
-        assert_eq!(woken(&mut changes, unchanged), None);
-        assert_eq!(woken(&mut changes, Event::InitDone), Some("b".into()));
-        // Relisted with nothing gone: no wake.
-        changes.wakes(Event::Init);
-        changes.wakes(Event::InitApply(node("a", "10.0.0.1", "6")));
-        assert_eq!(woken(&mut changes, Event::InitDone), None);
-    }
 }

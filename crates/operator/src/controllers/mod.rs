@@ -5,14 +5,17 @@
 //! [`cache`]. [`ca_secrets`] drops cached CAs when their Secrets change. [`ca_injection`]
 //! keeps trust bundles in the `caBundle` fields of webhook configurations, CRD conversion
 //! webhooks and APIServices. [`certificate_authority`] and [`issued_certificate`] keep
-//! caretaker's own CAs and the certificates they issue, on watches they share
-//! ([`authority_watch`]); [`run_authorities`] starts those three. [`bundle`] serves
+//! caretaker's own CAs and the certificates they issue, from what they share
+//! ([`authorities`]: stores kept by [`authority_watch`], read through [`authority_reads`]);
+//! [`run_authorities`] starts those three. [`bundle`] serves
 //! trust-manager's Bundles and ClusterBundles; [`bundle_migration`] migrates Bundles to
 //! ClusterBundles instead (`--bundle-mode migrate`). [`run`] starts everything,
 //! and tells the readiness ([`crate::metrics::Readiness`]) when the caches have synced. Every
 //! reconcile is counted and timed in [`crate::metrics`] under its controller's name, every
 //! failed one by its category.
 
+mod authorities;
+mod authority_reads;
 mod authority_watch;
 pub mod bundle;
 pub mod bundle_migration;
@@ -29,8 +32,6 @@ pub mod machine_refresh;
 pub mod machine_upgrade;
 pub mod machines;
 pub mod rollout;
-mod secret_cache;
-mod watch_failures;
 
 use std::sync::Arc;
 
@@ -130,7 +131,7 @@ async fn cluster_api_absent(client: kube::Client) {
 /// (the log says so once), and start by themselves when they appear. `namespace`, when given,
 /// is the only namespace Secrets, ConfigMaps and IssuedCertificates are read from.
 pub async fn run_authorities(ctx: Arc<Context>, namespace: Option<String>) {
-    let (shared, writers, authorities, certificates) = authority_watch::start(ctx, namespace);
+    let (shared, writers, authorities, certificates) = authorities::start(ctx, namespace);
     let reports = Arc::new(certificate_reports::CertificateReports::default());
     futures::join!(
         authority_watch::run(shared.clone(), writers),
