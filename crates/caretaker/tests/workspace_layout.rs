@@ -236,6 +236,44 @@ fn the_operators_runtime_imports_no_feature() {
     );
 }
 
+/// Each feature folder of the operator holds its pure decisions and its `controller` glue; no
+/// feature imports another feature's controller (a feature's pure decisions are anyone's to
+/// use), so that each controller can be read and changed alone.
+#[test]
+fn no_operator_feature_imports_another_features_controller() {
+    let features = [
+        "authority",
+        "etcd",
+        "injection",
+        "machine",
+        "rollout",
+        "trust",
+    ];
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../operator/src");
+    let files = rust_files(&root);
+    let modules: BTreeSet<Module> = files.keys().cloned().collect();
+    let mut found = Vec::new();
+    for (module, text) in &files {
+        let Some(from) = module.first().filter(|m| features.contains(&m.as_str())) else {
+            continue;
+        };
+        for path in paths(&code_only(text)) {
+            let Some(target) = resolve(module, &path, &modules) else {
+                continue;
+            };
+            let into_controller = target.get(1).map(String::as_str) == Some("controller");
+            if into_controller && target[0] != *from && features.contains(&target[0].as_str()) {
+                found.push(format!("{} -> {}", module.join("::"), target.join("::")));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "operator features importing another feature's controller:\n{}",
+        found.join("\n")
+    );
+}
+
 /// The check itself finds circles: through `use` groups and inline paths, and between
 /// siblings in a folder, but not between a parent and its children.
 #[test]

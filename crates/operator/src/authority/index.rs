@@ -8,13 +8,10 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use kube::ResourceExt;
-
 use super::Certificate;
 use super::secret_cache::CachedSecret;
 use super::verified::Verified;
 use crate::ownership::Owner;
-use crate::v1alpha1::IssuedCertificate;
 
 /// An object of a namespace: (namespace, name).
 type Key = (String, String);
@@ -38,36 +35,20 @@ pub(crate) struct CertificateIndex {
 }
 
 impl CertificateIndex {
-    pub(crate) fn key(certificate: &IssuedCertificate) -> Key {
-        (
-            certificate.namespace().unwrap_or_default(),
-            certificate.name_any(),
-        )
-    }
-
-    /// Adds or updates a certificate; returns what it had.
-    pub(crate) fn insert(&mut self, certificate: &IssuedCertificate) -> Option<Indexed> {
-        let key = Self::key(certificate);
+    /// Adds or updates the certificate `key` (kept in `entry.secret`, issued by
+    /// `entry.issuer`); returns what it had.
+    pub(crate) fn insert(&mut self, (key, entry): (Key, Indexed)) -> Option<Indexed> {
         let before = self.remove(&key);
-        let secret = (key.0.clone(), certificate.spec.secret_name.clone());
-        let issuer = certificate.spec.issuer_ref.name.clone();
         // `remove` above took it out of any list it was in.
         self.by_secret
-            .entry(secret.clone())
+            .entry(entry.secret.clone())
             .or_default()
             .push(key.clone());
         self.by_issuer
-            .entry(issuer.clone())
+            .entry(entry.issuer.clone())
             .or_default()
             .insert(key.clone());
-        self.entries.insert(
-            key,
-            Indexed {
-                secret,
-                issuer,
-                generation: certificate.metadata.generation,
-            },
-        );
+        self.entries.insert(key, entry);
         before
     }
 
@@ -91,7 +72,10 @@ impl CertificateIndex {
     }
 
     /// The index of `certificates` alone; returns the certificates that are gone.
-    pub(crate) fn rebuild(&mut self, certificates: &[Arc<IssuedCertificate>]) -> Vec<Key> {
+    pub(crate) fn rebuild(
+        &mut self,
+        certificates: impl IntoIterator<Item = (Key, Indexed)>,
+    ) -> Vec<Key> {
         let before = std::mem::take(self);
         for certificate in certificates {
             self.insert(certificate);
@@ -320,8 +304,6 @@ impl LeafUses {
 
 #[cfg(test)]
 mod tests {
-    use serde_json::json;
-
     use super::*;
 
     #[test]
@@ -377,15 +359,14 @@ mod tests {
         );
     }
 
-    fn certificate(namespace: &str, name: &str, secret: &str, issuer: &str) -> IssuedCertificate {
-        serde_json::from_value(json!({
-            "apiVersion": "caretaker.dev/v1alpha1",
-            "kind": "IssuedCertificate",
-            "metadata": { "name": name, "namespace": namespace },
-            "spec": { "issuerRef": { "name": issuer }, "secretName": secret,
-                      "commonName": "x", "usages": ["server"] },
-        }))
-        .unwrap()
+    /// The certificate `namespace`/`name`, kept in the Secret `secret`, issued by `issuer`.
+    fn certificate(namespace: &str, name: &str, secret: &str, issuer: &str) -> (Key, Indexed) {
+        let entry = Indexed {
+            secret: key(namespace, secret),
+            issuer: issuer.into(),
+            generation: None,
+        };
+        (key(namespace, name), entry)
     }
 
     fn key(namespace: &str, name: &str) -> Key {
@@ -397,17 +378,17 @@ mod tests {
         let mut index = CertificateIndex::default();
         assert!(
             index
-                .insert(&certificate("a", "one", "tls", "ca1"))
+                .insert(certificate("a", "one", "tls", "ca1"))
                 .is_none()
         );
         assert!(
             index
-                .insert(&certificate("a", "two", "tls", "ca1"))
+                .insert(certificate("a", "two", "tls", "ca1"))
                 .is_none()
         );
         assert!(
             index
-                .insert(&certificate("b", "one", "tls", "ca2"))
+                .insert(certificate("b", "one", "tls", "ca2"))
                 .is_none()
         );
         assert_eq!(
@@ -420,7 +401,7 @@ mod tests {
         assert_eq!(index.of_issuer("ca2"), [key("b", "one")]);
         // A new issuer and Secret: the old entries go.
         assert_eq!(
-            index.insert(&certificate("a", "two", "other", "ca2")),
+            index.insert(certificate("a", "two", "other", "ca2")),
             Some(Indexed {
                 secret: key("a", "tls"),
                 issuer: "ca1".into(),
@@ -442,7 +423,7 @@ mod tests {
             !index.by_secret.contains_key(&key("a", "tls")),
             "no empty entries"
         );
-        index.rebuild(&[Arc::new(certificate("c", "x", "s", "ca3"))]);
+        index.rebuild([certificate("c", "x", "s", "ca3")]);
         assert_eq!(index.of_issuer("ca3"), [key("c", "x")]);
         assert!(index.of_issuer("ca2").is_empty());
     }

@@ -6,19 +6,21 @@
 //! [`crate::runtime::status`]), and the controllers' inputs ([`Feeds`]). What a pass reads
 //! from them is [`super::authority_reads`].
 
+use std::fmt;
 use std::sync::{Arc, Mutex};
 
 use futures::{Stream, StreamExt};
+use kube::Resource;
 use kube::api::DynamicObject;
 use kube::runtime::controller::{Action, Config, Controller};
 use kube::runtime::reflector::store::Writer;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, predicates, watcher};
+use serde::de::DeserializeOwned;
 use std::future::Future;
 use time::OffsetDateTime;
 use tokio::sync::{mpsc, watch};
 
-use super::authority_watch::{Installed, OwnKind, Synced};
 use crate::Error;
 use crate::authority;
 use crate::authority::index::{CertificateIndex, LeafUses};
@@ -43,6 +45,40 @@ pub(crate) struct AuthorityFeed {
 pub(crate) struct CertificateFeed {
     pub objects: mpsc::UnboundedReceiver<IssuedCertificate>,
     pub wake: mpsc::UnboundedReceiver<Key>,
+}
+
+/// Whether each of caretaker's CRDs is installed; `None` until the CRDs are listed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Installed {
+    pub authorities: Option<bool>,
+    pub certificates: Option<bool>,
+}
+
+impl Installed {
+    pub(super) fn any(&self) -> bool {
+        self.authorities == Some(true) || self.certificates == Some(true)
+    }
+}
+
+/// Whether each store has been listed.
+pub(crate) struct Synced {
+    pub(super) secrets: watch::Sender<bool>,
+    /// Also true while the CRD is not installed: there is nothing to list.
+    pub(super) authorities: watch::Sender<bool>,
+    pub(super) certificates: watch::Sender<bool>,
+    pub(super) targets: Vec<watch::Sender<bool>>,
+}
+
+/// caretaker's own kinds (CertificateAuthority, IssuedCertificate), as the watches and the
+/// controller runner take them.
+pub(crate) trait OwnKind:
+    Resource<DynamicType = ()> + Clone + DeserializeOwned + fmt::Debug + Send + Sync + 'static
+{
+}
+
+impl<K> OwnKind for K where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + fmt::Debug + Send + Sync + 'static
+{
 }
 
 /// The store writers, for [`super::authority_watch::run`].

@@ -23,7 +23,6 @@
 //! holding a new CA until every target kind is listed.
 
 use std::collections::{BTreeSet, HashMap};
-use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -34,12 +33,11 @@ use kube::runtime::reflector::Store;
 use kube::runtime::reflector::store::Writer;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
-use serde::de::DeserializeOwned;
 use time::OffsetDateTime;
 use tokio::sync::watch;
 
-use super::authorities::{Shared, Writers, bundle_key, ca_secret_key};
-use crate::authority::index::{CertificateIndex, Indexed};
+use super::authorities::{Installed, OwnKind, Shared, Writers, bundle_key, ca_secret_key};
+use crate::authority::index::Indexed;
 use crate::authority::secret_cache::LAST_APPLIED;
 use crate::injection::{self, SourceRef, TargetKind};
 use crate::metrics::CertificateKind;
@@ -57,19 +55,6 @@ const AUTHORITIES: &str = "CertificateAuthority/IssuedCertificate controllers";
 /// thousands of Secrets in a burst: the changes within this time take one pass, not one each.
 /// (A first change is never put off by later ones: a busy CA still runs this often.)
 pub(super) const CERTIFICATES_SETTLE: Duration = Duration::from_secs(1);
-
-/// Whether each of caretaker's CRDs is installed; `None` until the CRDs are listed.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct Installed {
-    pub authorities: Option<bool>,
-    pub certificates: Option<bool>,
-}
-
-impl Installed {
-    fn any(&self) -> bool {
-        self.authorities == Some(true) || self.certificates == Some(true)
-    }
-}
 
 /// The CRD names of CertificateAuthority and IssuedCertificate.
 fn crd_names() -> [String; 2] {
@@ -119,26 +104,6 @@ impl Presence {
             watcher::Event::Delete(crd) => which(crd).map_or(state, |i| set(state, i, false)),
         }
     }
-}
-
-/// Whether each store has been listed.
-pub(crate) struct Synced {
-    pub(super) secrets: watch::Sender<bool>,
-    /// Also true while the CRD is not installed: there is nothing to list.
-    pub(super) authorities: watch::Sender<bool>,
-    pub(super) certificates: watch::Sender<bool>,
-    pub(super) targets: Vec<watch::Sender<bool>>,
-}
-
-/// controller runner take them.
-pub(crate) trait OwnKind:
-    Resource<DynamicType = ()> + Clone + DeserializeOwned + fmt::Debug + Send + Sync + 'static
-{
-}
-
-impl<K> OwnKind for K where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + fmt::Debug + Send + Sync + 'static
-{
 }
 
 /// What a watch of one of caretaker's own kinds tells its handler.
@@ -243,6 +208,25 @@ fn trim_meta(meta: &mut ObjectMeta) {
     if let Some(annotations) = &mut meta.annotations {
         annotations.remove(LAST_APPLIED);
     }
+}
+
+/// A certificate's key: (namespace, name).
+fn certificate_key(certificate: &IssuedCertificate) -> Key {
+    (
+        certificate.namespace().unwrap_or_default(),
+        certificate.name_any(),
+    )
+}
+
+/// What the index keeps of a certificate: its Secret, its issuer, its spec's generation.
+fn indexed(certificate: &IssuedCertificate) -> (Key, Indexed) {
+    let key = certificate_key(certificate);
+    let entry = Indexed {
+        secret: (key.0.clone(), certificate.spec.secret_name.clone()),
+        issuer: certificate.spec.issuer_ref.name.clone(),
+        generation: certificate.metadata.generation,
+    };
+    (key, entry)
 }
 
 /// The CertificateAuthority an injection target asks for, if it asks for one.
@@ -649,7 +633,7 @@ impl Shared {
             Seen::Event(event, store) => self.certificate_event(event, store),
             Seen::CrdRemoved => {
                 let issuers: BTreeSet<String> = lock(&self.index).issuers();
-                let gone = lock(&self.index).rebuild(&[]);
+                let gone = lock(&self.index).rebuild([]);
                 self.forget_certificates(gone);
                 for issuer in issuers {
                     self.wake_authority(&issuer);
@@ -706,10 +690,10 @@ impl Shared {
     ) {
         match event {
             watcher::Event::Apply(certificate) => {
-                let key = CertificateIndex::key(certificate);
+                let key = certificate_key(certificate);
                 let (before, now) = {
                     let mut index = lock(&self.index);
-                    let before = index.insert(certificate);
+                    let before = index.insert(indexed(certificate));
                     (before, index.get(&key).cloned())
                 };
                 // A status write changes nothing the CA reads, nor any other certificate, and
@@ -721,7 +705,7 @@ impl Shared {
                 }
             }
             watcher::Event::Delete(certificate) => {
-                let key = CertificateIndex::key(certificate);
+                let key = certificate_key(certificate);
                 self.forget_certificates([key.clone()]);
                 let before = lock(&self.index).remove(&key);
                 self.certificate_moved(&key, before);
@@ -731,7 +715,7 @@ impl Shared {
                 let issuers: BTreeSet<String> = {
                     let mut index = lock(&self.index);
                     let mut issuers: BTreeSet<String> = index.issuers();
-                    let gone = index.rebuild(&listed);
+                    let gone = index.rebuild(listed.iter().map(|c| indexed(c)));
                     issuers.extend(index.issuers());
                     drop(index);
                     self.forget_certificates(gone);

@@ -1,6 +1,6 @@
 //! An etcd cluster's certificates, as the OpenShift etcd operator keeps them: decisions from
 //! observed state, the members' answers and the clock, no Kubernetes. The glue is
-//! `controllers::etcd_certificates`.
+//! [`controller`].
 //!
 //! Two signers, each a CA as [`crate::authority::ca`] keeps a CertificateAuthority's (a Secret
 //! holding the CA that signs now, a next one during a rotation and older ones still trusted,
@@ -41,7 +41,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use caretaker_pki::{KeyAlgorithm, LeafSpec, PkiError, Usage};
-use sha2::{Digest, Sha256};
 use time::OffsetDateTime;
 
 use crate::authority::SecretContent;
@@ -57,12 +56,16 @@ use crate::authority::{
 use crate::changes::Event;
 use crate::v1alpha1::{EtcdPolicy, MemberSpec};
 
+mod all_certs;
+pub mod controller;
 pub mod members;
 pub(crate) mod nodes;
 mod quorum;
 #[cfg(test)]
 mod tests;
 
+pub use all_certs::revision_of;
+use all_certs::{change_of, desired_all_certs};
 pub use quorum::{EndpointHealth, MemberAnswer, Quorum};
 
 pub use members::Membership;
@@ -545,8 +548,7 @@ fn plan_signers(
     let mut bundles = BTreeMap::new();
 
     for signer in Signer::ALL {
-        let (observed, next_waits) =
-            observe_signer(seen, signer, leaves, stored_all, now);
+        let (observed, next_waits) = observe_signer(seen, signer, leaves, stored_all, now);
         waits_on_members |= next_waits;
         let policy_of = match signer {
             Signer::Etcd => &policy.signer,
@@ -794,76 +796,6 @@ fn stored_pair(secret: Option<SecretContent<'_>>) -> Option<(String, String)> {
             .filter(|s| !s.trim().is_empty())
     };
     Some((text(TLS_CRT)?, text(TLS_KEY)?))
-}
-
-/// `etcd-all-certs` from every member's certificates and the bundles; `None` until every
-/// member has all three and both bundles exist.
-fn desired_all_certs(
-    members: &[MemberSpec],
-    leaves: &BTreeMap<String, (String, String)>,
-    bundles: &BTreeMap<Signer, String>,
-) -> Option<AllCerts> {
-    let mut data = BTreeMap::new();
-    for member in members {
-        for role in Role::MEMBER {
-            let name = member_secret(role, &member.name);
-            let (crt, key) = leaves.get(&name)?;
-            data.insert(format!("{name}.crt"), crt.clone());
-            data.insert(format!("{name}.key"), key.clone());
-        }
-    }
-    for signer in Signer::ALL {
-        data.insert(
-            signer.all_certs_key().to_string(),
-            bundles.get(&signer)?.clone(),
-        );
-    }
-    Some(AllCerts {
-        revision: revision_of(&data),
-        data,
-    })
-}
-
-/// A revision: the first 16 hex digits of SHA-256 over every key and value, in key order.
-pub fn revision_of(data: &BTreeMap<String, String>) -> String {
-    let mut hash = Sha256::new();
-    for (key, value) in data {
-        hash.update(key.as_bytes());
-        hash.update([0]);
-        hash.update(value.as_bytes());
-        hash.update([0]);
-    }
-    hash.finalize()[..8]
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
-/// What a new revision changes, by key (never a value).
-fn change_of(old: Option<&BTreeMap<String, String>>, new: &BTreeMap<String, String>) -> String {
-    let Some(old) = old else {
-        return "the first revision".into();
-    };
-    let mut parts = Vec::new();
-    let names = |keys: Vec<&String>| {
-        keys.iter()
-            .map(|k| k.as_str())
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    let added: Vec<&String> = new.keys().filter(|k| !old.contains_key(*k)).collect();
-    let removed: Vec<&String> = old.keys().filter(|k| !new.contains_key(*k)).collect();
-    let changed: Vec<&String> = new
-        .iter()
-        .filter(|(k, v)| old.get(*k).is_some_and(|o| o != *v))
-        .map(|(k, _)| k)
-        .collect();
-    for (what, keys) in [("added", added), ("removed", removed), ("changed", changed)] {
-        if !keys.is_empty() {
-            parts.push(format!("{what} {}", names(keys)));
-        }
-    }
-    parts.join("; ")
 }
 
 /// Whether every member that answered presents the serving certificate `all` holds for it.

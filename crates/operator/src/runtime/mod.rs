@@ -14,7 +14,14 @@ pub(crate) mod write;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::Api;
+use kube::runtime::controller::Action;
 use time::OffsetDateTime;
+
+use crate::Error;
+use crate::context::Context;
+use crate::schedule::Next;
 
 /// An object of a namespace: (namespace, name).
 pub(crate) type Key = (String, String);
@@ -23,6 +30,43 @@ pub(crate) type Key = (String, String);
 /// memory of writes, each entry whole).
 pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl From<Next> for Action {
+    fn from(next: Next) -> Action {
+        match next {
+            Next::AwaitChange => Action::await_change(),
+            Next::After(wait) => Action::requeue(wait),
+        }
+    }
+}
+
+/// After a failed reconcile of one of `controller`'s objects: counted by the error's
+/// category, which decides when it runs again.
+pub(crate) fn requeue_after(controller: &'static str, error: &Error, ctx: &Context) -> Action {
+    tracing::warn!(controller, error = %error, category = error.metric_label(), "reconcile failed");
+    ctx.metrics.reconcile_failed(controller, error);
+    error.requeue(ctx.settings.retry_base).into()
+}
+
+/// Returns whether the CRD `name` is installed, waiting for it (false if waiting failed).
+pub(crate) async fn crd_installed(crds: Api<CustomResourceDefinition>, name: &str) -> bool {
+    if matches!(crds.get_opt(name).await, Ok(Some(_))) {
+        return true;
+    }
+    tracing::info!(crd = name, "CRD not installed: its controller waits for it");
+    let installed = kube::runtime::wait::await_condition(
+        crds,
+        name,
+        |crd: Option<&CustomResourceDefinition>| crd.is_some(),
+    );
+    match installed.await {
+        Ok(_) => true,
+        Err(e) => {
+            tracing::warn!(crd = name, error = %e, "stopped waiting for a CRD");
+            false
+        }
+    }
 }
 
 /// How long until `at`, for a requeue: exact, never negative, and at most a year (the

@@ -434,7 +434,7 @@ fn authority_change(change: DynamicObject) -> Option<SourceChange> {
 const CONTROLLER: &str = "ca_injection";
 
 fn error_policy(_target: Arc<DynamicObject>, error: &Error, injector: Arc<Injector>) -> Action {
-    super::requeue_after(CONTROLLER, error, &injector.ctx)
+    crate::runtime::requeue_after(CONTROLLER, error, &injector.ctx)
 }
 
 /// One pass over a target: what it asks for, its source read fresh, the decision carried out.

@@ -1,6 +1,6 @@
 //! The EtcdCertificates controller: a pass reads the namespace's signer, bundle and
 //! certificate Secrets and ConfigMaps (fresh), the selected Nodes, and every member's answer
-//! ([`super::etcd_health`]), asks [`etcd::plan`], and carries the plan out in order, stopping
+//! ([`health`]), asks [`etcd::plan`], and carries the plan out in order, stopping
 //! at the first write that fails. `etcd-all-certs` is written only after the members are asked
 //! once more and the quorum gate still holds.
 //!
@@ -10,6 +10,8 @@
 //! signer is being taken up), after a backoff that grows from 2 s to 30 s while the gate is
 //! closed; nothing polls in steady state. Deleting an EtcdCertificates deletes nothing: the
 //! etcd cluster keeps its certificates; only their expiry series leave the metrics.
+
+mod health;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
@@ -25,7 +27,6 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
 use time::OffsetDateTime;
 
-use super::etcd_health::Asker;
 use crate::Error;
 use crate::authority::ca::{AuthorityStatus, AuthorityStep};
 use crate::authority::leaf::CertificateStep;
@@ -50,6 +51,7 @@ use crate::trust::selector::Selector;
 use crate::v1alpha1::{
     self, EtcdCertificates, EtcdCertificatesStatus, EtcdPolicy, MemberSpec, SignerStatus,
 };
+use health::Asker;
 
 const CRD: &str = "etcdcertificates.caretaker.dev";
 const CONTROLLER: &str = "etcd_certificates";
@@ -77,7 +79,7 @@ struct Shared {
 /// Runs the controller once its CRD is installed, until its streams end.
 pub async fn run(ctx: Arc<Context>) {
     let crds: Api<CustomResourceDefinition> = Api::all(ctx.client.clone());
-    if !super::bundle::crd_installed(crds, CRD).await {
+    if !runtime::crd_installed(crds, CRD).await {
         return;
     }
     let client = ctx.client.clone();
@@ -134,7 +136,7 @@ pub async fn run(ctx: Arc<Context>) {
         names::MANAGED_BY.1
     ));
     let error_policy = |_: Arc<EtcdCertificates>, error: &Error, shared: Arc<Shared>| {
-        super::requeue_after(CONTROLLER, error, &shared.ctx)
+        runtime::requeue_after(CONTROLLER, error, &shared.ctx)
     };
     tracing::info!("EtcdCertificates controller starting");
     controller
