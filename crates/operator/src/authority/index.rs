@@ -427,4 +427,72 @@ mod tests {
         assert_eq!(index.of_issuer("ca3"), [key("c", "x")]);
         assert!(index.of_issuer("ca2").is_empty());
     }
+
+    /// What a certificate Secret says of the CAs in use, read from the stored Secret: the
+    /// candidate that signed it (the old CA, as candidates change), none when none did, and
+    /// nothing from a Secret that is not the certificate's own or holds no certificate.
+    #[test]
+    fn a_leaf_use_names_the_candidate_that_signed_it_from_its_own_secret_only() {
+        use base64::Engine;
+        use base64::engine::general_purpose::STANDARD;
+        use caretaker_pki::{CaSpec, CertificateAuthority, LeafSpec, Usage};
+
+        use super::super::secret_cache::SecretCache;
+
+        let make = |cn| CertificateAuthority::create(&CaSpec::new(cn)).unwrap();
+        let (old, new) = (make("old"), make("new"));
+        let parsed = |pem: &str| Certificate::parse_pem(pem).unwrap().remove(0);
+        let (old_ca, new_ca) = (
+            parsed(&old.certificate_pem()),
+            parsed(&new.certificate_pem()),
+        );
+        let leaf = old.issue(&LeafSpec::new("web", Usage::Server)).unwrap();
+        let secret = |version: &str, mark: &str, crt: &str| -> k8s_openapi::api::core::v1::Secret {
+            serde_json::from_value(serde_json::json!({
+                "metadata": { "name": "web-tls", "namespace": "demo", "resourceVersion": version,
+                              "annotations": { crate::names::OWNER: mark } },
+                "type": "kubernetes.io/tls",
+                "data": { "tls.crt": STANDARD.encode(crt), "tls.key": STANDARD.encode("k"),
+                          "ca.crt": STANDARD.encode(old.certificate_pem()) },
+            }))
+            .unwrap()
+        };
+        let web = Owner::new("IssuedCertificate", Some("demo"), "web", "u1");
+        let at = key("demo", "web-tls");
+        let (cache, uses, verified) = (
+            SecretCache::default(),
+            LeafUses::default(),
+            Verified::default(),
+        );
+        let use_of = |candidates: &[&Certificate]| {
+            let stored = cache.get(&at);
+            uses.of(&web, &at, stored.as_deref(), candidates, &verified)
+        };
+        let signed = |signer| LeafUse::Signed {
+            signer,
+            ca_bundle: Arc::new(BTreeSet::from([old_ca.fingerprint().to_string()])),
+        };
+        assert_eq!(use_of(&[&old_ca]), LeafUse::Missing, "not stored");
+
+        let own = "IssuedCertificate/demo/web/u1";
+        cache.apply(at.clone(), secret("1", own, &leaf.certificate_pem));
+        assert_eq!(use_of(&[&old_ca]), signed(Some(0)));
+        // A rotation: the new CA first, the old one still a candidate.
+        assert_eq!(use_of(&[&new_ca, &old_ca]), signed(Some(1)));
+        assert_eq!(use_of(&[&new_ca]), signed(None));
+
+        cache.apply(
+            at.clone(),
+            secret("2", "IssuedCertificate/demo/web/u0", &leaf.certificate_pem),
+        );
+        assert_eq!(
+            use_of(&[&old_ca]),
+            LeafUse::Missing,
+            "an earlier object's Secret"
+        );
+        cache.apply(at.clone(), secret("3", own, "not a certificate"));
+        assert_eq!(use_of(&[&old_ca]), LeafUse::Missing, "no certificate");
+        uses.forget(&at);
+        assert!(lock(&uses.known).is_empty());
+    }
 }
