@@ -208,3 +208,99 @@ async fn delete_secret(
         Err(e) => Err(e.into()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::ResourceExt;
+
+    use super::*;
+
+    fn tls(key: &Key, value: &'static str) -> Step {
+        let mut data = KeyChanges::default();
+        data.set("tls.crt", value);
+        Step::TlsSecret {
+            key: key.clone(),
+            data,
+            annotations: AnnotationChanges::default(),
+        }
+    }
+
+    fn bundle(key: &Key) -> Step {
+        Step::ConfigMap {
+            key: key.clone(),
+            data: BTreeMap::from([("ca-bundle.crt", "b".to_string())]),
+            annotations: AnnotationChanges::default(),
+        }
+    }
+
+    /// The steps go in order, each on the version the one before it left; the first conflict
+    /// or closed gate ends them, and nothing after it is written.
+    #[tokio::test]
+    async fn steps_stop_at_the_first_conflict_or_closed_gate() {
+        let server = caretaker_apiserver::TestServer::start().await;
+        let client = server.client();
+        let owner = Owner::new("CertificateAuthority", None, "ca", "u1");
+        let (secret, config_map) = (
+            ("default".to_string(), "ca".to_string()),
+            ("default".to_string(), "bundle".to_string()),
+        );
+        let secrets: Api<Secret> = Api::namespaced(client.clone(), "default");
+        let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+
+        // Created, then patched on the version the create left.
+        let mut writer = StepWriter::new(&client, &owner);
+        let steps = ["one", "two"];
+        let mut seen = Vec::new();
+        let written = |_: &&str, before, after: &str| seen.push((before, after.to_string()));
+        let applied = (writer.apply(&steps, |v| tls(&secret, v), no_gate, written))
+            .await
+            .unwrap();
+        assert_eq!(applied, Applied::All);
+        assert_eq!(seen.len(), 2);
+        assert_eq!(seen[0].0, None, "created");
+        assert_eq!(
+            seen[1].0.as_deref(),
+            Some(seen[0].1.as_str()),
+            "on the version it left"
+        );
+        let stored = secrets.get("ca").await.unwrap();
+        assert_eq!(
+            stored.resource_version().as_deref(),
+            Some(seen[1].1.as_str())
+        );
+
+        // A version that is no longer the stored one: a conflict, and the ConfigMap after it
+        // is not written.
+        let mut stale = StepWriter::new(&client, &owner);
+        stale.read(ObjectKind::Secret, secret.clone(), Some(seen[0].1.clone()));
+        let steps = [0, 1];
+        let step_of = |i: &usize| match i {
+            0 => tls(&secret, "three"),
+            _ => bundle(&config_map),
+        };
+        let applied = stale.apply(&steps, step_of, no_gate, |_, _, _| {}).await;
+        assert_eq!(applied.unwrap(), Applied::Conflict { written: 0 });
+        assert!(config_maps.get_opt("bundle").await.unwrap().is_none());
+
+        // A closed gate: what is before it is written, nothing after.
+        let mut gated = StepWriter::new(&client, &owner);
+        gated.read(
+            ObjectKind::Secret,
+            secret.clone(),
+            stored.resource_version(),
+        );
+        let steps = [0, 1, 2];
+        let step_of = |i: &usize| match i {
+            0 => tls(&secret, "four"),
+            1 => Step::Gate,
+            _ => bundle(&config_map),
+        };
+        let closed = || async { false };
+        let applied = gated.apply(&steps, step_of, closed, |_, _, _| {}).await;
+        assert_eq!(applied.unwrap(), Applied::Gated { written: 1 });
+        let data = secrets.get("ca").await.unwrap().data.unwrap();
+        assert_eq!(data["tls.crt"].0, b"four");
+        assert!(config_maps.get_opt("bundle").await.unwrap().is_none());
+    }
+}
