@@ -88,18 +88,11 @@ async fn reconcile(
     let (mut writer, keys) = objects.writer(&shared.ctx.client, &owner);
     let old = authority.status.clone().unwrap_or_default();
     let now = OffsetDateTime::now_utc();
-    let plan = plan(&shared, &authority, objects, policy, now)
-        .await
-        .inspect_err(|e| {
-            (shared.ctx.metrics).rotation_failed(CertificateKind::CertificateAuthority, e)
-        })?;
-    let applied = (writer.apply(
-        &plan.steps,
-        |step| step_of(step, &keys),
-        no_gate,
-        |_, _, _| {},
-    ))
-    .await;
+    let plan = plan(&shared, &authority, objects, policy, now).await?;
+    let to_step = |step: &AuthorityStep| step_of(step, &keys);
+    let applied = writer
+        .apply(&plan.steps, to_step, no_gate, |_, _, _| {})
+        .await;
     if let Some(stop) = stopped(&shared, &name, plan.steps.len(), applied)? {
         return Ok(stop);
     }
@@ -234,7 +227,7 @@ async fn adopt(
 }
 
 /// What the plan decides from `objects`, the injection points and the certificates of the CA
-/// (off the async threads: it parses, and may make a key).
+/// (off the async threads: it parses, and may make a key); a failure is counted.
 async fn plan(
     shared: &Arc<Shared>,
     authority: &CertificateAuthority,
@@ -295,6 +288,7 @@ async fn plan(
         authority: name,
         source,
     })
+    .inspect_err(|e| (shared.ctx.metrics).rotation_failed(CertificateKind::CertificateAuthority, e))
 }
 
 /// A step's write: the CA Secret or the bundle ConfigMap (`keys`).

@@ -88,20 +88,11 @@ async fn reconcile(
         certificate.namespace().unwrap_or_default(),
         certificate.spec.secret_name.clone(),
     );
-    if let Some(message) = namespace_refused(&shared, &certificate, &key.0) {
-        return refuse(
-            &pass,
-            &*certificate,
-            names::REASON_NAMESPACE_NOT_ALLOWED,
-            message,
-        )
-        .await;
+    if let Some((reason, message)) = namespace_refused(&shared, &certificate, &key.0) {
+        return refuse(&pass, &*certificate, reason, message).await;
     }
-    let now = OffsetDateTime::now_utc();
-    let issuer = match shared
-        .issuer(&certificate.spec.issuer_ref.name, now)
-        .await?
-    {
+    let (now, issuer_name) = (OffsetDateTime::now_utc(), &certificate.spec.issuer_ref.name);
+    let issuer = match shared.issuer(issuer_name, now).await? {
         Ok(issuer) => issuer,
         Err(not_ready) => return wait_for_issuer(&reports, &shared, &certificate, not_ready),
     };
@@ -195,23 +186,24 @@ fn finish(
 }
 
 /// Why the issuer does not issue to the certificate's namespace (`namespace`), when it is
-/// known and does not.
+/// known and does not: the reason and the message.
 fn namespace_refused(
     shared: &Shared,
     certificate: &IssuedCertificate,
     namespace: &str,
-) -> Option<String> {
+) -> Option<(&'static str, String)> {
     let issuer_name = &certificate.spec.issuer_ref.name;
     let ca = shared
         .stores
         .authorities
         .get(&ObjectRef::new(issuer_name))?;
     (!ca.spec.issues_to(namespace)).then(|| {
-        format!(
+        let message = format!(
             "CertificateAuthority {issuer_name} issues only to namespaces {}, not to {namespace}; \
              nothing was written",
             ca.spec.allowed_namespaces.join(", "),
-        )
+        );
+        (names::REASON_NAMESPACE_NOT_ALLOWED, message)
     })
 }
 

@@ -93,21 +93,36 @@ pub(crate) async fn write_secret(
     data: &KeyChanges,
     annotations: &AnnotationChanges,
 ) -> Result<Written, Error> {
+    let changes = data.iter().map(|(k, v)| (k.to_string(), v)).collect();
+    let typed = (SECRET_TYPE_TLS, changes);
+    write_typed_secret(client, owner, key, version, typed, annotations).await
+}
+
+/// Creates the Secret `key` of `type_` for `owner` with the values `changes` sets when
+/// `version` is `None`, else merge-patches them (a `None` removes its key) and the
+/// annotations on `version`.
+async fn write_typed_secret(
+    client: &kube::Client,
+    owner: &Owner,
+    key: &Key,
+    version: Option<&str>,
+    (type_, changes): (&str, Vec<(String, Option<&str>)>),
+    annotations: &AnnotationChanges,
+) -> Result<Written, Error> {
     let secret = |metadata| Secret {
         metadata,
-        type_: Some(SECRET_TYPE_TLS.into()),
+        type_: Some(type_.into()),
         data: Some(
-            data.iter()
-                .filter_map(|(k, v)| Some((k.to_string(), ByteString(v?.as_bytes().to_vec()))))
+            (changes.iter())
+                .filter_map(|(k, v)| Some((k.clone(), ByteString((*v)?.as_bytes().to_vec()))))
                 .collect(),
         ),
         ..Default::default()
     };
-    let patch = data
-        .iter()
+    let patch = (changes.iter())
         .map(|(k, v)| {
             let value = v.map_or(Value::Null, |v| Value::String(STANDARD.encode(v)));
-            (k.to_string(), value)
+            (k.clone(), value)
         })
         .collect();
     create_or_patch(client, owner, key, version, annotations, secret, patch).await
@@ -149,24 +164,12 @@ pub(crate) async fn write_opaque_secret(
     version: Option<&str>,
     (data, stored, annotations): (&BTreeMap<String, String>, &[String], &AnnotationChanges),
 ) -> Result<Written, Error> {
-    let secret = |metadata| Secret {
-        metadata,
-        type_: Some("Opaque".into()),
-        data: Some(
-            data.iter()
-                .map(|(k, v)| (k.clone(), ByteString(v.as_bytes().to_vec())))
-                .collect(),
-        ),
-        ..Default::default()
-    };
-    let mut patch: serde_json::Map<String, Value> = data
-        .iter()
-        .map(|(k, v)| (k.clone(), Value::String(STANDARD.encode(v))))
-        .collect();
-    for gone in stored.iter().filter(|k| !data.contains_key(*k)) {
-        patch.insert(gone.clone(), Value::Null);
-    }
-    create_or_patch(client, owner, key, version, annotations, secret, patch).await
+    let set = data.iter().map(|(k, v)| (k.clone(), Some(v.as_str())));
+    let removed = (stored.iter())
+        .filter(|k| !data.contains_key(*k))
+        .map(|k| (k.clone(), None));
+    let typed = ("Opaque", set.chain(removed).collect());
+    write_typed_secret(client, owner, key, version, typed, annotations).await
 }
 
 /// Creates `key` as `object` makes it from its metadata (name, namespace, the label
