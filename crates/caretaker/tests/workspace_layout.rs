@@ -213,22 +213,33 @@ fn apiserver_layers_import_only_downward() {
     );
 }
 
-/// The operator's features (`machine/`, `rollout/`, ...) each hold their pure decisions and
-/// their controller glue; what every controller shares (the context, metrics, the vocabulary of
-/// names and changes) imports no feature, and no feature reaches into another feature's
-/// controller. Features not yet moved into their folders live in `controllers/`, which may use
-/// any of them.
+/// The operator's `runtime/` is the plumbing every controller shares (watches, writes on the
+/// version read, status memory, the refusal sequence): it imports no feature folder and no
+/// controller, which give it their kinds and steps instead, so that every feature can use it
+/// without a circle. So do the other shared modules: the context, the metrics and the
+/// vocabulary of names, changes and schedules.
 #[test]
-fn operator_features_keep_their_controllers_to_themselves() {
+fn the_operators_runtime_imports_no_feature() {
     let features = [
-        "machine",
-        "rollout",
         "authority",
-        "trust",
+        "controllers",
         "etcd",
         "injection",
+        "machine",
+        "rollout",
+        "trust",
+        "webhook",
     ];
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../operator/src");
+    let files = rust_files(&root);
+    assert!(
+        files.contains_key(&vec!["runtime".to_string()]),
+        "the operator has a runtime/"
+    );
+    let modules: BTreeSet<Module> = files.keys().cloned().collect();
+    let mut found = Vec::new();
     let shared = [
+        "runtime",
         "context",
         "metrics",
         "names",
@@ -237,35 +248,64 @@ fn operator_features_keep_their_controllers_to_themselves() {
         "shutdown",
         "timestamp",
     ];
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../operator/src");
-    let files = rust_files(&root);
-    let modules: BTreeSet<Module> = files.keys().cloned().collect();
-    let mut wrong = Vec::new();
-    for (from, text) in &files {
-        let Some(top) = from.first().map(String::as_str) else {
-            continue;
-        };
+    for (module, text) in files
+        .iter()
+        .filter(|(m, _)| m.first().is_some_and(|top| shared.contains(&top.as_str())))
+    {
         for path in paths(&code_only(text)) {
-            let Some(to) = resolve(from, &path, &modules) else {
+            let Some(target) = resolve(module, &path, &modules) else {
                 continue;
             };
-            let Some(target) = to.first().map(String::as_str) else {
-                continue;
-            };
-            // `controllers` starts every controller.
-            if target == top || top == "controllers" || !features.contains(&target) {
-                continue;
-            }
-            let into_controller = to.get(1).is_some_and(|m| m == "controller");
-            if shared.contains(&top) || into_controller {
-                wrong.push(format!("{} -> {}", from.join("::"), to.join("::")));
+            if target
+                .first()
+                .is_some_and(|t| features.contains(&t.as_str()))
+            {
+                found.push(format!("{} -> {}", module.join("::"), target.join("::")));
             }
         }
     }
     assert!(
-        wrong.is_empty(),
-        "operator modules reaching into a feature they may not:\n{}",
-        wrong.join("\n")
+        found.is_empty(),
+        "operator runtime modules importing a feature or a controller:\n{}",
+        found.join("\n")
+    );
+}
+
+/// Each feature folder of the operator holds its pure decisions and its `controller` glue; no
+/// feature imports another feature's controller (a feature's pure decisions are anyone's to
+/// use), so that each controller can be read and changed alone.
+#[test]
+fn no_operator_feature_imports_another_features_controller() {
+    let features = [
+        "authority",
+        "etcd",
+        "injection",
+        "machine",
+        "rollout",
+        "trust",
+    ];
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../operator/src");
+    let files = rust_files(&root);
+    let modules: BTreeSet<Module> = files.keys().cloned().collect();
+    let mut found = Vec::new();
+    for (module, text) in &files {
+        let Some(from) = module.first().filter(|m| features.contains(&m.as_str())) else {
+            continue;
+        };
+        for path in paths(&code_only(text)) {
+            let Some(target) = resolve(module, &path, &modules) else {
+                continue;
+            };
+            let into_controller = target.get(1).map(String::as_str) == Some("controller");
+            if into_controller && target[0] != *from && features.contains(&target[0].as_str()) {
+                found.push(format!("{} -> {}", module.join("::"), target.join("::")));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "operator features importing another feature's controller:\n{}",
+        found.join("\n")
     );
 }
 

@@ -20,7 +20,7 @@ mod etcd;
 use std::time::{Duration, Instant};
 
 use caretaker_apiserver::TestServer;
-use caretaker_operator::controllers::etcd_certificates;
+use caretaker_operator::etcd::controller as etcd_certificates;
 use caretaker_operator::v1alpha1::{self, EtcdCertificates};
 use caretaker_operator::{Context, Settings};
 use etcd::{EtcdCluster, Load};

@@ -130,6 +130,28 @@ impl Event {
     }
 }
 
+/// A condition of a status.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Condition {
+    pub status: bool,
+    pub reason: &'static str,
+    pub message: String,
+}
+
+impl Condition {
+    pub(crate) fn new(status: bool, reason: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            reason,
+            message: message.into(),
+        }
+    }
+
+    pub(crate) fn as_expected() -> Self {
+        Self::new(false, crate::names::REASON_AS_EXPECTED, "")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

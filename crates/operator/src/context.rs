@@ -11,9 +11,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::Client;
 use kube::Resource;
 use kube::api::{Api, ApiResource, DynamicObject, PartialObjectMeta, PostParams};
-use kube::runtime::controller::Action;
 
-use crate::Error;
 use crate::Settings;
 use crate::changes::{Event, EventType};
 use crate::metrics::{Metrics, Readiness, ReconcileTimer};
@@ -255,11 +253,3 @@ pub(crate) async fn send_for_metadata<K: Resource>(
 
 /// The `Accept` value that asks for a single object's metadata alone.
 const METADATA_ONLY: &str = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1";
-
-/// After a failed reconcile of one of `controller`'s objects: counted by the error's
-/// category, which decides when it runs again.
-pub fn requeue_after(controller: &'static str, error: &Error, ctx: &Context) -> Action {
-    tracing::warn!(controller, error = %error, category = error.metric_label(), "reconcile failed");
-    ctx.metrics.reconcile_failed(controller, error);
-    error.requeue(ctx.settings.retry_base).into()
-}

@@ -2,7 +2,7 @@
 //! ValidatingWebhookConfiguration, MutatingWebhookConfiguration, CustomResourceDefinition (its
 //! conversion webhook) or APIService asks for, and the write that puts it into every one of
 //! its `caBundle` fields, or nothing when they all hold it already. Pure: the glue in
-//! [`crate::controllers::ca_injection`] reads the objects and carries the [`Decision`] out.
+//! [`controller`] reads the objects and carries the [`Decision`] out.
 //!
 //! A target asks with one of two annotations ([`crate::names::injection`]):
 //! - `caretaker.dev/inject-ca-from: <name>`: the trust bundle of that CertificateAuthority, the
@@ -38,6 +38,7 @@ use crate::names::injection::{
 };
 use crate::v1alpha1::{BUNDLE_KEY, NamespacedName, is_rfc1123};
 
+pub mod controller;
 #[cfg(test)]
 mod tests;
 

@@ -4,8 +4,10 @@
 //! ([`rollout`], a pass over a parent in [`rollout::parent`]), what may be signed
 //! ([`signing`]) and which trust bundle goes into which `caBundle` field ([`injection`]). Plans are made of [`changes`] (annotations to write, events to publish) and
 //! [`schedule::Next`]; every name users see is in [`names`]. The kube-rs glue that observes and
-//! applies lives in [`controllers`], one module per controller, with shared plumbing in
-//! [`context`] and [`credentials`]. caretaker's own API, `caretaker.dev/v1alpha1`, and the
+//! applies is each feature's `controller` ([`etcd::controller`], [`injection::controller`],
+//! [`trust::controller`]) or, not yet moved, a module of [`controllers`], which also starts them
+//! all; what every controller shares (writes on the version read, status memory, refusals, the
+//! step executor) is [`runtime`], with [`context`] and [`credentials`]. caretaker's own API, `caretaker.dev/v1alpha1`, and the
 //! validation of its specs are in [`v1alpha1`]; the admission webhook that applies that validation
 //! to every write is [`webhook`]. trust-manager's Bundle, decided, is [`trust`]. [`metrics`] holds the metric families and the servers of
 //! `/metrics`, `/healthz` and `/readyz`.
@@ -31,6 +33,7 @@ pub mod ownership;
 pub mod process;
 pub mod replica;
 pub mod rollout;
+pub mod runtime;
 pub mod schedule;
 mod settings;
 pub mod shutdown;

@@ -1,6 +1,9 @@
 //! User-facing names. Those under `v1beta2.k8sd.io` and `machine.cluster.x-k8s.io` come from
 //! the Cluster API providers for Canonical Kubernetes and must match them exactly.
 
+/// The type of the Secrets caretaker writes keys and certificates in.
+pub const SECRET_TYPE_TLS: &str = "kubernetes.io/tls";
+
 /// Trigger: the TTL of the new certificates.
 pub const REFRESH_CERTIFICATES: &str = "v1beta2.k8sd.io/refresh-certificates";
 /// `in-progress`, `done` or `failed`.

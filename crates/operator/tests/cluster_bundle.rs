@@ -855,7 +855,7 @@ impl<S> tower::Layer<S> for CreateFirstLayer {
 async fn a_cluster_bundle_made_just_before_the_migrations_first_write_is_not_written_over() {
     use caretaker_apiserver::{ApiServer, Authorization, Subject};
     use caretaker_operator::Context;
-    use caretaker_operator::controllers::{bundle, bundle_migration};
+    use caretaker_operator::trust::controller::{self as bundle, migration as bundle_migration};
     use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 
     let server = ApiServer::builder()

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use caretaker_apiserver::TestServer;
 use caretaker_operator::authority::Certificate;
-use caretaker_operator::controllers::etcd_certificates;
+use caretaker_operator::etcd::controller as etcd_certificates;
 use caretaker_operator::v1alpha1::{EtcdCertificates, EtcdCertificatesStatus};
 use caretaker_operator::{Context, Settings};
 use common::authorities::{create_namespace, eventually, install_caretaker_crds};

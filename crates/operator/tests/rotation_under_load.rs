@@ -40,7 +40,8 @@ use std::time::{Duration, Instant};
 
 use caretaker_apiserver::{ApiServer, TestServer};
 use caretaker_operator::authority::Certificate;
-use caretaker_operator::controllers::{self, ca_injection};
+use caretaker_operator::controllers;
+use caretaker_operator::injection::controller as ca_injection;
 use caretaker_operator::v1alpha1::{CertificateAuthority as CaObject, IssuedCertificate};
 use caretaker_operator::webhook::{
     self, CertificateSource, Endpoint, Limits, ServingCertificate, Webhook,

@@ -132,9 +132,12 @@
 
 pub mod bundle;
 pub mod ca;
+pub(crate) mod index;
 pub mod leaf;
+pub(crate) mod memory;
 #[cfg(test)]
 mod model;
+pub(crate) mod secret_cache;
 #[cfg(test)]
 mod timeline;
 pub mod verified;
@@ -176,8 +179,7 @@ pub struct CertificatePolicy {
     pub rotation: RotationPolicy,
 }
 
-/// The type of every Secret written here.
-pub const SECRET_TYPE_TLS: &str = "kubernetes.io/tls";
+pub use crate::names::SECRET_TYPE_TLS;
 /// Secret key: the certificate (the CA that signs now, or the leaf alone).
 pub const TLS_CRT: &str = "tls.crt";
 /// Secret key: the private key of `tls.crt`.
@@ -569,6 +571,8 @@ fn serving(usage: Usage) -> bool {
 /// shows the keys and sizes, never a value.
 pub type SecretData = crate::changes::KeyChanges;
 
+pub use crate::changes::Condition;
+
 /// What the status of a certificate says once a plan's writes are in place: an
 /// IssuedCertificate's, or the CA that signs now for a CertificateAuthority.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -583,28 +587,6 @@ pub struct CertificateStatus {
     /// When the certificate is due to be replaced (for a CertificateAuthority during a
     /// rotation: when the next CA will be promoted).
     pub next_rotation: Option<OffsetDateTime>,
-}
-
-/// A condition of a status.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Condition {
-    pub status: bool,
-    pub reason: &'static str,
-    pub message: String,
-}
-
-impl Condition {
-    pub(crate) fn new(status: bool, reason: &'static str, message: impl Into<String>) -> Self {
-        Self {
-            status,
-            reason,
-            message: message.into(),
-        }
-    }
-
-    pub(crate) fn as_expected() -> Self {
-        Self::new(false, names::REASON_AS_EXPECTED, "")
-    }
 }
 
 /// The first moment at or after `t` that an annotation can hold (whole seconds): recorded

@@ -1,6 +1,6 @@
 //! The CertificateAuthority controller: a pass observes the CA Secret and the bundle ConfigMap
 //! (read fresh), the injection points naming the CA and the certificates it issued (from the
-//! shared stores, [`super::authority_watch`]), asks [`ca::plan`], and carries the plan out:
+//! shared stores, [`super::authorities`]), asks [`ca::plan`], and carries the plan out:
 //! its writes in order (a Secret is created with type `kubernetes.io/tls`, an existing object
 //! merge-patched on the `resourceVersion` the pass read; the first write that fails ends the
 //! pass, and the next one starts from what is stored), then its events, then the status when
@@ -23,19 +23,24 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use time::OffsetDateTime;
 
-use super::authority_watch::{self, AuthorityFeed, Shared, Written};
+use super::authorities::{self, AuthorityFeed, Shared};
 use crate::Error;
 use crate::authority::bundle::BundleState;
 use crate::authority::ca::{
     self, AuthorityObserved, AuthorityStep, CaPlan, CaSecretState, Untrusting,
 };
-use crate::authority::{CA_BUNDLE_CRT, ObjectName, PkiMint};
+use crate::authority::{AuthorityPolicy, CA_BUNDLE_CRT, ObjectName, PkiMint};
 use crate::changes::Event;
 use crate::metrics::CertificateKind;
 use crate::names;
-use crate::ownership::Claim;
+use crate::ownership::{Claim, Owner};
+use crate::runtime::refuse::{Refusal, ShowRefusal, refuse};
+use crate::runtime::steps::{Applied, Failed, ObjectKind, Step, StepWriter, no_gate};
+use crate::runtime::{self, Key, claims, status, write};
 use crate::timestamp::format_time;
-use crate::v1alpha1::{CertificateAuthority, CertificateAuthorityStatus, PreviousCa};
+use crate::v1alpha1::{
+    CertificateAuthority, CertificateAuthoritySpec, CertificateAuthorityStatus, PreviousCa,
+};
 
 /// Runs the controller on the CertificateAuthorities and wake-ups `feed` brings.
 pub(crate) async fn run(shared: Arc<Shared>, feed: AuthorityFeed) {
@@ -43,7 +48,7 @@ pub(crate) async fn run(shared: Arc<Shared>, feed: AuthorityFeed) {
         let name = wake.recv().await?;
         Some((ObjectRef::new(&name), wake))
     });
-    let store = shared.authorities.clone();
+    let store = shared.stores.authorities.clone();
     shared
         .run_controller(
             "certificate_authority",
@@ -63,104 +68,181 @@ async fn reconcile(
     if authority.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }
-    let name = authority.name_any();
-    let policy = match authority.spec.policy() {
+    let policy = match acceptable(&shared, &authority.spec) {
         Ok(policy) => policy,
-        Err(e) => {
-            let message = format!("{e}; nothing was written");
-            return refuse(&shared, &authority, names::REASON_INVALID_SPEC, message).await;
+        Err((reason, problem)) => {
+            let message = format!("{problem}; nothing was written");
+            return refuse(&*shared, &*authority, reason, message).await;
         }
     };
-    if let Some(problem) = shared.outside_scope(&authority.spec) {
-        let message = format!("{problem}; nothing was written");
-        return refuse(
-            &shared,
-            &authority,
-            names::REASON_OUTSIDE_WATCHED_NAMESPACE,
-            message,
-        )
-        .await;
-    }
-    if let Some(problem) = shared.secret_namespace_refused(&authority.spec) {
-        let message = format!("{problem}; nothing was written");
-        return refuse(
-            &shared,
-            &authority,
-            names::REASON_NAMESPACE_NOT_ALLOWED,
-            message,
-        )
-        .await;
-    }
     shared.authority_inputs_synced().await?;
-
-    let client = shared.ctx.client.clone();
-    let secret_key = authority_watch::ca_secret_key(&authority.spec);
-    let bundle_key = authority_watch::bundle_key(&authority.spec);
-    let secret = Api::<Secret>::namespaced(client.clone(), &secret_key.0)
-        .get_opt(&secret_key.1)
-        .await?;
-    let config_map = Api::<ConfigMap>::namespaced(client, &bundle_key.0)
-        .get_opt(&bundle_key.1)
-        .await?;
-    // Only this CertificateAuthority's objects, or absent ones (see `crate::ownership`).
-    let owner = authority_watch::owner_of(&*authority);
-    let claims = [
-        authority_watch::claim(
-            &owner,
-            "Secret",
-            &secret_key,
-            secret.as_ref().map(|s| &s.metadata),
-        ),
-        authority_watch::claim(
-            &owner,
-            "ConfigMap",
-            &bundle_key,
-            config_map.as_ref().map(|c| &c.metadata),
-        ),
-    ];
-    if let Some((reason, message)) = authority_watch::refusal(&claims) {
-        return refuse(&shared, &authority, reason, message).await;
+    let objects = Objects::read(&shared, &authority).await?;
+    if let Some((reason, message)) = claims::refusal(&objects.claims) {
+        return refuse(&*shared, &*authority, reason, message).await;
     }
-    if claims.contains(&Claim::Adopt) {
-        // Handed over: the mark first, alone; the next pass reads them as this CA's.
-        let client = &shared.ctx.client;
-        if let (Claim::Adopt, Some(version)) = (
-            &claims[0],
-            secret.as_ref().and_then(|s| s.resource_version()),
-        ) {
-            authority_watch::adopt::<Secret>(client, &owner, &secret_key, &version).await?;
-        }
-        if let (Claim::Adopt, Some(version)) = (
-            &claims[1],
-            config_map.as_ref().and_then(|c| c.resource_version()),
-        ) {
-            authority_watch::adopt::<ConfigMap>(client, &owner, &bundle_key, &version).await?;
-        }
-        tracing::info!(authority = %name, "adopted its Secret or bundle ConfigMap, as their adoption request asked");
-        return Ok(Action::await_change());
+    if objects.claims.contains(&Claim::Adopt) {
+        return adopt(&shared, &authority, &objects).await;
     }
-    let mut versions = (
-        secret.as_ref().and_then(|s| s.resource_version()),
-        config_map.as_ref().and_then(|c| c.resource_version()),
-    );
+    let (name, uid) = (authority.name_any(), authority.uid().unwrap_or_default());
+    let owner = claims::owner_of(&*authority);
+    let (mut writer, keys) = objects.writer(&shared.ctx.client, &owner);
     let old = authority.status.clone().unwrap_or_default();
-    let reported_degraded = shared.degraded.reported(
-        &*authority,
-        authority_watch::degraded_message(&old.certificate.conditions),
-    );
     let now = OffsetDateTime::now_utc();
-
-    let observing = shared.clone();
-    let uid = authority.uid().unwrap_or_default();
-    let (who, who_uid, secret_name, bundle_name) = (
-        name.clone(),
-        uid.clone(),
-        ObjectName::new(&secret_key.0, &secret_key.1),
-        ObjectName::new(&bundle_key.0, &bundle_key.1),
+    let plan = plan(&shared, &authority, objects, policy, now).await?;
+    let to_step = |step: &AuthorityStep| step_of(step, &keys);
+    let applied = writer
+        .apply(&plan.steps, to_step, no_gate, |_, _, _| {})
+        .await;
+    if let Some(stop) = stopped(&shared, &name, plan.steps.len(), applied)? {
+        return Ok(stop);
+    }
+    let reference = authority.object_ref(&());
+    for event in &plan.events {
+        tracing::info!(authority = %name, reason = event.reason, note = %event.note, "CertificateAuthority event");
+        shared.ctx.event(&reference, event.clone()).await;
+    }
+    let memory = &shared.authority_memory;
+    memory.set_last_good(&name, &uid, plan.issuer.signer.clone().ok());
+    memory.remember_cas(&name, &uid, plan.held.clone());
+    let status = status_of(&plan, &old, authority.metadata.generation, now);
+    shared.record_certificate(
+        CertificateKind::CertificateAuthority,
+        ("", &name),
+        // A CA that signs now in place of another.
+        (plan.events.iter()).any(|e| e.reason == names::EVENT_SIGNER_PROMOTED),
+        &plan.status.certificate(),
     );
-    let plan = authority_watch::blocking(move || {
-        let secret = secret.as_ref().map(authority_watch::secret_content);
-        let bundle = config_map.as_ref().map(authority_watch::config_map_content);
+    write_status(&shared, &authority, &status, &old).await?;
+    Ok(match plan.wake_at {
+        Some(at) => Action::requeue(runtime::until(at)),
+        None => Action::await_change(),
+    })
+}
+
+/// The policy of a spec the operator may act on; or why not (a reason and the problem): the
+/// spec does not validate, names a namespace outside the one watched, or keeps its CA in a
+/// namespace CA Secrets may not be in.
+fn acceptable(
+    shared: &Shared,
+    spec: &CertificateAuthoritySpec,
+) -> Result<AuthorityPolicy, (&'static str, String)> {
+    let policy = spec
+        .policy()
+        .map_err(|e| (names::REASON_INVALID_SPEC, e.to_string()))?;
+    if let Some(problem) = shared.outside_scope(spec) {
+        return Err((names::REASON_OUTSIDE_WATCHED_NAMESPACE, problem));
+    }
+    if let Some(problem) = shared.secret_namespace_refused(spec) {
+        return Err((names::REASON_NAMESPACE_NOT_ALLOWED, problem));
+    }
+    Ok(policy)
+}
+
+/// The CA Secret and the bundle ConfigMap as a pass reads them (fresh), and whether the
+/// CertificateAuthority may write each.
+struct Objects {
+    secret_key: Key,
+    bundle_key: Key,
+    secret: Option<Secret>,
+    config_map: Option<ConfigMap>,
+    /// The Secret's, then the ConfigMap's (see `crate::ownership`).
+    claims: [Claim; 2],
+}
+
+impl Objects {
+    async fn read(shared: &Shared, authority: &CertificateAuthority) -> Result<Self, Error> {
+        let client = shared.ctx.client.clone();
+        let secret_key = authorities::ca_secret_key(&authority.spec);
+        let bundle_key = authorities::bundle_key(&authority.spec);
+        let secret = Api::<Secret>::namespaced(client.clone(), &secret_key.0)
+            .get_opt(&secret_key.1)
+            .await?;
+        let config_map = Api::<ConfigMap>::namespaced(client, &bundle_key.0)
+            .get_opt(&bundle_key.1)
+            .await?;
+        // Only this CertificateAuthority's objects, or absent ones.
+        let owner = claims::owner_of(authority);
+        let claims = [
+            claims::claim(
+                &owner,
+                "Secret",
+                &secret_key,
+                secret.as_ref().map(|s| &s.metadata),
+            ),
+            claims::claim(
+                &owner,
+                "ConfigMap",
+                &bundle_key,
+                config_map.as_ref().map(|c| &c.metadata),
+            ),
+        ];
+        Ok(Self {
+            secret_key,
+            bundle_key,
+            secret,
+            config_map,
+            claims,
+        })
+    }
+
+    /// The writer of the pass's steps, on the versions read, and where they write (the
+    /// Secret, the ConfigMap).
+    fn writer<'a>(
+        &self,
+        client: &'a kube::Client,
+        owner: &'a Owner,
+    ) -> (StepWriter<'a>, (Key, Key)) {
+        let mut writer = StepWriter::new(client, owner);
+        let keys = (self.secret_key.clone(), self.bundle_key.clone());
+        writer.read(ObjectKind::Secret, keys.0.clone(), self.version(0));
+        writer.read(ObjectKind::ConfigMap, keys.1.clone(), self.version(1));
+        (writer, keys)
+    }
+
+    /// The version read of the Secret (0) or the ConfigMap (1).
+    fn version(&self, which: usize) -> Option<String> {
+        match which {
+            0 => self.secret.as_ref().and_then(|s| s.resource_version()),
+            _ => self.config_map.as_ref().and_then(|c| c.resource_version()),
+        }
+    }
+}
+
+/// Handed over: the marks first, alone; the next pass reads the objects as this CA's.
+async fn adopt(
+    shared: &Shared,
+    authority: &CertificateAuthority,
+    objects: &Objects,
+) -> Result<Action, Error> {
+    let client = &shared.ctx.client;
+    let owner = claims::owner_of(authority);
+    if let (Claim::Adopt, Some(version)) = (&objects.claims[0], objects.version(0)) {
+        write::adopt::<Secret>(client, &owner, &objects.secret_key, &version).await?;
+    }
+    if let (Claim::Adopt, Some(version)) = (&objects.claims[1], objects.version(1)) {
+        write::adopt::<ConfigMap>(client, &owner, &objects.bundle_key, &version).await?;
+    }
+    tracing::info!(authority = %authority.name_any(), "adopted its Secret or bundle ConfigMap, as their adoption request asked");
+    Ok(Action::await_change())
+}
+
+/// What the plan decides from `objects`, the injection points and the certificates of the CA
+/// (off the async threads: it parses, and may make a key); a failure is counted.
+async fn plan(
+    shared: &Arc<Shared>,
+    authority: &CertificateAuthority,
+    objects: Objects,
+    policy: AuthorityPolicy,
+    now: OffsetDateTime,
+) -> Result<CaPlan, Error> {
+    let name = authority.name_any();
+    let reported_degraded = shared.reported(authority);
+    let (observing, who, uid) = (shared.clone(), name.clone(), authority.uid());
+    let uid = uid.unwrap_or_default();
+    runtime::blocking(move || {
+        let memory = &observing.authority_memory;
+        let secret = objects.secret.as_ref().map(write::secret_content);
+        let bundle = objects.config_map.as_ref().map(write::config_map_content);
         let published = bundle
             .as_ref()
             .and_then(|(data, _)| data.get(CA_BUNDLE_CRT))
@@ -170,9 +252,10 @@ async fn reconcile(
             .map(|ca| ca.fingerprint().to_string())
             .collect();
         let mut untrusting = Untrusting::default();
+        let (secret_key, bundle_key) = (&objects.secret_key, &objects.bundle_key);
         let mut seen = AuthorityObserved {
-            secret_name,
-            bundle_name,
+            secret_name: ObjectName::new(&secret_key.0, &secret_key.1),
+            bundle_name: ObjectName::new(&bundle_key.0, &bundle_key.1),
             secret: CaSecretState::observe(secret.as_ref().map(|(d, a)| (d, a))),
             injected: observing.injected(&who, published, &bundle_state, &mut untrusting),
             bundle: bundle_state,
@@ -180,8 +263,8 @@ async fn reconcile(
             certificates_missing: false,
             distributed: None,
             untrusting: Untrusting::default(),
-            last_good: observing.last_good(&who, &who_uid),
-            remembered: Some(observing.remembered_cas(&who, &who_uid)),
+            last_good: memory.last_good(&who, &uid),
+            remembered: Some(memory.remembered_cas(&who, &uid)),
             reported_degraded,
         };
         let candidates = ca::in_use_candidates(&seen, now);
@@ -202,79 +285,50 @@ async fn reconcile(
     })
     .await
     .map_err(|source| Error::CaCreationFailed {
-        authority: name.clone(),
+        authority: name,
         source,
     })
-    .inspect_err(|e| {
-        (shared.ctx.metrics).rotation_failed(CertificateKind::CertificateAuthority, e)
-    })?;
+    .inspect_err(|e| (shared.ctx.metrics).rotation_failed(CertificateKind::CertificateAuthority, e))
+}
 
-    let total = plan.steps.len();
-    for (done, step) in plan.steps.iter().enumerate() {
-        let written = match step {
-            AuthorityStep::WriteSecret(secret) => {
-                authority_watch::write_secret(
-                    &shared.ctx.client,
-                    &owner,
-                    &secret_key,
-                    versions.0.as_deref(),
-                    &secret.data(),
-                    &secret.annotation_changes(),
-                )
-                .await
+/// A step's write: the CA Secret or the bundle ConfigMap (`keys`).
+fn step_of(step: &AuthorityStep, (secret_key, bundle_key): &(Key, Key)) -> Step {
+    match step {
+        AuthorityStep::WriteSecret(secret) => Step::TlsSecret {
+            key: secret_key.clone(),
+            data: secret.data(),
+            annotations: secret.annotation_changes(),
+        },
+        AuthorityStep::WriteBundle(bundle) => Step::ConfigMap {
+            key: bundle_key.clone(),
+            data: bundle.data(),
+            annotations: bundle.annotation_changes(),
+        },
+    }
+}
+
+/// How a pass goes on after its writes: `None` when all were made; else it ends (a conflict:
+/// the next pass starts from what is stored; a failure: the error).
+fn stopped(
+    shared: &Shared,
+    name: &str,
+    total: usize,
+    applied: Result<Applied, Failed>,
+) -> Result<Option<Action>, Error> {
+    match applied {
+        Ok(Applied::All) => Ok(None),
+        Ok(Applied::Conflict { written } | Applied::Gated { written }) => {
+            tracing::info!(authority = %name, written, of = total, "an object changed since this pass read it; the next pass starts from what is stored");
+            Ok(Some(Action::await_change()))
+        }
+        Err(Failed { written, error }) => {
+            (shared.ctx.metrics).rotation_failed(CertificateKind::CertificateAuthority, &error);
+            if written > 0 {
+                tracing::info!(authority = %name, written, of = total, "a write failed; the next pass starts from what is stored");
             }
-            AuthorityStep::WriteBundle(bundle) => {
-                authority_watch::write_config_map(
-                    &shared.ctx.client,
-                    &owner,
-                    &bundle_key,
-                    versions.1.as_deref(),
-                    &bundle.data(),
-                    &bundle.annotation_changes(),
-                )
-                .await
-            }
-        };
-        let version = match written {
-            Ok(Written::Done(version)) => version,
-            Ok(Written::Conflict) => {
-                tracing::info!(authority = %name, written = done, of = total, "an object changed since this pass read it; the next pass starts from what is stored");
-                return Ok(Action::await_change());
-            }
-            Err(e) => {
-                (shared.ctx.metrics).rotation_failed(CertificateKind::CertificateAuthority, &e);
-                if done > 0 {
-                    tracing::info!(authority = %name, written = done, of = total, "a write failed; the next pass starts from what is stored");
-                }
-                return Err(e);
-            }
-        };
-        match step {
-            AuthorityStep::WriteSecret(_) => versions.0 = Some(version),
-            AuthorityStep::WriteBundle(_) => versions.1 = Some(version),
+            Err(error)
         }
     }
-
-    let reference = authority.object_ref(&());
-    for event in &plan.events {
-        tracing::info!(authority = %name, reason = event.reason, note = %event.note, "CertificateAuthority event");
-        shared.ctx.event(&reference, event.clone()).await;
-    }
-    shared.set_last_good(&name, &uid, plan.issuer.signer.clone().ok());
-    shared.remember_cas(&name, &uid, plan.held.clone());
-    let status = status_of(&plan, &old, authority.metadata.generation, now);
-    shared.record_certificate(
-        CertificateKind::CertificateAuthority,
-        ("", &name),
-        // A CA that signs now in place of another.
-        (plan.events.iter()).any(|e| e.reason == names::EVENT_SIGNER_PROMOTED),
-        &plan.status.certificate(),
-    );
-    write_status(&shared, &authority, &status, &old).await?;
-    Ok(match plan.wake_at {
-        Some(at) => Action::requeue(authority_watch::until(at)),
-        None => Action::await_change(),
-    })
 }
 
 /// The status once the plan's writes are in place.
@@ -286,7 +340,7 @@ fn status_of(
 ) -> CertificateAuthorityStatus {
     let status = &plan.status;
     CertificateAuthorityStatus {
-        certificate: authority_watch::certificate_status(
+        certificate: authorities::certificate_status(
             &status.certificate(),
             &old.certificate,
             generation,
@@ -311,47 +365,60 @@ async fn write_status(
     status: &CertificateAuthorityStatus,
     old: &CertificateAuthorityStatus,
 ) -> Result<(), Error> {
-    (shared.degraded).remember(
+    (shared.statuses.degraded).remember(
         authority,
-        authority_watch::degraded_message(&old.certificate.conditions),
-        authority_watch::degraded_message(&status.certificate.conditions),
+        status::degraded_message(&old.certificate.conditions),
+        status::degraded_message(&status.certificate.conditions),
     );
     let api: Api<CertificateAuthority> = Api::all(shared.ctx.client.clone());
-    shared.write_status(&api, authority, status, old).await
+    shared
+        .statuses
+        .written
+        .write(&api, authority, status, old)
+        .await
 }
 
-/// A spec caretaker cannot act on: Ready false and Degraded with `reason`, nothing written,
-/// and a Warning unless the status already says the same.
-async fn refuse(
-    shared: &Shared,
-    authority: &CertificateAuthority,
-    reason: &'static str,
-    message: String,
-) -> Result<Action, Error> {
-    let old = authority.status.clone().unwrap_or_default();
-    let read = authority_watch::degraded_message(&old.certificate.conditions);
-    if shared.degraded.reported(authority, read) != Some(message.clone()) {
-        tracing::warn!(authority = %authority.name_any(), reason, %message, "CertificateAuthority not acted on");
-        shared
-            .ctx
-            .event(
-                &authority.object_ref(&()),
-                Event::warning(reason, message.clone()),
-            )
-            .await;
+impl ShowRefusal<CertificateAuthority> for Shared {
+    fn reported(&self, authority: &CertificateAuthority) -> Option<String> {
+        let old = authority.status.as_ref().map(|s| &s.certificate.conditions);
+        let read = old.and_then(|conditions| status::degraded_message(conditions));
+        self.statuses.degraded.reported(authority, read)
     }
-    let generation = authority.metadata.generation;
-    let conditions = authority_watch::refused_conditions(
-        &old.certificate.conditions,
-        reason,
-        &message,
-        generation,
-        OffsetDateTime::now_utc(),
-    );
-    let status = CertificateAuthorityStatus {
-        certificate: old.certificate.with_conditions(conditions, generation),
-        ..old.clone()
-    };
-    write_status(shared, authority, &status, &old).await?;
-    Ok(Action::await_change())
+
+    /// Ready false and Degraded with the refusal's reason, nothing else written; then the
+    /// Warning.
+    async fn show(
+        &self,
+        authority: &CertificateAuthority,
+        refusal: &Refusal,
+        warning: Option<Event>,
+    ) -> Result<(), Error> {
+        let old = authority.status.clone().unwrap_or_default();
+        let generation = authority.metadata.generation;
+        let conditions = status::refused_conditions(
+            &old.certificate.conditions,
+            refusal.reason,
+            &refusal.message,
+            generation,
+            OffsetDateTime::now_utc(),
+        );
+        let status = CertificateAuthorityStatus {
+            certificate: old.certificate.with_conditions(conditions, generation),
+            ..old.clone()
+        };
+        let api: Api<CertificateAuthority> = Api::all(self.ctx.client.clone());
+        self.statuses
+            .written
+            .write(&api, authority, &status, &old)
+            .await?;
+        if let Some(warning) = warning {
+            self.ctx.event(&authority.object_ref(&()), warning).await;
+        }
+        (self.statuses.degraded).remember(
+            authority,
+            status::degraded_message(&old.certificate.conditions),
+            Some(&refusal.message),
+        );
+        Ok(())
+    }
 }

@@ -23,9 +23,10 @@ use kube::api::Api;
 use kube::runtime::reflector::ObjectRef;
 use time::OffsetDateTime;
 
-use super::authority_watch::{self, Key, Shared};
+use super::authorities::{self, Shared};
 use crate::authority;
 use crate::changes::Event;
+use crate::runtime::{Key, status};
 use crate::v1alpha1::{IssuedCertificate, IssuedCertificateStatus};
 
 /// How long the Secret writes must pause before reports are sent.
@@ -65,10 +66,10 @@ impl PlannedStatus {
         let (generation, at) = (self.generation, self.at);
         match &self.update {
             StatusUpdate::Planned(planned) => {
-                authority_watch::certificate_status(planned, old, generation, at)
+                authorities::certificate_status(planned, old, generation, at)
             }
             StatusUpdate::Waiting(not_ready) => {
-                let conditions = authority_watch::conditions(
+                let conditions = status::conditions(
                     &old.conditions,
                     not_ready,
                     &authority::Condition::as_expected(),
@@ -78,13 +79,8 @@ impl PlannedStatus {
                 old.with_conditions(conditions, generation)
             }
             StatusUpdate::Refused { reason, message } => {
-                let conditions = authority_watch::refused_conditions(
-                    &old.conditions,
-                    reason,
-                    message,
-                    generation,
-                    at,
-                );
+                let conditions =
+                    status::refused_conditions(&old.conditions, reason, message, generation, at);
                 old.with_conditions(conditions, generation)
             }
         }
@@ -282,7 +278,7 @@ async fn send_status(
     status: PlannedStatus,
 ) -> bool {
     let reference = ObjectRef::new(&key.1).within(&key.0);
-    let Some(certificate) = shared.certificates.get(&reference) else {
+    let Some(certificate) = shared.stores.certificates.get(&reference) else {
         return true; // deleted: no status to write
     };
     if certificate.metadata.uid != uid {
@@ -290,7 +286,12 @@ async fn send_status(
     }
     let old = certificate.status.clone().unwrap_or_default();
     let api: Api<IssuedCertificate> = Api::namespaced(shared.ctx.client.clone(), &key.0);
-    match (shared.write_status(&api, &certificate, &status.over(&old), &old)).await {
+    match (shared
+        .statuses
+        .written
+        .write(&api, &certificate, &status.over(&old), &old))
+    .await
+    {
         Ok(()) => true,
         Err(e) => {
             tracing::warn!(certificate = %format!("{}/{}", key.0, key.1), error = %e, "cannot write an IssuedCertificate's status");

@@ -21,15 +21,19 @@ use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use time::OffsetDateTime;
 
-use super::authority_watch::{self, CertificateFeed, Shared, Written};
+use super::authorities::{CertificateFeed, Shared};
 use super::certificate_reports::{CertificateReports, PlannedStatus, StatusUpdate};
 use crate::Error;
-use crate::authority::leaf::{self, CertificateStep, LeafObserved, LeafSecretState};
-use crate::authority::{self, ObjectName, PkiMint};
+use crate::authority::ca::IssuerView;
+use crate::authority::leaf::{self, CertificateStep, LeafObserved, LeafPlan, LeafSecretState};
+use crate::authority::{self, CertificatePolicy, ObjectName, PkiMint};
 use crate::changes::Event;
 use crate::metrics::CertificateKind;
 use crate::names;
-use crate::ownership::Claim;
+use crate::ownership::{Claim, Owner};
+use crate::runtime::refuse::{Refusal, ShowRefusal, refuse};
+use crate::runtime::steps::{Applied, Failed, ObjectKind, Step, StepWriter, no_gate};
+use crate::runtime::{self, Key, claims, status, write};
 use crate::v1alpha1::IssuedCertificate;
 
 /// Passes at once: enough to keep the API server busy while others sign, few enough that
@@ -47,7 +51,7 @@ pub(crate) async fn run(
         let (namespace, name) = wake.recv().await?;
         Some((ObjectRef::new(&name).within(&namespace), wake))
     });
-    let store = shared.certificates.clone();
+    let store = shared.stores.certificates.clone();
     shared
         .run_controller(
             "issued_certificate",
@@ -68,50 +72,30 @@ async fn reconcile(
     if certificate.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }
-    let spec = &certificate.spec;
-    let policy = match spec.policy() {
+    let pass = CertificatePass {
+        shared: &shared,
+        reports: &reports,
+    };
+    let policy = match certificate.spec.policy() {
         Ok(policy) => policy,
         Err(e) => {
             let message = format!("{e}; nothing was written");
-            return refuse(
-                &reports,
-                &shared,
-                &certificate,
-                names::REASON_INVALID_SPEC,
-                message,
-            );
+            return refuse(&pass, &*certificate, names::REASON_INVALID_SPEC, message).await;
         }
     };
     shared.certificate_inputs_synced().await?;
     let key = (
         certificate.namespace().unwrap_or_default(),
-        spec.secret_name.clone(),
+        certificate.spec.secret_name.clone(),
     );
-    let own = (key.0.clone(), certificate.name_any());
-    let issuer_name = &spec.issuer_ref.name;
-    if let Some(ca) = shared.authorities.get(&ObjectRef::new(issuer_name))
-        && !ca.spec.issues_to(&key.0)
-    {
-        let message = format!(
-            "CertificateAuthority {issuer_name} issues only to namespaces {}, not to {}; \
-             nothing was written",
-            ca.spec.allowed_namespaces.join(", "),
-            key.0
-        );
-        return refuse(
-            &reports,
-            &shared,
-            &certificate,
-            names::REASON_NAMESPACE_NOT_ALLOWED,
-            message,
-        );
+    if let Some((reason, message)) = namespace_refused(&shared, &certificate, &key.0) {
+        return refuse(&pass, &*certificate, reason, message).await;
     }
-    let now = OffsetDateTime::now_utc();
+    let (now, issuer_name) = (OffsetDateTime::now_utc(), &certificate.spec.issuer_ref.name);
     let issuer = match shared.issuer(issuer_name, now).await? {
         Ok(issuer) => issuer,
         Err(not_ready) => return wait_for_issuer(&reports, &shared, &certificate, not_ready),
     };
-
     let secret = shared.secret(&key).await?;
     let version = secret.as_ref().and_then(|s| s.resource_version());
     if let Some(wait) = shared.behind_own_write(&key, version.as_deref()) {
@@ -120,23 +104,130 @@ async fn reconcile(
         return Ok(Action::requeue(wait));
     }
     // Only this certificate's Secret, or an absent one (see `crate::ownership`).
-    let owner = authority_watch::owner_of(&*certificate);
-    let claim =
-        authority_watch::claim(&owner, "Secret", &key, secret.as_ref().map(|s| &s.metadata));
-    if let Some((reason, message)) = authority_watch::refusal(std::slice::from_ref(&claim)) {
-        return refuse(&reports, &shared, &certificate, reason, message);
+    let owner = claims::owner_of(&*certificate);
+    let claim = claims::claim(&owner, "Secret", &key, secret.as_ref().map(|s| &s.metadata));
+    if let Some((reason, message)) = claims::refusal(std::slice::from_ref(&claim)) {
+        return refuse(&pass, &*certificate, reason, message).await;
     }
     if let (Claim::Adopt, Some(version)) = (&claim, &version) {
         // Handed over: the mark first, alone; the next pass reads the Secret as this
         // certificate's.
-        authority_watch::adopt::<Secret>(&shared.ctx.client, &owner, &key, version).await?;
+        write::adopt::<Secret>(&shared.ctx.client, &owner, &key, version).await?;
         return Ok(Action::await_change());
     }
+    let (plan, held_one) = plan(&shared, &key, secret, policy, issuer, now)
+        .await
+        .inspect_err(|e| rotation_failed(&shared, e))?;
+    if let Some(stop) = write(&pass, &certificate, (&key, &owner, version), &plan).await? {
+        return Ok(stop);
+    }
+    Ok(finish(&pass, &certificate, plan, held_one, now))
+}
+
+/// Writes the plan's steps to the Secret `key` (of `owner`, read at `version`); the action
+/// that ends the pass when they did not all go through.
+async fn write(
+    pass: &CertificatePass<'_>,
+    certificate: &IssuedCertificate,
+    (key, owner, version): (&Key, &Owner, Option<String>),
+    plan: &LeafPlan,
+) -> Result<Option<Action>, Error> {
+    let CertificatePass { shared, reports } = *pass;
+    let mut writer = StepWriter::new(&shared.ctx.client, owner);
+    writer.read(ObjectKind::Secret, key.clone(), version);
+    let own = (key.0.clone(), certificate.name_any());
+    let step_of = |step: &CertificateStep| Step::TlsSecret {
+        key: key.clone(),
+        data: step.data(),
+        annotations: step.annotation_changes(),
+    };
+    let written = |_: &CertificateStep, before, after: &str| {
+        reports.secret_written();
+        shared.note_written(key.clone(), before, after.to_string(), own.clone());
+    };
+    match writer.apply(&plan.steps, step_of, no_gate, written).await {
+        Ok(Applied::All) => Ok(None),
+        Ok(Applied::Conflict { .. } | Applied::Gated { .. }) => Ok(Some(Action::await_change())),
+        Err(Failed { error, .. }) => {
+            rotation_failed(shared, &error);
+            Err(error)
+        }
+    }
+}
+
+/// What a pass leaves once its writes are in place: the metrics, its events and status (to
+/// be written after the Secrets), and when it runs again.
+fn finish(
+    pass: &CertificatePass<'_>,
+    certificate: &IssuedCertificate,
+    plan: LeafPlan,
+    held_one: bool,
+    now: OffsetDateTime,
+) -> Action {
+    let own = (
+        certificate.namespace().unwrap_or_default(),
+        certificate.name_any(),
+    );
+    for event in &plan.events {
+        tracing::info!(certificate = %format!("{}/{}", own.0, own.1), reason = event.reason, note = %event.note, "IssuedCertificate event");
+    }
+    pass.shared.record_certificate(
+        CertificateKind::IssuedCertificate,
+        (&own.0, &own.1),
+        held_one && (plan.steps.iter()).any(|s| matches!(s, CertificateStep::Issue(_))),
+        &plan.status,
+    );
+    let status = planned(certificate, StatusUpdate::Planned(plan.status), now);
+    report(pass.reports, pass.shared, certificate, plan.events, status);
+    match plan.wake_at {
+        Some(at) => Action::requeue(runtime::until(at)),
+        None => Action::await_change(),
+    }
+}
+
+/// Why the issuer does not issue to the certificate's namespace (`namespace`), when it is
+/// known and does not: the reason and the message.
+fn namespace_refused(
+    shared: &Shared,
+    certificate: &IssuedCertificate,
+    namespace: &str,
+) -> Option<(&'static str, String)> {
+    let issuer_name = &certificate.spec.issuer_ref.name;
+    let ca = shared
+        .stores
+        .authorities
+        .get(&ObjectRef::new(issuer_name))?;
+    (!ca.spec.issues_to(namespace)).then(|| {
+        let message = format!(
+            "CertificateAuthority {issuer_name} issues only to namespaces {}, not to {namespace}; \
+             nothing was written",
+            ca.spec.allowed_namespaces.join(", "),
+        );
+        (names::REASON_NAMESPACE_NOT_ALLOWED, message)
+    })
+}
+
+/// Counts a failed rotation.
+fn rotation_failed(shared: &Shared, error: &Error) {
+    (shared.ctx.metrics).rotation_failed(CertificateKind::IssuedCertificate, error);
+}
+
+/// The plan for the certificate whose Secret is `key` (`secret`, as read), from `issuer`
+/// (off the async threads: it may make a key and sign), and whether the Secret held a
+/// readable certificate. What it issues is noted as verified.
+async fn plan(
+    shared: &Arc<Shared>,
+    key: &Key,
+    secret: Option<Arc<Secret>>,
+    policy: CertificatePolicy,
+    issuer: IssuerView,
+    now: OffsetDateTime,
+) -> Result<(LeafPlan, bool), Error> {
     let serving = matches!(policy.leaf.usage, Usage::Server | Usage::Both);
     let secret_name = ObjectName::new(&key.0, &key.1);
     let observing = shared.clone();
-    let (plan, held_one) = authority_watch::blocking(move || {
-        let content = secret.as_deref().map(authority_watch::secret_content);
+    runtime::blocking(move || {
+        let content = secret.as_deref().map(write::secret_content);
         let seen = LeafObserved {
             secret_name,
             secret: LeafSecretState::observe(
@@ -169,43 +260,6 @@ async fn reconcile(
         certificate: format!("{}/{}", key.0, key.1),
         source,
     })
-    .inspect_err(|e| (shared.ctx.metrics).rotation_failed(CertificateKind::IssuedCertificate, e))?;
-
-    for step in &plan.steps {
-        match authority_watch::write_secret(
-            &shared.ctx.client,
-            &owner,
-            &key,
-            version.as_deref(),
-            &step.data(),
-            &step.annotation_changes(),
-        )
-        .await
-        .inspect_err(|e| {
-            (shared.ctx.metrics).rotation_failed(CertificateKind::IssuedCertificate, e)
-        })? {
-            Written::Done(after) => {
-                reports.secret_written();
-                shared.note_written(key.clone(), version.clone(), after, own.clone())
-            }
-            Written::Conflict => return Ok(Action::await_change()),
-        }
-    }
-    for event in &plan.events {
-        tracing::info!(certificate = %format!("{}/{}", key.0, certificate.name_any()), reason = event.reason, note = %event.note, "IssuedCertificate event");
-    }
-    shared.record_certificate(
-        CertificateKind::IssuedCertificate,
-        (&key.0, &certificate.name_any()),
-        held_one && (plan.steps.iter()).any(|s| matches!(s, CertificateStep::Issue(_))),
-        &plan.status,
-    );
-    let status = planned(&certificate, StatusUpdate::Planned(plan.status), now);
-    report(&reports, &shared, &certificate, plan.events, status);
-    Ok(match plan.wake_at {
-        Some(at) => Action::requeue(authority_watch::until(at)),
-        None => Action::await_change(),
-    })
 }
 
 fn planned(
@@ -231,9 +285,9 @@ fn report(
     status: PlannedStatus,
 ) {
     let old = certificate.status.clone().unwrap_or_default();
-    (shared.degraded).remember(
+    (shared.statuses.degraded).remember(
         certificate,
-        authority_watch::degraded_message(&old.conditions),
+        status::degraded_message(&old.conditions),
         status.degraded_message(),
     );
     let key = (
@@ -258,25 +312,36 @@ fn wait_for_issuer(
     Ok(Action::await_change())
 }
 
-/// A certificate caretaker cannot act on (its spec does not validate, its Secret is another's):
-/// Ready false and Degraded with `reason`, nothing written, and a Warning unless the status
-/// already says the same.
-fn refuse(
-    reports: &CertificateReports,
-    shared: &Shared,
-    certificate: &IssuedCertificate,
-    reason: &'static str,
-    message: String,
-) -> Result<Action, Error> {
-    let old = certificate.status.clone().unwrap_or_default();
-    let read = authority_watch::degraded_message(&old.conditions);
-    let mut events = Vec::new();
-    if shared.degraded.reported(certificate, read) != Some(message.clone()) {
-        tracing::warn!(certificate = %certificate.name_any(), %message, "IssuedCertificate not acted on");
-        events.push(Event::warning(reason, message.clone()));
+/// What an IssuedCertificate's pass shows its status and events through: the reports
+/// written after the Secrets.
+struct CertificatePass<'a> {
+    shared: &'a Shared,
+    reports: &'a CertificateReports,
+}
+
+impl ShowRefusal<IssuedCertificate> for CertificatePass<'_> {
+    fn reported(&self, certificate: &IssuedCertificate) -> Option<String> {
+        let old = certificate.status.as_ref().map(|s| &s.conditions);
+        let read = old.and_then(|conditions| status::degraded_message(conditions));
+        self.shared.statuses.degraded.reported(certificate, read)
     }
-    let now = OffsetDateTime::now_utc();
-    let status = planned(certificate, StatusUpdate::Refused { reason, message }, now);
-    report(reports, shared, certificate, events, status);
-    Ok(Action::await_change())
+
+    /// Ready false and Degraded with the refusal's reason, nothing else written; the status
+    /// and the Warning are one report, the status written first.
+    async fn show(
+        &self,
+        certificate: &IssuedCertificate,
+        refusal: &Refusal,
+        warning: Option<Event>,
+    ) -> Result<(), Error> {
+        let now = OffsetDateTime::now_utc();
+        let update = StatusUpdate::Refused {
+            reason: refusal.reason,
+            message: refusal.message.clone(),
+        };
+        let status = planned(certificate, update, now);
+        let events = warning.into_iter().collect();
+        report(self.reports, self.shared, certificate, events, status);
+        Ok(())
+    }
 }

@@ -1,43 +1,38 @@
-//! The kube-rs glue of the features that are not yet in their own folders, and what the
-//! controllers share. The Machine controller ([`crate::machine::controller`]) carries out each
-//! per-Machine capability in turn; the rollout controllers ([`crate::rollout::controller`]) run
-//! one Controller per parent kind (Cluster, CK8sControlPlane, MachineDeployment). Both read
-//! Machines from one watch-fed [`crate::machine::cache`]. [`ca_secrets`] drops cached CAs when their Secrets
-//! change. [`ca_injection`]
-//! keeps trust bundles in the `caBundle` fields of webhook configurations, CRD conversion
-//! webhooks and APIServices. [`certificate_authority`] and [`issued_certificate`] keep
-//! caretaker's own CAs and the certificates they issue, on watches they share
-//! ([`authority_watch`]); [`run_authorities`] starts those three. [`bundle`] serves
-//! trust-manager's Bundles and ClusterBundles; [`bundle_migration`] migrates Bundles to
-//! ClusterBundles instead (`--bundle-mode migrate`). [`run`] starts everything,
-//! and tells the readiness ([`crate::metrics::Readiness`]) when the caches have synced. Every
-//! reconcile is counted and timed in [`crate::metrics`] under its controller's name, every
-//! failed one by its category.
+//! The kube-rs glue that is not yet in its feature's folder, and [`run`], which starts every
+//! controller. [`ca_secrets`] drops cached CAs when their Secrets change.
+//! [`certificate_authority`] and [`issued_certificate`] keep caretaker's own CAs and the
+//! certificates they issue, from what they share ([`authorities`]: stores kept by
+//! [`authority_watch`], read through [`authority_reads`]); [`run_authorities`] starts those
+//! three. (They stay here while `crate::injection` and `crate::v1alpha1` import
+//! `crate::authority`: in `authority/` they would close a circle.) The other features' glue is
+//! in their folders: [`crate::machine::controller`] (one Controller over Cluster API Machines,
+//! each reconcile carrying out every per-Machine capability), [`crate::rollout::controller`]
+//! (one Controller per parent kind: Cluster, CK8sControlPlane, MachineDeployment; both read
+//! Machines from one watch-fed [`crate::machine::cache`]), [`crate::injection::controller`] (the
+//! `caBundle` fields of webhook configurations, CRD conversion webhooks and APIServices),
+//! [`crate::trust::controller`] (trust-manager's Bundles and ClusterBundles, or their
+//! migration), and [`crate::etcd::controller`] (EtcdCertificates). [`run`] tells the readiness
+//! ([`crate::metrics::Readiness`]) when the caches have synced. Every reconcile is counted and
+//! timed in [`crate::metrics`] under its controller's name, every failed one by its category
+//! ([`crate::runtime::requeue_after`]).
 
+mod authorities;
+mod authority_reads;
 mod authority_watch;
-pub mod bundle;
-pub mod bundle_migration;
-pub mod ca_injection;
 pub mod ca_secrets;
 pub mod certificate_authority;
 mod certificate_reports;
-pub mod etcd_certificates;
-mod etcd_health;
 pub mod issued_certificate;
-mod secret_cache;
-mod watch_failures;
 
 use std::sync::Arc;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ApiResource, DynamicObject};
-use kube::runtime::controller::Action;
 
 use crate::context::Context;
-use crate::context::requeue_after;
 use crate::machine::{self, cache};
 use crate::rollout::parent::{ParentKind, matters_to_clusters, matters_to_parents};
-use crate::schedule::Next;
+use crate::runtime::requeue_after;
 
 /// Runs every controller of the operator, over the Machines of `namespace` (all namespaces
 /// when `None`), until their streams end.
@@ -91,15 +86,15 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
     };
     futures::join!(
         run_authorities(ctx.clone(), namespace.clone()),
-        ca_injection::run(ctx.clone(), namespace.clone()),
+        crate::injection::controller::run(ctx.clone(), namespace.clone()),
         ca_secrets::run(ctx.clone(), secrets),
         keep_caches,
         ready,
         crate::machine::controller::run(ctx.clone(), caches.machines(), machine_changes),
         crate::rollout::controller::run(ctx.clone(), api, caches, changes),
-        bundle::run(ctx.clone()),
-        bundle_migration::run(ctx.clone()),
-        etcd_certificates::run(ctx.clone()),
+        crate::trust::controller::run(ctx.clone()),
+        crate::trust::controller::migration::run(ctx.clone()),
+        crate::etcd::controller::run(ctx.clone()),
     );
 }
 
@@ -125,7 +120,7 @@ async fn cluster_api_absent(client: kube::Client) {
 /// (the log says so once), and start by themselves when they appear. `namespace`, when given,
 /// is the only namespace Secrets, ConfigMaps and IssuedCertificates are read from.
 pub async fn run_authorities(ctx: Arc<Context>, namespace: Option<String>) {
-    let (shared, writers, authorities, certificates) = authority_watch::start(ctx, namespace);
+    let (shared, writers, authorities, certificates) = authorities::start(ctx, namespace);
     let reports = Arc::new(certificate_reports::CertificateReports::default());
     futures::join!(
         authority_watch::run(shared.clone(), writers),
@@ -133,13 +128,4 @@ pub async fn run_authorities(ctx: Arc<Context>, namespace: Option<String>) {
         issued_certificate::run(shared.clone(), certificates, reports.clone()),
         certificate_reports::run(shared, reports),
     );
-}
-
-impl From<Next> for Action {
-    fn from(next: Next) -> Action {
-        match next {
-            Next::AwaitChange => Action::await_change(),
-            Next::After(wait) => Action::requeue(wait),
-        }
-    }
 }

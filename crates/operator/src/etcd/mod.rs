@@ -1,6 +1,6 @@
 //! An etcd cluster's certificates, as the OpenShift etcd operator keeps them: decisions from
 //! observed state, the members' answers and the clock, no Kubernetes. The glue is
-//! `controllers::etcd_certificates`.
+//! [`controller`].
 //!
 //! Two signers, each a CA as [`crate::authority::ca`] keeps a CertificateAuthority's (a Secret
 //! holding the CA that signs now, a next one during a rotation and older ones still trusted,
@@ -41,7 +41,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use caretaker_pki::{KeyAlgorithm, LeafSpec, PkiError, Usage};
-use sha2::{Digest, Sha256};
 use time::OffsetDateTime;
 
 use crate::authority::SecretContent;
@@ -57,9 +56,17 @@ use crate::authority::{
 use crate::changes::Event;
 use crate::v1alpha1::{EtcdPolicy, MemberSpec};
 
+mod all_certs;
+pub mod controller;
 pub mod members;
+pub(crate) mod nodes;
+mod quorum;
 #[cfg(test)]
 mod tests;
+
+pub use all_certs::revision_of;
+use all_certs::{change_of, desired_all_certs};
+pub use quorum::{EndpointHealth, MemberAnswer, Quorum};
 
 pub use members::Membership;
 
@@ -281,102 +288,6 @@ pub fn members_in_all_certs(data: &BTreeMap<String, String>) -> BTreeSet<String>
         .collect()
 }
 
-/// What a member said when asked for its health.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MemberAnswer {
-    /// `/health` said `{"health":"true"}`.
-    pub healthy: bool,
-    /// The serving certificate it presented.
-    pub serving: Option<Certificate>,
-    /// Whether it accepted a client certificate signed by the next `etcd-signer` (asked
-    /// only during a rotation).
-    pub accepts_next: Option<bool>,
-}
-
-/// One endpoint of `spec.quorum.endpoints`, and its answer or why there was none.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EndpointHealth {
-    pub endpoint: String,
-    pub answer: Result<MemberAnswer, String>,
-}
-
-/// How many members are healthy, and which are not.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Quorum {
-    pub members: usize,
-    pub healthy: usize,
-    /// The unhealthy ones by member name (where an address matches the endpoint's host) or
-    /// endpoint, each with why.
-    pub unhealthy: Vec<String>,
-}
-
-impl Quorum {
-    pub fn of(health: &[EndpointHealth], members: &[MemberSpec]) -> Self {
-        let unhealthy: Vec<String> = health
-            .iter()
-            .filter_map(|h| {
-                let why = match &h.answer {
-                    Ok(answer) if answer.healthy => return None,
-                    Ok(_) => "not healthy".to_string(),
-                    Err(e) => e.clone(),
-                };
-                Some(format!("{} ({why})", member_at(&h.endpoint, members)))
-            })
-            .collect();
-        Self {
-            members: health.len(),
-            healthy: health.len() - unhealthy.len(),
-            unhealthy,
-        }
-    }
-
-    /// Whether etcd keeps quorum with one more member down (for three members: all three
-    /// healthy). With fewer than three no member can be lost at all, and every member must be
-    /// healthy.
-    pub fn open(&self) -> bool {
-        if self.members >= 3 {
-            self.healthy >= self.members / 2 + 2
-        } else {
-            self.healthy == self.members && self.members > 0
-        }
-    }
-
-    fn closed_message(&self) -> String {
-        format!(
-            "{SKIPPING_FOR_QUORUM}: {} of {} members healthy, {} needed to lose one; unhealthy: {}",
-            self.healthy,
-            self.members,
-            if self.members >= 3 {
-                self.members / 2 + 2
-            } else {
-                self.members
-            },
-            self.unhealthy.join(", ")
-        )
-    }
-}
-
-/// The member whose address is `endpoint`'s host (when only one has it), or the endpoint.
-fn member_at(endpoint: &str, members: &[MemberSpec]) -> String {
-    let host = endpoint
-        .parse::<hyper::Uri>()
-        .ok()
-        .and_then(|u| u.host().map(|h| h.trim_matches(['[', ']']).to_string()));
-    let found: Vec<&MemberSpec> = host
-        .iter()
-        .flat_map(|host| {
-            members.iter().filter(move |m| {
-                m.dns_names.contains(host)
-                    || m.ip_addresses.iter().any(|ip| ip.to_string() == *host)
-            })
-        })
-        .collect();
-    match found[..] {
-        [member] => format!("member {} at {endpoint}", member.name),
-        _ => endpoint.to_string(),
-    }
-}
-
 /// A Secret's or ConfigMap's `data` and annotations.
 pub type SecretObject = (BTreeMap<String, Vec<u8>>, BTreeMap<String, String>);
 pub type ConfigMapObject = (BTreeMap<String, String>, BTreeMap<String, String>);
@@ -430,8 +341,11 @@ pub enum EtcdStep {
         secret: String,
         step: CertificateStep,
     },
-    /// `etcd-all-certs` replaced by this content (keys not in it removed). The glue asks the
-    /// members once more right before, and writes only if [`Quorum::open`] still holds.
+    /// The members asked once more, right before a new `etcd-all-certs` replaces the stored
+    /// one (a member may have gone since the pass began): the writes after it go ahead only
+    /// if [`Quorum::open`] still holds.
+    RecheckQuorum,
+    /// `etcd-all-certs` replaced by this content (keys not in it removed).
     AllCerts(AllCerts),
     /// A removed member's certificate Secret.
     Delete(String),
@@ -478,80 +392,16 @@ pub fn plan(
     let leaves = leaves(members);
     let stored_all = seen.all_certs();
     let quorum = Quorum::of(&seen.health, members);
-    let mut steps = Vec::new();
-    let mut events = Vec::new();
-    let mut signers = BTreeMap::new();
-    let mut final_leaf: BTreeMap<String, (String, String)> = BTreeMap::new();
-    let mut wake_at: Vec<OffsetDateTime> = Vec::new();
-    let mut waits_on_members = false;
-    let mut degraded: Option<Condition> = None;
-    let mut bundles = BTreeMap::new();
-
-    for signer in Signer::ALL {
-        let (observed, next_waits) =
-            observe_signer(seen, signer, &leaves, stored_all.as_ref(), now);
-        waits_on_members |= next_waits;
-        let policy_of = match signer {
-            Signer::Etcd => &policy.signer,
-            Signer::Metrics => &policy.metrics_signer,
-        };
-        let ca_plan: CaPlan = ca::plan(&observed, policy_of, now, mint)?;
-        steps.extend(
-            ca_plan
-                .steps
-                .iter()
-                .map(|s| EtcdStep::Signer(signer, s.clone())),
-        );
-        events.extend(ca_plan.events.iter().cloned());
-        wake_at.extend(ca_plan.wake_at);
-        if ca_plan.status.degraded.status && degraded.is_none() {
-            degraded = Some(ca_plan.status.degraded.clone());
-        }
-        if let Some(bundle) = &ca_plan.issuer.bundle {
-            bundles.insert(signer, bundle.text());
-        }
-        // A plan's own: etcd has a few dozen certificates, checked once per pass.
-        let verified = Verified::default();
-        for leaf in leaves.iter().filter(|l| l.role.signer() == signer) {
-            let name = leaf.secret_name();
-            let spec = leaf.spec(policy);
-            let serving = matches!(spec.usage, Usage::Server | Usage::Both);
-            let candidates = ca_plan.issuer.candidates();
-            let state =
-                LeafSecretState::observe(seen.secret(&name), serving, candidates, &verified);
-            let observed = LeafObserved {
-                secret_name: ObjectName::new(&seen.namespace, &name),
-                secret: state.clone(),
-            };
-            let certificate_policy = CertificatePolicy {
-                leaf: spec,
-                rotation: policy.certificates.1,
-            };
-            let leaf_plan = leaf::plan(&observed, &certificate_policy, &ca_plan.issuer, now, mint)?;
-            wake_at.extend(leaf_plan.wake_at);
-            events.extend(leaf_plan.events.iter().cloned());
-            let content = match leaf_plan.steps.first() {
-                Some(CertificateStep::Issue(issued)) => Some((
-                    issued.leaf.certificate.pem().to_string(),
-                    issued.leaf.key.expose().to_string(),
-                )),
-                _ => stored_pair(seen.secret(&name)),
-            };
-            if let Some(content) = content {
-                final_leaf.insert(name.clone(), content);
-            }
-            steps.extend(
-                leaf_plan
-                    .steps
-                    .into_iter()
-                    .map(|step| EtcdStep::Certificate {
-                        secret: name.clone(),
-                        step,
-                    }),
-            );
-        }
-        signers.insert(signer, ca_plan.status);
-    }
+    let SignersPlan {
+        mut steps,
+        mut events,
+        signers,
+        final_leaf,
+        bundles,
+        wake_at,
+        mut waits_on_members,
+        degraded,
+    } = plan_signers(seen, policy, &leaves, stored_all.as_ref(), now, mint)?;
 
     // etcd-all-certs: every member's certificates and the members' trust, once all are there.
     let desired = desired_all_certs(members, &final_leaf, &bundles);
@@ -574,6 +424,9 @@ pub fn plan(
                     ),
                 ));
                 revision = Some(desired.revision.clone());
+                if seen.secrets.contains_key(ALL_CERTS) {
+                    steps.push(EtcdStep::RecheckQuorum);
+                }
                 steps.push(EtcdStep::AllCerts(desired));
                 all_certs_in_place = true;
             } else {
@@ -639,39 +492,12 @@ pub fn plan(
     };
     let signing = signers.values().all(|s| s.ready.status);
     let in_place = all_certs_in_place && signing;
-    let ready = if in_place && !degraded.status {
-        Condition::new(
-            true,
-            REASON_IN_PLACE,
-            format!(
-                "{ALL_CERTS} revision {} holds the certificates of {} members",
-                revision.as_deref().unwrap_or("?"),
-                members.len()
-            ),
-        )
-    } else if in_place && degraded.reason == REASON_MEMBER_REFUSED {
-        let names: Vec<&str> = membership.refused.iter().map(|r| r.name()).collect();
-        Condition::new(
-            false,
-            REASON_MEMBER_REFUSED,
-            format!(
-                "{ALL_CERTS} revision {} holds the certificates of {} members, not of {} \
-                 (see {CONDITION_DEGRADED})",
-                revision.as_deref().unwrap_or("?"),
-                members.len(),
-                names.join(", ")
-            ),
-        )
-    } else {
-        let why = if held {
-            "a new revision of etcd-all-certs waits for quorum".to_string()
-        } else if !signing {
-            "a signer does not sign yet".to_string()
-        } else {
-            "etcd-all-certs is not complete yet".to_string()
-        };
-        Condition::new(false, REASON_WAITING, why)
-    };
+    let ready = ready_condition(
+        (in_place, held, signing),
+        &degraded,
+        revision.as_deref(),
+        membership,
+    );
     Ok(EtcdPlan {
         steps,
         events,
@@ -686,6 +512,161 @@ pub fn plan(
         waits_on_members,
         wake_at: wake_at.into_iter().filter(|t| *t > now).min(),
     })
+}
+
+/// What the signers and their members' certificates decide, before `etcd-all-certs`.
+struct SignersPlan {
+    steps: Vec<EtcdStep>,
+    events: Vec<Event>,
+    signers: BTreeMap<Signer, AuthorityStatus>,
+    /// Each member certificate Secret's certificate and key once the steps are in place.
+    final_leaf: BTreeMap<String, (String, String)>,
+    /// Each signer's bundle (PEM).
+    bundles: BTreeMap<Signer, String>,
+    wake_at: Vec<OffsetDateTime>,
+    waits_on_members: bool,
+    /// The first signer's Degraded condition, when one is degraded.
+    degraded: Option<Condition>,
+}
+
+/// Plans each signer ([`ca::plan`]) and the certificates it issues to `leaves` ([`leaf::plan`]).
+fn plan_signers(
+    seen: &EtcdObserved,
+    policy: &EtcdPolicy,
+    leaves: &[Leaf],
+    stored_all: Option<&BTreeMap<String, String>>,
+    now: OffsetDateTime,
+    mint: &dyn Mint,
+) -> Result<SignersPlan, PkiError> {
+    let mut steps = Vec::new();
+    let mut events = Vec::new();
+    let mut signers = BTreeMap::new();
+    let mut final_leaf: BTreeMap<String, (String, String)> = BTreeMap::new();
+    let mut wake_at: Vec<OffsetDateTime> = Vec::new();
+    let mut waits_on_members = false;
+    let mut degraded: Option<Condition> = None;
+    let mut bundles = BTreeMap::new();
+
+    for signer in Signer::ALL {
+        let (observed, next_waits) = observe_signer(seen, signer, leaves, stored_all, now);
+        waits_on_members |= next_waits;
+        let policy_of = match signer {
+            Signer::Etcd => &policy.signer,
+            Signer::Metrics => &policy.metrics_signer,
+        };
+        let ca_plan: CaPlan = ca::plan(&observed, policy_of, now, mint)?;
+        steps.extend(
+            ca_plan
+                .steps
+                .iter()
+                .map(|s| EtcdStep::Signer(signer, s.clone())),
+        );
+        events.extend(ca_plan.events.iter().cloned());
+        wake_at.extend(ca_plan.wake_at);
+        if ca_plan.status.degraded.status && degraded.is_none() {
+            degraded = Some(ca_plan.status.degraded.clone());
+        }
+        if let Some(bundle) = &ca_plan.issuer.bundle {
+            bundles.insert(signer, bundle.text());
+        }
+        // A plan's own: etcd has a few dozen certificates, checked once per pass.
+        let verified = Verified::default();
+        for leaf in leaves.iter().filter(|l| l.role.signer() == signer) {
+            let name = leaf.secret_name();
+            let spec = leaf.spec(policy);
+            let serving = matches!(spec.usage, Usage::Server | Usage::Both);
+            let candidates = ca_plan.issuer.candidates();
+            let state =
+                LeafSecretState::observe(seen.secret(&name), serving, candidates, &verified);
+            let observed = LeafObserved {
+                secret_name: ObjectName::new(&seen.namespace, &name),
+                secret: state.clone(),
+            };
+            let certificate_policy = CertificatePolicy {
+                leaf: spec,
+                rotation: policy.certificates.1,
+            };
+            let leaf_plan = leaf::plan(&observed, &certificate_policy, &ca_plan.issuer, now, mint)?;
+            wake_at.extend(leaf_plan.wake_at);
+            events.extend(leaf_plan.events.iter().cloned());
+            let content = match leaf_plan.steps.first() {
+                Some(CertificateStep::Issue(issued)) => Some((
+                    issued.leaf.certificate.pem().to_string(),
+                    issued.leaf.key.expose().to_string(),
+                )),
+                _ => stored_pair(seen.secret(&name)),
+            };
+            if let Some(content) = content {
+                final_leaf.insert(name.clone(), content);
+            }
+            steps.extend(
+                leaf_plan
+                    .steps
+                    .into_iter()
+                    .map(|step| EtcdStep::Certificate {
+                        secret: name.clone(),
+                        step,
+                    }),
+            );
+        }
+        signers.insert(signer, ca_plan.status);
+    }
+
+    Ok(SignersPlan {
+        steps,
+        events,
+        signers,
+        final_leaf,
+        bundles,
+        wake_at,
+        waits_on_members,
+        degraded,
+    })
+}
+
+/// The Ready condition: in place (`etcd-all-certs` holds every member's certificates and
+/// every signer signs) and nothing degraded; or in place but for the refused members; or why
+/// not yet (`held`: a revision waits for quorum; not `signing`).
+fn ready_condition(
+    (in_place, held, signing): (bool, bool, bool),
+    degraded: &Condition,
+    revision: Option<&str>,
+    membership: &Membership,
+) -> Condition {
+    let members = &membership.members;
+    if in_place && !degraded.status {
+        Condition::new(
+            true,
+            REASON_IN_PLACE,
+            format!(
+                "{ALL_CERTS} revision {} holds the certificates of {} members",
+                revision.unwrap_or("?"),
+                members.len()
+            ),
+        )
+    } else if in_place && degraded.reason == REASON_MEMBER_REFUSED {
+        let names: Vec<&str> = membership.refused.iter().map(|r| r.name()).collect();
+        Condition::new(
+            false,
+            REASON_MEMBER_REFUSED,
+            format!(
+                "{ALL_CERTS} revision {} holds the certificates of {} members, not of {} \
+                 (see {CONDITION_DEGRADED})",
+                revision.unwrap_or("?"),
+                members.len(),
+                names.join(", ")
+            ),
+        )
+    } else {
+        let why = if held {
+            "a new revision of etcd-all-certs waits for quorum".to_string()
+        } else if !signing {
+            "a signer does not sign yet".to_string()
+        } else {
+            "etcd-all-certs is not complete yet".to_string()
+        };
+        Condition::new(false, REASON_WAITING, why)
+    }
 }
 
 /// A signer's observation: its Secret and bundle, which of its CAs sign a certificate in use
@@ -815,76 +796,6 @@ fn stored_pair(secret: Option<SecretContent<'_>>) -> Option<(String, String)> {
             .filter(|s| !s.trim().is_empty())
     };
     Some((text(TLS_CRT)?, text(TLS_KEY)?))
-}
-
-/// `etcd-all-certs` from every member's certificates and the bundles; `None` until every
-/// member has all three and both bundles exist.
-fn desired_all_certs(
-    members: &[MemberSpec],
-    leaves: &BTreeMap<String, (String, String)>,
-    bundles: &BTreeMap<Signer, String>,
-) -> Option<AllCerts> {
-    let mut data = BTreeMap::new();
-    for member in members {
-        for role in Role::MEMBER {
-            let name = member_secret(role, &member.name);
-            let (crt, key) = leaves.get(&name)?;
-            data.insert(format!("{name}.crt"), crt.clone());
-            data.insert(format!("{name}.key"), key.clone());
-        }
-    }
-    for signer in Signer::ALL {
-        data.insert(
-            signer.all_certs_key().to_string(),
-            bundles.get(&signer)?.clone(),
-        );
-    }
-    Some(AllCerts {
-        revision: revision_of(&data),
-        data,
-    })
-}
-
-/// A revision: the first 16 hex digits of SHA-256 over every key and value, in key order.
-pub fn revision_of(data: &BTreeMap<String, String>) -> String {
-    let mut hash = Sha256::new();
-    for (key, value) in data {
-        hash.update(key.as_bytes());
-        hash.update([0]);
-        hash.update(value.as_bytes());
-        hash.update([0]);
-    }
-    hash.finalize()[..8]
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
-/// What a new revision changes, by key (never a value).
-fn change_of(old: Option<&BTreeMap<String, String>>, new: &BTreeMap<String, String>) -> String {
-    let Some(old) = old else {
-        return "the first revision".into();
-    };
-    let mut parts = Vec::new();
-    let names = |keys: Vec<&String>| {
-        keys.iter()
-            .map(|k| k.as_str())
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    let added: Vec<&String> = new.keys().filter(|k| !old.contains_key(*k)).collect();
-    let removed: Vec<&String> = old.keys().filter(|k| !new.contains_key(*k)).collect();
-    let changed: Vec<&String> = new
-        .iter()
-        .filter(|(k, v)| old.get(*k).is_some_and(|o| o != *v))
-        .map(|(k, _)| k)
-        .collect();
-    for (what, keys) in [("added", added), ("removed", removed), ("changed", changed)] {
-        if !keys.is_empty() {
-            parts.push(format!("{what} {}", names(keys)));
-        }
-    }
-    parts.join("; ")
 }
 
 /// Whether every member that answered presents the serving certificate `all` holds for it.

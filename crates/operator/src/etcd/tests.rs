@@ -209,6 +209,7 @@ impl World {
             EtcdStep::Delete(name) => {
                 self.seen.secrets.remove(name);
             }
+            EtcdStep::RecheckQuorum => {}
         }
     }
 
@@ -491,6 +492,42 @@ fn a_member_added_costs_one_revision_and_a_member_removed_loses_its_certificates
     assert!(world.seen.secrets.contains_key("etcd-peer-m2"));
 }
 
+/// A new `etcd-all-certs` replacing a stored one is written only after the members are asked
+/// again (a member may have gone since the pass began): the re-check is the step right before
+/// it. The first one replaces nothing, and is written without one.
+#[test]
+fn a_revision_replacing_a_stored_one_waits_on_the_members_asked_again() {
+    let rechecks = |plan: &EtcdPlan| {
+        (plan.steps.iter())
+            .filter(|s| **s == EtcdStep::RecheckQuorum)
+            .count()
+    };
+    let mut world = World::new(&["m0", "m1", "m2"]);
+    let first = world.pass();
+    assert!(
+        first
+            .steps
+            .iter()
+            .any(|s| matches!(s, EtcdStep::AllCerts(_)))
+    );
+    assert_eq!(rechecks(&first), 0);
+    world.start_all();
+    world.settle();
+    world.policy = policy(&["m0", "m1", "m2", "m3"]);
+    world.membership = listed(&world.policy);
+    world.members.push(Member {
+        name: "m3".into(),
+        loaded: None,
+        running: false,
+    });
+    let plan = world.pass();
+    let at = (plan.steps.iter())
+        .position(|s| matches!(s, EtcdStep::AllCerts(_)))
+        .expect("a new revision for the new member");
+    assert_eq!(plan.steps[at - 1], EtcdStep::RecheckQuorum);
+    assert_eq!(rechecks(&plan), 1);
+}
+
 /// A delete needs the object's mark, so the pass deletes only what it read: a removed
 /// member's Secret absent when read is not deleted (the delete would carry no version, and
 /// take whatever was created there meanwhile, whoever's it is).
@@ -537,7 +574,9 @@ fn a_pass_cut_short_anywhere_makes_no_second_signer_and_no_second_revision() {
             &PkiMint,
         )
         .unwrap();
-        let Some(first) = plan.steps.first() else {
+        // The first write: a re-check of the quorum writes nothing.
+        let first = plan.steps.iter().find(|s| **s != EtcdStep::RecheckQuorum);
+        let Some(first) = first else {
             if !plan.waits_on_members {
                 break;
             }

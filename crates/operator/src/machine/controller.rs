@@ -71,7 +71,7 @@ async fn reconcile(object: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Acti
 }
 
 fn error_policy(_machine: Arc<DynamicObject>, error: &Error, ctx: Arc<Context>) -> Action {
-    crate::context::requeue_after(CONTROLLER, error, &ctx)
+    crate::runtime::requeue_after(CONTROLLER, error, &ctx)
 }
 
 /// The Machine's series of `caretaker_certificate_expiration_seconds`: its certificates'

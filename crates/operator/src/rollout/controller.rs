@@ -176,7 +176,7 @@ const HEALTH_TIMEOUT: Duration = Duration::from_secs(5);
 const CONTROLLER: &str = "rollout";
 
 fn error_policy(_parent: Arc<DynamicObject>, error: &Error, ctx: Arc<Context>) -> Action {
-    crate::context::requeue_after(CONTROLLER, error, &ctx)
+    crate::runtime::requeue_after(CONTROLLER, error, &ctx)
 }
 
 /// A Cluster controller's caches of its children, filled by the watches that wake it.

@@ -16,10 +16,11 @@
 //! - [`migration`]: a Bundle applied as its ClusterBundle, and its status mirrored back;
 //! - [`validation`]: trust-manager's admission rules, with its messages.
 //!
-//! The kube-rs glue is `controllers::bundle` and `controllers::bundle_migration`.
+//! The kube-rs glue is [`controller`] and [`controller::migration`].
 
 pub mod api;
 pub mod cluster_bundle;
+pub mod controller;
 pub mod migration;
 pub mod package;
 pub mod plan;

@@ -3,9 +3,9 @@
 
 use std::sync::Arc;
 
-use caretaker_operator::controllers::{bundle, bundle_migration};
 use caretaker_operator::metrics::Metrics;
 use caretaker_operator::trust::api::Bundle;
+use caretaker_operator::trust::controller::{self as bundle, migration as bundle_migration};
 use caretaker_operator::{Context, Settings};
 use caretaker_pki::{CaSpec, CertificateAuthority, CertificatePool, PoolFilters};
 use caretaker_testkit::capi_objects::install_trust_manager_crds;

@@ -35,13 +35,13 @@ use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use tokio::sync::{mpsc, watch};
 
-use super::authority_watch;
-use super::watch_failures::Failing;
 use crate::Error;
 use crate::changes::Event;
 use crate::context::Context;
 use crate::injection::{self, Decision, SourceChange, SourceRef, Sources, TargetKind};
 use crate::ownership::{Claim, Owner};
+use crate::runtime::claims;
+use crate::runtime::watch_failures::Failing;
 use crate::v1alpha1::{self, CertificateAuthority};
 
 /// Whose watches fail, in the log.
@@ -434,7 +434,7 @@ fn authority_change(change: DynamicObject) -> Option<SourceChange> {
 const CONTROLLER: &str = "ca_injection";
 
 fn error_policy(_target: Arc<DynamicObject>, error: &Error, injector: Arc<Injector>) -> Action {
-    super::requeue_after(CONTROLLER, error, &injector.ctx)
+    crate::runtime::requeue_after(CONTROLLER, error, &injector.ctx)
 }
 
 /// One pass over a target: what it asks for, its source read fresh, the decision carried out.
@@ -556,8 +556,8 @@ fn not_the_authoritys(
     [("ConfigMap", config_map), ("Secret", secret)]
         .into_iter()
         .filter_map(|(kind, meta)| Some((kind, meta?)))
-        .find_map(|(kind, meta)| {
-            match authority_watch::claim(&owner, kind, &named(meta), Some(meta)) {
+        .find_map(
+            |(kind, meta)| match claims::claim(&owner, kind, &named(meta), Some(meta)) {
                 Claim::Own => None,
                 Claim::Refused { message, .. } => Some(message),
                 Claim::Create | Claim::Adopt => Some(format!(
@@ -565,8 +565,8 @@ fn not_the_authoritys(
                     meta.namespace.as_deref().unwrap_or_default(),
                     meta.name.as_deref().unwrap_or_default()
                 )),
-            }
-        })
+            },
+        )
 }
 
 /// Carries a decision out: the write (only on the version decided on), then its event; or the

@@ -16,8 +16,10 @@
 //! namespaces takes them without copying or decoding anything. Targets are watched as metadata
 //! only, as trust-manager watches them.
 //!
-//! With `--bundle-mode migrate` Bundles are not served here but by `bundle_migration`, and
+//! With `--bundle-mode migrate` Bundles are not served here but by [`migration`], and
 //! ClusterBundles take over the targets of the Bundles of their names.
+
+pub mod migration;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -38,6 +40,7 @@ use serde_json::Value;
 
 use crate::Error;
 use crate::context::Context;
+use crate::runtime::crd_installed;
 use crate::trust::api::{BUNDLE_LABEL, Bundle, FIELD_MANAGER, HASH_ANNOTATION};
 use crate::trust::cluster_bundle::{CLUSTER_BUNDLE_LABEL, CLUSTER_HASH_ANNOTATION, ClusterBundle};
 use crate::trust::plan::{
@@ -194,26 +197,6 @@ pub async fn run(ctx: Arc<Context>) {
         }
     };
     futures::join!(fan_out, bundles, serve::<ClusterBundle>(shared.clone()));
-}
-
-/// Returns whether the CRD `name` is installed, waiting for it (false if waiting failed).
-pub(super) async fn crd_installed(crds: Api<CustomResourceDefinition>, name: &str) -> bool {
-    if matches!(crds.get_opt(name).await, Ok(Some(_))) {
-        return true;
-    }
-    tracing::info!(crd = name, "CRD not installed: its controller waits for it");
-    let installed = kube::runtime::wait::await_condition(
-        crds,
-        name,
-        |crd: Option<&CustomResourceDefinition>| crd.is_some(),
-    );
-    match installed.await {
-        Ok(_) => true,
-        Err(e) => {
-            tracing::warn!(crd = name, error = %e, "stopped waiting for a CRD");
-            false
-        }
-    }
 }
 
 impl Shared {
@@ -423,7 +406,7 @@ async fn serve<K: Served>(shared: Arc<Shared>) {
         })
         .flat_map(futures::stream::iter);
     let error_policy = |_: Arc<K>, error: &Error, shared: Arc<Shared>| {
-        super::requeue_after(K::CONTROLLER, error, &shared.ctx)
+        crate::runtime::requeue_after(K::CONTROLLER, error, &shared.ctx)
     };
     let stop = shared.ctx.shutdown.signal();
     controller

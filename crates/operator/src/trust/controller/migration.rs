@@ -19,9 +19,10 @@ use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use serde_json::Value;
 
-use super::bundle::{BUNDLE_CRD, CLUSTER_BUNDLE_CRD, crd_installed, watched};
+use super::{BUNDLE_CRD, CLUSTER_BUNDLE_CRD, watched};
 use crate::Error;
 use crate::context::Context;
+use crate::runtime::crd_installed;
 use crate::trust::api::{Bundle, FIELD_MANAGER};
 use crate::trust::cluster_bundle::ClusterBundle;
 use crate::trust::migration::{self, ClusterBundleApply, MIGRATION_MANAGER, Precondition};
@@ -67,7 +68,7 @@ pub async fn run(ctx: Arc<Context>) {
                 let _timer = migration.ctx.reconcile_started(CONTROLLER);
                 migration.reconcile(&bundle).await
             },
-            |_, error, migration| super::requeue_after(CONTROLLER, error, &migration.ctx),
+            |_, error, migration| crate::runtime::requeue_after(CONTROLLER, error, &migration.ctx),
             migration,
         )
         .for_each(|result| async move {
