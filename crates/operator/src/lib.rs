@@ -1,16 +1,20 @@
-//! caretaker's controllers. Decisions are pure functions from observed state to a plan of
-//! actions, tested without Kubernetes: a Machine's refresh and upgrade ([`machine::refresh`],
-//! [`machine::upgrade`], their common pieces in [`machine::plan`]), cluster-wide rollouts
-//! ([`rollout`], a pass over a parent in [`rollout::parent`]), what may be signed
-//! ([`signing`]) and which trust bundle goes into which `caBundle` field ([`injection`]). Plans are made of [`changes`] (annotations to write, events to publish) and
-//! [`schedule::Next`]; every name users see is in [`names`]. The kube-rs glue that observes and
-//! applies is each feature's `controller` ([`etcd::controller`], [`injection::controller`],
-//! [`trust::controller`]) or, not yet moved, a module of [`controllers`], which also starts them
-//! all; what every controller shares (writes on the version read, status memory, refusals, the
-//! step executor) is [`runtime`], with [`context`] and [`credentials`]. caretaker's own API, `caretaker.dev/v1alpha1`, and the
-//! validation of its specs are in [`v1alpha1`]; the admission webhook that applies that validation
-//! to every write is [`webhook`]. trust-manager's Bundle, decided, is [`trust`]. [`metrics`] holds the metric families and the servers of
-//! `/metrics`, `/healthz` and `/readyz`.
+//! caretaker's controllers, one folder per feature. Decisions are pure functions from observed
+//! state to a plan of actions, tested without Kubernetes: a Machine's refresh and upgrade
+//! ([`machine::refresh`], [`machine::upgrade`], their common pieces in [`machine::plan`]) and
+//! what may be signed for it ([`machine::signing`]), cluster-wide rollouts ([`rollout`], a pass
+//! over a parent in [`rollout::parent`], a Cluster's chain in [`rollout::chain`]), caretaker's
+//! CAs ([`authority`]), etcd's certificates ([`etcd`]), trust-manager's Bundles ([`trust`]) and
+//! which trust bundle goes into which `caBundle` field ([`injection`]). Plans are made of
+//! [`changes`] (annotations to write, events to publish) and [`schedule::Next`]; every name
+//! users see is in [`names`]. The kube-rs glue that observes and applies is each feature's
+//! `controller` ([`machine::controller`], [`rollout::controller`], [`etcd::controller`],
+//! [`injection::controller`], [`trust::controller`]) or, not yet moved, a module of
+//! [`controllers`], which also starts them all. What every controller shares imports no
+//! feature: [`runtime`] (writes on the version read, status memory, refusals, the step
+//! executor), [`context`], [`credentials`] and [`metrics`] (the metric families and the servers
+//! of `/metrics`, `/healthz` and `/readyz`). caretaker's own API, `caretaker.dev/v1alpha1`, and
+//! the validation of its specs are in [`v1alpha1`]; the admission webhook that applies that
+//! validation to every write is [`webhook`].
 //!
 //! It talks to node agents through `caretaker-agent-api` (wire types, client, kubeadm facts)
 //! and must not depend on `caretaker-agent` itself, nor on `caretaker-testkit` outside its
