@@ -72,10 +72,17 @@ async fn control_plane_and_worker_machines_are_refreshed() {
         for key in names::refresh_state::ALL {
             assert!(!annotations.contains_key(key), "{name}: {key} left behind");
         }
-        world
+        let in_progress = world
             .event_with(name, names::EVENT_REFRESH_IN_PROGRESS)
             .await;
         let done = world.event_with(name, names::EVENT_REFRESH_DONE).await;
+        // Machine events leave through a queue of their own, in the order they happened.
+        assert!(
+            in_progress.event_time < done.event_time,
+            "{name}: {:?} then {:?}",
+            in_progress.event_time,
+            done.event_time
+        );
         assert!(done.message.unwrap_or_default().contains("expire at"));
     }
     let after = caretaker_agent::inventory::discover(&cp);
