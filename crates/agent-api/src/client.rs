@@ -246,22 +246,29 @@ impl AgentSession<'_> {
     /// Opens the session's connection now (TCP and the TLS handshake; no request), so that a
     /// caller can overlap it with its own work before the first call.
     pub async fn open(&mut self) -> Result<(), AgentError> {
-        if self
-            .connection
-            .as_ref()
-            .is_some_and(|c| !c.sender.is_closed())
-        {
+        if self.is_open() {
             return Ok(());
         }
         let timeout = self.client.timeout;
         let connection = tokio::time::timeout(timeout, self.client.connect(&self.base))
             .await
-            .map_err(|_| AgentError::Timeout {
-                url: self.base.clone(),
-                timeout,
-            })??;
+            .map_err(|_| self.timed_out())??;
         self.connection = Some(connection);
         Ok(())
+    }
+
+    /// Whether the session holds a connection the agent has not closed.
+    fn is_open(&self) -> bool {
+        self.connection
+            .as_ref()
+            .is_some_and(|c| !c.sender.is_closed())
+    }
+
+    fn timed_out(&self) -> AgentError {
+        AgentError::Timeout {
+            url: self.base.clone(),
+            timeout: self.client.timeout,
+        }
     }
 
     pub async fn plan(&mut self, request: &PlanRequest) -> Result<RefreshPlan, AgentError> {
@@ -292,10 +299,7 @@ impl AgentSession<'_> {
             Err(_) => {
                 // The request may be half sent: the connection is not used again.
                 self.connection = None;
-                Err(AgentError::Timeout {
-                    url: self.base.clone(),
-                    timeout,
-                })
+                Err(self.timed_out())
             }
         }
     }
@@ -317,13 +321,10 @@ impl AgentSession<'_> {
             }
             None => Bytes::new(),
         };
-        let mut reused = true;
+        let mut reused = self.is_open();
         let mut connection = match self.connection.take() {
-            Some(open) if !open.sender.is_closed() => open,
-            _ => {
-                reused = false;
-                self.client.connect(&base).await?
-            }
+            Some(open) if reused => open,
+            _ => self.client.connect(&base).await?,
         };
         let mut request = Request::builder()
             .method(method)
