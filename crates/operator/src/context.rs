@@ -71,13 +71,13 @@ pub struct Context {
     pub readiness: Arc<Readiness>,
     /// Tells the controllers to stop taking new work (SIGTERM).
     pub shutdown: Arc<Shutdown>,
-    /// Events waiting to be published, in order, by one task of their own (see
-    /// `publish_machine_event`).
-    pub(crate) event_queue: OnceLock<tokio::sync::mpsc::UnboundedSender<QueuedEvent>>,
+    /// Events waiting to be published, in order, by one task of their own
+    /// ([`Self::publish_in_order`]).
+    event_queue: OnceLock<tokio::sync::mpsc::UnboundedSender<QueuedEvent>>,
 }
 
 /// An event waiting to be published, and the shutdown guard that keeps SIGTERM waiting for it.
-pub(crate) type QueuedEvent = (ObjectReference, Event, Running);
+type QueuedEvent = (ObjectReference, Event, Running);
 
 /// A reconcile being run: see [`Context::reconcile_started`].
 pub struct Reconciling {
@@ -169,6 +169,26 @@ impl Context {
     /// The objects of `resource` in `namespace`.
     pub fn api(&self, namespace: &str, resource: &ApiResource) -> Api<DynamicObject> {
         Api::namespaced_with(self.client.clone(), namespace, resource)
+    }
+
+    /// Publishes an event after the caller has moved on. Events are published in the order
+    /// they were queued, by one task, and SIGTERM waits for those queued before it.
+    pub fn publish_in_order(self: &Arc<Self>, regarding: ObjectReference, event: Event) {
+        let queued = (regarding, event, self.shutdown.running());
+        let queue = self.event_queue.get_or_init(|| {
+            let (queue, mut waiting) = tokio::sync::mpsc::unbounded_channel::<QueuedEvent>();
+            // Weak: the queue lives in the context, so the task ends with it.
+            let ctx = Arc::downgrade(self);
+            tokio::spawn(async move {
+                while let Some((regarding, event, _running)) = waiting.recv().await {
+                    let Some(ctx) = ctx.upgrade() else { break };
+                    ctx.event(&regarding, event).await;
+                }
+            });
+            queue
+        });
+        // Fails only once the task has ended with the context, when nothing is published.
+        let _ = queue.send(queued);
     }
 
     /// Publishes an events.k8s.io/v1 Event; a failure to publish is logged, never fatal.

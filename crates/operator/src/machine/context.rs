@@ -14,7 +14,7 @@ use super::MachineView;
 use super::plan::end_patch;
 use crate::Error;
 use crate::changes::{AnnotationChanges, Event};
-use crate::context::{Context, QueuedEvent};
+use crate::context::Context;
 use crate::credentials::ClusterCredentials;
 use crate::names::Operation;
 
@@ -187,27 +187,11 @@ impl Context {
         self.event(&reference, event).await;
     }
 
-    /// Publishes an event about a Machine after the caller has moved on: the Machine
-    /// controller's next step (its attempt, the parent's next start) waits on no event's
-    /// round trip. Events are published in the order they were queued, and SIGTERM waits for
-    /// those queued before it.
+    /// Publishes an event about a Machine after the caller has moved on
+    /// ([`Context::publish_in_order`]): the Machine controller's next step (its attempt, the
+    /// parent's next start) waits on no event's round trip.
     pub fn publish_machine_event(self: &Arc<Self>, machine: &DynamicObject, event: Event) {
-        let reference = machine.object_ref(&crate::machine::api_resource());
-        let queued = (reference, event, self.shutdown.running());
-        let queue = self.event_queue.get_or_init(|| {
-            let (queue, mut waiting) = tokio::sync::mpsc::unbounded_channel::<QueuedEvent>();
-            // Weak: the queue lives in the context, so the task ends with it.
-            let ctx = Arc::downgrade(self);
-            tokio::spawn(async move {
-                while let Some((reference, event, _running)) = waiting.recv().await {
-                    let Some(ctx) = ctx.upgrade() else { break };
-                    ctx.event(&reference, event).await;
-                }
-            });
-            queue
-        });
-        // Fails only once the task has ended with the context, when nothing is published.
-        let _ = queue.send(queued);
+        self.publish_in_order(machine.object_ref(&crate::machine::api_resource()), event);
     }
 }
 
