@@ -90,7 +90,7 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
         ca_secrets::run(ctx.clone(), secrets),
         keep_caches,
         ready,
-        crate::machine::controller::run(ctx.clone(), caches.clone(), machine_changes),
+        crate::machine::controller::run(ctx.clone(), caches.machines(), machine_changes),
         crate::rollout::controller::run(ctx.clone(), api, caches, changes),
         crate::trust::controller::run(ctx.clone()),
         crate::trust::controller::migration::run(ctx.clone()),

@@ -120,15 +120,15 @@ impl Context {
 
     /// Records the end of work the Machine did for trigger value `worked` (see
     /// [`end_patch`]): reads it fresh and writes `changes` on that version, reading again if it
-    /// changed meanwhile. Returns the Machine as the write left it; `None` when nothing was
-    /// written: the Machine is gone or its trigger now asks for something else.
+    /// changed meanwhile. `false` when nothing was written: the Machine is gone or its trigger
+    /// now asks for something else.
     pub async fn record_end(
         &self,
         machine: &MachineView,
         trigger_key: &str,
         worked: Option<&str>,
         changes: &AnnotationChanges,
-    ) -> Result<Option<DynamicObject>, Error> {
+    ) -> Result<bool, Error> {
         self.record_end_after(machine, None, trigger_key, worked, changes)
             .await
     }
@@ -145,7 +145,7 @@ impl Context {
         trigger_key: &str,
         worked: Option<&str>,
         changes: &AnnotationChanges,
-    ) -> Result<Option<DynamicObject>, Error> {
+    ) -> Result<bool, Error> {
         let api = self.api(&machine.namespace, &crate::machine::api_resource());
         let mut conflicts = 0;
         let mut known = known
@@ -156,14 +156,14 @@ impl Context {
                 Some(body) => body,
                 None => {
                     let Some(object) = api.get_opt(&machine.name).await? else {
-                        return Ok(None);
+                        return Ok(false);
                     };
                     let fresh = MachineView::from_object(&object);
                     match end_patch(&fresh, trigger_key, worked, changes) {
                         Some(body) => body,
                         None => {
                             tracing::info!(machine = %machine.name, "the trigger changed while the work ran; its end is not recorded, the new value starts anew");
-                            return Ok(None);
+                            return Ok(false);
                         }
                     }
                 }
@@ -172,9 +172,9 @@ impl Context {
                 .patch(&machine.name, &PatchParams::default(), &Patch::Merge(&body))
                 .await
             {
-                Ok(written) => return Ok(Some(written)),
+                Ok(_) => return Ok(true),
                 // Gone, as a fresh read would have found it.
-                Err(kube::Error::Api(e)) if e.code == 404 => return Ok(None),
+                Err(kube::Error::Api(e)) if e.code == 404 => return Ok(false),
                 Err(kube::Error::Api(e)) if e.code == 409 && conflicts < 5 => conflicts += 1,
                 Err(e) => return Err(e.into()),
             }

@@ -11,12 +11,13 @@ use std::time::Duration;
 use futures::StreamExt;
 use kube::api::DynamicObject;
 use kube::runtime::controller::{self, Action, Controller};
+use kube::runtime::reflector::Store;
 use time::OffsetDateTime;
 
 use super::handle::MachineHandle;
 use super::work;
 use crate::context::Context;
-use crate::machine::cache::{Caches, MachineChanges};
+use crate::machine::cache::MachineChanges;
 use crate::machine::plan::{MachinePlan, Observed};
 use crate::machine::{self, MachineView, refresh, upgrade};
 use crate::metrics::CertificateKind;
@@ -32,15 +33,11 @@ const UPGRADE: Operation = Operation::InPlaceUpgrade;
 const CONTROLLER: &str = "machine";
 
 /// Runs the controller over the shared Machine cache until its stream of changes ends.
-pub async fn run(ctx: Arc<Context>, caches: Caches, changes: MachineChanges) {
+pub async fn run(ctx: Arc<Context>, machines: Store<DynamicObject>, changes: MachineChanges) {
     let metrics = ctx.metrics.clone();
-    Controller::for_stream_with(changes, caches.machines(), machine::api_resource())
+    Controller::for_stream_with(changes, machines, machine::api_resource())
         .graceful_shutdown_on(ctx.shutdown.signal())
-        .run(
-            move |object, ctx| reconcile(object, ctx, caches.clone()),
-            error_policy,
-            ctx,
-        )
+        .run(reconcile, error_policy, ctx)
         .for_each(|result| {
             match result {
                 // A change of a Machine no longer in the cache: it is gone, and its expiry
@@ -58,17 +55,12 @@ pub async fn run(ctx: Arc<Context>, caches: Caches, changes: MachineChanges) {
         .await;
 }
 
-async fn reconcile(
-    object: Arc<DynamicObject>,
-    ctx: Arc<Context>,
-    caches: Caches,
-) -> Result<Action, Error> {
+async fn reconcile(object: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Action, Error> {
     let _timer = ctx.reconcile_started(CONTROLLER);
     let view = MachineView::from_object(&object);
     follow_expiry(&ctx, &view);
     let machine = MachineHandle {
         ctx,
-        caches,
         object,
         view,
         written: None,

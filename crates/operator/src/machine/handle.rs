@@ -8,7 +8,6 @@ use kube::api::DynamicObject;
 use crate::Error;
 use crate::context::Context;
 use crate::machine::MachineView;
-use crate::machine::cache::Caches;
 use crate::machine::plan::{MachineUpdate, Write};
 use crate::names::Operation;
 
@@ -17,8 +16,6 @@ use crate::names::Operation;
 #[derive(Clone)]
 pub(in crate::machine) struct MachineHandle {
     pub ctx: Arc<Context>,
-    /// The Machine cache, which takes each write as soon as the API server answers it.
-    pub caches: Caches,
     pub object: Arc<DynamicObject>,
     pub view: MachineView,
     /// The Machine as the API server had it at this process's last write to it (or read of
@@ -29,18 +26,14 @@ pub(in crate::machine) struct MachineHandle {
 
 impl MachineHandle {
     /// Writes an update on the Machine, then publishes its event if the write was recorded.
-    /// Returns the Machine as a patch left it (`None` when nothing was patched). The cache
-    /// takes what was written at once: the parents' passes hear of a Machine's end, which
-    /// starts the next one, without waiting for the watch.
+    /// Returns the Machine as a patch left it (`None` when nothing was patched).
     pub async fn record(&self, update: MachineUpdate) -> Result<Option<MachineView>, Error> {
         let (ctx, view) = (&self.ctx, &self.view);
         let (recorded, written) = match &update.write {
             None => (true, None),
             Some(Write::Patch(changes)) => {
                 let object = ctx.patch_annotations(view, changes).await?;
-                let written = MachineView::from_object(&object);
-                self.caches.record_write(object).await;
-                (true, Some(written))
+                (true, Some(MachineView::from_object(&object)))
             }
             Some(Write::End {
                 trigger,
@@ -48,13 +41,9 @@ impl MachineHandle {
                 changes,
             }) => {
                 let known = self.written.as_ref();
-                let written = ctx
+                let recorded = ctx
                     .record_end_after(view, known, trigger, worked.as_deref(), changes)
                     .await?;
-                let recorded = written.is_some();
-                if let Some(object) = written {
-                    self.caches.record_write(object).await;
-                }
                 (recorded, None)
             }
         };

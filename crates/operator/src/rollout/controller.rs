@@ -271,10 +271,10 @@ async fn reconcile_operation(
             }
             report_progress(ctx, parent, view, operation, &plan.progress());
             let changes = rollout.changes(view, &machines, &plan, ctx.settings.retry_base);
-            return apply(ctx, caches, parent, view.kind, changes).await;
+            return apply(ctx, parent, view.kind, changes).await;
         }
     };
-    apply(ctx, caches, parent, view.kind, changes).await
+    apply(ctx, parent, view.kind, changes).await
 }
 
 /// The parent's rollout progress, as a metric.
@@ -451,12 +451,11 @@ async fn agent_healthy(ctx: &Context, m: &MachineView) -> bool {
 /// Carries out a pass: starts the Machines, then writes the parent, then publishes the events.
 async fn apply(
     ctx: &Context,
-    caches: &Caches,
     parent: &DynamicObject,
     kind: ParentKind,
     changes: ParentChanges,
 ) -> Result<Next, Error> {
-    if let Started::Stale(_) = write_starts(&ctx.client, &changes.start, Some(caches)).await? {
+    if let Started::Stale(_) = write_starts(&ctx.client, &changes.start).await? {
         // The Machine changed since the cache saw it. Its watch event wakes the parent only
         // if the change matters to parents, so look again shortly either way.
         return Ok(Next::After(STALE_RETRY));
@@ -544,18 +543,13 @@ pub async fn start_machines(
         .iter()
         .map(|m| MachineStart::for_request(operation, value, request_id, m))
         .collect();
-    write_starts(client, &starts, None).await
+    write_starts(client, &starts).await
 }
 
 /// Writes the starts in order, each only on the version its plan saw the Machine at (the
 /// stale-cache guard), and stops at the first Machine that has changed since: the API server
-/// refuses that write with 409 Conflict, and nothing more is written. The cache, when given,
-/// takes each start as the API server answers it, so the Machine controller begins at once.
-async fn write_starts(
-    client: &kube::Client,
-    starts: &[MachineStart],
-    caches: Option<&Caches>,
-) -> Result<Started, Error> {
+/// refuses that write with 409 Conflict, and nothing more is written.
+async fn write_starts(client: &kube::Client, starts: &[MachineStart]) -> Result<Started, Error> {
     for start in starts {
         let api: Api<DynamicObject> =
             Api::namespaced_with(client.clone(), &start.namespace, &machine::api_resource());
@@ -570,11 +564,7 @@ async fn write_starts(
             )
             .await
         {
-            Ok(written) => {
-                if let Some(caches) = caches {
-                    caches.record_write(written).await;
-                }
-            }
+            Ok(_) => {}
             Err(kube::Error::Api(e)) if e.code == 409 => {
                 return Ok(Started::Stale(start.machine.clone()));
             }
