@@ -186,10 +186,15 @@ impl Connection {
         Busy(self.0.clone())
     }
 
-    /// `request`, during which the connection is busy.
-    pub async fn busy_during<F: Future>(&self, request: F) -> F::Output {
-        let _busy = self.busy();
-        request.await
+    /// `request`, during which the connection is busy (from this call on, not only once it
+    /// is polled).
+    pub fn busy_during<F: Future>(&self, request: F) -> impl Future<Output = F::Output> + use<F> {
+        let busy = self.busy();
+        async move {
+            let output = request.await;
+            drop(busy);
+            output
+        }
     }
 
     /// Whether no request is in progress on the connection.
