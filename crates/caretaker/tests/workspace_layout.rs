@@ -104,7 +104,7 @@ fn crates_depend_on_each_other_one_way() {
         ),
         (
             "caretaker-operator",
-            &["caretaker-agent-api", "caretaker-pki"][..],
+            &["caretaker-agent-api", "caretaker-listener", "caretaker-pki"][..],
         ),
         (
             "caretaker-testkit",
