@@ -100,7 +100,7 @@ fn crates_depend_on_each_other_one_way() {
         ("caretaker-agent-api", &["caretaker-pki"][..]),
         (
             "caretaker-agent",
-            &["caretaker-agent-api", "caretaker-pki"][..],
+            &["caretaker-agent-api", "caretaker-listener", "caretaker-pki"][..],
         ),
         (
             "caretaker-operator",
