@@ -1,7 +1,7 @@
 //! The agent's HTTPS API, mutual TLS only: the routes of the table in [`caretaker_agent_api`],
 //! one refresh step at a time, and bounds on what connections may cost.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -11,6 +11,8 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use caretaker_listener::{Bounds, Connection};
+use hyper::service::Service;
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
@@ -244,11 +246,12 @@ async fn cancel(
 pub struct ServeLimits {
     /// How long a client may take to finish the TLS handshake.
     pub handshake_timeout: Duration,
-    /// Connections served at once; more wait in the listen backlog.
+    /// Connections open at once. A new one over the limit closes the oldest one still in its
+    /// handshake, or else the oldest between requests; only when every connection is answering
+    /// a request is it refused. Silent connections cannot keep the operator out.
     pub max_connections: usize,
-    /// Connections one peer address may hold at once; more are closed at once. Without it one
-    /// hostile host holding idle connections could fill every slot and keep the operator
-    /// waiting in the backlog for handshake timeouts.
+    /// Connections one peer address may hold at once, with the same rule among its own: one
+    /// hostile host holding idle connections cannot take every slot.
     pub max_connections_per_peer: usize,
     /// How long to pause after a failed accept (out of file descriptors, say) before the next.
     pub accept_retry: Duration,
@@ -286,77 +289,30 @@ pub async fn serve_with(
     limits: ServeLimits,
 ) -> std::io::Result<()> {
     let acceptor = TlsAcceptor::from(Arc::new(tls));
-    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
-    let peers = Arc::new(PeerConnections::default());
-    loop {
-        let slot = slots
-            .clone()
-            .acquire_owned()
-            .await
-            .expect("the semaphore is never closed");
-        let (stream, peer) = match listener.accept().await {
-            Ok(accepted) => accepted,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot accept a connection; trying again shortly");
-                tokio::time::sleep(limits.accept_retry).await;
-                continue;
-            }
-        };
-        let Some(peer_slot) = peers.claim(peer.ip(), limits.max_connections_per_peer) else {
-            tracing::info!(%peer, "refused a connection: this peer holds too many already");
-            continue;
-        };
-        let acceptor = acceptor.clone();
-        let router = router.clone();
-        tokio::spawn(async move {
-            serve_connection(acceptor, stream, peer, router, limits.handshake_timeout).await;
-            drop((slot, peer_slot));
-        });
-    }
-}
-
-/// Open connections per peer address.
-#[derive(Debug, Default)]
-struct PeerConnections(Mutex<std::collections::HashMap<IpAddr, usize>>);
-
-impl PeerConnections {
-    /// A slot for one more connection from `peer`, or `None` if it holds `limit` already.
-    fn claim(self: &Arc<Self>, peer: IpAddr, limit: usize) -> Option<PeerSlot> {
-        let mut open = self.0.lock().expect("peer connections lock");
-        let count = open.entry(peer).or_default();
-        if *count >= limit {
-            return None;
-        }
-        *count += 1;
-        Some(PeerSlot {
-            peers: self.clone(),
+    let bounds = Bounds {
+        max_connections: limits.max_connections,
+        max_connections_per_peer: limits.max_connections_per_peer,
+        accept_retry: limits.accept_retry,
+    };
+    caretaker_listener::serve(listener, "agent", bounds, |stream, peer, slot| {
+        serve_connection(
+            acceptor.clone(),
+            stream,
             peer,
-        })
-    }
-}
-
-/// One connection of a peer; released when dropped.
-struct PeerSlot {
-    peers: Arc<PeerConnections>,
-    peer: IpAddr,
-}
-
-impl Drop for PeerSlot {
-    fn drop(&mut self) {
-        let mut open = self.peers.0.lock().expect("peer connections lock");
-        if let Some(count) = open.get_mut(&self.peer) {
-            *count -= 1;
-            if *count == 0 {
-                open.remove(&self.peer);
-            }
-        }
-    }
+            slot,
+            router.clone(),
+            limits.handshake_timeout,
+        )
+    })
+    .await;
+    Ok(())
 }
 
 async fn serve_connection(
     acceptor: TlsAcceptor,
     stream: tokio::net::TcpStream,
     peer: SocketAddr,
+    slot: Connection,
     router: Router,
     handshake_timeout: Duration,
 ) {
@@ -371,7 +327,11 @@ async fn serve_connection(
             return;
         }
     };
-    let service = TowerToHyperService::new(router);
+    slot.established();
+    let router = TowerToHyperService::new(router);
+    // A request in progress (an apply may run its restart hook for minutes) keeps its
+    // connection from being closed to make room.
+    let service = hyper::service::service_fn(move |request| slot.busy_during(router.call(request)));
     if let Err(e) = hyper::server::conn::http1::Builder::new()
         .serve_connection(TokioIo::new(tls), service)
         .await

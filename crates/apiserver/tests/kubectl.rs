@@ -4,7 +4,7 @@
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
 use caretaker_apiserver::{ApiServer, TestServer};
@@ -12,163 +12,54 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, PostParams};
 use serde_json::{Value, json};
 
-fn find_kubectl() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("KUBECTL")
-        .map(PathBuf::from)
-        .filter(|p| p.is_file())
-    {
-        return Some(p);
-    }
-    let default = PathBuf::from("/usr/bin/kubectl");
-    if default.is_file() {
-        return Some(default);
-    }
-    std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|d| d.join("kubectl"))
-            .find(|p| p.is_file())
-    })
-}
+/// The kubectl runner every crate's tests use. The API server sits below the test kit (which
+/// links the operator and the agent), so its tests take the one source file rather than the
+/// crate: an API server test builds no caretaker controller.
+#[path = "../../testkit/src/kubectl.rs"]
+mod kubectl;
 
-/// kubectl, or None (after saying why) when the caller opted out with CARETAKER_SKIP_KUBECTL=1.
-fn kubectl_or_skip(test: &str) -> Option<PathBuf> {
-    let set = |var: &str| std::env::var(var).as_deref() == Ok("1");
-    let missing = "kubectl not found ($KUBECTL, /usr/bin/kubectl, PATH)";
-    match find_kubectl() {
-        Some(p) => Some(p),
-        None if set("CARETAKER_REQUIRE_KUBECTL") => {
-            panic!("{test}: {missing} and CARETAKER_REQUIRE_KUBECTL=1")
-        }
-        None if set("CARETAKER_SKIP_KUBECTL") => {
-            eprintln!("SKIPPED {test}: {missing}; CARETAKER_SKIP_KUBECTL=1");
-            None
-        }
-        None => panic!(
-            "{test}: {missing}; install kubectl, or set CARETAKER_SKIP_KUBECTL=1 to skip the kubectl tests"
-        ),
-    }
-}
-
-struct Kubectl {
-    bin: PathBuf,
-    dir: tempfile::TempDir,
-}
-
-struct Run {
-    ok: bool,
-    stdout: String,
-    stderr: String,
-}
-
-impl Kubectl {
-    fn new(bin: PathBuf, server: &ApiServer) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        server
-            .write_kubeconfig(dir.path().join("kubeconfig"))
-            .unwrap();
-        Kubectl { bin, dir }
-    }
-
-    fn command(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(&self.bin);
-        // A private discovery cache: CRDs come and go between tests.
-        c.arg("--kubeconfig")
-            .arg(self.dir.path().join("kubeconfig"))
-            .arg("--cache-dir")
-            .arg(self.dir.path().join("cache"));
-        c.args(args);
-        c
-    }
-
-    async fn run(&self, args: &[&str], stdin: Option<&str>) -> Run {
-        let mut c = self.command(args);
-        let stdin = stdin.map(String::from);
-        tokio::task::spawn_blocking(move || {
-            c.stdin(if stdin.is_some() {
-                Stdio::piped()
-            } else {
-                Stdio::null()
-            })
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-            let mut child = c.spawn().expect("run kubectl");
-            if let Some(input) = stdin {
-                use std::io::Write;
-                child
-                    .stdin
-                    .take()
-                    .unwrap()
-                    .write_all(input.as_bytes())
-                    .unwrap();
-            }
-            let out = child.wait_with_output().unwrap();
-            Run {
-                ok: out.status.success(),
-                stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-                stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-            }
-        })
-        .await
-        .unwrap()
-    }
-
-    async fn ok(&self, args: &[&str]) -> String {
-        self.ok_with(args, None).await
-    }
-
-    async fn ok_with(&self, args: &[&str], stdin: Option<&str>) -> String {
-        let r = self.run(args, stdin).await;
-        assert!(r.ok, "kubectl {args:?} failed:\n{}\n{}", r.stdout, r.stderr);
-        r.stdout
-    }
-
-    async fn fails(&self, args: &[&str], stdin: Option<&str>) -> String {
-        let r = self.run(args, stdin).await;
-        assert!(!r.ok, "kubectl {args:?} should have failed:\n{}", r.stdout);
-        r.stderr
-    }
-
-    async fn json(&self, args: &[&str]) -> Value {
-        let mut all = args.to_vec();
-        all.extend(["-o", "json"]);
-        serde_json::from_str(&self.ok(&all).await).unwrap()
-    }
-}
+use kubectl::Kubectl;
 
 const CONFIGMAP: &str = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: app\n  labels: {tier: web}\ndata:\n  mode: blue\n";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_on_builtin_kinds() {
-    let Some(bin) = kubectl_or_skip("kubectl_on_builtin_kinds") else {
+    let Some(kubectl) = Kubectl::find("kubectl_on_builtin_kinds") else {
         return;
     };
     let server = TestServer::start().await;
-    let k = Kubectl::new(bin, &server);
+    let k = kubectl.against(&server.kubeconfig());
 
     // Typed generators send protobuf.
     assert!(
-        k.ok(&["create", "namespace", "team"])
+        k.ok(&["create", "namespace", "team"], None)
             .await
             .contains("namespace/team created")
     );
-    k.ok(&[
-        "create",
-        "configmap",
-        "gen",
-        "-n",
-        "team",
-        "--from-literal=a=b",
-    ])
+    k.ok(
+        &[
+            "create",
+            "configmap",
+            "gen",
+            "-n",
+            "team",
+            "--from-literal=a=b",
+        ],
+        None,
+    )
     .await;
-    k.ok(&[
-        "create",
-        "secret",
-        "generic",
-        "pw",
-        "-n",
-        "team",
-        "--from-literal=password=s3cret",
-    ])
+    k.ok(
+        &[
+            "create",
+            "secret",
+            "generic",
+            "pw",
+            "-n",
+            "team",
+            "--from-literal=password=s3cret",
+        ],
+        None,
+    )
     .await;
     // Protobuf bodies carry generateName even when empty; like kube-apiserver, the server
     // omits empty fields.
@@ -184,23 +75,23 @@ async fn kubectl_on_builtin_kinds() {
 
     // Client-side apply, twice.
     assert!(
-        k.ok_with(&["apply", "-f", "-"], Some(CONFIGMAP))
+        k.ok(&["apply", "-f", "-"], Some(CONFIGMAP))
             .await
             .contains("configmap/app created")
     );
     let changed = CONFIGMAP.replace("blue", "green");
     assert!(
-        k.ok_with(&["apply", "-f", "-"], Some(&changed))
+        k.ok(&["apply", "-f", "-"], Some(&changed))
             .await
             .contains("configmap/app configured")
     );
     assert!(
-        k.ok_with(&["apply", "-f", "-"], Some(&changed))
+        k.ok(&["apply", "-f", "-"], Some(&changed))
             .await
             .contains("configmap/app unchanged")
     );
 
-    let table = k.ok(&["get", "configmaps"]).await;
+    let table = k.ok(&["get", "configmaps"], None).await;
     assert!(
         table
             .lines()
@@ -212,33 +103,43 @@ async fn kubectl_on_builtin_kinds() {
     );
     assert!(table.contains("app "), "{table}");
 
-    k.ok(&["annotate", "configmap", "app", "owner=ops"]).await;
-    k.ok(&["label", "configmap", "app", "env=prod"]).await;
-    k.ok(&[
-        "patch",
-        "configmap",
-        "app",
-        "-p",
-        r#"{"data":{"strategic":"1"}}"#,
-    ])
+    k.ok(&["annotate", "configmap", "app", "owner=ops"], None)
+        .await;
+    k.ok(&["label", "configmap", "app", "env=prod"], None).await;
+    k.ok(
+        &[
+            "patch",
+            "configmap",
+            "app",
+            "-p",
+            r#"{"data":{"strategic":"1"}}"#,
+        ],
+        None,
+    )
     .await;
-    k.ok(&[
-        "patch",
-        "configmap",
-        "app",
-        "--type=merge",
-        "-p",
-        r#"{"data":{"merge":"2"}}"#,
-    ])
+    k.ok(
+        &[
+            "patch",
+            "configmap",
+            "app",
+            "--type=merge",
+            "-p",
+            r#"{"data":{"merge":"2"}}"#,
+        ],
+        None,
+    )
     .await;
-    k.ok(&[
-        "patch",
-        "configmap",
-        "app",
-        "--type=json",
-        "-p",
-        r#"[{"op":"add","path":"/data/json","value":"3"}]"#,
-    ])
+    k.ok(
+        &[
+            "patch",
+            "configmap",
+            "app",
+            "--type=json",
+            "-p",
+            r#"[{"op":"add","path":"/data/json","value":"3"}]"#,
+        ],
+        None,
+    )
     .await;
     let cms: Api<ConfigMap> = Api::namespaced(server.client(), "default");
     let app = cms.get("app").await.unwrap();
@@ -255,7 +156,7 @@ async fn kubectl_on_builtin_kinds() {
         ("green", "1", "2", "3")
     );
 
-    let described = k.ok(&["describe", "configmap", "app"]).await;
+    let described = k.ok(&["describe", "configmap", "app"], None).await;
     assert!(
         described.contains("Name:         app") && described.contains("env=prod"),
         "{described}"
@@ -274,7 +175,7 @@ async fn kubectl_on_builtin_kinds() {
         err.contains("conflict with \"kubectl-client-side-apply\" using v1: .data.mode"),
         "{err}"
     );
-    k.ok_with(
+    k.ok(
         &[
             "apply",
             "--server-side",
@@ -287,7 +188,7 @@ async fn kubectl_on_builtin_kinds() {
     )
     .await;
     // Applying again with the same values is no conflict.
-    k.ok_with(
+    k.ok(
         &["apply", "--server-side", "--field-manager=first", "-f", "-"],
         Some(&ssa),
     )
@@ -309,7 +210,7 @@ async fn kubectl_on_builtin_kinds() {
         err.contains("conflict") && err.contains(".data.mode"),
         "{err}"
     );
-    k.ok_with(
+    k.ok(
         &[
             "apply",
             "--server-side",
@@ -331,9 +232,8 @@ async fn kubectl_on_builtin_kinds() {
         "regarding": {"kind": "ConfigMap", "name": "app", "namespace": "default"}, "reason": "Tested", "note": "hello from a test",
         "type": "Normal", "action": "Test", "reportingController": "tests", "reportingInstance": "tests-1",
         "eventTime": "2024-01-01T00:00:00.000000Z"});
-    k.ok_with(&["create", "-f", "-"], Some(&event.to_string()))
-        .await;
-    let events = k.ok(&["get", "events"]).await;
+    k.ok(&["create", "-f", "-"], Some(&event.to_string())).await;
+    let events = k.ok(&["get", "events"], None).await;
     assert!(
         events.contains("Tested") && events.contains("hello from a test"),
         "{events}"
@@ -361,15 +261,18 @@ async fn kubectl_on_builtin_kinds() {
         err.contains("Error from server (NotFound): configmaps \"nope\" not found"),
         "{err}"
     );
-    k.ok(&["delete", "configmap", "app"]).await;
+    k.ok(&["delete", "configmap", "app"], None).await;
     assert!(cms.get_opt("app").await.unwrap().is_none());
-    k.ok(&[
-        "delete",
-        "namespace",
-        "team",
-        "--wait=true",
-        "--timeout=20s",
-    ])
+    k.ok(
+        &[
+            "delete",
+            "namespace",
+            "team",
+            "--wait=true",
+            "--timeout=20s",
+        ],
+        None,
+    )
     .await;
 }
 
@@ -448,46 +351,50 @@ fn fixtures_dir() -> PathBuf {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_installs_and_uses_the_fixture_crds() {
-    let Some(bin) = kubectl_or_skip("kubectl_installs_and_uses_the_fixture_crds") else {
+    let Some(kubectl) = Kubectl::find("kubectl_installs_and_uses_the_fixture_crds") else {
         return;
     };
     let dir = fixtures_dir();
     assert!(dir.is_dir(), "fixture CRDs expected at {}", dir.display());
     let server = TestServer::start().await;
-    let k = Kubectl::new(bin, &server);
+    let k = kubectl.against(&server.kubeconfig());
     let fixtures = dir.to_str().unwrap();
 
-    let out = k.ok(&["apply", "-f", fixtures]).await;
+    let out = k.ok(&["apply", "-f", fixtures], None).await;
     assert_eq!(out.matches(" created").count(), 7, "{out}");
-    k.ok(&[
-        "wait",
-        "--for",
-        "condition=established",
-        "--timeout=30s",
-        "crd",
-        "--all",
-    ])
+    k.ok(
+        &[
+            "wait",
+            "--for",
+            "condition=established",
+            "--timeout=30s",
+            "crd",
+            "--all",
+        ],
+        None,
+    )
     .await;
     // Re-applying unchanged CRDs is a no-op, server-side too.
     assert_eq!(
-        k.ok(&["apply", "-f", fixtures])
+        k.ok(&["apply", "-f", fixtures], None)
             .await
             .matches(" unchanged")
             .count(),
         7
     );
-    k.ok(&[
-        "apply",
-        "--server-side",
-        "--force-conflicts",
-        "-f",
-        fixtures,
-    ])
+    k.ok(
+        &[
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "-f",
+            fixtures,
+        ],
+        None,
+    )
     .await;
 
-    let out = k
-        .ok_with(&["apply", "-f", "-"], Some(FIXTURE_OBJECTS))
-        .await;
+    let out = k.ok(&["apply", "-f", "-"], Some(FIXTURE_OBJECTS)).await;
     assert_eq!(out.matches(" created").count(), 7, "{out}");
     for kind in [
         "clusters",
@@ -500,11 +407,11 @@ async fn kubectl_installs_and_uses_the_fixture_crds() {
     ] {
         let list = k.json(&["get", kind]).await;
         assert_eq!(list["items"].as_array().unwrap().len(), 1, "{kind}: {list}");
-        k.ok(&["get", kind]).await;
-        k.ok(&["describe", kind]).await;
+        k.ok(&["get", kind], None).await;
+        k.ok(&["describe", kind], None).await;
     }
     // Printer columns come from the CRD.
-    let table = k.ok(&["get", "machinedeployments"]).await;
+    let table = k.ok(&["get", "machinedeployments"], None).await;
     assert!(
         table.starts_with("NAME")
             && table.contains("CLUSTER")
@@ -513,22 +420,28 @@ async fn kubectl_installs_and_uses_the_fixture_crds() {
         "{table}"
     );
 
-    k.ok(&["label", "cluster", "c1", "env=test"]).await;
-    k.ok(&[
-        "annotate",
-        "machine",
-        "m1",
-        "v1beta2.k8sd.io/refresh-certificates=1y",
-    ])
+    k.ok(&["label", "cluster", "c1", "env=test"], None).await;
+    k.ok(
+        &[
+            "annotate",
+            "machine",
+            "m1",
+            "v1beta2.k8sd.io/refresh-certificates=1y",
+        ],
+        None,
+    )
     .await;
-    k.ok(&[
-        "patch",
-        "machinedeployment",
-        "md1",
-        "--type=merge",
-        "-p",
-        r#"{"spec":{"replicas":3}}"#,
-    ])
+    k.ok(
+        &[
+            "patch",
+            "machinedeployment",
+            "md1",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"replicas":3}}"#,
+        ],
+        None,
+    )
     .await;
     let md = k.json(&["get", "machinedeployment", "md1"]).await;
     assert_eq!(md["spec"]["replicas"], 3);
@@ -551,7 +464,7 @@ async fn kubectl_installs_and_uses_the_fixture_crds() {
         ),
         "{err}"
     );
-    k.ok_with(
+    k.ok(
         &["apply", "--server-side", "--force-conflicts", "-f", "-"],
         Some(FIXTURE_OBJECTS),
     )
@@ -571,28 +484,27 @@ async fn kubectl_installs_and_uses_the_fixture_crds() {
     let warned = k
         .run(&["apply", "--validate=warn", "-f", "-"], Some(bad))
         .await;
+    let stderr = String::from_utf8_lossy(&warned.stderr);
     assert!(
-        warned.ok && warned.stderr.contains("unknown field \"spec.bogusField\""),
-        "{}",
-        warned.stderr
+        warned.status.success() && stderr.contains("unknown field \"spec.bogusField\""),
+        "{stderr}"
     );
     let invalid = "apiVersion: controlplane.cluster.x-k8s.io/v1beta2\nkind: CK8sControlPlane\nmetadata: {name: cp2}\nspec: {}\n";
     let err = k.fails(&["apply", "-f", "-"], Some(invalid)).await;
     assert!(err.contains("spec.version: Required value"), "{err}");
 
-    let explained = k.ok(&["explain", "cluster.spec"]).await;
+    let explained = k.ok(&["explain", "cluster.spec"], None).await;
     assert!(explained.contains("KIND:       Cluster"), "{explained}");
 
-    k.ok_with(&["delete", "-f", "-"], Some(FIXTURE_OBJECTS))
-        .await;
-    k.ok(&["delete", "cluster", "c2"]).await;
+    k.ok(&["delete", "-f", "-"], Some(FIXTURE_OBJECTS)).await;
+    k.ok(&["delete", "cluster", "c2"], None).await;
     assert!(
         k.json(&["get", "clusters"]).await["items"]
             .as_array()
             .unwrap()
             .is_empty()
     );
-    k.ok(&["delete", "-f", fixtures]).await;
+    k.ok(&["delete", "-f", fixtures], None).await;
     let err = k.fails(&["get", "clusters.cluster.x-k8s.io"], None).await;
     assert!(
         err.contains("the server doesn't have a resource type"),
@@ -602,11 +514,11 @@ async fn kubectl_installs_and_uses_the_fixture_crds() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_get_watch_sees_changes() {
-    let Some(bin) = kubectl_or_skip("kubectl_get_watch_sees_changes") else {
+    let Some(kubectl) = Kubectl::find("kubectl_get_watch_sees_changes") else {
         return;
     };
     let server = TestServer::start().await;
-    let k = Kubectl::new(bin, &server);
+    let k = kubectl.against(&server.kubeconfig());
     let cms: Api<ConfigMap> = Api::namespaced(server.client(), "default");
     let create = |name: &str| {
         let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
@@ -659,15 +571,15 @@ async fn kubectl_get_watch_sees_changes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_over_https_trusts_the_kubeconfig_ca() {
-    let Some(bin) = kubectl_or_skip("kubectl_over_https_trusts_the_kubeconfig_ca") else {
+    let Some(kubectl) = Kubectl::find("kubectl_over_https_trusts_the_kubeconfig_ca") else {
         return;
     };
     let server = ApiServer::builder().tls(true).start().await.unwrap();
     assert!(server.url().starts_with("https://"));
-    let k = Kubectl::new(bin, &server);
-    let namespaces = k.ok(&["get", "namespaces", "-o", "name"]).await;
+    let k = kubectl.against(&server.kubeconfig());
+    let namespaces = k.ok(&["get", "namespaces", "-o", "name"], None).await;
     assert!(namespaces.contains("namespace/kube-system"), "{namespaces}");
-    k.ok_with(&["apply", "--server-side", "-f", "-"], Some(CONFIGMAP))
+    k.ok(&["apply", "--server-side", "-f", "-"], Some(CONFIGMAP))
         .await;
     assert_eq!(
         k.json(&["get", "configmap", "app"]).await["data"]["mode"],
@@ -682,12 +594,13 @@ async fn kubectl_over_https_trusts_the_kubeconfig_ca() {
 /// (`ensure CRDs are installed first`), and the same apply run again creates it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_applies_a_new_crd_and_an_object_of_it_from_one_file() {
-    let Some(bin) = kubectl_or_skip("kubectl_applies_a_new_crd_and_an_object_of_it_from_one_file")
+    let Some(kubectl) =
+        Kubectl::find("kubectl_applies_a_new_crd_and_an_object_of_it_from_one_file")
     else {
         return;
     };
     let server = TestServer::start().await;
-    let k = Kubectl::new(bin, &server);
+    let k = kubectl.against(&server.kubeconfig());
     let file = "apiVersion: apiextensions.k8s.io/v1
 kind: CustomResourceDefinition
 metadata:
@@ -715,25 +628,28 @@ metadata: {name: w1}
 spec: {size: 3}
 ";
     let first = k.run(&["apply", "-f", "-"], Some(file)).await;
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&first.stdout),
+        String::from_utf8_lossy(&first.stderr),
+    );
     assert!(
-        first
-            .stdout
+        stdout
             .contains("customresourcedefinition.apiextensions.k8s.io/widgets.example.dev created"),
         "{}\n{}",
-        first.stdout,
-        first.stderr
+        stdout,
+        stderr
     );
     assert!(
-        !first.stderr.contains("proto:") && !first.stderr.contains("error validating"),
+        !stderr.contains("proto:") && !stderr.contains("error validating"),
         "{}",
-        first.stderr
+        stderr
     );
     assert!(
-        first.stderr.contains("ensure CRDs are installed first"),
+        stderr.contains("ensure CRDs are installed first"),
         "{}",
-        first.stderr
+        stderr
     );
-    let out = k.ok_with(&["apply", "-f", "-"], Some(file)).await;
+    let out = k.ok(&["apply", "-f", "-"], Some(file)).await;
     assert!(
         out.contains("customresourcedefinition.apiextensions.k8s.io/widgets.example.dev unchanged")
             && out.contains("widget.example.dev/w1 created"),
@@ -752,13 +668,13 @@ spec: {size: 3}
 /// `kubectl scale` on a custom resource whose CRD declares the scale subresource.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_scales_a_custom_resource_through_its_scale_subresource() {
-    let Some(bin) =
-        kubectl_or_skip("kubectl_scales_a_custom_resource_through_its_scale_subresource")
+    let Some(kubectl) =
+        Kubectl::find("kubectl_scales_a_custom_resource_through_its_scale_subresource")
     else {
         return;
     };
     let server = TestServer::start().await;
-    let k = Kubectl::new(bin, &server);
+    let k = kubectl.against(&server.kubeconfig());
     let crd = "apiVersion: apiextensions.k8s.io/v1
 kind: CustomResourceDefinition
 metadata:
@@ -789,31 +705,39 @@ spec:
               ready: {type: integer}
               selector: {type: string}
 ";
-    k.ok_with(&["apply", "-f", "-"], Some(crd)).await;
-    k.ok(&[
-        "wait",
-        "--for",
-        "condition=established",
-        "--timeout=30s",
-        "crd/pools.example.dev",
-    ])
+    k.ok(&["apply", "-f", "-"], Some(crd)).await;
+    k.ok(
+        &[
+            "wait",
+            "--for",
+            "condition=established",
+            "--timeout=30s",
+            "crd/pools.example.dev",
+        ],
+        None,
+    )
     .await;
     let pool = "apiVersion: example.dev/v1\nkind: Pool\nmetadata: {name: p1}\nspec: {size: 1, flavour: blue}\n";
-    k.ok_with(&["apply", "-f", "-"], Some(pool)).await;
-    let discovery = k.ok(&["api-resources", "--api-group", "example.dev"]).await;
+    k.ok(&["apply", "-f", "-"], Some(pool)).await;
+    let discovery = k
+        .ok(&["api-resources", "--api-group", "example.dev"], None)
+        .await;
     assert!(discovery.contains("pools"), "{discovery}");
 
-    let out = k.ok(&["scale", "pool/p1", "--replicas=4"]).await;
+    let out = k.ok(&["scale", "pool/p1", "--replicas=4"], None).await;
     assert!(out.contains("pool.example.dev/p1 scaled"), "{out}");
     let p1 = k.json(&["get", "pool", "p1"]).await;
     assert_eq!(p1["spec"]["size"], 4);
     assert_eq!(p1["spec"]["flavour"], "blue", "nothing else changed");
     let scale: Value = serde_json::from_str(
-        &k.ok(&[
-            "get",
-            "--raw",
-            "/apis/example.dev/v1/namespaces/default/pools/p1/scale",
-        ])
+        &k.ok(
+            &[
+                "get",
+                "--raw",
+                "/apis/example.dev/v1/namespaces/default/pools/p1/scale",
+            ],
+            None,
+        )
         .await,
     )
     .unwrap();
@@ -834,7 +758,7 @@ spec:
             body,
         ]
     };
-    k.ok(&patch(r#"{"spec":{"replicas":6}}"#)).await;
+    k.ok(&patch(r#"{"spec":{"replicas":6}}"#), None).await;
     assert_eq!(k.json(&["get", "pool", "p1"]).await["spec"]["size"], 6);
     let stale = r#"{"metadata":{"resourceVersion":"1"},"spec":{"replicas":2}}"#;
     let err = k.fails(&patch(stale), None).await;
@@ -848,11 +772,11 @@ spec:
 /// defaults, status and scale subresources and columns (nothing runs them).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_on_the_workload_kinds() {
-    let Some(bin) = kubectl_or_skip("kubectl_on_the_workload_kinds") else {
+    let Some(kubectl) = Kubectl::find("kubectl_on_the_workload_kinds") else {
         return;
     };
     let server = TestServer::start().await;
-    let k = Kubectl::new(bin, &server);
+    let k = kubectl.against(&server.kubeconfig());
     let objects = "apiVersion: v1
 kind: Service
 metadata: {name: web}
@@ -909,7 +833,7 @@ kind: PersistentVolumeClaim
 metadata: {name: data}
 spec: {accessModes: [ReadWriteOnce], resources: {requests: {storage: 1Gi}}}
 ";
-    let created = k.ok_with(&["apply", "-f", "-"], Some(objects)).await;
+    let created = k.ok(&["apply", "-f", "-"], Some(objects)).await;
     assert_eq!(created.matches(" created").count(), 8, "{created}");
 
     // Defaults a client notices.
@@ -918,7 +842,7 @@ spec: {accessModes: [ReadWriteOnce], resources: {requests: {storage: 1Gi}}}
     assert!(ip.starts_with("10.9") || ip.starts_with("10.1"), "{ip}");
     assert_eq!(service["spec"]["clusterIPs"], json!([ip]));
     assert_eq!(service["spec"]["type"], "ClusterIP");
-    k.ok(&["label", "service", "web", "tier=front"]).await;
+    k.ok(&["label", "service", "web", "tier=front"], None).await;
     assert_eq!(
         k.json(&["get", "service", "web"]).await["spec"]["clusterIP"],
         ip.as_str(),
@@ -936,24 +860,27 @@ spec: {accessModes: [ReadWriteOnce], resources: {requests: {storage: 1Gi}}}
     assert_eq!(nightly["spec"]["jobTemplate"]["spec"]["backoffLimit"], 6);
 
     // Status and scale subresources.
-    k.ok(&[
-        "patch",
-        "deployment",
-        "web",
-        "--subresource=status",
-        "--type=merge",
-        "-p",
-        r#"{"status":{"replicas":2,"updatedReplicas":2,"availableReplicas":1}}"#,
-    ])
+    k.ok(
+        &[
+            "patch",
+            "deployment",
+            "web",
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            r#"{"status":{"replicas":2,"updatedReplicas":2,"availableReplicas":1}}"#,
+        ],
+        None,
+    )
     .await;
-    let table = k.ok(&["get", "deployments"]).await;
+    let table = k.ok(&["get", "deployments"], None).await;
     assert!(table.starts_with("NAME"), "{table}");
     assert!(
         table.contains("UP-TO-DATE") && table.contains("AVAILABLE"),
         "{table}"
     );
     assert!(
-        k.ok(&["scale", "deployment/web", "--replicas=5"])
+        k.ok(&["scale", "deployment/web", "--replicas=5"], None)
             .await
             .contains("scaled")
     );
@@ -968,17 +895,20 @@ spec: {accessModes: [ReadWriteOnce], resources: {requests: {storage: 1Gi}}}
         "a spec change bumps the generation"
     );
     let scale: Value = serde_json::from_str(
-        &k.ok(&[
-            "get",
-            "--raw",
-            "/apis/apps/v1/namespaces/default/deployments/web/scale",
-        ])
+        &k.ok(
+            &[
+                "get",
+                "--raw",
+                "/apis/apps/v1/namespaces/default/deployments/web/scale",
+            ],
+            None,
+        )
         .await,
     )
     .unwrap();
     assert_eq!(scale["status"]["selector"], "app=web");
     assert!(
-        k.ok(&["scale", "statefulset/db", "--replicas=3"])
+        k.ok(&["scale", "statefulset/db", "--replicas=3"], None)
             .await
             .contains("scaled")
     );
@@ -990,7 +920,7 @@ spec: {accessModes: [ReadWriteOnce], resources: {requests: {storage: 1Gi}}}
             .map(|l| l.split_whitespace().map(String::from).collect())
             .collect()
     };
-    let pods = lines(k.ok(&["get", "pods"]).await);
+    let pods = lines(k.ok(&["get", "pods"], None).await);
     assert_eq!(pods[0][..4], ["NAME", "READY", "STATUS", "RESTARTS"]);
     assert_eq!(pods[1][..4], ["web-0", "0/1", "Pending", "0"]);
     k.ok(&[
@@ -1001,18 +931,18 @@ spec: {accessModes: [ReadWriteOnce], resources: {requests: {storage: 1Gi}}}
         "--type=merge",
         "-p",
         r#"{"status":{"phase":"Running","podIP":"10.0.0.5","containerStatuses":[{"name":"web","ready":true,"restartCount":0,"image":"nginx","imageID":"","state":{"running":{}}}]}}"#,
-    ])
+    ], None)
     .await;
-    let pods = lines(k.ok(&["get", "pods", "-o", "wide"]).await);
+    let pods = lines(k.ok(&["get", "pods", "-o", "wide"], None).await);
     assert_eq!(pods[1][..4], ["web-0", "1/1", "Running", "0"]);
     assert_eq!(pods[1][5], "10.0.0.5");
-    let deployments = lines(k.ok(&["get", "deployments"]).await);
+    let deployments = lines(k.ok(&["get", "deployments"], None).await);
     assert_eq!(
         deployments[0][..4],
         ["NAME", "READY", "UP-TO-DATE", "AVAILABLE"]
     );
     assert_eq!(deployments[1][..4], ["web", "0/5", "2", "1"]);
-    let services = lines(k.ok(&["get", "services"]).await);
+    let services = lines(k.ok(&["get", "services"], None).await);
     assert_eq!(
         services[0][..5],
         ["NAME", "TYPE", "CLUSTER-IP", "EXTERNAL-IP", "PORT(S)"]
@@ -1021,19 +951,19 @@ spec: {accessModes: [ReadWriteOnce], resources: {requests: {storage: 1Gi}}}
         [&services[1][..2], &services[1][3..5]].concat(),
         ["web", "ClusterIP", "<none>", "80/TCP"]
     );
-    let statefulsets = lines(k.ok(&["get", "statefulsets"]).await);
+    let statefulsets = lines(k.ok(&["get", "statefulsets"], None).await);
     assert_eq!(statefulsets[1][..2], ["db", "0/3"]);
 
     // Columns, and every kind listed by its short name.
-    let cronjobs = k.ok(&["get", "cj"]).await;
+    let cronjobs = k.ok(&["get", "cj"], None).await;
     assert!(
         cronjobs.contains("SCHEDULE") && cronjobs.contains("0 3 * * *"),
         "{cronjobs}"
     );
-    let pdbs = k.ok(&["get", "pdb"]).await;
+    let pdbs = k.ok(&["get", "pdb"], None).await;
     assert!(pdbs.contains("MIN AVAILABLE"), "{pdbs}");
     for short in ["po", "svc", "deploy", "sts", "cj", "pdb", "netpol", "pvc"] {
-        k.ok(&["get", short]).await;
+        k.ok(&["get", short], None).await;
     }
 }
 
@@ -1042,11 +972,11 @@ spec: {accessModes: [ReadWriteOnce], resources: {requests: {storage: 1Gi}}}
 /// kubectl apply's directives remove and order items.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_strategic_merge_patches_merge_lists_by_key() {
-    let Some(bin) = kubectl_or_skip("kubectl_strategic_merge_patches_merge_lists_by_key") else {
+    let Some(kubectl) = Kubectl::find("kubectl_strategic_merge_patches_merge_lists_by_key") else {
         return;
     };
     let server = TestServer::start().await;
-    let k = Kubectl::new(bin, &server);
+    let k = kubectl.against(&server.kubeconfig());
     let deployment = |image: &str, sidecar: bool| {
         let sidecar = if sidecar {
             "\n      - {name: log, image: busybox}"
@@ -1069,7 +999,7 @@ spec:
 "
         )
     };
-    k.ok_with(&["apply", "-f", "-"], Some(&deployment("nginx:1.26", true)))
+    k.ok(&["apply", "-f", "-"], Some(&deployment("nginx:1.26", true)))
         .await;
     let containers = |d: &Value| d["spec"]["template"]["spec"]["containers"].clone();
     let env_names = |d: &Value| -> Vec<String> {
@@ -1088,7 +1018,7 @@ spec:
         "web",
         "-p",
         r#"{"spec":{"template":{"spec":{"containers":[{"name":"web","env":[{"name":"B","value":"2"}]}]}}}}"#,
-    ])
+    ], None)
     .await;
     let d = k.json(&["get", "deployment", "web"]).await;
     assert_eq!(containers(&d).as_array().unwrap().len(), 2, "{d}");
@@ -1099,7 +1029,7 @@ spec:
         "new items come first, as kube-apiserver puts them"
     );
 
-    k.ok(&["set", "env", "deployment/web", "-c", "web", "C=3"])
+    k.ok(&["set", "env", "deployment/web", "-c", "web", "C=3"], None)
         .await;
     let d = k.json(&["get", "deployment", "web"]).await;
     let mut names = env_names(&d);
@@ -1108,7 +1038,7 @@ spec:
 
     // kubectl apply deletes the container dropped from the file, updates the other, and keeps
     // what others added (env B and C were never in the file).
-    k.ok_with(
+    k.ok(
         &["apply", "-f", "-"],
         Some(&deployment("nginx:1.27", false)),
     )
@@ -1123,7 +1053,7 @@ spec:
     assert_eq!(names, ["A", "B", "C"]);
 
     // A Service's ports merge by port; a Pod's tolerations have no strategy and are replaced.
-    k.ok_with(
+    k.ok(
         &["apply", "-f", "-"],
         Some(
             "apiVersion: v1
@@ -1141,13 +1071,16 @@ spec:
         ),
     )
     .await;
-    k.ok(&[
-        "patch",
-        "service",
-        "web",
-        "-p",
-        r#"{"spec":{"ports":[{"name":"https","port":443}]}}"#,
-    ])
+    k.ok(
+        &[
+            "patch",
+            "service",
+            "web",
+            "-p",
+            r#"{"spec":{"ports":[{"name":"https","port":443}]}}"#,
+        ],
+        None,
+    )
     .await;
     let ports = k.json(&["get", "service", "web"]).await["spec"]["ports"].clone();
     let ports: Vec<i64> = ports
@@ -1157,13 +1090,16 @@ spec:
         .map(|p| p["port"].as_i64().unwrap())
         .collect();
     assert_eq!(ports, [443, 80]);
-    k.ok(&[
-        "patch",
-        "pod",
-        "p",
-        "-p",
-        r#"{"spec":{"tolerations":[{"key":"b","operator":"Exists"}]}}"#,
-    ])
+    k.ok(
+        &[
+            "patch",
+            "pod",
+            "p",
+            "-p",
+            r#"{"spec":{"tolerations":[{"key":"b","operator":"Exists"}]}}"#,
+        ],
+        None,
+    )
     .await;
     let pod = k.json(&["get", "pod", "p"]).await;
     assert_eq!(
@@ -1195,22 +1131,22 @@ spec:
 /// `kubectl explain` of built-in kinds reads k8s-openapi's schemas, documentation included.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_explains_built_in_kinds() {
-    let Some(bin) = kubectl_or_skip("kubectl_explains_built_in_kinds") else {
+    let Some(kubectl) = Kubectl::find("kubectl_explains_built_in_kinds") else {
         return;
     };
     let server = TestServer::start().await;
-    let k = Kubectl::new(bin, &server);
-    let restart = k.ok(&["explain", "pods.spec.restartPolicy"]).await;
+    let k = kubectl.against(&server.kubeconfig());
+    let restart = k.ok(&["explain", "pods.spec.restartPolicy"], None).await;
     assert!(
         restart.contains("Restart policy for all containers"),
         "{restart}"
     );
-    let deployment = k.ok(&["explain", "deployment.spec"]).await;
+    let deployment = k.ok(&["explain", "deployment.spec"], None).await;
     assert!(
         deployment.contains("replicas") && deployment.contains("<integer>"),
         "{deployment}"
     );
-    let data = k.ok(&["explain", "configmaps.data"]).await;
+    let data = k.ok(&["explain", "configmaps.data"], None).await;
     assert!(data.contains("map[string]string"), "{data}");
 }
 
@@ -1218,7 +1154,7 @@ async fn kubectl_explains_built_in_kinds() {
 /// ServiceAccount, for as long as asked, bound to a Secret when asked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_creates_service_account_tokens() {
-    let Some(bin) = kubectl_or_skip("kubectl_creates_service_account_tokens") else {
+    let Some(kubectl) = Kubectl::find("kubectl_creates_service_account_tokens") else {
         return;
     };
     let server = ApiServer::builder()
@@ -1227,9 +1163,9 @@ async fn kubectl_creates_service_account_tokens() {
         .start()
         .await
         .unwrap();
-    let k = Kubectl::new(bin, &server);
-    k.ok(&["create", "namespace", "team"]).await;
-    k.ok(&["create", "serviceaccount", "builder", "-n", "team"])
+    let k = kubectl.against(&server.kubeconfig());
+    k.ok(&["create", "namespace", "team"], None).await;
+    k.ok(&["create", "serviceaccount", "builder", "-n", "team"], None)
         .await;
     let as_token = |token: &str| {
         let mut config = server.kube_config();
@@ -1248,7 +1184,9 @@ async fn kubectl_creates_service_account_tokens() {
         }
     };
 
-    let token = k.ok(&["create", "token", "builder", "-n", "team"]).await;
+    let token = k
+        .ok(&["create", "token", "builder", "-n", "team"], None)
+        .await;
     let message = whoami(as_token(&token)).await;
     assert!(
         message.contains("User \"system:serviceaccount:team:builder\" cannot list"),
@@ -1256,8 +1194,11 @@ async fn kubectl_creates_service_account_tokens() {
     );
 
     // A lifetime and a binding, as asked.
-    k.ok(&["create", "secret", "generic", "session", "-n", "team"])
-        .await;
+    k.ok(
+        &["create", "secret", "generic", "session", "-n", "team"],
+        None,
+    )
+    .await;
     let request = k
         .json(&[
             "create",
@@ -1281,7 +1222,8 @@ async fn kubectl_creates_service_account_tokens() {
             .await
             .contains("system:serviceaccount:team:builder")
     );
-    k.ok(&["delete", "secret", "session", "-n", "team"]).await;
+    k.ok(&["delete", "secret", "session", "-n", "team"], None)
+        .await;
     match Api::<ConfigMap>::namespaced(as_token(&bound), "team")
         .list(&Default::default())
         .await

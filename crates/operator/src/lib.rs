@@ -20,9 +20,9 @@
 //! and must not depend on `caretaker-agent` itself, nor on `caretaker-testkit` outside its
 //! integration tests and benchmarks.
 
+mod answers;
 pub mod authority;
 pub mod changes;
-mod connections;
 pub mod context;
 pub mod controllers;
 pub mod credentials;

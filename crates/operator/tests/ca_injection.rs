@@ -9,7 +9,6 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::time::Duration;
 
 use base64::Engine;
@@ -25,7 +24,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Event, Secret};
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
-use common::authorities::{create_namespace, install_caretaker_crds};
+use common::authorities::{create_namespace, eventually, install_caretaker_crds};
 use common::logs::Captured;
 
 /// The embedded API server, with the injection controllers (or the whole operator) running.
@@ -67,21 +66,6 @@ fn ca_pem(common_name: &str) -> String {
 
 fn b64(text: &str) -> String {
     STANDARD.encode(text)
-}
-
-/// Waits until `check` gives something, for up to 10 s.
-async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    for _ in 0..200 {
-        if let Some(found) = check().await {
-            return found;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("never happened: {what}");
 }
 
 impl Setup {
@@ -216,7 +200,7 @@ impl Setup {
 
     /// Waits until every caBundle field of the target holds `bundle`.
     async fn wait_holds(&self, kind: TargetKind, name: &str, bundle: &str) -> DynamicObject {
-        eventually(&format!("{kind:?} {name} holds the bundle"), || async {
+        eventually(&format!("{kind:?} {name} holds the bundle"), 20, || async {
             let target = self.get(kind, name).await;
             let held = bundles(kind, &target);
             (!held.is_empty() && held.iter().all(|b| b.as_deref() == Some(bundle)))
@@ -247,7 +231,7 @@ impl Setup {
 
     /// Waits for an event with `reason` about `name`, and returns its message.
     async fn wait_event(&self, name: &str, reason: &str) -> String {
-        eventually(&format!("a {reason} event about {name}"), || async {
+        eventually(&format!("a {reason} event about {name}"), 20, || async {
             self.notes(name, reason).await.pop()
         })
         .await
@@ -688,7 +672,7 @@ async fn a_missing_source_leaves_the_target_untouched_with_one_warning_naming_it
     setup
         .create_authority("webhooks", "webhooks-ca-bundle")
         .await;
-    eventually("a warning naming the ConfigMap", || async {
+    eventually("a warning naming the ConfigMap", 20, || async {
         setup
             .notes("missing-ca", names::EVENT_SOURCE_MISSING)
             .await
@@ -704,7 +688,7 @@ async fn a_missing_source_leaves_the_target_untouched_with_one_warning_naming_it
     untouched(&setup, "missing-ca").await;
     let other_key = BTreeMap::from([("ca.crt".to_string(), ca_pem("x"))]);
     setup.publish_bundle("webhooks-ca-bundle", other_key).await;
-    eventually("a warning naming the key", || async {
+    eventually("a warning naming the key", 20, || async {
         setup
             .notes("missing-ca", names::EVENT_SOURCE_MISSING)
             .await
@@ -740,7 +724,7 @@ async fn a_missing_source_leaves_the_target_untouched_with_one_warning_naming_it
             None,
         )
         .await;
-    eventually("a warning naming ca.crt", || async {
+    eventually("a warning naming ca.crt", 20, || async {
         setup
             .notes("missing-secret", names::EVENT_SOURCE_MISSING)
             .await
@@ -971,7 +955,7 @@ async fn without_the_certificate_authority_crd_the_operator_idles_then_starts_by
         .await;
     let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), "caretaker-system");
     // Whatever the bundle holds by then (another controller may publish its own CA in it).
-    eventually("the target holds the CA's bundle", || async {
+    eventually("the target holds the CA's bundle", 20, || async {
         let published = configmaps.get("webhooks-ca-bundle").await.ok()?.data?;
         let published = published.get(v1alpha1::BUNDLE_KEY)?.clone();
         let held = setup.bundles(kind, name).await;
@@ -981,7 +965,7 @@ async fn without_the_certificate_authority_crd_the_operator_idles_then_starts_by
 
     // The CA's controller makes its bundle, whose change may be injected (the CA read fresh)
     // before injection's CRD watch has said it saw the CRD.
-    eventually("injection says the CRD is installed", || async {
+    eventually("injection says the CRD is installed", 20, || async {
         let logs = captured.text();
         logs.contains("the CertificateAuthority CRD is installed")
             .then_some(())

@@ -4,6 +4,9 @@
 //! A missing kubectl fails the kubectl tests, because a skipped test would still show `ok`.
 //! CARETAKER_SKIP_KUBECTL=1 opts out explicitly, unless CARETAKER_REQUIRE_KUBECTL=1 (which CI
 //! sets) forbids that.
+//!
+//! The API server's kubectl tests compile this file too (`#[path]`: they sit below the test
+//! kit), so it uses only what they have: tempfile, serde_json and tokio.
 
 use std::io::Write;
 use std::path::PathBuf;

@@ -10,16 +10,17 @@ use axum::extract::DefaultBodyLimit;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
-use tokio::task::{JoinHandle, JoinSet};
+use tokio::task::JoinHandle;
 
 use crate::api::ApiState;
 use crate::auth::tokens::TokenKey;
 use crate::auth::{Access, Auth, AuthLayer, Authorization, PeerIdentity, UserInfo};
-use crate::http::connections::{ConnectionLimits, Connections, Slot};
+use crate::http::connections::{ConnectionLimits, track};
 use crate::http::guard::RequestGuard;
 use crate::http::handlers::{self, ServerState};
 use crate::store::storage::{Store, StoreError};
 use crate::tls::{TlsError, TlsMaterial};
+use caretaker_listener::{Bounds, Connection};
 
 /// File name of the SQLite database inside a data directory.
 pub const DATABASE_FILE: &str = "state.sqlite";
@@ -436,56 +437,39 @@ fn user_credentials(
     Ok((name.clone(), Credentials::Certificate { cert_pem, key_pem }))
 }
 
-/// Accepts connections until aborted; aborting drops the JoinSet, which ends every connection.
+/// Accepts connections until aborted; aborting ends every connection.
 async fn serve(
     listener: TcpListener,
     router: Router,
     tls: Option<tokio_rustls::TlsAcceptor>,
     limits: ConnectionLimits,
 ) {
-    let connections = Arc::new(Connections::new(limits.max_connections));
-    let mut tasks = JoinSet::new();
-    loop {
-        let (stream, peer) = match listener.accept().await {
-            Ok(accepted) => accepted,
-            Err(e) => {
-                // Usually running out of file descriptors: back off instead of spinning.
-                tracing::warn!(error = %e, "accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        while tasks.try_join_next().is_some() {}
-        let Some(slot) = connections.open() else {
-            tracing::warn!(%peer, limit = limits.max_connections,
-                "refused a connection: every connection is in the middle of a request");
-            continue;
-        };
+    let bounds = Bounds {
+        max_connections: limits.max_connections,
+        // No limit per peer: the server's clients are on this machine.
+        max_connections_per_peer: limits.max_connections,
+        // Usually out of file descriptors: back off instead of spinning.
+        accept_retry: Duration::from_millis(50),
+    };
+    caretaker_listener::serve(listener, "apiserver", bounds, |stream, _, slot| {
         let _ = stream.set_nodelay(true);
-        let (router, tls) = (router.clone(), tls.clone());
-        tasks.spawn(async move {
-            tokio::select! {
-                () = connection(stream, &slot, router, tls, &limits) => {}
-                () = slot.evicted() => {
-                    tracing::debug!(%peer, "closed an idle connection to make room for a new one");
-                }
-            }
-        });
-    }
+        connection(stream, slot, router.clone(), tls.clone(), limits)
+    })
+    .await
 }
 
 /// Serves one connection: its TLS handshake (within the handshake timeout), then its
 /// requests, until it closes or stays idle too long.
 async fn connection(
     stream: tokio::net::TcpStream,
-    slot: &Slot,
+    slot: Connection,
     router: Router,
     tls: Option<tokio_rustls::TlsAcceptor>,
-    limits: &ConnectionLimits,
+    limits: ConnectionLimits,
 ) {
     let Some(acceptor) = tls else {
         slot.established();
-        return http(stream, slot, router, limits).await;
+        return http(stream, &slot, router, &limits).await;
     };
     let stream = match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(stream)).await
     {
@@ -502,12 +486,12 @@ async fn connection(
         .and_then(|leaf| UserInfo::from_certificate(leaf))
         .map(Arc::new);
     let router = router.layer(axum::Extension(PeerIdentity(peer)));
-    http(stream, slot, router, limits).await
+    http(stream, &slot, router, &limits).await
 }
 
 /// Answers a connection's requests (HTTP/1.1 or HTTP/2) until it closes or has been idle
 /// for its limit; an idle HTTP/2 connection gets a GOAWAY first.
-async fn http<I>(io: I, slot: &Slot, router: Router, limits: &ConnectionLimits)
+async fn http<I>(io: I, slot: &Connection, router: Router, limits: &ConnectionLimits)
 where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
@@ -515,12 +499,12 @@ where
     http.http1()
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_read_timeout);
-    let service = slot.track(TowerToHyperService::new(router));
+    let service = track(slot, TowerToHyperService::new(router));
     let served = http.serve_connection_with_upgrades(TokioIo::new(io), service);
     tokio::pin!(served);
     let result = tokio::select! {
         result = served.as_mut() => result,
-        () = slot.idle_expired(limits) => {
+        () = limits.idle_expired(slot) => {
             served.as_mut().graceful_shutdown();
             // A client that does not let it close is cut off.
             match tokio::time::timeout(limits.header_read_timeout, served).await {

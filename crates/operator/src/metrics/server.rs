@@ -16,8 +16,8 @@
 //!   opening or of its last answer (idle keep-alive included), and must take its answer's
 //!   bytes within [`Limits::write_timeout`], or it is closed.
 //! - At most [`Limits::max_connections`] are open at once; a new one over the limit closes the
-//!   oldest idle one (see [`crate::connections`]), so idle clients cannot keep a scrape or a
-//!   probe out.
+//!   oldest idle one (see [`caretaker_listener::Connections`]), so idle clients cannot keep a
+//!   scrape or a probe out.
 //!
 //! Where the network is not trusted, bind `--metrics-bind-address` to `127.0.0.1:8080` (a
 //! sidecar scrapes it), turn it off with `0`, or serve `/metrics` over mutual TLS
@@ -43,7 +43,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
 
 use super::{CONTENT_TYPE, Metrics};
-use crate::connections::{Busy, Connections, Slot, closing, text};
+use crate::answers::{closing, text};
+use caretaker_listener::{Bounds, Connection};
 
 /// Bounds on what clients may cost these servers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,7 +59,7 @@ pub struct Limits {
     pub handshake_timeout: Duration,
     /// The largest request head (request line and headers) read, in bytes.
     pub max_header_bytes: usize,
-    /// Connections open at once; see [`crate::connections`].
+    /// Connections open at once; see [`caretaker_listener::Connections`].
     pub max_connections: usize,
     /// How long to pause after a failed accept (out of file descriptors) before the next.
     pub accept_retry: Duration,
@@ -251,41 +252,21 @@ async fn serve(listener: TcpListener, routes: Routes, limits: Limits, tls: Optio
         tracing::info!(%address, paths = %routes.paths().join(" "), "{server}: serving over {over}");
     }
     let routes = Arc::new(routes);
-    // No per-peer limit: a scraper and the kubelet's probes are few, known clients.
-    let connections = Arc::new(Connections::new(
-        limits.max_connections,
-        limits.max_connections,
-    ));
-    loop {
-        let (stream, peer) = match listener.accept().await {
-            Ok(accepted) => accepted,
-            Err(e) => {
-                tracing::warn!(error = %e, "{server}: cannot accept a connection; trying again shortly");
-                tokio::time::sleep(limits.accept_retry).await;
-                continue;
-            }
-        };
-        let Some(slot) = connections.open(peer.ip()) else {
-            tracing::warn!(%peer, limit = limits.max_connections,
-                "{server}: refused a connection: every connection is in the middle of a request");
-            continue;
-        };
-        let (routes, tls) = (routes.clone(), tls.clone());
-        tokio::spawn(async move {
-            let closed = slot.state.close.clone();
-            tokio::select! {
-                () = connection(stream, &slot, routes, limits, tls) => {}
-                () = closed.notified() => {
-                    tracing::debug!(%peer, "{server}: closed an idle connection to make room for a new one");
-                }
-            }
-        });
-    }
+    let bounds = Bounds {
+        max_connections: limits.max_connections,
+        // No per-peer limit: a scraper and the kubelet's probes are few, known clients.
+        max_connections_per_peer: limits.max_connections,
+        accept_retry: limits.accept_retry,
+    };
+    caretaker_listener::serve(listener, server, bounds, |stream, _, slot| {
+        connection(stream, slot, routes.clone(), limits, tls.clone())
+    })
+    .await
 }
 
 async fn connection(
     stream: TcpStream,
-    slot: &Slot,
+    slot: Connection,
     routes: Arc<Routes>,
     limits: Limits,
     tls: Option<TlsAcceptor>,
@@ -293,12 +274,12 @@ async fn connection(
     let stream = WriteTimeout::new(stream, limits.write_timeout);
     let Some(acceptor) = tls else {
         // No handshake: the connection can be asked for a request at once.
-        slot.state.established.store(true, Ordering::SeqCst);
+        slot.established();
         return http(stream, slot, routes, limits).await;
     };
     match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(stream)).await {
         Ok(Ok(tls)) => {
-            slot.state.established.store(true, Ordering::SeqCst);
+            slot.established();
             http(tls, slot, routes, limits).await
         }
         Ok(Err(e)) => tracing::info!(error = %e, "metrics: refused a TLS connection"),
@@ -307,13 +288,12 @@ async fn connection(
 }
 
 /// Answers the requests of one connection, ready for them.
-async fn http<I>(io: I, slot: &Slot, routes: Arc<Routes>, limits: Limits)
+async fn http<I>(io: I, slot: Connection, routes: Arc<Routes>, limits: Limits)
 where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let state = slot.state.clone();
     let service = hyper::service::service_fn(move |request: Request<Incoming>| {
-        let busy = Busy::new(&state);
+        let busy = slot.busy();
         let response = routes.respond(&request);
         drop(busy);
         std::future::ready(Ok::<_, Infallible>(response))

@@ -13,7 +13,6 @@
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
@@ -28,7 +27,8 @@ use tokio_rustls::TlsAcceptor;
 
 use super::admit::{Deprecations, Issuers, Served, review};
 use super::certificate::ServingCertificate;
-use crate::connections::{Busy, Connections, Slot, closing, text};
+use crate::answers::{closing, text};
+use caretaker_listener::{Bounds, Connection};
 
 /// Bounds on what clients may cost the webhook.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,46 +118,31 @@ pub async fn serve<I: Issuers + 'static>(
         limits,
         body_budget,
     });
-    let connections = Arc::new(Connections::new(
-        limits.max_connections,
-        limits.max_connections_per_peer,
-    ));
-    loop {
-        let (stream, peer) = match listener.accept().await {
-            Ok(accepted) => accepted,
-            Err(e) => {
-                tracing::warn!(error = %e, "webhook: cannot accept a connection; trying again shortly");
-                tokio::time::sleep(limits.accept_retry).await;
-                continue;
-            }
-        };
-        let Some(slot) = connections.open(peer.ip()) else {
-            tracing::warn!(%peer, limit = limits.max_connections,
-                per_peer = limits.max_connections_per_peer,
-                "webhook: refused a connection: every connection it could replace is in the middle of a request");
-            continue;
-        };
-        let (acceptor, handler, certificate) =
-            (acceptor.clone(), handler.clone(), certificate.clone());
-        tokio::spawn(async move {
-            let closed = slot.state.close.clone();
-            tokio::select! {
-                () = connection(acceptor, stream, peer, &slot, handler, &certificate) => {}
-                () = closed.notified() => {
-                    tracing::debug!(%peer, "webhook: closed an idle connection to make room for a new one");
-                }
-            }
-        });
-    }
+    let bounds = Bounds {
+        max_connections: limits.max_connections,
+        max_connections_per_peer: limits.max_connections_per_peer,
+        accept_retry: limits.accept_retry,
+    };
+    caretaker_listener::serve(listener, "webhook", bounds, |stream, peer, slot| {
+        connection(
+            acceptor.clone(),
+            stream,
+            peer,
+            slot,
+            handler.clone(),
+            certificate.clone(),
+        )
+    })
+    .await
 }
 
 async fn connection<I: Issuers + 'static>(
     acceptor: TlsAcceptor,
     stream: TcpStream,
     peer: SocketAddr,
-    slot: &Slot,
+    slot: Connection,
     handler: Arc<Handler<I>>,
-    certificate: &ServingCertificate,
+    certificate: Arc<ServingCertificate>,
 ) {
     let limits = handler.limits;
     let tls = match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(stream)).await {
@@ -176,10 +161,9 @@ async fn connection<I: Issuers + 'static>(
             return;
         }
     };
-    slot.state.established.store(true, Ordering::SeqCst);
-    let state = slot.state.clone();
+    slot.established();
     let service = hyper::service::service_fn(move |request| {
-        let (handler, busy) = (handler.clone(), Busy::new(&state));
+        let (handler, busy) = (handler.clone(), slot.busy());
         async move {
             let response = handler.respond(request).await;
             drop(busy);
