@@ -126,10 +126,7 @@ fn main() {
         "one rollout pass over 3 control-plane Machines + {workers} workers, {rounds} rounds each"
     );
     for (label, pass) in [
-        (
-            "MachineDeployment pass",
-            &deployment_pass as &dyn Fn() -> _,
-        ),
+        ("MachineDeployment pass", &deployment_pass as &dyn Fn() -> _),
         ("Cluster pass", &cluster_pass),
     ] {
         let started = Instant::now();

@@ -28,6 +28,9 @@ pub fn start() -> Option<(Vec<String>, tokio::runtime::Runtime)> {
     if args.get(1).map(String::as_str) == Some("--operator") {
         // As `caretaker operator` does.
         caretaker_operator::process::cap_malloc_arenas();
+        caretaker_operator::process::return_free_memory(
+            caretaker_operator::process::RETURN_FREE_MEMORY_EVERY,
+        );
         if std::env::var_os("BENCH_MEMORY_PEAKS").is_some() {
             report_peaks();
         }
@@ -246,8 +249,20 @@ pub struct Operator {
 }
 
 impl Operator {
+    /// Starts the operator; under the command in `BENCH_OPERATOR_UNDER`, if set (a profiler
+    /// such as `heaptrack`, whose arguments follow it, separated by spaces).
     pub fn start(kubeconfig: &Path) -> Self {
-        let mut child = Command::new(std::env::current_exe().unwrap())
+        let wrapper = std::env::var("BENCH_OPERATOR_UNDER").unwrap_or_default();
+        let mut words = wrapper.split_whitespace();
+        let mut command = match words.next() {
+            Some(program) => {
+                let mut command = Command::new(program);
+                command.args(words).arg(std::env::current_exe().unwrap());
+                command
+            }
+            None => Command::new(std::env::current_exe().unwrap()),
+        };
+        let mut child = command
             .arg("--operator")
             .arg(kubeconfig)
             .stdin(Stdio::piped())
@@ -280,9 +295,17 @@ impl Operator {
     fn snapshot(&mut self) -> Snapshot {
         writeln!(self.stdin).unwrap();
         self.stdin.flush().unwrap();
-        let mut line = String::new();
-        self.stdout.read_line(&mut line).unwrap();
-        serde_json::from_str(&line).unwrap()
+        // Lines that are not a snapshot are the wrapper's (`BENCH_OPERATOR_UNDER`): skipped.
+        loop {
+            let mut line = String::new();
+            assert!(
+                self.stdout.read_line(&mut line).unwrap() > 0,
+                "the operator exited"
+            );
+            if line.starts_with('{') {
+                return serde_json::from_str(&line).unwrap();
+            }
+        }
     }
 
     /// VmRSS and VmHWM in MiB.

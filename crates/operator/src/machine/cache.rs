@@ -86,7 +86,10 @@ impl Caches {
         let (store, views) = (caches.machines.clone(), caches.views.clone());
         let keep_machines = reflector(
             machines_writer,
-            watcher(machines, watcher::Config::default()).modify(forget_managed_fields),
+            watcher(machines, watcher::Config::default()).modify(|m| {
+                forget_managed_fields(m);
+                MachineView::keep_what_views_read(m);
+            }),
         )
         .default_backoff()
         .for_each(move |event| {

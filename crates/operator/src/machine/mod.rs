@@ -119,6 +119,25 @@ impl MachineView {
         }
     }
 
+    /// Drops from a Machine what no view of it reads: its spec and status but for the cluster,
+    /// node and addresses. The Machine cache keeps Machines so: Cluster API's status
+    /// (conditions, node info, phases) is most of a Machine, and nothing else of a cached
+    /// Machine is read (writes are patches of annotations, never the object written back).
+    pub fn keep_what_views_read(machine: &mut DynamicObject) {
+        let data = std::mem::take(&mut machine.data);
+        let mut kept = serde_json::json!({ "spec": {}, "status": {} });
+        for (section, field) in [
+            ("spec", "clusterName"),
+            ("status", "nodeRef"),
+            ("status", "addresses"),
+        ] {
+            if let Some(value) = data.get(section).and_then(|s| s.get(field)) {
+                kept[section][field] = value.clone();
+            }
+        }
+        machine.data = kept;
+    }
+
     pub fn annotation(&self, key: &str) -> Option<&str> {
         self.annotations.get(key).map(String::as_str)
     }
@@ -198,6 +217,76 @@ pub(crate) fn test_machine(annotations: &[(&str, &str)]) -> MachineView {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A control-plane Machine as Cluster API serves it, status and all.
+    fn served_machine() -> DynamicObject {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta2",
+            "kind": "Machine",
+            "metadata": {
+                "name": "c1-cp-0", "namespace": "ns", "uid": "u-1", "resourceVersion": "42",
+                "creationTimestamp": "2026-11-01T00:00:00Z",
+                "labels": { "cluster.x-k8s.io/cluster-name": "c1", "cluster.x-k8s.io/control-plane": "" },
+                "annotations": { "caretaker.dev/agent-endpoint": "https://10.0.0.7:9443" },
+                "ownerReferences": [{ "apiVersion": "controlplane.cluster.x-k8s.io/v1beta2",
+                    "kind": "CK8sControlPlane", "name": "c1-cp", "uid": "u-2", "controller": true }],
+                "finalizers": ["machine.cluster.x-k8s.io"]
+            },
+            "spec": {
+                "clusterName": "c1", "version": "v1.32.0", "providerID": "aws:///i-1",
+                "bootstrap": { "configRef": { "kind": "CK8sConfig", "name": "c1-cp-0" } },
+                "infrastructureRef": { "kind": "AWSMachine", "name": "c1-cp-0" }
+            },
+            "status": {
+                "phase": "Running",
+                "nodeRef": { "name": "node-0" },
+                "addresses": [{ "type": "InternalIP", "address": "10.0.0.7" }, { "type": "Hostname", "address": "node-0" }],
+                "nodeInfo": { "kubeletVersion": "v1.32.0", "osImage": "Ubuntu 24.04" },
+                "conditions": [{ "type": "Ready", "status": "True", "lastTransitionTime": "2026-11-01T00:00:00Z" }]
+            }
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_machine_kept_as_views_read_it_has_the_same_view() {
+        let served = served_machine();
+        let mut kept = served.clone();
+        MachineView::keep_what_views_read(&mut kept);
+        assert_eq!(
+            MachineView::from_object(&kept),
+            MachineView::from_object(&served)
+        );
+        let view = MachineView::from_object(&kept);
+        assert_eq!(
+            (
+                view.cluster_name.as_str(),
+                view.node_name.as_deref(),
+                view.addresses.len()
+            ),
+            ("c1", Some("node-0"), 2),
+            "the kept fields are the real ones, not all empty"
+        );
+        assert!(kept.data["status"].get("conditions").is_none());
+        assert!(kept.data["spec"].get("bootstrap").is_none());
+        assert_eq!(
+            kept.metadata, served.metadata,
+            "events and writes need the metadata"
+        );
+
+        let mut bare: DynamicObject = serde_json::from_value(serde_json::json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
+            "metadata": { "name": "new", "namespace": "ns" }
+        }))
+        .unwrap();
+        let before = MachineView::from_object(&bare);
+        MachineView::keep_what_views_read(&mut bare);
+        assert_eq!(
+            MachineView::from_object(&bare),
+            before,
+            "a Machine without spec or status"
+        );
+    }
 
     #[test]
     fn the_agent_url_is_the_annotation_or_the_first_address_on_the_agent_port() {

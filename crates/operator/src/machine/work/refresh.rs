@@ -11,6 +11,7 @@ use caretaker_agent_api::refresh::{ApplyRequest, PlanRequest, PlanStatus, Planne
 use caretaker_pki::Ttl;
 use serde_json::Value;
 use time::OffsetDateTime;
+use tokio::sync::{AcquireError, SemaphorePermit};
 
 use crate::Error;
 use crate::changes::AnnotationChanges;
@@ -27,18 +28,26 @@ use crate::names::{Operation, refresh_state};
 const REFRESH: Operation = Operation::RefreshCertificates;
 
 /// Runs a pass's refresh work in the background.
+///
+/// The work is boxed, and an expiry read boxed only once it has its turn: a spawned task is as
+/// large as the largest future it awaits inline (an attempt's TLS, signing and writes, about
+/// 12 KiB), and at start a thousand Machines' expiry reads wait for their turn at once.
 pub(in crate::machine) async fn run(machine: MachineHandle, work: RefreshWork) {
     match work {
-        RefreshWork::ObserveExpiry => observe_expiry(&machine).await,
-        RefreshWork::Attempt => attempt(machine).await,
+        RefreshWork::ObserveExpiry => {
+            let turn = machine.ctx.expiry_reads.acquire().await;
+            Box::pin(observe_expiry(&machine, turn)).await
+        }
+        RefreshWork::Attempt => Box::pin(attempt(machine)).await,
     }
 }
 
-/// Reads the earliest expiry of the node's certificates and records it.
-async fn observe_expiry(machine: &MachineHandle) {
+/// Reads the earliest expiry of the node's certificates, on its `turn` of the bounded reads,
+/// and records it.
+async fn observe_expiry(machine: &MachineHandle, turn: Result<SemaphorePermit<'_>, AcquireError>) {
     let result = async {
         let inventory = {
-            let _permit = machine.ctx.expiry_reads.acquire().await;
+            let _turn = turn;
             let agent = machine.ctx.agent_of(&machine.view).await?;
             agent.client.certificates(&agent.url).await?
         };
