@@ -30,14 +30,14 @@ use std::time::{Duration, Instant};
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
+use caretaker_api::names;
+use caretaker_api::v1alpha1::{CertificateAuthority, Condition, IssuedCertificate};
 use caretaker_apiserver::{ApiServer, TestServer};
 use caretaker_operator::authority::Certificate;
 use caretaker_operator::controllers;
 use caretaker_operator::injection::TargetKind;
 use caretaker_operator::injection::controller as ca_injection;
 use caretaker_operator::metrics::Metrics;
-use caretaker_operator::names;
-use caretaker_operator::v1alpha1::{CertificateAuthority, Condition, IssuedCertificate};
 use caretaker_operator::{Context, Settings};
 use caretaker_pki::{KeyAlgorithm, PrivateKey};
 use k8s_openapi::api::core::v1::{ConfigMap, Event, Secret};

@@ -30,8 +30,8 @@ use super::{
     TlsAnnotations, ceil_second, due, expiring, issuer_name, later,
 };
 use crate::changes::{AnnotationChanges, Event};
-use crate::names::{self, authority_state};
 use crate::timestamp::{format_time, parse_time};
+use caretaker_api::names::{self, authority_state};
 
 /// What the CA Secret holds, or must hold.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]

@@ -137,6 +137,7 @@ pub mod leaf;
 pub(crate) mod memory;
 #[cfg(test)]
 mod model;
+pub mod policy;
 pub(crate) mod secret_cache;
 #[cfg(test)]
 mod timeline;
@@ -156,8 +157,8 @@ use caretaker_pki::{
 use time::OffsetDateTime;
 
 use crate::changes::AnnotationChanges;
-use crate::names;
 use crate::timestamp::{format_time, parse_time};
+use caretaker_api::names;
 
 /// What a `CertificateAuthority` asks for, validated.
 #[derive(Debug, Clone, PartialEq)]
@@ -179,7 +180,7 @@ pub struct CertificatePolicy {
     pub rotation: RotationPolicy,
 }
 
-pub use crate::names::SECRET_TYPE_TLS;
+pub use caretaker_api::names::SECRET_TYPE_TLS;
 /// Secret key: the certificate (the CA that signs now, or the leaf alone).
 pub const TLS_CRT: &str = "tls.crt";
 /// Secret key: the private key of `tls.crt`.

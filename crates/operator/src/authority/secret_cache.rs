@@ -233,7 +233,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::names;
+    use caretaker_api::names;
 
     fn secret(name: &str, version: &str, type_: &str, ca_crt: &str) -> Secret {
         let (label, value) = names::MANAGED_BY;

@@ -33,7 +33,9 @@ use crate::metrics::CertificateKind;
 use crate::runtime::status::{Statuses, conditions};
 use crate::runtime::{Key, lock};
 use crate::timestamp::format_time;
-use crate::v1alpha1::{self, CertificateAuthority, CertificateAuthoritySpec, IssuedCertificate};
+use caretaker_api::v1alpha1::{
+    self, CertificateAuthority, CertificateAuthoritySpec, IssuedCertificate,
+};
 
 /// The inputs of the two controllers: the objects they act on, and wake-ups of those objects
 /// from changes of what they read.

@@ -3,8 +3,8 @@
 //! [`certificate_authority`] and [`issued_certificate`] keep caretaker's own CAs and the
 //! certificates they issue, from what they share ([`authorities`]: stores kept by
 //! [`authority_watch`], read through [`authority_reads`]); [`run_authorities`] starts those
-//! three. (They stay here while `crate::injection` and `crate::v1alpha1` import
-//! `crate::authority`: in `authority/` they would close a circle.) The other features' glue is
+//! three. (They stay here while `crate::injection` imports `crate::authority`: in
+//! `authority/` they would close a circle.) The other features' glue is
 //! in their folders: [`crate::machine::controller`] (one Controller over Cluster API Machines,
 //! each reconcile carrying out every per-Machine capability), [`crate::rollout::controller`]
 //! (one Controller per parent kind: Cluster, CK8sControlPlane, MachineDeployment; both read
@@ -30,7 +30,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{Api, ApiResource, DynamicObject};
 
 use crate::context::Context;
-use crate::machine::{self, cache};
+use crate::machine::cache;
 use crate::rollout::parent::{ParentKind, matters_to_clusters, matters_to_parents};
 use crate::runtime::requeue_after;
 
@@ -44,8 +44,8 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
         }
     };
     let (machine_resource, deployment_resource) = (
-        machine::api_resource(),
-        machine::machine_deployment_api_resource(),
+        caretaker_api::cluster_api::machine_api_resource(),
+        caretaker_api::cluster_api::machine_deployment_api_resource(),
     );
     let (caches, keep_caches, mut changes) = cache::Caches::new(
         api(&machine_resource),

@@ -54,12 +54,12 @@ use crate::authority::{
     CaKeyPair, Certificate, CertificatePolicy, Condition, Mint, ObjectName, TLS_CRT, TLS_KEY,
 };
 use crate::changes::Event;
-use crate::v1alpha1::{EtcdPolicy, MemberSpec};
 
 mod all_certs;
 pub mod controller;
 pub mod members;
 pub(crate) mod nodes;
+pub mod policy;
 mod quorum;
 #[cfg(test)]
 mod tests;
@@ -69,6 +69,7 @@ use all_certs::{change_of, desired_all_certs};
 pub use quorum::{EndpointHealth, MemberAnswer, Quorum};
 
 pub use members::Membership;
+use policy::{EtcdPolicy, MemberSpec};
 
 /// The signer of peer, serving and client certificates.
 pub const SIGNER_SECRET: &str = "etcd-signer";

@@ -170,13 +170,13 @@ pub const EVENT_CA_SECRET_INVALID: &str = "CASecretInvalid";
 pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "caretaker");
 
 /// The mark on every Secret and ConfigMap caretaker writes for an object: that object's kind,
-/// namespace and name, and UID ([`crate::ownership`]). caretaker writes an existing object
+/// namespace and name, and UID (the operator's `ownership`). caretaker writes an existing object
 /// only for the object its mark names.
 pub const OWNER: &str = "caretaker.dev/owner";
 
 /// Set on a Secret or ConfigMap by someone who can write it, to hand it over to the object it
 /// names (`Kind/namespace/name`, or `Kind/name` when cluster-scoped): caretaker then adopts it
-/// once, setting [`OWNER`] and removing this annotation ([`crate::ownership`]).
+/// once, setting [`OWNER`] and removing this annotation (the operator's `ownership`).
 pub const ADOPT: &str = "caretaker.dev/adopt";
 
 /// Bookkeeping of a CertificateAuthority's rotation, on its CA Secret.
