@@ -1653,7 +1653,7 @@ async fn a_stale_view_of_a_machine_never_starts_it_again() {
 
     let started = rollout::start_machines(
         &world.client,
-        rollout::Operation::RefreshCertificates,
+        names::Operation::RefreshCertificates,
         "1y",
         request,
         &[&stale],

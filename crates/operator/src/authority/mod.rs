@@ -180,7 +180,6 @@ pub struct CertificatePolicy {
     pub rotation: RotationPolicy,
 }
 
-pub use caretaker_api::names::SECRET_TYPE_TLS;
 /// Secret key: the certificate (the CA that signs now, or the leaf alone).
 pub const TLS_CRT: &str = "tls.crt";
 /// Secret key: the private key of `tls.crt`.

@@ -31,9 +31,7 @@ use crate::rollout::parent::{
 };
 use crate::rollout::{Progress, RolloutPlan};
 use crate::schedule::Next;
-use caretaker_api::names;
-/// The operations, here too for callers of [`start_machines`].
-pub use caretaker_api::names::Operation;
+use caretaker_api::names::{self, Operation};
 
 /// Runs the rollout controllers of all three parent kinds until their streams end; one stream
 /// of Machine changes per kind, in the order of [`ParentKind::ALL`].
