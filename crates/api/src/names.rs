@@ -164,6 +164,24 @@ pub const EVENT_SIGNER_PROMOTED: &str = "SignerPromoted";
 /// regenerated.
 pub const EVENT_CA_SECRET_INVALID: &str = "CASecretInvalid";
 
+// The keys of the Secrets and ConfigMaps caretaker writes (kubernetes.io/tls's, and
+// library-go's and cainjector's for bundles).
+
+/// Secret key: the certificate (the CA that signs now, or the leaf alone).
+pub const TLS_CRT: &str = "tls.crt";
+/// Secret key: the private key of `tls.crt`.
+pub const TLS_KEY: &str = "tls.key";
+/// Certificate Secret key: the issuer's trust bundle.
+pub const CA_CRT: &str = "ca.crt";
+/// CA Secret key: the CA a rotation introduces.
+pub const NEXT_CRT: &str = "next.crt";
+/// CA Secret key: the private key of `next.crt`.
+pub const NEXT_KEY: &str = "next.key";
+/// CA Secret key: older CAs still trusted (certificates only).
+pub const PREVIOUS_CRT: &str = "previous.crt";
+/// Bundle ConfigMap key (library-go's and cainjector's name).
+pub const CA_BUNDLE_CRT: &str = "ca-bundle.crt";
+
 /// The label on every object caretaker creates (the webhook bootstrap's objects, and every
 /// CA Secret, bundle ConfigMap and certificate Secret). It says who made an object, for
 /// people and selectors; it gives no right to write it ([`OWNER`] does).

@@ -30,13 +30,13 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{ApiResource, DynamicObject};
 use serde_json::{Value, json};
 
-use crate::authority::{NEXT_CRT, PREVIOUS_CRT, TLS_CRT};
 use crate::changes::Event;
 use crate::validation::is_rfc1123;
 use caretaker_api::names::injection::{
     ALLOW_DIRECT_INJECTION, EVENT_INJECTED, EVENT_REFUSED, EVENT_SOURCE_MISSING, INJECT_CA_FROM,
     INJECT_CA_FROM_SECRET, SECRET_CA_KEY,
 };
+use caretaker_api::names::{NEXT_CRT, PREVIOUS_CRT, TLS_CRT};
 use caretaker_api::v1alpha1::{BUNDLE_KEY, NamespacedName};
 
 pub mod controller;

@@ -7,9 +7,8 @@
 //! which trust bundle goes into which `caBundle` field ([`injection`]). Plans are made of
 //! [`changes`] (annotations to write, events to publish) and [`schedule::Next`]. The kube-rs
 //! glue that observes and applies is each feature's `controller` ([`machine::controller`],
-//! [`rollout::controller`], [`etcd::controller`], [`injection::controller`],
-//! [`trust::controller`]) or, not yet moved, a module of [`controllers`], which also starts
-//! them all. What every controller shares imports no feature: [`runtime`] (writes on the
+//! [`rollout::controller`], [`authority::controller`], [`etcd::controller`],
+//! [`injection::controller`], [`trust::controller`]); [`controllers`] starts them all. What every controller shares imports no feature: [`runtime`] (writes on the
 //! version read, status memory, refusals, the step executor), [`context`], [`credentials`] and
 //! [`metrics`] (the metric families and the servers of `/metrics`, `/healthz` and `/readyz`).
 //!

@@ -487,8 +487,8 @@ fn asker(seen: &EtcdObserved, policy: &EtcdPolicy) -> Asker {
         .and_then(|(data, _)| {
             let text = |k: &str| data.get(k).map(|v| String::from_utf8_lossy(v).into_owned());
             Some((
-                text(crate::authority::TLS_CRT)?,
-                text(crate::authority::TLS_KEY)?,
+                text(caretaker_api::names::TLS_CRT)?,
+                text(caretaker_api::names::TLS_KEY)?,
             ))
         });
     let next = etcd::next_signer(seen);

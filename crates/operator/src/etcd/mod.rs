@@ -50,10 +50,9 @@ use crate::authority::ca::{
 };
 use crate::authority::leaf::{self, CertificateStep, LeafObserved, LeafSecretState};
 use crate::authority::verified::Verified;
-use crate::authority::{
-    CaKeyPair, Certificate, CertificatePolicy, Condition, Mint, ObjectName, TLS_CRT, TLS_KEY,
-};
+use crate::authority::{CaKeyPair, Certificate, CertificatePolicy, Condition, Mint, ObjectName};
 use crate::changes::Event;
+use caretaker_api::names::{TLS_CRT, TLS_KEY};
 
 mod all_certs;
 pub mod controller;

@@ -8,8 +8,9 @@ use serde_json::json;
 use time::OffsetDateTime;
 
 use super::*;
+use crate::authority::PkiMint;
 use crate::authority::ca::AuthorityStep;
-use crate::authority::{CA_BUNDLE_CRT, PkiMint};
+use caretaker_api::names::CA_BUNDLE_CRT;
 use caretaker_api::v1alpha1::EtcdCertificatesSpec;
 
 fn policy(members: &[&str]) -> EtcdPolicy {
@@ -167,13 +168,13 @@ impl World {
                 if ca.next.is_some() || ca.current.is_some() {
                     let (data, annotations) = secret(&mut self.seen, signer.secret());
                     let before: Vec<u8> = data
-                        .get(crate::authority::NEXT_CRT)
+                        .get(caretaker_api::names::NEXT_CRT)
                         .cloned()
                         .unwrap_or_default();
                     ca.data().apply_to(data);
                     ca.annotation_changes().apply_to(annotations);
                     let after = data
-                        .get(crate::authority::NEXT_CRT)
+                        .get(caretaker_api::names::NEXT_CRT)
                         .cloned()
                         .unwrap_or_default();
                     if !after.is_empty() && after != before {

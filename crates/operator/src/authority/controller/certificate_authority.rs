@@ -29,7 +29,7 @@ use crate::authority::bundle::BundleState;
 use crate::authority::ca::{
     self, AuthorityObserved, AuthorityStep, CaPlan, CaSecretState, Untrusting,
 };
-use crate::authority::{AuthorityPolicy, CA_BUNDLE_CRT, ObjectName, PkiMint};
+use crate::authority::{AuthorityPolicy, ObjectName, PkiMint};
 use crate::changes::Event;
 use crate::metrics::CertificateKind;
 use crate::ownership::{Claim, Owner};
@@ -38,6 +38,7 @@ use crate::runtime::steps::{Applied, Failed, ObjectKind, Step, StepWriter, no_ga
 use crate::runtime::{self, Key, claims, status, write};
 use crate::timestamp::format_time;
 use caretaker_api::names;
+use caretaker_api::names::CA_BUNDLE_CRT;
 use caretaker_api::v1alpha1::{
     CertificateAuthority, CertificateAuthoritySpec, CertificateAuthorityStatus, PreviousCa,
 };

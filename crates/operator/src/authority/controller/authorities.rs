@@ -229,7 +229,7 @@ impl Shared {
         })
         .predicate_filter(predicates::generation, Default::default());
         let error_policy = move |_: Arc<K>, error: &Error, shared: Arc<Shared>| {
-            super::requeue_after(controller, error, &shared.ctx)
+            crate::runtime::requeue_after(controller, error, &shared.ctx)
         };
         let mut reconcile = reconcile;
         let timed = move |object: Arc<K>, shared: Arc<Shared>| {
