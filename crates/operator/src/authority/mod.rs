@@ -160,9 +160,7 @@ use time::OffsetDateTime;
 use crate::changes::AnnotationChanges;
 use crate::timestamp::{format_time, parse_time};
 use caretaker_api::names;
-use caretaker_api::names::{
-    CA_BUNDLE_CRT, CA_CRT, NEXT_CRT, NEXT_KEY, PREVIOUS_CRT, TLS_CRT, TLS_KEY,
-};
+use caretaker_api::names::{CA_BUNDLE_CRT, CA_CRT, TLS_CRT, TLS_KEY};
 
 /// What a `CertificateAuthority` asks for, validated.
 #[derive(Debug, Clone, PartialEq)]
@@ -646,6 +644,7 @@ fn expiring(
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use caretaker_api::names::{NEXT_CRT, NEXT_KEY, PREVIOUS_CRT};
 
     #[test]
     fn keys_never_print() {
