@@ -7,11 +7,13 @@ mod common;
 
 use std::process::Stdio;
 
-use caretaker_apiserver::TestServer;
-use caretaker_operator::v1alpha1::{
+use caretaker_api::v1alpha1::{
     CertificateAuthority, CertificateAuthorityStatus, Condition, IssuedCertificate,
     IssuedCertificateStatus, crds,
 };
+use caretaker_apiserver::TestServer;
+use caretaker_operator::authority::{AuthorityPolicy, CertificatePolicy};
+use caretaker_operator::etcd::policy::EtcdPolicy;
 use caretaker_testkit::kubectl::Kubectl;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, Patch, PatchParams};
@@ -151,10 +153,13 @@ async fn kubectl_applies_the_crds_then_lists_the_examples_with_their_columns() {
     let cas: Api<CertificateAuthority> = Api::all(client.clone());
     let certificates: Api<IssuedCertificate> = Api::namespaced(client, "demo");
     let ca = cas.get("webhooks").await.unwrap();
-    assert_eq!(ca.spec.policy().unwrap().ca.common_name, "webhooks-ca");
+    assert_eq!(
+        AuthorityPolicy::from_spec(&ca.spec).unwrap().ca.common_name,
+        "webhooks-ca"
+    );
     let certificate = certificates.get("webhook-server").await.unwrap();
     assert_eq!(certificate.spec.ip_addresses, ["127.0.0.1"]);
-    certificate.spec.policy().unwrap();
+    CertificatePolicy::from_spec(&certificate.spec).unwrap();
 
     // Before any status: the columns are there, empty.
     let table = kubectl.ok(&["get", "certificateauthorities"], None).await;
@@ -419,10 +424,10 @@ async fn kubectl_applies_the_etcd_example_and_lists_it_with_its_columns() {
         created.contains("etcdcertificates.caretaker.dev/etcd created"),
         "{created}"
     );
-    let objects: Api<caretaker_operator::v1alpha1::EtcdCertificates> =
+    let objects: Api<caretaker_api::v1alpha1::EtcdCertificates> =
         Api::namespaced(server.client(), "etcd-system");
     let stored = objects.get("etcd").await.unwrap();
-    let policy = stored.spec.policy().unwrap();
+    let policy = EtcdPolicy::from_spec(&stored.spec).unwrap();
     assert_eq!(policy.members[0].name, "m0");
     assert_eq!(policy.endpoints, ["https://127.0.0.1:2379"]);
     let table = kubectl

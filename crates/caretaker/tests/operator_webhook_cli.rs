@@ -8,8 +8,8 @@ use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use base64::Engine;
+use caretaker_api::v1alpha1::{CertificateAuthority as CaObject, crds};
 use caretaker_apiserver::TestServer;
-use caretaker_operator::v1alpha1::{CertificateAuthority as CaObject, crds};
 use caretaker_operator::webhook::{self, Endpoint};
 use caretaker_pki::{CaSpec, CertificateAuthority, LeafSpec, Usage};
 use k8s_openapi::ByteString;
@@ -561,7 +561,7 @@ async fn wait_for_log(log: &std::path::Path, line: &str) -> String {
 /// started again, it makes what was deleted and keeps what a user changed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_webhook_bootstrap_waits_for_the_crds_makes_its_objects_and_keeps_a_users_changes() {
-    use caretaker_operator::v1alpha1::IssuedCertificate;
+    use caretaker_api::v1alpha1::IssuedCertificate;
 
     let server = TestServer::start().await;
     let client = server.client();

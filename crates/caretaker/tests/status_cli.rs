@@ -29,7 +29,7 @@ async fn cluster_c1() -> (ApiServer, tempfile::TempDir, Api<DynamicObject>) {
         .create(&ClusterCas::create().unwrap())
         .await
         .unwrap();
-    let clusters = cluster.api(&caretaker_operator::machine::cluster_api_resource());
+    let clusters = cluster.api(&caretaker_api::cluster_api::cluster_api_resource());
     (server, tmp, clusters)
 }
 

@@ -88,12 +88,14 @@ fn the_product_binary_links_no_api_server_or_test_kit_by_default() {
 }
 
 /// Each crate depends on exactly the crates the layout allows, so no crate reaches into one
-/// above it: the API server knows no caretaker; the agent and the operator meet only in the
-/// agent API; fixtures live in the test kit, which production code other than the binary's
-/// demo never links.
+/// above it: the API types (`caretaker-api`) are at the bottom and know no other caretaker
+/// crate; the API server knows no caretaker; the agent and the operator meet only in the agent
+/// API; fixtures live in the test kit, which knows the API types but not the operator, and
+/// which production code other than the binary's demo never links.
 #[test]
 fn crates_depend_on_each_other_one_way() {
     let allowed: BTreeMap<&str, &[&str]> = BTreeMap::from([
+        ("caretaker-api", &[][..]),
         ("caretaker-listener", &[][..]),
         ("caretaker-pki", &[][..]),
         (
@@ -107,14 +109,19 @@ fn crates_depend_on_each_other_one_way() {
         ),
         (
             "caretaker-operator",
-            &["caretaker-agent-api", "caretaker-listener", "caretaker-pki"][..],
+            &[
+                "caretaker-agent-api",
+                "caretaker-api",
+                "caretaker-listener",
+                "caretaker-pki",
+            ][..],
         ),
         (
             "caretaker-testkit",
             &[
                 "caretaker-agent",
                 "caretaker-agent-api",
-                "caretaker-operator",
+                "caretaker-api",
                 "caretaker-pki",
             ][..],
         ),
@@ -123,6 +130,7 @@ fn crates_depend_on_each_other_one_way() {
             &[
                 "caretaker-agent",
                 "caretaker-agent-api",
+                "caretaker-api",
                 "caretaker-apiserver",
                 "caretaker-operator",
                 "caretaker-pki",
@@ -146,6 +154,34 @@ fn crates_depend_on_each_other_one_way() {
             depends_on(dir),
             expected,
             "{name}'s [dependencies] on workspace crates"
+        );
+    }
+}
+
+/// The API types are the bottom of the house: they depend on no caretaker crate, not even in
+/// their tests, and the test kit, which builds objects of those types, does not depend on the
+/// operator (it did, for the names and kinds that now live in `caretaker-api`).
+#[test]
+fn the_api_types_are_at_the_bottom() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let api = std::fs::read_to_string(root.join("api/Cargo.toml")).unwrap();
+    let everything: Vec<String> = ["dependencies", "dev-dependencies", "build-dependencies"]
+        .iter()
+        .flat_map(|name| section(&api, name))
+        .map(|(key, _)| key)
+        .filter(|key| key.starts_with("caretaker-"))
+        .collect();
+    assert!(
+        everything.is_empty(),
+        "caretaker-api depends on {everything:?}"
+    );
+    let testkit = std::fs::read_to_string(root.join("testkit/Cargo.toml")).unwrap();
+    for name in ["dependencies", "dev-dependencies"] {
+        assert!(
+            !section(&testkit, name)
+                .iter()
+                .any(|(key, _)| key.split('.').next() == Some("caretaker-operator")),
+            "caretaker-testkit's [{name}] name caretaker-operator"
         );
     }
 }
@@ -220,8 +256,8 @@ fn apiserver_layers_import_only_downward() {
 /// The operator's `runtime/` is the plumbing every controller shares (watches, writes on the
 /// version read, status memory, the refusal sequence): it imports no feature folder and no
 /// controller, which give it their kinds and steps instead, so that every feature can use it
-/// without a circle. So do the other shared modules: the context, the metrics and the
-/// vocabulary of names, changes and schedules.
+/// without a circle. So do the other shared modules: the context, the metrics, the
+/// vocabulary of changes and schedules, and the checks of spec fields (`validation`).
 #[test]
 fn the_operators_runtime_imports_no_feature() {
     let features = [
@@ -246,7 +282,7 @@ fn the_operators_runtime_imports_no_feature() {
         "runtime",
         "context",
         "metrics",
-        "names",
+        "validation",
         "changes",
         "schedule",
         "shutdown",

@@ -25,9 +25,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use caretaker_api::names;
+use caretaker_api::v1alpha1::{self, CertificateAuthority, IssuedCertificate};
 use caretaker_apiserver::TestServer;
-use caretaker_operator::names;
-use caretaker_operator::v1alpha1::{self, CertificateAuthority, IssuedCertificate};
 use caretaker_pki::CertificateInfo;
 use common::{Operator, cpu_seconds, is_write, made, verdict};
 use futures::{StreamExt, TryStreamExt};

@@ -19,9 +19,9 @@ mod etcd;
 
 use std::time::{Duration, Instant};
 
+use caretaker_api::v1alpha1::{self, EtcdCertificates};
 use caretaker_apiserver::TestServer;
 use caretaker_operator::etcd::controller as etcd_certificates;
-use caretaker_operator::v1alpha1::{self, EtcdCertificates};
 use caretaker_operator::{Context, Settings};
 use etcd::{EtcdCluster, Load};
 use k8s_openapi::api::core::v1::Namespace;

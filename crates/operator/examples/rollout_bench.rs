@@ -33,8 +33,8 @@ use caretaker_agent::command::CommandTemplate;
 use caretaker_agent::refresh::Refresher;
 use caretaker_agent_api::kubeadm::NodeRole;
 use caretaker_agent_api::refresh::{ApplyRequest, PlanRequest};
+use caretaker_api::names;
 use caretaker_apiserver::TestServer;
-use caretaker_operator::{machine, names};
 use caretaker_pki::Ttl;
 use caretaker_testkit::capi_objects::{self, ClusterObjects, MachineObject, MachineRole};
 use caretaker_testkit::provision::{ClusterCas, NodeSpec, agent_serving_leaf, provision_node};
@@ -150,8 +150,11 @@ async fn run(hook_ms: u64, workers: usize, max_parallel: usize, agent: AgentTime
     let hook = write_hook(dir.path(), hook_ms);
     let mut agents = Vec::new();
     let calls = AgentCalls::default();
-    let machines_api: Api<DynamicObject> =
-        Api::namespaced_with(client.clone(), "default", &machine::api_resource());
+    let machines_api: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        "default",
+        &caretaker_api::cluster_api::machine_api_resource(),
+    );
     for i in 0..CONTROL_PLANES + workers {
         let (name, role) = if i < CONTROL_PLANES {
             (format!("cp-{i}"), NodeRole::ControlPlane)
@@ -176,8 +179,11 @@ async fn run(hook_ms: u64, workers: usize, max_parallel: usize, agent: AgentTime
     let cpu_before = (cpu_seconds(operator.pid()), cpu_seconds(std::process::id()));
 
     let timeline = Timeline::watch(machines_api.clone());
-    let clusters: Api<DynamicObject> =
-        Api::namespaced_with(client.clone(), "default", &machine::cluster_api_resource());
+    let clusters: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        "default",
+        &caretaker_api::cluster_api::cluster_api_resource(),
+    );
     let started = Instant::now();
     let body = json!({ "metadata": { "annotations": { names::REFRESH_CERTIFICATES: "1y", names::MAX_PARALLEL: max_parallel.to_string() } } });
     clusters

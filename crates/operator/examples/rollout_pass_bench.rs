@@ -12,8 +12,8 @@ use std::hint::black_box;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use caretaker_api::names::{self, Operation};
 use caretaker_operator::machine::{MachineView, ObjectRef};
-use caretaker_operator::names::{self, Operation};
 use caretaker_operator::rollout::chain::{self, ChainPlan, observe_children};
 use caretaker_operator::rollout::parent::{ParentKind, ParentView, Rollout, no_work_here};
 use caretaker_operator::rollout::{RolloutInput, RolloutPlan};
@@ -181,7 +181,7 @@ fn machine(name: &str, control_plane: bool) -> MachineView {
         control_plane,
         controller: Some(ObjectRef {
             group: if control_plane {
-                caretaker_operator::machine::CONTROL_PLANE_GROUP.to_string()
+                caretaker_api::cluster_api::CONTROL_PLANE_GROUP.to_string()
             } else {
                 "cluster.x-k8s.io".to_string()
             },

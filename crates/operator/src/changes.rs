@@ -148,7 +148,7 @@ impl Condition {
     }
 
     pub(crate) fn as_expected() -> Self {
-        Self::new(false, crate::names::REASON_AS_EXPECTED, "")
+        Self::new(false, caretaker_api::names::REASON_AS_EXPECTED, "")
     }
 }
 

@@ -176,7 +176,7 @@ mod tests {
             (
                 Error::RoleNotVerified(RoleMismatch::LabelWithoutOwner {
                     machine: machine(),
-                    label: crate::names::CONTROL_PLANE_LABEL,
+                    label: caretaker_api::names::CONTROL_PLANE_LABEL,
                     control_plane: "(none)".into(),
                 }),
                 false,

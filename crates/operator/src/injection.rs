@@ -4,7 +4,7 @@
 //! its `caBundle` fields, or nothing when they all hold it already. Pure: the glue in
 //! [`controller`] reads the objects and carries the [`Decision`] out.
 //!
-//! A target asks with one of two annotations ([`crate::names::injection`]):
+//! A target asks with one of two annotations ([`caretaker_api::names::injection`]):
 //! - `caretaker.dev/inject-ca-from: <name>`: the trust bundle of that CertificateAuthority, the
 //!   `ca-bundle.crt` key of its `spec.bundle` ConfigMap, exactly as the CA's controller keeps
 //!   it there (the current CA and every older one still trusted): injection never adds, drops
@@ -30,13 +30,14 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{ApiResource, DynamicObject};
 use serde_json::{Value, json};
 
-use crate::authority::{NEXT_CRT, PREVIOUS_CRT, TLS_CRT};
 use crate::changes::Event;
-use crate::names::injection::{
+use crate::validation::is_rfc1123;
+use caretaker_api::names::injection::{
     ALLOW_DIRECT_INJECTION, EVENT_INJECTED, EVENT_REFUSED, EVENT_SOURCE_MISSING, INJECT_CA_FROM,
     INJECT_CA_FROM_SECRET, SECRET_CA_KEY,
 };
-use crate::v1alpha1::{BUNDLE_KEY, NamespacedName, is_rfc1123};
+use caretaker_api::names::{NEXT_CRT, PREVIOUS_CRT, TLS_CRT};
+use caretaker_api::v1alpha1::{BUNDLE_KEY, NamespacedName};
 
 pub mod controller;
 #[cfg(test)]

@@ -5,16 +5,18 @@
 //! over a parent in [`rollout::parent`], a Cluster's chain in [`rollout::chain`]), caretaker's
 //! CAs ([`authority`]), etcd's certificates ([`etcd`]), trust-manager's Bundles ([`trust`]) and
 //! which trust bundle goes into which `caBundle` field ([`injection`]). Plans are made of
-//! [`changes`] (annotations to write, events to publish) and [`schedule::Next`]; every name
-//! users see is in [`names`]. The kube-rs glue that observes and applies is each feature's
-//! `controller` ([`machine::controller`], [`rollout::controller`], [`etcd::controller`],
-//! [`injection::controller`], [`trust::controller`]) or, not yet moved, a module of
-//! [`controllers`], which also starts them all. What every controller shares imports no
-//! feature: [`runtime`] (writes on the version read, status memory, refusals, the step
-//! executor), [`context`], [`credentials`] and [`metrics`] (the metric families and the servers
-//! of `/metrics`, `/healthz` and `/readyz`). caretaker's own API, `caretaker.dev/v1alpha1`, and
-//! the validation of its specs are in [`v1alpha1`]; the admission webhook that applies that
-//! validation to every write is [`webhook`].
+//! [`changes`] (annotations to write, events to publish) and [`schedule::Next`]. The kube-rs
+//! glue that observes and applies is each feature's `controller` ([`machine::controller`],
+//! [`rollout::controller`], [`authority::controller`], [`etcd::controller`],
+//! [`injection::controller`], [`trust::controller`]); [`controllers`] starts them all. What every controller shares imports no feature: [`runtime`] (writes on the
+//! version read, status memory, refusals, the step executor), [`context`], [`credentials`] and
+//! [`metrics`] (the metric families and the servers of `/metrics`, `/healthz` and `/readyz`).
+//!
+//! The Kubernetes-facing types are `caretaker-api`'s: caretaker's own API
+//! (`caretaker.dev/v1alpha1`), every name users see, the Cluster API kinds. What a spec means
+//! is decided here: [`validation`] checks its fields, and each feature reads the spec into the
+//! policy it decides with ([`authority::policy`], [`etcd::policy`]); the admission webhook that
+//! applies those checks to every write is [`webhook`].
 //!
 //! It talks to node agents through `caretaker-agent-api` (wire types, client, kubeadm facts)
 //! and must not depend on `caretaker-agent` itself, nor on `caretaker-testkit` outside its
@@ -32,7 +34,6 @@ pub mod injection;
 pub mod leader;
 pub mod machine;
 pub mod metrics;
-pub mod names;
 pub mod ownership;
 pub mod process;
 pub mod replica;
@@ -43,7 +44,7 @@ mod settings;
 pub mod shutdown;
 pub mod timestamp;
 pub mod trust;
-pub mod v1alpha1;
+pub mod validation;
 pub mod webhook;
 
 pub use context::Context;

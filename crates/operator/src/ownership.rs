@@ -29,7 +29,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use crate::names;
+use caretaker_api::names;
 
 /// The object a Secret or ConfigMap is written for.
 #[derive(Debug, Clone, PartialEq, Eq)]

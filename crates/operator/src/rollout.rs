@@ -802,10 +802,11 @@ pub enum RequestState<'a> {
 
 impl<'a> RequestState<'a> {
     pub fn of(trigger: Option<&'a str>, status: Option<&str>, recorded: Option<&str>) -> Self {
-        const IN_PROGRESS: &str = crate::names::STATUS_IN_PROGRESS;
+        const IN_PROGRESS: &str = caretaker_api::names::STATUS_IN_PROGRESS;
         let ended = matches!(
             status,
-            Some(crate::names::STATUS_FAILED) | Some(crate::names::STATUS_CANCELLED)
+            Some(caretaker_api::names::STATUS_FAILED)
+                | Some(caretaker_api::names::STATUS_CANCELLED)
         );
         match trigger {
             None if status == Some(IN_PROGRESS) => RequestState::InProgress,
@@ -828,7 +829,7 @@ mod request_state_tests {
     use super::RequestState::{self, *};
 
     const NEW: RequestState<'static> = New { trigger: "1y" };
-    use crate::names::{STATUS_CANCELLED, STATUS_DONE, STATUS_FAILED, STATUS_IN_PROGRESS};
+    use caretaker_api::names::{STATUS_CANCELLED, STATUS_DONE, STATUS_FAILED, STATUS_IN_PROGRESS};
 
     #[test]
     fn removing_and_re_adding_the_trigger_of_an_ended_request_is_a_new_request() {

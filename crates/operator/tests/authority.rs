@@ -6,7 +6,7 @@
 //! writes nothing, no private key outside Secrets, bad specs and a missing issuer, and an
 //! operator started before caretaker's CRDs exist.
 //!
-//! Most tests run the two controllers alone (`controllers::run_authorities`) and play the
+//! Most tests run the two controllers alone (`authority::controller::run`) and play the
 //! injection point's part by hand, so that they decide when it takes up a bundle; the steady
 //! state runs CA-bundle injection too.
 //!
@@ -30,14 +30,14 @@ use std::time::{Duration, Instant};
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
+use caretaker_api::names;
+use caretaker_api::v1alpha1::{CertificateAuthority, Condition, IssuedCertificate};
 use caretaker_apiserver::{ApiServer, TestServer};
 use caretaker_operator::authority::Certificate;
-use caretaker_operator::controllers;
+use caretaker_operator::authority::controller as authority_controller;
 use caretaker_operator::injection::TargetKind;
 use caretaker_operator::injection::controller as ca_injection;
 use caretaker_operator::metrics::Metrics;
-use caretaker_operator::names;
-use caretaker_operator::v1alpha1::{CertificateAuthority, Condition, IssuedCertificate};
 use caretaker_operator::{Context, Settings};
 use caretaker_pki::{KeyAlgorithm, PrivateKey};
 use k8s_openapi::api::core::v1::{ConfigMap, Event, Secret};
@@ -113,7 +113,7 @@ impl Setup {
     fn start(&mut self) {
         let ctx = Context::new(self.client.clone(), settings());
         self.metrics = ctx.metrics.clone();
-        self.controllers = Some(tokio::spawn(controllers::run_authorities(ctx, None)));
+        self.controllers = Some(tokio::spawn(authority_controller::run(ctx, None)));
     }
 
     fn stop(&mut self) {

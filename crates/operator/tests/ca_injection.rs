@@ -13,12 +13,12 @@ use std::time::Duration;
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
+use caretaker_api::names::injection as names;
+use caretaker_api::v1alpha1::{self, CertificateAuthority};
 use caretaker_apiserver::{ApiServer, TestServer};
 use caretaker_operator::controllers;
 use caretaker_operator::injection::TargetKind;
 use caretaker_operator::injection::controller as ca_injection;
-use caretaker_operator::names::injection as names;
-use caretaker_operator::v1alpha1::{self, CertificateAuthority};
 use caretaker_operator::{Context, Settings};
 use k8s_openapi::api::core::v1::{ConfigMap, Event, Secret};
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
@@ -95,7 +95,7 @@ impl Setup {
     async fn webhooks_mark(&self) -> Value {
         let cas: Api<CertificateAuthority> = Api::all(self.client.clone());
         match cas.get_opt("webhooks").await.unwrap() {
-            Some(ca) => json!({ caretaker_operator::names::OWNER:
+            Some(ca) => json!({ caretaker_api::names::OWNER:
                 format!("CertificateAuthority/webhooks/{}", ca.metadata.uid.unwrap()) }),
             None => json!({}),
         }

@@ -15,11 +15,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use caretaker_agent_api::kubeadm::NodeRole;
+use caretaker_api::names;
 use caretaker_apiserver::{Access, ApiServer, Authorization, Subject};
 use caretaker_operator::leader::{DEFAULT_LEASE, Election, LeaseSettings};
 use caretaker_operator::webhook::bootstrap::{self, Bootstrap};
 use caretaker_operator::webhook::{Limits, Webhook};
-use caretaker_operator::{machine, names};
 use caretaker_testkit::capi_objects;
 use caretaker_testkit::kubectl::Kubectl;
 use common::authorities::{certificate_authority, eventually, refusal};
@@ -376,7 +376,12 @@ async fn the_operator_runs_as_its_deploy_service_account_with_only_the_grants_it
     world
         .add_machine("w-0", NodeRole::Worker, "cp.example", None)
         .await;
-    refresh_parent(&world, &machine::cluster_api_resource(), "c1").await;
+    refresh_parent(
+        &world,
+        &caretaker_api::cluster_api::cluster_api_resource(),
+        "c1",
+    )
+    .await;
     for name in ["cp-0", "w-0"] {
         let annotations = world.annotations(name).await;
         assert_eq!(
@@ -389,14 +394,14 @@ async fn the_operator_runs_as_its_deploy_service_account_with_only_the_grants_it
     }
     refresh_parent(
         &world,
-        &machine::machine_deployment_api_resource(),
+        &caretaker_api::cluster_api::machine_deployment_api_resource(),
         "c1-md-0",
     )
     .await;
     let control_plane = world.cluster.control_plane_name();
     refresh_parent(
         &world,
-        &machine::control_plane_api_resource(),
+        &caretaker_api::cluster_api::control_plane_api_resource(),
         &control_plane,
     )
     .await;

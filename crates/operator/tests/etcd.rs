@@ -8,10 +8,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use caretaker_api::v1alpha1::{EtcdCertificates, EtcdCertificatesStatus};
 use caretaker_apiserver::TestServer;
 use caretaker_operator::authority::Certificate;
 use caretaker_operator::etcd::controller as etcd_certificates;
-use caretaker_operator::v1alpha1::{EtcdCertificates, EtcdCertificatesStatus};
 use caretaker_operator::{Context, Settings};
 use common::authorities::{create_namespace, eventually, install_caretaker_crds};
 use common::etcd::{EtcdCluster, Load, etcd_available};

@@ -12,9 +12,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use caretaker_agent_api::kubeadm::NodeRole;
+use caretaker_api::names;
+use caretaker_operator::Context;
 use caretaker_operator::leader::{DEFAULT_LEASE, Election, LeaseSettings};
 use caretaker_operator::replica::{self, Stopped};
-use caretaker_operator::{Context, machine, names};
 use common::hooks::{concurrency, logging_scripts};
 use common::{NS, World, fast, world};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -103,7 +104,7 @@ async fn parent_annotations(world: &World) -> std::collections::BTreeMap<String,
     let api: Api<DynamicObject> = Api::namespaced_with(
         world.client.clone(),
         NS,
-        &machine::machine_deployment_api_resource(),
+        &caretaker_api::cluster_api::machine_deployment_api_resource(),
     );
     api.get("c1-md-0")
         .await
@@ -147,7 +148,7 @@ async fn only_the_leader_reconciles_and_the_standby_finishes_its_rollout_when_it
     let api: Api<DynamicObject> = Api::namespaced_with(
         world.client.clone(),
         NS,
-        &machine::machine_deployment_api_resource(),
+        &caretaker_api::cluster_api::machine_deployment_api_resource(),
     );
     let trigger = json!({"metadata": {"annotations": {names::IN_PLACE_UPGRADE_TO: "revision=7"}}});
     api.patch("c1-md-0", &PatchParams::default(), &Patch::Merge(&trigger))

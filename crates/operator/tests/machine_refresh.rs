@@ -8,7 +8,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use caretaker_agent_api::kubeadm::NodeRole;
-use caretaker_operator::{Context, names};
+use caretaker_api::names;
+use caretaker_operator::Context;
 use common::unanswering::{Unanswering, assert_three_backed_off_attempts, three_attempts};
 use common::{World, fast, unreachable_agent_url, world};
 

@@ -9,8 +9,8 @@ use std::time::Duration;
 use caretaker_agent::command::CommandTemplate;
 use caretaker_agent_api::kubeadm::NodeRole;
 use caretaker_agent_api::upgrade::UpgradeRequest;
+use caretaker_api::names::{self, upgrade_state};
 use caretaker_operator::Context;
-use caretaker_operator::names::{self, upgrade_state};
 use common::unanswering::{Unanswering, assert_three_backed_off_attempts, three_attempts};
 use common::{World, fast, world};
 

@@ -11,12 +11,13 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use caretaker_agent_api::kubeadm::NodeRole;
+use caretaker_api::names;
 use caretaker_apiserver::TestServer;
 use caretaker_operator::metrics::{
     self, Limits, Metrics, Readiness, mutual_tls, serve_health, serve_metrics, serve_metrics_tls,
 };
 use caretaker_operator::timestamp::parse_time;
-use caretaker_operator::{Context, controllers, names};
+use caretaker_operator::{Context, controllers};
 use caretaker_pki::{CaSpec, CertificateAuthority, LeafSpec, Usage};
 use http_body_util::{BodyExt, Full};
 use hyper::{HeaderMap, Request, StatusCode};

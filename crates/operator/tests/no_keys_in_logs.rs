@@ -6,7 +6,7 @@
 mod common;
 
 use caretaker_agent_api::kubeadm::NodeRole;
-use caretaker_operator::names;
+use caretaker_api::names;
 use common::logs::Captured;
 use common::{fast, world};
 

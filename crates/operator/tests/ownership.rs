@@ -18,13 +18,13 @@ mod common;
 
 use std::time::Duration;
 
+use caretaker_api::names;
+use caretaker_api::v1alpha1::{CertificateAuthority, EtcdCertificates, IssuedCertificate};
 use caretaker_apiserver::{ApiServer, Authorization, Subject};
-use caretaker_operator::controllers;
+use caretaker_operator::authority::controller as authority_controller;
 use caretaker_operator::etcd::controller as etcd_certificates;
-use caretaker_operator::names;
 use caretaker_operator::trust::api::Bundle;
 use caretaker_operator::trust::controller as bundle;
-use caretaker_operator::v1alpha1::{CertificateAuthority, EtcdCertificates, IssuedCertificate};
 use caretaker_operator::{Context, Settings};
 use k8s_openapi::api::core::v1::{ConfigMap, Event, Secret};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
@@ -159,7 +159,7 @@ async fn world_with(settings: Settings, behind_outage: bool) -> World {
     };
     let operator = |settings: &Settings| Context::new(operator_client.clone(), settings.clone());
     let controllers = vec![
-        tokio::spawn(controllers::run_authorities(operator(&settings), None)),
+        tokio::spawn(authority_controller::run(operator(&settings), None)),
         tokio::spawn(etcd_certificates::run(operator(&settings))),
     ];
     World {

@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use caretaker_agent::command::CommandTemplate;
 use caretaker_agent_api::kubeadm::NodeRole;
-use caretaker_operator::{machine, names};
+use caretaker_api::names;
+use caretaker_operator::machine;
 use caretaker_testkit::capi_objects::ClusterObjects;
 use common::hooks::{concurrency, concurrency_of, logging_scripts};
 use common::{NS, World, fast, unreachable_agent_url, world};
@@ -131,7 +132,7 @@ async fn a_cluster_refresh_covers_the_control_plane_then_every_worker() {
     }
     let annotations = roll_out(
         &world,
-        &machine::cluster_api_resource(),
+        &caretaker_api::cluster_api::cluster_api_resource(),
         "c1",
         json!({ names::REFRESH_CERTIFICATES: "1y", names::MAX_PARALLEL: "2" }),
         names::REFRESH_CERTIFICATES_STATUS,
@@ -155,12 +156,12 @@ async fn a_cluster_refresh_covers_the_control_plane_then_every_worker() {
     let cluster_request = &annotations[names::rollout_state::REFRESH_REQUEST];
     for (resource, child, machines) in [
         (
-            machine::control_plane_api_resource(),
+            caretaker_api::cluster_api::control_plane_api_resource(),
             "c1-control-plane",
             &["cp-0"][..],
         ),
         (
-            machine::machine_deployment_api_resource(),
+            caretaker_api::cluster_api::machine_deployment_api_resource(),
             "c1-md-0",
             &["w-0", "w-1", "w-2", "w-3"][..],
         ),
@@ -237,7 +238,7 @@ async fn the_first_failed_machine_stops_a_machine_deployment_rollout() {
             .await;
         untouched.push((name, caretaker_agent::inventory::discover(&layout), layout));
     }
-    let md = machine::machine_deployment_api_resource();
+    let md = caretaker_api::cluster_api::machine_deployment_api_resource();
     annotate_parent(
         &world,
         &md,
@@ -307,7 +308,7 @@ async fn a_failed_rollout_ends_only_after_its_running_machines_finish() {
         .add_upgradable("w-1", NodeRole::Worker, slow.clone())
         .await;
     world.add_upgradable("w-2", NodeRole::Worker, slow).await;
-    let md = machine::machine_deployment_api_resource();
+    let md = caretaker_api::cluster_api::machine_deployment_api_resource();
     annotate_parent(
         &world,
         &md,
@@ -389,7 +390,7 @@ async fn removing_the_trigger_cancels_an_upgrade_rollout_after_running_work_fini
             .add_upgradable(&format!("w-{i}"), NodeRole::Worker, command.clone())
             .await;
     }
-    let md = machine::machine_deployment_api_resource();
+    let md = caretaker_api::cluster_api::machine_deployment_api_resource();
     annotate_parent(
         &world,
         &md,
@@ -495,7 +496,7 @@ async fn max_parallel_is_respected_as_the_agents_see_it() {
             .add_upgradable(&name, NodeRole::Worker, make(&name))
             .await;
     }
-    let md = machine::machine_deployment_api_resource();
+    let md = caretaker_api::cluster_api::machine_deployment_api_resource();
     let annotations = roll_out(
         &world,
         &md,
@@ -538,7 +539,7 @@ async fn a_machine_deployment_limit_holds_within_a_cluster_rollout() {
                 .await;
         }
     }
-    let md = machine::machine_deployment_api_resource();
+    let md = caretaker_api::cluster_api::machine_deployment_api_resource();
     annotate_parent(&world, &md, "c1-md-0", json!({ names::MAX_PARALLEL: "1" })).await;
     annotate_parent(
         &world,
@@ -547,7 +548,7 @@ async fn a_machine_deployment_limit_holds_within_a_cluster_rollout() {
         json!({ names::MAX_PARALLEL: "many" }),
     )
     .await;
-    let clusters = machine::cluster_api_resource();
+    let clusters = caretaker_api::cluster_api::cluster_api_resource();
     roll_out(
         &world,
         &clusters,
@@ -593,7 +594,7 @@ async fn a_restarted_operator_resumes_a_rollout_without_repeating_machines() {
             .add_upgradable(&name, NodeRole::Worker, make(&name))
             .await;
     }
-    let md = machine::machine_deployment_api_resource();
+    let md = caretaker_api::cluster_api::machine_deployment_api_resource();
     annotate_parent(
         &world,
         &md,
@@ -639,7 +640,7 @@ async fn a_control_plane_refresh_goes_one_machine_at_a_time() {
     world
         .add_machine("w-0", NodeRole::Worker, "cp.example", None)
         .await;
-    let cp = machine::control_plane_api_resource();
+    let cp = caretaker_api::cluster_api::control_plane_api_resource();
     let annotations = roll_out(
         &world,
         &cp,
@@ -692,7 +693,14 @@ async fn wait_machine_until(
     what: &str,
     done: impl Fn(&BTreeMap<String, String>) -> bool,
 ) -> BTreeMap<String, String> {
-    wait_parent_until(world, &machine::api_resource(), name, what, done).await
+    wait_parent_until(
+        world,
+        &caretaker_api::cluster_api::machine_api_resource(),
+        name,
+        what,
+        done,
+    )
+    .await
 }
 
 /// Waits until the operator has recorded when Machine `name`'s certificates expire.
@@ -727,7 +735,7 @@ async fn automatic_refresh_starts_when_expiry_is_within_before_and_not_earlier()
     let not_due = wait_expiry_recorded(&world, "w-0").await;
     wait_expiry_recorded(&world, "x-0").await;
 
-    let clusters = machine::cluster_api_resource();
+    let clusters = caretaker_api::cluster_api::cluster_api_resource();
     annotate_parent(
         &world,
         &clusters,
@@ -785,7 +793,7 @@ async fn a_bad_automatic_refresh_value_is_reported_once() {
     let upgrade = upgrade_script(&world.dir.path().join("hooks/upgrade.sh"), "true");
     world.add_upgradable("w-0", NodeRole::Worker, upgrade).await;
     wait_expiry_recorded(&world, "w-0").await;
-    let clusters = machine::cluster_api_resource();
+    let clusters = caretaker_api::cluster_api::cluster_api_resource();
     let reports = |events: Vec<k8s_openapi::api::core::v1::Event>, value: &str| {
         events
             .into_iter()
@@ -893,7 +901,7 @@ async fn a_cluster_upgrade_covers_three_control_planes_and_two_machine_deploymen
             .add_upgradable(&name, NodeRole::Worker, make(&name))
             .await;
     }
-    let clusters = machine::cluster_api_resource();
+    let clusters = caretaker_api::cluster_api::cluster_api_resource();
     let annotations = roll_out(
         &world,
         &clusters,
@@ -934,7 +942,7 @@ async fn a_failing_control_plane_machine_stops_the_cluster_rollout() {
         "#!/bin/sh\necho \"no space left on device\" >&2\nexit 1\n",
     )
     .unwrap();
-    let clusters = machine::cluster_api_resource();
+    let clusters = caretaker_api::cluster_api::cluster_api_resource();
     annotate_parent(
         &world,
         &clusters,
@@ -977,7 +985,7 @@ async fn a_failing_control_plane_machine_stops_the_cluster_rollout() {
     let cp1 = world.annotations("cp-1").await;
     assert_eq!(cp1[names::IN_PLACE_UPGRADE_STATUS], names::STATUS_FAILED);
     assert!(!cp1.contains_key(names::IN_PLACE_UPGRADE_TO), "{cp1:?}");
-    let planes = machine::control_plane_api_resource();
+    let planes = caretaker_api::cluster_api::control_plane_api_resource();
     let plane = wait_parent(
         &world,
         &planes,
@@ -1038,7 +1046,7 @@ async fn a_control_plane_upgrade_and_a_two_deployment_cluster_refresh() {
     }
 
     // The control plane alone: only its three Machines, one at a time.
-    let cp = machine::control_plane_api_resource();
+    let cp = caretaker_api::cluster_api::control_plane_api_resource();
     let annotations = roll_out(
         &world,
         &cp,
@@ -1058,7 +1066,7 @@ async fn a_control_plane_upgrade_and_a_two_deployment_cluster_refresh() {
 
     // Then a certificate refresh of the whole Cluster: 3 control planes + 5 workers in two
     // MachineDeployments.
-    let clusters = machine::cluster_api_resource();
+    let clusters = caretaker_api::cluster_api::cluster_api_resource();
     let annotations = roll_out(
         &world,
         &clusters,
@@ -1116,7 +1124,7 @@ async fn machines_without_a_node_wait_and_deleted_ones_are_skipped() {
         .await
         .unwrap();
 
-    let md = machine::machine_deployment_api_resource();
+    let md = caretaker_api::cluster_api::machine_deployment_api_resource();
     annotate_parent(
         &world,
         &md,
@@ -1320,7 +1328,7 @@ async fn a_new_request_after(
         let world = &world;
         async move {
             if parent.kind == "Cluster" {
-                let md = machine::machine_deployment_api_resource();
+                let md = caretaker_api::cluster_api::machine_deployment_api_resource();
                 let api: Api<DynamicObject> = Api::namespaced_with(world.client.clone(), NS, &md);
                 let child = api
                     .get("c1-md-0")
@@ -1443,8 +1451,11 @@ async fn a_new_request_after(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_request_after_a_failed_rollout_covers_every_machine() {
     let parents = [
-        (machine::machine_deployment_api_resource(), "c1-md-0"),
-        (machine::cluster_api_resource(), "c1"),
+        (
+            caretaker_api::cluster_api::machine_deployment_api_resource(),
+            "c1-md-0",
+        ),
+        (caretaker_api::cluster_api::cluster_api_resource(), "c1"),
     ];
     for operation in [Operation::Refresh, Operation::Upgrade] {
         for (parent, parent_name) in &parents {
@@ -1472,9 +1483,9 @@ async fn a_new_request_after_a_failed_rollout_covers_every_machine() {
 /// that redoes every Machine.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_same_trigger_removed_and_added_again_retries_a_failed_rollout() {
-    let md = machine::machine_deployment_api_resource();
+    let md = caretaker_api::cluster_api::machine_deployment_api_resource();
     a_new_request_after(End::Failed, Operation::Refresh, &md, "c1-md-0", "1", true).await;
-    let cluster = machine::cluster_api_resource();
+    let cluster = caretaker_api::cluster_api::cluster_api_resource();
     a_new_request_after(End::Failed, Operation::Upgrade, &cluster, "c1", "2", true).await;
 }
 
@@ -1483,7 +1494,7 @@ async fn the_same_trigger_removed_and_added_again_retries_a_failed_rollout() {
 /// cancelled request finished, as their agents see.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_request_after_a_cancelled_rollout_redoes_every_machine() {
-    let cluster = machine::cluster_api_resource();
+    let cluster = caretaker_api::cluster_api::cluster_api_resource();
     a_new_request_after(
         End::Cancelled,
         Operation::Refresh,
@@ -1493,7 +1504,7 @@ async fn a_new_request_after_a_cancelled_rollout_redoes_every_machine() {
         true,
     )
     .await;
-    let md = machine::machine_deployment_api_resource();
+    let md = caretaker_api::cluster_api::machine_deployment_api_resource();
     a_new_request_after(
         End::Cancelled,
         Operation::Upgrade,
@@ -1527,7 +1538,7 @@ async fn an_unhealthy_control_plane_agent_holds_a_cluster_rollout_until_it_recov
         .await;
     cp1_agent.stop();
 
-    let clusters = machine::cluster_api_resource();
+    let clusters = caretaker_api::cluster_api::cluster_api_resource();
     annotate_parent(
         &world,
         &clusters,
@@ -1536,7 +1547,7 @@ async fn an_unhealthy_control_plane_agent_holds_a_cluster_rollout_until_it_recov
     )
     .await;
     // The control plane's own request waits, and says so on its object.
-    let planes = machine::control_plane_api_resource();
+    let planes = caretaker_api::cluster_api::control_plane_api_resource();
     let held = wait_parent_until(
         &world,
         &planes,
@@ -1626,7 +1637,7 @@ async fn a_stale_view_of_a_machine_never_starts_it_again() {
     world.add_restartable("w-1", NodeRole::Worker, gated).await;
     let stale = machine::MachineView::from_object(&world.machines().get("w-0").await.unwrap());
 
-    let md = machine::machine_deployment_api_resource();
+    let md = caretaker_api::cluster_api::machine_deployment_api_resource();
     annotate_parent(
         &world,
         &md,
@@ -1642,7 +1653,7 @@ async fn a_stale_view_of_a_machine_never_starts_it_again() {
 
     let started = rollout::start_machines(
         &world.client,
-        rollout::Operation::RefreshCertificates,
+        names::Operation::RefreshCertificates,
         "1y",
         request,
         &[&stale],
@@ -1689,8 +1700,11 @@ struct BusyWatch {
 impl BusyWatch {
     fn start(world: &World) -> Self {
         use futures::StreamExt;
-        let api: Api<DynamicObject> =
-            Api::namespaced_with(world.client.clone(), NS, &machine::api_resource());
+        let api: Api<DynamicObject> = Api::namespaced_with(
+            world.client.clone(),
+            NS,
+            &caretaker_api::cluster_api::machine_api_resource(),
+        );
         let most = std::sync::Arc::new(std::sync::Mutex::new((0, Vec::new())));
         let record = most.clone();
         let task = tokio::spawn(async move {
@@ -1767,8 +1781,8 @@ async fn a_cluster_request_and_a_control_plane_request_at_once_both_finish_one_m
     }
     let watch = BusyWatch::start(&world);
     let (planes, clusters) = (
-        machine::control_plane_api_resource(),
-        machine::cluster_api_resource(),
+        caretaker_api::cluster_api::control_plane_api_resource(),
+        caretaker_api::cluster_api::cluster_api_resource(),
     );
     annotate_parent(
         &world,
@@ -1865,9 +1879,9 @@ async fn every_level_shows_a_cluster_request_while_it_runs() {
     world
         .add_restartable("w-0", NodeRole::Worker, make("w-0"))
         .await;
-    let cluster = machine::cluster_api_resource();
-    let plane = machine::control_plane_api_resource();
-    let deployment = machine::machine_deployment_api_resource();
+    let cluster = caretaker_api::cluster_api::cluster_api_resource();
+    let plane = caretaker_api::cluster_api::control_plane_api_resource();
+    let deployment = caretaker_api::cluster_api::machine_deployment_api_resource();
     annotate_parent(
         &world,
         &cluster,
@@ -1959,8 +1973,8 @@ async fn a_forged_done_on_a_machine_deployment_never_makes_the_cluster_done() {
         .add_restartable("w-0", NodeRole::Worker, make("w-0"))
         .await;
     let (clusters, deployments) = (
-        machine::cluster_api_resource(),
-        machine::machine_deployment_api_resource(),
+        caretaker_api::cluster_api::cluster_api_resource(),
+        caretaker_api::cluster_api::machine_deployment_api_resource(),
     );
     annotate_parent(
         &world,
@@ -1973,7 +1987,7 @@ async fn a_forged_done_on_a_machine_deployment_never_makes_the_cluster_done() {
     // the workers.
     wait_parent(
         &world,
-        &machine::control_plane_api_resource(),
+        &caretaker_api::cluster_api::control_plane_api_resource(),
         "c1-control-plane",
         names::REFRESH_CERTIFICATES_STATUS,
         names::STATUS_IN_PROGRESS,
@@ -2034,8 +2048,8 @@ async fn a_cluster_naming_another_clusters_control_plane_places_nothing_on_it() 
         .add_restartable("cp-0", NodeRole::ControlPlane, make("cp-0"))
         .await;
     let (clusters, planes) = (
-        machine::cluster_api_resource(),
-        machine::control_plane_api_resource(),
+        caretaker_api::cluster_api::cluster_api_resource(),
+        caretaker_api::cluster_api::control_plane_api_resource(),
     );
     let api: Api<DynamicObject> = Api::namespaced_with(world.client.clone(), NS, &clusters);
     let c2: DynamicObject = serde_json::from_value(json!({
@@ -2127,7 +2141,7 @@ async fn a_forged_in_progress_on_a_control_plane_machine_stalls_no_request() {
         )
         .await;
     let watch = BusyWatch::start(&world);
-    let planes = machine::control_plane_api_resource();
+    let planes = caretaker_api::cluster_api::control_plane_api_resource();
     let plane = roll_out(
         &world,
         &planes,
@@ -2160,11 +2174,14 @@ async fn a_cluster_request_never_reaches_into_another_namespace() {
         .add_restartable("w-0", NodeRole::Worker, make("w-0"))
         .await;
     common::authorities::create_namespace(&world.client, "other").await;
-    let deployments = machine::machine_deployment_api_resource();
+    let deployments = caretaker_api::cluster_api::machine_deployment_api_resource();
     let other_deployments: Api<DynamicObject> =
         Api::namespaced_with(world.client.clone(), "other", &deployments);
-    let other_machines: Api<DynamicObject> =
-        Api::namespaced_with(world.client.clone(), "other", &machine::api_resource());
+    let other_machines: Api<DynamicObject> = Api::namespaced_with(
+        world.client.clone(),
+        "other",
+        &caretaker_api::cluster_api::machine_api_resource(),
+    );
     let post = kube::api::PostParams::default();
     let deployment: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachineDeployment",
@@ -2194,7 +2211,7 @@ async fn a_cluster_request_never_reaches_into_another_namespace() {
 
     let cluster = roll_out(
         &world,
-        &machine::cluster_api_resource(),
+        &caretaker_api::cluster_api::cluster_api_resource(),
         "c1",
         json!({ names::REFRESH_CERTIFICATES: "1y" }),
         names::REFRESH_CERTIFICATES_STATUS,

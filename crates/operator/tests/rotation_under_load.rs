@@ -38,15 +38,16 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use caretaker_api::names;
+use caretaker_api::v1alpha1::{CertificateAuthority as CaObject, IssuedCertificate};
 use caretaker_apiserver::{ApiServer, TestServer};
 use caretaker_operator::authority::Certificate;
-use caretaker_operator::controllers;
+use caretaker_operator::authority::controller as authority_controller;
 use caretaker_operator::injection::controller as ca_injection;
-use caretaker_operator::v1alpha1::{CertificateAuthority as CaObject, IssuedCertificate};
 use caretaker_operator::webhook::{
     self, CertificateSource, Endpoint, Limits, ServingCertificate, Webhook,
 };
-use caretaker_operator::{BindAddress, Context, names};
+use caretaker_operator::{BindAddress, Context};
 use caretaker_pki::{CaSpec, CertificateAuthority};
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::Secret;
@@ -333,10 +334,7 @@ async fn three_operator_rotations_fail_no_admission_call() {
     let ctx = Context::new(harness.client.clone(), common::fast());
     harness
         .tasks
-        .push(tokio::spawn(controllers::run_authorities(
-            ctx.clone(),
-            None,
-        )));
+        .push(tokio::spawn(authority_controller::run(ctx.clone(), None)));
     harness
         .tasks
         .push(tokio::spawn(ca_injection::run(ctx, None)));

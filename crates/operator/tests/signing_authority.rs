@@ -15,7 +15,7 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
-use caretaker_operator::names;
+use caretaker_api::names;
 
 /// Writes a pair issued by a CA of the attacker's own, as a root user on the node could.
 fn plant_pair(layout: &NodeLayout, stem: &str, leaf: &LeafSpec) {

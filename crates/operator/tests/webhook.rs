@@ -12,9 +12,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use caretaker_api::v1alpha1::CertificateAuthority as CaObject;
 use caretaker_apiserver::{ApiServer, TestServer};
 use caretaker_operator::BindAddress;
-use caretaker_operator::v1alpha1::CertificateAuthority as CaObject;
 use caretaker_operator::webhook::{
     self, BUNDLE_DEPRECATED, CertificateSource, Deprecations, Endpoint, Limits, SecretRead,
     ServingCertificate, Webhook,

@@ -7,8 +7,7 @@
 use std::collections::BTreeMap;
 
 use caretaker_agent_api::kubeadm::NodeRole;
-use caretaker_operator::machine;
-use caretaker_operator::names::{
+use caretaker_api::names::{
     self, CLUSTER_NAME_LABEL, CONTROL_PLANE_NAME_LABEL, DEPLOYMENT_NAME_LABEL,
 };
 use k8s_openapi::ByteString;
@@ -153,7 +152,7 @@ impl ClusterObjects {
             };
             secrets.create(&PostParams::default(), &secret).await?;
         }
-        self.create_object(&machine::cluster_api_resource(), json!({
+        self.create_object(&caretaker_api::cluster_api::cluster_api_resource(), json!({
             "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
             "metadata": { "name": &self.name },
             "spec": {
@@ -163,7 +162,7 @@ impl ClusterObjects {
             }
         }))
         .await?;
-        self.create_object(&machine::control_plane_api_resource(), json!({
+        self.create_object(&caretaker_api::cluster_api::control_plane_api_resource(), json!({
             "apiVersion": "controlplane.cluster.x-k8s.io/v1beta2", "kind": "CK8sControlPlane",
             "metadata": { "name": self.control_plane_name(), "labels": { CLUSTER_NAME_LABEL: self.name } },
             "spec": {
@@ -178,7 +177,7 @@ impl ClusterObjects {
     /// `cluster.x-k8s.io/deployment-name`.
     pub async fn create_machine_deployment(&self, name: &str) -> Result<(), kube::Error> {
         self.create_object(
-            &machine::machine_deployment_api_resource(),
+            &caretaker_api::cluster_api::machine_deployment_api_resource(),
             json!({
                 "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachineDeployment",
                 "metadata": { "name": name },
@@ -214,7 +213,7 @@ impl ClusterObjects {
                 labels[CONTROL_PLANE_NAME_LABEL] = json!(self.control_plane_name());
                 // As the control-plane provider creates them: controlled by the control plane.
                 let plane = self
-                    .api(&machine::control_plane_api_resource())
+                    .api(&caretaker_api::cluster_api::control_plane_api_resource())
                     .get(&self.control_plane_name())
                     .await?;
                 owners = json!([{
@@ -225,7 +224,7 @@ impl ClusterObjects {
             }
             MachineRole::Worker { deployment } => labels[DEPLOYMENT_NAME_LABEL] = json!(deployment),
         }
-        let machines = machine::api_resource();
+        let machines = caretaker_api::cluster_api::machine_api_resource();
         self.create_object(
             &machines,
             json!({
@@ -300,12 +299,15 @@ mod tests {
         vec![
             (
                 "cluster.x-k8s.io_clusters.yaml",
-                machine::cluster_api_resource(),
+                caretaker_api::cluster_api::cluster_api_resource(),
             ),
-            ("cluster.x-k8s.io_machines.yaml", machine::api_resource()),
+            (
+                "cluster.x-k8s.io_machines.yaml",
+                caretaker_api::cluster_api::machine_api_resource(),
+            ),
             (
                 "cluster.x-k8s.io_machinedeployments.yaml",
-                machine::machine_deployment_api_resource(),
+                caretaker_api::cluster_api::machine_deployment_api_resource(),
             ),
             (
                 "cluster.x-k8s.io_machinesets.yaml",
@@ -313,7 +315,7 @@ mod tests {
             ),
             (
                 "controlplane.cluster.x-k8s.io_ck8scontrolplanes.yaml",
-                machine::control_plane_api_resource(),
+                caretaker_api::cluster_api::control_plane_api_resource(),
             ),
             (
                 "trust.cert-manager.io_bundles.yaml",

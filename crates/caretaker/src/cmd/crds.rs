@@ -12,7 +12,7 @@ pub struct CrdsArgs {}
 
 pub fn run(_: CrdsArgs) -> ExitCode {
     super::run("crds", || {
-        let text = yaml(&caretaker_operator::v1alpha1::crds())?;
+        let text = yaml(&caretaker_api::v1alpha1::crds())?;
         let mut stdout = std::io::stdout().lock();
         stdout
             .write_all(text.as_bytes())

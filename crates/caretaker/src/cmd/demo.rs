@@ -12,10 +12,9 @@ use std::time::{Duration, Instant};
 
 use caretaker_agent::NodeLayout;
 use caretaker_agent_api::kubeadm::NodeRole;
+use caretaker_api::names;
 use caretaker_apiserver::ApiServer;
-use caretaker_operator::machine;
 use caretaker_operator::machine::refresh::format_time;
-use caretaker_operator::names;
 use caretaker_pki::files;
 use caretaker_testkit::capi_objects::{self, ClusterObjects, MachineObject, MachineRole};
 use caretaker_testkit::provision::{ClusterCas, NodeSpec, agent_serving_leaf, provision_node};
@@ -279,8 +278,11 @@ async fn demo(args: DemoArgs) -> Result<Running, String> {
                 "certificate refresh",
             ),
         };
-        let clusters: Api<DynamicObject> =
-            Api::namespaced_with(client.clone(), NAMESPACE, &machine::cluster_api_resource());
+        let clusters: Api<DynamicObject> = Api::namespaced_with(
+            client.clone(),
+            NAMESPACE,
+            &caretaker_api::cluster_api::cluster_api_resource(),
+        );
         let body = json!({ "metadata": { "annotations": { key: value } } });
         clusters
             .patch(CLUSTER, &PatchParams::default(), &Patch::Merge(&body))

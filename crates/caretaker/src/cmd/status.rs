@@ -5,8 +5,8 @@ use std::fmt::Write as _;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use caretaker_operator::machine::{self, MachineView};
-use caretaker_operator::names::{self, Operation, rollout_state};
+use caretaker_api::names::{self, Operation, rollout_state};
+use caretaker_operator::machine::MachineView;
 use caretaker_operator::rollout::RequestState;
 use k8s_openapi::api::core::v1::Event;
 use kube::ResourceExt;
@@ -82,8 +82,11 @@ pub async fn render(
     namespace: &str,
     name: &str,
 ) -> Result<(String, Outcome), String> {
-    let clusters: Api<DynamicObject> =
-        Api::namespaced_with(client.clone(), namespace, &machine::cluster_api_resource());
+    let clusters: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        namespace,
+        &caretaker_api::cluster_api::cluster_api_resource(),
+    );
     let cluster = clusters
         .get_opt(name)
         .await
@@ -146,8 +149,11 @@ pub async fn render(
         }
     };
 
-    let machines: Api<DynamicObject> =
-        Api::namespaced_with(client.clone(), namespace, &machine::api_resource());
+    let machines: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        namespace,
+        &caretaker_api::cluster_api::machine_api_resource(),
+    );
     let list = machines
         .list(&ListParams::default())
         .await

@@ -450,7 +450,7 @@ mod tests {
         let secret = |version: &str, mark: &str, crt: &str| -> k8s_openapi::api::core::v1::Secret {
             serde_json::from_value(serde_json::json!({
                 "metadata": { "name": "web-tls", "namespace": "demo", "resourceVersion": version,
-                              "annotations": { crate::names::OWNER: mark } },
+                              "annotations": { caretaker_api::names::OWNER: mark } },
                 "type": "kubernetes.io/tls",
                 "data": { "tls.crt": STANDARD.encode(crt), "tls.key": STANDARD.encode("k"),
                           "ca.crt": STANDARD.encode(old.certificate_pem()) },

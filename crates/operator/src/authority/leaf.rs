@@ -23,8 +23,8 @@ use super::{
     hostnames, serving, wanted_hostnames,
 };
 use crate::changes::{AnnotationChanges, Event};
-use crate::names;
 use crate::timestamp::format_time;
+use caretaker_api::names;
 
 /// The key in `tls.key`, as it relates to `tls.crt`.
 #[derive(Debug, Clone, PartialEq, Eq)]

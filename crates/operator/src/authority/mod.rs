@@ -1,7 +1,7 @@
 //! Self-managed certificate authorities (`CertificateAuthority`, `IssuedCertificate`): when a CA
 //! rotates, what its trust bundle holds, when a certificate it signed is issued again. Decisions
 //! from observed state and the clock, no Kubernetes; the glue in
-//! `controllers::certificate_authority` and `controllers::issued_certificate` observes and
+//! `controller::certificate_authority` and `controller::issued_certificate` observes and
 //! applies them.
 //!
 //! Trust before sign: a new CA is first published in the bundle (beside every older CA that has
@@ -132,11 +132,13 @@
 
 pub mod bundle;
 pub mod ca;
+pub mod controller;
 pub(crate) mod index;
 pub mod leaf;
 pub(crate) mod memory;
 #[cfg(test)]
 mod model;
+pub mod policy;
 pub(crate) mod secret_cache;
 #[cfg(test)]
 mod timeline;
@@ -156,8 +158,9 @@ use caretaker_pki::{
 use time::OffsetDateTime;
 
 use crate::changes::AnnotationChanges;
-use crate::names;
 use crate::timestamp::{format_time, parse_time};
+use caretaker_api::names;
+use caretaker_api::names::{CA_BUNDLE_CRT, CA_CRT, TLS_CRT, TLS_KEY};
 
 /// What a `CertificateAuthority` asks for, validated.
 #[derive(Debug, Clone, PartialEq)]
@@ -178,22 +181,6 @@ pub struct CertificatePolicy {
     /// When a certificate is due to be issued again.
     pub rotation: RotationPolicy,
 }
-
-pub use crate::names::SECRET_TYPE_TLS;
-/// Secret key: the certificate (the CA that signs now, or the leaf alone).
-pub const TLS_CRT: &str = "tls.crt";
-/// Secret key: the private key of `tls.crt`.
-pub const TLS_KEY: &str = "tls.key";
-/// Certificate Secret key: the issuer's trust bundle.
-pub const CA_CRT: &str = "ca.crt";
-/// CA Secret key: the CA a rotation introduces.
-pub const NEXT_CRT: &str = "next.crt";
-/// CA Secret key: the private key of `next.crt`.
-pub const NEXT_KEY: &str = "next.key";
-/// CA Secret key: older CAs still trusted (certificates only).
-pub const PREVIOUS_CRT: &str = "previous.crt";
-/// Bundle ConfigMap key (library-go's and cainjector's name).
-pub const CA_BUNDLE_CRT: &str = "ca-bundle.crt";
 
 /// A Secret or ConfigMap, for messages.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -657,6 +644,7 @@ fn expiring(
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use caretaker_api::names::{NEXT_CRT, NEXT_KEY, PREVIOUS_CRT};
 
     #[test]
     fn keys_never_print() {

@@ -19,8 +19,9 @@ use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::ObjectMeta;
 
-use crate::authority::{CA_CRT, Certificate, SECRET_TYPE_TLS, TLS_CRT, leaf};
+use crate::authority::{CA_CRT, Certificate, TLS_CRT, leaf};
 use crate::ownership::{self, Claim, Owner};
+use caretaker_api::names::SECRET_TYPE_TLS;
 
 /// kubectl's copy of the last applied object: as large as the object, never read, dropped
 /// from cached objects.
@@ -233,7 +234,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::names;
+    use caretaker_api::names;
 
     fn secret(name: &str, version: &str, type_: &str, ca_crt: &str) -> Secret {
         let (label, value) = names::MANAGED_BY;

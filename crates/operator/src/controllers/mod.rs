@@ -1,11 +1,7 @@
-//! The kube-rs glue that is not yet in its feature's folder, and [`run`], which starts every
-//! controller. [`ca_secrets`] drops cached CAs when their Secrets change.
-//! [`certificate_authority`] and [`issued_certificate`] keep caretaker's own CAs and the
-//! certificates they issue, from what they share ([`authorities`]: stores kept by
-//! [`authority_watch`], read through [`authority_reads`]); [`run_authorities`] starts those
-//! three. (They stay here while `crate::injection` and `crate::v1alpha1` import
-//! `crate::authority`: in `authority/` they would close a circle.) The other features' glue is
-//! in their folders: [`crate::machine::controller`] (one Controller over Cluster API Machines,
+//! [`run`], which starts every controller, and [`ca_secrets`], which drops cached cluster CAs
+//! when their Secrets change. Each feature's glue is in its folder:
+//! [`crate::authority::controller`] (caretaker's own CAs and the certificates they issue),
+//! [`crate::machine::controller`] (one Controller over Cluster API Machines,
 //! each reconcile carrying out every per-Machine capability), [`crate::rollout::controller`]
 //! (one Controller per parent kind: Cluster, CK8sControlPlane, MachineDeployment; both read
 //! Machines from one watch-fed [`crate::machine::cache`]), [`crate::injection::controller`] (the
@@ -16,13 +12,7 @@
 //! timed in [`crate::metrics`] under its controller's name, every failed one by its category
 //! ([`crate::runtime::requeue_after`]).
 
-mod authorities;
-mod authority_reads;
-mod authority_watch;
 pub mod ca_secrets;
-pub mod certificate_authority;
-mod certificate_reports;
-pub mod issued_certificate;
 
 use std::sync::Arc;
 
@@ -30,9 +20,8 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{Api, ApiResource, DynamicObject};
 
 use crate::context::Context;
-use crate::machine::{self, cache};
+use crate::machine::cache;
 use crate::rollout::parent::{ParentKind, matters_to_clusters, matters_to_parents};
-use crate::runtime::requeue_after;
 
 /// Runs every controller of the operator, over the Machines of `namespace` (all namespaces
 /// when `None`), until their streams end.
@@ -44,8 +33,8 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
         }
     };
     let (machine_resource, deployment_resource) = (
-        machine::api_resource(),
-        machine::machine_deployment_api_resource(),
+        caretaker_api::cluster_api::machine_api_resource(),
+        caretaker_api::cluster_api::machine_deployment_api_resource(),
     );
     let (caches, keep_caches, mut changes) = cache::Caches::new(
         api(&machine_resource),
@@ -85,7 +74,7 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
         None => Api::all(ctx.client.clone()),
     };
     futures::join!(
-        run_authorities(ctx.clone(), namespace.clone()),
+        crate::authority::controller::run(ctx.clone(), namespace.clone()),
         crate::injection::controller::run(ctx.clone(), namespace.clone()),
         ca_secrets::run(ctx.clone(), secrets),
         keep_caches,
@@ -113,19 +102,4 @@ async fn cluster_api_absent(client: kube::Client) {
         }
         tokio::time::sleep(std::time::Duration::from_secs(1)).await;
     }
-}
-
-/// Runs the CertificateAuthority and IssuedCertificate controllers and the watches they share,
-/// until their streams end. While caretaker's CRDs are not installed they only watch for them
-/// (the log says so once), and start by themselves when they appear. `namespace`, when given,
-/// is the only namespace Secrets, ConfigMaps and IssuedCertificates are read from.
-pub async fn run_authorities(ctx: Arc<Context>, namespace: Option<String>) {
-    let (shared, writers, authorities, certificates) = authorities::start(ctx, namespace);
-    let reports = Arc::new(certificate_reports::CertificateReports::default());
-    futures::join!(
-        authority_watch::run(shared.clone(), writers),
-        certificate_authority::run(shared.clone(), authorities),
-        issued_certificate::run(shared.clone(), certificates, reports.clone()),
-        certificate_reports::run(shared, reports),
-    );
 }

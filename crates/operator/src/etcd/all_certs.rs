@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 
 use sha2::{Digest, Sha256};
 
+use super::policy::MemberSpec;
 use super::{AllCerts, Role, Signer, member_secret};
-use crate::v1alpha1::MemberSpec;
 
 /// `etcd-all-certs` from every member's certificates and the bundles; `None` until every
 /// member has all three and both bundles exist.

@@ -27,6 +27,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
 use time::OffsetDateTime;
 
+use super::policy::{self, EtcdPolicy, MemberSpec};
 use crate::Error;
 use crate::authority::ca::{AuthorityStatus, AuthorityStep};
 use crate::authority::leaf::CertificateStep;
@@ -40,7 +41,6 @@ use crate::etcd::{
     Signer,
 };
 use crate::metrics::CertificateKind;
-use crate::names;
 use crate::ownership::{Claim, Owner};
 use crate::runtime::refuse::{Refusal, ShowRefusal, refuse};
 use crate::runtime::status::{self, DegradedMemory};
@@ -48,9 +48,8 @@ use crate::runtime::steps::{Applied, Failed, ObjectKind, Step, StepWriter};
 use crate::runtime::{self, claims, write};
 use crate::timestamp::format_time;
 use crate::trust::selector::Selector;
-use crate::v1alpha1::{
-    self, EtcdCertificates, EtcdCertificatesStatus, EtcdPolicy, MemberSpec, SignerStatus,
-};
+use caretaker_api::names;
+use caretaker_api::v1alpha1::{self, EtcdCertificates, EtcdCertificatesStatus, SignerStatus};
 use health::Asker;
 
 const CRD: &str = "etcdcertificates.caretaker.dev";
@@ -170,7 +169,7 @@ async fn pass(object: &EtcdCertificates, shared: &Shared) -> Result<Action, Erro
     }
     let namespace = object.namespace().unwrap_or_default();
     let key = format!("{namespace}/{}", object.name_any());
-    let policy = match object.spec.policy() {
+    let policy = match EtcdPolicy::from_spec(&object.spec) {
         Ok(policy) => policy,
         Err(e) => {
             let message = format!("{e}; nothing was written");
@@ -488,8 +487,8 @@ fn asker(seen: &EtcdObserved, policy: &EtcdPolicy) -> Asker {
         .and_then(|(data, _)| {
             let text = |k: &str| data.get(k).map(|v| String::from_utf8_lossy(v).into_owned());
             Some((
-                text(crate::authority::TLS_CRT)?,
-                text(crate::authority::TLS_KEY)?,
+                text(caretaker_api::names::TLS_CRT)?,
+                text(caretaker_api::names::TLS_KEY)?,
             ))
         });
     let next = etcd::next_signer(seen);
@@ -545,7 +544,7 @@ fn node_candidate(node: &Node) -> Candidate {
         .map(|a| a.address.clone())
         .collect();
     let at = |i: usize| format!("status.addresses[{i}].address");
-    let checked = v1alpha1::member_spec("metadata.name", &name, &at, &addresses).map(|mut m| {
+    let checked = policy::member_spec("metadata.name", &name, &at, &addresses).map(|mut m| {
         m.dns_names.push(name.clone());
         m.dns_names.sort();
         m.dns_names.dedup();

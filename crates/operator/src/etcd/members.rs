@@ -1,5 +1,5 @@
 //! Who the members are: the listed ones and the selected Nodes', each checked as a listed one
-//! is ([`crate::v1alpha1::member_spec`]: anyone who may write a Node chooses its name and
+//! is ([`super::policy::member_spec`]: anyone who may write a Node chooses its name and
 //! addresses), and none whose Secrets would be another's.
 //!
 //! A member's name goes into its Secrets' names, and `etcd-serving-` is a prefix of
@@ -15,11 +15,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
+use super::policy::{EtcdPolicy, MemberSpec};
 use super::{
     ALL_CERTS, CLIENT_SECRET, METRICS_CLIENT_SECRET, METRICS_SIGNER_SECRET, Role, SIGNER_SECRET,
     member_secret,
 };
-use crate::v1alpha1::{EtcdPolicy, MemberSpec, SpecError};
+use crate::validation::SpecError;
 
 /// Where a would-be member comes from. Listed members come first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -203,7 +204,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::v1alpha1::member_spec;
+    use crate::etcd::policy::member_spec;
 
     fn candidate(origin: Origin, name: &str, addresses: &[&str]) -> Candidate {
         let addresses: Vec<String> = addresses.iter().map(|a| a.to_string()).collect();

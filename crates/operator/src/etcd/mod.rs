@@ -50,16 +50,15 @@ use crate::authority::ca::{
 };
 use crate::authority::leaf::{self, CertificateStep, LeafObserved, LeafSecretState};
 use crate::authority::verified::Verified;
-use crate::authority::{
-    CaKeyPair, Certificate, CertificatePolicy, Condition, Mint, ObjectName, TLS_CRT, TLS_KEY,
-};
+use crate::authority::{CaKeyPair, Certificate, CertificatePolicy, Condition, Mint, ObjectName};
 use crate::changes::Event;
-use crate::v1alpha1::{EtcdPolicy, MemberSpec};
+use caretaker_api::names::{TLS_CRT, TLS_KEY};
 
 mod all_certs;
 pub mod controller;
 pub mod members;
 pub(crate) mod nodes;
+pub mod policy;
 mod quorum;
 #[cfg(test)]
 mod tests;
@@ -69,6 +68,7 @@ use all_certs::{change_of, desired_all_certs};
 pub use quorum::{EndpointHealth, MemberAnswer, Quorum};
 
 pub use members::Membership;
+use policy::{EtcdPolicy, MemberSpec};
 
 /// The signer of peer, serving and client certificates.
 pub const SIGNER_SECRET: &str = "etcd-signer";

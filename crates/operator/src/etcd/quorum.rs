@@ -2,8 +2,8 @@
 //! endpoint's answer ([`EndpointHealth`]).
 
 use super::SKIPPING_FOR_QUORUM;
+use super::policy::MemberSpec;
 use crate::authority::Certificate;
-use crate::v1alpha1::MemberSpec;
 
 /// What a member said when asked for its health.
 #[derive(Debug, Clone, PartialEq, Eq)]

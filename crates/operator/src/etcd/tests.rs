@@ -8,9 +8,10 @@ use serde_json::json;
 use time::OffsetDateTime;
 
 use super::*;
+use crate::authority::PkiMint;
 use crate::authority::ca::AuthorityStep;
-use crate::authority::{CA_BUNDLE_CRT, PkiMint};
-use crate::v1alpha1::EtcdCertificatesSpec;
+use caretaker_api::names::CA_BUNDLE_CRT;
+use caretaker_api::v1alpha1::EtcdCertificatesSpec;
 
 fn policy(members: &[&str]) -> EtcdPolicy {
     let members: Vec<_> = members
@@ -24,7 +25,7 @@ fn policy(members: &[&str]) -> EtcdPolicy {
         "quorum": {"endpoints": ["https://127.0.0.1:2379"]},
     }))
     .unwrap();
-    spec.policy().unwrap()
+    EtcdPolicy::from_spec(&spec).unwrap()
 }
 
 /// The listed members, none refused.
@@ -167,13 +168,13 @@ impl World {
                 if ca.next.is_some() || ca.current.is_some() {
                     let (data, annotations) = secret(&mut self.seen, signer.secret());
                     let before: Vec<u8> = data
-                        .get(crate::authority::NEXT_CRT)
+                        .get(caretaker_api::names::NEXT_CRT)
                         .cloned()
                         .unwrap_or_default();
                     ca.data().apply_to(data);
                     ca.annotation_changes().apply_to(annotations);
                     let after = data
-                        .get(crate::authority::NEXT_CRT)
+                        .get(caretaker_api::names::NEXT_CRT)
                         .cloned()
                         .unwrap_or_default();
                     if !after.is_empty() && after != before {
@@ -270,7 +271,7 @@ impl World {
 
     fn force_rotation(&mut self) {
         let (_, annotations) = self.seen.secrets.get_mut(SIGNER_SECRET).unwrap();
-        annotations.remove(crate::names::CERTIFICATE_NOT_AFTER);
+        annotations.remove(caretaker_api::names::CERTIFICATE_NOT_AFTER);
     }
 
     fn signer_serial(&self) -> String {
@@ -625,7 +626,7 @@ fn a_removed_annotation_reissues_that_certificate_in_one_revision() {
     let first = world.revisions.len();
     let before = world.seen.secrets.clone();
     let (_, annotations) = world.seen.secrets.get_mut("etcd-peer-m1").unwrap();
-    annotations.remove(crate::names::CERTIFICATE_NOT_AFTER);
+    annotations.remove(caretaker_api::names::CERTIFICATE_NOT_AFTER);
     let plan = world.pass();
     let event = plan
         .events
@@ -650,7 +651,7 @@ fn with_nodes(world: &World, nodes: &[(&str, &[&str])]) -> Membership {
         Candidate {
             name: name.to_string(),
             origin,
-            checked: crate::v1alpha1::member_spec("metadata.name", name, &at, addresses),
+            checked: crate::etcd::policy::member_spec("metadata.name", name, &at, addresses),
         }
     };
     let listed = world.policy.members.iter().map(|m| {

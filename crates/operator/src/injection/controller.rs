@@ -42,7 +42,7 @@ use crate::injection::{self, Decision, SourceChange, SourceRef, Sources, TargetK
 use crate::ownership::{Claim, Owner};
 use crate::runtime::claims;
 use crate::runtime::watch_failures::Failing;
-use crate::v1alpha1::{self, CertificateAuthority};
+use caretaker_api::v1alpha1::{self, CertificateAuthority};
 
 /// Whose watches fail, in the log.
 const INJECTION: &str = "CA-bundle injection";

@@ -251,9 +251,10 @@ impl MachineViews {
                 if now.is_some_and(|now| now.contains_key(&name)) {
                     continue;
                 }
-                let mut object = DynamicObject::new(&name, &crate::machine::api_resource())
-                    .within(&namespace)
-                    .data(serde_json::json!({ "spec": { "clusterName": view.cluster_name } }));
+                let mut object =
+                    DynamicObject::new(&name, &caretaker_api::cluster_api::machine_api_resource())
+                        .within(&namespace)
+                        .data(serde_json::json!({ "spec": { "clusterName": view.cluster_name } }));
                 object.metadata.labels = Some(view.labels.clone());
                 gone.push(Arc::new(object));
             }
@@ -295,10 +296,10 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::machine;
 
     fn machine_object(namespace: &str, name: &str, version: &str) -> DynamicObject {
-        let mut m = DynamicObject::new(name, &machine::api_resource()).within(namespace);
+        let mut m = DynamicObject::new(name, &caretaker_api::cluster_api::machine_api_resource())
+            .within(namespace);
         m.metadata.resource_version = Some(version.to_string());
         m
     }
@@ -372,8 +373,9 @@ mod tests {
         let (machines_ready, machines_rx) = watch::channel(false);
         let (deployments_ready, deployments_rx) = watch::channel(false);
         let caches = Caches {
-            machines: Writer::new(machine::api_resource()).as_reader(),
-            deployments: Writer::new(machine::machine_deployment_api_resource()).as_reader(),
+            machines: Writer::new(caretaker_api::cluster_api::machine_api_resource()).as_reader(),
+            deployments: Writer::new(caretaker_api::cluster_api::machine_deployment_api_resource())
+                .as_reader(),
             views: Default::default(),
             ready: [machines_rx, deployments_rx],
         };

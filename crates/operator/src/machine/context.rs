@@ -16,7 +16,7 @@ use crate::Error;
 use crate::changes::{AnnotationChanges, Event};
 use crate::context::Context;
 use crate::credentials::ClusterCredentials;
-use crate::names::Operation;
+use caretaker_api::names::Operation;
 
 /// A Machine's agent, reachable only if it is the agent of that Machine's node.
 pub struct MachineAgent {
@@ -113,7 +113,10 @@ impl Context {
     ) -> Result<DynamicObject, Error> {
         let body = changes.merge_patch(None);
         Ok(self
-            .api(&machine.namespace, &crate::machine::api_resource())
+            .api(
+                &machine.namespace,
+                &caretaker_api::cluster_api::machine_api_resource(),
+            )
             .patch(&machine.name, &PatchParams::default(), &Patch::Merge(&body))
             .await?)
     }
@@ -146,7 +149,10 @@ impl Context {
         worked: Option<&str>,
         changes: &AnnotationChanges,
     ) -> Result<bool, Error> {
-        let api = self.api(&machine.namespace, &crate::machine::api_resource());
+        let api = self.api(
+            &machine.namespace,
+            &caretaker_api::cluster_api::machine_api_resource(),
+        );
         let mut conflicts = 0;
         let mut known = known
             .filter(|k| k.resource_version.is_some())
@@ -183,7 +189,7 @@ impl Context {
 
     /// Publishes an event about a Machine.
     pub async fn machine_event(&self, machine: &DynamicObject, event: Event) {
-        let reference = machine.object_ref(&crate::machine::api_resource());
+        let reference = machine.object_ref(&caretaker_api::cluster_api::machine_api_resource());
         self.event(&reference, event).await;
     }
 
@@ -191,7 +197,10 @@ impl Context {
     /// ([`Context::publish_in_order`]): the Machine controller's next step (its attempt, the
     /// parent's next start) waits on no event's round trip.
     pub fn publish_machine_event(self: &Arc<Self>, machine: &DynamicObject, event: Event) {
-        self.publish_in_order(machine.object_ref(&crate::machine::api_resource()), event);
+        self.publish_in_order(
+            machine.object_ref(&caretaker_api::cluster_api::machine_api_resource()),
+            event,
+        );
     }
 }
 

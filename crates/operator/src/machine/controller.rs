@@ -19,12 +19,12 @@ use super::work;
 use crate::context::Context;
 use crate::machine::cache::MachineChanges;
 use crate::machine::plan::{MachinePlan, Observed};
-use crate::machine::{self, MachineView, refresh, upgrade};
+use crate::machine::{MachineView, refresh, upgrade};
 use crate::metrics::CertificateKind;
-use crate::names::{self, Operation};
 use crate::schedule::{Next, busy_retry};
 use crate::timestamp::parse_time;
 use crate::{Error, Settings};
+use caretaker_api::names::{self, Operation};
 
 const REFRESH: Operation = Operation::RefreshCertificates;
 const UPGRADE: Operation = Operation::InPlaceUpgrade;
@@ -35,24 +35,28 @@ const CONTROLLER: &str = "machine";
 /// Runs the controller over the shared Machine cache until its stream of changes ends.
 pub async fn run(ctx: Arc<Context>, machines: Store<DynamicObject>, changes: MachineChanges) {
     let metrics = ctx.metrics.clone();
-    Controller::for_stream_with(changes, machines, machine::api_resource())
-        .graceful_shutdown_on(ctx.shutdown.signal())
-        .run(reconcile, error_policy, ctx)
-        .for_each(|result| {
-            match result {
-                // A change of a Machine no longer in the cache: it is gone, and its expiry
-                // with it.
-                Err(controller::Error::ObjectNotFound(gone)) => metrics.remove_certificate_expiry(
-                    CertificateKind::Machine,
-                    gone.namespace.as_deref().unwrap_or_default(),
-                    &gone.name,
-                ),
-                Err(e) => tracing::debug!(error = %e, "reconcile failed"),
-                Ok(_) => {}
-            }
-            std::future::ready(())
-        })
-        .await;
+    Controller::for_stream_with(
+        changes,
+        machines,
+        caretaker_api::cluster_api::machine_api_resource(),
+    )
+    .graceful_shutdown_on(ctx.shutdown.signal())
+    .run(reconcile, error_policy, ctx)
+    .for_each(|result| {
+        match result {
+            // A change of a Machine no longer in the cache: it is gone, and its expiry
+            // with it.
+            Err(controller::Error::ObjectNotFound(gone)) => metrics.remove_certificate_expiry(
+                CertificateKind::Machine,
+                gone.namespace.as_deref().unwrap_or_default(),
+                &gone.name,
+            ),
+            Err(e) => tracing::debug!(error = %e, "reconcile failed"),
+            Ok(_) => {}
+        }
+        std::future::ready(())
+    })
+    .await;
 }
 
 async fn reconcile(object: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Action, Error> {

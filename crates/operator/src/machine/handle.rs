@@ -9,7 +9,7 @@ use crate::Error;
 use crate::context::Context;
 use crate::machine::MachineView;
 use crate::machine::plan::{MachineUpdate, Write};
-use crate::names::Operation;
+use caretaker_api::names::Operation;
 
 /// A Machine as a pass saw it, and the context to act on it; cheap to clone into the work a
 /// pass starts.

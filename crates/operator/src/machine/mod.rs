@@ -1,5 +1,5 @@
 //! What the controllers need to know about a Cluster API Machine, read from the object as the
-//! real CRD serves it (cluster.x-k8s.io/v1beta2).
+//! real CRD serves it (cluster.x-k8s.io/v1beta2; its kinds are `caretaker_api::cluster_api`).
 
 pub mod cache;
 pub mod context;
@@ -14,49 +14,8 @@ mod work;
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
-use kube::api::{ApiResource, DynamicObject};
-use kube::core::GroupVersionKind;
+use kube::api::DynamicObject;
 use serde_json::Value;
-
-/// The Machine kind as served by Cluster API.
-pub fn api_resource() -> ApiResource {
-    ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("cluster.x-k8s.io", "v1beta2", "Machine"),
-        "machines",
-    )
-}
-
-/// The Cluster kind.
-pub fn cluster_api_resource() -> ApiResource {
-    ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("cluster.x-k8s.io", "v1beta2", "Cluster"),
-        "clusters",
-    )
-}
-
-/// The MachineDeployment kind.
-pub fn machine_deployment_api_resource() -> ApiResource {
-    ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("cluster.x-k8s.io", "v1beta2", "MachineDeployment"),
-        "machinedeployments",
-    )
-}
-
-/// The API group of control-plane providers (CK8sControlPlane, KubeadmControlPlane, ...): a
-/// Machine a controller of this group owns is a control-plane Machine.
-pub const CONTROL_PLANE_GROUP: &str = "controlplane.cluster.x-k8s.io";
-
-/// The CK8sControlPlane kind.
-pub fn control_plane_api_resource() -> ApiResource {
-    ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk(
-            "controlplane.cluster.x-k8s.io",
-            "v1beta2",
-            "CK8sControlPlane",
-        ),
-        "ck8scontrolplanes",
-    )
-}
 
 /// A Machine, reduced to what matters here.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -95,7 +54,7 @@ impl MachineView {
                 .as_array()
                 .map(|a| a.iter().filter_map(|e| text(&e["address"])).collect())
                 .unwrap_or_default(),
-            control_plane: labels.contains_key(crate::names::CONTROL_PLANE_LABEL),
+            control_plane: labels.contains_key(caretaker_api::names::CONTROL_PLANE_LABEL),
             controller: machine
                 .metadata
                 .owner_references
@@ -144,7 +103,7 @@ impl MachineView {
 
     /// The agent's URL: the `caretaker.dev/agent-endpoint` annotation, or the first address.
     pub fn agent_url(&self, agent_port: u16) -> Option<String> {
-        if let Some(url) = self.annotation(crate::names::AGENT_ENDPOINT) {
+        if let Some(url) = self.annotation(caretaker_api::names::AGENT_ENDPOINT) {
             return Some(url.to_string());
         }
         let address = self.addresses.first()?;
@@ -302,7 +261,10 @@ mod tests {
         );
         m.addresses.clear();
         assert_eq!(m.agent_url(9443), None);
-        let annotated = test_machine(&[(crate::names::AGENT_ENDPOINT, "https://agent.example:1")]);
+        let annotated = test_machine(&[(
+            caretaker_api::names::AGENT_ENDPOINT,
+            "https://agent.example:1",
+        )]);
         assert_eq!(
             annotated.agent_url(9443).as_deref(),
             Some("https://agent.example:1")

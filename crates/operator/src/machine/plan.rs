@@ -1,7 +1,7 @@
 //! What a pass decides for one Machine and one capability, as data: a [`MachinePlan`] (what to
 //! write and say, what work to start, when to look again), and the [`MachineUpdate`] that
 //! records how that work ended. The pieces both capabilities build them from follow the
-//! operation's row of names ([`crate::names::OperationNames`]), so a refresh and an upgrade
+//! operation's row of names ([`caretaker_api::names::OperationNames`]), so a refresh and an upgrade
 //! start, fail, retry and wait alike.
 
 use std::time::Duration;
@@ -11,10 +11,10 @@ use time::OffsetDateTime;
 
 use super::MachineView;
 use crate::changes::{AnnotationChanges, Event};
-use crate::names::{self, Operation};
 use crate::schedule::{Next, busy_retry, retry_at};
 use crate::timestamp::{format_time, parse_time};
 use crate::{Error, Settings};
+use caretaker_api::names::{self, Operation};
 
 /// What a pass observed of one Machine for one capability.
 #[derive(Debug, Clone, Copy)]

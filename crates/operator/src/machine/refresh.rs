@@ -15,12 +15,12 @@ use super::plan::{
     started,
 };
 use crate::changes::{AnnotationChanges, Event};
-use crate::names::{self, Operation, refresh_state};
 use crate::schedule::Next;
 /// Where the binary and the tests have always found it.
 pub use crate::timestamp::format_time;
 use crate::timestamp::parse_time;
 use crate::{Error, Settings};
+use caretaker_api::names::{self, Operation, refresh_state};
 
 const REFRESH: Operation = Operation::RefreshCertificates;
 

@@ -392,12 +392,12 @@ pub fn verified_role(
         (false, false) => Ok(NodeRole::Worker),
         (true, false) => Err(RoleMismatch::LabelWithoutOwner {
             machine: machine.name.clone(),
-            label: crate::names::CONTROL_PLANE_LABEL,
+            label: caretaker_api::names::CONTROL_PLANE_LABEL,
             control_plane: control_plane(),
         }),
         (false, true) => Err(RoleMismatch::OwnerWithoutLabel {
             machine: machine.name.clone(),
-            label: crate::names::CONTROL_PLANE_LABEL,
+            label: caretaker_api::names::CONTROL_PLANE_LABEL,
             control_plane: control_plane(),
         }),
     }

@@ -14,10 +14,10 @@ use super::plan::{
     forget_ended, started,
 };
 use crate::changes::{AnnotationChanges, Event};
-use crate::names::{self, Operation, upgrade_state};
 use crate::schedule::Next;
 use crate::timestamp::parse_time;
 use crate::{Error, Settings};
+use caretaker_api::names::{self, Operation, upgrade_state};
 
 const UPGRADE: Operation = Operation::InPlaceUpgrade;
 

@@ -21,8 +21,8 @@ use super::parent::{
 use super::{MachineObservation, MachineProgress, Progress, RolloutPlan, Waiting};
 use crate::changes::{AnnotationChanges, Event};
 use crate::machine::MachineView;
-use crate::names::{self, Operation, rollout_state};
 use crate::schedule::Next;
+use caretaker_api::names::{self, Operation, rollout_state};
 
 /// Where a child stands with respect to *this* Cluster request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -25,7 +25,7 @@ use super::RolloutPlan;
 use super::chain::{self, ChainPlan, observe_children};
 use super::parent::{ParentKind, ParentStep, ParentView, blocked_by, no_work_here};
 use crate::machine::{MachineView, ObjectRef, test_machine};
-use crate::names::{self, Operation};
+use caretaker_api::names::{self, Operation};
 
 const OPS: [Operation; 2] = Operation::ALL;
 
@@ -96,7 +96,7 @@ fn machine(name: &str, deployment: Option<&str>) -> MachineView {
             m.labels
                 .insert(names::DEPLOYMENT_NAME_LABEL.into(), "a".into());
             m.controller = Some(ObjectRef {
-                group: crate::machine::CONTROL_PLANE_GROUP.into(),
+                group: caretaker_api::cluster_api::CONTROL_PLANE_GROUP.into(),
                 kind: "CK8sControlPlane".into(),
                 name: "cp".into(),
             });

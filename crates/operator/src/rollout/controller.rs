@@ -24,9 +24,6 @@ use crate::Error;
 use crate::context::Context;
 use crate::machine::cache::{Caches, MachineChanges};
 use crate::machine::{self, MachineView};
-use crate::names;
-/// The operations, here too for callers of [`start_machines`].
-pub use crate::names::Operation;
 use crate::rollout::chain::{self, ChainPlan, observe_children};
 use crate::rollout::parent::{
     MachineStart, ParentChanges, ParentKind, ParentStep, ParentView, Rollout, auto_refresh,
@@ -34,6 +31,7 @@ use crate::rollout::parent::{
 };
 use crate::rollout::{Progress, RolloutPlan};
 use crate::schedule::Next;
+use caretaker_api::names::{self, Operation};
 
 /// Runs the rollout controllers of all three parent kinds until their streams end; one stream
 /// of Machine changes per kind, in the order of [`ParentKind::ALL`].
@@ -68,7 +66,7 @@ async fn run_kind(
         .watches_stream_with(
             machine_changes,
             move |m| parents_of(kind, &MachineView::from_object(&m), &mapper_resource),
-            machine::api_resource(),
+            caretaker_api::cluster_api::machine_api_resource(),
         );
     // A Cluster's request waits on its children's status: their changes wake it, and it reads
     // its control plane from a cache of its own (MachineDeployments are in `caches`).
@@ -305,7 +303,7 @@ async fn children_of(
     let mut children = Vec::new();
     let namespace = parent.namespace().unwrap_or_default();
     if let Some(reference) = machine::ObjectRef::control_plane_of(parent)
-        && reference.group == machine::CONTROL_PLANE_GROUP
+        && reference.group == caretaker_api::cluster_api::CONTROL_PLANE_GROUP
     {
         let resource = ParentKind::ControlPlane.api_resource();
         let key = ObjectRef::new_with(&reference.name, resource.clone()).within(&namespace);
@@ -352,7 +350,10 @@ async fn fresh_covered_machines(
 ) -> Result<Vec<Arc<MachineView>>, Error> {
     let namespace = parent.namespace().unwrap_or_default();
     let list = ctx
-        .api(&namespace, &machine::api_resource())
+        .api(
+            &namespace,
+            &caretaker_api::cluster_api::machine_api_resource(),
+        )
         .list(&kube::api::ListParams::default())
         .await?;
     Ok(list
@@ -551,8 +552,11 @@ pub async fn start_machines(
 /// refuses that write with 409 Conflict, and nothing more is written.
 async fn write_starts(client: &kube::Client, starts: &[MachineStart]) -> Result<Started, Error> {
     for start in starts {
-        let api: Api<DynamicObject> =
-            Api::namespaced_with(client.clone(), &start.namespace, &machine::api_resource());
+        let api: Api<DynamicObject> = Api::namespaced_with(
+            client.clone(),
+            &start.namespace,
+            &caretaker_api::cluster_api::machine_api_resource(),
+        );
         let body = start
             .annotations
             .merge_patch(start.resource_version.as_deref());

@@ -18,10 +18,10 @@ use super::{
     AutoRefresh, MachineObservation, MachineProgress, RequestState, Role, RolloutInput, RolloutPlan,
 };
 use crate::changes::{AnnotationChanges, Event};
-use crate::machine::{self, MachineView};
-use crate::names::{self, Operation, rollout_state};
+use crate::machine::MachineView;
 use crate::schedule::Next;
 use crate::timestamp::parse_time;
+use caretaker_api::names::{self, Operation, rollout_state};
 
 /// The kinds a rollout can be asked on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,9 +41,11 @@ impl ParentKind {
 
     pub fn api_resource(self) -> ApiResource {
         match self {
-            ParentKind::Cluster => machine::cluster_api_resource(),
-            ParentKind::ControlPlane => machine::control_plane_api_resource(),
-            ParentKind::MachineDeployment => machine::machine_deployment_api_resource(),
+            ParentKind::Cluster => caretaker_api::cluster_api::cluster_api_resource(),
+            ParentKind::ControlPlane => caretaker_api::cluster_api::control_plane_api_resource(),
+            ParentKind::MachineDeployment => {
+                caretaker_api::cluster_api::machine_deployment_api_resource()
+            }
         }
     }
 
@@ -77,9 +79,9 @@ impl ParentKind {
                     .map(String::as_str)
                     == Some(parent)
                     && !m.control_plane
-                    && m.controller
-                        .as_ref()
-                        .is_none_or(|owner| owner.group != machine::CONTROL_PLANE_GROUP)
+                    && m.controller.as_ref().is_none_or(|owner| {
+                        owner.group != caretaker_api::cluster_api::CONTROL_PLANE_GROUP
+                    })
             }
             ParentKind::ControlPlane => {
                 m.control_plane

@@ -5,8 +5,8 @@ use kube::Resource;
 use kube::api::ObjectMeta;
 
 use super::Key;
-use crate::names;
 use crate::ownership::{self, Claim, Owner};
+use caretaker_api::names;
 
 /// Whether `owner` may write the `kind` at `key`, `meta` when it exists
 /// ([`ownership::claim_by`]).

@@ -20,7 +20,7 @@ use crate::Error;
 use crate::changes::Condition;
 use crate::context::send_for_metadata;
 use crate::timestamp::format_time;
-use crate::v1alpha1;
+use caretaker_api::v1alpha1;
 
 /// What a controller's passes last said in their objects' statuses, in this process.
 #[derive(Default)]
@@ -273,7 +273,7 @@ mod tests {
     use k8s_openapi::api::core::v1::ConfigMap;
 
     use super::*;
-    use crate::names;
+    use caretaker_api::names;
 
     /// A pass that reads its object's status from before the previous pass's write still knows
     /// what that pass said: a Warning is said once per problem. A re-created object (another

@@ -20,8 +20,8 @@ use super::Key;
 use crate::Error;
 use crate::changes::{AnnotationChanges, KeyChanges};
 use crate::context::create_for_metadata;
-use crate::names::{self, SECRET_TYPE_TLS};
 use crate::ownership::Owner;
+use caretaker_api::names::{self, SECRET_TYPE_TLS};
 
 /// The field manager of caretaker's writes, as `managedFields` show it.
 const FIELD_MANAGER: &str = "caretaker";

@@ -28,12 +28,14 @@ use super::review::{
     API_VERSION, AdmissionRequest, AdmissionResponse, AdmissionReview, GroupVersionKind, KIND,
     Operation, Status,
 };
+use crate::authority::{AuthorityPolicy, CertificatePolicy};
+use crate::etcd::policy::EtcdPolicy;
 use crate::trust::api::Bundle;
 use crate::trust::cluster_bundle::ClusterBundle;
 use crate::trust::validation;
-use crate::v1alpha1::{
+use crate::validation::SpecError;
+use caretaker_api::v1alpha1::{
     self, CertificateAuthority, CertificateAuthoritySpec, EtcdCertificates, IssuedCertificate,
-    SpecError,
 };
 
 /// A kind this webhook validates, each at its own path.
@@ -292,15 +294,15 @@ async fn verdict(
         }
         Served::CertificateAuthority => {
             let ca: CertificateAuthority = parse(served, &name, object)?;
-            problems.extend(field_problems(ca.spec.policy().err()));
+            problems.extend(field_problems(AuthorityPolicy::from_spec(&ca.spec).err()));
         }
         Served::EtcdCertificates => {
             let etcd: EtcdCertificates = parse(served, &name, object)?;
-            problems.extend(field_problems(etcd.spec.policy().err()));
+            problems.extend(field_problems(EtcdPolicy::from_spec(&etcd.spec).err()));
         }
         Served::IssuedCertificate => {
             let certificate: IssuedCertificate = parse(served, &name, object)?;
-            let spec_problems = certificate.spec.policy().err();
+            let spec_problems = CertificatePolicy::from_spec(&certificate.spec).err();
             let issuer = &certificate.spec.issuer_ref.name;
             let issuer_name_ok = !spec_problems.iter().any(|e| {
                 e.errors

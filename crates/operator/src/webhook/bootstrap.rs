@@ -43,8 +43,8 @@ use serde::de::DeserializeOwned;
 use serde_json::json;
 
 use super::{CertificateSource, Endpoint, Served};
-use crate::names::injection::INJECT_CA_FROM;
-use crate::v1alpha1::{
+use caretaker_api::names::injection::INJECT_CA_FROM;
+use caretaker_api::v1alpha1::{
     CertificateAuthority, CertificateAuthoritySpec, DEFAULT_CA_VALIDITY,
     DEFAULT_CERTIFICATE_VALIDITY, DEFAULT_KEY_ALGORITHM, DEFAULT_TRUST_PROPAGATION,
     IssuedCertificate, IssuedCertificateSpec, IssuerReference, NamespacedName,
@@ -64,7 +64,7 @@ pub const SERVICE_PORT: i32 = 443;
 /// The field manager of the objects created.
 pub const FIELD_MANAGER: &str = "caretaker";
 /// The label on every object created.
-pub const MANAGED_BY: (&str, &str) = crate::names::MANAGED_BY;
+pub const MANAGED_BY: (&str, &str) = caretaker_api::names::MANAGED_BY;
 
 /// What `--webhook-bootstrap` and `--webhook-url` ask for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -362,7 +362,7 @@ fn own_objects(namespace: &str) -> [(&'static str, &'static str, String); 3] {
 }
 
 /// Whether an existing object of [`own_objects`] is one an earlier caretaker made before
-/// objects carried their owner's mark, and so is handed over ([`crate::names::ADOPT`]) to
+/// objects carried their owner's mark, and so is handed over ([`caretaker_api::names::ADOPT`]) to
 /// the object it was made for: it carries caretaker's label, no mark, no adoption request
 /// and no owner reference. Only these names in the bootstrap's namespace are handed over:
 /// whoever could have made them there may write them anyway.
@@ -371,8 +371,8 @@ pub fn unmarked_earlier_own(meta: &ObjectMeta) -> bool {
     let labelled =
         meta.labels.as_ref().and_then(|l| l.get(MANAGED_BY.0)) == Some(&MANAGED_BY.1.to_string());
     labelled
-        && !annotations.contains_key(crate::names::OWNER)
-        && !annotations.contains_key(crate::names::ADOPT)
+        && !annotations.contains_key(caretaker_api::names::OWNER)
+        && !annotations.contains_key(caretaker_api::names::ADOPT)
         && meta.owner_references.as_ref().is_none_or(Vec::is_empty)
 }
 
@@ -398,7 +398,7 @@ async fn hand_over_earlier_own(client: &Client, namespace: &str) -> Result<Vec<S
         };
         let patch = json!({"metadata": {
             "resourceVersion": meta.resource_version,
-            "annotations": {crate::names::ADOPT: owner},
+            "annotations": {caretaker_api::names::ADOPT: owner},
         }});
         let params = PatchParams {
             field_manager: Some(FIELD_MANAGER.into()),
@@ -644,7 +644,7 @@ mod tests {
                    "keyAlgorithm": "ECDSA-P256", "validity": "10y", "trustPropagation": "5m",
                    "allowedNamespaces": ["caretaker-system"]})
         );
-        objects.authority.spec.policy().unwrap();
+        crate::authority::AuthorityPolicy::from_spec(&objects.authority.spec).unwrap();
 
         let certificate = serde_json::to_value(&objects.certificate).unwrap();
         assert_eq!(certificate["metadata"]["name"], "caretaker-webhook");
@@ -659,7 +659,7 @@ mod tests {
                                 "caretaker-webhook.caretaker-system.svc.cluster.local"],
                    "usages": ["server"], "keyAlgorithm": "ECDSA-P256", "validity": "1y"})
         );
-        objects.certificate.spec.policy().unwrap();
+        crate::authority::CertificatePolicy::from_spec(&objects.certificate.spec).unwrap();
 
         let configuration = serde_json::to_value(&objects.configuration).unwrap();
         assert_eq!(configuration["metadata"]["name"], "caretaker-webhook");
@@ -792,7 +792,7 @@ mod tests {
             ]
         );
         assert!(objects.certificate.spec.ip_addresses.is_empty());
-        objects.certificate.spec.policy().unwrap();
+        crate::authority::CertificatePolicy::from_spec(&objects.certificate.spec).unwrap();
         // A URL naming the Service itself adds nothing.
         let objects =
             bootstrap(Some("https://caretaker-webhook.caretaker-system.svc:443")).objects();

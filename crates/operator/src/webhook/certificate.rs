@@ -23,7 +23,7 @@ use rustls::sign::CertifiedKey;
 use time::OffsetDateTime;
 
 // The webhook's certificate is read from a Secret of the type and keys caretaker writes.
-use crate::authority::{SECRET_TYPE_TLS, TLS_CRT, TLS_KEY};
+use caretaker_api::names::{SECRET_TYPE_TLS, TLS_CRT, TLS_KEY};
 
 /// Why a certificate and key cannot serve. Messages name files, Secrets and certificates,
 /// never the key's bytes.

@@ -38,7 +38,7 @@ pub use certificate::{CertificateError, CertificatePair, SecretRead, ServingCert
 pub use serve::Limits;
 
 use crate::settings::BindAddress;
-use crate::v1alpha1::{CertificateAuthority, CertificateAuthoritySpec};
+use caretaker_api::v1alpha1::{CertificateAuthority, CertificateAuthoritySpec};
 
 /// Where the serving certificate comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -5,7 +5,7 @@
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use caretaker_operator::v1alpha1::{self, CertificateAuthority};
+use caretaker_api::v1alpha1::{self, CertificateAuthority};
 use caretaker_pki::{LeafSpec, Usage};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{Namespace, Secret};

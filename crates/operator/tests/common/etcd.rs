@@ -174,7 +174,7 @@ impl EtcdCluster {
     pub fn certificates_object(
         &self,
         namespace: &str,
-    ) -> caretaker_operator::v1alpha1::EtcdCertificates {
+    ) -> caretaker_api::v1alpha1::EtcdCertificates {
         let members: Vec<_> = self
             .members
             .iter()

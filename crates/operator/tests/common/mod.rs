@@ -17,9 +17,10 @@ use std::time::Duration;
 
 use caretaker_agent::NodeLayout;
 use caretaker_agent_api::kubeadm::NodeRole;
+use caretaker_api::names;
 use caretaker_apiserver::TestServer;
 use caretaker_operator::controllers;
-use caretaker_operator::{Context, Settings, machine, names};
+use caretaker_operator::{Context, Settings};
 use caretaker_testkit::capi_objects::{self, ClusterObjects, MachineObject, MachineRole};
 use caretaker_testkit::local::LocalAgent;
 use caretaker_testkit::provision::{ClusterCas, NodeSpec, agent_serving_leaf, provision_node};
@@ -88,7 +89,11 @@ pub async fn world_on(
 
 impl World {
     pub fn machines(&self) -> Api<DynamicObject> {
-        Api::namespaced_with(self.client.clone(), NS, &machine::api_resource())
+        Api::namespaced_with(
+            self.client.clone(),
+            NS,
+            &caretaker_api::cluster_api::machine_api_resource(),
+        )
     }
 
     /// Provisions a node (its apiserver certificate naming `endpoint_host`), starts its agent

@@ -1,10 +1,13 @@
 //! Each step and trigger of a CA's rotation, on model certificates where time passes and on
 //! real ones where Secrets are read.
 
+use std::collections::BTreeMap;
+
 use super::*;
 use crate::authority::model::{Model, at};
 use crate::authority::{IssuedLeaf, PkiMint};
 use crate::changes::EventType;
+use caretaker_api::names::{NEXT_CRT, PREVIOUS_CRT, TLS_CRT, TLS_KEY};
 use caretaker_pki::{CaSpec, KeyAlgorithm, LeafSpec, RotationPolicy, Ttl, Usage};
 
 const DAY: i64 = 86_400;

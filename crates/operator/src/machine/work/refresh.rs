@@ -21,9 +21,9 @@ use crate::machine::context::MachineAgent;
 use crate::machine::handle::{MachineHandle, log_failed_call};
 use crate::machine::refresh::{self, RefreshStep, RefreshWork, Refreshed};
 use crate::machine::signing::{MachineIdentity, verified_role};
-use crate::machine::{self, MachineView, ObjectRef};
+use crate::machine::{MachineView, ObjectRef};
 use crate::metrics::CertificateKind;
-use crate::names::{Operation, refresh_state};
+use caretaker_api::names::{Operation, refresh_state};
 
 const REFRESH: Operation = Operation::RefreshCertificates;
 
@@ -70,7 +70,10 @@ async fn attempt(machine: MachineHandle) {
     let fresh = match &machine.written {
         Some(written) => written.clone(),
         None => {
-            let machines = ctx.api(&machine.view.namespace, &crate::machine::api_resource());
+            let machines = ctx.api(
+                &machine.view.namespace,
+                &caretaker_api::cluster_api::machine_api_resource(),
+            );
             match machines.get_opt(name).await {
                 Ok(Some(object)) => MachineView::from_object(&object),
                 Ok(None) => return,
@@ -211,7 +214,10 @@ async fn machine_identity(ctx: &Context, view: &MachineView) -> Result<MachineId
         machine: view.name.clone(),
     })?;
     let cluster = ctx
-        .api(&view.namespace, &machine::cluster_api_resource())
+        .api(
+            &view.namespace,
+            &caretaker_api::cluster_api::cluster_api_resource(),
+        )
         .get_opt(&view.cluster_name)
         .await?;
     let control_plane = cluster.as_ref().and_then(ObjectRef::control_plane_of);
@@ -224,7 +230,10 @@ async fn machine_identity(ctx: &Context, view: &MachineView) -> Result<MachineId
     });
     let mut extra_sans = Vec::new();
     if let Some(reference) = control_plane.filter(|_| role == NodeRole::ControlPlane) {
-        let planes = ctx.api(&view.namespace, &machine::control_plane_api_resource());
+        let planes = ctx.api(
+            &view.namespace,
+            &caretaker_api::cluster_api::control_plane_api_resource(),
+        );
         if let Some(plane) = planes.get_opt(&reference.name).await? {
             collect_extra_sans(&plane.data["spec"], &mut extra_sans);
         }

@@ -11,7 +11,7 @@ use crate::context::Context;
 use crate::machine::MachineView;
 use crate::machine::handle::{MachineHandle, log_failed_call};
 use crate::machine::upgrade::{self, AgentAnswer, UpgradeWork};
-use crate::names::Operation;
+use caretaker_api::names::Operation;
 
 const UPGRADE: Operation = Operation::InPlaceUpgrade;
 

@@ -1034,7 +1034,7 @@ fn a_machine_deployment_never_covers_a_control_plane_machine() {
     assert!(!ParentKind::MachineDeployment.covers("md", &by_label));
     let mut by_owner = labelled.clone();
     by_owner.controller = Some(crate::machine::ObjectRef {
-        group: crate::machine::CONTROL_PLANE_GROUP.into(),
+        group: caretaker_api::cluster_api::CONTROL_PLANE_GROUP.into(),
         kind: "CK8sControlPlane".into(),
         name: "cp".into(),
     });

@@ -29,16 +29,17 @@ use crate::authority::bundle::BundleState;
 use crate::authority::ca::{
     self, AuthorityObserved, AuthorityStep, CaPlan, CaSecretState, Untrusting,
 };
-use crate::authority::{AuthorityPolicy, CA_BUNDLE_CRT, ObjectName, PkiMint};
+use crate::authority::{AuthorityPolicy, ObjectName, PkiMint};
 use crate::changes::Event;
 use crate::metrics::CertificateKind;
-use crate::names;
 use crate::ownership::{Claim, Owner};
 use crate::runtime::refuse::{Refusal, ShowRefusal, refuse};
 use crate::runtime::steps::{Applied, Failed, ObjectKind, Step, StepWriter, no_gate};
 use crate::runtime::{self, Key, claims, status, write};
 use crate::timestamp::format_time;
-use crate::v1alpha1::{
+use caretaker_api::names;
+use caretaker_api::names::CA_BUNDLE_CRT;
+use caretaker_api::v1alpha1::{
     CertificateAuthority, CertificateAuthoritySpec, CertificateAuthorityStatus, PreviousCa,
 };
 
@@ -126,8 +127,7 @@ fn acceptable(
     shared: &Shared,
     spec: &CertificateAuthoritySpec,
 ) -> Result<AuthorityPolicy, (&'static str, String)> {
-    let policy = spec
-        .policy()
+    let policy = AuthorityPolicy::from_spec(spec)
         .map_err(|e| (names::REASON_INVALID_SPEC, e.to_string()))?;
     if let Some(problem) = shared.outside_scope(spec) {
         return Err((names::REASON_OUTSIDE_WATCHED_NAMESPACE, problem));

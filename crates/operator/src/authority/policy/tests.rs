@@ -1,178 +1,28 @@
-//! `CertificateAuthority`: a CA that lives in the cluster and rotates before it expires.
+//! Both policies as read from specs users write: the examples of their issues, the defaults,
+//! and every way a field can be wrong.
 
-use kube::CustomResource;
-use schemars::JsonSchema;
-use serde::{Deserialize, Serialize};
-
-use caretaker_pki::CaSpec;
-
-use super::validation::Problems;
-use super::{NamespacedName, SpecError};
-use crate::authority::AuthorityPolicy;
-
-/// A certificate authority kept in a Secret, published in a trust bundle ConfigMap, and
-/// replaced before it expires: a new CA is trusted everywhere for `trustPropagation` before
-/// it signs anything, and an old one stays in the bundle while it may still be needed.
-// Clippy mistakes the printcolumns' repeated `type_ = "string"` for duplicated attributes.
-#[allow(clippy::duplicated_attributes)]
-#[derive(CustomResource, Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[kube(
-    group = "caretaker.dev",
-    version = "v1alpha1",
-    kind = "CertificateAuthority",
-    plural = "certificateauthorities",
-    status = "CertificateAuthorityStatus",
-    derive = "PartialEq",
-    doc = "A certificate authority that caretaker creates, publishes and rotates.",
-    printcolumn(
-        name = "Ready",
-        type_ = "string",
-        json_path = r#".status.conditions[?(@.type=="Ready")].status"#
-    ),
-    printcolumn(
-        name = "Not After",
-        type_ = "string",
-        description = "When the current CA certificate expires.",
-        json_path = ".status.notAfter"
-    ),
-    printcolumn(
-        name = "Next Rotation",
-        type_ = "string",
-        description = "When the CA is next replaced.",
-        json_path = ".status.nextRotation"
-    ),
-    printcolumn(
-        name = "Age",
-        type_ = "date",
-        json_path = ".metadata.creationTimestamp"
-    )
-)]
-#[serde(rename_all = "camelCase")]
-pub struct CertificateAuthoritySpec {
-    /// Subject common name (CN) of each CA certificate.
-    #[schemars(length(min = 1))]
-    pub common_name: String,
-    /// The Secret (type kubernetes.io/tls) that holds the CA's certificate and key.
-    pub secret: NamespacedName,
-    /// The ConfigMap the trust bundle is published in, under the key `ca-bundle.crt`: the
-    /// current CA and every older one still trusted.
-    pub bundle: NamespacedName,
-    /// Key algorithm of each new CA: ECDSA-P256 (the default), ECDSA-P384, Ed25519, RSA-2048,
-    /// RSA-3072 or RSA-4096.
-    #[serde(default = "super::default_key_algorithm")]
-    #[schemars(extend("enum" = ["ECDSA-P256", "ECDSA-P384", "Ed25519", "RSA-2048", "RSA-3072", "RSA-4096"]))]
-    pub key_algorithm: String,
-    /// Lifetime of each CA certificate, a TTL such as 10y (the default), 1y6mo, 90d or 12h.
-    #[serde(default = "super::default_ca_validity")]
-    pub validity: String,
-    /// Rotate once this percentage of the lifetime has passed (1 to 100). Default 80 when
-    /// renewBefore is not set; set only one of the two.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = 100))]
-    pub renew_at_percent: Option<i32>,
-    /// Rotate this long before expiry, a TTL such as 60d; shorter than validity. Set only one
-    /// of renewAtPercent and renewBefore.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub renew_before: Option<String>,
-    /// How long a new CA is published in the bundle and every injection point before it
-    /// signs anything, a TTL such as 5m (the default); 0s signs at once.
-    #[serde(default = "super::default_trust_propagation")]
-    pub trust_propagation: String,
-    /// The namespaces whose IssuedCertificates this CA signs; empty or absent: every
-    /// namespace. An IssuedCertificate elsewhere gets nothing (reason NamespaceNotAllowed).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub allowed_namespaces: Vec<String>,
-}
-
-/// What caretaker last observed and did.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct CertificateAuthorityStatus {
-    /// What an IssuedCertificate's status says too, of the CA that signs now.
-    #[serde(flatten)]
-    pub certificate: super::CertificateStatus,
-    /// During a rotation: when the next CA was first seen in the bundle and every injection
-    /// point, RFC 3339; it signs from trustPropagation later.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(extend("format" = "date-time"))]
-    pub trusted_since: Option<String>,
-    /// Older CA certificates still in the trust bundle.
-    #[serde(rename = "previousCAs", default, skip_serializing_if = "Vec::is_empty")]
-    pub previous_cas: Vec<PreviousCa>,
-}
-
-/// An older CA certificate that is still trusted.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct PreviousCa {
-    /// Its serial number, colon-separated hex.
-    pub serial_number: String,
-    /// When it expires, RFC 3339.
-    #[schemars(extend("format" = "date-time"))]
-    pub not_after: String,
-}
-
-impl CertificateAuthoritySpec {
-    /// Whether this CA signs IssuedCertificates of `namespace` (`spec.allowedNamespaces`).
-    pub fn issues_to(&self, namespace: &str) -> bool {
-        self.allowed_namespaces.is_empty() || self.allowed_namespaces.iter().any(|n| n == namespace)
-    }
-
-    /// The validated policy, or every field that is wrong.
-    pub fn policy(&self) -> Result<AuthorityPolicy, SpecError> {
-        let mut problems = Problems::default();
-        let common_name = problems.non_empty("spec.commonName", &self.common_name);
-        let algorithm = problems.key_algorithm("spec.keyAlgorithm", &self.key_algorithm);
-        problems.object_name("spec.secret.name", "Secret", &self.secret.name);
-        problems.namespace_name("spec.secret.namespace", &self.secret.namespace);
-        problems.object_name("spec.bundle.name", "ConfigMap", &self.bundle.name);
-        problems.namespace_name("spec.bundle.namespace", &self.bundle.namespace);
-        for (i, namespace) in self.allowed_namespaces.iter().enumerate() {
-            problems.namespace_name(&format!("spec.allowedNamespaces[{i}]"), namespace);
-        }
-        let (validity, rotation) = problems.lifetime(
-            "spec",
-            &self.validity,
-            self.renew_at_percent,
-            self.renew_before.as_deref(),
-        );
-        let trust_propagation =
-            problems.duration_or_zero("spec.trustPropagation", &self.trust_propagation);
-        if let (Some(propagation), Some(rotation), Some(validity)) =
-            (trust_propagation, rotation, validity)
-        {
-            problems.propagation_fits(
-                "spec.trustPropagation",
-                &self.trust_propagation,
-                propagation,
-                rotation,
-                validity,
-            );
-        }
-        problems.finish((|| {
-            Some(AuthorityPolicy {
-                ca: CaSpec {
-                    validity: validity?,
-                    algorithm: algorithm?,
-                    ..CaSpec::new(common_name?)
-                },
-                rotation: rotation?,
-                trust_propagation: trust_propagation?,
-            })
-        })())
-    }
-}
-
-#[cfg(test)]
-mod tests {
+mod certificate_authority {
     use std::time::Duration;
 
     use caretaker_pki::{KeyAlgorithm, RotationPolicy, Ttl};
     use proptest::prelude::*;
     use serde_json::{Value, json};
 
-    use super::*;
-    use crate::v1alpha1::Problem;
+    use caretaker_api::v1alpha1::CertificateAuthoritySpec;
+
+    use crate::authority::AuthorityPolicy;
+    use crate::validation::{Problem, SpecError};
+
+    /// The tests read a spec as the controller does, in fewer words.
+    trait Policy {
+        fn policy(&self) -> Result<AuthorityPolicy, SpecError>;
+    }
+
+    impl Policy for CertificateAuthoritySpec {
+        fn policy(&self) -> Result<AuthorityPolicy, SpecError> {
+            AuthorityPolicy::from_spec(self)
+        }
+    }
 
     /// The issue's example, as users write it.
     fn example() -> Value {
@@ -249,7 +99,7 @@ mod tests {
 
     #[test]
     fn every_key_algorithm_by_its_name() {
-        for (name, algorithm) in crate::v1alpha1::KEY_ALGORITHMS {
+        for (name, algorithm) in crate::validation::KEY_ALGORITHMS {
             let policy = spec(json!({"keyAlgorithm": name})).policy().unwrap();
             assert_eq!(policy.ca.algorithm, algorithm);
         }
@@ -354,7 +204,7 @@ mod tests {
             ["spec.trustPropagation"]
         );
         let error = spec(json!({"renewAtPercent": null, "renewBefore": "1d",
-                                "trustPropagation": "2d"}))
+                                    "trustPropagation": "2d"}))
         .policy()
         .unwrap_err();
         assert!(error.to_string().contains("(1d)"), "{error}");
@@ -457,6 +307,291 @@ mod tests {
                 policy.rotation,
                 RotationPolicy::Before(Duration::from_secs(before_hours * 3600))
             );
+        }
+    }
+}
+
+mod issued_certificate {
+    use std::net::IpAddr;
+    use std::time::Duration;
+
+    use caretaker_pki::{KeyAlgorithm, RotationPolicy, Ttl, Usage};
+    use proptest::prelude::*;
+    use serde_json::{Value, json};
+
+    use caretaker_api::v1alpha1::IssuedCertificateSpec;
+
+    use crate::authority::CertificatePolicy;
+    use crate::validation::{Problem, SpecError};
+
+    /// The tests read a spec as the controller does, in fewer words.
+    trait Policy {
+        fn policy(&self) -> Result<CertificatePolicy, SpecError>;
+    }
+
+    impl Policy for IssuedCertificateSpec {
+        fn policy(&self) -> Result<CertificatePolicy, SpecError> {
+            CertificatePolicy::from_spec(self)
+        }
+    }
+
+    /// The issue's example, as users write it.
+    fn example() -> Value {
+        json!({
+            "issuerRef": {"name": "webhooks"},
+            "secretName": "webhook-server-tls",
+            "commonName": "webhook.demo.svc",
+            "dnsNames": ["webhook.demo.svc", "webhook.demo.svc.cluster.local"],
+            "ipAddresses": ["127.0.0.1"],
+            "usages": ["server"],
+            "keyAlgorithm": "ECDSA-P256",
+            "validity": "1y",
+            "renewAtPercent": 80,
+        })
+    }
+
+    /// The example with `changes` merged in (`null` removes a field).
+    fn spec(changes: Value) -> IssuedCertificateSpec {
+        let mut value = example();
+        for (key, change) in changes.as_object().unwrap() {
+            if change.is_null() {
+                value.as_object_mut().unwrap().remove(key);
+            } else {
+                value[key] = change.clone();
+            }
+        }
+        serde_json::from_value(value).unwrap()
+    }
+
+    fn errors(changes: Value) -> Vec<(String, Problem)> {
+        let error = spec(changes.clone())
+            .policy()
+            .expect_err(&changes.to_string());
+        error
+            .errors
+            .into_iter()
+            .map(|e| (e.field, e.problem))
+            .collect()
+    }
+
+    fn bad_fields(changes: Value) -> Vec<String> {
+        errors(changes)
+            .into_iter()
+            .map(|(field, _)| field)
+            .collect()
+    }
+
+    #[test]
+    fn the_example_gives_its_policy() {
+        let policy = spec(json!({})).policy().unwrap();
+        let leaf = &policy.leaf;
+        assert_eq!(leaf.common_name, "webhook.demo.svc");
+        assert_eq!(
+            leaf.dns_names,
+            ["webhook.demo.svc", "webhook.demo.svc.cluster.local"]
+        );
+        assert_eq!(leaf.ip_addresses, ["127.0.0.1".parse::<IpAddr>().unwrap()]);
+        assert_eq!(leaf.usage, Usage::Server);
+        assert_eq!(leaf.algorithm, KeyAlgorithm::EcdsaP256);
+        assert_eq!(leaf.validity, "1y".parse::<Ttl>().unwrap());
+        assert!(leaf.organizations.is_empty());
+        assert_eq!(policy.rotation, RotationPolicy::Fraction(0.8));
+    }
+
+    #[test]
+    fn omitted_fields_take_the_defaults() {
+        let minimal = spec(json!({
+            "dnsNames": null, "ipAddresses": null, "keyAlgorithm": null, "validity": null,
+            "renewAtPercent": null,
+        }));
+        assert_eq!(minimal.key_algorithm, "ECDSA-P256");
+        assert_eq!(minimal.validity, "1y");
+        let policy = minimal.policy().unwrap();
+        assert_eq!(policy.rotation, RotationPolicy::Fraction(0.8));
+        assert!(policy.leaf.dns_names.is_empty() && policy.leaf.ip_addresses.is_empty());
+    }
+
+    #[test]
+    fn usages_server_client_or_both() {
+        let usage = |usages: Value| {
+            spec(json!({ "usages": usages }))
+                .policy()
+                .unwrap()
+                .leaf
+                .usage
+        };
+        assert_eq!(usage(json!(["server"])), Usage::Server);
+        assert_eq!(usage(json!(["client"])), Usage::Client);
+        assert_eq!(usage(json!(["server", "client"])), Usage::Both);
+        assert_eq!(usage(json!(["client", "server", "client"])), Usage::Both);
+    }
+
+    #[test]
+    fn usages_must_be_known_and_not_empty() {
+        assert_eq!(
+            errors(json!({"usages": []})),
+            [("spec.usages".to_string(), Problem::NoUsages)]
+        );
+        assert_eq!(
+            errors(json!({"usages": ["server", "both", "signing"]})),
+            [
+                (
+                    "spec.usages[1]".to_string(),
+                    Problem::UnknownUsage("both".into())
+                ),
+                (
+                    "spec.usages[2]".to_string(),
+                    Problem::UnknownUsage("signing".into())
+                ),
+            ]
+        );
+    }
+
+    #[test]
+    fn ip_addresses_must_be_ip_addresses() {
+        let error = spec(json!({"ipAddresses": ["10.0.0.1", "10.0.0.300", "::1", "fe80::zz"]}))
+            .policy()
+            .unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "spec.ipAddresses[1]: \"10.0.0.300\" is not an IP address; \
+                 spec.ipAddresses[3]: \"fe80::zz\" is not an IP address"
+        );
+    }
+
+    #[test]
+    fn dns_names_must_be_dns_names() {
+        let error = spec(json!({"dnsNames": ["ok.example", "not_ok.example", "*.ok.example"]}))
+            .policy()
+            .unwrap_err();
+        assert_eq!(error.errors.len(), 1);
+        assert_eq!(error.errors[0].field, "spec.dnsNames[1]");
+        assert!(
+            error
+                .to_string()
+                .contains("\"not_ok.example\" is not a DNS name"),
+            "{error}"
+        );
+        assert_eq!(
+            bad_fields(json!({"dnsNames": ["10.1.2.3"]})),
+            ["spec.dnsNames[0]"]
+        );
+    }
+
+    #[test]
+    fn names_must_not_be_empty() {
+        assert_eq!(
+            errors(json!({"commonName": "", "secretName": ""})),
+            [
+                ("spec.secretName".to_string(), Problem::Empty),
+                ("spec.commonName".to_string(), Problem::Empty),
+            ]
+        );
+        assert_eq!(
+            bad_fields(json!({"issuerRef": {"name": ""}})),
+            ["spec.issuerRef.name"]
+        );
+    }
+
+    #[test]
+    fn secret_and_issuer_names_must_be_object_names() {
+        assert_eq!(
+            bad_fields(json!({"issuerRef": {"name": "Webhooks"}, "secretName": "tls_secret"})),
+            ["spec.issuerRef.name", "spec.secretName"]
+        );
+    }
+
+    #[test]
+    fn unknown_key_algorithm() {
+        let error = spec(json!({"keyAlgorithm": "RSA-1024"}))
+            .policy()
+            .unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "spec.keyAlgorithm: \"RSA-1024\" is not a key algorithm; accepted: ECDSA-P256, \
+                 ECDSA-P384, Ed25519, RSA-2048, RSA-3072, RSA-4096"
+        );
+    }
+
+    #[test]
+    fn rotation_rules_as_for_the_ca() {
+        assert_eq!(
+            bad_fields(json!({"validity": "1y", "renewAtPercent": null, "renewBefore": "400d"})),
+            ["spec.renewBefore"]
+        );
+        assert_eq!(
+            bad_fields(json!({"renewBefore": "30d"})),
+            ["spec.renewBefore"]
+        );
+        assert_eq!(
+            bad_fields(json!({"renewAtPercent": 101})),
+            ["spec.renewAtPercent"]
+        );
+        assert_eq!(bad_fields(json!({"validity": "1yr"})), ["spec.validity"]);
+        let policy = spec(json!({"renewAtPercent": null, "renewBefore": "30d"}))
+            .policy()
+            .unwrap();
+        assert_eq!(
+            policy.rotation,
+            RotationPolicy::Before(Duration::from_secs(30 * 86_400))
+        );
+        // A leaf has no trust to propagate: rotating at expiry is allowed.
+        let policy = spec(json!({"renewAtPercent": 100})).policy().unwrap();
+        assert_eq!(policy.rotation, RotationPolicy::Fraction(1.0));
+    }
+
+    #[test]
+    fn every_problem_is_reported_at_once() {
+        let fields = bad_fields(json!({
+            "issuerRef": {"name": ""},
+            "secretName": "",
+            "commonName": "",
+            "dnsNames": ["a..b"],
+            "ipAddresses": ["localhost"],
+            "usages": ["peer"],
+            "keyAlgorithm": "",
+            "validity": "0s",
+            "renewAtPercent": 0,
+        }));
+        assert_eq!(
+            fields,
+            [
+                "spec.issuerRef.name",
+                "spec.secretName",
+                "spec.commonName",
+                "spec.dnsNames[0]",
+                "spec.ipAddresses[0]",
+                "spec.usages[0]",
+                "spec.keyAlgorithm",
+                "spec.validity",
+                "spec.renewAtPercent",
+            ]
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn renew_before_shorter_than_validity_is_accepted(
+            validity_days in 2u32..=3650, before in 1u32..=3650,
+        ) {
+            prop_assume!(before < validity_days);
+            let policy = spec(json!({
+                "validity": format!("{validity_days}d"),
+                "renewAtPercent": null,
+                "renewBefore": format!("{before}d"),
+            }))
+            .policy()
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+            prop_assert_eq!(
+                policy.rotation,
+                RotationPolicy::Before(Duration::from_secs(u64::from(before) * 86_400))
+            );
+        }
+
+        #[test]
+        fn any_ip_address_is_accepted(address in any::<IpAddr>()) {
+            let policy = spec(json!({"ipAddresses": [address.to_string()]})).policy();
+            prop_assert_eq!(policy.unwrap().leaf.ip_addresses, vec![address]);
         }
     }
 }

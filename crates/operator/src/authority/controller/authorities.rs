@@ -33,7 +33,9 @@ use crate::metrics::CertificateKind;
 use crate::runtime::status::{Statuses, conditions};
 use crate::runtime::{Key, lock};
 use crate::timestamp::format_time;
-use crate::v1alpha1::{self, CertificateAuthority, CertificateAuthoritySpec, IssuedCertificate};
+use caretaker_api::v1alpha1::{
+    self, CertificateAuthority, CertificateAuthoritySpec, IssuedCertificate,
+};
 
 /// The inputs of the two controllers: the objects they act on, and wake-ups of those objects
 /// from changes of what they read.
@@ -227,7 +229,7 @@ impl Shared {
         })
         .predicate_filter(predicates::generation, Default::default());
         let error_policy = move |_: Arc<K>, error: &Error, shared: Arc<Shared>| {
-            super::requeue_after(controller, error, &shared.ctx)
+            crate::runtime::requeue_after(controller, error, &shared.ctx)
         };
         let mut reconcile = reconcile;
         let timed = move |object: Arc<K>, shared: Arc<Shared>| {

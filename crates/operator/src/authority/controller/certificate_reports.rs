@@ -27,7 +27,7 @@ use super::authorities::{self, Shared};
 use crate::authority;
 use crate::changes::Event;
 use crate::runtime::{Key, status};
-use crate::v1alpha1::{IssuedCertificate, IssuedCertificateStatus};
+use caretaker_api::v1alpha1::{IssuedCertificate, IssuedCertificateStatus};
 
 /// How long the Secret writes must pause before reports are sent.
 const QUIET: Duration = Duration::from_millis(250);
@@ -308,7 +308,7 @@ async fn send_status(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::names;
+    use caretaker_api::names;
 
     fn key(name: &str) -> Key {
         ("demo".to_string(), name.to_string())

@@ -29,12 +29,12 @@ use crate::authority::leaf::{self, CertificateStep, LeafObserved, LeafPlan, Leaf
 use crate::authority::{self, CertificatePolicy, ObjectName, PkiMint};
 use crate::changes::Event;
 use crate::metrics::CertificateKind;
-use crate::names;
 use crate::ownership::{Claim, Owner};
 use crate::runtime::refuse::{Refusal, ShowRefusal, refuse};
 use crate::runtime::steps::{Applied, Failed, ObjectKind, Step, StepWriter, no_gate};
 use crate::runtime::{self, Key, claims, status, write};
-use crate::v1alpha1::IssuedCertificate;
+use caretaker_api::names;
+use caretaker_api::v1alpha1::IssuedCertificate;
 
 /// Passes at once: enough to keep the API server busy while others sign, few enough that
 /// thousands of certificates due together do not hold thousands of keys in memory at once.
@@ -76,7 +76,7 @@ async fn reconcile(
         shared: &shared,
         reports: &reports,
     };
-    let policy = match certificate.spec.policy() {
+    let policy = match CertificatePolicy::from_spec(&certificate.spec) {
         Ok(policy) => policy,
         Err(e) => {
             let message = format!("{e}; nothing was written");

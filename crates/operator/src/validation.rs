@@ -1,4 +1,6 @@
-//! The checks both kinds' specs share. Each check records what is wrong under the field's
+//! The checks every kind's spec shares, on the way from what users wrote
+//! (`caretaker_api::v1alpha1`) to the policies the features decide with
+//! (`authority::policy`, `etcd::policy`). Each check records what is wrong under the field's
 //! path and carries on, so that one pass reports every bad field (an admission webhook
 //! answers with all of them, not the first).
 
@@ -9,7 +11,8 @@ use std::time::Duration;
 use caretaker_pki::ttl::TtlProblem;
 use caretaker_pki::{KeyAlgorithm, RotationPolicy, Ttl, TtlError, Usage};
 
-/// What `spec.keyAlgorithm` accepts, and the algorithm each name stands for.
+/// What `spec.keyAlgorithm` accepts (the schema's `KEY_ALGORITHM_NAMES`), and the algorithm
+/// each name stands for.
 pub const KEY_ALGORITHMS: [(&str, KeyAlgorithm); 6] = [
     ("ECDSA-P256", KeyAlgorithm::EcdsaP256),
     ("ECDSA-P384", KeyAlgorithm::EcdsaP384),
@@ -19,7 +22,7 @@ pub const KEY_ALGORITHMS: [(&str, KeyAlgorithm); 6] = [
     ("RSA-4096", KeyAlgorithm::Rsa4096),
 ];
 
-/// What `spec.usages` of an IssuedCertificate accepts.
+/// What `spec.usages` of an IssuedCertificate accepts (the schema's `USAGE_NAMES`).
 pub const USAGES: [(&str, Usage); 2] = [("server", Usage::Server), ("client", Usage::Client)];
 
 /// Everything wrong with a spec, one entry per problem, in field order.
@@ -98,7 +101,7 @@ fn key_algorithm_names() -> String {
 
 /// The problems found so far.
 #[derive(Debug, Default)]
-pub(super) struct Problems {
+pub(crate) struct Problems {
     errors: Vec<FieldError>,
 }
 
@@ -112,7 +115,7 @@ impl Problems {
 
     /// `Ok(value)` if no problem was found, else every problem. `value` is `None` only when
     /// a check failed, and every failed check recorded why.
-    pub(super) fn finish<T>(self, value: Option<T>) -> Result<T, SpecError> {
+    pub(crate) fn finish<T>(self, value: Option<T>) -> Result<T, SpecError> {
         match value {
             Some(value) if self.errors.is_empty() => Ok(value),
             _ => {
@@ -124,7 +127,7 @@ impl Problems {
         }
     }
 
-    pub(super) fn non_empty(&mut self, field: &str, value: &str) -> Option<String> {
+    pub(crate) fn non_empty(&mut self, field: &str, value: &str) -> Option<String> {
         if value.trim().is_empty() {
             self.add(field, Problem::Empty);
             return None;
@@ -132,7 +135,7 @@ impl Problems {
         Some(value.to_string())
     }
 
-    pub(super) fn ttl(&mut self, field: &str, value: &str) -> Option<Ttl> {
+    pub(crate) fn ttl(&mut self, field: &str, value: &str) -> Option<Ttl> {
         value
             .parse()
             .map_err(|e| self.add(field, Problem::Ttl(e)))
@@ -140,7 +143,7 @@ impl Problems {
     }
 
     /// A TTL that may also be zero (`0s`, `0`).
-    pub(super) fn duration_or_zero(&mut self, field: &str, value: &str) -> Option<Duration> {
+    pub(crate) fn duration_or_zero(&mut self, field: &str, value: &str) -> Option<Duration> {
         match value.parse::<Ttl>() {
             Ok(ttl) => Some(ttl.approximate()),
             Err(TtlError {
@@ -154,7 +157,7 @@ impl Problems {
         }
     }
 
-    pub(super) fn key_algorithm(&mut self, field: &str, value: &str) -> Option<KeyAlgorithm> {
+    pub(crate) fn key_algorithm(&mut self, field: &str, value: &str) -> Option<KeyAlgorithm> {
         let found = KEY_ALGORITHMS.iter().find(|(name, _)| *name == value);
         if found.is_none() {
             self.add(field, Problem::UnknownKeyAlgorithm(value.to_string()));
@@ -164,7 +167,7 @@ impl Problems {
 
     /// `{at}.validity`, and when to renew within it: the lifetime every kind describes the
     /// same way, at `spec` or in a part of it (`spec.signer`).
-    pub(super) fn lifetime(
+    pub(crate) fn lifetime(
         &mut self,
         at: &str,
         validity: &str,
@@ -216,7 +219,7 @@ impl Problems {
                 Some(RotationPolicy::Before(before.approximate()))
             }
             (percent, None) => {
-                let percent = percent.unwrap_or(super::DEFAULT_RENEW_AT_PERCENT);
+                let percent = percent.unwrap_or(caretaker_api::v1alpha1::DEFAULT_RENEW_AT_PERCENT);
                 match RotationPolicy::fraction(f64::from(percent) / 100.0) {
                     Ok(policy) => Some(policy),
                     Err(_) => {
@@ -233,7 +236,7 @@ impl Problems {
 
     /// Checks that a new CA could sign before the one it replaces expires: `propagation`
     /// must be shorter than the time from rotation to expiry.
-    pub(super) fn propagation_fits(
+    pub(crate) fn propagation_fits(
         &mut self,
         field: &str,
         value: &str,
@@ -256,7 +259,7 @@ impl Problems {
         }
     }
 
-    pub(super) fn usage(&mut self, field: &str, values: &[String]) -> Option<Usage> {
+    pub(crate) fn usage(&mut self, field: &str, values: &[String]) -> Option<Usage> {
         if values.is_empty() {
             self.add(field, Problem::NoUsages);
             return None;
@@ -283,7 +286,7 @@ impl Problems {
         })
     }
 
-    pub(super) fn dns_names(&mut self, field: &str, values: &[String]) -> Option<Vec<String>> {
+    pub(crate) fn dns_names(&mut self, field: &str, values: &[String]) -> Option<Vec<String>> {
         let before = self.errors.len();
         for (index, value) in values.iter().enumerate() {
             self.dns_name(&format!("{field}[{index}]"), value);
@@ -292,7 +295,7 @@ impl Problems {
     }
 
     /// Whether `value` is a DNS name (a certificate's DNS SAN); if not, says why.
-    pub(super) fn dns_name(&mut self, field: &str, value: &str) -> bool {
+    pub(crate) fn dns_name(&mut self, field: &str, value: &str) -> bool {
         let Some(reason) = dns_name_problem(value) else {
             return true;
         };
@@ -307,11 +310,11 @@ impl Problems {
     }
 
     /// How many problems were found so far.
-    pub(super) fn count(&self) -> usize {
+    pub(crate) fn count(&self) -> usize {
         self.errors.len()
     }
 
-    pub(super) fn ip_addresses(&mut self, field: &str, values: &[String]) -> Option<Vec<IpAddr>> {
+    pub(crate) fn ip_addresses(&mut self, field: &str, values: &[String]) -> Option<Vec<IpAddr>> {
         let mut addresses = Vec::new();
         for (index, value) in values.iter().enumerate() {
             match value.parse() {
@@ -327,7 +330,7 @@ impl Problems {
 
     /// The name of an object (Secret, ConfigMap, CertificateAuthority): an RFC 1123
     /// subdomain, as the API server requires.
-    pub(super) fn object_name(&mut self, field: &str, kind: &'static str, value: &str) {
+    pub(crate) fn object_name(&mut self, field: &str, kind: &'static str, value: &str) {
         if value.is_empty() {
             self.add(field, Problem::Empty);
         } else if !is_rfc1123(value, 253, true) {
@@ -344,24 +347,24 @@ impl Problems {
     }
 
     /// A namespace's name: an RFC 1123 label.
-    pub(super) fn namespace_name(&mut self, field: &str, value: &str) {
+    pub(crate) fn namespace_name(&mut self, field: &str, value: &str) {
         self.label_name(field, "namespace", value)
     }
 
     /// An etcd member's name, part of its Secrets' names: an RFC 1123 label.
-    pub(super) fn member_name(&mut self, field: &str, value: &str) {
+    pub(crate) fn member_name(&mut self, field: &str, value: &str) {
         self.label_name(field, "member", value)
     }
 
-    pub(super) fn empty(&mut self, field: &str) {
+    pub(crate) fn empty(&mut self, field: &str) {
         self.add(field, Problem::Empty);
     }
 
-    pub(super) fn duplicate(&mut self, field: &str, value: &str) {
+    pub(crate) fn duplicate(&mut self, field: &str, value: &str) {
         self.add(field, Problem::Duplicate(value.to_string()));
     }
 
-    pub(super) fn https_url(&mut self, field: &str, value: &str) {
+    pub(crate) fn https_url(&mut self, field: &str, value: &str) {
         let ok = value.parse::<hyper::Uri>().is_ok_and(|uri| {
             uri.scheme_str() == Some("https") && uri.host().is_some_and(|h| !h.is_empty())
         });
@@ -493,6 +496,14 @@ mod tests {
         assert!(dns_name_problem(&"a".repeat(64)).is_some());
         assert!(dns_name_problem(&["a"; 127].join(".")).is_none());
         assert!(dns_name_problem(&["a"; 128].join(".")).is_some());
+    }
+
+    /// The schema offers exactly the names validation accepts, in the same order.
+    #[test]
+    fn the_schemas_names_are_the_accepted_ones() {
+        use caretaker_api::v1alpha1::{KEY_ALGORITHM_NAMES, USAGE_NAMES};
+        assert_eq!(KEY_ALGORITHMS.map(|(name, _)| name), KEY_ALGORITHM_NAMES);
+        assert_eq!(USAGES.map(|(name, _)| name), USAGE_NAMES);
     }
 
     #[test]

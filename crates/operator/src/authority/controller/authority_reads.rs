@@ -22,12 +22,12 @@ use crate::authority::index::LeafUse;
 use crate::authority::secret_cache::CachedSecret;
 use crate::authority::{self, Certificate, ObjectName};
 use crate::injection;
-use crate::names;
 use crate::ownership::Owner;
 use crate::runtime::claims::{not_owned, owner_of};
 use crate::runtime::write::{config_map_content, secret_content};
 use crate::runtime::{Key, lock};
-use crate::v1alpha1::{self, CertificateAuthoritySpec, IssuedCertificate};
+use caretaker_api::names;
+use caretaker_api::v1alpha1::{self, CertificateAuthoritySpec, IssuedCertificate};
 
 async fn wait_synced(flag: &watch::Sender<bool>) -> Result<(), Error> {
     flag.subscribe()
@@ -235,7 +235,9 @@ impl Shared {
                     }
                 }
                 // One whose spec never validates never gets a certificate: it serves none.
-                LeafUse::Missing => missing |= certificate.spec.policy().is_ok(),
+                LeafUse::Missing => {
+                    missing |= authority::CertificatePolicy::from_spec(&certificate.spec).is_ok()
+                }
             }
         }
         (in_use, missing, distributed)
@@ -278,7 +280,7 @@ impl Shared {
                 format!("CertificateAuthority {name} not found{crd}; waiting for it"),
             )));
         };
-        let policy = match ca.spec.policy() {
+        let policy = match authority::AuthorityPolicy::from_spec(&ca.spec) {
             Ok(policy) => policy,
             Err(e) => {
                 return Ok(Err(not_ready(

@@ -2,8 +2,8 @@
 //! [`IssuedCertificate`] (namespaced), and `caretaker crds`' source, [`crds`].
 //!
 //! Specs keep what users wrote (TTLs, algorithm names, addresses as strings), so that one bad
-//! object never stops a controller from reading the others; `policy()` validates a spec into
-//! what [`crate::authority`] decides with, or reports every bad field at once ([`SpecError`]).
+//! object never stops a controller from reading the others; the operator validates a spec into
+//! the policy it decides with, or reports every bad field at once.
 //! Defaults live twice, on purpose: in the CRD schema, so the API server fills them in and
 //! `kubectl explain` shows them, and in serde, so a spec read without them means the same.
 
@@ -17,22 +17,17 @@ use serde::{Deserialize, Serialize};
 mod certificate_authority;
 mod etcd_certificates;
 mod issued_certificate;
-mod validation;
 
 pub use certificate_authority::{
     CertificateAuthority, CertificateAuthoritySpec, CertificateAuthorityStatus, PreviousCa,
 };
 pub use etcd_certificates::{
     CertificateSettings, EtcdCertificates, EtcdCertificatesSpec, EtcdCertificatesStatus,
-    EtcdMember, EtcdPolicy, MemberSelector, MemberSpec, QuorumSettings, SelectorRequirement,
-    SignerSettings, SignerStatus, member_spec,
+    EtcdMember, MemberSelector, QuorumSettings, SelectorRequirement, SignerSettings, SignerStatus,
 };
 pub use issued_certificate::{
     IssuedCertificate, IssuedCertificateSpec, IssuedCertificateStatus, IssuerReference,
 };
-/// Object names as the API server checks them, for other parts of the operator too.
-pub(crate) use validation::is_rfc1123;
-pub use validation::{FieldError, KEY_ALGORITHMS, Problem, SpecError, USAGES};
 
 pub const GROUP: &str = "caretaker.dev";
 pub const VERSION: &str = "v1alpha1";
@@ -53,6 +48,18 @@ pub const DEFAULT_KEY_ALGORITHM: &str = "ECDSA-P256";
 pub const DEFAULT_CA_VALIDITY: &str = "10y";
 pub const DEFAULT_CERTIFICATE_VALIDITY: &str = "1y";
 pub const DEFAULT_TRUST_PROPAGATION: &str = "5m";
+
+/// What `spec.keyAlgorithm` accepts (the schema's enum; the operator maps each to its key).
+pub const KEY_ALGORITHM_NAMES: [&str; 6] = [
+    "ECDSA-P256",
+    "ECDSA-P384",
+    "Ed25519",
+    "RSA-2048",
+    "RSA-3072",
+    "RSA-4096",
+];
+/// What `spec.usages` of an IssuedCertificate accepts (the schema's enum).
+pub const USAGE_NAMES: [&str; 2] = ["server", "client"];
 
 /// caretaker's CustomResourceDefinitions, CertificateAuthority first, as `caretaker crds` prints
 /// them: [`CustomResourceExt::crd`] with descriptions reflowed.
@@ -309,20 +316,18 @@ mod tests {
     }
 
     #[test]
-    fn schema_enums_are_what_validation_accepts() {
-        let algorithms: Vec<&str> = KEY_ALGORITHMS.iter().map(|(name, _)| *name).collect();
-        let usages: Vec<&str> = USAGES.iter().map(|(name, _)| *name).collect();
+    fn schema_enums_are_the_accepted_names() {
         for kind in ["CertificateAuthority", "IssuedCertificate"] {
             assert_eq!(
                 spec_schema(kind)["properties"]["keyAlgorithm"]["enum"],
-                json!(algorithms),
+                json!(KEY_ALGORITHM_NAMES),
                 "{kind}"
             );
         }
         let issued = spec_schema("IssuedCertificate");
         assert_eq!(
             issued["properties"]["usages"]["items"]["enum"],
-            json!(usages)
+            json!(USAGE_NAMES)
         );
         assert_eq!(issued["properties"]["usages"]["minItems"], 1);
     }

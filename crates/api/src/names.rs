@@ -164,19 +164,37 @@ pub const EVENT_SIGNER_PROMOTED: &str = "SignerPromoted";
 /// regenerated.
 pub const EVENT_CA_SECRET_INVALID: &str = "CASecretInvalid";
 
+// The keys of the Secrets and ConfigMaps caretaker writes (kubernetes.io/tls's, and
+// library-go's and cainjector's for bundles).
+
+/// Secret key: the certificate (the CA that signs now, or the leaf alone).
+pub const TLS_CRT: &str = "tls.crt";
+/// Secret key: the private key of `tls.crt`.
+pub const TLS_KEY: &str = "tls.key";
+/// Certificate Secret key: the issuer's trust bundle.
+pub const CA_CRT: &str = "ca.crt";
+/// CA Secret key: the CA a rotation introduces.
+pub const NEXT_CRT: &str = "next.crt";
+/// CA Secret key: the private key of `next.crt`.
+pub const NEXT_KEY: &str = "next.key";
+/// CA Secret key: older CAs still trusted (certificates only).
+pub const PREVIOUS_CRT: &str = "previous.crt";
+/// Bundle ConfigMap key (library-go's and cainjector's name).
+pub const CA_BUNDLE_CRT: &str = "ca-bundle.crt";
+
 /// The label on every object caretaker creates (the webhook bootstrap's objects, and every
 /// CA Secret, bundle ConfigMap and certificate Secret). It says who made an object, for
 /// people and selectors; it gives no right to write it ([`OWNER`] does).
 pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "caretaker");
 
 /// The mark on every Secret and ConfigMap caretaker writes for an object: that object's kind,
-/// namespace and name, and UID ([`crate::ownership`]). caretaker writes an existing object
+/// namespace and name, and UID (the operator's `ownership`). caretaker writes an existing object
 /// only for the object its mark names.
 pub const OWNER: &str = "caretaker.dev/owner";
 
 /// Set on a Secret or ConfigMap by someone who can write it, to hand it over to the object it
 /// names (`Kind/namespace/name`, or `Kind/name` when cluster-scoped): caretaker then adopts it
-/// once, setting [`OWNER`] and removing this annotation ([`crate::ownership`]).
+/// once, setting [`OWNER`] and removing this annotation (the operator's `ownership`).
 pub const ADOPT: &str = "caretaker.dev/adopt";
 
 /// Bookkeeping of a CertificateAuthority's rotation, on its CA Secret.

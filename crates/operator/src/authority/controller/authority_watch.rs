@@ -45,7 +45,7 @@ use crate::runtime::claims::owner_of;
 use crate::runtime::watch_failures::Failing;
 use crate::runtime::write::key_of;
 use crate::runtime::{Key, lock};
-use crate::v1alpha1::{self, CertificateAuthority, IssuedCertificate};
+use caretaker_api::v1alpha1::{self, CertificateAuthority, IssuedCertificate};
 
 /// Whose watches fail, in the log.
 const AUTHORITIES: &str = "CertificateAuthority/IssuedCertificate controllers";
