@@ -274,13 +274,12 @@ impl RolloutPlan {
         if progress.done == progress.total {
             return RolloutPlan::Done { progress };
         }
-        let idle = |waiting: Waiting| RolloutPlan::Continue {
-            start: Vec::new(),
-            waiting: Some(waiting),
-            progress,
-        };
         if let Some(other) = &input.blocked_by {
-            return idle(Waiting::ForRequest(other.clone()));
+            return RolloutPlan::Continue {
+                start: Vec::new(),
+                waiting: Some(Waiting::ForRequest(other.clone())),
+                progress,
+            };
         }
 
         let control_plane: Vec<&MachineObservation> = covered
@@ -292,54 +291,75 @@ impl RolloutPlan {
             .iter()
             .any(|m| m.progress != MachineProgress::Done)
         {
-            if control_plane
-                .iter()
-                .any(|m| m.progress == MachineProgress::Running)
-            {
-                return RolloutPlan::Continue {
-                    start: Vec::new(),
-                    waiting: None,
-                    progress,
-                };
-            }
-            // Another request's control-plane Machine at work: at most one at a time, across
-            // all requests together.
-            if let Some(holder) = machines
-                .iter()
-                .find(|m| m.role == Role::ControlPlane && m.held_by.is_some())
-                .and_then(|m| m.held_by.clone())
-            {
-                return idle(Waiting::ForRequest(holder));
-            }
-            // Every control-plane Machine, not only the next one, must be sound: a refresh
-            // restarts components, and etcd needs its quorum while one member does.
-            let unhealthy: Vec<String> = machines
-                .iter()
-                .filter(|m| {
-                    m.role == Role::ControlPlane
-                        && !m.being_deleted
-                        && !(m.has_node && m.agent_healthy)
-                })
-                .map(|m| m.name.clone())
-                .collect();
-            if !unhealthy.is_empty() {
-                return RolloutPlan::Continue {
-                    start: Vec::new(),
-                    waiting: Some(Waiting::ForControlPlaneHealth(unhealthy)),
-                    progress,
-                };
-            }
-            let next = control_plane
-                .iter()
-                .find(|m| m.progress == MachineProgress::Untouched)
-                .expect("an unfinished, not running control-plane Machine is untouched");
+            return Self::next_on_control_plane(&machines, &control_plane, progress);
+        }
+        Self::next_on_workers(input, &covered, progress)
+    }
+
+    /// The next step while the control plane is not done: one Machine at a time, across all
+    /// requests, and only while every control-plane Machine is sound.
+    fn next_on_control_plane(
+        machines: &[&MachineObservation],
+        control_plane: &[&MachineObservation],
+        progress: Progress,
+    ) -> RolloutPlan {
+        if control_plane
+            .iter()
+            .any(|m| m.progress == MachineProgress::Running)
+        {
             return RolloutPlan::Continue {
-                start: vec![next.name.clone()],
+                start: Vec::new(),
                 waiting: None,
                 progress,
             };
         }
+        // Another request's control-plane Machine at work: at most one at a time, across
+        // all requests together.
+        if let Some(holder) = machines
+            .iter()
+            .find(|m| m.role == Role::ControlPlane && m.held_by.is_some())
+            .and_then(|m| m.held_by.clone())
+        {
+            return RolloutPlan::Continue {
+                start: Vec::new(),
+                waiting: Some(Waiting::ForRequest(holder)),
+                progress,
+            };
+        }
+        // Every control-plane Machine, not only the next one, must be sound: a refresh
+        // restarts components, and etcd needs its quorum while one member does.
+        let unhealthy: Vec<String> = machines
+            .iter()
+            .filter(|m| {
+                m.role == Role::ControlPlane && !m.being_deleted && !(m.has_node && m.agent_healthy)
+            })
+            .map(|m| m.name.clone())
+            .collect();
+        if !unhealthy.is_empty() {
+            return RolloutPlan::Continue {
+                start: Vec::new(),
+                waiting: Some(Waiting::ForControlPlaneHealth(unhealthy)),
+                progress,
+            };
+        }
+        let next = control_plane
+            .iter()
+            .find(|m| m.progress == MachineProgress::Untouched)
+            .expect("an unfinished, not running control-plane Machine is untouched");
+        RolloutPlan::Continue {
+            start: vec![next.name.clone()],
+            waiting: None,
+            progress,
+        }
+    }
 
+    /// The next step once the control plane is done: workers, `max_parallel` at a time and no
+    /// more of one MachineDeployment than its own limit.
+    fn next_on_workers(
+        input: &RolloutInput,
+        covered: &[&MachineObservation],
+        progress: Progress,
+    ) -> RolloutPlan {
         let workers: Vec<&MachineObservation> = covered
             .iter()
             .copied()

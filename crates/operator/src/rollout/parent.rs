@@ -495,22 +495,7 @@ impl Rollout {
         let mut changes = ParentChanges::default();
         let progress = plan.progress();
         let progress_text = format!("{}/{}", progress.done, progress.total);
-        if let Some(value) = &self.refused
-            && parent.annotation(rollout_state::REFUSED_TRIGGER) != Some(value.as_str())
-        {
-            changes
-                .parent
-                .set(rollout_state::REFUSED_TRIGGER, value.as_str());
-            let note = format!(
-                "{} = {value} refused: the request for {} ({}) runs on this object and is not preempted; it ends with the trigger removed, and then the new value can be asked for",
-                names.trigger,
-                self.trigger.as_deref().unwrap_or_default(),
-                self.request_id,
-            );
-            changes
-                .events
-                .push(Event::warning(reasons.in_progress, note));
-        }
+        self.report_refused(parent, &mut changes);
         let waiting_for = match plan {
             RolloutPlan::Continue {
                 waiting: Some(super::Waiting::ForRequest(object)),
@@ -522,22 +507,7 @@ impl Rollout {
             plan,
             RolloutPlan::Done { .. } | RolloutPlan::Failed { .. } | RolloutPlan::Cancelled { .. }
         );
-        if parent.annotation(rollout_state::WAITING_FOR) != waiting_for {
-            match waiting_for {
-                Some(object) => {
-                    changes.parent.set(rollout_state::WAITING_FOR, object);
-                    let note = format!(
-                        "waiting for the request on {object} to end: it runs on Machines this request covers; neither preempts the other"
-                    );
-                    changes
-                        .events
-                        .push(Event::warning(reasons.in_progress, note));
-                }
-                None => {
-                    changes.parent.remove(rollout_state::WAITING_FOR);
-                }
-            }
-        }
+        self.report_waiting_for(parent, waiting_for, &mut changes);
         if ended && parent.annotation(rollout_state::REFUSED_TRIGGER).is_some() {
             changes.parent.remove(rollout_state::REFUSED_TRIGGER);
         }
@@ -642,6 +612,51 @@ impl Rollout {
         }
         changes.write_progress(parent, &progress_text, ended);
         changes
+    }
+
+    /// Says once that the trigger's new value is refused while this request runs.
+    fn report_refused(&self, parent: &ParentView, changes: &mut ParentChanges) {
+        let names = self.operation.names();
+        if let Some(value) = &self.refused
+            && parent.annotation(rollout_state::REFUSED_TRIGGER) != Some(value.as_str())
+        {
+            changes
+                .parent
+                .set(rollout_state::REFUSED_TRIGGER, value.as_str());
+            let note = format!(
+                "{} = {value} refused: the request for {} ({}) runs on this object and is not preempted; it ends with the trigger removed, and then the new value can be asked for",
+                names.trigger,
+                self.trigger.as_deref().unwrap_or_default(),
+                self.request_id,
+            );
+            changes
+                .events
+                .push(Event::warning(names.rollout_events.in_progress, note));
+        }
+    }
+
+    /// Records the other request this one waits for (`None`: none now), and says so once.
+    fn report_waiting_for(
+        &self,
+        parent: &ParentView,
+        waiting_for: Option<&str>,
+        changes: &mut ParentChanges,
+    ) {
+        let in_progress = self.operation.names().rollout_events.in_progress;
+        if parent.annotation(rollout_state::WAITING_FOR) != waiting_for {
+            match waiting_for {
+                Some(object) => {
+                    changes.parent.set(rollout_state::WAITING_FOR, object);
+                    let note = format!(
+                        "waiting for the request on {object} to end: it runs on Machines this request covers; neither preempts the other"
+                    );
+                    changes.events.push(Event::warning(in_progress, note));
+                }
+                None => {
+                    changes.parent.remove(rollout_state::WAITING_FOR);
+                }
+            }
+        }
     }
 }
 
