@@ -32,23 +32,23 @@ pub fn cap_malloc_arenas() {
 }
 
 /// How often [`return_free_memory`] gives free heap memory back.
-pub const RETURN_FREE_MEMORY_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+const RETURN_FREE_MEMORY_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// Gives the free memory inside malloc's heaps back to the system every `every`, from a thread
+/// Gives the free memory inside malloc's heaps back to the system every 5 s, from a thread
 /// of its own. glibc returns a heap's free memory only from its top: a long-running operator
 /// replaces its cached objects version by version, and the holes the old versions leave stay
 /// resident. Over a 1,000-Machine rollout at max-parallel 1 the operator held 25.6 MiB while
 /// another 22.1 MiB sat free in its heaps (docs/benchmarks.md). `malloc_trim` releases those
 /// pages (the memory stays mapped and is reused) in a few milliseconds. Elsewhere than glibc
 /// it does nothing.
-pub fn return_free_memory(every: std::time::Duration) {
+pub fn return_free_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
         let trimming = std::thread::Builder::new()
             .name("malloc-trim".into())
-            .spawn(move || {
+            .spawn(|| {
                 loop {
-                    std::thread::sleep(every);
+                    std::thread::sleep(RETURN_FREE_MEMORY_EVERY);
                     // SAFETY: malloc_trim only releases free pages of malloc's heaps; it takes
                     // the allocator's own locks and is safe to call from any thread.
                     unsafe {
@@ -60,6 +60,4 @@ pub fn return_free_memory(every: std::time::Duration) {
             tracing::warn!(error = %e, "cannot start the thread that returns free memory; memory stays as malloc keeps it");
         }
     }
-    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-    let _ = every;
 }

@@ -386,9 +386,7 @@ impl OperatorArgs {
 pub fn run(args: OperatorArgs) -> ExitCode {
     caretaker_operator::process::cap_malloc_arenas();
     logging::init(args.log_format);
-    caretaker_operator::process::return_free_memory(
-        caretaker_operator::process::RETURN_FREE_MEMORY_EVERY,
-    );
+    caretaker_operator::process::return_free_memory();
     let mut settings = Settings {
         agent_port: args.agent_port,
         max_attempts: args.max_attempts,

@@ -28,9 +28,7 @@ pub fn start() -> Option<(Vec<String>, tokio::runtime::Runtime)> {
     if args.get(1).map(String::as_str) == Some("--operator") {
         // As `caretaker operator` does.
         caretaker_operator::process::cap_malloc_arenas();
-        caretaker_operator::process::return_free_memory(
-            caretaker_operator::process::RETURN_FREE_MEMORY_EVERY,
-        );
+        caretaker_operator::process::return_free_memory();
         if std::env::var_os("BENCH_MEMORY_PEAKS").is_some() {
             report_peaks();
         }
