@@ -180,21 +180,7 @@ async fn demo(args: DemoArgs) -> Result<Running, String> {
     if args.control_planes == 0 {
         return Err("--control-planes must be at least 1".into());
     }
-    let dir = match &args.state_dir {
-        Some(dir) => dir.clone(),
-        None => std::env::temp_dir().join(format!("caretaker-demo-{}", std::process::id())),
-    };
-    if dir.exists()
-        && std::fs::read_dir(&dir)
-            .map(|mut d| d.next().is_some())
-            .unwrap_or(false)
-    {
-        return Err(format!(
-            "--state-dir {} is not empty; choose a new directory",
-            dir.display()
-        ));
-    }
-    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let dir = empty_state_dir(args.state_dir.as_deref())?;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let started = Instant::now();
     step(&format!("state in {}", dir.display()));
@@ -242,41 +228,95 @@ async fn demo(args: DemoArgs) -> Result<Running, String> {
     ));
 
     if !args.no_operator {
-        let log = std::fs::File::create(dir.join("operator.log")).map_err(|e| e.to_string())?;
-        let child = Command::new(&exe)
-            .args(["operator", "--kubeconfig"])
-            .arg(dir.join("kubeconfig"))
-            .args(["--retry-base", "2s"])
-            // Loopback, on ports of its own: the log says which.
-            .args(["--metrics-bind-address", "127.0.0.1:0"])
-            .args(["--health-probe-bind-address", "127.0.0.1:0"])
-            .stdout(log.try_clone().map_err(|e| e.to_string())?)
-            .stderr(log)
-            .spawn()
-            .map_err(|e| format!("cannot start the operator: {e}"))?;
-        let pid = child.id();
-        processes.0.push(("operator".into(), child));
-        std::fs::write(dir.join("operator.pid"), pid.to_string()).map_err(|e| e.to_string())?;
-        step(&format!(
-            "operator running (log: {})",
-            dir.join("operator.log").display()
-        ));
+        start_operator(&exe, &dir, &mut processes)?;
     }
 
     let mut failed = false;
     if !args.no_trigger && !args.no_operator {
-        let before = expiries(&machines);
-        let (key, value, what) = match &args.upgrade_to {
-            Some(option) => (
-                names::IN_PLACE_UPGRADE_TO,
-                option.clone(),
-                "in-place upgrade",
-            ),
-            None => (
-                names::REFRESH_CERTIFICATES,
-                ttl.to_string(),
-                "certificate refresh",
-            ),
+        let request = match &args.upgrade_to {
+            Some(option) => ClusterRequest::Upgrade(option.clone()),
+            None => ClusterRequest::Refresh(ttl.to_string()),
+        };
+        failed = !request.run(&client, &machines).await?;
+        println!();
+        step(&format!(
+            "{} in {:.1}s",
+            if failed { "FAILED" } else { "done" },
+            started.elapsed().as_secs_f64()
+        ));
+    }
+
+    if args.keep_running {
+        print_how_to_explore(&dir);
+    }
+    Ok(Running {
+        processes,
+        server,
+        failed,
+    })
+}
+
+/// The given --state-dir, or a new one under the system temp dir; refused unless empty, so
+/// that the demo never mixes its files with someone else's.
+fn empty_state_dir(given: Option<&Path>) -> Result<PathBuf, String> {
+    let dir = match given {
+        Some(dir) => dir.to_path_buf(),
+        None => std::env::temp_dir().join(format!("caretaker-demo-{}", std::process::id())),
+    };
+    if dir.exists()
+        && std::fs::read_dir(&dir)
+            .map(|mut d| d.next().is_some())
+            .unwrap_or(false)
+    {
+        return Err(format!(
+            "--state-dir {} is not empty; choose a new directory",
+            dir.display()
+        ));
+    }
+    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    Ok(dir)
+}
+
+/// The operator as its own process, logging to DIR/operator.log, its pid in DIR/operator.pid.
+fn start_operator(exe: &Path, dir: &Path, processes: &mut Processes) -> Result<(), String> {
+    let log = std::fs::File::create(dir.join("operator.log")).map_err(|e| e.to_string())?;
+    let child = Command::new(exe)
+        .args(["operator", "--kubeconfig"])
+        .arg(dir.join("kubeconfig"))
+        .args(["--retry-base", "2s"])
+        // Loopback, on ports of its own: the log says which.
+        .args(["--metrics-bind-address", "127.0.0.1:0"])
+        .args(["--health-probe-bind-address", "127.0.0.1:0"])
+        .stdout(log.try_clone().map_err(|e| e.to_string())?)
+        .stderr(log)
+        .spawn()
+        .map_err(|e| format!("cannot start the operator: {e}"))?;
+    let pid = child.id();
+    processes.0.push(("operator".into(), child));
+    std::fs::write(dir.join("operator.pid"), pid.to_string()).map_err(|e| e.to_string())?;
+    step(&format!(
+        "operator running (log: {})",
+        dir.join("operator.log").display()
+    ));
+    Ok(())
+}
+
+/// The demo's one cluster-wide request, made on the Cluster.
+enum ClusterRequest {
+    /// A certificate refresh to this TTL.
+    Refresh(String),
+    /// An in-place upgrade to this release option.
+    Upgrade(String),
+}
+
+impl ClusterRequest {
+    /// Make the request, follow it to its end, print where it ended (and, for a refresh, each
+    /// Machine's earliest expiry before and after); true when it ended `done`.
+    async fn run(&self, client: &kube::Client, machines: &[DemoMachine]) -> Result<bool, String> {
+        let before = expiries(machines);
+        let (key, value, what) = match self {
+            Self::Upgrade(option) => (names::IN_PLACE_UPGRADE_TO, option, "in-place upgrade"),
+            Self::Refresh(ttl) => (names::REFRESH_CERTIFICATES, ttl, "certificate refresh"),
         };
         let clusters: Api<DynamicObject> = Api::namespaced_with(
             client.clone(),
@@ -291,18 +331,17 @@ async fn demo(args: DemoArgs) -> Result<Running, String> {
         step(&format!(
             "cluster-wide {what} ({key}={value} on Cluster {CLUSTER}); follow it with `caretaker status cluster {CLUSTER} --watch`"
         ));
-        let (view, outcome) = follow(&client).await?;
+        let (view, outcome) = follow(client).await?;
         println!();
         print!("{view}");
-        failed = outcome != super::status::Outcome::Done;
-        if args.upgrade_to.is_none() {
-            let after = expiries(&machines);
+        if let Self::Refresh(_) = self {
+            let after = expiries(machines);
             println!();
             println!(
                 "{:<16} {:<14} {:<22} {:<22}",
                 "MACHINE", "ROLE", "EARLIEST EXPIRY BEFORE", "EARLIEST EXPIRY AFTER"
             );
-            for m in &machines {
+            for m in machines {
                 println!(
                     "{:<16} {:<14} {:<22} {:<22}",
                     m.name,
@@ -312,37 +351,27 @@ async fn demo(args: DemoArgs) -> Result<Running, String> {
                 );
             }
         }
-        println!();
-        step(&format!(
-            "{} in {:.1}s",
-            if failed { "FAILED" } else { "done" },
-            started.elapsed().as_secs_f64()
-        ));
+        Ok(outcome == super::status::Outcome::Done)
     }
+}
 
-    if args.keep_running {
-        println!();
-        println!("The demo is running. Try:");
-        println!("  export KUBECONFIG={}", dir.join("kubeconfig").display());
-        println!("  kubectl get machines");
-        println!(
-            "  kubectl annotate machine {}-cp-0 {}=90d --overwrite",
-            CLUSTER,
-            names::REFRESH_CERTIFICATES
-        );
-        println!("  kubectl describe machine {CLUSTER}-cp-0");
-        println!(
-            "  caretaker certs check-expiration --pki-dir {0}/nodes/{CLUSTER}-cp-0/pki --kubeconfig-dir {0}/nodes/{CLUSTER}-cp-0/kubeconfigs",
-            dir.display()
-        );
-        println!("Press Ctrl-C to stop (or send SIGTERM or SIGHUP).");
-        let _ = std::io::stdout().flush();
-    }
-    Ok(Running {
-        processes,
-        server,
-        failed,
-    })
+fn print_how_to_explore(dir: &Path) {
+    println!();
+    println!("The demo is running. Try:");
+    println!("  export KUBECONFIG={}", dir.join("kubeconfig").display());
+    println!("  kubectl get machines");
+    println!(
+        "  kubectl annotate machine {}-cp-0 {}=90d --overwrite",
+        CLUSTER,
+        names::REFRESH_CERTIFICATES
+    );
+    println!("  kubectl describe machine {CLUSTER}-cp-0");
+    println!(
+        "  caretaker certs check-expiration --pki-dir {0}/nodes/{CLUSTER}-cp-0/pki --kubeconfig-dir {0}/nodes/{CLUSTER}-cp-0/kubeconfigs",
+        dir.display()
+    );
+    println!("Press Ctrl-C to stop (or send SIGTERM or SIGHUP).");
+    let _ = std::io::stdout().flush();
 }
 
 fn step(message: &str) {

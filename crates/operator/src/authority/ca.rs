@@ -372,62 +372,17 @@ pub fn plan(
             bundle_now = Some(published);
         }
 
-        // 3. Once the writes so far are in place, the next CA is in the bundle ConfigMap;
-        // with it in every injection point too, it is trusted from now (recorded after the
-        // ConfigMap is written), and it signs once trusted for `trust_propagation`. The
-        // certificates' `ca.crt` count as injection points when there is time to propagate;
-        // with none, each takes the next CA up with its new certificate
-        // ([`IssuerView::for_certificates`]).
-        let Some(next) = &desired.next else { break };
-        let ca_crt = (!prop.is_zero()).then_some(&seen.distributed);
-        let injected = [Some(&seen.injected), ca_crt]
-            .into_iter()
-            .flatten()
-            .all(|held| {
-                held.as_ref()
-                    .is_none_or(|trusted| trusted.contains(next.fingerprint()))
-            });
-        let in_bundle = bundle_now.as_ref().is_some_and(|b| {
-            b.certificates
-                .iter()
-                .any(|c| c.fingerprint() == next.fingerprint())
-        });
-        // Stored rounded up to the second; the wait counts from the exact moment in this
-        // pass, and from the stored one after.
-        let trusted_at = match desired.next_trusted_at {
-            Some(stored) => Some(stored),
-            None if injected && in_bundle => {
-                desired.next_trusted_at = Some(ceil_second(now));
-                Some(now)
-            }
-            None => None,
-        };
-        let Some(trusted_at) = trusted_at.filter(|t| later(*t, prop) <= now) else {
+        // 3. Once the writes so far are in place, the next CA may take over.
+        if !promote_when_trusted(
+            &mut desired,
+            seen,
+            bundle_now.as_ref(),
+            prop,
+            now,
+            &mut events,
+        ) {
             break;
-        };
-        let next = desired.next.take().expect("checked above");
-        let replaced = desired.current.replace(next.clone());
-        desired.next_trusted_at = None;
-        let stays = match replaced {
-            Some(old) => {
-                let note = format!(
-                    "; CA serial {} stays trusted while certificates it signed remain",
-                    old.certificate.serial()
-                );
-                desired.previous.push(old.certificate);
-                note
-            }
-            None => String::new(),
-        };
-        events.push(Event::normal(
-            names::EVENT_SIGNER_PROMOTED,
-            format!(
-                "CA serial {} (notAfter {}) signs from now on, trusted everywhere since {}{stays}",
-                next.certificate.serial(),
-                format_time(next.certificate.not_after()),
-                format_time(trusted_at)
-            ),
-        ));
+        }
         // The promoted CA's own annotations: a rotation it needs comes from its dates.
         desired.annotations = annotations_of(desired.current.as_ref());
     }
@@ -467,6 +422,74 @@ pub fn plan(
                 .collect(),
         ),
     })
+}
+
+/// The next CA takes over once it is trusted everywhere for `trust_propagation`: it is in the
+/// bundle ConfigMap as written so far and in every injection point, and it is trusted from
+/// that moment (recorded here, after the ConfigMap is written). The certificates' `ca.crt`
+/// count as injection points when there is time to propagate; with none, each takes the next
+/// CA up with its new certificate ([`IssuerView::for_certificates`]). True when it took over.
+fn promote_when_trusted(
+    desired: &mut CaSecret,
+    seen: &AuthorityObserved,
+    bundle_now: Option<&BundleConfigMap>,
+    prop: Duration,
+    now: OffsetDateTime,
+    events: &mut Vec<Event>,
+) -> bool {
+    let Some(next) = &desired.next else {
+        return false;
+    };
+    let ca_crt = (!prop.is_zero()).then_some(&seen.distributed);
+    let injected = [Some(&seen.injected), ca_crt]
+        .into_iter()
+        .flatten()
+        .all(|held| {
+            held.as_ref()
+                .is_none_or(|trusted| trusted.contains(next.fingerprint()))
+        });
+    let in_bundle = bundle_now.is_some_and(|b| {
+        b.certificates
+            .iter()
+            .any(|c| c.fingerprint() == next.fingerprint())
+    });
+    // Stored rounded up to the second; the wait counts from the exact moment in this pass,
+    // and from the stored one after.
+    let trusted_at = match desired.next_trusted_at {
+        Some(stored) => Some(stored),
+        None if injected && in_bundle => {
+            desired.next_trusted_at = Some(ceil_second(now));
+            Some(now)
+        }
+        None => None,
+    };
+    let Some(trusted_at) = trusted_at.filter(|t| later(*t, prop) <= now) else {
+        return false;
+    };
+    let next = desired.next.take().expect("checked above");
+    let replaced = desired.current.replace(next.clone());
+    desired.next_trusted_at = None;
+    let stays = match replaced {
+        Some(old) => {
+            let note = format!(
+                "; CA serial {} stays trusted while certificates it signed remain",
+                old.certificate.serial()
+            );
+            desired.previous.push(old.certificate);
+            note
+        }
+        None => String::new(),
+    };
+    events.push(Event::normal(
+        names::EVENT_SIGNER_PROMOTED,
+        format!(
+            "CA serial {} (notAfter {}) signs from now on, trusted everywhere since {}{stays}",
+            next.certificate.serial(),
+            format_time(next.certificate.not_after()),
+            format_time(trusted_at)
+        ),
+    ));
+    true
 }
 
 /// The CA Secret is gone: a new one, with a new CA. The CAs the bundle still holds (CA
