@@ -5,8 +5,8 @@ use std::collections::HashMap;
 use serde_json::{Map, Value};
 
 use super::fields::{
-    FieldSet, MANAGED_METADATA, Path, child, collect, collect_nodes, is_item, leaves,
-    metadata_schema, nodes, sub_schema,
+    FieldSet, MANAGED_METADATA, Path, child, is_item, leaves, metadata_schema, nodes, sub_schema,
+    walk,
 };
 
 /// What a write from one version of an object to the next changed: the leaf paths of either
@@ -115,8 +115,8 @@ fn changes_below(
             Some(v) if path.is_empty() => (leaves(v, schema), nodes(v, schema)),
             Some(v) => {
                 let (mut leaves, mut nodes) = (FieldSet::new(), HashMap::new());
-                collect(v, schema, path.clone(), &mut leaves);
-                collect_nodes(v, schema, path.clone(), &mut nodes);
+                walk(v, schema, path.clone(), &mut leaves);
+                walk(v, schema, path.clone(), &mut nodes);
                 (leaves, nodes)
             }
         }

@@ -78,32 +78,86 @@ pub(super) fn is_item(path: &Path) -> bool {
     path.last().is_some_and(|s| s.starts_with("k:"))
 }
 
+/// What a walk of an object's fields ([`walk`]) tells: a field set collects the leaves, a map
+/// of nodes every node with its value. One walk serves both, so that the paths they name are
+/// always the same.
+pub(super) trait FieldSink<'a> {
+    /// A field its writer owns whole, with no fields of its own below it: a scalar, an atomic
+    /// list, a set's value.
+    fn leaf(&mut self, path: Path, value: &'a Value);
+    /// A field its writer owns whose fields are walked too (a map-list item), or a map list
+    /// owned as a whole because an item has no key.
+    fn owned(&mut self, path: &Path);
+    /// A map or list, after the fields below it.
+    fn node(&mut self, path: Path, value: &'a Value);
+    /// Whether the map-list item at `path` is walked: a sink that keeps the first of two items
+    /// with one key skips the second.
+    fn walks_item(&self, path: &Path) -> bool;
+}
+
+impl FieldSink<'_> for FieldSet {
+    fn leaf(&mut self, path: Path, _: &Value) {
+        self.insert(path);
+    }
+    fn owned(&mut self, path: &Path) {
+        self.insert(path.clone());
+    }
+    fn node(&mut self, _: Path, _: &Value) {}
+    fn walks_item(&self, _: &Path) -> bool {
+        true
+    }
+}
+
+impl<'a> FieldSink<'a> for HashMap<Path, &'a Value> {
+    fn leaf(&mut self, path: Path, value: &'a Value) {
+        self.entry(path).or_insert(value);
+    }
+    fn owned(&mut self, _: &Path) {}
+    fn node(&mut self, path: Path, value: &'a Value) {
+        self.entry(path).or_insert(value);
+    }
+    fn walks_item(&self, path: &Path) -> bool {
+        !self.contains_key(path)
+    }
+}
+
 /// Leaf paths of an object, ignoring type metadata and server-owned metadata.
 pub(super) fn leaves(obj: &Value, schema: Option<&Value>) -> FieldSet {
     let mut out = FieldSet::new();
+    walk_object(obj, schema, &mut out);
+    out
+}
+
+/// Every node of `obj` by its path, as [`leaves`] walks it (list items by their `k:`/`v:`
+/// segment): what a path names in `obj` is one lookup, however long its lists.
+pub(super) fn nodes<'a>(obj: &'a Value, schema: Option<&Value>) -> HashMap<Path, &'a Value> {
+    let mut out = HashMap::new();
+    walk_object(obj, schema, &mut out);
+    out
+}
+
+/// A whole object: of its metadata only what field management covers; its type fields are
+/// nodes, never leaves.
+fn walk_object<'a>(obj: &'a Value, schema: Option<&Value>, sink: &mut impl FieldSink<'a>) {
     let Some(map) = obj.as_object() else {
-        return out;
+        return;
     };
     for (k, v) in map {
+        let path = vec![format!("f:{k}")];
         match k.as_str() {
-            "apiVersion" | "kind" => {}
+            "apiVersion" | "kind" => sink.node(path, v),
             "metadata" => {
                 for field in MANAGED_METADATA {
                     if let Some(v) = v.get(*field) {
-                        let path = vec!["f:metadata".to_string(), format!("f:{field}")];
-                        collect(
-                            v,
-                            sub_schema(Some(metadata_schema()), field),
-                            path,
-                            &mut out,
-                        );
+                        let s = sub_schema(Some(metadata_schema()), field);
+                        walk(v, s, child(&path, format!("f:{field}")), sink);
                     }
                 }
+                sink.node(path, v);
             }
-            _ => collect(v, sub_schema(schema, k), vec![format!("f:{k}")], &mut out),
+            _ => walk(v, sub_schema(schema, k), path, sink),
         }
     }
-    out
 }
 
 pub(super) fn child(path: &Path, segment: String) -> Path {
@@ -112,23 +166,29 @@ pub(super) fn child(path: &Path, segment: String) -> Path {
     p
 }
 
-pub(super) fn collect(v: &Value, schema: Option<&Value>, path: Path, out: &mut FieldSet) {
+/// The fields of `v` at `path`, as its schema's list types name them.
+pub(super) fn walk<'a>(
+    v: &'a Value,
+    schema: Option<&Value>,
+    path: Path,
+    sink: &mut impl FieldSink<'a>,
+) {
     match v {
         // An empty map owns nothing (as in kube's field sets, it does not claim the children).
         Value::Object(m) => {
             for (k, c) in m {
-                collect(
+                walk(
                     c,
                     sub_schema(schema, k),
                     child(&path, format!("f:{k}")),
-                    out,
+                    sink,
                 );
             }
         }
         Value::Array(items) => match list_kind(schema) {
             ListKind::Set => {
                 for item in items {
-                    out.insert(child(&path, format!("v:{item}")));
+                    sink.leaf(child(&path, format!("v:{item}")), item);
                 }
             }
             ListKind::Map(keys) => {
@@ -136,93 +196,25 @@ pub(super) fn collect(v: &Value, schema: Option<&Value>, path: Path, out: &mut F
                 for item in items {
                     match item_key(item, &keys) {
                         Some(key) => {
-                            let p = child(&path, key);
-                            out.insert(p.clone());
-                            collect(item, item_schema, p, out);
+                            let item_path = child(&path, key);
+                            if sink.walks_item(&item_path) {
+                                sink.owned(&item_path);
+                                walk(item, item_schema, item_path, sink);
+                            }
                         }
                         // Not addressable by key: the list is owned as a whole.
-                        None => {
-                            out.insert(path.clone());
-                        }
+                        None => sink.owned(&path),
                     }
                 }
             }
-            ListKind::Atomic => {
-                out.insert(path);
-            }
+            ListKind::Atomic => return sink.leaf(path, v),
         },
-        _ => {
-            out.insert(path);
-        }
+        _ => return sink.leaf(path, v),
     }
+    sink.node(path, v);
 }
 
-/// Every node of `obj` by its path, as [`leaves`] walks it (list items by their `k:`/`v:`
-/// segment): what a path names in `obj` is one lookup, however long its lists.
-pub(super) fn nodes<'a>(obj: &'a Value, schema: Option<&Value>) -> HashMap<Path, &'a Value> {
-    let mut out = HashMap::new();
-    let Some(map) = obj.as_object() else {
-        return out;
-    };
-    for (k, v) in map {
-        let path = vec![format!("f:{k}")];
-        if k == "metadata" {
-            out.insert(path.clone(), v);
-            for field in MANAGED_METADATA {
-                if let Some(v) = v.get(*field) {
-                    let s = sub_schema(Some(metadata_schema()), field);
-                    collect_nodes(v, s, child(&path, format!("f:{field}")), &mut out);
-                }
-            }
-        } else {
-            collect_nodes(v, sub_schema(schema, k), path, &mut out);
-        }
-    }
-    out
-}
-
-pub(super) fn collect_nodes<'a>(
-    v: &'a Value,
-    schema: Option<&Value>,
-    path: Path,
-    out: &mut HashMap<Path, &'a Value>,
-) {
-    match v {
-        Value::Object(m) => {
-            for (k, c) in m {
-                collect_nodes(
-                    c,
-                    sub_schema(schema, k),
-                    child(&path, format!("f:{k}")),
-                    out,
-                );
-            }
-        }
-        Value::Array(items) => match list_kind(schema) {
-            ListKind::Set => {
-                for item in items {
-                    out.entry(child(&path, format!("v:{item}"))).or_insert(item);
-                }
-            }
-            ListKind::Map(keys) => {
-                let item_schema = schema.and_then(|s| s.get("items"));
-                for item in items {
-                    if let Some(key) = item_key(item, &keys) {
-                        let item_path = child(&path, key);
-                        if !out.contains_key(&item_path) {
-                            collect_nodes(item, item_schema, item_path, out);
-                        }
-                    }
-                }
-            }
-            ListKind::Atomic => {}
-        },
-        _ => {}
-    }
-    out.entry(path).or_insert(v);
-}
-
-/// A `k:`/`v:` segment in the form [`collect`] writes it (managedFields written by clients
+/// A `k:`/`v:` segment in the form [`walk`] writes it (managedFields written by clients
 /// may space or order theirs otherwise).
 pub(super) fn normalized(segment: &str) -> String {
     let reparsed = |prefix: &str, text: &str| {
