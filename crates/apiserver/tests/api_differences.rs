@@ -9,7 +9,7 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 mod common;
-use common::api_status;
+use common::{RawHttp, api_status};
 
 /// ConfigMap `default/NAME` holding finalizer `example.com/keep`, created through `api`.
 async fn held_config_map(api: &Api<ConfigMap>, name: &str) {
@@ -49,4 +49,63 @@ async fn an_object_being_deleted_gains_no_finalizer() {
         .await
         .unwrap();
     assert!(config_maps.get_opt("held").await.unwrap().is_none());
+}
+
+#[tokio::test]
+async fn a_deletion_that_does_not_finish_at_once_answers_200_with_the_object() {
+    let server = TestServer::start().await;
+    let config_maps: Api<ConfigMap> = Api::namespaced(server.client(), "default");
+    let http = RawHttp::new(server.url());
+    let path = "/api/v1/namespaces/default/configmaps";
+    let json = [("Content-Type", "application/json")];
+
+    // Held by a finalizer: marked, answered 200 with the object as it now is.
+    held_config_map(&config_maps, "held").await;
+    let (code, marked) = http
+        .request("DELETE", &format!("{path}/held"), &json, "")
+        .await;
+    assert_eq!(code, 200, "{marked}");
+    assert_eq!(marked["kind"], "ConfigMap");
+    assert!(
+        marked["metadata"]["deletionTimestamp"].is_string(),
+        "{marked}"
+    );
+
+    // Foreground propagation: waits for dependents behind its finalizer; 200 as well.
+    let plain = json!({"metadata": {"name": "owner"}});
+    config_maps
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(plain).unwrap(),
+        )
+        .await
+        .unwrap();
+    let foreground =
+        r#"{"kind":"DeleteOptions","apiVersion":"v1","propagationPolicy":"Foreground"}"#;
+    let (code, marked) = http
+        .request("DELETE", &format!("{path}/owner"), &json, foreground)
+        .await;
+    assert_eq!(code, 200, "{marked}");
+    assert_eq!(marked["metadata"]["name"], "owner");
+
+    // A namespace: its contents go first; 200 with the Namespace, Terminating.
+    common::create_namespace(&server.client(), "doomed", json!({})).await;
+    let (code, namespace) = http
+        .request("DELETE", "/api/v1/namespaces/doomed", &json, "")
+        .await;
+    assert_eq!(code, 200, "{namespace}");
+    assert_eq!(namespace["status"]["phase"], "Terminating");
+
+    // Only the deprecated orphanDependents=false is answered 202.
+    held_config_map(&config_maps, "legacy").await;
+    let (code, marked) = http
+        .request(
+            "DELETE",
+            &format!("{path}/legacy?orphanDependents=false"),
+            &json,
+            "",
+        )
+        .await;
+    assert_eq!(code, 202, "{marked}");
+    assert_eq!(marked["metadata"]["name"], "legacy");
 }

@@ -478,6 +478,7 @@ fn delete_options(
             .and_then(Value::as_str)
             .and_then(|s| s.parse().ok()),
         dry_run,
+        legacy_cascade: orphan_dependents == Some(false),
         user: user.clone(),
     })
 }
@@ -748,20 +749,17 @@ async fn resource_request(
         }
         (Method::DELETE, Some(name)) if t.part == Part::Main => {
             let representation = representation(headers, media::Answer::Object)?;
-            let (obj, gone) = api
-                .delete(
-                    def,
-                    ns,
-                    name,
-                    &delete_options(params, headers, &body, &user)?,
-                )
-                .await?;
+            let opts = delete_options(params, headers, &body, &user)?;
+            let (obj, gone) = api.delete(def, ns, name, &opts).await?;
+            // kube-apiserver answers 200 with the object whether or not it is gone yet (202
+            // only for the deprecated `orphanDependents=false`).
+            let code = if !gone && opts.legacy_cascade {
+                StatusCode::ACCEPTED
+            } else {
+                StatusCode::OK
+            };
             Ok(json_response(
-                if gone {
-                    StatusCode::OK
-                } else {
-                    StatusCode::ACCEPTED
-                },
+                code,
                 &object_answer(def, &obj, representation, include),
             ))
         }
