@@ -6,7 +6,7 @@
 use caretaker_apiserver::TestServer;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
-use serde_json::json;
+use serde_json::{Value, json};
 
 mod common;
 use common::{RawHttp, api_status};
@@ -108,4 +108,58 @@ async fn a_deletion_that_does_not_finish_at_once_answers_200_with_the_object() {
         .await;
     assert_eq!(code, 202, "{marked}");
     assert_eq!(marked["metadata"]["name"], "legacy");
+}
+
+#[tokio::test]
+async fn send_initial_events_needs_resource_version_match_not_older_than() {
+    let server = TestServer::start().await;
+    let http = RawHttp::new(server.url());
+    let path = "/api/v1/namespaces/default/configmaps?watch=1&timeoutSeconds=1";
+
+    let (code, status) = http
+        .request("GET", &format!("{path}&sendInitialEvents=true"), &[], "")
+        .await;
+    assert_eq!(code, 422, "{status}");
+    assert_eq!(status["reason"], "Invalid");
+    assert_eq!(
+        status["message"],
+        "ListOptions.meta.k8s.io \"\" is invalid: resourceVersionMatch: Forbidden: sendInitialEvents requires setting resourceVersionMatch to NotOlderThan"
+    );
+    assert_eq!(status["details"]["kind"], "ListOptions");
+    assert_eq!(status["details"]["group"], "meta.k8s.io");
+    assert_eq!(
+        status["details"]["causes"][0]["field"],
+        "resourceVersionMatch"
+    );
+
+    // resourceVersionMatch alone is refused too, as upstream refuses it.
+    let (code, status) = http
+        .request(
+            "GET",
+            &format!("{path}&resourceVersionMatch=NotOlderThan"),
+            &[],
+            "",
+        )
+        .await;
+    assert_eq!(code, 422, "{status}");
+    assert_eq!(
+        status["message"],
+        "ListOptions.meta.k8s.io \"\" is invalid: resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided"
+    );
+
+    // Both, as kube-rs's streaming lists and client-go's WatchList send them: the stream.
+    let lines = http
+        .stream_lines(&format!(
+            "{path}&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true"
+        ))
+        .await;
+    let events: Vec<Value> = lines
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let end = |e: &Value| {
+        e["type"] == "BOOKMARK"
+            && e["object"]["metadata"]["annotations"]["k8s.io/initial-events-end"] == "true"
+    };
+    assert!(events.iter().any(end), "{lines:?}");
 }

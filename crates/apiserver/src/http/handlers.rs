@@ -494,6 +494,12 @@ fn watch_request(
     let api = &state.api;
     let def = &t.def;
     let q = list_query(params)?;
+    let send_initial_events = params.get("sendInitialEvents").map(|v| v == "true");
+    watch::check_options(
+        send_initial_events,
+        params.get("resourceVersionMatch"),
+        q.continue_token.is_some(),
+    )?;
     let timeout = params
         .get("timeoutSeconds")
         .and_then(|s| s.parse::<u64>().ok())
@@ -501,7 +507,7 @@ fn watch_request(
     let wp = WatchParams {
         namespace: t.namespace.clone(),
         resource_version: params.get("resourceVersion").map(String::from),
-        send_initial_events: params.get("sendInitialEvents").map(|v| v == "true"),
+        send_initial_events,
         allow_bookmarks: params.flag("allowWatchBookmarks"),
         timeout: Duration::from_secs(timeout),
         labels: q.labels,

@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use tokio::sync::{broadcast, mpsc};
 
 use crate::api::ApiState;
-use crate::error::ApiError;
+use crate::error::{ApiError, FieldError, FieldErrorKind};
 use crate::http::media::{self, Representation};
 use crate::schema::table::{self, IncludeObject};
 use crate::selectors::{FieldSelector, LabelSelector};
@@ -35,6 +35,49 @@ pub struct WatchParams {
     /// How much of each object a Table row carries.
     pub include: IncludeObject,
     pub bookmark_interval: Duration,
+}
+
+/// kube-apiserver's checks of a watch's `sendInitialEvents` and `resourceVersionMatch`
+/// (`validateWatchOptions`), refused as it refuses them: 422 on `ListOptions`.
+pub fn check_options(
+    send_initial_events: Option<bool>,
+    resource_version_match: Option<&str>,
+    continuing: bool,
+) -> Result<(), ApiError> {
+    const NOT_OLDER_THAN: &str = "NotOlderThan";
+    let matching = resource_version_match.filter(|m| !m.is_empty());
+    let forbidden =
+        |message: &str| FieldError::new("resourceVersionMatch", FieldErrorKind::Forbidden, message);
+    let mut errs = Vec::new();
+    if send_initial_events.is_some() && matching != Some(NOT_OLDER_THAN) {
+        errs.push(forbidden(
+            "sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
+        ));
+    }
+    if let Some(m) = matching {
+        if send_initial_events.is_none() {
+            errs.push(forbidden(
+                "resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided",
+            ));
+        }
+        if m != NOT_OLDER_THAN {
+            errs.push(FieldError::new(
+                "resourceVersionMatch",
+                FieldErrorKind::NotSupported,
+                format!("{m:?}: supported values: \"{NOT_OLDER_THAN}\""),
+            ));
+        }
+        if continuing {
+            errs.push(forbidden(
+                "resourceVersionMatch is forbidden when continue is provided",
+            ));
+        }
+    }
+    if errs.is_empty() {
+        Ok(())
+    } else {
+        Err(ApiError::invalid("meta.k8s.io", "ListOptions", "", &errs))
+    }
 }
 
 struct Watcher {
