@@ -163,3 +163,42 @@ async fn send_initial_events_needs_resource_version_match_not_older_than() {
     };
     assert!(events.iter().any(end), "{lines:?}");
 }
+
+/// Each item of a `PartialObjectMetadataList` is a `PartialObjectMetadata` of its own, as
+/// kube-apiserver sets them: `kind` and `apiVersion` on every item, in either version.
+#[tokio::test]
+async fn partial_object_metadata_list_items_carry_kind_and_api_version() {
+    let server = TestServer::start().await;
+    let config_maps: Api<ConfigMap> = Api::namespaced(server.client(), "default");
+    for name in ["a", "b"] {
+        let cm = json!({"metadata": {"name": name}, "data": {"k": "v"}});
+        config_maps
+            .create(&PostParams::default(), &serde_json::from_value(cm).unwrap())
+            .await
+            .unwrap();
+    }
+    let http = RawHttp::new(server.url());
+    for version in ["v1", "v1beta1"] {
+        let accept =
+            format!("application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v={version}");
+        for path in [
+            "/api/v1/namespaces/default/configmaps",
+            "/api/v1/configmaps?limit=1",
+        ] {
+            let (code, list) = http.request("GET", path, &[("Accept", &accept)], "").await;
+            assert_eq!(code, 200, "{list}");
+            assert_eq!(list["kind"], "PartialObjectMetadataList");
+            let items = list["items"].as_array().unwrap();
+            assert!(!items.is_empty(), "{list}");
+            for item in items {
+                assert_eq!(item["kind"], "PartialObjectMetadata", "{item}");
+                assert_eq!(
+                    item["apiVersion"],
+                    format!("meta.k8s.io/{version}"),
+                    "{item}"
+                );
+                assert!(item.get("data").is_none(), "{item}");
+            }
+        }
+    }
+}
