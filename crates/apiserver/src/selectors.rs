@@ -390,7 +390,8 @@ fn is_field_path(path: &str) -> bool {
 }
 
 /// A parsed `fieldSelector`: `path=value`, `path==value` or `path!=value`, comma-separated.
-/// Any dotted path is accepted (kube-apiserver accepts a per-kind list of fields).
+/// Any dotted path parses; which fields a kind can be selected by is `schema/field_labels`'
+/// to say (kube-apiserver's per-kind field label conversions).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct FieldSelector(Vec<(String, bool, String)>);
 
@@ -420,6 +421,19 @@ impl FieldSelector {
             reqs.push((path.to_string(), op != "!=", value));
         }
         Ok(FieldSelector(reqs))
+    }
+
+    /// This selector with each requirement's field label replaced by what `convert` makes of
+    /// it (kube-apiserver's field label conversion), or `convert`'s error.
+    pub fn convert_labels(
+        self,
+        convert: impl Fn(&str) -> Result<String, ApiError>,
+    ) -> Result<Self, ApiError> {
+        let converted = self
+            .0
+            .into_iter()
+            .map(|(label, equal, value)| convert(&label).map(|path| (path, equal, value)));
+        Ok(FieldSelector(converted.collect::<Result<_, _>>()?))
     }
 
     /// Whether `obj` meets every requirement.

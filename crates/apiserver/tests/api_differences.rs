@@ -202,3 +202,122 @@ async fn partial_object_metadata_list_items_carry_kind_and_api_version() {
         }
     }
 }
+
+/// A field selector names fields its kind can be selected by (kube-apiserver's field label
+/// conversions; a CRD's `selectableFields`), and others are 400 with upstream's message, not
+/// an empty list.
+#[tokio::test]
+async fn field_selectors_take_only_the_fields_each_kind_supports() {
+    let server = TestServer::start().await;
+    let client = server.client();
+    let http = RawHttp::new(server.url());
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> =
+        Api::namespaced(client.clone(), "default");
+    let secret = json!({"metadata": {"name": "s"}, "type": "example.com/token",
+        "data": {"a": "MQ=="}});
+    secrets
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(secret).unwrap(),
+        )
+        .await
+        .unwrap();
+    let get = |path: String| {
+        let http = &http;
+        async move { http.request("GET", &path, &[], "").await }
+    };
+    let refused = |status: &Value, message: &str| {
+        assert_eq!(status["reason"], "BadRequest", "{status}");
+        assert_eq!(status["message"], message);
+    };
+
+    // Secrets: type, name, namespace; not their data.
+    let path = "/api/v1/namespaces/default/secrets";
+    let (code, status) = get(format!("{path}?fieldSelector=data.a%3D1")).await;
+    assert_eq!(code, 400, "{status}");
+    refused(&status, "field label not supported: data.a");
+    let (code, list) = get(format!("{path}?fieldSelector=type%3Dexample.com/token")).await;
+    assert_eq!(code, 200, "{list}");
+    assert_eq!(list["items"][0]["metadata"]["name"], "s");
+    // The same in a watch.
+    let (code, status) = get(format!("{path}?watch=1&fieldSelector=data.a%3D1")).await;
+    assert_eq!(code, 400, "{status}");
+
+    // A kind with no conversion of its own: metadata.name and metadata.namespace alone.
+    let (code, status) =
+        get("/api/v1/namespaces/default/configmaps?fieldSelector=data.a%3D1".into()).await;
+    assert_eq!(code, 400, "{status}");
+    refused(
+        &status,
+        "\"data.a\" is not a known field selector: only \"metadata.name\", \"metadata.namespace\"",
+    );
+    let (code, _) = get(
+        "/api/v1/namespaces/default/configmaps?fieldSelector=metadata.namespace%3Ddefault".into(),
+    )
+    .await;
+    assert_eq!(code, 200);
+
+    // Pods: spec.nodeName (and old clients' spec.host for it), status.phase.
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), "default");
+    let pod = json!({"metadata": {"name": "p"}, "spec": {"nodeName": "n1",
+        "containers": [{"name": "c", "image": "x:1"}]}});
+    pods.create(
+        &PostParams::default(),
+        &serde_json::from_value(pod).unwrap(),
+    )
+    .await
+    .unwrap();
+    for selector in [
+        "spec.nodeName%3Dn1",
+        "spec.host%3Dn1",
+        "status.phase%3DPending",
+    ] {
+        let (code, list) = get(format!(
+            "/api/v1/namespaces/default/pods?fieldSelector={selector}"
+        ))
+        .await;
+        assert_eq!(code, 200, "{list}");
+        assert_eq!(list["items"][0]["metadata"]["name"], "p", "{selector}");
+    }
+    let (_, status) =
+        get("/api/v1/namespaces/default/pods?fieldSelector=spec.hostname%3Dx".into()).await;
+    refused(&status, "field label not supported: spec.hostname");
+
+    // Jobs word it their own way.
+    let (code, status) =
+        get("/apis/batch/v1/namespaces/default/jobs?fieldSelector=spec.suspend%3Dtrue".into())
+            .await;
+    assert_eq!(code, 400);
+    refused(
+        &status,
+        "field label \"spec.suspend\" not supported for batchv1.Job",
+    );
+
+    // A custom resource: metadata and the CRD's selectableFields.
+    let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
+        Api::all(client.clone());
+    let crd = json!({"metadata": {"name": "widgets.example.com"}, "spec": {
+        "group": "example.com", "scope": "Namespaced",
+        "names": {"plural": "widgets", "singular": "widget", "kind": "Widget"},
+        "versions": [{"name": "v1", "served": true, "storage": true,
+            "selectableFields": [{"jsonPath": ".spec.color"}],
+            "schema": {"openAPIV3Schema": {"type": "object", "properties": {"spec": {
+                "type": "object", "properties": {
+                    "color": {"type": "string"}, "size": {"type": "string"}}}}}}}]}});
+    crds.create(
+        &PostParams::default(),
+        &serde_json::from_value(crd).unwrap(),
+    )
+    .await
+    .unwrap();
+    let widgets = "/apis/example.com/v1/namespaces/default/widgets";
+    let body = r#"{"apiVersion":"example.com/v1","kind":"Widget","metadata":{"name":"w"},"spec":{"color":"red","size":"L"}}"#;
+    let (code, created) = http.send("POST", widgets, "application/json", body).await;
+    assert_eq!(code, 201, "{created}");
+    let (code, list) = get(format!("{widgets}?fieldSelector=spec.color%3Dred")).await;
+    assert_eq!(code, 200, "{list}");
+    assert_eq!(list["items"][0]["metadata"]["name"], "w");
+    let (code, status) = get(format!("{widgets}?fieldSelector=spec.size%3DL")).await;
+    assert_eq!(code, 400);
+    refused(&status, "field label not supported: spec.size");
+}

@@ -21,7 +21,7 @@ use crate::http::media::{self, BODY_MEDIA_TYPES, JSON_OR_YAML, PROTOBUF};
 use crate::http::watch::{self, WatchParams};
 use crate::patch::bodies::{self, PatchType};
 use crate::schema::table::{self, IncludeObject};
-use crate::schema::{discovery, openapi};
+use crate::schema::{discovery, field_labels, openapi};
 use crate::selectors::{FieldSelector, LabelSelector};
 use crate::store::registry::{self, ResourceDef};
 use crate::work;
@@ -408,7 +408,7 @@ fn write_options(
     })
 }
 
-fn list_query(params: &Params) -> Result<ListQuery, ApiError> {
+fn list_query(def: &ResourceDef, params: &Params) -> Result<ListQuery, ApiError> {
     Ok(ListQuery {
         labels: params
             .get("labelSelector")
@@ -418,7 +418,7 @@ fn list_query(params: &Params) -> Result<ListQuery, ApiError> {
         fields: params
             .get("fieldSelector")
             .filter(|s| !s.is_empty())
-            .map(FieldSelector::parse)
+            .map(|s| FieldSelector::parse(s).and_then(|f| field_labels::convert(def, f)))
             .transpose()?,
         limit: params
             .get("limit")
@@ -493,7 +493,7 @@ fn watch_request(
 ) -> Result<Response, ApiError> {
     let api = &state.api;
     let def = &t.def;
-    let q = list_query(params)?;
+    let q = list_query(def, params)?;
     let send_initial_events = params.get("sendInitialEvents").map(|v| v == "true");
     watch::check_options(
         send_initial_events,
@@ -696,7 +696,7 @@ async fn resource_request(
         }
         (Method::GET, None) => {
             let representation = representation(headers, media::Answer::List)?;
-            let list = api.list(def, t.namespace.as_deref(), &list_query(params)?)?;
+            let list = api.list(def, t.namespace.as_deref(), &list_query(def, params)?)?;
             let answer = match representation {
                 media::Representation::Object => list,
                 media::Representation::Table => {
@@ -774,7 +774,7 @@ async fn resource_request(
                 .delete_collection(
                     def,
                     t.namespace.as_deref(),
-                    &list_query(params)?,
+                    &list_query(def, params)?,
                     &delete_options(params, headers, &body, &user)?,
                 )
                 .await?;

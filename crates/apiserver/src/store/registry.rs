@@ -63,6 +63,9 @@ pub struct ResourceDef {
     pub printer_columns: Vec<PrinterColumn>,
     /// The scale subresource a CRD version declares (custom resources only).
     pub scale: Option<ScalePaths>,
+    /// The fields a CRD version's `selectableFields` declare, as field selectors name them
+    /// (`spec.color`; custom resources only: built-in kinds' are `schema/field_labels`').
+    pub selectable_fields: Vec<String>,
 }
 
 /// `subresources.scale` of a CRD version: where a Scale's numbers are in the object.
@@ -161,6 +164,7 @@ fn builtin(group: &str, version: &str, plural: &str, kind: &str, namespaced: boo
         schema: None,
         printer_columns: vec![],
         scale: None,
+        selectable_fields: vec![],
     }
 }
 
