@@ -164,6 +164,52 @@ async fn send_initial_events_needs_resource_version_match_not_older_than() {
     assert!(events.iter().any(end), "{lines:?}");
 }
 
+/// The `ERROR` event ending a watch from a resourceVersion past the retained history: `type`
+/// first, its Status's fields in kube-apiserver's order, as every other Status is sent.
+#[tokio::test]
+async fn the_410_watch_event_is_written_in_kube_apiservers_field_order() {
+    let server = caretaker_apiserver::ApiServer::builder()
+        .watch_history(10)
+        .start()
+        .await
+        .unwrap();
+    let config_maps: Api<ConfigMap> = Api::namespaced(server.client(), "default");
+    let first = json!({"metadata": {"name": "first"}});
+    let first = config_maps
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(first).unwrap(),
+        )
+        .await
+        .unwrap();
+    let from = first.metadata.resource_version.unwrap();
+    // Past the history (compacted every 1,000 writes).
+    for i in 0..1000 {
+        let more = json!({"metadata": {"name": format!("x{i}")}});
+        config_maps
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(more).unwrap(),
+            )
+            .await
+            .unwrap();
+    }
+    let lines = RawHttp::new(server.url())
+        .stream_lines(&format!(
+            "/api/v1/namespaces/default/configmaps?watch=1&resourceVersion={from}"
+        ))
+        .await;
+    let line = &lines[0];
+    let prefix = format!(
+        "{{\"type\":\"ERROR\",\"object\":{{\"kind\":\"Status\",\"apiVersion\":\"v1\",\"metadata\":{{}},\"status\":\"Failure\",\"message\":\"too old resource version: {from} ("
+    );
+    assert!(line.starts_with(&prefix), "{line}");
+    assert!(
+        line.ends_with(")\",\"reason\":\"Expired\",\"code\":410}}"),
+        "{line}"
+    );
+}
+
 /// Each item of a `PartialObjectMetadataList` is a `PartialObjectMetadata` of its own, as
 /// kube-apiserver sets them: `kind` and `apiVersion` on every item, in either version.
 #[tokio::test]
