@@ -367,3 +367,75 @@ async fn field_selectors_take_only_the_fields_each_kind_supports() {
     assert_eq!(code, 400);
     refused(&status, "field label not supported: spec.size");
 }
+
+/// A Service as kube-apiserver's defaulting and allocation leave it (the Python client's
+/// `test_service_apis` reads these), and a Pod's QoS class.
+#[tokio::test]
+async fn services_and_pods_get_the_fields_kube_apiserver_fills_in() {
+    let server = TestServer::start().await;
+    let client = server.client();
+    let services: Api<k8s_openapi::api::core::v1::Service> =
+        Api::namespaced(client.clone(), "default");
+    let create = |name: &str, spec: Value| {
+        let services = services.clone();
+        let service = json!({"metadata": {"name": name}, "spec": spec});
+        async move {
+            let created = services
+                .create(
+                    &PostParams::default(),
+                    &serde_json::from_value(service).unwrap(),
+                )
+                .await
+                .unwrap();
+            serde_json::to_value(created).unwrap()
+        }
+    };
+    let ports = json!([{"port": 80}]);
+    let plain = create("plain", json!({"selector": {"app": "a"}, "ports": ports})).await;
+    assert_eq!(plain["status"], json!({"loadBalancer": {}}), "{plain}");
+    assert_eq!(plain["spec"]["ipFamilies"], json!(["IPv4"]));
+    assert_eq!(plain["spec"]["ipFamilyPolicy"], "SingleStack");
+    assert_eq!(plain["spec"]["internalTrafficPolicy"], "Cluster");
+    assert_eq!(plain["spec"].get("externalTrafficPolicy"), None);
+
+    let node_port = create("np", json!({"type": "NodePort", "ports": ports})).await;
+    assert_eq!(node_port["spec"]["externalTrafficPolicy"], "Cluster");
+    let headless = create("headless", json!({"clusterIP": "None", "ports": ports})).await;
+    assert_eq!(headless["spec"]["ipFamilyPolicy"], "RequireDualStack");
+    assert_eq!(headless["spec"]["ipFamilies"], json!(["IPv4"]));
+    let external = create(
+        "external",
+        json!({"type": "ExternalName", "externalName": "example.com"}),
+    )
+    .await;
+    assert_eq!(external["spec"].get("ipFamilies"), None);
+    assert_eq!(external["spec"].get("internalTrafficPolicy"), None);
+    assert_eq!(external["status"], json!({"loadBalancer": {}}));
+
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client, "default");
+    for (name, resources, qos) in [
+        ("best-effort", json!({}), "BestEffort"),
+        (
+            "guaranteed",
+            json!({"limits": {"cpu": "500m", "memory": "1Gi"}}),
+            "Guaranteed",
+        ),
+        (
+            "burstable",
+            json!({"requests": {"cpu": "0.5"}, "limits": {"cpu": "1", "memory": "1Gi"}}),
+            "Burstable",
+        ),
+    ] {
+        let pod = json!({"metadata": {"name": name}, "spec": {"containers": [
+            {"name": "c", "image": "x:1", "resources": resources}]}});
+        let created = pods
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(pod).unwrap(),
+            )
+            .await
+            .unwrap();
+        let status = created.status.unwrap();
+        assert_eq!(status.qos_class.as_deref(), Some(qos), "{name}");
+    }
+}
