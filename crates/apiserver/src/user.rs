@@ -3,6 +3,8 @@
 //! authentication module (which finds it out, and reads the API's stored roles) depend on it,
 //! not on each other.
 
+use std::collections::BTreeMap;
+
 /// The group whose members every request is allowed to, without RBAC (kube-apiserver's
 /// privileged group authorizer).
 pub const MASTERS: &str = "system:masters";
@@ -10,10 +12,14 @@ const AUTHENTICATED: &str = "system:authenticated";
 const UNAUTHENTICATED: &str = "system:unauthenticated";
 
 /// Who a request is from.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct UserInfo {
     pub name: String,
     pub groups: Vec<String>,
+    /// Its UID, when something names one (an impersonating request's `Impersonate-Uid`).
+    pub uid: String,
+    /// Its extra attributes, by key (an impersonating request's `Impersonate-Extra-KEY`).
+    pub extra: BTreeMap<String, Vec<String>>,
 }
 
 /// `system:serviceaccount:NAMESPACE:NAME`.
@@ -31,6 +37,7 @@ impl UserInfo {
         UserInfo {
             name: name.into(),
             groups,
+            ..UserInfo::default()
         }
     }
 
@@ -48,6 +55,7 @@ impl UserInfo {
         UserInfo {
             name: "system:anonymous".into(),
             groups: vec![UNAUTHENTICATED.into()],
+            ..UserInfo::default()
         }
     }
 

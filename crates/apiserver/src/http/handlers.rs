@@ -204,6 +204,19 @@ async fn route(
             Ok(json_response(StatusCode::CREATED, &answer))
         }
         [
+            "apis",
+            reviews::AUTHENTICATION_GROUP,
+            "v1",
+            reviews::SUBJECT_REVIEWS,
+        ] => {
+            if method != Method::POST {
+                return Err(ApiError::method_not_allowed());
+            }
+            let review = parse_body(headers, &body, BODY_MEDIA_TYPES)?;
+            let answer = reviews::who_am_i(user, review)?;
+            Ok(json_response(StatusCode::CREATED, &answer))
+        }
+        [
             "api",
             "v1",
             "namespaces",

@@ -23,7 +23,8 @@ pub enum Flavor {
     EventsV1Event,
     CustomResourceDefinition,
     CustomResource,
-    /// A review of `authorization.k8s.io`: created, answered, never stored.
+    /// A review (`authorization.k8s.io`'s, `authentication.k8s.io`'s SelfSubjectReview):
+    /// created, answered, never stored.
     Review,
     /// core/v1 Service: a `clusterIP` is allocated, as kube-apiserver allocates one.
     Service,
@@ -268,6 +269,8 @@ fn builtins() -> Vec<ResourceDef> {
             .flavor(Flavor::Review),
         builtin(reviews, "v1", "selfsubjectrulesreviews", "SelfSubjectRulesReview", CLUSTER)
             .flavor(Flavor::Review),
+        builtin("authentication.k8s.io", "v1", "selfsubjectreviews", "SelfSubjectReview",
+            CLUSTER).flavor(Flavor::Review),
         builtin("apiextensions.k8s.io", "v1", "customresourcedefinitions",
             "CustomResourceDefinition", CLUSTER)
             .short_names(&["crd", "crds"]).with_status()
