@@ -329,6 +329,20 @@ async fn field_selectors_take_only_the_fields_each_kind_supports() {
         get("/api/v1/namespaces/default/pods?fieldSelector=spec.hostname%3Dx".into()).await;
     refused(&status, "field label not supported: spec.hostname");
 
+    // A field the object lacks reads as upstream's field set has it: Go's zero value.
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+    let node = json!({"metadata": {"name": "n1"}});
+    nodes
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(node).unwrap(),
+        )
+        .await
+        .unwrap();
+    let (code, list) = get("/api/v1/nodes?fieldSelector=spec.unschedulable%3Dfalse".into()).await;
+    assert_eq!(code, 200, "{list}");
+    assert_eq!(list["items"][0]["metadata"]["name"], "n1", "{list}");
+
     // Jobs word it their own way.
     let (code, status) =
         get("/apis/batch/v1/namespaces/default/jobs?fieldSelector=spec.suspend%3Dtrue".into())

@@ -19,41 +19,44 @@ enum Refusal {
     Default,
 }
 
-/// A label and the path of the served object it selects on, where the two differ.
-type Label = (&'static str, &'static str);
+/// A label, the path of the served object it selects on, and what it reads as when the object
+/// lacks the field (Go's zero value where kube-apiserver's field set formats a bool or number).
+type Label = (&'static str, &'static str, &'static str);
 
-const NAME: Label = ("metadata.name", "metadata.name");
-const NAMESPACE: Label = ("metadata.namespace", "metadata.namespace");
+const NAME: Label = ("metadata.name", "metadata.name", "");
+const NAMESPACE: Label = ("metadata.namespace", "metadata.namespace", "");
 
 /// The kinds with a conversion function of their own: group, kind, labels.
 #[rustfmt::skip]
 const KINDS: &[(&str, &str, &[Label], Refusal)] = &[
-    ("", "Pod", &[NAME, NAMESPACE, ("spec.nodeName", "spec.nodeName"),
-        ("spec.restartPolicy", "spec.restartPolicy"), ("spec.schedulerName", "spec.schedulerName"),
-        ("spec.serviceAccountName", "spec.serviceAccountName"),
-        ("spec.hostNetwork", "spec.hostNetwork"), ("status.phase", "status.phase"),
-        ("status.podIP", "status.podIP"), ("status.podIPs", "status.podIP"),
-        ("status.nominatedNodeName", "status.nominatedNodeName"),
+    ("", "Pod", &[NAME, NAMESPACE, ("spec.nodeName", "spec.nodeName", ""),
+        ("spec.restartPolicy", "spec.restartPolicy", ""),
+        ("spec.schedulerName", "spec.schedulerName", ""),
+        ("spec.serviceAccountName", "spec.serviceAccountName", ""),
+        ("spec.hostNetwork", "spec.hostNetwork", "false"), ("status.phase", "status.phase", ""),
+        ("status.podIP", "status.podIP", ""), ("status.podIPs", "status.podIP", ""),
+        ("status.nominatedNodeName", "status.nominatedNodeName", ""),
         // Old v1 clients' name of spec.nodeName.
-        ("spec.host", "spec.nodeName")], Refusal::NotSupported),
-    ("", "Node", &[NAME, ("spec.unschedulable", "spec.unschedulable")], Refusal::NotSupported),
-    ("", "ReplicationController", &[NAME, NAMESPACE, ("status.replicas", "status.replicas")],
+        ("spec.host", "spec.nodeName", "")], Refusal::NotSupported),
+    ("", "Node", &[NAME, ("spec.unschedulable", "spec.unschedulable", "false")],
         Refusal::NotSupported),
-    ("", "Event", &[("involvedObject.kind", "involvedObject.kind"),
-        ("involvedObject.namespace", "involvedObject.namespace"),
-        ("involvedObject.name", "involvedObject.name"),
-        ("involvedObject.uid", "involvedObject.uid"),
-        ("involvedObject.apiVersion", "involvedObject.apiVersion"),
-        ("involvedObject.resourceVersion", "involvedObject.resourceVersion"),
-        ("involvedObject.fieldPath", "involvedObject.fieldPath"), ("reason", "reason"),
-        ("reportingComponent", "reportingComponent"), ("source", "source.component"),
-        ("type", "type"), NAMESPACE, NAME], Refusal::NotSupported),
-    ("", "Namespace", &[("status.phase", "status.phase"), NAME], Refusal::NotSupported),
-    ("", "Secret", &[("type", "type"), NAMESPACE, NAME], Refusal::NotSupported),
-    ("", "Service", &[NAMESPACE, NAME, ("spec.clusterIP", "spec.clusterIP"),
-        ("spec.type", "spec.type")], Refusal::NotSupported),
-    ("batch", "Job", &[NAME, NAMESPACE, ("status.successful", "status.succeeded")], Refusal::Job),
-    ("certificates.k8s.io", "ClusterTrustBundle", &[NAME, ("spec.signerName", "spec.signerName")],
+    ("", "ReplicationController", &[NAME, NAMESPACE, ("status.replicas", "status.replicas", "0")],
+        Refusal::NotSupported),
+    ("", "Event", &[("involvedObject.kind", "involvedObject.kind", ""),
+        ("involvedObject.namespace", "involvedObject.namespace", ""),
+        ("involvedObject.name", "involvedObject.name", ""),
+        ("involvedObject.uid", "involvedObject.uid", ""),
+        ("involvedObject.apiVersion", "involvedObject.apiVersion", ""),
+        ("involvedObject.resourceVersion", "involvedObject.resourceVersion", ""),
+        ("involvedObject.fieldPath", "involvedObject.fieldPath", ""), ("reason", "reason", ""),
+        ("reportingComponent", "reportingComponent", ""), ("source", "source.component", ""),
+        ("type", "type", ""), NAMESPACE, NAME], Refusal::NotSupported),
+    ("", "Namespace", &[("status.phase", "status.phase", ""), NAME], Refusal::NotSupported),
+    ("", "Secret", &[("type", "type", ""), NAMESPACE, NAME], Refusal::NotSupported),
+    ("", "Service", &[NAMESPACE, NAME, ("spec.clusterIP", "spec.clusterIP", ""),
+        ("spec.type", "spec.type", "")], Refusal::NotSupported),
+    ("batch", "Job", &[NAME, NAMESPACE, ("status.successful", "status.succeeded", "0")], Refusal::Job),
+    ("certificates.k8s.io", "ClusterTrustBundle", &[NAME, ("spec.signerName", "spec.signerName", "")],
         Refusal::NotSupported),
 ];
 
@@ -66,7 +69,7 @@ pub fn convert(def: &ResourceDef, selector: FieldSelector) -> Result<FieldSelect
                 label == "metadata.name" || (def.namespaced && label == "metadata.namespace");
             let declared = def.selectable_fields.iter().any(|f| f == label);
             (meta || declared)
-                .then(|| label.to_string())
+                .then(|| (label.to_string(), ""))
                 .ok_or_else(|| refused(Refusal::NotSupported, label))
         });
     }
@@ -80,8 +83,8 @@ pub fn convert(def: &ResourceDef, selector: FieldSelector) -> Result<FieldSelect
     selector.convert_labels(|label| {
         labels
             .iter()
-            .find(|(l, _)| *l == label)
-            .map(|(_, path)| path.to_string())
+            .find(|(l, _, _)| *l == label)
+            .map(|(_, path, missing)| (path.to_string(), *missing))
             .ok_or_else(|| refused(refusal, label))
     })
 }
