@@ -1,6 +1,7 @@
 //! The controllers kube-controller-manager would run for the kinds served here: the garbage
-//! collector (ownerReferences; Background, Foreground and Orphan deletion) and the namespace
-//! controller (deleting a namespace deletes its contents first).
+//! collector (ownerReferences; Background, Foreground and Orphan deletion), the namespace
+//! controller (deleting a namespace deletes its contents first), and the ServiceAccount
+//! controller and root-CA publisher (`namespace_contents`: what every namespace holds).
 //!
 //! They react to the store's change stream, so work happens right after the write that caused
 //! it, and sweep everything at startup and whenever they fall behind.
@@ -15,6 +16,8 @@ use crate::error::ApiError;
 use crate::meta::{finalizers_of, is_deleting, name_of, namespace_of, uid_of};
 use crate::store::registry::{Flavor, ResourceDef};
 use crate::store::storage::{Change, ChangeType, ObjectKey};
+
+mod namespace_contents;
 
 const MANAGER: &str = "caretaker-controllers";
 
@@ -32,23 +35,43 @@ fn writer() -> WriteOptions {
     }
 }
 
-pub async fn run(api: Arc<ApiState>) {
+/// What every namespace there is now holds, made before the server answers anyone (so that a
+/// client's first request finds them, as in a cluster that has been running).
+pub async fn fill_namespaces(api: &ApiState, ca_pem: &str) -> Result<(), ApiError> {
+    namespace_contents::ensure_everywhere(api, ca_pem).await
+}
+
+/// Runs the controllers until the store closes. `ca_pem` is what every namespace's
+/// `kube-root-ca.crt` holds: the CA clients verify the server with ("" over plain HTTP).
+pub async fn run(api: Arc<ApiState>, ca_pem: String) {
     let mut changes = api.store.subscribe();
-    sweep(&api).await;
+    sweep(&api, &ca_pem).await;
     loop {
         match changes.recv().await {
             Ok(change) => {
                 if let Err(e) = react(&api, &change).await {
                     tracing::warn!(error = %e, object = ?change.key, "controller step failed");
                 }
+                if let Some(namespace) = namespace_contents::namespace_to_check(&change)
+                    && let Err(e) = namespace_contents::ensure(&api, namespace, &ca_pem).await
+                {
+                    tracing::warn!(error = %e, namespace, "namespace contents step failed");
+                }
             }
-            Err(RecvError::Lagged(_)) => sweep(&api).await,
+            Err(RecvError::Lagged(_)) => sweep(&api, &ca_pem).await,
             Err(RecvError::Closed) => return,
         }
     }
 }
 
-async fn sweep(api: &ApiState) {
+async fn sweep(api: &ApiState, ca_pem: &str) {
+    if let Err(e) = namespace_contents::ensure_everywhere(api, ca_pem).await {
+        tracing::warn!(error = %e, "namespace contents sweep failed");
+    }
+    sweep_deleting(api).await;
+}
+
+async fn sweep_deleting(api: &ApiState) {
     let result: Result<(), ApiError> = async {
         for (key, obj) in api.store.deleting_objects()? {
             if let Some(def) = api.storage_def(&key.resource) {

@@ -390,9 +390,20 @@ fn is_field_path(path: &str) -> bool {
 }
 
 /// A parsed `fieldSelector`: `path=value`, `path==value` or `path!=value`, comma-separated.
-/// Any dotted path is accepted (kube-apiserver accepts a per-kind list of fields).
+/// Any dotted path parses; which fields a kind can be selected by is `schema/field_labels`'
+/// to say (kube-apiserver's per-kind field label conversions).
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct FieldSelector(Vec<(String, bool, String)>);
+pub struct FieldSelector(Vec<FieldRequirement>);
+
+/// `path=value` (`equal`) or `path!=value`; a field the object lacks reads as `missing` (what
+/// kube-apiserver's field set holds for it: Go's zero value, `false` or `0`, or "").
+#[derive(Debug, Clone, PartialEq)]
+struct FieldRequirement {
+    path: String,
+    equal: bool,
+    value: String,
+    missing: &'static str,
+}
 
 impl FieldSelector {
     pub fn parse(s: &str) -> Result<Self, ApiError> {
@@ -417,24 +428,42 @@ impl FieldSelector {
                 )));
             }
             let value = unescape(part[i + op.len()..].trim()).map_err(ApiError::bad_request)?;
-            reqs.push((path.to_string(), op != "!=", value));
+            reqs.push(FieldRequirement {
+                path: path.to_string(),
+                equal: op != "!=",
+                value,
+                missing: "",
+            });
         }
         Ok(FieldSelector(reqs))
     }
 
+    /// This selector with each requirement's field label replaced by the path `convert` makes
+    /// of it and what that field reads as when missing (kube-apiserver's field label
+    /// conversion), or `convert`'s error.
+    pub fn convert_labels(
+        self,
+        convert: impl Fn(&str) -> Result<(String, &'static str), ApiError>,
+    ) -> Result<Self, ApiError> {
+        let converted = self.0.into_iter().map(|r| {
+            convert(&r.path).map(|(path, missing)| FieldRequirement { path, missing, ..r })
+        });
+        Ok(FieldSelector(converted.collect::<Result<_, _>>()?))
+    }
+
     /// Whether `obj` meets every requirement.
     pub fn matches(&self, obj: &Value) -> bool {
-        self.0.iter().all(|(path, equal, value)| {
+        self.0.iter().all(|r| {
             let mut cur = Some(obj);
-            for seg in path.split('.') {
+            for seg in r.path.split('.') {
                 cur = cur.and_then(|c| c.get(seg));
             }
             let actual = match cur {
                 Some(Value::String(s)) => s.clone(),
-                Some(Value::Null) | None => String::new(),
+                Some(Value::Null) | None => r.missing.to_string(),
                 Some(other) => other.to_string(),
             };
-            (actual == *value) == *equal
+            (actual == r.value) == r.equal
         })
     }
 }

@@ -3,22 +3,37 @@
 //! authentication module (which finds it out, and reads the API's stored roles) depend on it,
 //! not on each other.
 
+use std::collections::BTreeMap;
+
 /// The group whose members every request is allowed to, without RBAC (kube-apiserver's
 /// privileged group authorizer).
 pub const MASTERS: &str = "system:masters";
-const AUTHENTICATED: &str = "system:authenticated";
-const UNAUTHENTICATED: &str = "system:unauthenticated";
+pub const AUTHENTICATED: &str = "system:authenticated";
+pub const UNAUTHENTICATED: &str = "system:unauthenticated";
+pub const ANONYMOUS: &str = "system:anonymous";
 
 /// Who a request is from.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct UserInfo {
     pub name: String,
     pub groups: Vec<String>,
+    /// Its UID, when something names one (an impersonating request's `Impersonate-Uid`).
+    pub uid: String,
+    /// Its extra attributes, by key (an impersonating request's `Impersonate-Extra-KEY`).
+    pub extra: BTreeMap<String, Vec<String>>,
 }
 
 /// `system:serviceaccount:NAMESPACE:NAME`.
 pub fn service_account_user(namespace: &str, name: &str) -> String {
     format!("system:serviceaccount:{namespace}:{name}")
+}
+
+/// The groups every ServiceAccount of `namespace` is in.
+pub fn service_account_groups(namespace: &str) -> [String; 2] {
+    [
+        "system:serviceaccounts".to_string(),
+        format!("system:serviceaccounts:{namespace}"),
+    ]
 }
 
 impl UserInfo {
@@ -31,23 +46,22 @@ impl UserInfo {
         UserInfo {
             name: name.into(),
             groups,
+            ..UserInfo::default()
         }
     }
 
     pub fn service_account(namespace: &str, name: &str) -> UserInfo {
         UserInfo::new(
             service_account_user(namespace, name),
-            [
-                "system:serviceaccounts".to_string(),
-                format!("system:serviceaccounts:{namespace}"),
-            ],
+            service_account_groups(namespace),
         )
     }
 
     pub fn anonymous() -> UserInfo {
         UserInfo {
-            name: "system:anonymous".into(),
+            name: ANONYMOUS.into(),
             groups: vec![UNAUTHENTICATED.into()],
+            ..UserInfo::default()
         }
     }
 

@@ -3,7 +3,7 @@
 use caretaker_apiserver::TestServer;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use serde_json::json;
+use serde_json::{Value, json};
 
 mod common;
 use common::{RawHttp, api_status, create_namespace};
@@ -146,18 +146,19 @@ async fn configmap_lifecycle_and_errors() {
         .iter()
         .map(|c| c.metadata.name.clone().unwrap())
         .collect();
-    assert_eq!(unpaged.len(), 7, "{unpaged:?}");
+    // With the namespace's kube-root-ca.crt, there from the start.
+    assert_eq!(unpaged.len(), 8, "{unpaged:?}");
     assert_eq!(all, unpaged);
     // remainingItemCount: what is left after each page, as kube-apiserver counts it; not
     // given with a selector (kube-apiserver would have to scan to count).
     let first = cms.list(&ListParams::default().limit(3)).await.unwrap();
-    assert_eq!(first.metadata.remaining_item_count, Some(4));
+    assert_eq!(first.metadata.remaining_item_count, Some(5));
     let token = first.metadata.continue_.unwrap();
     let second = cms
         .list(&ListParams::default().limit(3).continue_token(&token))
         .await
         .unwrap();
-    assert_eq!(second.metadata.remaining_item_count, Some(1));
+    assert_eq!(second.metadata.remaining_item_count, Some(2));
     let last = cms
         .list(
             &ListParams::default()
@@ -312,7 +313,17 @@ async fn malformed_requests_get_status_errors() {
         )
         .await;
     assert_eq!(code, 200);
-    assert_eq!(body["items"].as_array().unwrap().len(), 0);
+    let names: Vec<&Value> = body["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| &i["metadata"]["name"])
+        .collect();
+    assert_eq!(
+        names,
+        ["kube-root-ca.crt"],
+        "what the root-CA publisher keeps there alone"
+    );
 }
 
 #[tokio::test]

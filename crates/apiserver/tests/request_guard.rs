@@ -25,6 +25,8 @@ async fn configmap_names(server: &ApiServer) -> Vec<String> {
         .items
         .into_iter()
         .filter_map(|c| c.metadata.name)
+        // What the root-CA publisher keeps in every namespace.
+        .filter(|name| name != "kube-root-ca.crt")
         .collect()
 }
 

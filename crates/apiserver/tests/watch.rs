@@ -396,7 +396,10 @@ async fn streaming_list_watch() {
             .unwrap()
             .unwrap()
         {
-            Event::InitApply(o) => initial.push(o.metadata.name.unwrap()),
+            // The namespace's kube-root-ca.crt aside.
+            Event::InitApply(o) if o.metadata.name.as_deref() != Some("kube-root-ca.crt") => {
+                initial.push(o.metadata.name.unwrap())
+            }
             Event::InitDone => break,
             _ => {}
         }

@@ -5,11 +5,89 @@
 
 use serde_json::{Value, json};
 
-/// A Pod: its spec's defaults, and `Pending` until something reports on it.
+/// A Pod: its spec's defaults, `Pending` until something reports on it, and the QoS class
+/// kube-apiserver computes from its containers' resources.
 pub(super) fn pod(obj: &mut Value) {
     pod_spec(child(obj, "spec"));
+    let qos = qos_class(&obj["spec"]);
     let status = child(obj, "status");
-    fill(status, &[("phase", json!("Pending"))]);
+    fill(
+        status,
+        &[("phase", json!("Pending")), ("qosClass", json!(qos))],
+    );
+}
+
+/// kube's `ComputePodQOS`: `BestEffort` without any cpu or memory request or limit,
+/// `Guaranteed` when every container (init containers too) limits both and the requests
+/// (a missing one is its limit, as defaulting makes it) equal the limits, else `Burstable`.
+fn qos_class(spec: &Value) -> &'static str {
+    const COMPUTE: [&str; 2] = ["cpu", "memory"];
+    let (mut requests, mut limits) = ([0.0f64; 2], [0.0f64; 2]);
+    let (mut any_request, mut any_limit) = ([false; 2], [false; 2]);
+    let mut guaranteed = true;
+    let containers = ["containers", "initContainers"]
+        .into_iter()
+        .filter_map(|list| spec.get(list).and_then(Value::as_array))
+        .flatten();
+    for container in containers {
+        let resources = &container["resources"];
+        for (i, name) in COMPUTE.into_iter().enumerate() {
+            let limit = quantity(&resources["limits"][name]).filter(|q| *q > 0.0);
+            let request = quantity(&resources["requests"][name])
+                .or(limit)
+                .filter(|q| *q > 0.0);
+            if let Some(q) = request {
+                requests[i] += q;
+                any_request[i] = true;
+            }
+            match limit {
+                Some(q) => {
+                    limits[i] += q;
+                    any_limit[i] = true;
+                }
+                None => guaranteed = false,
+            }
+        }
+    }
+    if any_request == [false; 2] && any_limit == [false; 2] {
+        return "BestEffort";
+    }
+    let equal = (0..2).all(|i| any_request[i] == any_limit[i] && requests[i] == limits[i]);
+    if guaranteed && equal {
+        "Guaranteed"
+    } else {
+        "Burstable"
+    }
+}
+
+/// A resource quantity (`100m`, `1.5Gi`, `2e3`, `4`) as a number; None when it is none.
+fn quantity(value: &Value) -> Option<f64> {
+    if let Some(n) = value.as_f64() {
+        return Some(n);
+    }
+    let text = value.as_str()?.trim();
+    const SUFFIXES: [(&str, f64); 15] = [
+        ("Ki", 1024.0),
+        ("Mi", 1048576.0),
+        ("Gi", 1073741824.0),
+        ("Ti", 1099511627776.0),
+        ("Pi", 1125899906842624.0),
+        ("Ei", 1152921504606846976.0),
+        ("n", 1e-9),
+        ("u", 1e-6),
+        ("m", 1e-3),
+        ("k", 1e3),
+        ("M", 1e6),
+        ("G", 1e9),
+        ("T", 1e12),
+        ("P", 1e15),
+        ("E", 1e18),
+    ];
+    let (number, scale) = SUFFIXES
+        .iter()
+        .find_map(|(suffix, scale)| text.strip_suffix(suffix).map(|n| (n, *scale)))
+        .unwrap_or((text, 1.0));
+    number.parse::<f64>().ok().map(|n| n * scale)
 }
 
 /// The workload kinds' defaults (apps/v1, batch/v1 and core/v1's `SetDefaults_…`); other
@@ -99,8 +177,9 @@ pub(super) fn workload(group: &str, plural: &str, obj: &mut Value) {
     }
 }
 
-/// A Service spec's `type: ClusterIP` and `sessionAffinity: None`, and each port's `TCP` and
-/// `targetPort` (its `port`). Its cluster IP is allocated apart.
+/// A Service spec's `type: ClusterIP` and `sessionAffinity: None`, the traffic policies
+/// (`Cluster`) of the types that have them, and each port's `TCP` and `targetPort` (its
+/// `port`). Its cluster IP and IP families are allocated apart.
 pub(super) fn service_spec(spec: &mut Value) {
     fill(
         spec,
@@ -109,6 +188,17 @@ pub(super) fn service_spec(spec: &mut Value) {
             ("sessionAffinity", json!("None")),
         ],
     );
+    match spec["type"].as_str() {
+        Some("ExternalName") => {}
+        Some("NodePort" | "LoadBalancer") => fill(
+            spec,
+            &[
+                ("internalTrafficPolicy", json!("Cluster")),
+                ("externalTrafficPolicy", json!("Cluster")),
+            ],
+        ),
+        _ => fill(spec, &[("internalTrafficPolicy", json!("Cluster"))]),
+    }
     let ports = spec.get_mut("ports").and_then(Value::as_array_mut);
     for port in ports.into_iter().flatten() {
         let target = port.get("port").cloned().unwrap_or(Value::Null);
@@ -190,6 +280,31 @@ fn pod_spec(spec: &mut Value) {
     }
 }
 
+/// A Service's IP families, as kube-apiserver's allocator sets them on a single-stack (IPv4)
+/// cluster: `SingleStack`, or for a headless Service without a selector `RequireDualStack`
+/// (every family the cluster has); ExternalName Services have none.
+pub(super) fn service_ip_families(spec: &mut Value) {
+    if spec["type"] == "ExternalName" {
+        return;
+    }
+    let selectorless = spec
+        .get("selector")
+        .and_then(Value::as_object)
+        .is_none_or(|s| s.is_empty());
+    let policy = if spec["clusterIP"] == "None" && selectorless {
+        "RequireDualStack"
+    } else {
+        "SingleStack"
+    };
+    fill(
+        spec,
+        &[
+            ("ipFamilyPolicy", json!(policy)),
+            ("ipFamilies", json!(["IPv4"])),
+        ],
+    );
+}
+
 /// The object at `field` of `parent`, made an empty object when missing or not an object.
 fn child<'a>(parent: &'a mut Value, field: &str) -> &'a mut Value {
     if !parent.get(field).is_some_and(Value::is_object) {
@@ -233,6 +348,25 @@ mod tests {
             .collect();
         assert_eq!(pulls, ["Always", "IfNotPresent", "Never"]);
         assert_eq!(pod_object["status"]["phase"], "Pending");
+    }
+
+    #[test]
+    fn a_pods_qos_class_is_computed_as_kube_does() {
+        let class = |containers: Value| qos_class(&json!({"containers": containers}));
+        let resources = |r: Value| json!([{"name": "c", "resources": r}]);
+        assert_eq!(class(json!([{"name": "c"}])), "BestEffort");
+        // Quantities compare as numbers: 1 CPU is 1000m, 1Gi is 1024Mi.
+        let same = json!({"requests": {"cpu": "1", "memory": "1Gi"},
+            "limits": {"cpu": "1000m", "memory": "1024Mi"}});
+        assert_eq!(class(resources(same)), "Guaranteed");
+        let memory_unlimited = json!({"limits": {"cpu": "1"}});
+        assert_eq!(class(resources(memory_unlimited)), "Burstable");
+        // Every container counts, init containers too.
+        let spec = json!({"containers": [{"name": "a", "resources": {"limits": {"cpu": "1", "memory": "1Gi"}}}],
+            "initContainers": [{"name": "b"}]});
+        assert_eq!(qos_class(&spec), "Burstable");
+        let zero = json!({"requests": {"cpu": "0"}});
+        assert_eq!(class(resources(zero)), "BestEffort");
     }
 
     #[test]

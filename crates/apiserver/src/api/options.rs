@@ -51,6 +51,10 @@ pub struct DeleteOptions {
     pub precondition_uid: Option<String>,
     pub precondition_rv: Option<u64>,
     pub dry_run: bool,
+    /// `orphanDependents=false`, the deprecated way to ask for cascading deletion: the one
+    /// case where kube-apiserver answers a deletion that does not finish at once with 202
+    /// rather than 200.
+    pub legacy_cascade: bool,
     /// As [`WriteOptions::user`].
     pub user: Option<std::sync::Arc<crate::user::UserInfo>>,
 }

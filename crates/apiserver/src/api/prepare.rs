@@ -107,6 +107,13 @@ impl ApiState {
         if !obj.get("spec").is_some_and(Value::is_object) {
             obj["spec"] = json!({});
         }
+        // Go encodes a Service's status with its load balancer, empty or not.
+        let status = obj.get("status").filter(|s| s.is_object()).cloned();
+        let mut status = status.unwrap_or_else(|| json!({}));
+        if status.get("loadBalancer").is_none_or(Value::is_null) {
+            status["loadBalancer"] = json!({});
+        }
+        obj["status"] = status;
         let spec = &mut obj["spec"];
         defaults::service_spec(spec);
         if spec["type"] == "ExternalName" {
@@ -139,6 +146,7 @@ impl ApiState {
         };
         obj["spec"]["clusterIP"] = json!(ip);
         obj["spec"]["clusterIPs"] = json!([ip]);
+        defaults::service_ip_families(&mut obj["spec"]);
         Ok(())
     }
 

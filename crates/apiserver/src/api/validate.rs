@@ -29,6 +29,9 @@ impl ApiState {
             _ => meta::check_dns_subdomain(name),
         };
         errs.extend(metadata_errors(obj));
+        if let Some(old) = old.filter(|old| meta::is_deleting(old)) {
+            errs.extend(new_finalizers_error(obj, old));
+        }
         // Immutable ConfigMaps and Secrets keep their data (and stay immutable).
         if matches!(def.plural.as_str(), "configmaps" | "secrets")
             && let Some(old) = old
@@ -155,6 +158,31 @@ fn metadata_errors(obj: &Value) -> Vec<FieldError> {
         }
     }
     errs
+}
+
+/// kube-apiserver's `ValidateNoNewFinalizers`: an object being deleted may lose finalizers,
+/// never gain one (what would remove it?).
+fn new_finalizers_error(obj: &Value, old: &Value) -> Option<FieldError> {
+    let before = meta::finalizers_of(old);
+    let mut added: Vec<String> = meta::finalizers_of(obj)
+        .into_iter()
+        .filter(|f| !before.contains(f))
+        .collect();
+    if added.is_empty() {
+        return None;
+    }
+    added.sort();
+    added.dedup();
+    // Go's `%#v` of the `[]string` of new finalizers.
+    let quoted: Vec<String> = added.iter().map(|f| format!("{f:?}")).collect();
+    Some(FieldError::new(
+        "metadata.finalizers",
+        FieldErrorKind::Forbidden,
+        format!(
+            "no new finalizers can be added if the object is being deleted, found new finalizers []string{{{}}}",
+            quoted.join(", ")
+        ),
+    ))
 }
 
 /// kube's `IsValidPathSegmentName`: the names of custom resources and RBAC objects.

@@ -8,11 +8,14 @@
 //! - [`escalation`]: what a writer of RBAC objects may grant (checked where they are stored).
 //! - [`tokens`]: ServiceAccount bearer tokens, and [`token_request`], which issues them.
 //! - [`bootstrap`]: the ClusterRoles and bindings every cluster starts with.
-//! - [`reviews`]: SelfSubjectAccessReview and SelfSubjectRulesReview (`kubectl auth can-i`).
+//! - [`reviews`]: SelfSubjectAccessReview and SelfSubjectRulesReview (`kubectl auth can-i`),
+//!   SelfSubjectReview (`kubectl auth whoami`).
+//! - [`impersonation`]: acting as another user (`kubectl --as`).
 
 pub mod attributes;
 pub mod bootstrap;
 pub mod escalation;
+pub mod impersonation;
 pub mod rbac;
 pub mod reviews;
 pub mod token_request;
@@ -232,6 +235,25 @@ impl Auth {
         }
     }
 
+    /// The user a request acts as: the one its `Impersonate-*` headers name, once `user` may
+    /// impersonate each thing named (kube-apiserver's 403 when not), else `user`.
+    fn impersonate(
+        &self,
+        api: &ApiState,
+        user: Arc<UserInfo>,
+        headers: &axum::http::HeaderMap,
+    ) -> Result<Arc<UserInfo>, ApiError> {
+        let Some(asked) = impersonation::Impersonation::of(headers)? else {
+            return Ok(user);
+        };
+        if self.mode == Authorization::Rbac {
+            for check in asked.checks() {
+                self.check(api, &user, &check)?;
+            }
+        }
+        Ok(Arc::new(asked.user()))
+    }
+
     fn record(&self, user: &UserInfo, request: &Attributes, allowed: bool) {
         if let Attributes::Resource(r) = request {
             let mut log = self.access.lock().unwrap_or_else(|p| p.into_inner());
@@ -399,6 +421,10 @@ pub async fn middleware(
             Ok(user) => user,
             Err(e) => return e.into_response(),
         }
+    };
+    let user = match auth.impersonate(&layer.api, user, request.headers()) {
+        Ok(user) => user,
+        Err(e) => return e.into_response(),
     };
     if auth.mode == Authorization::Rbac {
         let params: Vec<(String, String)> = axum::extract::Query::try_from_uri(request.uri())

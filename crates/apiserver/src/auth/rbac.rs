@@ -359,6 +359,7 @@ mod tests {
         UserInfo {
             name: name.into(),
             groups: groups.iter().map(|g| g.to_string()).collect(),
+            ..UserInfo::default()
         }
     }
 

@@ -1,6 +1,7 @@
 //! `authorization.k8s.io/v1` SelfSubjectAccessReview ("may I do this?") and
 //! SelfSubjectRulesReview ("what may I do here?"), which `kubectl auth can-i` and
-//! `kubectl auth can-i --list` create. Nothing is stored: the answer is the created object.
+//! `kubectl auth can-i --list` create, and `authentication.k8s.io/v1` SelfSubjectReview ("who
+//! am I?", `kubectl auth whoami`). Nothing is stored: the answer is the created object.
 
 use serde_json::{Value, json};
 
@@ -13,6 +14,30 @@ use crate::error::ApiError;
 pub const GROUP: &str = "authorization.k8s.io";
 pub const ACCESS_REVIEWS: &str = "selfsubjectaccessreviews";
 pub const RULES_REVIEWS: &str = "selfsubjectrulesreviews";
+pub const AUTHENTICATION_GROUP: &str = "authentication.k8s.io";
+pub const SUBJECT_REVIEWS: &str = "selfsubjectreviews";
+
+/// The answer to a SelfSubjectReview `body` from `user`: who the server takes it for.
+pub fn who_am_i(user: &UserInfo, body: Value) -> Result<Value, ApiError> {
+    if !body.is_object() {
+        return Err(ApiError::bad_request("the review is not a JSON object"));
+    }
+    let mut user_info = json!({"username": user.name});
+    if !user.uid.is_empty() {
+        user_info["uid"] = json!(user.uid);
+    }
+    user_info["groups"] = json!(user.groups);
+    if !user.extra.is_empty() {
+        user_info["extra"] = json!(user.extra);
+    }
+    let metadata = body.get("metadata").filter(|m| m.is_object());
+    Ok(json!({
+        "kind": "SelfSubjectReview",
+        "apiVersion": format!("{AUTHENTICATION_GROUP}/v1"),
+        "metadata": metadata.cloned().unwrap_or_else(|| json!({})),
+        "status": {"userInfo": user_info},
+    }))
+}
 
 fn string(v: &Value, field: &str) -> String {
     v[field].as_str().unwrap_or_default().to_string()

@@ -21,7 +21,7 @@ use crate::http::media::{self, BODY_MEDIA_TYPES, JSON_OR_YAML, PROTOBUF};
 use crate::http::watch::{self, WatchParams};
 use crate::patch::bodies::{self, PatchType};
 use crate::schema::table::{self, IncludeObject};
-use crate::schema::{discovery, openapi};
+use crate::schema::{discovery, field_labels, openapi};
 use crate::selectors::{FieldSelector, LabelSelector};
 use crate::store::registry::{self, ResourceDef};
 use crate::work;
@@ -201,6 +201,19 @@ async fn route(
             }
             let review = parse_body(headers, &body, BODY_MEDIA_TYPES)?;
             let answer = reviews::answer(&state.auth, &state.api, user, plural, review)?;
+            Ok(json_response(StatusCode::CREATED, &answer))
+        }
+        [
+            "apis",
+            reviews::AUTHENTICATION_GROUP,
+            "v1",
+            reviews::SUBJECT_REVIEWS,
+        ] => {
+            if method != Method::POST {
+                return Err(ApiError::method_not_allowed());
+            }
+            let review = parse_body(headers, &body, BODY_MEDIA_TYPES)?;
+            let answer = reviews::who_am_i(user, review)?;
             Ok(json_response(StatusCode::CREATED, &answer))
         }
         [
@@ -408,7 +421,7 @@ fn write_options(
     })
 }
 
-fn list_query(params: &Params) -> Result<ListQuery, ApiError> {
+fn list_query(def: &ResourceDef, params: &Params) -> Result<ListQuery, ApiError> {
     Ok(ListQuery {
         labels: params
             .get("labelSelector")
@@ -418,7 +431,7 @@ fn list_query(params: &Params) -> Result<ListQuery, ApiError> {
         fields: params
             .get("fieldSelector")
             .filter(|s| !s.is_empty())
-            .map(FieldSelector::parse)
+            .map(|s| FieldSelector::parse(s).and_then(|f| field_labels::convert(def, f)))
             .transpose()?,
         limit: params
             .get("limit")
@@ -478,6 +491,7 @@ fn delete_options(
             .and_then(Value::as_str)
             .and_then(|s| s.parse().ok()),
         dry_run,
+        legacy_cascade: orphan_dependents == Some(false),
         user: user.clone(),
     })
 }
@@ -492,7 +506,13 @@ fn watch_request(
 ) -> Result<Response, ApiError> {
     let api = &state.api;
     let def = &t.def;
-    let q = list_query(params)?;
+    let q = list_query(def, params)?;
+    let send_initial_events = params.get("sendInitialEvents").map(|v| v == "true");
+    watch::check_options(
+        send_initial_events,
+        params.get("resourceVersionMatch"),
+        q.continue_token.is_some(),
+    )?;
     let timeout = params
         .get("timeoutSeconds")
         .and_then(|s| s.parse::<u64>().ok())
@@ -500,7 +520,7 @@ fn watch_request(
     let wp = WatchParams {
         namespace: t.namespace.clone(),
         resource_version: params.get("resourceVersion").map(String::from),
-        send_initial_events: params.get("sendInitialEvents").map(|v| v == "true"),
+        send_initial_events,
         allow_bookmarks: params.flag("allowWatchBookmarks"),
         timeout: Duration::from_secs(timeout),
         labels: q.labels,
@@ -689,7 +709,7 @@ async fn resource_request(
         }
         (Method::GET, None) => {
             let representation = representation(headers, media::Answer::List)?;
-            let list = api.list(def, t.namespace.as_deref(), &list_query(params)?)?;
+            let list = api.list(def, t.namespace.as_deref(), &list_query(def, params)?)?;
             let answer = match representation {
                 media::Representation::Object => list,
                 media::Representation::Table => {
@@ -748,20 +768,17 @@ async fn resource_request(
         }
         (Method::DELETE, Some(name)) if t.part == Part::Main => {
             let representation = representation(headers, media::Answer::Object)?;
-            let (obj, gone) = api
-                .delete(
-                    def,
-                    ns,
-                    name,
-                    &delete_options(params, headers, &body, &user)?,
-                )
-                .await?;
+            let opts = delete_options(params, headers, &body, &user)?;
+            let (obj, gone) = api.delete(def, ns, name, &opts).await?;
+            // kube-apiserver answers 200 with the object whether or not it is gone yet (202
+            // only for the deprecated `orphanDependents=false`).
+            let code = if !gone && opts.legacy_cascade {
+                StatusCode::ACCEPTED
+            } else {
+                StatusCode::OK
+            };
             Ok(json_response(
-                if gone {
-                    StatusCode::OK
-                } else {
-                    StatusCode::ACCEPTED
-                },
+                code,
                 &object_answer(def, &obj, representation, include),
             ))
         }
@@ -770,7 +787,7 @@ async fn resource_request(
                 .delete_collection(
                     def,
                     t.namespace.as_deref(),
-                    &list_query(params)?,
+                    &list_query(def, params)?,
                     &delete_options(params, headers, &body, &user)?,
                 )
                 .await?;

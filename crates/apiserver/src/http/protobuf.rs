@@ -292,7 +292,8 @@ fn access_review_spec(b: &[u8]) -> Option<Value> {
 }
 
 /// Decodes a protobuf-encoded ConfigMap, Secret, Namespace, ServiceAccount,
-/// SelfSubjectAccessReview, SelfSubjectRulesReview or TokenRequest into JSON.
+/// SelfSubjectAccessReview, SelfSubjectRulesReview, SelfSubjectReview (its metadata alone) or
+/// TokenRequest into JSON.
 pub fn decode(body: &[u8], content_type: &str) -> Result<Value, ApiError> {
     let bad = || {
         ApiError::bad_request(
@@ -324,7 +325,7 @@ pub fn decode(body: &[u8], content_type: &str) -> Result<Value, ApiError> {
             kind.as_str(),
             "ConfigMap" | "Secret" | "Namespace" | "ServiceAccount"
         ),
-        "authentication.k8s.io/v1" => kind == "TokenRequest",
+        "authentication.k8s.io/v1" => matches!(kind.as_str(), "TokenRequest" | "SelfSubjectReview"),
         "authorization.k8s.io/v1" => {
             matches!(
                 kind.as_str(),

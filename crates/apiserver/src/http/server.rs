@@ -178,6 +178,8 @@ impl ApiServerBuilder {
             (Some(dir), true) => Some(TlsMaterial::load_or_generate(&dir.join("pki"))?),
             (None, true) => Some(TlsMaterial::generate()?),
         };
+        let ca_pem = tls.as_ref().map(|t| t.ca_pem.clone()).unwrap_or_default();
+        crate::controllers::fill_namespaces(&api, &ca_pem).await?;
         // The admin's own credentials: a client certificate in `system:masters`.
         let admin = match (&tls, self.authorization) {
             (Some(tls), Authorization::Rbac) => {
@@ -227,7 +229,7 @@ impl ApiServerBuilder {
             .transpose()?
             .map(tokio_rustls::TlsAcceptor::from);
         let serving = tokio::spawn(serve(listener, router, acceptor, self.connection_limits));
-        let controllers = tokio::spawn(crate::controllers::run(api.clone()));
+        let controllers = tokio::spawn(crate::controllers::run(api.clone(), ca_pem));
         let scheme = if tls.is_some() { "https" } else { "http" };
         let host = if addr.ip().is_unspecified() {
             "127.0.0.1".to_string()

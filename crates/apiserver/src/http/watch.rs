@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use tokio::sync::{broadcast, mpsc};
 
 use crate::api::ApiState;
-use crate::error::ApiError;
+use crate::error::{ApiError, FieldError, FieldErrorKind};
 use crate::http::media::{self, Representation};
 use crate::schema::table::{self, IncludeObject};
 use crate::selectors::{FieldSelector, LabelSelector};
@@ -35,6 +35,49 @@ pub struct WatchParams {
     /// How much of each object a Table row carries.
     pub include: IncludeObject,
     pub bookmark_interval: Duration,
+}
+
+/// kube-apiserver's checks of a watch's `sendInitialEvents` and `resourceVersionMatch`
+/// (`validateWatchOptions`), refused as it refuses them: 422 on `ListOptions`.
+pub fn check_options(
+    send_initial_events: Option<bool>,
+    resource_version_match: Option<&str>,
+    continuing: bool,
+) -> Result<(), ApiError> {
+    const NOT_OLDER_THAN: &str = "NotOlderThan";
+    let matching = resource_version_match.filter(|m| !m.is_empty());
+    let forbidden =
+        |message: &str| FieldError::new("resourceVersionMatch", FieldErrorKind::Forbidden, message);
+    let mut errs = Vec::new();
+    if send_initial_events.is_some() && matching != Some(NOT_OLDER_THAN) {
+        errs.push(forbidden(
+            "sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
+        ));
+    }
+    if let Some(m) = matching {
+        if send_initial_events.is_none() {
+            errs.push(forbidden(
+                "resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided",
+            ));
+        }
+        if m != NOT_OLDER_THAN {
+            errs.push(FieldError::new(
+                "resourceVersionMatch",
+                FieldErrorKind::NotSupported,
+                format!("{m:?}: supported values: \"{NOT_OLDER_THAN}\""),
+            ));
+        }
+        if continuing {
+            errs.push(forbidden(
+                "resourceVersionMatch is forbidden when continue is provided",
+            ));
+        }
+    }
+    if errs.is_empty() {
+        Ok(())
+    } else {
+        Err(ApiError::invalid("meta.k8s.io", "ListOptions", "", &errs))
+    }
 }
 
 struct Watcher {
@@ -70,15 +113,13 @@ impl Watcher {
     }
 
     fn encode(&self, kind: &str, object: Value) -> Bytes {
-        let mut line = json!({ "type": kind, "object": self.form(kind, object) }).to_string();
-        line.push('\n');
-        Bytes::from(line)
+        let object = serde_json::to_vec(&self.form(kind, object)).expect("JSON values encode");
+        event_line(kind, &object)
     }
 
     /// `object` (served) in the form this watch asked for.
     fn form(&self, kind: &str, object: Value) -> Value {
         match self.params.representation {
-            _ if kind == "ERROR" => object,
             Representation::Table if kind != "BOOKMARK" => table::table(
                 &self.def,
                 std::slice::from_ref(&object),
@@ -93,6 +134,13 @@ impl Watcher {
 
     async fn send(&self, kind: &str, object: Value) -> bool {
         self.out.send(self.encode(kind, object)).await.is_ok()
+    }
+
+    /// The `ERROR` event that ends a watch: its `Status` as every other answer writes one.
+    async fn send_error(&self, error: ApiError) {
+        let status = error.status_body();
+        let line = event_line("ERROR", status.trim_end().as_bytes());
+        let _ = self.out.send(line).await;
     }
 
     async fn send_change(&mut self, change: &Change) -> bool {
@@ -146,13 +194,7 @@ impl Watcher {
             (_, _, Some(form)) => change.encoded.get_or_encode(form, encode),
             (_, _, None) => encode(),
         };
-        let mut line = Vec::with_capacity(object.len() + 32);
-        line.extend_from_slice(br#"{"type":""#);
-        line.extend_from_slice(kind.as_bytes());
-        line.extend_from_slice(br#"","object":"#);
-        line.extend_from_slice(&object);
-        line.extend_from_slice(b"}\n");
-        self.out.send(Bytes::from(line)).await.is_ok()
+        self.out.send(event_line(kind, &object)).await.is_ok()
     }
 
     async fn bookmark(&self, initial_events_end: bool) -> bool {
@@ -205,7 +247,7 @@ impl Watcher {
             let (objects, list_rv) = match listed {
                 Ok(x) => x,
                 Err(e) => {
-                    let _ = self.send("ERROR", ApiError::from(e).to_status()).await;
+                    self.send_error(ApiError::from(e)).await;
                     return false;
                 }
             };
@@ -235,7 +277,7 @@ impl Watcher {
         }
         let Ok(since) = rv.parse::<u64>() else {
             let err = ApiError::bad_request(format!("invalid resource version: {rv:?}"));
-            let _ = self.send("ERROR", err.to_status()).await;
+            self.send_error(err).await;
             return false;
         };
         match self.state.store.changes_since(&self.def.storage_key, since) {
@@ -249,17 +291,26 @@ impl Watcher {
                 true
             }
             Ok(Err(oldest)) => {
-                let _ = self
-                    .send("ERROR", ApiError::expired(since, oldest).to_status())
-                    .await;
+                self.send_error(ApiError::expired(since, oldest)).await;
                 false
             }
             Err(e) => {
-                let _ = self.send("ERROR", ApiError::from(e).to_status()).await;
+                self.send_error(ApiError::from(e)).await;
                 false
             }
         }
     }
+}
+
+/// One event of the stream, `type` first as kube-apiserver writes it, from its object's JSON.
+fn event_line(kind: &str, object: &[u8]) -> Bytes {
+    let mut line = Vec::with_capacity(object.len() + 32);
+    line.extend_from_slice(br#"{"type":""#);
+    line.extend_from_slice(kind.as_bytes());
+    line.extend_from_slice(br#"","object":"#);
+    line.extend_from_slice(object);
+    line.extend_from_slice(b"}\n");
+    Bytes::from(line)
 }
 
 /// Starts a watch; the returned stream yields newline-delimited JSON events until the timeout,

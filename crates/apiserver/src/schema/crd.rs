@@ -73,6 +73,13 @@ pub fn served_resources(crd: &Value) -> Vec<ResourceDef> {
                         .and_then(Value::as_str)
                         .map(String::from),
                 }),
+                selectable_fields: v
+                    .get("selectableFields")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                    .map(|f| str_at(f, "/jsonPath").trim_start_matches('.').to_string())
+                    .collect(),
             })
         })
         .collect()

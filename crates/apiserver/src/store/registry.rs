@@ -23,7 +23,8 @@ pub enum Flavor {
     EventsV1Event,
     CustomResourceDefinition,
     CustomResource,
-    /// A review of `authorization.k8s.io`: created, answered, never stored.
+    /// A review (`authorization.k8s.io`'s, `authentication.k8s.io`'s SelfSubjectReview):
+    /// created, answered, never stored.
     Review,
     /// core/v1 Service: a `clusterIP` is allocated, as kube-apiserver allocates one.
     Service,
@@ -63,6 +64,9 @@ pub struct ResourceDef {
     pub printer_columns: Vec<PrinterColumn>,
     /// The scale subresource a CRD version declares (custom resources only).
     pub scale: Option<ScalePaths>,
+    /// The fields a CRD version's `selectableFields` declare, as field selectors name them
+    /// (`spec.color`; custom resources only: built-in kinds' are `schema/field_labels`').
+    pub selectable_fields: Vec<String>,
 }
 
 /// `subresources.scale` of a CRD version: where a Scale's numbers are in the object.
@@ -161,6 +165,7 @@ fn builtin(group: &str, version: &str, plural: &str, kind: &str, namespaced: boo
         schema: None,
         printer_columns: vec![],
         scale: None,
+        selectable_fields: vec![],
     }
 }
 
@@ -264,6 +269,8 @@ fn builtins() -> Vec<ResourceDef> {
             .flavor(Flavor::Review),
         builtin(reviews, "v1", "selfsubjectrulesreviews", "SelfSubjectRulesReview", CLUSTER)
             .flavor(Flavor::Review),
+        builtin("authentication.k8s.io", "v1", "selfsubjectreviews", "SelfSubjectReview",
+            CLUSTER).flavor(Flavor::Review),
         builtin("apiextensions.k8s.io", "v1", "customresourcedefinitions",
             "CustomResourceDefinition", CLUSTER)
             .short_names(&["crd", "crds"]).with_status()
