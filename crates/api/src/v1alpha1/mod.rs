@@ -23,7 +23,8 @@ pub use certificate_authority::{
 };
 pub use etcd_certificates::{
     CertificateSettings, EtcdCertificates, EtcdCertificatesSpec, EtcdCertificatesStatus,
-    EtcdMember, MemberSelector, QuorumSettings, SelectorRequirement, SignerSettings, SignerStatus,
+    AgentSettings, EtcdMember, MemberSelector, MemberStatus, QuorumSettings, SelectorRequirement,
+    SignerSettings, SignerStatus,
 };
 pub use issued_certificate::{
     IssuedCertificate, IssuedCertificateSpec, IssuedCertificateStatus, IssuerReference,
