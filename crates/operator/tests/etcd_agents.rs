@@ -138,6 +138,43 @@ async fn force_signer_rotation(client: &kube::Client) {
     force_certificate_rotation(client, "etcd-signer").await;
 }
 
+/// Asks every member for its health every 100 ms until told to stop; returns, per member, how
+/// long each spell of not answering healthy lasted (its restarts, as a client sees them).
+fn watch_outages(
+    cluster: &AgentCluster,
+    client: &common::etcd::EtcdClient,
+) -> (
+    Arc<std::sync::atomic::AtomicBool>,
+    tokio::task::JoinHandle<Vec<(String, Vec<f64>)>>,
+) {
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let members: Vec<(String, String)> = (cluster.members.iter())
+        .map(|m| (m.name.clone(), m.client_url()))
+        .collect();
+    let (client, stopping) = (client.clone(), stop.clone());
+    let task = tokio::spawn(async move {
+        let mut spells: Vec<(String, Vec<f64>)> =
+            members.iter().map(|(n, _)| (n.clone(), Vec::new())).collect();
+        let mut down_since: Vec<Option<Instant>> = vec![None; members.len()];
+        while !stopping.load(Ordering::Relaxed) {
+            for (i, (_, url)) in members.iter().enumerate() {
+                let healthy = client.healthy(url).await;
+                match (healthy, down_since[i]) {
+                    (false, None) => down_since[i] = Some(Instant::now()),
+                    (true, Some(since)) => {
+                        spells[i].1.push((since.elapsed().as_secs_f64() * 10.0).round() / 10.0);
+                        down_since[i] = None;
+                    }
+                    _ => {}
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        spells
+    });
+    (stop, task)
+}
+
 /// Issue 34: bootstrap, a signer rotation and a forced certificate rotation while clients
 /// write without pause (every endpoint, transient errors retried, each write read back): the
 /// agents install every revision and restart the members one at a time; no write is lost, no
@@ -152,6 +189,9 @@ async fn the_agents_roll_every_revision_out_under_load_losing_nothing() {
     setup.cluster.bootstrap(60).await;
     let first = setup.settle(120).await;
     assert_eq!(first.latest_revision, Some(1), "{first:#?}");
+    // Provisioned by hand, each member got revision 1 installed once by its agent.
+    let updated = setup.events("NodeCurrentRevisionChanged").await;
+    assert_eq!(updated.len(), 3, "{updated:#?}");
     let pids = setup.cluster.pids();
 
     let client = setup.cluster.client().await;
@@ -160,6 +200,7 @@ async fn the_agents_roll_every_revision_out_under_load_losing_nothing() {
         setup.cluster.config_maps().clone(),
     );
     let load = Load::start_with(apis, &client, 4);
+    let outages = watch_outages(&setup.cluster, &client);
     let started = Instant::now();
     force_signer_rotation(&setup.client).await;
     let rotated = setup.settle(300).await;
@@ -179,6 +220,9 @@ async fn the_agents_roll_every_revision_out_under_load_losing_nothing() {
         started.elapsed().as_secs_f64()
     );
     let load = load.stop().await;
+    outages.0.store(true, Ordering::Relaxed);
+    let outages = outages.1.await.unwrap();
+    eprintln!("each member's restarts, seconds unhealthy: {outages:?}");
 
     let (done, failed) = (load.done(), load.failed());
     let retries = client.retries.load(Ordering::Relaxed);
@@ -195,7 +239,8 @@ async fn the_agents_roll_every_revision_out_under_load_losing_nothing() {
         certificate_errors.is_empty(),
         "certificate errors: {certificate_errors:?}"
     );
-    let in_logs = setup.cluster.tls_errors_in_logs();
+    let (in_logs, probes) = setup.cluster.tls_errors_in_logs();
+    eprintln!("members' logs: {probes} refusals of the operator's trust probe");
     assert!(in_logs.is_empty(), "TLS errors in the members' logs: {in_logs:?}");
     // Every acknowledged write is there with its last value.
     let reader = setup.cluster.client().await;

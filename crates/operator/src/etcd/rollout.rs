@@ -50,13 +50,15 @@ pub struct MemberView {
 }
 
 impl MemberView {
-    /// Whether the member runs the target: it serves it, and its agent (if any) installed it
-    /// or never installed anything (a member bootstrapped from `etcd-all-certs`).
+    /// Whether the member runs the target: it serves it, and its agent (if any) installed it.
+    /// A member provisioned from `etcd-all-certs` whose agent has installed nothing yet is
+    /// not: serving the target's certificate says nothing of its bundle (a trust revision
+    /// changes only that), so its agent installs the target once.
     pub fn at(&self, target: &Target) -> bool {
         self.serving_target
             && match &self.agent {
                 None => true,
-                Some(Ok(installed)) => installed.as_ref().is_none_or(|r| *r == target.hash),
+                Some(Ok(installed)) => installed.as_deref() == Some(target.hash.as_str()),
                 Some(Err(_)) => false,
             }
     }
@@ -210,10 +212,11 @@ mod tests {
         ));
     }
 
-    /// Members without an agent are left to whoever installs them; a member bootstrapped from
-    /// the Secret (its agent installed nothing yet) that serves the target is at it.
+    /// Members without an agent are left to whoever installs them (and are at the target once
+    /// they serve it); a member whose agent installed nothing yet is not at the target even
+    /// when it serves the target's certificate: a trust revision changes only the bundle.
     #[test]
-    fn members_without_agents_are_skipped_and_bootstrapped_ones_are_current() {
+    fn members_without_agents_are_skipped_and_never_installed_ones_are_installed() {
         let members = [
             MemberView {
                 name: "m0".into(),
@@ -223,8 +226,14 @@ mod tests {
             member("m1", None, true),
             member("m2", None, false),
         ];
-        assert_eq!(next(&target(), &members, true), Next::Install("m2".into()));
-        assert!(members[1].at(&target()));
+        assert_eq!(next(&target(), &members, true), Next::Install("m1".into()));
+        assert!(!members[1].at(&target()));
+        let without_agent = MemberView {
+            agent: None,
+            serving_target: true,
+            ..members[0].clone()
+        };
+        assert!(without_agent.at(&target()));
     }
 
     /// The attack: a member is sent another member's key or a client certificate. Only its
