@@ -61,13 +61,7 @@ impl EtcdLayout {
 
     pub fn file_names(self) -> FileNames {
         let names = match self {
-            EtcdLayout::Kubeadm => [
-                "ca.crt",
-                "peer.crt",
-                "peer.key",
-                "server.crt",
-                "server.key",
-            ],
+            EtcdLayout::Kubeadm => ["ca.crt", "peer.crt", "peer.key", "server.crt", "server.key"],
             EtcdLayout::Plain => [
                 "ca.pem",
                 "peer-cert.pem",
@@ -76,8 +70,13 @@ impl EtcdLayout {
                 "key.pem",
             ],
         };
-        let [ca_bundle, peer_certificate, peer_key, serving_certificate, serving_key] =
-            names.map(str::to_string);
+        let [
+            ca_bundle,
+            peer_certificate,
+            peer_key,
+            serving_certificate,
+            serving_key,
+        ] = names.map(str::to_string);
         FileNames {
             ca_bundle,
             peer_certificate,
@@ -222,9 +221,9 @@ impl EtcdInstaller {
         let new = self.files_of(&request.files);
         let previous_revision = self.installed().revision;
         let in_place = previous_revision.as_deref() == Some(request.revision.as_str())
-            && new.iter().all(|f| {
-                fs::read(self.config.dir.join(&f.name)).is_ok_and(|c| c == f.contents)
-            });
+            && new
+                .iter()
+                .all(|f| fs::read(self.config.dir.join(&f.name)).is_ok_and(|c| c == f.contents));
         let restart = if in_place {
             // Asked again (an operator that lost the answer): no second restart.
             HookOutcome {
@@ -242,11 +241,7 @@ impl EtcdInstaller {
         Ok(InstallOutcome {
             member: self.config.member.clone(),
             revision: request.revision.clone(),
-            previous_revision: if in_place {
-                None
-            } else {
-                previous_revision
-            },
+            previous_revision: if in_place { None } else { previous_revision },
             restart,
             healthy_after_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
             health_retries: retries,
@@ -273,7 +268,11 @@ impl EtcdInstaller {
                 &files.serving_certificate,
                 files::CERTIFICATE_MODE,
             ),
-            file(&names.serving_key, &files.serving_key, files::PRIVATE_KEY_MODE),
+            file(
+                &names.serving_key,
+                &files.serving_key,
+                files::PRIVATE_KEY_MODE,
+            ),
         ]
     }
 
@@ -491,8 +490,8 @@ fn check(files: &MemberFiles) -> Result<(), String> {
 fn health_config(files: &MemberFiles) -> Result<rustls::ClientConfig, String> {
     install_crypto_provider();
     let roots = roots(&files.ca_bundle).map_err(|e| e.to_string())?;
-    let chain =
-        certificates(&files.serving_certificate, "the serving certificate").map_err(|e| e.to_string())?;
+    let chain = certificates(&files.serving_certificate, "the serving certificate")
+        .map_err(|e| e.to_string())?;
     let key = private_key(&files.serving_key).map_err(|e| e.to_string())?;
     rustls::ClientConfig::builder()
         .with_root_certificates(roots)
@@ -576,8 +575,7 @@ mod tests {
 
     fn files_for(ca: &CertificateAuthority, member: &str) -> MemberFiles {
         let (peer_certificate, peer_key) = pair(ca, &format!("system:etcd-peer:{member}"));
-        let (serving_certificate, serving_key) =
-            pair(ca, &format!("system:etcd-server:{member}"));
+        let (serving_certificate, serving_key) = pair(ca, &format!("system:etcd-server:{member}"));
         MemberFiles {
             ca_bundle: ca.certificate_pem(),
             peer_certificate,
@@ -604,7 +602,11 @@ mod tests {
     /// Every file of the etcd directory: contents and mode.
     fn on_disk(dir: &Path) -> BTreeMap<String, (Vec<u8>, u32)> {
         let mut found = BTreeMap::new();
-        for entry in fs::read_dir(dir.join("pki")).into_iter().flatten().flatten() {
+        for entry in fs::read_dir(dir.join("pki"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
             let mode = entry.metadata().unwrap().permissions().mode() & 0o777;
             let name = entry.file_name().to_string_lossy().into_owned();
             found.insert(name, (fs::read(entry.path()).unwrap(), mode));
@@ -675,7 +677,10 @@ mod tests {
         let ok = installer(dir.path(), "true");
         // The previous revision as an install leaves it (its health wait fails: no member).
         let first = ok.install(&request("m1", "aaaaaaaaaaaaaaaa", old.clone()));
-        assert!(matches!(first, Err(InstallError::NotHealthy { .. })), "{first:?}");
+        assert!(
+            matches!(first, Err(InstallError::NotHealthy { .. })),
+            "{first:?}"
+        );
         assert_eq!(ok.installed().revision.as_deref(), Some("aaaaaaaaaaaaaaaa"));
         let before = on_disk(dir.path());
         assert_eq!(before["server.key"].1, 0o600);
@@ -691,14 +696,21 @@ mod tests {
             .install(&request("m1", "bbbbbbbbbbbbbbbb", new.clone()))
             .unwrap_err();
         let message = error.to_string();
-        assert!(matches!(error, InstallError::HookFailed { .. }), "{message}");
+        assert!(
+            matches!(error, InstallError::HookFailed { .. }),
+            "{message}"
+        );
         assert!(message.contains("exit code 3"), "{message}");
         assert!(message.contains("etcd did not start"), "{message}");
         assert!(message.contains("previous files are back"), "{message}");
         for key in [&new.peer_key, &new.serving_key, &old.serving_key] {
             assert!(!message.contains(key.lines().nth(1).unwrap()), "{message}");
         }
-        assert_eq!(on_disk(dir.path()), before, "the previous revision, as it was");
+        assert_eq!(
+            on_disk(dir.path()),
+            before,
+            "the previous revision, as it was"
+        );
         assert_eq!(
             failing.installed().revision.as_deref(),
             Some("aaaaaaaaaaaaaaaa")

@@ -19,7 +19,9 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
-use caretaker_agent_api::etcd::{HOOK_FAILED, InstallRequest, MAX_INSTALL_BYTES, NOT_HEALTHY, WRONG_MEMBER};
+use caretaker_agent_api::etcd::{
+    HOOK_FAILED, InstallRequest, MAX_INSTALL_BYTES, NOT_HEALTHY, WRONG_MEMBER,
+};
 use caretaker_agent_api::inventory::Inventory;
 use caretaker_agent_api::refresh::{ApplyRequest, PlanRequest, PlanStatus};
 use caretaker_agent_api::upgrade::UpgradeRequest;

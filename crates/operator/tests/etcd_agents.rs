@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use caretaker_agent::etcd::{EtcdConfig, EtcdInstaller, EtcdLayout};
 use caretaker_agent::command::CommandTemplate;
+use caretaker_agent::etcd::{EtcdConfig, EtcdInstaller, EtcdLayout};
 use caretaker_api::v1alpha1::{EtcdCertificates, EtcdCertificatesStatus};
 use caretaker_apiserver::TestServer;
 use caretaker_operator::etcd::controller as etcd_certificates;
@@ -107,15 +107,19 @@ async fn events(client: &kube::Client, reason: &str) -> Vec<String> {
         .collect()
 }
 
-fn condition<'a>(status: &'a EtcdCertificatesStatus, type_: &str) -> Option<&'a caretaker_api::v1alpha1::Condition> {
+fn condition<'a>(
+    status: &'a EtcdCertificatesStatus,
+    type_: &str,
+) -> Option<&'a caretaker_api::v1alpha1::Condition> {
     status.conditions.iter().find(|c| c.type_ == type_)
 }
 
 fn settled(status: &EtcdCertificatesStatus) -> bool {
     let ready = condition(status, "Ready").is_some_and(|c| c.status == "True");
-    let rotating = status.signer.as_ref().is_some_and(|s| {
-        s.next_serial_number.is_some() || !s.previous_serial_numbers.is_empty()
-    });
+    let rotating = status
+        .signer
+        .as_ref()
+        .is_some_and(|s| s.next_serial_number.is_some() || !s.previous_serial_numbers.is_empty());
     let latest = status.latest_revision.unwrap_or(-1);
     ready
         && !rotating
@@ -126,7 +130,8 @@ fn settled(status: &EtcdCertificatesStatus) -> bool {
 /// Re-issues one member's serving certificate the documented way (its not-after annotation
 /// removed): one revision.
 async fn force_certificate_rotation(client: &kube::Client, secret: &str) {
-    let patch = json!({"metadata": {"annotations": {"auth.openshift.io/certificate-not-after": null}}});
+    let patch =
+        json!({"metadata": {"annotations": {"auth.openshift.io/certificate-not-after": null}}});
     Api::<Secret>::namespaced(client.clone(), NS)
         .patch(secret, &PatchParams::default(), &Patch::Merge(&patch))
         .await
@@ -153,8 +158,10 @@ fn watch_outages(
         .collect();
     let (client, stopping) = (client.clone(), stop.clone());
     let task = tokio::spawn(async move {
-        let mut spells: Vec<(String, Vec<f64>)> =
-            members.iter().map(|(n, _)| (n.clone(), Vec::new())).collect();
+        let mut spells: Vec<(String, Vec<f64>)> = members
+            .iter()
+            .map(|(n, _)| (n.clone(), Vec::new()))
+            .collect();
         let mut down_since: Vec<Option<Instant>> = vec![None; members.len()];
         while !stopping.load(Ordering::Relaxed) {
             for (i, (_, url)) in members.iter().enumerate() {
@@ -162,7 +169,9 @@ fn watch_outages(
                 match (healthy, down_since[i]) {
                     (false, None) => down_since[i] = Some(Instant::now()),
                     (true, Some(since)) => {
-                        spells[i].1.push((since.elapsed().as_secs_f64() * 10.0).round() / 10.0);
+                        spells[i]
+                            .1
+                            .push((since.elapsed().as_secs_f64() * 10.0).round() / 10.0);
                         down_since[i] = None;
                     }
                     _ => {}
@@ -241,7 +250,10 @@ async fn the_agents_roll_every_revision_out_under_load_losing_nothing() {
     );
     let (in_logs, probes) = setup.cluster.tls_errors_in_logs();
     eprintln!("members' logs: {probes} refusals of the operator's trust probe");
-    assert!(in_logs.is_empty(), "TLS errors in the members' logs: {in_logs:?}");
+    assert!(
+        in_logs.is_empty(),
+        "TLS errors in the members' logs: {in_logs:?}"
+    );
     // Every acknowledged write is there with its last value.
     let reader = setup.cluster.client().await;
     let written = load.written.lock().unwrap().clone();
@@ -265,7 +277,8 @@ async fn the_agents_roll_every_revision_out_under_load_losing_nothing() {
     }
     let updated = setup.events("NodeCurrentRevisionChanged").await;
     for m in ["m0", "m1", "m2"] {
-        let phrase = format!("Updated node \"{m}\" from revision 4 to 5 because static pod is ready");
+        let phrase =
+            format!("Updated node \"{m}\" from revision 4 to 5 because static pod is ready");
         assert!(updated.contains(&phrase), "{phrase}: {updated:#?}");
     }
     assert!(setup.events("InstallerPodFailed").await.is_empty());
@@ -303,7 +316,9 @@ async fn a_failing_hook_stops_the_rollout_at_its_member_and_fixing_it_resumes() 
     assert!(message.1.contains("restart refused"), "{message:?}");
     let failed = setup.events("InstallerPodFailed").await;
     assert!(
-        failed.iter().any(|f| f.starts_with("Failed to install revision 2 count 1 on node \"m1\"")),
+        failed
+            .iter()
+            .any(|f| f.starts_with("Failed to install revision 2 count 1 on node \"m1\"")),
         "{failed:#?}"
     );
     // A few more passes: m2 is never restarted, m1 keeps its files and process.
@@ -319,7 +334,14 @@ async fn a_failing_hook_stops_the_rollout_at_its_member_and_fixing_it_resumes() 
     );
     let status = setup.status().await;
     let m1 = status.members.iter().find(|m| m.name == "m1").unwrap();
-    assert_eq!((m1.current_revision, m1.target_revision, m1.last_failed_revision), (1, 2, 2));
+    assert_eq!(
+        (
+            m1.current_revision,
+            m1.target_revision,
+            m1.last_failed_revision
+        ),
+        (1, 2, 2)
+    );
     let m2 = status.members.iter().find(|m| m.name == "m2").unwrap();
     assert_eq!(m2.current_revision, 1);
 

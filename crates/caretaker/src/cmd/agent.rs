@@ -111,8 +111,11 @@ impl EtcdArgs {
         let Some(member) = &self.etcd_member else {
             return Ok(None);
         };
-        let restart = command("--etcd-restart-command", self.etcd_restart_command.as_deref())?
-            .ok_or("--etcd-member needs --etcd-restart-command")?;
+        let restart = command(
+            "--etcd-restart-command",
+            self.etcd_restart_command.as_deref(),
+        )?
+        .ok_or("--etcd-member needs --etcd-restart-command")?;
         let dir = (self.etcd_dir.clone())
             .unwrap_or_else(|| PathBuf::from(self.etcd_layout.default_dir()));
         let config = EtcdConfig {

@@ -114,7 +114,10 @@ pub fn next(target: &Target, members: &[MemberView], gate_open: bool) -> Next {
 /// The files of `member` from `etcd-all-certs`' data: its peer and serving pairs and the
 /// members' bundle, and nothing else (no other member's key, no metrics or client pair).
 pub fn member_files(all: &BTreeMap<String, String>, member: &str) -> Option<MemberFiles> {
-    let get = |role: Role, suffix: &str| all.get(&format!("{}.{suffix}", member_secret(role, member))).cloned();
+    let get = |role: Role, suffix: &str| {
+        all.get(&format!("{}.{suffix}", member_secret(role, member)))
+            .cloned()
+    };
     Some(MemberFiles {
         ca_bundle: all.get(ALL_CERTS_CA_BUNDLE)?.clone(),
         peer_certificate: get(Role::Peer, "crt")?,
@@ -136,9 +139,7 @@ pub fn current_changed(member: &str, from: i64, to: i64) -> String {
 
 /// `InstallerPodFailed`'s message.
 pub fn install_failed(member: &str, revision: i64, count: u32, error: &str) -> String {
-    format!(
-        "Failed to install revision {revision} count {count} on node {member:?}: {error}"
-    )
+    format!("Failed to install revision {revision} count {count} on node {member:?}: {error}")
 }
 
 #[cfg(test)]

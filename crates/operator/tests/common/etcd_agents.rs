@@ -189,7 +189,10 @@ impl AgentCluster {
             ),
             ..Default::default()
         };
-        secrets.create(&PostParams::default(), &secret).await.unwrap();
+        secrets
+            .create(&PostParams::default(), &secret)
+            .await
+            .unwrap();
         Self {
             members,
             dir,
@@ -369,7 +372,10 @@ pub async fn start_agent(
     )
     .unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("https://127.0.0.1:{}", listener.local_addr().unwrap().port());
+    let url = format!(
+        "https://127.0.0.1:{}",
+        listener.local_addr().unwrap().port()
+    );
     let state = dir.join("state");
     let layout = NodeLayout::new(dir.join("node-pki"), dir.join("node-kubeconfigs"));
     let router = AgentService::new(Refresher::new(layout, &state), Upgrader::new(&state, None))

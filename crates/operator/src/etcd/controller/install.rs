@@ -13,8 +13,8 @@ use caretaker_agent_api::etcd::InstallRequest;
 use caretaker_agent_api::tls::ClientIdentity;
 use caretaker_api::v1alpha1::MemberStatus;
 use caretaker_pki::{CertificateAuthority, LeafSpec, Ttl, Usage};
-use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 
 use super::health::Asker;
@@ -56,27 +56,29 @@ pub(super) async fn identity(
 ) -> Option<Result<ClientIdentity, String>> {
     let name = policy.agents_ca_secret.as_ref()?;
     let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
-    Some(async {
-        let secret = (secrets.get_opt(name).await)
-            .map_err(|e| format!("reading Secret {name:?}: {e}"))?
-            .ok_or_else(|| format!("the agents' CA Secret {name:?} does not exist"))?;
-        let data = secret.data.unwrap_or_default();
-        let text = |key: &str| {
-            data.get(key)
-                .and_then(|v| String::from_utf8(v.0.clone()).ok())
-                .ok_or_else(|| format!("the agents' CA Secret {name:?} has no {key}"))
-        };
-        let ca = CertificateAuthority::from_pem(&text("tls.crt")?, &text("tls.key")?)
-            .map_err(|e| format!("the agents' CA Secret {name:?}: {e}"))?;
-        let lifetime = Ttl::from_duration(Duration::from_secs(3600)).expect("a valid lifetime");
-        let issued = ca
-            .issue(&LeafSpec::new(OPERATOR_CLIENT_NAME, Usage::Client).with_validity(lifetime))
-            .map_err(|e| format!("issuing the operator's agent client certificate: {e}"))?;
-        let key = issued.key.as_ref().expect("issue() returns a key").to_pem();
-        ClientIdentity::from_pem(&ca.certificate_pem(), &issued.certificate_pem, &key)
-            .map_err(|e| e.to_string())
-    }
-    .await)
+    Some(
+        async {
+            let secret = (secrets.get_opt(name).await)
+                .map_err(|e| format!("reading Secret {name:?}: {e}"))?
+                .ok_or_else(|| format!("the agents' CA Secret {name:?} does not exist"))?;
+            let data = secret.data.unwrap_or_default();
+            let text = |key: &str| {
+                data.get(key)
+                    .and_then(|v| String::from_utf8(v.0.clone()).ok())
+                    .ok_or_else(|| format!("the agents' CA Secret {name:?} has no {key}"))
+            };
+            let ca = CertificateAuthority::from_pem(&text("tls.crt")?, &text("tls.key")?)
+                .map_err(|e| format!("the agents' CA Secret {name:?}: {e}"))?;
+            let lifetime = Ttl::from_duration(Duration::from_secs(3600)).expect("a valid lifetime");
+            let issued = ca
+                .issue(&LeafSpec::new(OPERATOR_CLIENT_NAME, Usage::Client).with_validity(lifetime))
+                .map_err(|e| format!("issuing the operator's agent client certificate: {e}"))?;
+            let key = issued.key.as_ref().expect("issue() returns a key").to_pem();
+            ClientIdentity::from_pem(&ca.certificate_pem(), &issued.certificate_pem, &key)
+                .map_err(|e| e.to_string())
+        }
+        .await,
+    )
 }
 
 /// The names a member's agent must present one of: its name and its addresses.
@@ -248,7 +250,8 @@ impl Rollout<'_> {
                 ))
                 .await;
                 rolled.failed.push(member.clone());
-                rolled.stopped = Some((member, format!("installing revision {to} failed: {error}")));
+                rolled.stopped =
+                    Some((member, format!("installing revision {to} failed: {error}")));
                 break;
             }
             // The agent says the member is back; the operator sees it for itself.
@@ -303,12 +306,15 @@ pub(super) fn member_statuses(
                 }
             }
             let changed = before.is_none_or(|b| {
-                (b.current_revision, b.target_revision, b.last_failed_revision)
-                    != (
-                        status.current_revision,
-                        status.target_revision,
-                        status.last_failed_revision,
-                    )
+                (
+                    b.current_revision,
+                    b.target_revision,
+                    b.last_failed_revision,
+                ) != (
+                    status.current_revision,
+                    status.target_revision,
+                    status.last_failed_revision,
+                )
             });
             if changed {
                 status.last_change_time = Some(now.to_string());
