@@ -65,13 +65,13 @@ impl Setup {
     }
 
     /// Waits, installing nothing, until the operator has nothing left to do: Ready, no signer
-    /// rotating, every member at the newest revision, for 4 s in a row.
-    async fn settle(&self, seconds: u64) -> EtcdCertificatesStatus {
+    /// rotating, the newest revision at least `at_least`, every member at it, for 4 s in a row.
+    async fn settle(&self, seconds: u64, at_least: i64) -> EtcdCertificatesStatus {
         let deadline = Instant::now() + Duration::from_secs(seconds);
         let mut quiet = 0;
         loop {
             let status = self.status().await;
-            if settled(&status) {
+            if settled(&status) && status.latest_revision >= Some(at_least) {
                 quiet += 1;
                 if quiet >= 20 {
                     return status;
@@ -196,7 +196,7 @@ async fn the_agents_roll_every_revision_out_under_load_losing_nothing() {
     }
     let setup = Setup::new().await;
     setup.cluster.bootstrap(60).await;
-    let first = setup.settle(120).await;
+    let first = setup.settle(120, 1).await;
     assert_eq!(first.latest_revision, Some(1), "{first:#?}");
     // Provisioned by hand, each member got revision 1 installed once by its agent.
     let updated = setup.events("NodeCurrentRevisionChanged").await;
@@ -212,7 +212,7 @@ async fn the_agents_roll_every_revision_out_under_load_losing_nothing() {
     let outages = watch_outages(&setup.cluster, &client);
     let started = Instant::now();
     force_signer_rotation(&setup.client).await;
-    let rotated = setup.settle(300).await;
+    let rotated = setup.settle(300, 4).await;
     eprintln!(
         "signer rotation: revision 1 -> {:?} in {:.1}s",
         rotated.latest_revision,
@@ -221,7 +221,7 @@ async fn the_agents_roll_every_revision_out_under_load_losing_nothing() {
     let after_signer = client.retries.load(Ordering::Relaxed);
     let started = Instant::now();
     force_certificate_rotation(&setup.client, "etcd-serving-m1").await;
-    let certificate = setup.settle(120).await;
+    let certificate = setup.settle(120, 5).await;
     eprintln!(
         "certificate rotation: revision {:?} -> {:?} in {:.1}s",
         rotated.latest_revision,
@@ -294,7 +294,7 @@ async fn a_failing_hook_stops_the_rollout_at_its_member_and_fixing_it_resumes() 
     }
     let setup = Setup::new().await;
     setup.cluster.bootstrap(60).await;
-    setup.settle(120).await;
+    setup.settle(120, 1).await;
     let files_of_m1 = std::fs::read(setup.cluster.members[1].pki().join("server.crt")).unwrap();
     let pids = setup.cluster.pids();
     setup.cluster.break_hook(1);
@@ -346,7 +346,7 @@ async fn a_failing_hook_stops_the_rollout_at_its_member_and_fixing_it_resumes() 
     assert_eq!(m2.current_revision, 1);
 
     setup.cluster.fix_hook(1);
-    let status = setup.settle(120).await;
+    let status = setup.settle(120, 2).await;
     assert_eq!(status.latest_revision, Some(2));
     let degraded = condition(&status, "EtcdCertSignerControllerDegraded").unwrap();
     assert_eq!(degraded.status, "False", "{degraded:?}");
