@@ -305,6 +305,12 @@ async fn etcd_install(
     json: Result<Json<InstallRequest>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let installer = etcd_of(&s)?;
+    if let Err(e) = &json
+        && e.status() == StatusCode::PAYLOAD_TOO_LARGE
+    {
+        let message = format!("an install body holds at most {MAX_INSTALL_BYTES} bytes");
+        return Err(ApiError(StatusCode::PAYLOAD_TOO_LARGE, "TooLarge", message));
+    }
     let request = body(json)?;
     let ticket = {
         let mut running = s.installing.lock().expect("install lock");
