@@ -176,6 +176,10 @@ pub struct EtcdInstaller {
     state_dir: PathBuf,
 }
 
+/// The member's files as they were before an install, by name: contents and mode, `None` for
+/// a file that did not exist.
+type Previous = Vec<(String, Option<(Vec<u8>, u32)>)>;
+
 /// A file of the member's, as written: its name in the etcd directory, contents and mode.
 struct MemberFile {
     name: String,
@@ -308,7 +312,7 @@ impl EtcdInstaller {
         &self,
         new: &[MemberFile],
         revision: Option<&str>,
-    ) -> Result<Vec<(String, Option<(Vec<u8>, u32)>)>, InstallError> {
+    ) -> Result<Previous, InstallError> {
         let mut previous = Vec::new();
         for file in new {
             let path = self.config.dir.join(&file.name);
@@ -358,7 +362,7 @@ impl EtcdInstaller {
     }
 
     /// Puts `previous` back (removing the files that did not exist); says what it did.
-    fn restore(&self, previous: &[(String, Option<(Vec<u8>, u32)>)]) -> String {
+    fn restore(&self, previous: &Previous) -> String {
         let dir = &self.config.dir;
         let back: Vec<FileToWrite<'_>> = previous
             .iter()

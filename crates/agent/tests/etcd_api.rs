@@ -41,7 +41,10 @@ async fn m1_agent(dir: &std::path::Path, ca: &CertificateAuthority) -> (String, 
     let config =
         tls::server_config(&cert, &key, &ca.certificate_pem(), DEFAULT_ALLOWED_CLIENT).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("https://127.0.0.1:{}", listener.local_addr().unwrap().port());
+    let url = format!(
+        "https://127.0.0.1:{}",
+        listener.local_addr().unwrap().port()
+    );
     let layout = NodeLayout::new(dir.join("node-pki"), dir.join("node-kubeconfigs"));
     let router = AgentService::new(
         Refresher::new(layout, dir.join("state")),
@@ -65,8 +68,7 @@ fn files(ca: &CertificateAuthority, member: &str) -> MemberFiles {
         LeafSpec::new(&cn, Usage::Both).with_ip_addresses(["127.0.0.1".parse().unwrap()])
     };
     let (peer_certificate, peer_key) = pair(ca, both(format!("system:etcd-peer:{member}")));
-    let (serving_certificate, serving_key) =
-        pair(ca, both(format!("system:etcd-server:{member}")));
+    let (serving_certificate, serving_key) = pair(ca, both(format!("system:etcd-server:{member}")));
     MemberFiles {
         ca_bundle: ca.certificate_pem(),
         peer_certificate,
@@ -91,7 +93,10 @@ async fn another_members_files_and_oversized_bodies_are_refused_over_the_wire() 
     let ca = CertificateAuthority::create(&CaSpec::new("etcd-signer")).unwrap();
     let (url, client) = m1_agent(dir.path(), &ca).await;
     let installed = client.etcd_installed(&url).await.unwrap();
-    assert_eq!((installed.member.as_str(), installed.revision), ("m1", None));
+    assert_eq!(
+        (installed.member.as_str(), installed.revision),
+        ("m1", None)
+    );
 
     let request = InstallRequest {
         member: "m0".into(),
@@ -112,7 +117,13 @@ async fn another_members_files_and_oversized_bodies_are_refused_over_the_wire() 
     let error = client.etcd_install(&url, &request).await.unwrap_err();
     assert_eq!(status_of(error).0, 413);
 
-    assert!(!dir.path().join("pki").exists() || std::fs::read_dir(dir.path().join("pki")).unwrap().next().is_none());
+    assert!(
+        !dir.path().join("pki").exists()
+            || std::fs::read_dir(dir.path().join("pki"))
+                .unwrap()
+                .next()
+                .is_none()
+    );
     assert!(!dir.path().join("hook-ran").exists());
     assert_eq!(client.etcd_installed(&url).await.unwrap().revision, None);
 }

@@ -143,6 +143,9 @@ async fn force_signer_rotation(client: &kube::Client) {
     force_certificate_rotation(client, "etcd-signer").await;
 }
 
+/// Per member, how long each spell of not answering healthy lasted, in seconds.
+type Outages = Vec<(String, Vec<f64>)>;
+
 /// Asks every member for its health every 100 ms until told to stop; returns, per member, how
 /// long each spell of not answering healthy lasted (its restarts, as a client sees them).
 fn watch_outages(
@@ -150,7 +153,7 @@ fn watch_outages(
     client: &common::etcd::EtcdClient,
 ) -> (
     Arc<std::sync::atomic::AtomicBool>,
-    tokio::task::JoinHandle<Vec<(String, Vec<f64>)>>,
+    tokio::task::JoinHandle<Outages>,
 ) {
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let members: Vec<(String, String)> = (cluster.members.iter())
@@ -158,7 +161,7 @@ fn watch_outages(
         .collect();
     let (client, stopping) = (client.clone(), stop.clone());
     let task = tokio::spawn(async move {
-        let mut spells: Vec<(String, Vec<f64>)> = members
+        let mut spells: Outages = members
             .iter()
             .map(|(n, _)| (n.clone(), Vec::new()))
             .collect();
