@@ -218,6 +218,18 @@ async fn pass(object: &EtcdCertificates, shared: &Shared) -> Result<Action, Erro
     let target = target_of(&plan, &old);
     let agents = (&members[..], &read.agent_endpoints, &policy, &asker);
     let rolled = roll_out(shared, object, agents, &seen, &plan, target.as_ref()).await;
+    if let Some((member, gate)) = &rolled.held
+        && !plan.status.degraded.status
+    {
+        // The next member waits for quorum: said as a held revision is, no Warning.
+        let reason = etcd::REASON_INSUFFICIENT_QUORUM;
+        plan.status.degraded = crate::authority::Condition::new(true, reason, gate.clone());
+        plan.status.ready = crate::authority::Condition::new(
+            false,
+            etcd::REASON_WAITING,
+            format!("member {member:?} waits for quorum to be installed"),
+        );
+    }
     if let Some((member, why)) = &rolled.stopped {
         stop_message(&mut plan, member, why);
         // A failed install said its own Warning; a member that is not back says one once.
@@ -241,7 +253,7 @@ async fn pass(object: &EtcdCertificates, shared: &Shared) -> Result<Action, Erro
     let mut status = status_of(object, &plan, &old, member_statuses, written_revision);
     status.latest_revision = target.as_ref().map(|t| t.number);
     write_status(shared, object, &status, &old).await?;
-    if rolled.stopped.is_some() || rolled.held {
+    if rolled.stopped.is_some() || rolled.held.is_some() {
         return Ok(Action::requeue(backoff(shared, &key, true)));
     }
     Ok(next_pass(shared, &key, &plan))

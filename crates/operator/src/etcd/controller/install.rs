@@ -37,8 +37,8 @@ const ASK_TIMEOUT: Duration = Duration::from_secs(10);
 pub(super) struct Rolled {
     /// Where the rollout stopped, and why.
     pub stopped: Option<(String, String)>,
-    /// A member waits for the gate.
-    pub held: bool,
+    /// A member waits for the gate: the member, and the gate's message.
+    pub held: Option<(String, String)>,
     /// The members as last seen.
     pub views: Vec<MemberView>,
     /// Members the pass installed the target on and saw serving it.
@@ -201,8 +201,8 @@ impl Rollout<'_> {
             let member = match next {
                 Next::Done => break,
                 Next::Held(member) => {
-                    tracing::warn!(member, unhealthy = %gate.unhealthy.join(", "), "{}", crate::etcd::SKIPPING_FOR_QUORUM);
-                    rolled.held = true;
+                    tracing::warn!(member = %member, unhealthy = %gate.unhealthy.join(", "), "{}", crate::etcd::SKIPPING_FOR_QUORUM);
+                    rolled.held = Some((member, gate.closed_message()));
                     break;
                 }
                 Next::Stopped { member, why } => {
