@@ -358,10 +358,11 @@ async fn a_failing_hook_stops_the_rollout_at_its_member_and_fixing_it_resumes() 
     assert_ne!(now[2], pids[2]);
 }
 
-/// The attack (issue 34): an agent at member m0's endpoint presents m1's agent certificate
-/// (a compromised m1 node answering for m0). The operator refuses it in the TLS handshake and
-/// sends nothing: no file reaches it, and Degraded names m0. A client that trusted the URL,
-/// or any certificate from the agents' CA, would have sent it m0's keys.
+/// The attack (issue 34): m0's agent endpoint leads to m1's node (127.0.0.2), whose agent
+/// presents its own, valid certificate (naming m1 and 127.0.0.2) and would take m0's files.
+/// The operator refuses it in the TLS handshake and sends nothing: no file reaches it, and
+/// Degraded names m0. A client that verified the agent by the URL's host, or took any
+/// certificate from the agents' CA, would have sent m1's node m0's keys.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hostile_agent_at_a_members_endpoint_gets_nothing() {
     let server = TestServer::start().await;
@@ -384,8 +385,10 @@ async fn a_hostile_agent_at_a_members_endpoint_gets_nothing() {
         },
         dir.path().join("state"),
     );
-    // m1's certificate (naming m1 only), at the endpoint the spec gives for m0.
-    let (url, _task) = start_agent(&agents.agents_ca, "m1", dir.path(), hostile).await;
+    // m1's node and its certificate, at the endpoint the spec gives for m0.
+    let m1_address = Some([127, 0, 0, 2].into());
+    let (url, _task) =
+        start_agent(&agents.agents_ca, ("m1", m1_address), dir.path(), hostile).await;
     let object: EtcdCertificates = serde_json::from_value(json!({
         "apiVersion": "caretaker.dev/v1alpha1", "kind": "EtcdCertificates",
         "metadata": {"name": "etcd", "namespace": NS},
@@ -425,4 +428,63 @@ async fn a_hostile_agent_at_a_members_endpoint_gets_nothing() {
     assert!(sent.is_empty(), "files reached the hostile agent: {sent:?}");
     assert!(!dir.path().join("state/etcd/current.json").exists());
     let _ = Arc::new(());
+}
+
+/// The same attack on a running cluster, where the gate is open and an install would go
+/// ahead: m0's endpoint leads to m1's node. Nothing reaches it, the rollout stops at m0 with
+/// Degraded naming it, and no member is restarted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_quorum_a_hostile_agent_at_a_members_endpoint_still_gets_nothing() {
+    if !etcd_available("with_quorum_a_hostile_agent_at_a_members_endpoint_still_gets_nothing") {
+        return;
+    }
+    let server = TestServer::start().await;
+    let client = server.client();
+    install_caretaker_crds(&client).await;
+    create_namespace(&client, NS).await;
+    let cluster = AgentCluster::new(&client, NS).await;
+    let dir = tempfile::tempdir().unwrap();
+    let hostile = EtcdInstaller::new(
+        EtcdConfig {
+            member: "m0".into(),
+            dir: dir.path().join("pki"),
+            names: EtcdLayout::Kubeadm.file_names(),
+            client_url: cluster.members[0].client_url(),
+            restart: CommandTemplate::parse("true").unwrap(),
+            restart_timeout: Duration::from_secs(5),
+            health_timeout: Duration::from_secs(1),
+        },
+        dir.path().join("state"),
+    );
+    let m1_node = Some([127, 0, 0, 2].into());
+    let (url, _task) = start_agent(&cluster.agents_ca, ("m1", m1_node), dir.path(), hostile).await;
+    let mut object = cluster.certificates_object(NS);
+    object.spec.members[0].agent_endpoint = Some(url);
+    objects(&client)
+        .create(&PostParams::default(), &object)
+        .await
+        .unwrap();
+    let ctx = Context::new(client.clone(), Settings::default());
+    let operator = tokio::spawn(etcd_certificates::run(ctx));
+    cluster.bootstrap(60).await;
+    let pids = cluster.pids();
+    let c = client.clone();
+    let message = eventually("Degraded naming m0", 60, || {
+        let client = c.clone();
+        async move {
+            let status = objects(&client).get("etcd").await.ok()?.status?;
+            let degraded = condition(&status, "EtcdCertSignerControllerDegraded")?;
+            (degraded.status == "True" && degraded.message.contains("\"m0\""))
+                .then(|| degraded.message.clone())
+        }
+    })
+    .await;
+    assert!(message.contains("names none of"), "{message}");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    operator.abort();
+    let sent: Vec<_> = std::fs::read_dir(dir.path().join("pki"))
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    assert!(sent.is_empty(), "files reached the hostile agent: {sent:?}");
+    assert_eq!(cluster.pids(), pids, "no member was restarted");
 }

@@ -158,7 +158,8 @@ impl AgentCluster {
                     },
                     member_dir.join("state"),
                 );
-                let (url, task) = start_agent(&agents_ca, &name, &member_dir, installer).await;
+                let (url, task) =
+                    start_agent(&agents_ca, (&name, None), &member_dir, installer).await;
                 agent_url = url;
                 task
             };
@@ -353,16 +354,19 @@ impl Drop for AgentCluster {
 }
 
 /// A member's agent: the real server with the etcd section, its serving certificate from the
-/// agents' CA naming only `name`.
+/// agents' CA naming `name` (and `ip`, where it listens; else it listens on 127.0.0.1 and its
+/// certificate names no address).
 pub async fn start_agent(
     agents_ca: &CertificateAuthority,
-    name: &str,
+    (name, ip): (&str, Option<std::net::IpAddr>),
     dir: &Path,
     installer: EtcdInstaller,
 ) -> (String, tokio::task::JoinHandle<()>) {
-    let serving = agents_ca
-        .issue(&LeafSpec::new(name, Usage::Server).with_dns_names([name]))
-        .unwrap();
+    let mut spec = LeafSpec::new(name, Usage::Server).with_dns_names([name]);
+    if let Some(ip) = ip {
+        spec = spec.with_ip_addresses([ip]);
+    }
+    let serving = agents_ca.issue(&spec).unwrap();
     let key = serving.key.as_ref().unwrap().to_pem();
     let config = tls::server_config(
         &serving.certificate_pem,
@@ -371,11 +375,9 @@ pub async fn start_agent(
         DEFAULT_ALLOWED_CLIENT,
     )
     .unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!(
-        "https://127.0.0.1:{}",
-        listener.local_addr().unwrap().port()
-    );
+    let ip = ip.unwrap_or([127, 0, 0, 1].into());
+    let listener = tokio::net::TcpListener::bind((ip, 0)).await.unwrap();
+    let url = format!("https://{ip}:{}", listener.local_addr().unwrap().port());
     let state = dir.join("state");
     let layout = NodeLayout::new(dir.join("node-pki"), dir.join("node-kubeconfigs"));
     let router = AgentService::new(Refresher::new(layout, &state), Upgrader::new(&state, None))
