@@ -215,9 +215,9 @@ async fn pass(object: &EtcdCertificates, shared: &Shared) -> Result<Action, Erro
     remember_signers(shared, &key, &seen);
     record_metrics(shared, object, &seen, &plan, &members);
     let mut plan = plan;
-    let target = target_of(&plan, &old);
+    let target = install::target_of(&plan, &old);
     let agents = (&members[..], &read.agent_endpoints, &policy, &asker);
-    let rolled = roll_out(shared, object, agents, &seen, &plan, target.as_ref()).await;
+    let rolled = install::roll_out(shared, object, agents, &seen, &plan, target.as_ref()).await;
     if let Some((member, gate)) = &rolled.held
         && !plan.status.degraded.status
     {
@@ -231,7 +231,7 @@ async fn pass(object: &EtcdCertificates, shared: &Shared) -> Result<Action, Erro
         );
     }
     if let Some((member, why)) = &rolled.stopped {
-        stop_message(&mut plan, member, why);
+        install::stop_message(&mut plan, member, why);
         // A failed install said its own Warning; a member that is not back says one once.
         let reported = seen.reported_degraded.as_deref().unwrap_or_default();
         if !rolled.failed.contains(member) && !reported.contains(why.as_str()) {
@@ -257,94 +257,6 @@ async fn pass(object: &EtcdCertificates, shared: &Shared) -> Result<Action, Erro
         return Ok(Action::requeue(backoff(shared, &key, true)));
     }
     Ok(next_pass(shared, &key, &plan))
-}
-
-/// The revision to roll out: `etcd-all-certs`' once the plan's writes are in place, numbered
-/// one more than the status's when its hash changed.
-fn target_of(plan: &EtcdPlan, old: &EtcdCertificatesStatus) -> Option<rollout::Target> {
-    let hash = plan.status.revision.clone()?;
-    let number = match (old.latest_revision, &old.all_certs_revision) {
-        (Some(number), Some(before)) if *before == hash => number,
-        (Some(number), _) => number + 1,
-        (None, _) => 1,
-    };
-    Some(rollout::Target { hash, number })
-}
-
-/// Rolls the target out over the members with agents (see [`install`]); without a target or
-/// any agent, only sees which members serve the target.
-async fn roll_out(
-    shared: &Shared,
-    object: &EtcdCertificates,
-    (members, endpoints, policy, asker): (
-        &[MemberSpec],
-        &BTreeMap<String, String>,
-        &EtcdPolicy,
-        &Asker,
-    ),
-    seen: &EtcdObserved,
-    plan: &EtcdPlan,
-    target: Option<&rollout::Target>,
-) -> install::Rolled {
-    let Some(target) = target else {
-        return install::Rolled::default();
-    };
-    // etcd-all-certs as this pass left it: written by it, or as stored.
-    let all = (plan.steps.iter())
-        .find_map(|s| match s {
-            EtcdStep::AllCerts(all) => Some(all.data.clone()),
-            _ => None,
-        })
-        .or_else(|| seen.all_certs())
-        .unwrap_or_default();
-    let namespace = object.namespace().unwrap_or_default();
-    let key = format!("{namespace}/{}", object.name_any());
-    let identity = if endpoints.is_empty() {
-        None
-    } else {
-        install::identity(&shared.ctx.client, &namespace, policy).await
-    };
-    let reference = object.object_ref(&());
-    let current = (object.status.iter())
-        .flat_map(|s| &s.members)
-        .map(|m| (m.name.clone(), m.current_revision))
-        .collect();
-    let rollout = install::Rollout {
-        identity: identity.as_ref(),
-        members,
-        endpoints,
-        all: &all,
-        target: target.clone(),
-        asker,
-        health_endpoints: &policy.endpoints,
-        current,
-        ctx: &shared.ctx,
-        reference: &reference,
-        failures: &shared.memory.install_failures,
-        key: &key,
-    };
-    rollout.run(seen.health.clone()).await
-}
-
-/// Degraded (and Ready False) naming the member the rollout stopped at, beside whatever else
-/// is degraded.
-fn stop_message(plan: &mut EtcdPlan, member: &str, why: &str) {
-    let message = format!("the rollout stopped at member {member:?}: {why}");
-    let degraded = &plan.status.degraded;
-    plan.status.degraded = if degraded.status {
-        crate::authority::Condition::new(
-            true,
-            degraded.reason,
-            format!("{}; {message}", degraded.message),
-        )
-    } else {
-        crate::authority::Condition::new(true, rollout::REASON_INSTALL_FAILED, message.clone())
-    };
-    plan.status.ready = crate::authority::Condition::new(
-        false,
-        rollout::REASON_INSTALL_FAILED,
-        format!("{message} (see {})", etcd::CONDITION_DEGRADED),
-    );
 }
 
 /// Whether the members still hold a quorum, asked once more right before a new

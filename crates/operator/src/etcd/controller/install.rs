@@ -11,12 +11,13 @@ use std::time::Duration;
 use caretaker_agent_api::client::AgentClient;
 use caretaker_agent_api::etcd::InstallRequest;
 use caretaker_agent_api::tls::ClientIdentity;
-use caretaker_api::v1alpha1::MemberStatus;
+use caretaker_api::v1alpha1::{EtcdCertificates, EtcdCertificatesStatus, MemberStatus};
 use caretaker_pki::{CertificateAuthority, LeafSpec, Ttl, Usage};
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::core::v1::Secret;
-use kube::Api;
+use kube::{Api, Resource, ResourceExt};
 
+use super::Shared;
 use super::health::Asker;
 use crate::authority::Certificate;
 use crate::changes::Event;
@@ -24,7 +25,9 @@ use crate::context::Context;
 use crate::credentials::OPERATOR_CLIENT_NAME;
 use crate::etcd::policy::{EtcdPolicy, MemberSpec};
 use crate::etcd::rollout::{self, MemberView, Next, Target};
-use crate::etcd::{EndpointHealth, Quorum, Role, member_secret};
+use crate::etcd::{
+    self, EndpointHealth, EtcdObserved, EtcdPlan, EtcdStep, Quorum, Role, member_secret,
+};
 
 /// How long an install may take: the agent's restart hook and its health wait (2 min each by
 /// default) and some slack.
@@ -273,6 +276,94 @@ impl Rollout<'_> {
         }
         rolled
     }
+}
+
+/// The revision to roll out: `etcd-all-certs`' once the plan's writes are in place, numbered
+/// one more than the status's when its hash changed.
+pub(super) fn target_of(plan: &EtcdPlan, old: &EtcdCertificatesStatus) -> Option<rollout::Target> {
+    let hash = plan.status.revision.clone()?;
+    let number = match (old.latest_revision, &old.all_certs_revision) {
+        (Some(number), Some(before)) if *before == hash => number,
+        (Some(number), _) => number + 1,
+        (None, _) => 1,
+    };
+    Some(rollout::Target { hash, number })
+}
+
+/// Rolls the target out over the members with agents (see [`install`]); without a target or
+/// any agent, only sees which members serve the target.
+pub(super) async fn roll_out(
+    shared: &Shared,
+    object: &EtcdCertificates,
+    (members, endpoints, policy, asker): (
+        &[MemberSpec],
+        &BTreeMap<String, String>,
+        &EtcdPolicy,
+        &Asker,
+    ),
+    seen: &EtcdObserved,
+    plan: &EtcdPlan,
+    target: Option<&rollout::Target>,
+) -> Rolled {
+    let Some(target) = target else {
+        return Rolled::default();
+    };
+    // etcd-all-certs as this pass left it: written by it, or as stored.
+    let all = (plan.steps.iter())
+        .find_map(|s| match s {
+            EtcdStep::AllCerts(all) => Some(all.data.clone()),
+            _ => None,
+        })
+        .or_else(|| seen.all_certs())
+        .unwrap_or_default();
+    let namespace = object.namespace().unwrap_or_default();
+    let key = format!("{namespace}/{}", object.name_any());
+    let identity = if endpoints.is_empty() {
+        None
+    } else {
+        identity(&shared.ctx.client, &namespace, policy).await
+    };
+    let reference = object.object_ref(&());
+    let current = (object.status.iter())
+        .flat_map(|s| &s.members)
+        .map(|m| (m.name.clone(), m.current_revision))
+        .collect();
+    let rollout = Rollout {
+        identity: identity.as_ref(),
+        members,
+        endpoints,
+        all: &all,
+        target: target.clone(),
+        asker,
+        health_endpoints: &policy.endpoints,
+        current,
+        ctx: &shared.ctx,
+        reference: &reference,
+        failures: &shared.memory.install_failures,
+        key: &key,
+    };
+    rollout.run(seen.health.clone()).await
+}
+
+/// Degraded (and Ready False) naming the member the rollout stopped at, beside whatever else
+/// is degraded.
+pub(super) fn stop_message(plan: &mut EtcdPlan, member: &str, why: &str) {
+    let message = format!("the rollout stopped at member {member:?}: {why}");
+    let degraded = &plan.status.degraded;
+    plan.status.degraded = if degraded.status {
+        crate::authority::Condition::new(
+            true,
+            degraded.reason,
+            format!("{}; {message}", degraded.message),
+        )
+    } else {
+        crate::authority::Condition::new(true, rollout::REASON_INSTALL_FAILED, message.clone())
+    };
+    plan.status.ready = crate::authority::Condition::new(
+        false,
+        rollout::REASON_INSTALL_FAILED,
+        format!("{message} (see {})", etcd::CONDITION_DEGRADED),
+    );
 }
 
 /// Each member's status after a pass: its current revision (the target once it runs it, else
