@@ -13,6 +13,7 @@ use serde::de::DeserializeOwned;
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 
+use crate::etcd::{InstallOutcome, InstallRequest, Installed};
 use crate::inventory::Inventory;
 use crate::refresh::{ApplyOutcome, ApplyRequest, PlanRequest, PlanStatus, RefreshPlan};
 use crate::tls::{ClientIdentity, NotTheNode, TlsError, not_the_node};
@@ -133,6 +134,22 @@ impl AgentClient {
     pub async fn plan_status(&self, url: &str, plan_id: &str) -> Result<PlanStatus, AgentError> {
         let path = format!("/v1/certificates/plans/{}", encode_segment(plan_id));
         self.call(url, Method::GET, &path, None::<&()>).await
+    }
+
+    /// The etcd member this agent installs for, and the revision in place.
+    pub async fn etcd_installed(&self, url: &str) -> Result<Installed, AgentError> {
+        self.call(url, Method::GET, "/v1/etcd", None::<&()>).await
+    }
+
+    /// Installs one revision of a member's files; answers once the member is healthy with them
+    /// (the client's timeout must allow for the agent's restart hook and health wait).
+    pub async fn etcd_install(
+        &self,
+        url: &str,
+        request: &InstallRequest,
+    ) -> Result<InstallOutcome, AgentError> {
+        self.call(url, Method::POST, "/v1/etcd/revisions", Some(request))
+            .await
     }
 
     pub async fn start_upgrade(

@@ -8,7 +8,7 @@
 //!
 //! - [`kubeadm`]: the CAs of a kubeadm cluster, the certificate slots a node may hold, node
 //!   roles and the names every kube-apiserver certificate carries.
-//! - [`inventory`], [`refresh`], [`upgrade`] and this module: the bodies of the API below.
+//! - [`inventory`], [`refresh`], [`upgrade`], [`etcd`] and this module: the bodies of the API below.
 //! - [`client`]: [`client::AgentClient`], the operator's side of every call.
 //! - [`tls`]: the client's half of mutual TLS, verifying the agent by its node's names.
 //!
@@ -24,12 +24,15 @@
 //! | POST | `/v1/upgrades` | [`upgrade::UpgradeRequest`] | 202 [`upgrade::Operation`] |
 //! | GET | `/v1/operations/{id}` | | [`upgrade::Operation`] |
 //! | POST | `/v1/operations/{id}/cancel` | | [`upgrade::Operation`] |
+//! | GET | `/v1/etcd` | | [`etcd::Installed`] (404 without an etcd section) |
+//! | POST | `/v1/etcd/revisions` | [`etcd::InstallRequest`] | [`etcd::InstallOutcome`] |
 //!
 //! Errors are [`ErrorBody`], `{"reason": "...", "message": "..."}`, with a 4xx or 5xx status. A
 //! plan or apply while another refresh step runs, and an upgrade while another upgrade runs, is
 //! answered 409 [`BUSY`]: wait and ask again.
 
 pub mod client;
+pub mod etcd;
 pub mod inventory;
 pub mod kubeadm;
 pub mod refresh;

@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use axum::extract::DefaultBodyLimit;
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -18,11 +19,15 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
+use caretaker_agent_api::etcd::{
+    HOOK_FAILED, InstallRequest, MAX_INSTALL_BYTES, NOT_HEALTHY, WRONG_MEMBER,
+};
 use caretaker_agent_api::inventory::Inventory;
 use caretaker_agent_api::refresh::{ApplyRequest, PlanRequest, PlanStatus};
 use caretaker_agent_api::upgrade::UpgradeRequest;
 use caretaker_agent_api::{BUSY, ErrorBody, Health};
 
+use crate::etcd::{EtcdInstaller, InstallError};
 use crate::inventory;
 use crate::refresh::{RefreshError, Refresher};
 use crate::upgrade::{UpgradeError, Upgrader};
@@ -34,6 +39,10 @@ pub struct AgentService {
     upgrader: Upgrader,
     /// The refresh step running, if any. One at a time: plans and applies touch the same files.
     refresh_work: Arc<Mutex<Option<RefreshWork>>>,
+    /// The etcd revision installer, when the agent has an etcd section.
+    etcd: Option<EtcdInstaller>,
+    /// An install is running. One at a time: each restarts the member.
+    installing: Arc<Mutex<bool>>,
 }
 
 /// A refresh step in progress.
@@ -59,7 +68,15 @@ impl AgentService {
             refresher,
             upgrader,
             refresh_work: Arc::default(),
+            etcd: None,
+            installing: Arc::default(),
         }
+    }
+
+    /// Serves `GET /v1/etcd` and `POST /v1/etcd/revisions` for this node's etcd member.
+    pub fn with_etcd(mut self, installer: Option<EtcdInstaller>) -> Self {
+        self.etcd = installer;
+        self
     }
 
     /// Claims the node for `work`, or answers busy: the caller should wait and ask again,
@@ -98,6 +115,11 @@ impl AgentService {
             .route("/v1/upgrades", post(start_upgrade))
             .route("/v1/operations/{id}", get(operation))
             .route("/v1/operations/{id}/cancel", post(cancel))
+            .route("/v1/etcd", get(etcd_installed))
+            .route(
+                "/v1/etcd/revisions",
+                post(etcd_install).layer(DefaultBodyLimit::max(MAX_INSTALL_BYTES)),
+            )
             .with_state(self)
     }
 }
@@ -140,6 +162,19 @@ impl From<UpgradeError> for ApiError {
             UpgradeError::NotConfigured | UpgradeError::Spawn(_) => {
                 (StatusCode::INTERNAL_SERVER_ERROR, "Internal")
             }
+        };
+        ApiError(status, reason, e.to_string())
+    }
+}
+
+impl From<InstallError> for ApiError {
+    fn from(e: InstallError) -> Self {
+        let (status, reason) = match &e {
+            InstallError::WrongMember { .. } => (StatusCode::FORBIDDEN, WRONG_MEMBER),
+            InstallError::BadRequest(_) => (StatusCode::BAD_REQUEST, "BadRequest"),
+            InstallError::HookFailed { .. } => (StatusCode::INTERNAL_SERVER_ERROR, HOOK_FAILED),
+            InstallError::NotHealthy { .. } => (StatusCode::GATEWAY_TIMEOUT, NOT_HEALTHY),
+            InstallError::Io { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "Internal"),
         };
         ApiError(status, reason, e.to_string())
     }
@@ -239,6 +274,65 @@ async fn cancel(
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     Ok(Json(s.upgrader.cancel(&id)?).into_response())
+}
+
+fn etcd_of(s: &AgentService) -> Result<EtcdInstaller, ApiError> {
+    s.etcd.clone().ok_or_else(|| {
+        ApiError(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            "this agent has no etcd section (--etcd-member)".into(),
+        )
+    })
+}
+
+async fn etcd_installed(State(s): State<AgentService>) -> Result<Response, ApiError> {
+    let installer = etcd_of(&s)?;
+    Ok(Json(installer.installed()).into_response())
+}
+
+/// Clears the install flag when the install's work ends, whoever waited for it.
+struct Installing(Arc<Mutex<bool>>);
+
+impl Drop for Installing {
+    fn drop(&mut self) {
+        *self.0.lock().expect("install lock") = false;
+    }
+}
+
+async fn etcd_install(
+    State(s): State<AgentService>,
+    json: Result<Json<InstallRequest>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let installer = etcd_of(&s)?;
+    if let Err(e) = &json
+        && e.status() == StatusCode::PAYLOAD_TOO_LARGE
+    {
+        let message = format!("an install body holds at most {MAX_INSTALL_BYTES} bytes");
+        return Err(ApiError(StatusCode::PAYLOAD_TOO_LARGE, "TooLarge", message));
+    }
+    let request = body(json)?;
+    let ticket = {
+        let mut running = s.installing.lock().expect("install lock");
+        if *running {
+            return Err(ApiError(
+                StatusCode::CONFLICT,
+                BUSY,
+                "an etcd revision is being installed; ask again when it has finished".into(),
+            ));
+        }
+        *running = true;
+        Installing(s.installing.clone())
+    };
+    // Runs to its end even if the client goes away: the member is restarted at most once.
+    let outcome = tokio::task::spawn_blocking(move || {
+        let outcome = installer.install(&request);
+        drop(ticket);
+        outcome
+    })
+    .await
+    .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, "Internal", e.to_string()))??;
+    Ok(Json(outcome).into_response())
 }
 
 /// Bounds on what connections may cost the agent.

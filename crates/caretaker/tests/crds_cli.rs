@@ -436,11 +436,31 @@ async fn kubectl_applies_the_etcd_example_and_lists_it_with_its_columns() {
     let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
     assert_eq!(
         header,
-        ["NAME", "READY", "DEGRADED", "REVISION", "AGE"],
+        [
+            "NAME", "READY", "DEGRADED", "REVISION", "LATEST", "MEMBERS", "AGE"
+        ],
         "{table}"
     );
     assert!(
         table.lines().nth(1).unwrap().starts_with("etcd "),
         "{table}"
     );
+    // The revision columns, as a rollout through the agents leaves them.
+    let status = json!({"status": {
+        "allCertsRevision": "0123456789abcdef",
+        "latestRevision": 4,
+        "members": [
+            {"name": "m0", "currentRevision": 4, "targetRevision": 0, "lastFailedRevision": 0},
+            {"name": "m1", "currentRevision": 3, "targetRevision": 4, "lastFailedRevision": 4},
+        ],
+    }});
+    objects
+        .patch_status("etcd", &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .unwrap();
+    let table = kubectl
+        .ok(&["get", "etcdcertificates", "-n", "etcd-system"], None)
+        .await;
+    let row: Vec<&str> = table.lines().nth(1).unwrap().split_whitespace().collect();
+    assert_eq!(row[3..6], ["0123456789abcdef", "4", "4,3"], "{table}");
 }

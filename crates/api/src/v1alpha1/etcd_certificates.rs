@@ -41,6 +41,18 @@ use serde::{Deserialize, Serialize};
         json_path = ".status.allCertsRevision"
     ),
     printcolumn(
+        name = "Latest",
+        type_ = "integer",
+        description = "The number of the newest etcd-all-certs revision.",
+        json_path = ".status.latestRevision"
+    ),
+    printcolumn(
+        name = "Members",
+        type_ = "string",
+        description = "Each member's current revision number, in members order.",
+        json_path = ".status.members[*].currentRevision"
+    ),
+    printcolumn(
         name = "Age",
         type_ = "date",
         json_path = ".metadata.creationTimestamp"
@@ -69,10 +81,27 @@ pub struct EtcdCertificatesSpec {
     pub certificates: CertificateSettings,
     /// How the cluster's health is asked before `etcd-all-certs` changes.
     pub quorum: QuorumSettings,
+    /// caretaker's node agents that install each revision on their member and restart it,
+    /// one member at a time. Without it (or for a member with no agent endpoint) the Secret
+    /// `etcd-all-certs` is where caretaker's work ends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agents: Option<AgentSettings>,
+}
+
+/// How the operator reaches the members' agents.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentSettings {
+    /// A Secret in this namespace (type kubernetes.io/tls, like a Cluster API `<cluster>-ca`)
+    /// holding the CA that the agents' serving certificates chain to and that the agents trust
+    /// for the operator's client certificate, which is issued from it.
+    #[schemars(length(min = 1))]
+    pub ca_secret_name: String,
 }
 
 /// A member of the etcd cluster.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
 pub struct EtcdMember {
     /// The member's name, used in its Secrets' names (`etcd-peer-<name>`): a DNS label.
     #[schemars(length(min = 1))]
@@ -81,6 +110,11 @@ pub struct EtcdMember {
     /// `localhost` and `127.0.0.1`.
     #[serde(default)]
     pub addresses: Vec<String>,
+    /// The URL (https://HOST:PORT) of the caretaker agent on this member's node, when it runs
+    /// one (with `--etcd-member` this member's name). A Node member's is its
+    /// `caretaker.dev/agent-endpoint` annotation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_endpoint: Option<String>,
 }
 
 /// A label selector over Nodes.
@@ -218,12 +252,37 @@ pub struct EtcdCertificatesStatus {
     /// The signer of metrics certificates.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metrics_signer: Option<SignerStatus>,
-    /// The members whose certificates etcd-all-certs holds.
+    /// The number of the newest etcd-all-certs revision: one more each time its content hash
+    /// changes (the OpenShift operators' `latestAvailableRevision`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latest_revision: Option<i64>,
+    /// The members whose certificates etcd-all-certs holds, with the revision each runs (as
+    /// OpenShift's `nodeStatuses`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub members: Vec<String>,
+    pub members: Vec<MemberStatus>,
     /// The metadata.generation this status was written for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+}
+
+/// A member as the status shows it. Every field is written.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MemberStatus {
+    pub name: String,
+    /// The revision the member was last seen healthy with (0: not known yet).
+    #[serde(default)]
+    pub current_revision: i64,
+    /// The revision being installed on it now (0 when none).
+    #[serde(default)]
+    pub target_revision: i64,
+    /// The last revision whose install on it failed (0 when none).
+    #[serde(default)]
+    pub last_failed_revision: i64,
+    /// When one of the revisions above last changed, RFC 3339.
+    #[serde(default)]
+    #[schemars(extend("format" = "date-time"))]
+    pub last_change_time: Option<String>,
 }
 
 /// A signer as the status shows it. Every field is written, empty ones too: a status merge

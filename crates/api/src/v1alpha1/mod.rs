@@ -22,8 +22,9 @@ pub use certificate_authority::{
     CertificateAuthority, CertificateAuthoritySpec, CertificateAuthorityStatus, PreviousCa,
 };
 pub use etcd_certificates::{
-    CertificateSettings, EtcdCertificates, EtcdCertificatesSpec, EtcdCertificatesStatus,
-    EtcdMember, MemberSelector, QuorumSettings, SelectorRequirement, SignerSettings, SignerStatus,
+    AgentSettings, CertificateSettings, EtcdCertificates, EtcdCertificatesSpec,
+    EtcdCertificatesStatus, EtcdMember, MemberSelector, MemberStatus, QuorumSettings,
+    SelectorRequirement, SignerSettings, SignerStatus,
 };
 pub use issued_certificate::{
     IssuedCertificate, IssuedCertificateSpec, IssuedCertificateStatus, IssuerReference,

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use caretaker_agent::command::CommandTemplate;
+use caretaker_agent::etcd::{EtcdConfig, EtcdInstaller, EtcdLayout};
 use caretaker_agent::refresh::Refresher;
 use caretaker_agent::server::{AgentService, serve};
 use caretaker_agent::upgrade::Upgrader;
@@ -67,6 +68,67 @@ pub struct AgentArgs {
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
+    #[command(flatten)]
+    etcd: EtcdArgs,
+}
+
+/// The etcd section: set --etcd-member on an etcd member's node to let the operator install
+/// each revision of that member's certificates and restart it (only that member's files are
+/// ever taken).
+#[derive(Debug, clap::Args)]
+pub struct EtcdArgs {
+    /// The etcd member this node runs (its name in EtcdCertificates); turns the etcd
+    /// installer on. Files for any other member are refused.
+    #[arg(long, value_name = "NAME", requires = "etcd_restart_command")]
+    etcd_member: Option<String>,
+    /// The file names etcd reads: `kubeadm` (ca.crt, peer.crt, peer.key, server.crt,
+    /// server.key) or `plain` (ca.pem, cert.pem, key.pem, peer-cert.pem, peer-key.pem).
+    #[arg(long, value_name = "LAYOUT", default_value = "kubeadm")]
+    etcd_layout: EtcdLayout,
+    /// The directory of those files; default /etc/kubernetes/pki/etcd (kubeadm) or
+    /// /etc/etcd/pki (plain).
+    #[arg(long, value_name = "DIR")]
+    etcd_dir: Option<PathBuf>,
+    /// The member's client URL, asked for /health after each restart.
+    #[arg(long, value_name = "URL", default_value = "https://127.0.0.1:2379")]
+    etcd_client_url: String,
+    /// Command that restarts the member (split on spaces, no shell), for example
+    /// `systemctl restart etcd`.
+    #[arg(long, value_name = "COMMAND")]
+    etcd_restart_command: Option<String>,
+    /// How long the etcd restart command may run; then it is killed, the previous files are
+    /// put back and the install fails.
+    #[arg(long, value_name = "DURATION", default_value = "2m", value_parser = super::duration)]
+    etcd_restart_timeout: Duration,
+    /// How long the member may take after the restart to answer /health with its new
+    /// certificate.
+    #[arg(long, value_name = "DURATION", default_value = "2m", value_parser = super::duration)]
+    etcd_health_timeout: Duration,
+}
+
+impl EtcdArgs {
+    fn installer(&self, state_dir: &Path) -> Result<Option<EtcdInstaller>, String> {
+        let Some(member) = &self.etcd_member else {
+            return Ok(None);
+        };
+        let restart = command(
+            "--etcd-restart-command",
+            self.etcd_restart_command.as_deref(),
+        )?
+        .ok_or("--etcd-member needs --etcd-restart-command")?;
+        let dir = (self.etcd_dir.clone())
+            .unwrap_or_else(|| PathBuf::from(self.etcd_layout.default_dir()));
+        let config = EtcdConfig {
+            member: member.clone(),
+            dir,
+            names: self.etcd_layout.file_names(),
+            client_url: self.etcd_client_url.clone(),
+            restart,
+            restart_timeout: self.etcd_restart_timeout,
+            health_timeout: self.etcd_health_timeout,
+        };
+        Ok(Some(EtcdInstaller::new(config, state_dir)))
+    }
 }
 
 pub fn run(args: AgentArgs) -> ExitCode {
@@ -109,7 +171,13 @@ async fn serve_agent(args: AgentArgs) -> Result<ExitCode, Failure> {
         .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
     let address = listener.local_addr()?;
     tracing::info!(%address, allowed_client = %args.allowed_client, "agent serving with mutual TLS");
-    let router = AgentService::new(refresher, upgrader).router();
+    let etcd = args.etcd.installer(&args.state_dir)?;
+    if let Some(etcd) = &etcd {
+        tracing::info!(member = %etcd.member(), "installs etcd revisions for this member");
+    }
+    let router = AgentService::new(refresher, upgrader)
+        .with_etcd(etcd)
+        .router();
     tokio::select! {
         result = serve(listener, config, router) => {
             result.map_err(|e| format!("serving failed: {e}"))?;

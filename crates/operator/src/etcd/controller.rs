@@ -12,6 +12,7 @@
 //! etcd cluster keeps its certificates; only their expiry series leave the metrics.
 
 mod health;
+mod install;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
@@ -36,6 +37,7 @@ use crate::changes::{AnnotationChanges, Event};
 use crate::context::Context;
 use crate::etcd::members::{self, Candidate, Origin};
 use crate::etcd::nodes::NodeChanges;
+use crate::etcd::rollout;
 use crate::etcd::{
     self, ALL_CERTS, EtcdObserved, EtcdPlan, EtcdStep, Membership, Quorum, REVISION_ANNOTATION,
     Signer,
@@ -63,6 +65,8 @@ struct Memory {
     /// The Degraded message the last status write gave each object: a pass may read the
     /// status from before that write, and must not say its Warning again.
     degraded: DegradedMemory,
+    /// Failed installs, by `object/member/revision hash` (`InstallerPodFailed`'s count).
+    install_failures: Mutex<HashMap<String, u32>>,
 }
 
 struct Shared {
@@ -210,9 +214,48 @@ async fn pass(object: &EtcdCertificates, shared: &Shared) -> Result<Action, Erro
     }
     remember_signers(shared, &key, &seen);
     record_metrics(shared, object, &seen, &plan, &members);
+    let mut plan = plan;
+    let target = install::target_of(&plan, &old);
+    let agents = (&members[..], &read.agent_endpoints, &policy, &asker);
+    let rolled = install::roll_out(shared, object, agents, &seen, &plan, target.as_ref()).await;
+    if let Some((member, gate)) = &rolled.held
+        && !plan.status.degraded.status
+    {
+        // The next member waits for quorum: said as a held revision is, no Warning.
+        let reason = etcd::REASON_INSUFFICIENT_QUORUM;
+        plan.status.degraded = crate::authority::Condition::new(true, reason, gate.clone());
+        plan.status.ready = crate::authority::Condition::new(
+            false,
+            etcd::REASON_WAITING,
+            format!("member {member:?} waits for quorum to be installed"),
+        );
+    }
+    if let Some((member, why)) = &rolled.stopped {
+        install::stop_message(&mut plan, member, why);
+        // A failed install said its own Warning; a member that is not back says one once.
+        let reported = seen.reported_degraded.as_deref().unwrap_or_default();
+        if !rolled.failed.contains(member) && !reported.contains(why.as_str()) {
+            let note = format!("the rollout stopped at member {member:?}: {why}");
+            let event = Event::warning(rollout::EVENT_INSTALL_FAILED, note);
+            shared.ctx.event(&reference, event).await;
+        }
+    }
+    let now = format_time(OffsetDateTime::now_utc());
+    let member_statuses = install::member_statuses(
+        &members,
+        &rolled.views,
+        target.as_ref(),
+        &rolled.failed,
+        &old.members,
+        &now,
+    );
     let written_revision = (plan.steps.iter()).any(|s| matches!(s, EtcdStep::AllCerts(_)));
-    let status = status_of(object, &plan, &old, &members, written_revision);
+    let mut status = status_of(object, &plan, &old, member_statuses, written_revision);
+    status.latest_revision = target.as_ref().map(|t| t.number);
     write_status(shared, object, &status, &old).await?;
+    if rolled.stopped.is_some() || rolled.held.is_some() {
+        return Ok(Action::requeue(backoff(shared, &key, true)));
+    }
     Ok(next_pass(shared, &key, &plan))
 }
 
@@ -269,6 +312,9 @@ struct Read {
     found: Vec<Secret>,
     bundles: Vec<ConfigMap>,
     membership: Membership,
+    /// The members' agent endpoints: listed members' `agentEndpoint`, selected Nodes'
+    /// `caretaker.dev/agent-endpoint` annotation.
+    agent_endpoints: BTreeMap<String, String>,
 }
 
 impl Read {
@@ -289,7 +335,11 @@ impl Read {
                 .collect();
             etcd::members_in_all_certs(&text)
         });
-        let membership = membership_of(client, object, policy, &incumbents).await?;
+        let (membership, node_endpoints) =
+            membership_of(client, object, policy, &incumbents).await?;
+        let mut agent_endpoints = node_endpoints;
+        // A listed member's own endpoint wins over a Node's of the same name (the listing wins).
+        agent_endpoints.extend(policy.agent_endpoints.clone());
         let mut names: Vec<String> = etcd::leaves(&membership.members)
             .iter()
             .map(etcd::Leaf::secret_name)
@@ -309,6 +359,7 @@ impl Read {
             found,
             bundles: bundles.into_iter().flatten().collect(),
             membership,
+            agent_endpoints,
         })
     }
 
@@ -501,13 +552,15 @@ fn asker(seen: &EtcdObserved, policy: &EtcdPolicy) -> Asker {
 
 /// The members: the spec's and the selected Nodes', each Node checked as a listed member is,
 /// none sharing a Secret with another ([`members::choose`]), given the members `etcd-all-certs`
-/// holds now (`incumbents`).
+/// holds now (`incumbents`); and the selected Nodes' agent endpoints (their
+/// `caretaker.dev/agent-endpoint` annotation), by Node name.
 async fn membership_of(
     client: &kube::Client,
     object: &EtcdCertificates,
     policy: &EtcdPolicy,
     incumbents: &BTreeSet<String>,
-) -> Result<Membership, Error> {
+) -> Result<(Membership, BTreeMap<String, String>), Error> {
+    let mut endpoints = BTreeMap::new();
     let mut candidates: Vec<Candidate> = (policy.members.iter())
         .map(|member| Candidate {
             name: member.name.clone(),
@@ -524,15 +577,15 @@ async fn membership_of(
         let nodes: Api<Node> = Api::all(client.clone());
         for node in nodes.list(&ListParams::default()).await? {
             if selector.matches(node.metadata.labels.as_ref().unwrap_or(&BTreeMap::new())) {
+                if let Some(endpoint) = node.annotations().get(names::AGENT_ENDPOINT) {
+                    endpoints.insert(node.name_any(), endpoint.clone());
+                }
                 candidates.push(node_candidate(&node));
             }
         }
     }
-    Ok(members::choose(
-        candidates,
-        incumbents,
-        &members::fixed_secrets(policy),
-    ))
+    let membership = members::choose(candidates, incumbents, &members::fixed_secrets(policy));
+    Ok((membership, endpoints))
 }
 
 /// A selected Node as a would-be member: its name, and its `status.addresses` (IP addresses
@@ -665,7 +718,7 @@ fn status_of(
     object: &EtcdCertificates,
     plan: &EtcdPlan,
     old: &EtcdCertificatesStatus,
-    members: &[MemberSpec],
+    members: Vec<v1alpha1::MemberStatus>,
     written_revision: bool,
 ) -> EtcdCertificatesStatus {
     let now = OffsetDateTime::now_utc();
@@ -682,7 +735,8 @@ fn status_of(
         all_certs_last_changed: changed,
         signer: status.signers.get(&Signer::Etcd).map(signer_status),
         metrics_signer: status.signers.get(&Signer::Metrics).map(signer_status),
-        members: members.iter().map(|m| m.name.clone()).collect(),
+        latest_revision: old.latest_revision,
+        members,
         observed_generation: generation,
     }
 }

@@ -60,6 +60,7 @@ pub mod members;
 pub(crate) mod nodes;
 pub mod policy;
 mod quorum;
+pub mod rollout;
 #[cfg(test)]
 mod tests;
 

@@ -29,6 +29,10 @@ pub struct EtcdPolicy {
     pub certificates: (Ttl, RotationPolicy),
     pub endpoints: Vec<String>,
     pub client_secret: String,
+    /// `spec.agents.caSecretName`: the agents' CA Secret; no agent is asked without it.
+    pub agents_ca_secret: Option<String>,
+    /// The listed members' `agentEndpoint`s, by member name.
+    pub agent_endpoints: std::collections::BTreeMap<String, String>,
 }
 
 impl EtcdPolicy {
@@ -49,6 +53,9 @@ impl EtcdPolicy {
             );
             if !names.insert(member.name.as_str()) {
                 problems.duplicate(&format!("{at}.name"), &member.name);
+            }
+            if let Some(endpoint) = &member.agent_endpoint {
+                problems.https_url(&format!("{at}.agentEndpoint"), endpoint);
             }
             members.extend(checked);
         }
@@ -77,6 +84,12 @@ impl EtcdPolicy {
             "Secret",
             &spec.quorum.client_secret_name,
         );
+        if let Some(agents) = &spec.agents {
+            problems.object_name("spec.agents.caSecretName", "Secret", &agents.ca_secret_name);
+        }
+        let agent_endpoints = (spec.members.iter())
+            .filter_map(|m| Some((m.name.clone(), m.agent_endpoint.clone()?)))
+            .collect();
         problems.finish((|| {
             Some(EtcdPolicy {
                 members,
@@ -85,6 +98,8 @@ impl EtcdPolicy {
                 certificates: (validity?, rotation?),
                 endpoints: spec.quorum.endpoints.clone(),
                 client_secret: spec.quorum.client_secret_name.clone(),
+                agents_ca_secret: spec.agents.as_ref().map(|a| a.ca_secret_name.clone()),
+                agent_endpoints,
             })
         })())
     }

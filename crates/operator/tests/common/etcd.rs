@@ -410,10 +410,7 @@ impl EtcdCluster {
     /// A client as the cluster's consumers have one: `etcd-ca-bundle` to verify members,
     /// `etcd-client` to present.
     pub async fn client(&self) -> EtcdClient {
-        let client = EtcdClient {
-            endpoints: self.endpoints(),
-            config: Arc::new(Mutex::new(None)),
-        };
+        let client = EtcdClient::new(self.endpoints());
         client.refresh(&self.secrets, &self.config_maps).await;
         client
     }
@@ -463,9 +460,24 @@ impl Drop for EtcdCluster {
 pub struct EtcdClient {
     pub endpoints: Vec<String>,
     config: Arc<Mutex<Option<Arc<rustls::ClientConfig>>>>,
+    /// Requests that failed on one endpoint and were tried again (on it or another).
+    pub retries: Arc<std::sync::atomic::AtomicU64>,
+    /// Failures that speak of a certificate (an unknown issuer, a refused client
+    /// certificate): never transient, never allowed.
+    pub certificate_errors: Arc<Mutex<Vec<String>>>,
 }
 
 impl EtcdClient {
+    /// A client of `endpoints` with no trust yet ([`Self::refresh`] gives it).
+    pub fn new(endpoints: Vec<String>) -> Self {
+        Self {
+            endpoints,
+            config: Arc::new(Mutex::new(None)),
+            retries: Arc::default(),
+            certificate_errors: Arc::default(),
+        }
+    }
+
     /// Takes up the bundle and client certificate as stored now.
     pub async fn refresh(&self, secrets: &Api<Secret>, config_maps: &Api<ConfigMap>) {
         let (Ok(Some(bundle)), Ok(Some(secret))) = (
@@ -532,7 +544,21 @@ impl EtcdClient {
             for url in &self.endpoints {
                 match request(&self.tls(), url, "POST", path, body).await {
                     Ok(reply) => return Ok(reply),
-                    Err(e) => errors.push(format!("{url}: {e}")),
+                    Err(e) => {
+                        let lower = e.to_ascii_lowercase();
+                        if lower.contains("certificate")
+                            || lower.contains("unknownissuer")
+                            || lower.contains("alert")
+                        {
+                            self.certificate_errors
+                                .lock()
+                                .unwrap()
+                                .push(format!("{url}: {e}"));
+                        }
+                        self.retries
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        errors.push(format!("{url}: {e}"));
+                    }
                 }
             }
             if Instant::now() > deadline {
@@ -637,6 +663,20 @@ pub struct Load {
 
 impl Load {
     pub fn start(cluster: &EtcdCluster, client: &EtcdClient, workers: usize) -> Self {
+        Self::start_with(
+            (cluster.secrets.clone(), cluster.config_maps.clone()),
+            client,
+            workers,
+        )
+    }
+
+    /// [`Self::start`], taking the bundle and client certificate up from these Secrets and
+    /// ConfigMaps.
+    pub fn start_with(
+        (secrets, config_maps): (Api<Secret>, Api<ConfigMap>),
+        client: &EtcdClient,
+        workers: usize,
+    ) -> Self {
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let running = |stop: &Arc<std::sync::atomic::AtomicBool>| {
             !stop.load(std::sync::atomic::Ordering::Relaxed)
@@ -647,7 +687,6 @@ impl Load {
         let written = Arc::new(Mutex::new(BTreeMap::new()));
         let mut tasks = Vec::new();
         let (c, s) = (client.clone(), stop.clone());
-        let (secrets, config_maps) = (cluster.secrets.clone(), cluster.config_maps.clone());
         tasks.push(tokio::spawn(async move {
             while running(&s) {
                 c.refresh(&secrets, &config_maps).await;

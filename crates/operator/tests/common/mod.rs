@@ -5,6 +5,7 @@
 
 pub mod authorities;
 pub mod etcd;
+pub mod etcd_agents;
 pub mod hooks;
 pub mod logs;
 pub mod openmetrics;
