@@ -341,17 +341,7 @@ impl EtcdInstaller {
             revision: revision.unwrap_or_default().to_string(),
         })
         .expect("records serialize");
-        let mut copies: Vec<FileToWrite<'_>> = previous
-            .iter()
-            .filter_map(|(name, found)| {
-                let (contents, mode) = found.as_ref()?;
-                Some(FileToWrite {
-                    name,
-                    contents,
-                    mode: *mode,
-                })
-            })
-            .collect();
+        let mut copies = existing_files(&previous);
         copies.push(FileToWrite {
             name: "revision.json",
             contents: &record,
@@ -364,17 +354,7 @@ impl EtcdInstaller {
     /// Puts `previous` back (removing the files that did not exist); says what it did.
     fn restore(&self, previous: &Previous) -> String {
         let dir = &self.config.dir;
-        let back: Vec<FileToWrite<'_>> = previous
-            .iter()
-            .filter_map(|(name, found)| {
-                let (contents, mode) = found.as_ref()?;
-                Some(FileToWrite {
-                    name,
-                    contents,
-                    mode: *mode,
-                })
-            })
-            .collect();
+        let back = existing_files(previous);
         let mut failures = Vec::new();
         if let Err(e) = files::write_all(dir, &back) {
             failures.push(e.to_string());
@@ -556,6 +536,21 @@ fn ask_health(
     let (head, body) = reply.split_once("\r\n\r\n").unwrap_or((&reply, ""));
     let healthy = head.starts_with("HTTP/1.1 200") && body.contains("\"health\":\"true\"");
     Ok((healthy, presented))
+}
+
+/// The files of `previous` that existed, to write as they were.
+fn existing_files(previous: &Previous) -> Vec<FileToWrite<'_>> {
+    previous
+        .iter()
+        .filter_map(|(name, found)| {
+            let (contents, mode) = found.as_ref()?;
+            Some(FileToWrite {
+                name,
+                contents,
+                mode: *mode,
+            })
+        })
+        .collect()
 }
 
 #[cfg(test)]
