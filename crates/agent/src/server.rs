@@ -37,19 +37,21 @@ use crate::upgrade::{UpgradeError, Upgrader};
 pub struct AgentService {
     refresher: Refresher,
     upgrader: Upgrader,
-    /// The refresh step running, if any. One at a time: plans and applies touch the same files.
+    /// The work on the node's certificate files running, if any. One at a time: a refresh's
+    /// plans and applies and an etcd install touch the same files (kubeadm's etcd peer and
+    /// serving pairs are both a refresh's slots and the installer's), and an install restarts
+    /// the member.
     refresh_work: Arc<Mutex<Option<RefreshWork>>>,
     /// The etcd revision installer, when the agent has an etcd section.
     etcd: Option<EtcdInstaller>,
-    /// An install is running. One at a time: each restarts the member.
-    installing: Arc<Mutex<bool>>,
 }
 
-/// A refresh step in progress.
+/// Work on the node's certificate files in progress.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum RefreshWork {
     Planning,
     Applying { plan_id: String },
+    InstallingEtcd,
 }
 
 /// The right to run a refresh step; dropping it (when the step's work ends, whoever waited for
@@ -69,7 +71,6 @@ impl AgentService {
             upgrader,
             refresh_work: Arc::default(),
             etcd: None,
-            installing: Arc::default(),
         }
     }
 
@@ -87,6 +88,7 @@ impl AgentService {
             let what = match current {
                 RefreshWork::Planning => "a refresh plan is being made".to_string(),
                 RefreshWork::Applying { plan_id } => format!("plan {plan_id} is being applied"),
+                RefreshWork::InstallingEtcd => "an etcd revision is being installed".to_string(),
             };
             return Err(ApiError(
                 StatusCode::CONFLICT,
@@ -292,14 +294,6 @@ async fn etcd_installed(State(s): State<AgentService>) -> Result<Response, ApiEr
 }
 
 /// Clears the install flag when the install's work ends, whoever waited for it.
-struct Installing(Arc<Mutex<bool>>);
-
-impl Drop for Installing {
-    fn drop(&mut self) {
-        *self.0.lock().expect("install lock") = false;
-    }
-}
-
 async fn etcd_install(
     State(s): State<AgentService>,
     json: Result<Json<InstallRequest>, JsonRejection>,
@@ -312,26 +306,9 @@ async fn etcd_install(
         return Err(ApiError(StatusCode::PAYLOAD_TOO_LARGE, "TooLarge", message));
     }
     let request = body(json)?;
-    let ticket = {
-        let mut running = s.installing.lock().expect("install lock");
-        if *running {
-            return Err(ApiError(
-                StatusCode::CONFLICT,
-                BUSY,
-                "an etcd revision is being installed; ask again when it has finished".into(),
-            ));
-        }
-        *running = true;
-        Installing(s.installing.clone())
-    };
+    let ticket = s.begin(RefreshWork::InstallingEtcd)?;
     // Runs to its end even if the client goes away: the member is restarted at most once.
-    let outcome = tokio::task::spawn_blocking(move || {
-        let outcome = installer.install(&request);
-        drop(ticket);
-        outcome
-    })
-    .await
-    .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, "Internal", e.to_string()))??;
+    let outcome = run_to_completion(ticket, move || installer.install(&request)).await??;
     Ok(Json(outcome).into_response())
 }
 

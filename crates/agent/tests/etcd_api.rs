@@ -11,6 +11,7 @@ use caretaker_agent::upgrade::Upgrader;
 use caretaker_agent::{NodeLayout, tls};
 use caretaker_agent_api::client::{AgentClient, AgentError};
 use caretaker_agent_api::etcd::{InstallRequest, MemberFiles};
+use caretaker_agent_api::refresh::PlanRequest;
 use caretaker_agent_api::tls::{DEFAULT_ALLOWED_CLIENT, client_config};
 use caretaker_pki::{CaSpec, CertificateAuthority, LeafSpec, Usage};
 
@@ -19,16 +20,19 @@ fn pair(ca: &CertificateAuthority, spec: LeafSpec) -> (String, String) {
     (issued.certificate_pem.clone(), issued.key.unwrap().to_pem())
 }
 
-/// m1's agent, its hook leaving a mark when it runs.
-async fn m1_agent(dir: &std::path::Path, ca: &CertificateAuthority) -> (String, AgentClient) {
+/// m1's agent, its restart hook `hook` (the other tests' leaves a mark when it runs).
+async fn m1_agent(
+    dir: &std::path::Path,
+    ca: &CertificateAuthority,
+    hook: &str,
+) -> (String, AgentClient) {
     let installer = EtcdInstaller::new(
         EtcdConfig {
             member: "m1".into(),
             dir: dir.join("pki"),
             names: EtcdLayout::Kubeadm.file_names(),
             client_url: "https://127.0.0.1:9".into(),
-            restart: CommandTemplate::parse(&format!("touch {}", dir.join("hook-ran").display()))
-                .unwrap(),
+            restart: CommandTemplate::parse(hook).unwrap(),
             restart_timeout: Duration::from_secs(5),
             health_timeout: Duration::from_secs(1),
         },
@@ -91,7 +95,8 @@ fn status_of(error: AgentError) -> (u16, String) {
 async fn another_members_files_and_oversized_bodies_are_refused_over_the_wire() {
     let dir = tempfile::tempdir().unwrap();
     let ca = CertificateAuthority::create(&CaSpec::new("etcd-signer")).unwrap();
-    let (url, client) = m1_agent(dir.path(), &ca).await;
+    let hook = format!("touch {}", dir.path().join("hook-ran").display());
+    let (url, client) = m1_agent(dir.path(), &ca, &hook).await;
     let installed = client.etcd_installed(&url).await.unwrap();
     assert_eq!(
         (installed.member.as_str(), installed.revision),
@@ -126,4 +131,45 @@ async fn another_members_files_and_oversized_bodies_are_refused_over_the_wire() 
     );
     assert!(!dir.path().join("hook-ran").exists());
     assert_eq!(client.etcd_installed(&url).await.unwrap().revision, None);
+}
+
+/// An etcd install and a certificate refresh never run at once on one node: kubeadm's etcd
+/// peer and serving pairs are slots of both, so a refresh writing them during an install would
+/// break the install's all-or-nothing and the revision it keeps for rollback. A refresh asked
+/// for meanwhile is told the node is busy (409), and runs once the install has ended.
+#[tokio::test]
+async fn a_refresh_is_refused_while_an_etcd_revision_is_installed() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = CertificateAuthority::create(&CaSpec::new("etcd-signer")).unwrap();
+    let (url, client) = m1_agent(dir.path(), &ca, "sleep 2").await;
+    let request = InstallRequest {
+        member: "m1".into(),
+        revision: "0123456789abcdef".into(),
+        files: files(&ca, "m1"),
+    };
+    let install = {
+        let (client, url) = (client.clone(), url.clone());
+        tokio::spawn(async move { client.etcd_install(&url, &request).await })
+    };
+    // The install writes the member's files before its hook (2 s) runs.
+    let written = dir.path().join("pki").join("server.crt");
+    for _ in 0..100 {
+        if written.exists() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(written.exists(), "the install wrote the member's files");
+
+    let plan = PlanRequest { names: Vec::new() };
+    let error = client.plan(&url, &plan).await.unwrap_err();
+    assert_eq!(status_of(error), (409, "Busy".to_string()));
+
+    // The install ends (its member answers no health check here) and frees the node.
+    let _ = install.await.unwrap();
+    let after = client.plan(&url, &plan).await;
+    assert!(
+        !matches!(after, Err(AgentError::Status { status: 409, .. })),
+        "the node stayed busy: {after:?}"
+    );
 }
