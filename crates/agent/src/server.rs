@@ -41,26 +41,26 @@ pub struct AgentService {
     /// plans and applies and an etcd install touch the same files (kubeadm's etcd peer and
     /// serving pairs are both a refresh's slots and the installer's), and an install restarts
     /// the member.
-    refresh_work: Arc<Mutex<Option<RefreshWork>>>,
+    file_work: Arc<Mutex<Option<FileWork>>>,
     /// The etcd revision installer, when the agent has an etcd section.
     etcd: Option<EtcdInstaller>,
 }
 
 /// Work on the node's certificate files in progress.
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum RefreshWork {
+enum FileWork {
     Planning,
     Applying { plan_id: String },
     InstallingEtcd,
 }
 
-/// The right to run a refresh step; dropping it (when the step's work ends, whoever waited for
+/// The right to work on the files; dropping it (when the work ends, whoever waited for
 /// it) lets the next one run.
-struct RefreshTicket(Arc<Mutex<Option<RefreshWork>>>);
+struct FileTicket(Arc<Mutex<Option<FileWork>>>);
 
-impl Drop for RefreshTicket {
+impl Drop for FileTicket {
     fn drop(&mut self) {
-        *self.0.lock().expect("refresh work lock") = None;
+        *self.0.lock().expect("file work lock") = None;
     }
 }
 
@@ -69,7 +69,7 @@ impl AgentService {
         Self {
             refresher,
             upgrader,
-            refresh_work: Arc::default(),
+            file_work: Arc::default(),
             etcd: None,
         }
     }
@@ -82,13 +82,13 @@ impl AgentService {
 
     /// Claims the node for `work`, or answers busy: the caller should wait and ask again,
     /// never queue behind (an apply may run its restart hook for minutes).
-    fn begin(&self, work: RefreshWork) -> Result<RefreshTicket, ApiError> {
-        let mut running = self.refresh_work.lock().expect("refresh work lock");
+    fn begin(&self, work: FileWork) -> Result<FileTicket, ApiError> {
+        let mut running = self.file_work.lock().expect("file work lock");
         if let Some(current) = running.as_ref() {
             let what = match current {
-                RefreshWork::Planning => "a refresh plan is being made".to_string(),
-                RefreshWork::Applying { plan_id } => format!("plan {plan_id} is being applied"),
-                RefreshWork::InstallingEtcd => "an etcd revision is being installed".to_string(),
+                FileWork::Planning => "a refresh plan is being made".to_string(),
+                FileWork::Applying { plan_id } => format!("plan {plan_id} is being applied"),
+                FileWork::InstallingEtcd => "an etcd revision is being installed".to_string(),
             };
             return Err(ApiError(
                 StatusCode::CONFLICT,
@@ -97,13 +97,13 @@ impl AgentService {
             ));
         }
         *running = Some(work);
-        Ok(RefreshTicket(self.refresh_work.clone()))
+        Ok(FileTicket(self.file_work.clone()))
     }
 
     fn is_applying(&self, plan_id: &str) -> bool {
         matches!(
-            self.refresh_work.lock().expect("refresh work lock").as_ref(),
-            Some(RefreshWork::Applying { plan_id: running }) if running == plan_id
+            self.file_work.lock().expect("file work lock").as_ref(),
+            Some(FileWork::Applying { plan_id: running }) if running == plan_id
         )
     }
 
@@ -208,7 +208,7 @@ async fn plan(
     json: Result<Json<PlanRequest>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let request = body(json)?;
-    let ticket = s.begin(RefreshWork::Planning)?;
+    let ticket = s.begin(FileWork::Planning)?;
     let refresher = s.refresher.clone();
     let plan = run_to_completion(ticket, move || refresher.plan(&request)).await??;
     Ok(Json(plan).into_response())
@@ -219,7 +219,7 @@ async fn apply(
     json: Result<Json<ApplyRequest>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let request = body(json)?;
-    let ticket = s.begin(RefreshWork::Applying {
+    let ticket = s.begin(FileWork::Applying {
         plan_id: request.plan_id.clone(),
     })?;
     let refresher = s.refresher.clone();
@@ -227,10 +227,10 @@ async fn apply(
     Ok(Json(outcome).into_response())
 }
 
-/// Runs a refresh step on a blocking thread that owns `ticket`: if the client goes away the
-/// step still runs to its end (and records its outcome) and only then frees the node.
+/// Runs work on the files on a blocking thread that owns `ticket`: if the client goes away the
+/// work still runs to its end (and records its outcome) and only then frees the node.
 async fn run_to_completion<T: Send + 'static>(
-    ticket: RefreshTicket,
+    ticket: FileTicket,
     work: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, ApiError> {
     tokio::task::spawn_blocking(move || {
@@ -306,7 +306,7 @@ async fn etcd_install(
         return Err(ApiError(StatusCode::PAYLOAD_TOO_LARGE, "TooLarge", message));
     }
     let request = body(json)?;
-    let ticket = s.begin(RefreshWork::InstallingEtcd)?;
+    let ticket = s.begin(FileWork::InstallingEtcd)?;
     // Runs to its end even if the client goes away: the member is restarted at most once.
     let outcome = run_to_completion(ticket, move || installer.install(&request)).await??;
     Ok(Json(outcome).into_response())
