@@ -175,24 +175,8 @@ impl EtcdCluster {
         &self,
         namespace: &str,
     ) -> caretaker_api::v1alpha1::EtcdCertificates {
-        let members: Vec<_> = self
-            .members
-            .iter()
-            .map(|m| {
-                serde_json::json!({"name": m.name, "addresses": ["127.0.0.1", format!("{}.etcd.example", m.name)]})
-            })
-            .collect();
-        serde_json::from_value(serde_json::json!({
-            "apiVersion": "caretaker.dev/v1alpha1", "kind": "EtcdCertificates",
-            "metadata": {"name": "etcd", "namespace": namespace},
-            "spec": {
-                "members": members,
-                "signer": {"trustPropagation": "1s"},
-                "metricsSigner": {"trustPropagation": "1s"},
-                "quorum": {"endpoints": self.endpoints()},
-            },
-        }))
-        .unwrap()
+        let members = self.members.iter().map(|m| member_json(&m.name)).collect();
+        certificates_object(namespace, members, self.endpoints(), None)
     }
 
     /// Forces a rotation of `etcd-signer` the documented way: its
@@ -750,4 +734,34 @@ impl Load {
     pub fn failed(&self) -> Vec<String> {
         self.failures.lock().unwrap().clone()
     }
+}
+
+/// A member of the tests' EtcdCertificates: named by `127.0.0.1` and `<name>.etcd.example`.
+pub fn member_json(name: &str) -> serde_json::Value {
+    serde_json::json!({"name": name, "addresses": ["127.0.0.1", format!("{name}.etcd.example")]})
+}
+
+/// The tests' EtcdCertificates `etcd`: these members and quorum endpoints, both signers'
+/// `trustPropagation` 1 s, and the agents' CA Secret when members have agents.
+pub fn certificates_object(
+    namespace: &str,
+    members: Vec<serde_json::Value>,
+    endpoints: Vec<String>,
+    agents_ca_secret: Option<&str>,
+) -> caretaker_api::v1alpha1::EtcdCertificates {
+    let mut spec = serde_json::json!({
+        "members": members,
+        "signer": {"trustPropagation": "1s"},
+        "metricsSigner": {"trustPropagation": "1s"},
+        "quorum": {"endpoints": endpoints},
+    });
+    if let Some(secret) = agents_ca_secret {
+        spec["agents"] = serde_json::json!({"caSecretName": secret});
+    }
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "caretaker.dev/v1alpha1", "kind": "EtcdCertificates",
+        "metadata": {"name": "etcd", "namespace": namespace},
+        "spec": spec,
+    }))
+    .unwrap()
 }

@@ -209,27 +209,19 @@ impl AgentCluster {
         &self,
         namespace: &str,
     ) -> caretaker_api::v1alpha1::EtcdCertificates {
-        let members: Vec<_> = (self.members.iter())
+        let members = (self.members.iter())
             .map(|m| {
-                serde_json::json!({
-                    "name": m.name,
-                    "addresses": ["127.0.0.1", format!("{}.etcd.example", m.name)],
-                    "agentEndpoint": m.agent_url,
-                })
+                let mut member = super::etcd::member_json(&m.name);
+                member["agentEndpoint"] = serde_json::json!(m.agent_url);
+                member
             })
             .collect();
-        serde_json::from_value(serde_json::json!({
-            "apiVersion": "caretaker.dev/v1alpha1", "kind": "EtcdCertificates",
-            "metadata": {"name": "etcd", "namespace": namespace},
-            "spec": {
-                "members": members,
-                "signer": {"trustPropagation": "1s"},
-                "metricsSigner": {"trustPropagation": "1s"},
-                "quorum": {"endpoints": self.endpoints()},
-                "agents": {"caSecretName": AGENTS_CA_SECRET},
-            },
-        }))
-        .unwrap()
+        super::etcd::certificates_object(
+            namespace,
+            members,
+            self.endpoints(),
+            Some(AGENTS_CA_SECRET),
+        )
     }
 
     pub fn endpoints(&self) -> Vec<String> {
