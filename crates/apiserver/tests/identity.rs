@@ -211,3 +211,57 @@ async fn impersonating_needs_the_impersonate_verb_on_each_thing_named() {
         "serviceaccounts \"builder\" is forbidden: User \"bob\" cannot impersonate resource \"serviceaccounts\" in API group \"\" in the namespace \"team\""
     );
 }
+
+/// The groups an impersonated user gets are kube-apiserver's: groups named replace a
+/// ServiceAccount's own, a named `system:unauthenticated` is not joined by
+/// `system:authenticated`, and an empty `Impersonate-User` alone asks for no one (it was a 500).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn impersonated_users_are_grouped_as_kube_apiserver_groups_them() {
+    let Some(kubectl) =
+        Kubectl::find("impersonated_users_are_grouped_as_kube_apiserver_groups_them")
+    else {
+        return;
+    };
+    let server = rbac_server().await;
+    let k = kubectl.against(&server.kubeconfig());
+    let groups = |me: Value| me["status"]["userInfo"]["groups"].clone();
+    let whoami = ["auth", "whoami"];
+
+    let service_account = [&whoami[..], &["--as", "system:serviceaccount:team:builder"]].concat();
+    assert_eq!(
+        groups(k.json(&service_account).await),
+        json!([
+            "system:serviceaccounts",
+            "system:serviceaccounts:team",
+            "system:authenticated"
+        ])
+    );
+    let with_group = [&service_account[..], &["--as-group", "ops"]].concat();
+    assert_eq!(
+        groups(k.json(&with_group).await),
+        json!(["ops", "system:authenticated"])
+    );
+    let unauthenticated = [
+        &whoami[..],
+        &["--as", "alice", "--as-group", "system:unauthenticated"],
+    ]
+    .concat();
+    // Not authenticated, alice may not even review herself (`system:basic-user` is bound to
+    // `system:authenticated` only), as on kube-apiserver; it was allowed while
+    // `system:authenticated` was added beside the group named.
+    let refused = k.fails(&unauthenticated, None).await;
+    assert!(
+        refused.contains("the selfsubjectreviews API is not enabled in the cluster or you do not have permission to call it"),
+        "{refused}"
+    );
+
+    let own = k.json(&whoami).await;
+    let review = json!({"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"});
+    let request = http::Request::post("/apis/authentication.k8s.io/v1/selfsubjectreviews")
+        .header("Content-Type", "application/json")
+        .header("Impersonate-User", "")
+        .body(serde_json::to_vec(&review).unwrap())
+        .unwrap();
+    let me: Value = server.client().request(request).await.unwrap();
+    assert_eq!(me["status"]["userInfo"], own["status"]["userInfo"], "{me}");
+}

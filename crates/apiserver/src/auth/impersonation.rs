@@ -43,6 +43,8 @@ impl Impersonation {
                 ApiError::bad_request(format!("the {name} header is not valid text"))
             })?;
             match name {
+                // An empty user names no one (kube-apiserver's `len(requestedUser) > 0`).
+                USER if value.is_empty() => continue,
                 USER => asked.user = value.to_string(),
                 GROUP => asked.groups.push(value.to_string()),
                 UID => asked.uid = Some(value.to_string()),
@@ -114,19 +116,24 @@ impl Impersonation {
             .filter(|(ns, name)| !ns.is_empty() && !name.is_empty() && !name.contains(':'))
     }
 
-    /// The user the request acts as: the groups named, a ServiceAccount's own, and
-    /// `system:authenticated` (`system:unauthenticated` for `system:anonymous`).
+    /// The user the request acts as, grouped as kube-apiserver groups it: the groups named, or
+    /// a ServiceAccount's own when none are; then `system:authenticated`, unless a group named
+    /// already says whether the user is authenticated (`system:unauthenticated` for
+    /// `system:anonymous`, unless named).
     pub fn user(self) -> UserInfo {
         let mut groups = self.groups.clone();
-        if let Some((namespace, _)) = self.service_account() {
+        if groups.is_empty()
+            && let Some((namespace, _)) = self.service_account()
+        {
             groups.extend(service_account_groups(namespace));
         }
-        let everyone = if self.user == ANONYMOUS {
-            UNAUTHENTICATED
+        // Which groups already say whether the user is authenticated.
+        let (everyone, settled_by): (_, &[&str]) = if self.user == ANONYMOUS {
+            (UNAUTHENTICATED, &[UNAUTHENTICATED])
         } else {
-            AUTHENTICATED
+            (AUTHENTICATED, &[AUTHENTICATED, UNAUTHENTICATED])
         };
-        if !groups.iter().any(|g| g == everyone) {
+        if !groups.iter().any(|g| settled_by.contains(&g.as_str())) {
             groups.push(everyone.to_string());
         }
         UserInfo {
@@ -213,6 +220,45 @@ mod tests {
 
         let group_alone = Impersonation::of(&headers(&[("Impersonate-Group", "team")]));
         assert_eq!(group_alone.unwrap_err().code, 500);
+        // An empty user names no one: alone it asks for nothing, with a group it is refused.
+        let empty = Impersonation::of(&headers(&[("Impersonate-User", "")]));
+        assert_eq!(empty.unwrap(), None);
+        let empty_with_group = Impersonation::of(&headers(&[
+            ("Impersonate-User", ""),
+            ("Impersonate-Group", "team"),
+        ]));
+        assert_eq!(empty_with_group.unwrap_err().code, 500);
+    }
+
+    fn groups_of(pairs: &[(&str, &str)]) -> Vec<String> {
+        Impersonation::of(&headers(pairs))
+            .unwrap()
+            .unwrap()
+            .user()
+            .groups
+    }
+
+    #[test]
+    fn a_named_group_settles_whether_the_user_is_authenticated() {
+        let user = ("Impersonate-User", "alice");
+        let anonymous = ("Impersonate-User", "system:anonymous");
+        let authenticated = ("Impersonate-Group", "system:authenticated");
+        let unauthenticated = ("Impersonate-Group", "system:unauthenticated");
+        assert_eq!(groups_of(&[user]), ["system:authenticated"]);
+        assert_eq!(groups_of(&[user, authenticated]), ["system:authenticated"]);
+        assert_eq!(
+            groups_of(&[user, unauthenticated]),
+            ["system:unauthenticated"]
+        );
+        assert_eq!(groups_of(&[anonymous]), ["system:unauthenticated"]);
+        assert_eq!(
+            groups_of(&[anonymous, unauthenticated]),
+            ["system:unauthenticated"]
+        );
+        assert_eq!(
+            groups_of(&[anonymous, authenticated]),
+            ["system:authenticated", "system:unauthenticated"]
+        );
     }
 
     #[test]
@@ -242,5 +288,11 @@ mod tests {
                 "system:authenticated"
             ]
         );
+        // Groups named replace the ServiceAccount's own.
+        let named = groups_of(&[
+            ("Impersonate-User", "system:serviceaccount:team:builder"),
+            ("Impersonate-Group", "ops"),
+        ]);
+        assert_eq!(named, ["ops", "system:authenticated"]);
     }
 }

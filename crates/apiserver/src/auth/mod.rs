@@ -251,7 +251,11 @@ impl Auth {
                 self.check(api, &user, &check)?;
             }
         }
-        Ok(Arc::new(asked.user()))
+        let acting_as = asked.user();
+        // kube-apiserver's request log line, so that what the impersonated user did can be
+        // traced back to who asked.
+        tracing::debug!(user = %user.name, impersonated = %acting_as.name, "impersonating");
+        Ok(Arc::new(acting_as))
     }
 
     fn record(&self, user: &UserInfo, request: &Attributes, allowed: bool) {
