@@ -453,3 +453,92 @@ async fn services_and_pods_get_the_fields_kube_apiserver_fills_in() {
         assert_eq!(status.qos_class.as_deref(), Some(qos), "{name}");
     }
 }
+
+/// `/openapi/v2` is the whole Swagger 2.0 document (it was empty): built-in kinds and custom
+/// resources under kube-apiserver's definition names with their group-version-kind, every
+/// reference to `#/definitions/…` resolving, and each object path's operations, PATCH with
+/// `fieldValidation` (which kubectl looks for before it leaves validation to the server).
+#[tokio::test]
+async fn openapi_v2_is_the_whole_document() {
+    let server = TestServer::start().await;
+    let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
+        Api::all(server.client());
+    let crd = json!({"metadata": {"name": "widgets.example.com"}, "spec": {
+        "group": "example.com", "scope": "Namespaced",
+        "names": {"plural": "widgets", "singular": "widget", "kind": "Widget"},
+        "versions": [{"name": "v1", "served": true, "storage": true,
+            "schema": {"openAPIV3Schema": {"type": "object", "properties": {"spec": {
+                "type": "object", "properties": {"size": {"type": "integer"}}}}}}}]}});
+    crds.create(
+        &PostParams::default(),
+        &serde_json::from_value(crd).unwrap(),
+    )
+    .await
+    .unwrap();
+    let http = RawHttp::new(server.url());
+    let (code, doc) = http
+        .request("GET", "/openapi/v2", &[("Accept", "application/json")], "")
+        .await;
+    assert_eq!(code, 200);
+    assert_eq!(doc["swagger"], "2.0");
+    let definitions = doc["definitions"].as_object().unwrap();
+    let config_map = &definitions["io.k8s.api.core.v1.ConfigMap"];
+    assert_eq!(
+        config_map["x-kubernetes-group-version-kind"],
+        json!([{"group": "", "version": "v1", "kind": "ConfigMap"}])
+    );
+    assert_eq!(
+        config_map["properties"]["metadata"]["$ref"],
+        "#/definitions/io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"
+    );
+    let widget = &definitions["com.example.v1.Widget"];
+    assert_eq!(
+        widget["properties"]["spec"]["properties"]["size"]["type"],
+        "integer"
+    );
+    assert_eq!(
+        widget["x-kubernetes-group-version-kind"],
+        json!([{"group": "example.com", "version": "v1", "kind": "Widget"}])
+    );
+    let text = doc.to_string();
+    for reference in text.split("\"$ref\":\"").skip(1) {
+        let target = reference.split('"').next().unwrap();
+        let name = target
+            .strip_prefix("#/definitions/")
+            .unwrap_or_else(|| panic!("{target}"));
+        assert!(
+            definitions.contains_key(name),
+            "{name} is referred to but missing"
+        );
+    }
+    for (path, kind) in [
+        (
+            "/api/v1/namespaces/{namespace}/configmaps/{name}",
+            "ConfigMap",
+        ),
+        (
+            "/apis/example.com/v1/namespaces/{namespace}/widgets/{name}",
+            "Widget",
+        ),
+    ] {
+        let patch = &doc["paths"][path]["patch"];
+        assert_eq!(
+            patch["x-kubernetes-group-version-kind"]["kind"], kind,
+            "{path}"
+        );
+        assert!(
+            patch["parameters"]
+                .as_array()
+                .unwrap()
+                .contains(&json!({"name": "fieldValidation", "in": "query", "type": "string", "uniqueItems": true})),
+            "{patch}"
+        );
+        assert!(
+            patch["responses"]["200"]["schema"]["$ref"]
+                .as_str()
+                .unwrap()
+                .starts_with("#/definitions/"),
+            "{patch}"
+        );
+    }
+}

@@ -175,7 +175,7 @@ async fn route(
         ["apis", group] => get_only(discovery::group(registry, group)?),
         ["apis", group, version] => get_only(discovery::resource_list(registry, group, version)?),
         ["openapi", "v2"] if method == Method::GET && openapi::wants_v2_protobuf(headers) => {
-            let mut resp = Response::new(Body::from(openapi::v2_protobuf()));
+            let mut resp = Response::new(Body::from(openapi::v2_protobuf(registry)));
             resp.headers_mut().insert(
                 header::CONTENT_TYPE,
                 // As kube-openapi answers it: Go's mime parser refuses the `@` of the

@@ -6,8 +6,8 @@
 use std::sync::OnceLock;
 
 use k8s_openapi::api::{
-    admissionregistration, apps, autoscaling, batch, certificates, coordination, core, events,
-    networking, policy, rbac,
+    admissionregistration, apps, authentication, authorization, autoscaling, batch, certificates,
+    coordination, core, events, networking, policy, rbac,
 };
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1 as apiextensions;
 use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1 as apiregistration;
@@ -188,6 +188,23 @@ const KINDS: &[Builtin] = &[
         "CustomResourceDefinition",
     ),
     builtin::<apiregistration::APIService>("apiregistration.k8s.io", "v1", "APIService"),
+    // Created, answered, never stored: their schemas name the fields of their protobuf bodies.
+    builtin::<authentication::v1::TokenRequest>("authentication.k8s.io", "v1", "TokenRequest"),
+    builtin::<authentication::v1::SelfSubjectReview>(
+        "authentication.k8s.io",
+        "v1",
+        "SelfSubjectReview",
+    ),
+    builtin::<authorization::v1::SelfSubjectAccessReview>(
+        "authorization.k8s.io",
+        "v1",
+        "SelfSubjectAccessReview",
+    ),
+    builtin::<authorization::v1::SelfSubjectRulesReview>(
+        "authorization.k8s.io",
+        "v1",
+        "SelfSubjectRulesReview",
+    ),
 ];
 
 /// The schema of the built-in kind `group`/`version`/`kind`, if k8s-openapi has its type.

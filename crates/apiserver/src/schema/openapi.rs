@@ -1,7 +1,7 @@
 //! OpenAPI documents, as much as kubectl needs: per group/version v3 documents whose PATCH
 //! operations declare the `fieldValidation` parameter (so kubectl leaves validation to the
 //! server instead of validating client-side), and the schemas of custom resources (so
-//! `kubectl explain` can describe them). Built-in kinds have no schemas here.
+//! `kubectl explain` can describe them), and the Swagger 2.0 document built from them.
 
 use serde_json::{Map, Value, json};
 
@@ -27,15 +27,106 @@ fn gvk(def: &ResourceDef) -> Value {
     json!({ "group": def.group, "version": def.version, "kind": def.kind })
 }
 
-/// Swagger 2.0 document: no paths or definitions (kubectl falls back to OpenAPI v3).
-pub fn v2(_registry: &Registry) -> Value {
-    json!({ "swagger": "2.0", "info": info(), "paths": {}, "definitions": {} })
+/// The Swagger 2.0 document: every group/version's paths and schemas, as their OpenAPI v3
+/// documents have them (built from them), in Swagger 2.0's form: definitions referred to as
+/// `#/definitions/…`, query parameters typed in place, responses' schemas without media types.
+pub fn v2(registry: &Registry) -> Value {
+    let mut paths = Map::new();
+    let mut definitions = Map::new();
+    for (group, versions) in registry.groups() {
+        for version in versions {
+            let Ok(v3) = v3_group_version(registry, &group, &version) else {
+                continue;
+            };
+            for (path, item) in v3["paths"].as_object().into_iter().flatten() {
+                paths.insert(path.clone(), v2_path_item(item));
+            }
+            for (name, schema) in v3["components"]["schemas"]
+                .as_object()
+                .into_iter()
+                .flatten()
+            {
+                definitions
+                    .entry(name.clone())
+                    .or_insert_with(|| v2_schema(schema));
+            }
+        }
+    }
+    json!({ "swagger": "2.0", "info": info(), "paths": paths, "definitions": definitions })
+}
+
+/// A v3 path item's operations in Swagger 2.0's form.
+fn v2_path_item(item: &Value) -> Value {
+    let mut out = Map::new();
+    for (method, operation) in item.as_object().into_iter().flatten() {
+        let mut operation = operation.clone();
+        let parameters: Vec<Value> = operation["parameters"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|p| json!({ "name": p["name"], "in": p["in"], "type": "string", "uniqueItems": true }))
+            .collect();
+        operation["parameters"] = json!(parameters);
+        let schema =
+            v2_schema(&operation["responses"]["200"]["content"]["application/json"]["schema"]);
+        operation["responses"] = json!({ "200": { "description": "OK", "schema": schema } });
+        out.insert(method.clone(), operation);
+    }
+    Value::Object(out)
+}
+
+/// A v3 schema in Swagger 2.0's form: references to `#/definitions/…`; a documented reference
+/// (v3's `allOf` of the one reference) as the reference with its description beside it, as
+/// kube-apiserver writes v2; no `nullable`, which v2 lacks.
+fn v2_schema(schema: &Value) -> Value {
+    match schema {
+        Value::Object(object) => {
+            let mut out = Map::new();
+            for (key, value) in object {
+                match (key.as_str(), value) {
+                    ("$ref", Value::String(target)) => {
+                        let name = target.rsplit('/').next().unwrap_or_default();
+                        out.insert(key.clone(), json!(format!("#/definitions/{name}")));
+                    }
+                    ("allOf", Value::Array(all))
+                        if all.len() == 1 && all[0].get("$ref").is_some() =>
+                    {
+                        if let Value::Object(reference) = v2_schema(&all[0]) {
+                            out.extend(reference);
+                        }
+                    }
+                    ("nullable", _) => {}
+                    // Properties, definitions and extensions hold names, not keywords.
+                    ("properties", Value::Object(properties)) => {
+                        let properties = properties
+                            .iter()
+                            .map(|(name, property)| (name.clone(), v2_schema(property)))
+                            .collect();
+                        out.insert(key.clone(), Value::Object(properties));
+                    }
+                    // Values, not schemas.
+                    ("default" | "enum" | "example", value) => {
+                        out.insert(key.clone(), value.clone());
+                    }
+                    (extension, value) if extension.starts_with("x-") => {
+                        out.insert(key.clone(), value.clone());
+                    }
+                    _ => {
+                        out.insert(key.clone(), v2_schema(value));
+                    }
+                }
+            }
+            Value::Object(out)
+        }
+        Value::Array(items) => Value::Array(items.iter().map(v2_schema).collect()),
+        other => other.clone(),
+    }
 }
 
 /// The media type of OpenAPI v2 in protobuf (gnostic's `openapi_v2.Document`), which kubectl
-/// asks `/openapi/v2` for when it validates a kind its OpenAPI v3 cache does not know yet (an
-/// object of a CRD created by the same `kubectl apply`).
-/// (The second is its older spelling.)
+/// asks `/openapi/v2` for (`kubectl explain --output=plaintext-openapiv2`, and when it
+/// validates a kind its OpenAPI v3 cache does not know yet: an object of a CRD created by the
+/// same `kubectl apply`). (The second is its older spelling.)
 const V2_PROTOBUF: [&str; 2] = [
     "application/com.github.proto-openapi.spec.v2@v1.0+protobuf",
     "application/com.github.proto-openapi.spec.v2.v1.0+protobuf",
@@ -54,28 +145,9 @@ pub fn wants_v2_protobuf(headers: &axum::http::HeaderMap) -> bool {
         })
 }
 
-/// [`v2`] as protobuf: `Document { swagger: "2.0" (1), info (2): { title (1), version (2) },
-/// paths (8): {} }`, so that kubectl finds no definition and leaves validation to the server.
-pub fn v2_protobuf() -> Vec<u8> {
-    fn field(number: u8, bytes: &[u8]) -> Vec<u8> {
-        let mut out = vec![(number << 3) | 2];
-        let mut len = bytes.len();
-        loop {
-            let byte = (len & 0x7f) as u8;
-            len >>= 7;
-            if len == 0 {
-                out.push(byte);
-                break;
-            }
-            out.push(byte | 0x80);
-        }
-        out.extend_from_slice(bytes);
-        out
-    }
-    let info = info();
-    let text = |key: &str| info[key].as_str().unwrap_or_default().as_bytes().to_vec();
-    let info = [field(1, &text("title")), field(2, &text("version"))].concat();
-    [field(1, b"2.0"), field(2, &info), field(8, &[])].concat()
+/// [`v2`] in protobuf.
+pub fn v2_protobuf(registry: &Registry) -> Vec<u8> {
+    crate::schema::gnostic::encode(&v2(registry))
 }
 
 pub fn v3_root(registry: &Registry) -> Value {
@@ -192,22 +264,61 @@ mod tests {
     use super::*;
 
     #[test]
-    fn openapi_v2_in_protobuf_is_a_document_with_its_version_and_no_paths() {
-        let bytes = v2_protobuf();
-        // swagger = "2.0"
-        assert_eq!(&bytes[..5], &[0x0a, 3, b'2', b'.', b'0']);
-        // info, holding the title and version of the JSON form
-        assert_eq!(bytes[5], 0x12);
-        let info_len = bytes[6] as usize;
-        let info = &bytes[7..7 + info_len];
-        let title = v2(&Registry::new())["info"]["title"]
-            .as_str()
+    fn openapi_v2_in_protobuf_holds_the_json_documents_paths_and_definitions() {
+        use prost::Message;
+        let registry = Registry::new();
+        let json = v2(&registry);
+        let bytes = v2_protobuf(&registry);
+        let doc = crate::schema::gnostic::Document::decode(bytes.as_slice()).unwrap();
+        assert_eq!(doc.swagger, "2.0");
+        assert_eq!(doc.info.unwrap().title, json["info"]["title"]);
+        assert_eq!(
+            doc.paths.unwrap().path.len(),
+            json["paths"].as_object().unwrap().len()
+        );
+        let definitions = doc.definitions.unwrap().additional_properties;
+        assert_eq!(
+            definitions.len(),
+            json["definitions"].as_object().unwrap().len()
+        );
+        let config_map = definitions
+            .iter()
+            .find(|d| d.name == "io.k8s.api.core.v1.ConfigMap")
+            .and_then(|d| d.value.as_ref())
+            .unwrap();
+        // Vendor extensions are YAML text (JSON is YAML).
+        let gvk = config_map
+            .vendor_extension
+            .iter()
+            .find(|e| e.name == "x-kubernetes-group-version-kind")
+            .and_then(|e| e.value.as_ref())
+            .unwrap();
+        assert_eq!(
+            serde_json::from_str::<Value>(&gvk.yaml).unwrap(),
+            json!([{"group": "", "version": "v1", "kind": "ConfigMap"}])
+        );
+        let data = config_map
+            .properties
+            .as_ref()
             .unwrap()
-            .to_string();
-        assert_eq!(&info[..2], &[0x0a, title.len() as u8]);
-        assert_eq!(&info[2..2 + title.len()], title.as_bytes());
-        // paths, empty, last
-        assert_eq!(&bytes[7 + info_len..], &[0x42, 0]);
+            .additional_properties
+            .iter()
+            .find(|p| p.name == "data")
+            .and_then(|p| p.value.as_ref())
+            .unwrap();
+        assert_eq!(data.r#type.as_ref().unwrap().value, ["object"]);
+        let values = data.additional_properties.as_ref().unwrap();
+        assert_eq!(
+            values
+                .schema
+                .as_ref()
+                .unwrap()
+                .r#type
+                .as_ref()
+                .unwrap()
+                .value,
+            ["string"]
+        );
     }
 
     #[test]
