@@ -4,8 +4,8 @@
 #![allow(dead_code)]
 
 pub mod authorities;
-pub mod etcd;
-pub mod etcd_agents;
+// The etcd harness lives in the testkit, where `caretaker demo --etcd` uses it too.
+pub use caretaker_testkit::{etcd, etcd_agents};
 pub mod hooks;
 pub mod logs;
 pub mod openmetrics;
