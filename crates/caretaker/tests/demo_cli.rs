@@ -95,12 +95,16 @@ fn the_etcd_demo_rotates_the_signer_while_a_client_writes_and_loses_nothing() {
     assert!(out.status.success(), "{stdout}\n{}", stderr(&out));
     let lines: Vec<&str> = stdout.lines().map(str::trim).collect();
     for revision in 1..=4 {
-        let everyone = format!("latest revision {revision}: m0 at {revision}, m1 at {revision}, m2 at {revision}");
+        let everyone = format!(
+            "latest revision {revision}: m0 at {revision}, m1 at {revision}, m2 at {revision}"
+        );
         assert!(lines.contains(&everyone.as_str()), "{everyone}: {stdout}");
     }
     // One member at a time: m0 moves to 2 while the others are still at 1.
     assert!(
-        lines.iter().any(|l| l.starts_with("latest revision 2: m0 at 2, m1 at 1")),
+        lines
+            .iter()
+            .any(|l| l.starts_with("latest revision 2: m0 at 2, m1 at 1")),
         "{stdout}"
     );
     let summary = lines
@@ -108,7 +112,8 @@ fn the_etcd_demo_rotates_the_signer_while_a_client_writes_and_loses_nothing() {
         .find(|l| l.contains("writes, each read back"))
         .unwrap_or_else(|| panic!("no write count: {stdout}"));
     assert!(
-        summary.contains(": 0 failed, 0 certificate errors") && summary.contains("every member healthy"),
+        summary.contains(": 0 failed, 0 certificate errors")
+            && summary.contains("every member healthy"),
         "{summary}"
     );
     let writes: usize = summary
@@ -122,7 +127,10 @@ fn the_etcd_demo_rotates_the_signer_while_a_client_writes_and_loses_nothing() {
     // Every etcd the demo started is gone.
     for m in ["m0", "m1", "m2"] {
         let pid = read_pid(&dir.join("etcd").join(m).join("etcd.pid"));
-        assert!(caretaker_testkit::process::exits_soon(pid), "{m}'s etcd still runs");
+        assert!(
+            caretaker_testkit::process::exits_soon(pid),
+            "{m}'s etcd still runs"
+        );
     }
 }
 

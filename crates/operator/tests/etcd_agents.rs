@@ -550,7 +550,10 @@ async fn the_quorum_gate_holds_a_rollout_partway_and_it_resumes_when_the_member_
     tokio::time::sleep(Duration::from_secs(8)).await;
     let now = setup.cluster.pids();
     assert_ne!(now[0], pids[0], "m0 was installed");
-    assert_eq!(now[1], pids[1], "m1 was restarted while the gate was closed");
+    assert_eq!(
+        now[1], pids[1],
+        "m1 was restarted while the gate was closed"
+    );
     let status = setup.status().await;
     let m1 = status.members.iter().find(|m| m.name == "m1").unwrap();
     assert_eq!(m1.current_revision, 1, "{status:#?}");

@@ -407,9 +407,7 @@ fn print_how_to_explore(dir: &Path, etcd: bool) {
     );
     if etcd {
         println!("  kubectl get etcdcertificates etcd -o yaml");
-        println!(
-            "  kubectl annotate secret etcd-signer auth.openshift.io/certificate-not-after-"
-        );
+        println!("  kubectl annotate secret etcd-signer auth.openshift.io/certificate-not-after-");
         println!("  tail {}/etcd/m0/etcd.log", dir.display());
     }
     println!("Press Ctrl-C to stop (or send SIGTERM or SIGHUP).");

@@ -41,7 +41,10 @@ pub async fn run(client: &kube::Client, dir: &Path, rotate: bool) -> Result<Etcd
     let cluster = AgentCluster::new_in(client, NAMESPACE, &dir.join("etcd")).await;
     let objects: Api<EtcdCertificates> = Api::namespaced(client.clone(), NAMESPACE);
     objects
-        .create(&PostParams::default(), &cluster.certificates_object(NAMESPACE))
+        .create(
+            &PostParams::default(),
+            &cluster.certificates_object(NAMESPACE),
+        )
         .await
         .map_err(|e| format!("creating EtcdCertificates {OBJECT}: {e}"))?;
     step(&format!(
@@ -49,7 +52,9 @@ pub async fn run(client: &kube::Client, dir: &Path, rotate: bool) -> Result<Etcd
         cluster.endpoints().join(", "),
         dir.join("etcd").display()
     ));
-    step("etcd: waiting for the operator's first etcd-all-certs, then starting the members on it (as kubeadm init would)");
+    step(
+        "etcd: waiting for the operator's first etcd-all-certs, then starting the members on it (as kubeadm init would)",
+    );
     cluster.bootstrap(120).await;
     step("etcd: members healthy; each agent installs revision 1 once, one member at a time");
     follow(&objects, 1, Duration::from_secs(300)).await?;
@@ -76,7 +81,9 @@ pub async fn run(client: &kube::Client, dir: &Path, rotate: bool) -> Result<Etcd
         )
         .await
         .map_err(|e| format!("rotating etcd-signer: {e}"))?;
-    step("etcd: rotating etcd-signer (its auth.openshift.io/certificate-not-after removed): three revisions, trust, certificates, untrust; each restarts the members one at a time");
+    step(
+        "etcd: rotating etcd-signer (its auth.openshift.io/certificate-not-after removed): three revisions, trust, certificates, untrust; each restarts the members one at a time",
+    );
     let started = Instant::now();
     let followed = follow(&objects, 4, Duration::from_secs(600)).await;
     let load = load.stop().await;
