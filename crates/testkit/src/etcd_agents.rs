@@ -40,10 +40,6 @@ impl AgentMember {
         format!("https://127.0.0.1:{}", self.client_port)
     }
 
-    fn peer_url(&self) -> String {
-        format!("https://127.0.0.1:{}", self.peer_port)
-    }
-
     pub fn pki(&self) -> PathBuf {
         self.dir.join("pki")
     }
