@@ -100,11 +100,14 @@ fn the_etcd_demo_rotates_the_signer_while_a_client_writes_and_loses_nothing() {
         );
         assert!(lines.contains(&everyone.as_str()), "{everyone}: {stdout}");
     }
-    // One member at a time: m0 moves to 2 while the others are still at 1.
+    // One member at a time, in name order: each says so as it comes up on revision 2.
+    let updated = |m: &str| {
+        let phrase = format!("Updated node \"{m}\" from revision 1 to 2");
+        (lines.iter().position(|l| l.contains(&phrase)))
+            .unwrap_or_else(|| panic!("{phrase}: {stdout}"))
+    };
     assert!(
-        lines
-            .iter()
-            .any(|l| l.starts_with("latest revision 2: m0 at 2, m1 at 1")),
+        updated("m0") < updated("m1") && updated("m1") < updated("m2"),
         "{stdout}"
     );
     let summary = lines

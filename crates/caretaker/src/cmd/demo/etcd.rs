@@ -3,6 +3,7 @@
 //! the operator keeps; a signer rotation while a client writes, the members' revisions printed
 //! as they move, and the client's count of writes at the end.
 
+use std::collections::BTreeSet;
 use std::io::Write as _;
 use std::path::Path;
 use std::sync::atomic::Ordering;
@@ -11,8 +12,9 @@ use std::time::{Duration, Instant};
 use caretaker_api::v1alpha1::{EtcdCertificates, EtcdCertificatesStatus};
 use caretaker_testkit::etcd::Load;
 use caretaker_testkit::etcd_agents::AgentCluster;
+use k8s_openapi::api::core::v1::Event;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 
 use super::{NAMESPACE, step};
 
@@ -57,7 +59,8 @@ pub async fn run(client: &kube::Client, dir: &Path, rotate: bool) -> Result<Etcd
     );
     cluster.bootstrap(120).await;
     step("etcd: members healthy; each agent installs revision 1 once, one member at a time");
-    follow(&objects, 1, Duration::from_secs(300)).await?;
+    let mut said = BTreeSet::new();
+    follow((&objects, &mut said), 1, Duration::from_secs(300)).await?;
     if !rotate {
         return Ok(EtcdDemo {
             _running: cluster,
@@ -85,7 +88,7 @@ pub async fn run(client: &kube::Client, dir: &Path, rotate: bool) -> Result<Etcd
         "etcd: rotating etcd-signer (its auth.openshift.io/certificate-not-after removed): three revisions, trust, certificates, untrust; each restarts the members one at a time",
     );
     let started = Instant::now();
-    let followed = follow(&objects, 4, Duration::from_secs(600)).await;
+    let followed = follow((&objects, &mut said), 4, Duration::from_secs(600)).await;
     let load = load.stop().await;
     followed?;
     step(&format!(
@@ -149,17 +152,35 @@ impl Summary {
     }
 }
 
-/// Prints the members' revisions each time they change, until every member is at the newest
-/// revision, at least `at_least`, and nothing is rotating.
+/// The reason of the event said as each member comes up on a new revision; the status is
+/// written once a pass is over, the event as each member is done.
+const MEMBER_UPDATED: &str = "NodeCurrentRevisionChanged";
+
+/// Prints the members' revisions each time they change (and each member's
+/// `NodeCurrentRevisionChanged` as it comes), until every member is at the newest revision,
+/// at least `at_least`, and nothing is rotating.
+/// `said_events` holds the events already printed.
 async fn follow(
-    objects: &Api<EtcdCertificates>,
+    (objects, said_events): (&Api<EtcdCertificates>, &mut BTreeSet<String>),
     at_least: i64,
     timeout: Duration,
 ) -> Result<(), String> {
+    let events: Api<Event> = Api::namespaced(objects.clone().into_client(), NAMESPACE);
     let started = Instant::now();
     let mut last = String::new();
     let mut last_said = Instant::now();
     while started.elapsed() < timeout {
+        // Best effort: a failed list is only a line less.
+        let listed = events.list(&ListParams::default()).await.map(|l| l.items);
+        for event in listed.unwrap_or_default() {
+            if event.reason.as_deref() == Some(MEMBER_UPDATED)
+                && let Some(message) = event.message
+                && said_events.insert(message.clone())
+            {
+                println!("  {MEMBER_UPDATED}: {message}");
+                last_said = Instant::now();
+            }
+        }
         let status = objects
             .get_opt(OBJECT)
             .await
