@@ -4,7 +4,9 @@
 #![allow(dead_code)]
 
 pub mod authorities;
-// The etcd harness lives in the testkit, where `caretaker demo --etcd` uses it too.
+// The etcd harness lives in the testkit, where `caretaker demo --etcd` uses it too. Most
+// test crates that include this module use neither (as with dead code, above).
+#[allow(unused_imports)]
 pub use caretaker_testkit::{etcd, etcd_agents};
 pub mod hooks;
 pub mod logs;
