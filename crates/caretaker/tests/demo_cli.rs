@@ -75,6 +75,68 @@ fn the_demo_upgrades_every_machine_in_place() {
     assert!(stderr(&bad).contains("channel=<channel>"));
 }
 
+/// Issue 34: `demo --etcd` runs a real etcd cluster whose members only caretaker's agents
+/// restart, rotates its signer while a client writes, prints the members' revisions as they
+/// move (1, then each of the rotation's three revisions) and ends with 0 failed writes.
+#[test]
+fn the_etcd_demo_rotates_the_signer_while_a_client_writes_and_loses_nothing() {
+    if !caretaker_testkit::etcd::etcd_available("the_etcd_demo_rotates_the_signer") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("demo");
+    let out = caretaker_command()
+        .args(["demo", "--etcd", "--control-planes", "1", "--workers", "1"])
+        .arg("--state-dir")
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let stdout = stdout(&out);
+    assert!(out.status.success(), "{stdout}\n{}", stderr(&out));
+    let lines: Vec<&str> = stdout.lines().map(str::trim).collect();
+    for revision in 1..=4 {
+        let everyone = format!(
+            "latest revision {revision}: m0 at {revision}, m1 at {revision}, m2 at {revision}"
+        );
+        assert!(lines.contains(&everyone.as_str()), "{everyone}: {stdout}");
+    }
+    // One member at a time, in name order: each says so as it comes up on revision 2.
+    let updated = |m: &str| {
+        let phrase = format!("Updated node \"{m}\" from revision 1 to 2");
+        (lines.iter().position(|l| l.contains(&phrase)))
+            .unwrap_or_else(|| panic!("{phrase}: {stdout}"))
+    };
+    assert!(
+        updated("m0") < updated("m1") && updated("m1") < updated("m2"),
+        "{stdout}"
+    );
+    let summary = lines
+        .iter()
+        .find(|l| l.contains("writes, each read back"))
+        .unwrap_or_else(|| panic!("no write count: {stdout}"));
+    assert!(
+        summary.contains(": 0 failed, 0 certificate errors")
+            && summary.contains("every member healthy"),
+        "{summary}"
+    );
+    let writes: usize = summary
+        .trim_start_matches("==> etcd: ")
+        .split(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(writes > 10, "{summary}");
+    // Every etcd the demo started is gone.
+    for m in ["m0", "m1", "m2"] {
+        let pid = read_pid(&dir.join("etcd").join(m).join("etcd.pid"));
+        assert!(
+            caretaker_testkit::process::exits_soon(pid),
+            "{m}'s etcd still runs"
+        );
+    }
+}
+
 /// Runs a demo of one control plane and one worker in `dir` with `extra` arguments; it must
 /// succeed. Returns its output.
 fn run_small_demo(dir: &std::path::Path, extra: &[&str]) -> String {

@@ -1,7 +1,7 @@
 //! etcd certificates benchmark (issue 14): a real three-member etcd cluster with peer and
 //! client TLS (Debian's `etcd-server`), its certificates from an EtcdCertificates
 //! (`trustPropagation: 1s`) on the
-//! embedded API server, installed by the tests' harness (members restart one at a time onto
+//! embedded API server, installed by the testkit's harness (members restart one at a time onto
 //! each new `etcd-all-certs`). Eight clients write and read back continuously (the v3 JSON
 //! gateway over mutual TLS, one connection per request, failing over between members as
 //! etcd's client does) while `etcd-signer` is rotated (the documented way: its
@@ -12,18 +12,13 @@
 //! `cargo run --release -p caretaker-operator --example etcd_bench [-- WINDOW_SECONDS]`
 //! (default 15: the length of the before and after windows).
 
-// The tests' harness; the benchmark uses part of it.
-#[allow(dead_code)]
-#[path = "../tests/common/etcd.rs"]
-mod etcd;
-
 use std::time::{Duration, Instant};
 
 use caretaker_api::v1alpha1::{self, EtcdCertificates};
 use caretaker_apiserver::TestServer;
 use caretaker_operator::etcd::controller as etcd_certificates;
 use caretaker_operator::{Context, Settings};
-use etcd::{EtcdCluster, Load};
+use caretaker_testkit::etcd::{self, EtcdCluster, Load};
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, PostParams};

@@ -59,6 +59,18 @@ impl Setup {
         }
     }
 
+    /// A Setup whose members run and are settled at revision 1; `None` (the test skips,
+    /// saying so) without etcd.
+    async fn bootstrapped(test: &str) -> Option<Self> {
+        if !etcd_available(test) {
+            return None;
+        }
+        let setup = Self::new().await;
+        setup.cluster.bootstrap(60).await;
+        setup.settle(120, 1).await;
+        Some(setup)
+    }
+
     async fn status(&self) -> EtcdCertificatesStatus {
         let object = objects(&self.client).get("etcd").await.unwrap();
         object.status.unwrap_or_default()
@@ -258,15 +270,8 @@ async fn the_agents_roll_every_revision_out_under_load_losing_nothing() {
         "TLS errors in the members' logs: {in_logs:?}"
     );
     // Every acknowledged write is there with its last value.
-    let reader = setup.cluster.client().await;
-    let written = load.written.lock().unwrap().clone();
-    for (key, value) in &written {
-        assert_eq!(
-            reader.get(key).await.unwrap().as_deref(),
-            Some(value.as_str()),
-            "{key}"
-        );
-    }
+    let lost = load.lost(&setup.cluster.client().await).await;
+    assert!(lost.is_empty(), "lost writes: {lost:?}");
     // The signer rotation is three revisions, the certificate one: 1 -> 4 -> 5.
     assert_eq!(rotated.latest_revision, Some(4), "{rotated:#?}");
     assert_eq!(certificate.latest_revision, Some(5), "{certificate:#?}");
@@ -292,12 +297,10 @@ async fn the_agents_roll_every_revision_out_under_load_losing_nothing() {
 /// resumes it by itself.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_hook_stops_the_rollout_at_its_member_and_fixing_it_resumes() {
-    if !etcd_available("a_failing_hook_stops_the_rollout_at_its_member") {
+    let Some(setup) = Setup::bootstrapped("a_failing_hook_stops_the_rollout_at_its_member").await
+    else {
         return;
-    }
-    let setup = Setup::new().await;
-    setup.cluster.bootstrap(60).await;
-    setup.settle(120, 1).await;
+    };
     let files_of_m1 = std::fs::read(setup.cluster.members[1].pki().join("server.crt")).unwrap();
     let pids = setup.cluster.pids();
     setup.cluster.break_hook(1);
@@ -487,4 +490,92 @@ async fn with_quorum_a_hostile_agent_at_a_members_endpoint_still_gets_nothing() 
         .unwrap_or_default();
     assert!(sent.is_empty(), "files reached the hostile agent: {sent:?}");
     assert_eq!(cluster.pids(), pids, "no member was restarted");
+}
+
+/// Issue 34: the quorum gate closes partway through a rollout. m0's hook restarts m0 onto the
+/// new revision and, before its agent reports, the test stops m2 (behind its agent's back):
+/// the gate is closed when the operator comes to m1. While it is closed m1 is not restarted
+/// (same pid, still at the old revision), and the status says why (Degraded
+/// `InsufficientQuorum`, Ready naming m1 as waiting for quorum). When m2 is back the rollout
+/// resumes by itself and ends with every member at the new revision, with no write lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_quorum_gate_holds_a_rollout_partway_and_it_resumes_when_the_member_is_back() {
+    let Some(setup) = Setup::bootstrapped("the_quorum_gate_holds_a_rollout_partway").await else {
+        return;
+    };
+    let client = setup.cluster.client().await;
+    let apis = (
+        setup.cluster.secrets().clone(),
+        setup.cluster.config_maps().clone(),
+    );
+    let load = Load::start_with(apis, &client, 2);
+    setup.cluster.hold_hook(0);
+    let pids = setup.cluster.pids();
+    force_certificate_rotation(&setup.client, "etcd-serving-m1").await;
+
+    // m0 is restarted onto revision 2 first (name order); its hook then waits.
+    let cluster = &setup.cluster;
+    eventually("m0's hook restarted it", 60, || async move {
+        cluster.hook_restarted(0).then_some(())
+    })
+    .await;
+    setup.cluster.wait_healthy(0, 30).await;
+    setup.cluster.stop_member(2);
+    setup.cluster.release_hook(0);
+
+    let c = setup.client.clone();
+    let (degraded, ready) = eventually("the gate holding m1", 60, || {
+        let client = c.clone();
+        async move {
+            let status = objects(&client).get("etcd").await.ok()?.status?;
+            let m0 = status.members.iter().find(|m| m.name == "m0")?;
+            let degraded = condition(&status, "EtcdCertSignerControllerDegraded")?;
+            let ready = condition(&status, "Ready")?;
+            (m0.current_revision == 2 && degraded.reason == "InsufficientQuorum")
+                .then(|| (degraded.clone(), ready.clone()))
+        }
+    })
+    .await;
+    assert_eq!(degraded.status, "True", "{degraded:?}");
+    assert!(
+        degraded.message.contains("insufficient quorum"),
+        "{degraded:?}"
+    );
+    assert_eq!(ready.status, "False", "{ready:?}");
+    assert!(
+        ready.message.contains("\"m1\" waits for quorum"),
+        "{ready:?}"
+    );
+    // Several passes with the gate closed (they come every 2 s, doubling): m1 stays as it was.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let now = setup.cluster.pids();
+    assert_ne!(now[0], pids[0], "m0 was installed");
+    assert_eq!(
+        now[1], pids[1],
+        "m1 was restarted while the gate was closed"
+    );
+    let status = setup.status().await;
+    let m1 = status.members.iter().find(|m| m.name == "m1").unwrap();
+    assert_eq!(m1.current_revision, 1, "{status:#?}");
+    let degraded = condition(&status, "EtcdCertSignerControllerDegraded").unwrap();
+    assert_eq!(degraded.reason, "InsufficientQuorum", "{status:#?}");
+
+    // m2 back: the rollout resumes by itself and ends at revision 2 everywhere.
+    setup.cluster.start_member(2);
+    setup.cluster.wait_healthy(2, 30).await;
+    let status = setup.settle(120, 2).await;
+    assert_eq!(status.latest_revision, Some(2), "{status:#?}");
+    for m in &status.members {
+        assert_eq!(m.current_revision, 2, "{status:#?}");
+    }
+    let degraded = condition(&status, "EtcdCertSignerControllerDegraded").unwrap();
+    assert_eq!(degraded.status, "False", "{degraded:?}");
+    let after = setup.cluster.pids();
+    assert_ne!(after[1], pids[1], "m1 was installed once the gate opened");
+    let load = load.stop().await;
+    let failed = load.failed();
+    assert!(failed.is_empty(), "failed operations: {failed:?}");
+    assert!(load.done() > 10, "the load ran: {}", load.done());
+    let lost = load.lost(&setup.cluster.client().await).await;
+    assert!(lost.is_empty(), "lost writes: {lost:?}");
 }

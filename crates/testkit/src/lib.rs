@@ -4,6 +4,9 @@
 //! - [`provision`]: a kubeadm-layout node PKI in a directory, from a cluster's CAs.
 //! - [`local`]: a real agent serving such a directory on loopback, inside this process.
 //! - [`process`]: whether a process a test started has gone.
+//! - [`etcd`]: a real three-member etcd cluster on loopback (members installed as a static-pod
+//!   installer would), a client over its v3 JSON gateway and a writer that reads each write back;
+//!   [`etcd_agents`]: the same members, each installed and restarted only by its own agent.
 //! - [`kubectl`]: the real kubectl, against one server, for tests of what users see.
 //! - [`ports`]: loopback ports for listeners in other processes, bound again after restarts.
 //! - [`capi_objects`]: the Cluster API objects (Clusters, CA Secrets, control planes,
@@ -15,6 +18,8 @@
 //! (`#[cfg(test)]` in `src/`), which would see a second, incompatible copy of their own types.
 
 pub mod capi_objects;
+pub mod etcd;
+pub mod etcd_agents;
 pub mod kubectl;
 pub mod local;
 pub mod ports;

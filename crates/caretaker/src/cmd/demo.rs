@@ -1,7 +1,10 @@
 //! `caretaker demo`: the embedded API server, the real Cluster API CRDs, a Cluster with its CA
 //! Secrets, a CK8sControlPlane, a MachineDeployment with its MachineSet, one real agent
 //! process per Machine with a kubeadm-layout node on disk, and the operator as its own
-//! process; then a certificate refresh of every Machine, shown before and after.
+//! process; then a certificate refresh of every Machine, shown before and after. With
+//! `--etcd`, also a real etcd cluster whose certificates the operator rotates ([`etcd`]).
+
+mod etcd;
 
 use std::collections::BTreeMap;
 use std::io::Write as _;
@@ -40,6 +43,16 @@ const ENDPOINT_HOST: &str = "demo.caretaker.local";
 /// cluster-wide request on the Cluster (control plane first, then workers), with its progress
 /// and a before/after expiry table; with --upgrade-to the Machines are upgraded in place
 /// instead.
+///
+/// With --etcd (and an etcd binary on PATH; without one the demo says so and skips this
+/// part): a real three-member etcd cluster on loopback with peer and client certificate
+/// authentication, under DIR/etcd/m0..m2 (files, logs, restart hooks), each member with its
+/// own agent, and an EtcdCertificates the operator keeps. The operator bootstraps the members'
+/// certificates; then, while a client writes without pause (every endpoint, transient errors
+/// retried, each write read back), the signer is rotated (three revisions, each installed by
+/// the agents and restarting the members one at a time under the quorum gate), the members'
+/// revisions are printed as they move, and at the end the number of writes and how many
+/// failed. The demo exits non-zero if a write failed or a member ended unhealthy.
 #[derive(Debug, clap::Args)]
 pub struct DemoArgs {
     /// Where to keep everything (default: a new directory under the system temp dir).
@@ -74,6 +87,10 @@ pub struct DemoArgs {
     /// yourself).
     #[arg(long)]
     no_operator: bool,
+    /// Also run a real three-member etcd cluster, each member with an agent, and rotate its
+    /// signer while a client writes (needs `etcd` on PATH; Debian: etcd-server).
+    #[arg(long)]
+    etcd: bool,
 }
 
 pub fn run(args: DemoArgs) -> ExitCode {
@@ -149,11 +166,14 @@ impl Drop for Processes {
 struct Running {
     processes: Processes,
     server: ApiServer,
+    /// The etcd members and their agents, with `--etcd`.
+    etcd: Option<etcd::EtcdDemo>,
     failed: bool,
 }
 
 impl Running {
     async fn stop(self) -> ExitCode {
+        drop(self.etcd);
         drop(self.processes);
         self.server.shutdown().await;
         if self.failed {
@@ -246,12 +266,27 @@ async fn demo(args: DemoArgs) -> Result<Running, String> {
         ));
     }
 
+    let etcd = if !args.etcd {
+        None
+    } else if args.no_operator {
+        step("--etcd: skipped: its certificates come from the operator, and --no-operator is set");
+        None
+    } else if !caretaker_testkit::etcd::etcd_installed() {
+        step("--etcd: skipped: no etcd binary on PATH (Debian: apt-get install etcd-server)");
+        None
+    } else {
+        let demo = etcd::run(&client, &dir, !args.no_trigger).await?;
+        failed |= demo.failed;
+        Some(demo)
+    };
+
     if args.keep_running {
-        print_how_to_explore(&dir);
+        print_how_to_explore(&dir, etcd.is_some());
     }
     Ok(Running {
         processes,
         server,
+        etcd,
         failed,
     })
 }
@@ -355,7 +390,7 @@ impl ClusterRequest {
     }
 }
 
-fn print_how_to_explore(dir: &Path) {
+fn print_how_to_explore(dir: &Path, etcd: bool) {
     println!();
     println!("The demo is running. Try:");
     println!("  export KUBECONFIG={}", dir.join("kubeconfig").display());
@@ -370,6 +405,11 @@ fn print_how_to_explore(dir: &Path) {
         "  caretaker certs check-expiration --pki-dir {0}/nodes/{CLUSTER}-cp-0/pki --kubeconfig-dir {0}/nodes/{CLUSTER}-cp-0/kubeconfigs",
         dir.display()
     );
+    if etcd {
+        println!("  kubectl get etcdcertificates etcd -o yaml");
+        println!("  kubectl annotate secret etcd-signer auth.openshift.io/certificate-not-after-");
+        println!("  tail {}/etcd/m0/etcd.log", dir.display());
+    }
     println!("Press Ctrl-C to stop (or send SIGTERM or SIGHUP).");
     let _ = std::io::stdout().flush();
 }

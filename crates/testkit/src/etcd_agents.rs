@@ -21,7 +21,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::Api;
 use kube::api::{ObjectMeta, PostParams};
 
-use super::etcd::EtcdClient;
+use crate::etcd::EtcdClient;
 
 /// The Secret holding the agents' CA.
 pub const AGENTS_CA_SECRET: &str = "etcd-agents-ca";
@@ -38,10 +38,6 @@ pub struct AgentMember {
 impl AgentMember {
     pub fn client_url(&self) -> String {
         format!("https://127.0.0.1:{}", self.client_port)
-    }
-
-    fn peer_url(&self) -> String {
-        format!("https://127.0.0.1:{}", self.peer_port)
     }
 
     pub fn pki(&self) -> PathBuf {
@@ -64,7 +60,10 @@ impl AgentMember {
 
 pub struct AgentCluster {
     pub members: Vec<AgentMember>,
-    pub dir: tempfile::TempDir,
+    /// Where the members' directories are.
+    pub dir: PathBuf,
+    /// The temporary directory `dir` is, removed on drop ([`Self::new`]).
+    _temp: Option<tempfile::TempDir>,
     pub agents_ca: CertificateAuthority,
     secrets: Api<Secret>,
     config_maps: Api<ConfigMap>,
@@ -95,6 +94,16 @@ fi
 exec ./start.sh
 "#;
 
+/// A hook that restarts the member (`restart-now.sh`, [`RESTART`]), then says so
+/// (`hook-restarted`) and finishes only once `hook-release` exists: a test acts between a
+/// member's restart and the moment its agent reports it.
+const HELD: &str = r#"#!/bin/sh
+cd "$(dirname "$0")"
+./restart-now.sh || exit 1
+touch hook-restarted
+while [ ! -e hook-release ]; do sleep 0.1; done
+"#;
+
 /// A hook that refuses to restart anything.
 const BROKEN: &str = "#!/bin/sh\necho 'restart refused: etcd.service is masked' >&2\nexit 1\n";
 
@@ -102,13 +111,20 @@ impl AgentCluster {
     /// Three members, m0 to m2, not started; each with its agent serving (certificate naming
     /// only the member's name, so that on loopback one agent cannot pass for another).
     pub async fn new(client: &kube::Client, namespace: &str) -> Self {
-        let dir = tempfile::tempdir().unwrap();
+        let temp = tempfile::tempdir().unwrap();
+        let mut cluster = Self::new_in(client, namespace, temp.path()).await;
+        cluster._temp = Some(temp);
+        cluster
+    }
+
+    /// [`Self::new`], the members' directories under `dir` (kept when dropped).
+    pub async fn new_in(client: &kube::Client, namespace: &str, dir: &Path) -> Self {
         let agents_ca = CertificateAuthority::create(&CaSpec::new("etcd-agents")).unwrap();
         let ports: Vec<(u16, u16)> = (0..3)
             .map(|_| {
                 (
-                    caretaker_testkit::ports::reusable_port().unwrap(),
-                    caretaker_testkit::ports::reusable_port().unwrap(),
+                    crate::ports::reusable_port().unwrap(),
+                    crate::ports::reusable_port().unwrap(),
                 )
             })
             .collect();
@@ -119,7 +135,7 @@ impl AgentCluster {
         let mut members = Vec::new();
         for (i, (client_port, peer_port)) in ports.into_iter().enumerate() {
             let name = format!("m{i}");
-            let member_dir = dir.path().join(&name);
+            let member_dir = dir.join(&name);
             std::fs::create_dir_all(member_dir.join("pki")).unwrap();
             let client_url = format!("https://127.0.0.1:{client_port}");
             let peer_url = format!("https://127.0.0.1:{peer_port}");
@@ -196,7 +212,8 @@ impl AgentCluster {
             .unwrap();
         Self {
             members,
-            dir,
+            dir: dir.to_path_buf(),
+            _temp: None,
             agents_ca,
             secrets,
             config_maps: Api::namespaced(client.clone(), namespace),
@@ -211,12 +228,12 @@ impl AgentCluster {
     ) -> caretaker_api::v1alpha1::EtcdCertificates {
         let members = (self.members.iter())
             .map(|m| {
-                let mut member = super::etcd::member_json(&m.name);
+                let mut member = crate::etcd::member_json(&m.name);
                 member["agentEndpoint"] = serde_json::json!(m.agent_url);
                 member
             })
             .collect();
-        super::etcd::certificates_object(
+        crate::etcd::certificates_object(
             namespace,
             members,
             self.endpoints(),
@@ -241,14 +258,7 @@ impl AgentCluster {
         };
         let text = |k: &str| String::from_utf8(all[k].0.clone()).unwrap();
         for m in &self.members {
-            let name = &m.name;
-            for (file, key) in [
-                ("peer.crt", format!("etcd-peer-{name}.crt")),
-                ("peer.key", format!("etcd-peer-{name}.key")),
-                ("server.crt", format!("etcd-serving-{name}.crt")),
-                ("server.key", format!("etcd-serving-{name}.key")),
-                ("ca.crt", "ca-bundle.crt".to_string()),
-            ] {
+            for (file, key) in crate::etcd::member_files(&m.name) {
                 std::fs::write(m.pki().join(file), text(&key)).unwrap();
             }
             let status = std::process::Command::new(m.dir.join("start.sh"))
@@ -262,9 +272,7 @@ impl AgentCluster {
     }
 
     pub async fn client(&self) -> EtcdClient {
-        let client = EtcdClient::new(self.endpoints());
-        client.refresh(&self.secrets, &self.config_maps).await;
-        client
+        EtcdClient::of(self.endpoints(), &self.secrets, &self.config_maps).await
     }
 
     pub async fn wait_healthy(&self, index: usize, seconds: u64) {
@@ -289,6 +297,47 @@ impl AgentCluster {
 
     pub fn fix_hook(&self, index: usize) {
         write_script(&self.members[index].dir.join("restart.sh"), RESTART);
+    }
+
+    /// Makes member `index`'s hook restart it and then wait for [`Self::release_hook`].
+    pub fn hold_hook(&self, index: usize) {
+        let dir = &self.members[index].dir;
+        write_script(&dir.join("restart-now.sh"), RESTART);
+        write_script(&dir.join("restart.sh"), HELD);
+    }
+
+    /// Whether member `index`'s held hook has restarted it (and now waits).
+    pub fn hook_restarted(&self, index: usize) -> bool {
+        self.members[index].dir.join("hook-restarted").exists()
+    }
+
+    /// Lets member `index`'s held hook finish.
+    pub fn release_hook(&self, index: usize) {
+        std::fs::write(self.members[index].dir.join("hook-release"), "").unwrap();
+    }
+
+    /// Stops member `index` (SIGTERM, as its hook does), behind its agent's back.
+    pub fn stop_member(&self, index: usize) {
+        let pid = self.members[index].pid().expect("the member runs");
+        // SAFETY: signals the etcd this cluster started, by the pid its script wrote.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+        assert!(
+            crate::process::exits_soon(pid) || {
+                // SAFETY: as above.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+                crate::process::exits_soon(pid)
+            },
+            "member {} did not stop",
+            self.members[index].name
+        );
+    }
+
+    /// Starts member `index` again on the files it has, behind its agent's back.
+    pub fn start_member(&self, index: usize) {
+        let status = std::process::Command::new(self.members[index].dir.join("start.sh"))
+            .status()
+            .unwrap();
+        assert!(status.success());
     }
 
     /// Each member's etcd pid now.

@@ -23,10 +23,7 @@ use tokio_rustls::TlsConnector;
 /// Whether `etcd` is installed; a test that needs it says why it skips (CI installs it and
 /// sets `CARETAKER_REQUIRE_ETCD=1`, so there it fails instead).
 pub fn etcd_available(test: &str) -> bool {
-    let found = std::process::Command::new("etcd")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
+    let found = etcd_installed();
     if !found {
         if std::env::var_os("CARETAKER_REQUIRE_ETCD").is_some() {
             panic!("{test}: etcd is not installed and CARETAKER_REQUIRE_ETCD is set");
@@ -34,6 +31,25 @@ pub fn etcd_available(test: &str) -> bool {
         eprintln!("{test}: skipped: etcd is not installed (Debian: etcd-server)");
     }
     found
+}
+
+/// Whether an `etcd` binary runs here.
+pub fn etcd_installed() -> bool {
+    std::process::Command::new("etcd")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// Member `name`'s files (kubeadm's names) and the `etcd-all-certs` key each is written from.
+pub fn member_files(name: &str) -> [(&'static str, String); 5] {
+    [
+        ("peer.crt", format!("etcd-peer-{name}.crt")),
+        ("peer.key", format!("etcd-peer-{name}.key")),
+        ("server.crt", format!("etcd-serving-{name}.crt")),
+        ("server.key", format!("etcd-serving-{name}.key")),
+        ("ca.crt", "ca-bundle.crt".to_string()),
+    ]
 }
 
 pub struct Member {
@@ -57,14 +73,7 @@ impl Member {
 
     fn write_files(&self, all: &BTreeMap<String, String>) {
         std::fs::create_dir_all(&self.dir).unwrap();
-        let name = &self.name;
-        for (file, key) in [
-            ("peer.crt", format!("etcd-peer-{name}.crt")),
-            ("peer.key", format!("etcd-peer-{name}.key")),
-            ("server.crt", format!("etcd-serving-{name}.crt")),
-            ("server.key", format!("etcd-serving-{name}.key")),
-            ("ca.crt", "ca-bundle.crt".to_string()),
-        ] {
+        for (file, key) in member_files(&self.name) {
             let path = self.dir.join(file);
             std::fs::write(&path, &all[&key]).unwrap();
         }
@@ -152,8 +161,8 @@ impl EtcdCluster {
         let members = (0..3)
             .map(|i| Member {
                 name: format!("m{i}"),
-                client_port: caretaker_testkit::ports::reusable_port().unwrap(),
-                peer_port: caretaker_testkit::ports::reusable_port().unwrap(),
+                client_port: crate::ports::reusable_port().unwrap(),
+                peer_port: crate::ports::reusable_port().unwrap(),
                 dir: dir.path().join(format!("m{i}")),
                 process: None,
                 revision: None,
@@ -288,8 +297,8 @@ impl EtcdCluster {
         let index = self.members.len();
         let member = Member {
             name: format!("m{index}"),
-            client_port: caretaker_testkit::ports::reusable_port().unwrap(),
-            peer_port: caretaker_testkit::ports::reusable_port().unwrap(),
+            client_port: crate::ports::reusable_port().unwrap(),
+            peer_port: crate::ports::reusable_port().unwrap(),
             dir: self.dir.path().join(format!("m{index}")),
             process: None,
             revision: None,
@@ -394,9 +403,7 @@ impl EtcdCluster {
     /// A client as the cluster's consumers have one: `etcd-ca-bundle` to verify members,
     /// `etcd-client` to present.
     pub async fn client(&self) -> EtcdClient {
-        let client = EtcdClient::new(self.endpoints());
-        client.refresh(&self.secrets, &self.config_maps).await;
-        client
+        EtcdClient::of(self.endpoints(), &self.secrets, &self.config_maps).await
     }
 
     pub async fn wait_healthy(&self, index: usize, seconds: u64) {
@@ -460,6 +467,17 @@ impl EtcdClient {
             retries: Arc::default(),
             certificate_errors: Arc::default(),
         }
+    }
+
+    /// A client of `endpoints` with the bundle and client certificate as stored now.
+    pub async fn of(
+        endpoints: Vec<String>,
+        secrets: &Api<Secret>,
+        config_maps: &Api<ConfigMap>,
+    ) -> Self {
+        let client = Self::new(endpoints);
+        client.refresh(secrets, config_maps).await;
+        client
     }
 
     /// Takes up the bundle and client certificate as stored now.
@@ -733,6 +751,19 @@ impl Load {
 
     pub fn failed(&self) -> Vec<String> {
         self.failures.lock().unwrap().clone()
+    }
+
+    /// The acknowledged writes `reader` does not find with their last value: lost ones.
+    pub async fn lost(&self, reader: &EtcdClient) -> Vec<String> {
+        let written = self.written.lock().unwrap().clone();
+        let mut lost = Vec::new();
+        for (key, value) in &written {
+            let stored = reader.get(key).await;
+            if stored.as_ref().map(Option::as_deref) != Ok(Some(value.as_str())) {
+                lost.push(format!("{key}: wrote {value}, read {stored:?}"));
+            }
+        }
+        lost
     }
 }
 
