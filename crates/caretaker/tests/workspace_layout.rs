@@ -1,4 +1,4 @@
-//! The workspace's structure, as `../README.md` ("Layout") describes it: crates depend on each
+//! The workspace's structure, as `docs/getting-started.md` ("Layout") describes it: crates depend on each
 //! other one way only, and inside every crate modules import each other without a circle.
 //!
 //! A circle makes every module in it depend on all the others: none can be read, tested or
@@ -143,7 +143,7 @@ fn crates_depend_on_each_other_one_way() {
     assert_eq!(
         names,
         allowed.keys().copied().collect(),
-        "a crate was added or removed: give it its place here and in the README's layout"
+        "a crate was added or removed: give it its place here and in docs/getting-started.md's layout"
     );
     for (dir, name) in &crates {
         let expected: BTreeSet<String> = allowed[name.as_str()]

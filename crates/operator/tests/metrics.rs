@@ -485,8 +485,16 @@ fn the_reference_lists_every_metric() {
         "refresh-certificates",
         progress.by_state(),
     );
+    metrics.set_rollout_status(
+        "Cluster",
+        "default",
+        "c1",
+        "refresh-certificates",
+        Some("failed"),
+    );
+    metrics.set_degraded("CertificateAuthority", "", "ca", true);
     let exposition = openmetrics::parse(&metrics.encode()).unwrap();
-    assert_eq!(exposition.types.len(), 10);
+    assert_eq!(exposition.types.len(), 13);
     for (family, kind) in &exposition.types {
         let name = match kind.as_str() {
             "counter" => format!("{family}_total"),

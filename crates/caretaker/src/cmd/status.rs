@@ -1,4 +1,8 @@
-//! `caretaker status cluster NAME`: a Cluster's rollout at a glance.
+//! `caretaker status cluster NAME`: a Cluster's rollout at a glance; `caretaker status
+//! certificates`: every certificate caretaker keeps, the first to expire first.
+
+mod certificates;
+pub mod expiry;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -23,6 +27,21 @@ pub enum StatusCommand {
     /// Exit status: 0 when the rollout is done (or none was asked for), 1 when it failed or
     /// was cancelled, 2 while it is requested or in progress (without --watch).
     Cluster(ClusterArgs),
+    /// Show every certificate caretaker keeps or follows, across the cluster, the first to
+    /// expire first: CertificateAuthorities, IssuedCertificates, each EtcdCertificates' two
+    /// signers and its certificates, each Machine's node certificates (the earliest, as its
+    /// machine.cluster.x-k8s.io/certificates-expiry says) and each trust-manager Bundle and
+    /// ClusterBundle's earliest-expiring CA, with when caretaker renews it and the state of
+    /// its object, as `kubeadm certs check-expiration` and `cmctl status certificate` show
+    /// theirs.
+    ///
+    /// RESIDUAL is the time left; a RENEWAL time marked `(overdue)` has passed without a
+    /// renewal. Kinds whose CRDs are not installed are left out. Only certificates are read
+    /// from Secrets (an etcd-all-certs' `*.crt` keys); nothing of a key is ever shown.
+    ///
+    /// Exit status: 0, or 1 when the API server could not be read.
+    #[command(visible_alias = "expiry")]
+    Certificates(certificates::CertificatesArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -59,7 +78,10 @@ impl Outcome {
 }
 
 pub fn run(command: StatusCommand) -> ExitCode {
-    let StatusCommand::Cluster(args) = command;
+    let args = match command {
+        StatusCommand::Cluster(args) => args,
+        StatusCommand::Certificates(args) => return certificates::run(args),
+    };
     super::run_async("status", async move {
         let client = args.kubeconfig.client().await?;
         loop {

@@ -5,6 +5,9 @@
 //!   seconds since the Unix epoch, as cert-manager's
 //!   `certmanager_certificate_expiration_timestamp_seconds` gives it. Alert on
 //!   `caretaker_certificate_expiration_seconds - time() < 7 * 86400`.
+//! - `caretaker_certificate_renewal_seconds{kind, namespace, name}`: when caretaker means to
+//!   replace it, as cert-manager's `certmanager_certificate_renewal_timestamp_seconds`, for the
+//!   certificates whose controller says so: past it and not renewed is what to alert on.
 //! - `caretaker_ca_expiration_days{name}`: per CertificateAuthority, the days from the scrape to
 //!   its current CA's notAfter, fractional and negative once expired, as the OpenShift etcd
 //!   operator's `openshift_etcd_operator_signer_expiration_days` computes them (notAfter minus
@@ -25,18 +28,27 @@ use time::OffsetDateTime;
 use super::CertificateKind;
 
 pub(super) const CERTIFICATE_EXPIRATION: &str = "caretaker_certificate_expiration_seconds";
+pub(super) const CERTIFICATE_RENEWAL: &str = "caretaker_certificate_renewal_seconds";
 pub(super) const CA_EXPIRATION_DAYS: &str = "caretaker_ca_expiration_days";
 pub(super) const ETCD_SIGNER_EXPIRATION_DAYS: &str = "caretaker_etcd_signer_expiration_days";
 
 /// (kind, namespace, name): one certificate-holding object.
 type Series = (CertificateKind, String, String);
 
-/// Each followed object's notAfter, in seconds since the Unix epoch.
+/// A certificate's notAfter and, when known, when it is due to be replaced, in seconds since
+/// the Unix epoch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Times {
+    not_after: i64,
+    renewal: Option<i64>,
+}
+
+/// Each followed object's times.
 #[derive(Debug, Default)]
-pub(super) struct Expiries(Mutex<BTreeMap<Series, i64>>);
+pub(super) struct Expiries(Mutex<BTreeMap<Series, Times>>);
 
 impl Expiries {
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<Series, i64>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<Series, Times>> {
         // Each change is one insert or remove: a panic elsewhere leaves nothing half-written.
         self.0
             .lock()
@@ -49,11 +61,14 @@ impl Expiries {
         namespace: &str,
         name: &str,
         not_after: OffsetDateTime,
+        renewal: Option<OffsetDateTime>,
     ) {
-        self.lock().insert(
-            (kind, namespace.to_string(), name.to_string()),
-            not_after.unix_timestamp(),
-        );
+        let times = Times {
+            not_after: not_after.unix_timestamp(),
+            renewal: renewal.map(OffsetDateTime::unix_timestamp),
+        };
+        self.lock()
+            .insert((kind, namespace.to_string(), name.to_string()), times);
     }
 
     pub(super) fn remove(&self, kind: CertificateKind, namespace: &str, name: &str) {
@@ -89,13 +104,32 @@ impl prometheus_client::collector::Collector for Collector {
                 None,
                 MetricType::Gauge,
             )?;
-            for ((kind, namespace, name), not_after) in &expiries {
+            for ((kind, namespace, name), times) in &expiries {
                 let labels = [
                     ("kind", kind.as_str()),
                     ("namespace", namespace.as_str()),
                     ("name", name.as_str()),
                 ];
-                ConstGauge::new(*not_after).encode(family.encode_family(&labels)?)?;
+                ConstGauge::new(times.not_after).encode(family.encode_family(&labels)?)?;
+            }
+        }
+        {
+            let mut family = encoder.encode_descriptor(
+                CERTIFICATE_RENEWAL,
+                "When caretaker is due to replace the certificate of a CertificateAuthority or IssuedCertificate (for a CA being rotated: when the next CA signs), in seconds since the Unix epoch.",
+                None,
+                MetricType::Gauge,
+            )?;
+            for ((kind, namespace, name), times) in &expiries {
+                let Some(renewal) = times.renewal else {
+                    continue;
+                };
+                let labels = [
+                    ("kind", kind.as_str()),
+                    ("namespace", namespace.as_str()),
+                    ("name", name.as_str()),
+                ];
+                ConstGauge::new(renewal).encode(family.encode_family(&labels)?)?;
             }
         }
         {
@@ -105,11 +139,11 @@ impl prometheus_client::collector::Collector for Collector {
             None,
             MetricType::Gauge,
         )?;
-            for ((kind, _, name), not_after) in &expiries {
+            for ((kind, _, name), times) in &expiries {
                 if *kind != CertificateKind::CertificateAuthority {
                     continue;
                 }
-                let days = (*not_after as f64 - now) / SECONDS_PER_DAY;
+                let days = (times.not_after as f64 - now) / SECONDS_PER_DAY;
                 ConstGauge::new(days).encode(family.encode_family(&[("name", name.as_str())])?)?;
             }
         }
@@ -119,11 +153,11 @@ impl prometheus_client::collector::Collector for Collector {
             None,
             MetricType::Gauge,
         )?;
-        for ((kind, namespace, signer), not_after) in &expiries {
+        for ((kind, namespace, signer), times) in &expiries {
             if *kind != CertificateKind::EtcdSigner {
                 continue;
             }
-            let days = (*not_after as f64 - now) / SECONDS_PER_DAY;
+            let days = (times.not_after as f64 - now) / SECONDS_PER_DAY;
             let labels = [
                 ("namespace", namespace.as_str()),
                 ("signer", signer.as_str()),

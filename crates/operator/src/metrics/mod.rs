@@ -5,6 +5,7 @@
 //! | family | type | labels |
 //! |---|---|---|
 //! | `caretaker_certificate_expiration_seconds` | gauge | `kind`, `namespace`, `name` |
+//! | `caretaker_certificate_renewal_seconds` | gauge | `kind`, `namespace`, `name` |
 //! | `caretaker_ca_expiration_days` | gauge | `name` |
 //! | `caretaker_etcd_signer_expiration_days` | gauge | `namespace`, `signer` |
 //! | `caretaker_certificate_rotations_total` | counter | `kind` |
@@ -14,8 +15,10 @@
 //! | `caretaker_reconcile_duration_seconds` | histogram | `controller` |
 //! | `caretaker_leader` | gauge | |
 //! | `caretaker_rollout_machines` | gauge | `kind`, `namespace`, `name`, `operation`, `state` |
+//! | `caretaker_rollout_status` | gauge | `kind`, `namespace`, `name`, `operation`, `status` |
+//! | `caretaker_degraded` | gauge | `kind`, `namespace`, `name` |
 //!
-//! The two expiry gauges come from one table of certificates and their notAfter
+//! The expiry and renewal gauges come from one table of certificates and their notAfter
 //! ([`expiry`]), read at each scrape: the days left are computed then, never stored, so they
 //! cannot go stale between two reconciles. Every label value is bounded: a kind, a controller,
 //! an [`Error::metric_label`] category, or the name of an object caretaker manages (whose
@@ -91,6 +94,29 @@ struct KindErrorLabels {
     category: &'static str,
 }
 
+/// One object caretaker reconciles.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ObjectLabels {
+    kind: &'static str,
+    namespace: String,
+    name: String,
+}
+
+/// One parent's rollout of one operation, and the status its annotation shows.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RolloutStatusLabels {
+    kind: String,
+    namespace: String,
+    name: String,
+    operation: &'static str,
+    status: &'static str,
+}
+
+/// The values of the upstream `*-status` annotations a parent's rollout series may show. A
+/// status annotation is anyone's to write: any other value shows no series, so the label
+/// stays bounded.
+pub const ROLLOUT_STATUSES: [&str; 4] = ["in-progress", "done", "failed", "cancelled"];
+
 /// One parent's rollout of one operation, and a state of its Machines.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RolloutLabels {
@@ -136,6 +162,8 @@ pub struct Metrics {
     reconcile_duration: Histograms,
     leader: Gauge,
     rollout_machines: Family<RolloutLabels, Gauge>,
+    rollout_status: Family<RolloutStatusLabels, Gauge>,
+    degraded: Family<ObjectLabels, Gauge>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -211,9 +239,23 @@ impl Metrics {
             "Machines of each parent's rollout (the running one, else the last), by state: total (those it covers), done, running, skipped",
             rollout_machines.clone(),
         );
+        let rollout_status = Family::<RolloutStatusLabels, Gauge>::default();
+        registry.register(
+            "caretaker_rollout_status",
+            "1 for the status (in-progress, done, failed, cancelled) each parent's status annotation shows for an operation; no series without one",
+            rollout_status.clone(),
+        );
+        let degraded = Family::<ObjectLabels, Gauge>::default();
+        registry.register(
+            "caretaker_degraded",
+            "1 while the last pass of an object caretaker reconciles left its Degraded condition True; no series otherwise",
+            degraded.clone(),
+        );
         Metrics {
             leader,
             rollout_machines,
+            rollout_status,
+            degraded,
             registry,
             expiries,
             rotations,
@@ -233,7 +275,20 @@ impl Metrics {
         name: &str,
         not_after: OffsetDateTime,
     ) {
-        self.expiries.set(kind, namespace, name, not_after);
+        self.expiries.set(kind, namespace, name, not_after, None);
+    }
+
+    /// Records when the certificate of a `kind` object expires and when caretaker is due to
+    /// replace it (`renewal`, none when it has no such time), replacing what was recorded.
+    pub fn set_certificate_expiry_and_renewal(
+        &self,
+        kind: CertificateKind,
+        namespace: &str,
+        name: &str,
+        not_after: OffsetDateTime,
+        renewal: Option<OffsetDateTime>,
+    ) {
+        self.expiries.set(kind, namespace, name, not_after, renewal);
     }
 
     /// Forgets the certificate of a `kind` object (deleted, or no longer with a certificate):
@@ -274,6 +329,63 @@ impl Metrics {
             self.rollout_machines
                 .get_or_create(&labels)
                 .set(i64::try_from(machines).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// Records the status annotation of `operation` on the parent `kind` `namespace`/`name`:
+    /// its series shows `status` when it is one of [`ROLLOUT_STATUSES`], else (none, or
+    /// something else) the parent has no series for the operation.
+    pub fn set_rollout_status(
+        &self,
+        kind: &str,
+        namespace: &str,
+        name: &str,
+        operation: &'static str,
+        status: Option<&str>,
+    ) {
+        for known in ROLLOUT_STATUSES {
+            let labels = RolloutStatusLabels {
+                kind: kind.to_string(),
+                namespace: namespace.to_string(),
+                name: name.to_string(),
+                operation,
+                status: known,
+            };
+            if status == Some(known) {
+                self.rollout_status.get_or_create(&labels).set(1);
+            } else {
+                self.rollout_status.remove(&labels);
+            }
+        }
+    }
+
+    /// Forgets every rollout series of the parent `kind` `namespace`/`name` (deleted).
+    pub fn remove_rollout(&self, kind: &str, namespace: &str, name: &str, operation: &'static str) {
+        self.set_rollout_status(kind, namespace, name, operation, None);
+        for state in ["total", "done", "running", "skipped"] {
+            self.rollout_machines.remove(&RolloutLabels {
+                kind: kind.to_string(),
+                namespace: namespace.to_string(),
+                name: name.to_string(),
+                operation,
+                state,
+            });
+        }
+    }
+
+    /// Records whether the last pass over the `kind` object `namespace`/`name` left its
+    /// Degraded condition True: a series of 1 while it does, none otherwise (also once the
+    /// object is gone).
+    pub fn set_degraded(&self, kind: &'static str, namespace: &str, name: &str, degraded: bool) {
+        let labels = ObjectLabels {
+            kind,
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+        };
+        if degraded {
+            self.degraded.get_or_create(&labels).set(1);
+        } else {
+            self.degraded.remove(&labels);
         }
     }
 

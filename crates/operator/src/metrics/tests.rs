@@ -17,6 +17,7 @@ fn scrape(metrics: &Metrics) -> Exposition {
 const EXPIRATION: &str = "caretaker_certificate_expiration_seconds";
 const DAYS: &str = "caretaker_ca_expiration_days";
 const ETCD_DAYS: &str = "caretaker_etcd_signer_expiration_days";
+const RENEWAL: &str = "caretaker_certificate_renewal_seconds";
 
 fn fixed_now() -> OffsetDateTime {
     datetime!(2026-03-01 00:00 UTC)
@@ -41,6 +42,7 @@ fn every_family_is_declared_with_its_type() {
         declared(&[
             (DAYS, "gauge"),
             (EXPIRATION, "gauge"),
+            (RENEWAL, "gauge"),
             ("caretaker_certificate_rotations", "counter"),
             (ETCD_DAYS, "gauge"),
             ("caretaker_leader", "gauge"),
@@ -63,6 +65,7 @@ fn every_family_is_declared_with_its_type() {
         declared(&[
             (DAYS, "gauge"),
             (EXPIRATION, "gauge"),
+            (RENEWAL, "gauge"),
             ("caretaker_certificate_rotation_failures", "counter"),
             ("caretaker_certificate_rotations", "counter"),
             (ETCD_DAYS, "gauge"),
@@ -371,4 +374,83 @@ fn the_reader_refuses_what_is_not_the_text_format() {
         parse(good).unwrap().get("a", &[("k", "v\"q"), ("l", "")]),
         Some(-1.5)
     );
+}
+
+/// cert-manager's renewal timestamp: only for the certificates whose controller gives one,
+/// replaced with the expiry, and gone with it.
+#[test]
+fn renewal_times_follow_their_certificates() {
+    let metrics = Metrics::with_clock(fixed_now);
+    let (expires, renews) = (
+        fixed_now() + time::Duration::days(90),
+        fixed_now() + time::Duration::days(60),
+    );
+    let seconds = |t: OffsetDateTime| t.unix_timestamp() as f64;
+    metrics.set_certificate_expiry_and_renewal(
+        CertificateKind::IssuedCertificate,
+        "demo",
+        "web",
+        expires,
+        Some(renews),
+    );
+    metrics.set_certificate_expiry(CertificateKind::Machine, "default", "cp-0", expires);
+    let series = |metrics: &Metrics| scrape(metrics).series(RENEWAL);
+    assert_eq!(
+        series(&metrics),
+        [(
+            "kind=IssuedCertificate,name=web,namespace=demo".into(),
+            seconds(renews)
+        )],
+        "no renewal time for a Machine"
+    );
+    // Renewed: both times move on.
+    let later = renews + time::Duration::days(90);
+    metrics.set_certificate_expiry_and_renewal(
+        CertificateKind::IssuedCertificate,
+        "demo",
+        "web",
+        expires + time::Duration::days(90),
+        Some(later),
+    );
+    assert_eq!(series(&metrics)[0].1, seconds(later));
+    metrics.remove_certificate_expiry(CertificateKind::IssuedCertificate, "demo", "web");
+    assert_eq!(series(&metrics), []);
+}
+
+/// A parent's status annotation is one series, of a known status; another value is none.
+#[test]
+fn a_rollout_status_is_one_series_of_a_known_value() {
+    let metrics = Metrics::new();
+    let set = |status| {
+        metrics.set_rollout_status("Cluster", "default", "c1", "refresh-certificates", status)
+    };
+    let series = || scrape(&metrics).series("caretaker_rollout_status");
+    let labels = |status: &str| {
+        format!(
+            "kind=Cluster,name=c1,namespace=default,operation=refresh-certificates,status={status}"
+        )
+    };
+    set(Some("in-progress"));
+    assert_eq!(series(), [(labels("in-progress"), 1.0)]);
+    set(Some("failed"));
+    assert_eq!(series(), [(labels("failed"), 1.0)]);
+    // Anyone may write the annotation: an unknown value adds no label value.
+    set(Some("pwned-by-a-very-long-status"));
+    assert_eq!(series(), []);
+    set(Some("done"));
+    metrics.remove_rollout("Cluster", "default", "c1", "refresh-certificates");
+    assert_eq!(series(), []);
+}
+
+#[test]
+fn degraded_objects_have_a_series_until_they_recover() {
+    let metrics = Metrics::new();
+    metrics.set_degraded("IssuedCertificate", "demo", "web", true);
+    metrics.set_degraded("CertificateAuthority", "", "ok", false);
+    assert_eq!(
+        scrape(&metrics).series("caretaker_degraded"),
+        [("kind=IssuedCertificate,name=web,namespace=demo".into(), 1.0)]
+    );
+    metrics.set_degraded("IssuedCertificate", "demo", "web", false);
+    assert_eq!(scrape(&metrics).series("caretaker_degraded"), []);
 }

@@ -61,6 +61,7 @@ async fn run_kind(
     let resource = kind.api_resource();
     let mapper_resource = resource.clone();
     let client = parents.clone().into_client();
+    let metrics = ctx.metrics.clone();
     let controller = Controller::new_with(parents, watcher::Config::default(), resource.clone())
         .graceful_shutdown_on(ctx.shutdown.signal())
         .watches_stream_with(
@@ -118,10 +119,24 @@ async fn run_kind(
             error_policy,
             ctx,
         )
-        .for_each(|result| async move {
-            if let Err(e) = result {
-                tracing::debug!(error = %e, "rollout reconcile failed");
+        .for_each(|result| {
+            match result {
+                // A change of a parent no longer in the cache: it is gone, and its rollout
+                // series with it (a deleted failed parent is nothing to alert on).
+                Err(kube::runtime::controller::Error::ObjectNotFound(gone)) => {
+                    for operation in Operation::ALL {
+                        metrics.remove_rollout(
+                            &gone.dyntype.kind,
+                            gone.namespace.as_deref().unwrap_or_default(),
+                            &gone.name,
+                            operation.metric_label(),
+                        );
+                    }
+                }
+                Err(e) => tracing::debug!(error = %e, "rollout reconcile failed"),
+                Ok(_) => {}
             }
+            std::future::ready(())
         })
         .await;
 }
@@ -200,6 +215,7 @@ async fn reconcile(
     view.progress_age = ctx.progress_age(&parent_key(kind, &parent));
     let mut next = Next::AwaitChange;
     for operation in Operation::ALL {
+        report_status(&ctx, &parent, &view, operation);
         let wish = reconcile_operation(&parent, &view, &ctx, operation, &caches, &planes).await?;
         next = next.sooner(wish);
     }
@@ -289,6 +305,17 @@ fn report_progress(
         &view.name,
         operation.metric_label(),
         progress.by_state(),
+    );
+}
+
+/// The status the parent's annotation shows for `operation`, as a metric.
+fn report_status(ctx: &Context, parent: &DynamicObject, view: &ParentView, operation: Operation) {
+    ctx.metrics.set_rollout_status(
+        &view.kind.api_resource().kind,
+        &parent.namespace().unwrap_or_default(),
+        &view.name,
+        operation.metric_label(),
+        view.annotation(operation.names().status),
     );
 }
 

@@ -268,23 +268,50 @@ impl Shared {
             // A pass that ends after its object was deleted must not bring its series back:
             // the watch removes it, under this lock, once the store no longer holds it.
             let _series = lock(&self.series);
-            let exists = match kind {
-                CertificateKind::CertificateAuthority => {
-                    self.stores.authorities.get(&ObjectRef::new(name)).is_some()
-                }
-                _ => (self.stores.certificates)
-                    .get(&ObjectRef::new(name).within(namespace))
-                    .is_some(),
-            };
             match now.not_after {
-                Some(not_after) if exists => {
-                    metrics.set_certificate_expiry(kind, namespace, name, not_after)
-                }
+                Some(not_after) if self.exists(kind, namespace, name) => metrics
+                    .set_certificate_expiry_and_renewal(
+                        kind,
+                        namespace,
+                        name,
+                        not_after,
+                        now.next_rotation,
+                    ),
                 _ => metrics.remove_certificate_expiry(kind, namespace, name),
             }
         }
         if rotated {
             metrics.rotated(kind);
+        }
+    }
+
+    /// Remembers the Degraded message a pass gives `object`'s status (`now`; `read`: the one
+    /// it was read with), and shows it in `caretaker_degraded`.
+    pub(crate) fn record_degraded<K: Resource<DynamicType = ()>>(
+        &self,
+        kind: CertificateKind,
+        object: &K,
+        read: Option<&str>,
+        now: Option<&str>,
+    ) {
+        self.statuses.degraded.remember(object, read, now);
+        let namespace = object.meta().namespace.as_deref().unwrap_or_default();
+        let name = object.meta().name.as_deref().unwrap_or_default();
+        // As with the expiry series: none for an object deleted meanwhile.
+        let _series = lock(&self.series);
+        let degraded = now.is_some() && self.exists(kind, namespace, name);
+        (self.ctx.metrics).set_degraded(kind.as_str(), namespace, name, degraded);
+    }
+
+    /// Whether the store still holds the `kind` object `namespace`/`name`.
+    fn exists(&self, kind: CertificateKind, namespace: &str, name: &str) -> bool {
+        match kind {
+            CertificateKind::CertificateAuthority => {
+                self.stores.authorities.get(&ObjectRef::new(name)).is_some()
+            }
+            _ => (self.stores.certificates)
+                .get(&ObjectRef::new(name).within(namespace))
+                .is_some(),
         }
     }
 }

@@ -613,6 +613,8 @@ impl Shared {
                 "",
                 name,
             );
+            let kind = CertificateKind::CertificateAuthority.as_str();
+            (self.ctx.metrics).set_degraded(kind, "", name, false);
         }
         self.authority_memory.forget(name);
         self.statuses
@@ -680,6 +682,8 @@ impl Shared {
                 &namespace,
                 &name,
             );
+            let kind = CertificateKind::IssuedCertificate.as_str();
+            (self.ctx.metrics).set_degraded(kind, &namespace, &name, false);
         }
     }
 

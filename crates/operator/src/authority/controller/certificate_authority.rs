@@ -365,7 +365,8 @@ async fn write_status(
     status: &CertificateAuthorityStatus,
     old: &CertificateAuthorityStatus,
 ) -> Result<(), Error> {
-    (shared.statuses.degraded).remember(
+    shared.record_degraded(
+        CertificateKind::CertificateAuthority,
         authority,
         status::degraded_message(&old.certificate.conditions),
         status::degraded_message(&status.certificate.conditions),
@@ -414,7 +415,8 @@ impl ShowRefusal<CertificateAuthority> for Shared {
         if let Some(warning) = warning {
             self.ctx.event(&authority.object_ref(&()), warning).await;
         }
-        (self.statuses.degraded).remember(
+        self.record_degraded(
+            CertificateKind::CertificateAuthority,
             authority,
             status::degraded_message(&old.certificate.conditions),
             Some(&refusal.message),

@@ -285,7 +285,8 @@ fn report(
     status: PlannedStatus,
 ) {
     let old = certificate.status.clone().unwrap_or_default();
-    (shared.statuses.degraded).remember(
+    shared.record_degraded(
+        CertificateKind::IssuedCertificate,
         certificate,
         status::degraded_message(&old.conditions),
         status.degraded_message(),
