@@ -136,9 +136,16 @@ impl AgentClient {
         self.call(url, Method::GET, &path, None::<&()>).await
     }
 
-    /// The etcd member this agent installs for, and the revision in place.
+    /// The etcd member this agent installs for, and the revision in place. A member name or
+    /// revision out of shape (a name over [`MAX_MEMBER_NAME_BYTES`]) is refused: the answer
+    /// goes into status and events.
     pub async fn etcd_installed(&self, url: &str) -> Result<Installed, AgentError> {
-        self.call(url, Method::GET, "/v1/etcd", None::<&()>).await
+        let installed: Installed = self.call(url, Method::GET, "/v1/etcd", None::<&()>).await?;
+        installed.check().map_err(|message| AgentError::Protocol {
+            url: url.to_string(),
+            message,
+        })?;
+        Ok(installed)
     }
 
     /// Installs one revision of a member's files; answers once the member is healthy with them
@@ -148,8 +155,13 @@ impl AgentClient {
         url: &str,
         request: &InstallRequest,
     ) -> Result<InstallOutcome, AgentError> {
-        self.call(url, Method::POST, "/v1/etcd/revisions", Some(request))
-            .await
+        let outcome: InstallOutcome =
+            (self.call(url, Method::POST, "/v1/etcd/revisions", Some(request))).await?;
+        outcome.check().map_err(|message| AgentError::Protocol {
+            url: url.to_string(),
+            message,
+        })?;
+        Ok(outcome)
     }
 
     pub async fn start_upgrade(
@@ -388,12 +400,30 @@ impl AgentSession<'_> {
             return Err(AgentError::Status {
                 url: base,
                 status: status.as_u16(),
-                reason,
-                message,
+                reason: bounded(reason, MAX_REASON_BYTES),
+                message: bounded(message, MAX_MESSAGE_BYTES),
             });
         }
         serde_json::from_slice(&bytes).map_err(|e| protocol(format!("unexpected answer: {e}")))
     }
+}
+
+/// The most of an agent's error message kept (it goes into events, conditions and logs); the
+/// rest is cut, saying how much.
+pub const MAX_MESSAGE_BYTES: usize = 2048;
+/// The most of an agent's error reason kept (a reason is one word).
+pub const MAX_REASON_BYTES: usize = 64;
+
+/// `text` cut to at most `limit` bytes (on a character boundary), saying how many were cut.
+pub fn bounded(text: String, limit: usize) -> String {
+    if text.len() <= limit {
+        return text;
+    }
+    let mut end = limit;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… ({} more bytes cut)", &text[..end], text.len() - end)
 }
 
 /// Operation ids are hex; anything else is percent-encoded so it stays one path segment.

@@ -82,6 +82,58 @@ pub struct Installed {
     pub revision: Option<String>,
 }
 
+/// The most of a hook's output an agent sends back (the last 4 KiB, and a note of what was
+/// cut).
+pub const MAX_OUTPUT_TAIL_BYTES: usize = 8 * 1024;
+
+/// The longest member name an agent may give (a DNS name's, as Node names are); a longer one
+/// is refused, never repeated.
+pub const MAX_MEMBER_NAME_BYTES: usize = 253;
+
+/// Why an agent's `member` is out of shape, if it is.
+fn check_member(member: &str) -> Result<(), String> {
+    if member.len() > MAX_MEMBER_NAME_BYTES {
+        return Err(format!(
+            "the agent's member name is {} bytes, over the {MAX_MEMBER_NAME_BYTES} a member name may have",
+            member.len()
+        ));
+    }
+    Ok(())
+}
+
+fn check_revision(what: &str, revision: Option<&str>) -> Result<(), String> {
+    match revision {
+        Some(revision) if !is_revision(revision) => Err(format!(
+            "the agent's {what} is not a revision (16 lowercase hex digits)"
+        )),
+        _ => Ok(()),
+    }
+}
+
+impl Installed {
+    /// Whether the answer has the shape an agent's must: a bounded member name, a revision.
+    pub fn check(&self) -> Result<(), String> {
+        check_member(&self.member)?;
+        check_revision("installed revision", self.revision.as_deref())
+    }
+}
+
+impl InstallOutcome {
+    /// As [`Installed::check`], and the hook's output tail no longer than an agent keeps
+    /// ([`MAX_OUTPUT_TAIL_BYTES`]).
+    pub fn check(&self) -> Result<(), String> {
+        check_member(&self.member)?;
+        if self.restart.output_tail.len() > MAX_OUTPUT_TAIL_BYTES {
+            return Err(format!(
+                "the agent's hook output is {} bytes, over the {MAX_OUTPUT_TAIL_BYTES} an agent keeps",
+                self.restart.output_tail.len()
+            ));
+        }
+        check_revision("installed revision", Some(&self.revision))?;
+        check_revision("previous revision", self.previous_revision.as_deref())
+    }
+}
+
 /// Whether `revision` has the shape of a content hash (16 lowercase hex digits).
 pub fn is_revision(revision: &str) -> bool {
     revision.len() == 16

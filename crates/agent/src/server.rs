@@ -176,7 +176,9 @@ impl From<InstallError> for ApiError {
             InstallError::BadRequest(_) => (StatusCode::BAD_REQUEST, "BadRequest"),
             InstallError::HookFailed { .. } => (StatusCode::INTERNAL_SERVER_ERROR, HOOK_FAILED),
             InstallError::NotHealthy { .. } => (StatusCode::GATEWAY_TIMEOUT, NOT_HEALTHY),
-            InstallError::Io { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "Internal"),
+            InstallError::Io { .. } | InstallError::NotRegularFile { .. } => {
+                (StatusCode::INTERNAL_SERVER_ERROR, "Internal")
+            }
         };
         ApiError(status, reason, e.to_string())
     }

@@ -276,3 +276,67 @@ async fn a_session_makes_its_calls_over_one_connection_and_replaces_one_the_agen
     client.plan_status(&relay.url, "p1").await.unwrap();
     assert_eq!(relay.connections.load(Ordering::SeqCst), 4);
 }
+
+/// Issue 34, L3: a hostile agent echoes a member name of almost 1 MiB (within the reply
+/// limit), and answers an error with a message as long: the name is refused with an error
+/// that says so without repeating it, and the message is cut to a bound, saying how much was
+/// cut (both end up in status, events and logs). Before, both were taken whole.
+#[tokio::test]
+async fn echoed_member_names_and_error_messages_are_bounded() {
+    use caretaker_agent_api::client::MAX_MESSAGE_BYTES;
+    use caretaker_agent_api::etcd::MAX_MEMBER_NAME_BYTES;
+    let ca = CertificateAuthority::create(&CaSpec::new("kubernetes")).unwrap();
+    let long = "m".repeat(MAX_REPLY_BYTES - 1024);
+    let (name, message) = (long.clone(), long.clone());
+    let router = Router::new()
+        .route(
+            "/v1/etcd",
+            get(move || {
+                let name = name.clone();
+                async move { axum::Json(serde_json::json!({"member": name, "revision": null})) }
+            }),
+        )
+        .route(
+            "/v1/health",
+            get(move || {
+                let message = message.clone();
+                async move {
+                    let body = serde_json::json!({"reason": "Internal", "message": message});
+                    (
+                        axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                        axum::Json(body),
+                    )
+                }
+            }),
+        );
+    let url = start(&ca, "node-a", router).await;
+    let client = client_for(&operator_identity(&ca), &["node-a"]);
+
+    let err = client.etcd_installed(&url).await.unwrap_err();
+    let text = err.to_string();
+    assert!(matches!(err, AgentError::Protocol { .. }), "{err:?}");
+    assert!(
+        text.contains(&format!("over the {MAX_MEMBER_NAME_BYTES}")),
+        "{text}"
+    );
+    assert!(
+        text.len() < 512,
+        "the name is not repeated: {} bytes",
+        text.len()
+    );
+
+    let err = client.health(&url).await.unwrap_err();
+    let AgentError::Status { message, .. } = &err else {
+        panic!("expected a status error, got {err:?}");
+    };
+    assert!(
+        message.len() < MAX_MESSAGE_BYTES + 64,
+        "{} bytes",
+        message.len()
+    );
+    assert!(
+        message.ends_with("more bytes cut)"),
+        "{}",
+        &message[message.len() - 40..]
+    );
+}

@@ -197,6 +197,13 @@ pub const OWNER: &str = "caretaker.dev/owner";
 /// once, setting [`OWNER`] and removing this annotation (the operator's `ownership`).
 pub const ADOPT: &str = "caretaker.dev/adopt";
 
+/// Set on the Secret an EtcdCertificates' `spec.agents.caSecretName` names, by someone who can
+/// write that Secret, to let that object (named as [`ADOPT`] names one:
+/// `EtcdCertificates/namespace/name`) issue the operator's client certificate for the agents
+/// from its CA. Without it the Secret is refused: naming a Secret in the spec is not consent
+/// from whoever keeps the CA. caretaker only reads the Secret.
+pub const ETCD_AGENTS_CA_FOR: &str = "caretaker.dev/etcd-agents-ca-for";
+
 /// Bookkeeping of a CertificateAuthority's rotation, on its CA Secret.
 pub mod authority_state {
     /// When the next CA was first seen in the bundle and every injection point (RFC 3339).

@@ -845,3 +845,210 @@ async fn deleted_nodes_wake_the_controller() {
     .await;
     setup.settle().await;
 }
+
+/// Issue 34, L3: someone who may annotate Nodes gives a selected Node the agent endpoint
+/// annotation (the Machine controller's) on a cluster that uses no agents (no `spec.agents`).
+/// It is not an etcd agent: the revision is written and nothing stops at that member. Before,
+/// the rollout stopped there (Degraded, `InstallerPodFailed`: "it has an agent endpoint but
+/// spec.agents.caSecretName is not set").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nodes_agent_endpoint_counts_only_where_agents_are_used() {
+    let (_server, client) = selecting_nodes(&[("cp-0", &[("InternalIP", "10.0.0.10")])]).await;
+    let annotation = json!({"metadata": {"annotations": {
+        caretaker_api::names::AGENT_ENDPOINT: "https://127.0.0.1:1",
+    }}});
+    Api::<Node>::all(client.clone())
+        .patch("cp-0", &PatchParams::default(), &Patch::Merge(&annotation))
+        .await
+        .unwrap();
+    let _operator = start_operator(&client);
+    let objects = Api::<EtcdCertificates>::namespaced(client.clone(), NS);
+    // The status the pass that wrote etcd-all-certs left, its rollout included.
+    let status = eventually("etcd-all-certs in the status", 60, || async {
+        let status = objects.get("etcd").await.ok()?.status?;
+        status.all_certs_revision.is_some().then_some(status)
+    })
+    .await;
+    let degraded = (status.conditions.iter())
+        .find(|c| c.type_ == "EtcdCertSignerControllerDegraded")
+        .map(|c| c.message.clone())
+        .unwrap_or_default();
+    assert!(!degraded.contains("rollout stopped"), "{degraded}");
+    assert!(!degraded.contains("agent"), "{degraded}");
+    assert_eq!(
+        warnings(&client, "InstallerPodFailed").await,
+        Vec::<String>::new()
+    );
+}
+
+/// Issue 34, L2: `spec.agents.caSecretName` names a TLS Secret of the namespace whose keeper
+/// never agreed to it (any CA Secret there, say another component's). It is refused: Degraded
+/// names the Secret and the annotation that would consent, and its CA signs nothing. Once the
+/// Secret is annotated for this object, it is used (the refusal goes; the unreachable agent
+/// is what the rollout then stops at). Before, any TLS Secret of the namespace was used.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agents_ca_secret_without_consent_is_refused() {
+    let server = TestServer::start().await;
+    let client = server.client();
+    install_caretaker_crds(&client).await;
+    create_namespace(&client, NS).await;
+    let ca = caretaker_pki::CertificateAuthority::create(&caretaker_pki::CaSpec::new("other-ca"))
+        .unwrap();
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), NS);
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "some-component-ca"},
+        "type": "kubernetes.io/tls",
+        "stringData": {"tls.crt": ca.certificate_pem(), "tls.key": ca.private_key_pem()},
+    }))
+    .unwrap();
+    secrets
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+    let object: EtcdCertificates = serde_json::from_value(json!({
+        "apiVersion": "caretaker.dev/v1alpha1", "kind": "EtcdCertificates",
+        "metadata": {"name": "etcd", "namespace": NS},
+        "spec": {
+            "members": [{"name": "m0", "addresses": ["127.0.0.1"], "agentEndpoint": "https://127.0.0.1:9"}],
+            "quorum": {"endpoints": ["https://127.0.0.1:9"]},
+            "agents": {"caSecretName": "some-component-ca"},
+        },
+    }))
+    .unwrap();
+    Api::<EtcdCertificates>::namespaced(client.clone(), NS)
+        .create(&PostParams::default(), &object)
+        .await
+        .unwrap();
+    let _operator = start_operator(&client);
+    let (_, message) = eventually("Degraded naming the Secret", 60, || async {
+        true_condition(&client, "EtcdCertSignerControllerDegraded")
+            .await
+            .filter(|(_, m)| m.contains("some-component-ca"))
+    })
+    .await;
+    assert!(
+        message.contains("caretaker.dev/etcd-agents-ca-for=\"EtcdCertificates/etcd-system/etcd\""),
+        "{message}"
+    );
+    assert!(message.contains("its CA was not used"), "{message}");
+
+    let consent = json!({"metadata": {"annotations": {
+        "caretaker.dev/etcd-agents-ca-for": "EtcdCertificates/etcd-system/etcd",
+    }}});
+    secrets
+        .patch(
+            "some-component-ca",
+            &PatchParams::default(),
+            &Patch::Merge(&consent),
+        )
+        .await
+        .unwrap();
+    let (_, message) = eventually("the Secret used once it consents", 90, || async {
+        true_condition(&client, "EtcdCertSignerControllerDegraded")
+            .await
+            .filter(|(_, m)| m.contains("\"m0\"") && !m.contains("some-component-ca"))
+    })
+    .await;
+    assert!(message.contains("cannot be asked"), "{message}");
+}
+
+/// Issue 34, item 4: a pass whose write fails (here the API server refuses to change
+/// `etcd-client`, made immutable with broken contents) says Degraded True with reason
+/// `Error`, as the OpenShift etcd operator says any failed sync; the next good pass says
+/// False with `AsExpected`. Before, a failed pass left the condition as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_pass_is_degraded_with_error_and_a_good_one_as_expected() {
+    let (_server, client) = selecting_nodes(&[("cp-0", &[("InternalIP", "10.0.0.10")])]).await;
+    let _operator = start_operator(&client);
+    let objects = Api::<EtcdCertificates>::namespaced(client.clone(), NS);
+    let degraded = || async {
+        let status = objects.get("etcd").await.ok()?.status?;
+        (status.conditions.into_iter())
+            .find(|c| c.type_ == "EtcdCertSignerControllerDegraded")
+            .map(|c| (c.status, c.reason, c.message))
+    };
+    eventually("Degraded False, AsExpected", 60, || async {
+        degraded()
+            .await
+            .filter(|(status, reason, _)| status == "False" && reason == "AsExpected")
+    })
+    .await;
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), NS);
+    let broken = json!({"immutable": true, "data": {"tls.crt": "YnJva2Vu"}});
+    secrets
+        .patch(
+            "etcd-client",
+            &PatchParams::default(),
+            &Patch::Merge(&broken),
+        )
+        .await
+        .unwrap();
+    let (_, _, message) = eventually("Degraded True, Error", 60, || async {
+        degraded()
+            .await
+            .filter(|(status, reason, _)| status == "True" && reason == "Error")
+    })
+    .await;
+    assert!(message.contains("etcd-client"), "{message}");
+    secrets
+        .delete("etcd-client", &Default::default())
+        .await
+        .unwrap();
+    eventually("Degraded False, AsExpected again", 60, || async {
+        degraded()
+            .await
+            .filter(|(status, reason, _)| status == "False" && reason == "AsExpected")
+    })
+    .await;
+}
+
+/// Issue 34, item 4: OpenShift's CA ConfigMaps beside the bundles, as its etcd operator keeps
+/// them: `etcd-serving-ca` and `etcd-peer-client-ca` hold `etcd-ca-bundle`'s `ca-bundle.crt`,
+/// the metrics proxy's two `etcd-metric-ca-bundle`'s; each with caretaker's mark; and
+/// `etcd-endpoints`. Before, none existed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openshifts_ca_config_maps_mirror_the_bundles() {
+    let (_server, client) = selecting_nodes(&[("cp-0", &[("InternalIP", "10.0.0.10")])]).await;
+    let _operator = start_operator(&client);
+    let config_maps: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(client.clone(), NS);
+    let bundle = |name: &'static str| {
+        let config_maps = config_maps.clone();
+        async move {
+            let map = config_maps.get_opt(name).await.ok()??;
+            map.data?.get("ca-bundle.crt").cloned()
+        }
+    };
+    for (name, source) in [
+        ("etcd-serving-ca", "etcd-ca-bundle"),
+        ("etcd-peer-client-ca", "etcd-ca-bundle"),
+        ("etcd-metrics-proxy-serving-ca", "etcd-metric-ca-bundle"),
+        ("etcd-metrics-proxy-client-ca", "etcd-metric-ca-bundle"),
+    ] {
+        let (copy, original) = eventually(name, 60, || async {
+            let copy = bundle(name).await?;
+            let original = bundle(source).await?;
+            (copy == original).then_some((copy, original))
+        })
+        .await;
+        assert!(copy.contains("BEGIN CERTIFICATE"), "{name}: {copy}");
+        assert_eq!(copy, original);
+        let map = config_maps.get(name).await.unwrap();
+        let owner = map.metadata.annotations.unwrap_or_default();
+        assert!(
+            owner
+                .get("caretaker.dev/owner")
+                .is_some_and(|o| o.contains("EtcdCertificates")),
+            "{name}: {owner:?}"
+        );
+    }
+    // etcd-endpoints: each member's address, by member name (OpenShift keys it by member ID).
+    let endpoints = eventually("etcd-endpoints", 60, || async {
+        config_maps.get_opt("etcd-endpoints").await.ok()??.data
+    })
+    .await;
+    assert_eq!(
+        endpoints,
+        [("cp-0".to_string(), "10.0.0.10".to_string())].into()
+    );
+}

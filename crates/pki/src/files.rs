@@ -36,24 +36,83 @@ impl std::fmt::Debug for FileToWrite<'_> {
 /// under us), the files renamed before it stay in place and the rest are removed; callers
 /// that created `dir` remove what they meant to write.
 pub fn write_all(dir: &Path, files: &[FileToWrite<'_>]) -> io::Result<()> {
-    let mut staged: Vec<(PathBuf, PathBuf)> = Vec::with_capacity(files.len());
+    let staged = stage_all(dir, files)?;
     let result = (|| {
-        for file in files {
-            let target = dir.join(file.name);
-            let temp = write_temp(dir, file)?;
-            staged.push((temp, target));
-        }
-        for (temp, target) in &staged {
-            fs::rename(temp, target)?;
+        for file in &staged {
+            fs::rename(&file.temp, &file.target)?;
         }
         File::open(dir)?.sync_all()
     })();
     if result.is_err() {
-        for (temp, _) in &staged {
-            let _ = fs::remove_file(temp);
+        for file in &staged {
+            let _ = fs::remove_file(&file.temp);
         }
     }
     result
+}
+
+/// A file staged by [`stage_all`]: synced under a temporary name beside its target.
+#[derive(Debug)]
+pub struct Staged {
+    pub temp: PathBuf,
+    pub target: PathBuf,
+}
+
+/// Stages every file of `files` in `dir` as a synced temporary file (named as
+/// [`is_staged_leftover`] recognises), for a caller that renames them into place itself. A
+/// failure removes the files staged so far.
+pub fn stage_all(dir: &Path, files: &[FileToWrite<'_>]) -> io::Result<Vec<Staged>> {
+    let mut staged: Vec<Staged> = Vec::with_capacity(files.len());
+    for file in files {
+        match write_temp(dir, file) {
+            Ok(temp) => staged.push(Staged {
+                temp,
+                target: dir.join(file.name),
+            }),
+            Err(e) => {
+                for file in &staged {
+                    let _ = fs::remove_file(&file.temp);
+                }
+                return Err(e);
+            }
+        }
+    }
+    Ok(staged)
+}
+
+/// Whether `file_name` is a temporary file this module stages for `name` (`.NAME.tmp-HEX`):
+/// what a write interrupted by a crash leaves behind.
+pub fn is_staged_leftover(file_name: &str, name: &str) -> bool {
+    file_name
+        .strip_prefix('.')
+        .and_then(|rest| rest.strip_prefix(name))
+        .and_then(|rest| rest.strip_prefix(".tmp-"))
+        .is_some_and(|suffix| {
+            !suffix.is_empty() && suffix.bytes().all(|b| b.is_ascii_alphanumeric())
+        })
+}
+
+/// Removes (as [`remove_file_securely`] does) the staged temporary files of `names` that an
+/// interrupted write left in `dir`; returns the names of those removed.
+pub fn remove_staged_leftovers(dir: &Path, names: &[&str]) -> io::Result<Vec<String>> {
+    let mut removed = Vec::new();
+    let entries = match fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(removed),
+        Err(e) => return Err(e),
+    };
+    for entry in entries {
+        let entry = entry?;
+        let file_name = entry.file_name().to_string_lossy().into_owned();
+        if names
+            .iter()
+            .any(|name| is_staged_leftover(&file_name, name))
+        {
+            remove_file_securely(&entry.path())?;
+            removed.push(file_name);
+        }
+    }
+    Ok(removed)
 }
 
 /// Removes the file at `path`. A private one (no permission for group or others, like a key)

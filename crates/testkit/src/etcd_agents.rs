@@ -196,6 +196,14 @@ impl AgentCluster {
         let secret = Secret {
             metadata: ObjectMeta {
                 name: Some(AGENTS_CA_SECRET.into()),
+                // Whoever keeps the agents' CA lets the EtcdCertificates `etcd` use it.
+                annotations: Some(
+                    [(
+                        caretaker_api::names::ETCD_AGENTS_CA_FOR.to_string(),
+                        format!("EtcdCertificates/{namespace}/etcd"),
+                    )]
+                    .into(),
+                ),
                 ..Default::default()
             },
             type_: Some("kubernetes.io/tls".into()),

@@ -173,6 +173,13 @@ async fn serve_agent(args: AgentArgs) -> Result<ExitCode, Failure> {
     tracing::info!(%address, allowed_client = %args.allowed_client, "agent serving with mutual TLS");
     let etcd = args.etcd.installer(&args.state_dir)?;
     if let Some(etcd) = &etcd {
+        // An install the agent was killed in the middle of: one whole revision before serving.
+        let recovered = etcd.recover().map_err(|e| {
+            format!("cannot recover the etcd files after an interrupted install: {e}")
+        })?;
+        for did in recovered {
+            tracing::warn!(member = %etcd.member(), "{did}");
+        }
         tracing::info!(member = %etcd.member(), "installs etcd revisions for this member");
     }
     let router = AgentService::new(refresher, upgrader)

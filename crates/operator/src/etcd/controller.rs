@@ -164,7 +164,44 @@ async fn reconcile(object: Arc<EtcdCertificates>, shared: Arc<Shared>) -> Result
     let timer = shared.ctx.reconcile_started(CONTROLLER);
     let result = pass(&object, &shared).await;
     drop(timer);
+    if let Err(error) = &result {
+        show_failed_pass(&object, &shared, error).await;
+    }
     result
+}
+
+/// A pass that failed (an API or write error, a signing failure): Degraded True with reason
+/// `Error`, as the OpenShift etcd operator says any failed sync, until a good pass says
+/// `AsExpected` again. A status that cannot be written either is said in the Warning
+/// `EtcdCertSignerControllerUpdatingStatus`, as upstream.
+async fn show_failed_pass(object: &EtcdCertificates, shared: &Shared, error: &Error) {
+    let key = format!(
+        "{}/{}",
+        object.namespace().unwrap_or_default(),
+        object.name_any()
+    );
+    let message = error.to_string();
+    tracing::warn!(etcd = %key, error = %message, "EtcdCertificates pass failed");
+    let old = object.status.clone().unwrap_or_default();
+    let now = OffsetDateTime::now_utc();
+    let degraded = crate::authority::Condition::new(true, etcd::REASON_ERROR, message);
+    let mut conditions = old.conditions.clone();
+    conditions.retain(|c| c.type_ != etcd::CONDITION_DEGRADED);
+    conditions.push(status::condition(
+        &old.conditions,
+        etcd::CONDITION_DEGRADED,
+        &degraded,
+        object.metadata.generation,
+        now,
+    ));
+    let status = EtcdCertificatesStatus {
+        conditions,
+        ..old.clone()
+    };
+    if let Err(e) = write_status(shared, object, &status, &old).await {
+        let event = Event::warning(etcd::EVENT_UPDATING_STATUS, e.to_string());
+        shared.ctx.event(&object.object_ref(&()), event).await;
+    }
 }
 
 async fn pass(object: &EtcdCertificates, shared: &Shared) -> Result<Action, Error> {
@@ -252,7 +289,11 @@ async fn pass(object: &EtcdCertificates, shared: &Shared) -> Result<Action, Erro
     let written_revision = (plan.steps.iter()).any(|s| matches!(s, EtcdStep::AllCerts(_)));
     let mut status = status_of(object, &plan, &old, member_statuses, written_revision);
     status.latest_revision = target.as_ref().map(|t| t.number);
-    write_status(shared, object, &status, &old).await?;
+    if let Err(e) = write_status(shared, object, &status, &old).await {
+        let event = Event::warning(etcd::EVENT_UPDATING_STATUS, e.to_string());
+        shared.ctx.event(&reference, event).await;
+        return Err(e);
+    }
     if rolled.stopped.is_some() || rolled.held.is_some() {
         return Ok(Action::requeue(backoff(shared, &key, true)));
     }
@@ -352,7 +393,10 @@ impl Read {
         let read = futures::future::try_join_all(names.iter().map(|n| secrets.get_opt(n))).await?;
         let mut found: Vec<Secret> = read.into_iter().flatten().collect();
         found.extend(all_certs);
-        let bundles = Signer::ALL.map(|s| config_maps.get_opt(s.bundle()));
+        let bundle_names = (Signer::ALL.iter().map(|s| s.bundle()))
+            .chain(etcd::OPENSHIFT_CA_CONFIG_MAPS.iter().map(|(name, _)| *name))
+            .chain([etcd::ENDPOINTS_CONFIG_MAP]);
+        let bundles = bundle_names.map(|name| config_maps.get_opt(name));
         let bundles = futures::future::try_join_all(bundles).await?;
         Ok(Self {
             namespace,
@@ -507,6 +551,18 @@ fn step_of(step: &EtcdStep, namespace: &str, seen: &EtcdObserved) -> Step {
         }
         // Only the version read, whose mark said it is this object's.
         EtcdStep::Delete(name) => Step::DeleteSecret { key: at(name) },
+        EtcdStep::Endpoints(endpoints) => Step::ReplacedConfigMap {
+            key: at(etcd::ENDPOINTS_CONFIG_MAP),
+            data: endpoints.clone(),
+            stored: (seen.config_maps.get(etcd::ENDPOINTS_CONFIG_MAP))
+                .map(|(data, _)| data.keys().cloned().collect())
+                .unwrap_or_default(),
+        },
+        EtcdStep::CaConfigMap { name, bundle } => Step::ConfigMap {
+            key: at(name),
+            data: BTreeMap::from([(caretaker_api::names::CA_BUNDLE_CRT, bundle.clone())]),
+            annotations: AnnotationChanges::default(),
+        },
     }
 }
 
@@ -552,8 +608,8 @@ fn asker(seen: &EtcdObserved, policy: &EtcdPolicy) -> Asker {
 
 /// The members: the spec's and the selected Nodes', each Node checked as a listed member is,
 /// none sharing a Secret with another ([`members::choose`]), given the members `etcd-all-certs`
-/// holds now (`incumbents`); and the selected Nodes' agent endpoints (their
-/// `caretaker.dev/agent-endpoint` annotation), by Node name.
+/// holds now (`incumbents`); and, when `spec.agents` is set, the selected Nodes' agent
+/// endpoints (their `caretaker.dev/agent-endpoint` annotation), by Node name.
 async fn membership_of(
     client: &kube::Client,
     object: &EtcdCertificates,
@@ -577,7 +633,11 @@ async fn membership_of(
         let nodes: Api<Node> = Api::all(client.clone());
         for node in nodes.list(&ListParams::default()).await? {
             if selector.matches(node.metadata.labels.as_ref().unwrap_or(&BTreeMap::new())) {
-                if let Some(endpoint) = node.annotations().get(names::AGENT_ENDPOINT) {
+                // Only where agents are used: the annotation also serves the Machine
+                // controller's agents, and anyone who may annotate a Node can set it.
+                if policy.agents_ca_secret.is_some()
+                    && let Some(endpoint) = node.annotations().get(names::AGENT_ENDPOINT)
+                {
                     endpoints.insert(node.name_any(), endpoint.clone());
                 }
                 candidates.push(node_candidate(&node));

@@ -98,6 +98,22 @@ pub const CONDITION_DEGRADED: &str = "EtcdCertSignerControllerDegraded";
 pub const REASON_INSUFFICIENT_QUORUM: &str = "InsufficientQuorum";
 pub const SKIPPING_FOR_QUORUM: &str =
     "skipping EtcdCertSignerController reconciliation due to insufficient quorum";
+/// The CA ConfigMaps the OpenShift etcd operator keeps beside its bundles (what its static
+/// pods and other components read), each a copy of a signer's bundle under `ca-bundle.crt`:
+/// `etcd-serving-ca` and `etcd-peer-client-ca` of `etcd-signer`'s, the metrics proxy's two of
+/// `etcd-metric-signer`'s. They restart nothing.
+pub const OPENSHIFT_CA_CONFIG_MAPS: [(&str, Signer); 4] = [
+    ("etcd-serving-ca", Signer::Etcd),
+    ("etcd-peer-client-ca", Signer::Etcd),
+    ("etcd-metrics-proxy-serving-ca", Signer::Metrics),
+    ("etcd-metrics-proxy-client-ca", Signer::Metrics),
+];
+/// OpenShift's ConfigMap of the members' addresses, which its clients read.
+pub const ENDPOINTS_CONFIG_MAP: &str = "etcd-endpoints";
+/// Degraded reason of a pass that failed (an API or write error), as upstream's.
+pub const REASON_ERROR: &str = "Error";
+/// Warning reason: the status could not be written, as upstream's.
+pub const EVENT_UPDATING_STATUS: &str = "EtcdCertSignerControllerUpdatingStatus";
 /// Condition reasons of `Ready`.
 pub const REASON_IN_PLACE: &str = "CertificatesInPlace";
 pub const REASON_WAITING: &str = "Waiting";
@@ -350,6 +366,11 @@ pub enum EtcdStep {
     AllCerts(AllCerts),
     /// A removed member's certificate Secret.
     Delete(String),
+    /// One of OpenShift's CA ConfigMaps ([`OPENSHIFT_CA_CONFIG_MAPS`]): its signer's bundle, as
+    /// the bundle ConfigMap will hold it (key `ca-bundle.crt`).
+    CaConfigMap { name: &'static str, bundle: String },
+    /// `etcd-endpoints` replaced by this content ([`endpoints_of`]).
+    Endpoints(BTreeMap<String, String>),
 }
 
 /// What the status says once the plan's writes are in place.
@@ -403,6 +424,15 @@ pub fn plan(
         mut waits_on_members,
         degraded,
     } = plan_signers(seen, policy, &leaves, stored_all.as_ref(), now, mint)?;
+    steps.extend(ca_config_maps(seen, &bundles));
+    let endpoints = endpoints_of(members);
+    let stored_endpoints = seen
+        .config_maps
+        .get(ENDPOINTS_CONFIG_MAP)
+        .map(|(data, _)| data);
+    if stored_endpoints != Some(&endpoints) {
+        steps.push(EtcdStep::Endpoints(endpoints));
+    }
 
     // etcd-all-certs: every member's certificates and the members' trust, once all are there.
     let desired = desired_all_certs(members, &final_leaf, &bundles);
@@ -668,6 +698,36 @@ fn ready_condition(
         };
         Condition::new(false, REASON_WAITING, why)
     }
+}
+
+/// `etcd-endpoints`' data: each member's address (its first IP address, else its first DNS
+/// name) under its name. OpenShift keys it by etcd's member ID (hex), which caretaker does not
+/// know: clients that read the values, not the keys, read it alike.
+pub fn endpoints_of(members: &[MemberSpec]) -> BTreeMap<String, String> {
+    (members.iter())
+        .filter_map(|member| {
+            let address = (member.ip_addresses.first().map(IpAddr::to_string))
+                .or_else(|| member.dns_names.first().cloned())?;
+            Some((member.name.clone(), address))
+        })
+        .collect()
+}
+
+/// OpenShift's CA ConfigMaps whose `ca-bundle.crt` is not yet their signer's bundle as this
+/// pass leaves it.
+fn ca_config_maps(seen: &EtcdObserved, bundles: &BTreeMap<Signer, String>) -> Vec<EtcdStep> {
+    OPENSHIFT_CA_CONFIG_MAPS
+        .iter()
+        .filter_map(|(name, signer)| {
+            let bundle = bundles.get(signer)?;
+            let stored = (seen.config_maps.get(*name))
+                .and_then(|(data, _)| data.get(caretaker_api::names::CA_BUNDLE_CRT));
+            (stored != Some(bundle)).then(|| EtcdStep::CaConfigMap {
+                name,
+                bundle: bundle.clone(),
+            })
+        })
+        .collect()
 }
 
 /// A signer's observation: its Secret and bundle, which of its CAs sign a certificate in use

@@ -210,6 +210,16 @@ impl World {
             EtcdStep::Delete(name) => {
                 self.seen.secrets.remove(name);
             }
+            EtcdStep::CaConfigMap { name, bundle } => {
+                let (data, _) = self.seen.config_maps.entry(name.to_string()).or_default();
+                data.insert("ca-bundle.crt".to_string(), bundle.clone());
+            }
+            EtcdStep::Endpoints(endpoints) => {
+                let (data, _) = (self.seen.config_maps)
+                    .entry(crate::etcd::ENDPOINTS_CONFIG_MAP.to_string())
+                    .or_default();
+                *data = endpoints.clone();
+            }
             EtcdStep::RecheckQuorum => {}
         }
     }

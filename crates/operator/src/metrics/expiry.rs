@@ -31,6 +31,8 @@ pub(super) const CERTIFICATE_EXPIRATION: &str = "caretaker_certificate_expiratio
 pub(super) const CERTIFICATE_RENEWAL: &str = "caretaker_certificate_renewal_seconds";
 pub(super) const CA_EXPIRATION_DAYS: &str = "caretaker_ca_expiration_days";
 pub(super) const ETCD_SIGNER_EXPIRATION_DAYS: &str = "caretaker_etcd_signer_expiration_days";
+pub(super) const OPENSHIFT_SIGNER_EXPIRATION_DAYS: &str =
+    "openshift_etcd_operator_signer_expiration_days";
 
 /// (kind, namespace, name): one certificate-holding object.
 type Series = (CertificateKind, String, String);
@@ -145,6 +147,24 @@ impl prometheus_client::collector::Collector for Collector {
                 }
                 let days = (times.not_after as f64 - now) / SECONDS_PER_DAY;
                 ConstGauge::new(days).encode(family.encode_family(&[("name", name.as_str())])?)?;
+            }
+        }
+        {
+            // The OpenShift etcd operator's own name and `name` label, so that alerts written
+            // for it (`etcdSignerCAExpirationWarning`) keep firing; caretaker's series follows.
+            let mut family = encoder.encode_descriptor(
+                OPENSHIFT_SIGNER_EXPIRATION_DAYS,
+                "Days from now until an etcd signer expires (the OpenShift etcd operator's name and labels); negative once it has.",
+                None,
+                MetricType::Gauge,
+            )?;
+            for ((kind, namespace, signer), not_after) in &expiries {
+                if *kind != CertificateKind::EtcdSigner {
+                    continue;
+                }
+                let days = (*not_after as f64 - now) / SECONDS_PER_DAY;
+                let labels = [("name", signer.as_str()), ("namespace", namespace.as_str())];
+                ConstGauge::new(days).encode(family.encode_family(&labels)?)?;
             }
         }
         let mut family = encoder.encode_descriptor(

@@ -46,6 +46,7 @@ fn every_family_is_declared_with_its_type() {
             ("caretaker_certificate_rotations", "counter"),
             (ETCD_DAYS, "gauge"),
             ("caretaker_leader", "gauge"),
+            ("openshift_etcd_operator_signer_expiration_days", "gauge"),
         ])
     );
     let names: Vec<String> = scrape(&metrics)
@@ -73,6 +74,7 @@ fn every_family_is_declared_with_its_type() {
             ("caretaker_reconcile", "counter"),
             ("caretaker_reconcile_duration_seconds", "histogram"),
             ("caretaker_reconcile_errors", "counter"),
+            ("openshift_etcd_operator_signer_expiration_days", "gauge"),
         ])
     );
 }
@@ -134,6 +136,11 @@ fn etcd_signers_have_their_days_left() {
     assert_eq!(
         exposition.series(ETCD_DAYS),
         [("namespace=etcd-system,signer=signer-ca".into(), 1.5)]
+    );
+    // Issue 34: upstream's name and `name` label too, for the alerts written for OpenShift.
+    assert_eq!(
+        exposition.series("openshift_etcd_operator_signer_expiration_days"),
+        [("name=signer-ca,namespace=etcd-system".into(), 1.5)]
     );
     assert_eq!(exposition.series(DAYS), [], "not a CertificateAuthority's");
     assert_eq!(exposition.series(EXPIRATION).len(), 2);

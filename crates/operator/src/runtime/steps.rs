@@ -47,6 +47,13 @@ pub(crate) enum Step {
         stored: Vec<String>,
         annotations: AnnotationChanges,
     },
+    /// Creates the ConfigMap or replaces its data: the keys of `stored` not in `data` are
+    /// removed ([`write::write_replaced_config_map`]).
+    ReplacedConfigMap {
+        key: Key,
+        data: BTreeMap<String, String>,
+        stored: Vec<String>,
+    },
     /// Deletes the Secret, only at the version read (gone already is done).
     DeleteSecret { key: Key },
     /// Asks the gate whether the writes after it may still go ahead.
@@ -59,7 +66,9 @@ impl Step {
             Step::TlsSecret { key, .. }
             | Step::OpaqueSecret { key, .. }
             | Step::DeleteSecret { key } => Some((ObjectKind::Secret, key)),
-            Step::ConfigMap { key, .. } => Some((ObjectKind::ConfigMap, key)),
+            Step::ConfigMap { key, .. } | Step::ReplacedConfigMap { key, .. } => {
+                Some((ObjectKind::ConfigMap, key))
+            }
             Step::Gate => None,
         }
     }
@@ -174,6 +183,9 @@ impl<'a> StepWriter<'a> {
             } => {
                 let written = (data, stored.as_slice(), annotations);
                 write::write_opaque_secret(client, owner, key, version, written).await
+            }
+            Step::ReplacedConfigMap { key, data, stored } => {
+                write::write_replaced_config_map(client, owner, key, version, (data, stored)).await
             }
             Step::DeleteSecret { key } => delete_secret(client, key, version).await,
             Step::Gate => Ok(Written::Done(String::new())),

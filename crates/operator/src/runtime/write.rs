@@ -154,6 +154,32 @@ pub(crate) async fn write_config_map(
     create_or_patch(client, owner, key, version, annotations, config_map, patch).await
 }
 
+/// Creates the ConfigMap `key` for `owner` with `data` when `version` is `None`, else
+/// replaces its data on `version`: the keys of `stored` (those it holds) not in `data` are
+/// removed.
+pub(crate) async fn write_replaced_config_map(
+    client: &kube::Client,
+    owner: &Owner,
+    key: &Key,
+    version: Option<&str>,
+    (data, stored): (&BTreeMap<String, String>, &[String]),
+) -> Result<Written, Error> {
+    let config_map = |metadata| ConfigMap {
+        metadata,
+        data: Some(data.clone()),
+        ..Default::default()
+    };
+    let set = data
+        .iter()
+        .map(|(k, v)| (k.clone(), Value::String(v.clone())));
+    let removed = (stored.iter())
+        .filter(|k| !data.contains_key(*k))
+        .map(|k| (k.clone(), Value::Null));
+    let patch = set.chain(removed).collect();
+    let annotations = AnnotationChanges::default();
+    create_or_patch(client, owner, key, version, &annotations, config_map, patch).await
+}
+
 /// Creates the Secret `key` (type Opaque) for `owner` with `data` when `version` is `None`,
 /// else replaces its data on `version`: the keys of `stored` (those it holds) not in `data`
 /// are removed.

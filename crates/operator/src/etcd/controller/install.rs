@@ -11,6 +11,7 @@ use std::time::Duration;
 use caretaker_agent_api::client::AgentClient;
 use caretaker_agent_api::etcd::InstallRequest;
 use caretaker_agent_api::tls::ClientIdentity;
+use caretaker_api::names;
 use caretaker_api::v1alpha1::{EtcdCertificates, EtcdCertificatesStatus, MemberStatus};
 use caretaker_pki::{CertificateAuthority, LeafSpec, Ttl, Usage};
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -51,11 +52,13 @@ pub(super) struct Rolled {
 }
 
 /// The operator's client identity for the agents, issued from `spec.agents.caSecretName`'s
-/// CA for this pass (an hour), or why there is none.
+/// CA for this pass (an hour), or why there is none. The Secret must consent to serve
+/// `for_object` (`EtcdCertificates/namespace/name`) with [`names::ETCD_AGENTS_CA_FOR`].
 pub(super) async fn identity(
     client: &kube::Client,
     namespace: &str,
     policy: &EtcdPolicy,
+    for_object: &str,
 ) -> Option<Result<ClientIdentity, String>> {
     let name = policy.agents_ca_secret.as_ref()?;
     let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
@@ -64,6 +67,7 @@ pub(super) async fn identity(
             let secret = (secrets.get_opt(name).await)
                 .map_err(|e| format!("reading Secret {name:?}: {e}"))?
                 .ok_or_else(|| format!("the agents' CA Secret {name:?} does not exist"))?;
+            agents_ca_consents(&secret, name, for_object)?;
             let data = secret.data.unwrap_or_default();
             let text = |key: &str| {
                 data.get(key)
@@ -82,6 +86,27 @@ pub(super) async fn identity(
         }
         .await,
     )
+}
+
+/// Whether the agents' CA Secret `name` names `for_object` in its
+/// [`names::ETCD_AGENTS_CA_FOR`] annotation; else why not (nothing of it is read further).
+fn agents_ca_consents(secret: &Secret, name: &str, for_object: &str) -> Result<(), String> {
+    let marked = secret.annotations().get(names::ETCD_AGENTS_CA_FOR);
+    if marked.map(String::as_str) == Some(for_object) {
+        return Ok(());
+    }
+    let found = match marked {
+        None => "it has no such annotation".to_string(),
+        Some(other) => format!(
+            "it names {:?}",
+            caretaker_agent_api::client::bounded(other.clone(), 256)
+        ),
+    };
+    Err(format!(
+        "the agents' CA Secret {name:?} is not marked for this object: whoever keeps that CA \
+         must annotate the Secret {}={for_object:?} ({found}); its CA was not used",
+        names::ETCD_AGENTS_CA_FOR
+    ))
 }
 
 /// The names a member's agent must present one of: its name and its addresses.
@@ -321,7 +346,8 @@ pub(super) async fn roll_out(
     let identity = if endpoints.is_empty() {
         None
     } else {
-        identity(&shared.ctx.client, &namespace, policy).await
+        let for_object = crate::runtime::claims::owner_of(object).reference();
+        identity(&shared.ctx.client, &namespace, policy, &for_object).await
     };
     let reference = object.object_ref(&());
     let current = (object.status.iter())
