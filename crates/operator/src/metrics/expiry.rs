@@ -158,11 +158,11 @@ impl prometheus_client::collector::Collector for Collector {
                 None,
                 MetricType::Gauge,
             )?;
-            for ((kind, namespace, signer), not_after) in &expiries {
+            for ((kind, namespace, signer), times) in &expiries {
                 if *kind != CertificateKind::EtcdSigner {
                     continue;
                 }
-                let days = (*not_after as f64 - now) / SECONDS_PER_DAY;
+                let days = (times.not_after as f64 - now) / SECONDS_PER_DAY;
                 let labels = [("name", signer.as_str()), ("namespace", namespace.as_str())];
                 ConstGauge::new(days).encode(family.encode_family(&labels)?)?;
             }
