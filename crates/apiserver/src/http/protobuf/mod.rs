@@ -167,7 +167,9 @@ pub fn decode(body: &[u8], content_type: &str) -> Result<Value, ApiError> {
     ) else {
         return Err(ApiError::unsupported_media_type(content_type, JSON_OR_YAML));
     };
-    let text = print(unknown.raw.as_deref().unwrap_or_default()).map_err(|_| bad())?;
+    let raw = unknown.raw.as_deref().unwrap_or_default();
+    within_field_budget(raw)?;
+    let text = print(raw).map_err(|_| bad())?;
     let printed = printed::parse(&text).ok_or_else(bad)?;
     let root = schema.root().ok_or_else(bad)?;
     let mut object = Json { kind: schema }
@@ -177,6 +179,80 @@ pub fn decode(body: &[u8], content_type: &str) -> Result<Value, ApiError> {
     object["apiVersion"] = json!(api_version);
     object["kind"] = json!(kind);
     Ok(object)
+}
+
+/// The most fields (at every depth) a protobuf body may hold. A decoded message is far larger
+/// than its wire form (an empty Container is 2 bytes on the wire and about 2 KB as a prost
+/// struct, then its `Debug` text and its JSON), so a 3 MiB body of empty messages would take
+/// gigabytes; the fields are counted on the wire before anything is decoded. Objects that
+/// clients create hold hundreds; a ConfigMap's map entry counts 3.
+pub const MAX_PROTOBUF_FIELDS: usize = 30_000;
+/// How deep the count follows nested messages (prost itself stops at 100).
+const MAX_PROTOBUF_DEPTH: usize = 100;
+
+/// Refuses (413) a body with more than [`MAX_PROTOBUF_FIELDS`] fields, counting those of every
+/// length-delimited value that reads as a message too (a string that happens to read as one is
+/// counted as well: the count is an upper bound, never an allocation).
+fn within_field_budget(raw: &[u8]) -> Result<(), ApiError> {
+    let mut budget = MAX_PROTOBUF_FIELDS;
+    if count_fields(raw, 0, &mut budget).is_none() && budget == 0 {
+        return Err(ApiError::new(
+            413,
+            "RequestEntityTooLarge",
+            format!(
+                "the protobuf body holds more than {MAX_PROTOBUF_FIELDS} fields; send it as JSON"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Counts the fields of `bytes` read as a message against `budget`; `None` when they do not
+/// read as one (then nothing of them is counted further by the caller) or the budget ran out.
+fn count_fields(mut bytes: &[u8], depth: usize, budget: &mut usize) -> Option<()> {
+    fn varint(bytes: &mut &[u8]) -> Option<u64> {
+        let mut value = 0u64;
+        for shift in (0..64).step_by(7) {
+            let (&byte, rest) = bytes.split_first()?;
+            *bytes = rest;
+            value |= u64::from(byte & 0x7f) << shift;
+            if byte & 0x80 == 0 {
+                return Some(value);
+            }
+        }
+        None
+    }
+    while !bytes.is_empty() {
+        *budget = budget.checked_sub(1)?;
+        let key = varint(&mut bytes)?;
+        if key >> 3 == 0 {
+            return None;
+        }
+        match key & 7 {
+            0 => {
+                varint(&mut bytes)?;
+            }
+            1 => bytes = bytes.get(8..)?,
+            5 => bytes = bytes.get(4..)?,
+            2 => {
+                let length = usize::try_from(varint(&mut bytes)?).ok()?;
+                let (value, rest) = (bytes.get(..length)?, bytes.get(length..)?);
+                bytes = rest;
+                if depth < MAX_PROTOBUF_DEPTH && !value.is_empty() {
+                    // Counted only if it reads as a message; a budget spent inside is final.
+                    let before = *budget;
+                    if count_fields(value, depth + 1, budget).is_none() {
+                        if *budget == 0 {
+                            return None;
+                        }
+                        *budget = before;
+                    }
+                }
+            }
+            _ => return None,
+        }
+    }
+    Some(())
 }
 
 /// A value that does not have its field's type.
@@ -464,6 +540,43 @@ mod tests {
             labels: BTreeMap::from([("app".into(), "web".into())]),
             ..Default::default()
         }
+    }
+
+    /// The attack: empty Containers cost 2 bytes each on the wire and kilobytes decoded; a
+    /// body of many is refused before anything is decoded, while a ConfigMap with thousands of
+    /// keys still decodes.
+    #[test]
+    fn a_body_of_too_many_fields_is_refused_before_it_is_decoded() {
+        use k8s_pb::api::core::v1 as core;
+        let pod = core::Pod {
+            metadata: Some(meta("flood")),
+            spec: Some(core::PodSpec {
+                containers: vec![core::Container::default(); MAX_PROTOBUF_FIELDS],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let flood = body("v1", "Pod", &pod);
+        assert!(flood.len() < 100 * 1024, "{} bytes", flood.len());
+        let refused = decode(&flood, PROTOBUF).unwrap_err();
+        assert_eq!(refused.code, 413, "{}", refused.message);
+        assert!(
+            refused.message.contains("30000 fields"),
+            "{}",
+            refused.message
+        );
+
+        let keys = 5_000;
+        let config_map = core::ConfigMap {
+            metadata: Some(meta("many-keys")),
+            data: (0..keys)
+                .map(|i| (format!("k{i}"), format!("v{i}")))
+                .collect(),
+            ..Default::default()
+        };
+        let decoded = decode(&body("v1", "ConfigMap", &config_map), PROTOBUF).unwrap();
+        assert_eq!(decoded["data"].as_object().unwrap().len(), keys);
+        assert_eq!(decoded["data"]["k4999"], "v4999");
     }
 
     #[test]
