@@ -248,6 +248,15 @@ fn renewal(t: Option<OffsetDateTime>, now: OffsetDateTime) -> String {
     }
 }
 
+/// `text` with control characters (newlines, terminal escapes) shown as `?`: a state comes
+/// from annotations and conditions that the objects' authors write, and must not forge rows
+/// or drive the reader's terminal.
+fn printable(text: &str) -> String {
+    text.chars()
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect()
+}
+
 /// The table, at `now`: a line per row, columns aligned.
 pub fn table(rows: &[Row], now: OffsetDateTime) -> String {
     let header = [
@@ -273,7 +282,7 @@ pub fn table(rows: &[Row], now: OffsetDateTime) -> String {
                 format_time(r.not_after),
                 residual(r.not_after, now),
                 renewal(r.renewal_time, now),
-                r.state.clone(),
+                printable(&r.state),
             ]
         })
         .collect();
@@ -453,6 +462,27 @@ mod tests {
         assert_eq!(rows[4].state, "Ready");
         assert_eq!(rows[4].renewal_time, Some(datetime!(2030-01-01 00:00 UTC)));
         assert_eq!(rows[6].state, "-");
+    }
+
+    /// The attack: a Machine's author writes a status with a newline and a terminal escape,
+    /// to forge a row or drive the reader's terminal; the table shows them as `?`.
+    #[test]
+    fn a_state_written_by_an_objects_author_cannot_forge_rows_or_escapes() {
+        let forged = Row {
+            kind: "Machine",
+            namespace: "team".into(),
+            name: "w-9".into(),
+            not_after: None,
+            renewal_time: None,
+            state: "done\nCertificateAuthority   -   root   2099-01-01\u{1b}]52;c;aGk=\u{7}".into(),
+        };
+        let table = table(&[forged], NOW);
+        assert_eq!(table.lines().count(), 2, "{table}");
+        assert!(
+            !table.chars().any(|c| c.is_control() && c != '\n'),
+            "{table:?}"
+        );
+        assert!(table.contains("done?CertificateAuthority"), "{table}");
     }
 
     #[test]
