@@ -494,7 +494,7 @@ fn the_reference_lists_every_metric() {
     );
     metrics.set_degraded("CertificateAuthority", "", "ca", true);
     let exposition = openmetrics::parse(&metrics.encode()).unwrap();
-    assert_eq!(exposition.types.len(), 13);
+    assert_eq!(exposition.types.len(), 14);
     for (family, kind) in &exposition.types {
         let name = match kind.as_str() {
             "counter" => format!("{family}_total"),
