@@ -134,56 +134,54 @@ impl prometheus_client::collector::Collector for Collector {
                 ConstGauge::new(renewal).encode(family.encode_family(&labels)?)?;
             }
         }
-        {
-            let mut family = encoder.encode_descriptor(
-            CA_EXPIRATION_DAYS,
-            "Days from now until the current CA of a CertificateAuthority expires; negative once it has.",
-            None,
-            MetricType::Gauge,
+        days_left(
+            &mut encoder,
+            (
+                CA_EXPIRATION_DAYS,
+                "Days from now until the current CA of a CertificateAuthority expires; negative once it has.",
+            ),
+            (&expiries, CertificateKind::CertificateAuthority, now),
+            |_, name| vec![("name", name)],
         )?;
-            for ((kind, _, name), times) in &expiries {
-                if *kind != CertificateKind::CertificateAuthority {
-                    continue;
-                }
-                let days = (times.not_after as f64 - now) / SECONDS_PER_DAY;
-                ConstGauge::new(days).encode(family.encode_family(&[("name", name.as_str())])?)?;
-            }
-        }
-        {
-            // The OpenShift etcd operator's own name and `name` label, so that alerts written
-            // for it (`etcdSignerCAExpirationWarning`) keep firing; caretaker's series follows.
-            let mut family = encoder.encode_descriptor(
+        // The OpenShift etcd operator's own name and `name` label, so that alerts written for it
+        // (`etcdSignerCAExpirationWarning`) keep firing; caretaker's series follows.
+        days_left(
+            &mut encoder,
+            (
                 OPENSHIFT_SIGNER_EXPIRATION_DAYS,
                 "Days from now until an etcd signer expires (the OpenShift etcd operator's name and labels); negative once it has.",
-                None,
-                MetricType::Gauge,
-            )?;
-            for ((kind, namespace, signer), times) in &expiries {
-                if *kind != CertificateKind::EtcdSigner {
-                    continue;
-                }
-                let days = (times.not_after as f64 - now) / SECONDS_PER_DAY;
-                let labels = [("name", signer.as_str()), ("namespace", namespace.as_str())];
-                ConstGauge::new(days).encode(family.encode_family(&labels)?)?;
-            }
-        }
-        let mut family = encoder.encode_descriptor(
-            ETCD_SIGNER_EXPIRATION_DAYS,
-            "Days from now until an etcd signer of an EtcdCertificates expires; negative once it has.",
-            None,
-            MetricType::Gauge,
+            ),
+            (&expiries, CertificateKind::EtcdSigner, now),
+            |namespace, signer| vec![("name", signer), ("namespace", namespace)],
         )?;
-        for ((kind, namespace, signer), times) in &expiries {
-            if *kind != CertificateKind::EtcdSigner {
-                continue;
-            }
-            let days = (times.not_after as f64 - now) / SECONDS_PER_DAY;
-            let labels = [
-                ("namespace", namespace.as_str()),
-                ("signer", signer.as_str()),
-            ];
-            ConstGauge::new(days).encode(family.encode_family(&labels)?)?;
-        }
+        days_left(
+            &mut encoder,
+            (
+                ETCD_SIGNER_EXPIRATION_DAYS,
+                "Days from now until an etcd signer of an EtcdCertificates expires; negative once it has.",
+            ),
+            (&expiries, CertificateKind::EtcdSigner, now),
+            |namespace, signer| vec![("namespace", namespace), ("signer", signer)],
+        )?;
         Ok(())
     }
+}
+
+/// A gauge family (`name`, `help`) of the days from `now` (seconds since the epoch) until each
+/// `kind` certificate expires, labelled by `labels` from its namespace and name.
+fn days_left(
+    encoder: &mut DescriptorEncoder,
+    (name, help): (&str, &str),
+    (expiries, kind, now): (&BTreeMap<Series, Times>, CertificateKind, f64),
+    labels: for<'a> fn(&'a str, &'a str) -> Vec<(&'static str, &'a str)>,
+) -> Result<(), std::fmt::Error> {
+    let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+    for ((series_kind, namespace, name), times) in expiries {
+        if *series_kind != kind {
+            continue;
+        }
+        let days = (times.not_after as f64 - now) / SECONDS_PER_DAY;
+        ConstGauge::new(days).encode(family.encode_family(&labels(namespace, name))?)?;
+    }
+    Ok(())
 }
